@@ -1,0 +1,267 @@
+/*
+ * common_impl.h -- the engine's building blocks, for one dtype.
+ * Included by engine.c with REAL (float/double) and T(name) (name##_f32/_f64).
+ *
+ *   packing      BLIS-style panels for the ISA microkernel
+ *   gemm         C (op)= alpha A.B over packed panels, any strides, with a
+ *                per-tile epilogue (add or multiply a positional row block P)
+ *   positional   builders of the positional rows of a row tile, one per
+ *                term kind, shared by the forward and the product backward
+ */
+
+/* Depth of one packed block: the microkernel's A and B panels stay in L1. */
+#define T_KC (sizeof(REAL) == 4 ? 256 : 128)
+
+/* ------------------------------------------------------------- packing */
+
+/* dst[l * mr + r] = alpha * A[r * rs + l * cs], zero for rows >= rows. */
+static void T(pack_a)(REAL *restrict dst, const REAL *A, ptrdiff_t rs, ptrdiff_t cs,
+                      size_t rows, size_t kc, size_t mr, REAL alpha)
+{
+    if (rows < mr)
+        memset(dst, 0, sizeof(REAL) * mr * kc);
+    if (cs == 1) {
+        for (size_t r = 0; r < rows; ++r) {
+            const REAL *restrict src = A + (ptrdiff_t)r * rs;
+            for (size_t l = 0; l < kc; ++l)
+                dst[l * mr + r] = alpha * src[l];
+        }
+    } else {
+        for (size_t l = 0; l < kc; ++l) {
+            const REAL *src = A + (ptrdiff_t)l * cs;
+            for (size_t r = 0; r < rows; ++r)
+                dst[l * mr + r] = alpha * src[(ptrdiff_t)r * rs];
+        }
+    }
+}
+
+/*
+ * A packed B operand (K x N, element (l, j) at B[l * rs + j * cs]):
+ * kc-blocks of K, each cut into nr-wide panels, zero-padded past N.
+ * Block pc starts at data + pc_start * n_pad, panel jp of a block of depth
+ * kc at + jp * kc * nr.
+ */
+typedef struct {
+    REAL *data;
+    size_t K, N, n_pad;
+} T(packed_b);
+
+static size_t T(packed_b_size)(size_t K, size_t N, size_t nr)
+{
+    return posenc_max(K, 1) * posenc_round_up(posenc_max(N, 1), nr);
+}
+
+static void T(pack_b)(T(packed_b) *pb, REAL *buffer, const REAL *B, ptrdiff_t rs, ptrdiff_t cs,
+                      size_t K, size_t N, size_t nr, REAL alpha)
+{
+    pb->data = buffer;
+    pb->K = K;
+    pb->N = N;
+    pb->n_pad = posenc_round_up(posenc_max(N, 1), nr);
+    for (size_t pc = 0; pc < K; pc += T_KC) {
+        const size_t kc = posenc_min(T_KC, K - pc);
+        REAL *block = buffer + pc * pb->n_pad;
+        for (size_t j0 = 0; j0 < N; j0 += nr) {
+            REAL *panel = block + (j0 / nr) * kc * nr;
+            const size_t cols = posenc_min(nr, N - j0);
+            if (cols < nr)
+                memset(panel, 0, sizeof(REAL) * kc * nr);
+            if (cs == 1) {
+                for (size_t l = 0; l < kc; ++l) {
+                    const REAL *restrict src = B + (ptrdiff_t)(pc + l) * rs + (ptrdiff_t)j0;
+                    for (size_t c = 0; c < cols; ++c)
+                        panel[l * nr + c] = alpha * src[c];
+                }
+            } else {
+                for (size_t c = 0; c < cols; ++c) {
+                    const REAL *src = B + (ptrdiff_t)(j0 + c) * cs + (ptrdiff_t)pc * rs;
+                    for (size_t l = 0; l < kc; ++l)
+                        panel[l * nr + c] = alpha * src[(ptrdiff_t)l * rs];
+                }
+            }
+        }
+    }
+}
+
+/* ---------------------------------------------------------------- gemm */
+
+/* Per-thread scratch every gemm needs. */
+typedef struct {
+    REAL *apack;    /* mr x T_KC */
+    REAL *tmp_c;    /* mr x nr */
+    REAL *tmp_p;    /* mr x nr */
+} T(gemm_scratch);
+
+static size_t T(gemm_scratch_size)(const posenc_kernels *K)
+{
+    return K->mr * T_KC + 2 * K->mr * K->nr;
+}
+
+static void T(gemm_scratch_carve)(T(gemm_scratch) *s, REAL *mem, const posenc_kernels *K)
+{
+    s->apack = mem;
+    s->tmp_c = mem + K->mr * T_KC;
+    s->tmp_p = s->tmp_c + K->mr * K->nr;
+}
+
+/*
+ * One packed A tile (rows <= mr) against every panel of a packed B block.
+ * Full tiles go straight to the microkernel; edge tiles through a zeroed
+ * temporary, so the microkernel never needs a mask.
+ */
+static void T(tile_row)(const posenc_kernels *K, const T(gemm_scratch) *s, size_t kc,
+                        const REAL *apack, const REAL *block, size_t N, size_t rows,
+                        REAL *C, ptrdiff_t ldc, const REAL *P, ptrdiff_t ldp, int flags)
+{
+    const size_t mr = K->mr, nr = K->nr;
+    for (size_t j0 = 0; j0 < N; j0 += nr) {
+        const REAL *panel = block + (j0 / nr) * kc * nr;
+        const size_t cols = posenc_min(nr, N - j0);
+        if (rows == mr && cols == nr) {
+            K->ukr(kc, apack, panel, C + j0, ldc, P ? P + j0 : NULL, ldp, flags);
+            continue;
+        }
+        memset(s->tmp_c, 0, sizeof(REAL) * mr * nr);
+        memset(s->tmp_p, 0, sizeof(REAL) * mr * nr);
+        for (size_t r = 0; r < rows; ++r) {
+            if (flags & POSENC_UKR_ACCUMULATE)
+                memcpy(s->tmp_c + r * nr, C + (ptrdiff_t)r * ldc + (ptrdiff_t)j0, sizeof(REAL) * cols);
+            if (P)
+                memcpy(s->tmp_p + r * nr, P + (ptrdiff_t)r * ldp + (ptrdiff_t)j0, sizeof(REAL) * cols);
+        }
+        K->ukr(kc, apack, panel, s->tmp_c, (ptrdiff_t)nr, s->tmp_p, (ptrdiff_t)nr, flags);
+        for (size_t r = 0; r < rows; ++r)
+            memcpy(C + (ptrdiff_t)r * ldc + (ptrdiff_t)j0, s->tmp_c + r * nr, sizeof(REAL) * cols);
+    }
+}
+
+/*
+ * C (M x N) = alpha * A.B [+ C if accumulate], then the epilogue with P
+ * (row i of P at P + i * ldp; p_flags POSENC_UKR_ADD_P / MUL_P or 0).
+ * A (M x K) element (i, l) at A[i * a_rs + l * a_cs]; B already packed.
+ * K = 0 gives alpha * 0 (the content term of d = 0).
+ */
+static void T(gemm_packed)(const posenc_kernels *K, const T(gemm_scratch) *s, size_t M,
+                           const REAL *A, ptrdiff_t a_rs, ptrdiff_t a_cs, REAL alpha,
+                           const T(packed_b) *pb, REAL *C, ptrdiff_t ldc, int accumulate,
+                           const REAL *P, ptrdiff_t ldp, int p_flags)
+{
+    const size_t mr = K->mr, Kd = pb->K;
+    for (size_t i0 = 0; i0 < M; i0 += mr) {
+        const size_t rows = posenc_min(mr, M - i0);
+        const REAL *a_tile = A + (ptrdiff_t)i0 * a_rs;
+        REAL *c_tile = C + (ptrdiff_t)i0 * ldc;
+        const REAL *p_tile = P ? P + (ptrdiff_t)i0 * ldp : NULL;
+        size_t pc = 0;
+        do {
+            const size_t kc = posenc_min(T_KC, Kd - pc);
+            const int last = pc + kc >= Kd;
+            int flags = (pc > 0 || accumulate) ? POSENC_UKR_ACCUMULATE : 0;
+            if (last)
+                flags |= p_flags;
+            T(pack_a)(s->apack, a_tile + (ptrdiff_t)pc * a_cs, a_rs, a_cs, rows, kc, mr, alpha);
+            T(tile_row)(K, s, kc, s->apack, pb->data + pc * pb->n_pad, pb->N, rows, c_tile, ldc,
+                        last ? p_tile : NULL, ldp, flags);
+            pc += kc;
+        } while (pc < Kd);
+    }
+}
+
+/* gemm_packed after packing B (K x N) into `bbuf` with scale beta. */
+static void T(gemm)(const posenc_kernels *K, const T(gemm_scratch) *s, REAL *bbuf, size_t M,
+                    size_t N, size_t Kd, const REAL *A, ptrdiff_t a_rs, ptrdiff_t a_cs,
+                    const REAL *B, ptrdiff_t b_rs, ptrdiff_t b_cs, REAL beta, REAL *C,
+                    ptrdiff_t ldc, int accumulate)
+{
+    if (M == 0 || N == 0)
+        return;
+    T(packed_b) pb;
+    T(pack_b)(&pb, bbuf, B, b_rs, b_cs, Kd, N, K->nr, beta);
+    T(gemm_packed)(K, s, M, A, a_rs, a_cs, (REAL)1, &pb, C, ldc, accumulate, NULL, 0, 0);
+}
+
+/* -------------------------------------------------- positional row builders */
+
+/*
+ * Each builder applies one term to the rows [i0, i0 + rows) of a row block
+ * P (row r at P + r * ldp, columns j in [0, m)) with `op`: SET for the
+ * first term, then ADD (sum) or MUL (product).
+ */
+
+/* table[h, map(j - i)] from its Toeplitz values tv[o + n - 1]. */
+static void T(rows_table)(const posenc_kernels *K, int op, REAL *P, size_t ldp, const REAL *tv,
+                          size_t n, size_t m, size_t i0, size_t rows)
+{
+    for (size_t r = 0; r < rows; ++r)
+        K->row_gather(op, P + r * ldp, tv + (n - 1 - (i0 + r)), 1, m);
+}
+
+/* q-side vector table: qa[r * ldqa + (bucket - b_min)] = vec_scale q_i . vq[bucket]. */
+static void T(rows_vq)(const posenc_kernels *K, int op, REAL *P, size_t ldp, const posenc_runs *runs,
+                       const REAL *qa, size_t ldqa, size_t m, size_t i0, size_t rows)
+{
+    for (size_t r = 0; r < rows; ++r) {
+        const ptrdiff_t i = (ptrdiff_t)(i0 + r);
+        for (size_t t = posenc_runs_seek(runs, -i); t < runs->count; ++t) {
+            const posenc_run *run = &runs->runs[t];
+            ptrdiff_t js = run->o_begin + i, je = run->o_end + i;
+            if (js < 0) js = 0;
+            if (je > (ptrdiff_t)m) je = (ptrdiff_t)m;
+            if (js >= je)
+                break;
+            const ptrdiff_t bs = run->b_begin + run->step * (js - i - run->o_begin);
+            K->row_gather(op, P + r * ldp + js, qa + r * ldqa + (bs - runs->b_min), run->step,
+                          (size_t)(je - js));
+        }
+    }
+}
+
+/* k-side vector table: kat[(bucket - b_min) * m + j] = vec_scale k_j . vk[bucket]. */
+static void T(rows_vk)(const posenc_kernels *K, int op, REAL *P, size_t ldp, const posenc_runs *runs,
+                       const REAL *kat, size_t m, size_t i0, size_t rows)
+{
+    for (size_t r = 0; r < rows; ++r) {
+        const ptrdiff_t i = (ptrdiff_t)(i0 + r);
+        for (size_t t = posenc_runs_seek(runs, -i); t < runs->count; ++t) {
+            const posenc_run *run = &runs->runs[t];
+            ptrdiff_t js = run->o_begin + i, je = run->o_end + i;
+            if (js < 0) js = 0;
+            if (je > (ptrdiff_t)m) je = (ptrdiff_t)m;
+            if (js >= je)
+                break;
+            const ptrdiff_t bs = run->b_begin + run->step * (js - i - run->o_begin);
+            K->row_gather(op, P + r * ldp + js, kat + (bs - runs->b_min) * (ptrdiff_t)m + js,
+                          run->step * (ptrdiff_t)m + 1, (size_t)(je - js));
+        }
+    }
+}
+
+/* seg_table[h, seg_q[b, i], seg_k[b, j]]: one broadcast per key segment run. */
+static void T(rows_segment)(const posenc_kernels *K, int op, REAL *P, size_t ldp,
+                            const posenc_seg_run *runs, size_t n_runs, const int64_t *seg_q_b,
+                            const REAL *seg_table_h, size_t S, size_t i0, size_t rows)
+{
+    for (size_t r = 0; r < rows; ++r) {
+        const REAL *table_row = seg_table_h + (size_t)seg_q_b[i0 + r] * S;
+        for (size_t t = 0; t < n_runs; ++t)
+            K->row_gather(op, P + r * ldp + runs[t].j_begin, table_row + runs[t].segment, 0,
+                          runs[t].j_end - runs[t].j_begin);
+    }
+}
+
+/* TUPE eq. (9): theta[0] on row 0, theta[1] on column 0 of the other rows. */
+static void T(rows_reset)(const posenc_kernels *K, REAL *P, size_t ldp, const REAL *theta_h,
+                          size_t m, size_t i0, size_t rows)
+{
+    if (m == 0)
+        return;
+    for (size_t r = 0; r < rows; ++r) {
+        if (i0 + r == 0)
+            K->row_gather(POSENC_SET, P, theta_h, 0, m);
+        else
+            P[r * ldp] = theta_h[1];
+    }
+}
+
+/* The head of a parameter whose head axis has `heads` entries (H or 1). */
+static inline size_t T(head_of)(size_t heads, size_t h) { return heads == 1 ? 0 : h; }

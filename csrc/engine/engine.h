@@ -1,0 +1,77 @@
+/*
+ * engine.h -- internals shared by the engine's files (not the public API).
+ */
+#ifndef POSENC_ENGINE_H
+#define POSENC_ENGINE_H
+
+#include "../posenc.h"
+
+/*
+ * A bucket map over offsets o = j - i, compressed into runs on which the
+ * bucket is constant (step 0) or moves by one per offset (step +1 / -1).
+ * Clipped maps are 3 runs, T5 about num_buckets; any map works, an
+ * irregular one just gives more runs.
+ */
+typedef struct {
+    ptrdiff_t o_begin, o_end;   /* offsets [o_begin, o_end) */
+    ptrdiff_t b_begin;          /* bucket at o_begin */
+    ptrdiff_t step;             /* -1, 0 or +1 */
+} posenc_run;
+
+typedef struct {
+    posenc_run *runs;
+    size_t count;
+    ptrdiff_t b_min, b_max;     /* buckets used: [b_min, b_max] */
+} posenc_runs;
+
+/* map[t] is the bucket of offset o_first + t, t < len (len >= 1). */
+int posenc_runs_build(posenc_runs *r, const int64_t *map, ptrdiff_t o_first, size_t len);
+void posenc_runs_free(posenc_runs *r);
+
+/* First run whose offsets reach past o (runs are sorted by offset). */
+size_t posenc_runs_seek(const posenc_runs *r, ptrdiff_t o);
+
+/*
+ * Run-length encoding of the key-side segment ids of every batch row:
+ * segments of batch b are seg_runs[seg_start[b] .. seg_start[b + 1]).
+ */
+typedef struct {
+    size_t j_begin, j_end;
+    size_t segment;
+} posenc_seg_run;
+
+typedef struct {
+    posenc_seg_run *runs;
+    size_t *start;              /* B + 1 entries */
+} posenc_seg_runs;
+
+int posenc_seg_runs_build(posenc_seg_runs *s, const int64_t *seg_k, size_t B, size_t m);
+void posenc_seg_runs_free(posenc_seg_runs *s);
+
+/* 64-byte aligned allocation; NULL on failure or overflow. */
+void *posenc_alloc(size_t count, size_t size);
+void posenc_free(void *ptr);
+
+/* count * size with overflow detection: SIZE_MAX on overflow. */
+size_t posenc_mul_size(size_t count, size_t size);
+
+#define POSENC_ALIGN 64
+
+#ifdef _OPENMP
+#include <omp.h>
+static inline int posenc_thread_id(void) { return omp_get_thread_num(); }
+#else
+static inline int posenc_thread_id(void) { return 0; }
+#endif
+
+static inline size_t posenc_round_up(size_t x, size_t to) { return (x + to - 1) / to * to; }
+static inline size_t posenc_min(size_t a, size_t b) { return a < b ? a : b; }
+static inline size_t posenc_max(size_t a, size_t b) { return a > b ? a : b; }
+
+/* Entry points of the dtype-specialised engines (engine.c includes the templates twice). */
+int posenc_forward_f32(const posenc_problem *p, void *out, int num_threads);
+int posenc_forward_f64(const posenc_problem *p, void *out, int num_threads);
+int posenc_backward_f32(const posenc_problem *p, const void *grad, const posenc_grads *g, int num_threads);
+int posenc_backward_f64(const posenc_problem *p, const void *grad, const posenc_grads *g, int num_threads);
+
+#endif /* POSENC_ENGINE_H */

@@ -1,0 +1,315 @@
+/*
+ * forward_impl.h -- the fused logits kernel, for one dtype (see common_impl.h).
+ *
+ * Per (b, h) unit and row tile of mr queries: build the positional rows P
+ * of the tile (or point at them), then one register-tiled pass of the
+ * content GEMM whose epilogue adds or multiplies P: each logit is written
+ * once.  Positional terms that do not depend on b (dense factor, scalar
+ * table, reset) are computed once per head into V when B > 1.
+ */
+
+/* Dense terms are precomputed per head when they are reused over a batch
+ * and V fits this budget per thread; otherwise per row tile. */
+#define T_V_BUDGET ((size_t)64 << 20)
+
+typedef struct {
+    const posenc_problem *p;
+    const posenc_kernels *K;
+    size_t m_pad;            /* m rounded up to nr */
+    int product;
+    int v_mode;              /* dense/table/reset of a head precomputed in V */
+    int batch_terms;         /* vq, vk or segments present */
+    int toeplitz_only;       /* the table is the only positional term */
+    REAL *tv;                /* table Toeplitz values, table_heads x (n + m - 1) */
+    posenc_runs vq_runs, vk_runs;
+    posenc_seg_runs seg_runs;
+    size_t rq, rk;           /* buckets used by vq / vk */
+} T(fwd_ctx);
+
+typedef struct {
+    T(gemm_scratch) g;
+    REAL *k_pack;            /* content B: k^T panels, d x m_pad */
+    REAL *P;                 /* positional rows of a tile, mr x m_pad */
+    REAL *qa;                /* q-side projections of a tile, mr x rq_pad */
+    REAL *vq_pack;           /* vq table as B: d x rq_pad */
+    REAL *kat;               /* key-side projections, rk x m */
+    REAL *V;                 /* per-head positional block, n x m (v_mode) */
+    REAL *dense_pack;        /* pos_k^T panels, d_p x m_pad (not v_mode) */
+    ptrdiff_t v_head, vq_head, dense_head;
+} T(fwd_ws);
+
+static size_t T(fwd_ws_size)(const T(fwd_ctx) *c)
+{
+    const posenc_problem *p = c->p;
+    const size_t mr = c->K->mr, nr = c->K->nr;
+    size_t total = T(gemm_scratch_size)(c->K);
+    total += T(packed_b_size)(p->d, p->m, nr);                    /* k_pack */
+    total += mr * c->m_pad;                                       /* P */
+    if (p->vq_table) {
+        total += mr * posenc_round_up(c->rq, nr);                 /* qa */
+        total += T(packed_b_size)(p->d, c->rq, nr);               /* vq_pack */
+    }
+    if (p->vk_table)
+        total += c->rk * p->m;                                    /* kat */
+    if (c->v_mode)
+        total += p->n * p->m;                                     /* V */
+    if (p->pos_q)
+        total += T(packed_b_size)(p->d_p, p->m, nr);              /* dense_pack */
+    return posenc_round_up(total, POSENC_ALIGN / sizeof(REAL));
+}
+
+static void T(fwd_ws_carve)(T(fwd_ws) *w, REAL *mem, const T(fwd_ctx) *c)
+{
+    const posenc_problem *p = c->p;
+    const size_t mr = c->K->mr, nr = c->K->nr;
+    memset(w, 0, sizeof *w);
+    T(gemm_scratch_carve)(&w->g, mem, c->K);
+    mem += T(gemm_scratch_size)(c->K);
+    w->k_pack = mem;  mem += T(packed_b_size)(p->d, p->m, nr);
+    w->P = mem;       mem += mr * c->m_pad;
+    if (p->vq_table) {
+        w->qa = mem;      mem += mr * posenc_round_up(c->rq, nr);
+        w->vq_pack = mem; mem += T(packed_b_size)(p->d, c->rq, nr);
+    }
+    if (p->vk_table) {
+        w->kat = mem;     mem += c->rk * p->m;
+    }
+    if (c->v_mode) {
+        w->V = mem;       mem += p->n * p->m;
+    }
+    if (p->pos_q)
+        w->dense_pack = mem;
+    w->v_head = w->vq_head = w->dense_head = -1;
+}
+
+/* V = reset(dense_scale pos_q.pos_k^T + table) of head h (TUPE's batch-free term). */
+static void T(fwd_build_v)(const T(fwd_ctx) *c, T(fwd_ws) *w, size_t h)
+{
+    const posenc_problem *p = c->p;
+    const posenc_kernels *K = c->K;
+    const size_t n = p->n, m = p->m, dp = p->d_p;
+    const REAL *pos_q = (const REAL *)p->pos_q + T(head_of)(p->pos_q_heads, h) * n * dp;
+    const REAL *pos_k = (const REAL *)p->pos_k + T(head_of)(p->pos_k_heads, h) * m * dp;
+    T(packed_b) pb;
+    T(pack_b)(&pb, w->dense_pack, pos_k, 1, (ptrdiff_t)dp, dp, m, K->nr, (REAL)p->dense_scale);
+    T(gemm_packed)(K, &w->g, n, pos_q, (ptrdiff_t)dp, 1, (REAL)1, &pb, w->V, (ptrdiff_t)m, 0,
+                   NULL, 0, 0);
+    if (p->table)
+        T(rows_table)(K, POSENC_ADD, w->V, m,
+                      c->tv + T(head_of)(p->table_heads, h) * (n + m - 1), n, m, 0, n);
+    if (p->theta && !c->batch_terms)
+        T(rows_reset)(K, w->V, m, (const REAL *)p->theta + T(head_of)(p->theta_heads, h) * 2, m,
+                      0, n);
+    w->v_head = (ptrdiff_t)h;
+}
+
+/*
+ * The positional rows of tile [i0, i0 + rows) of unit (b, h): returns the
+ * block P (row r at *P + r * *ldp) and the epilogue flag, or NULL.
+ */
+static const REAL *T(fwd_positional)(const T(fwd_ctx) *c, T(fwd_ws) *w, size_t b, size_t h,
+                                     const REAL *q_u, size_t i0, size_t rows, ptrdiff_t *ldp)
+{
+    const posenc_problem *p = c->p;
+    const posenc_kernels *K = c->K;
+    const size_t n = p->n, m = p->m, ld = c->m_pad;
+    const int combine_op = c->product ? POSENC_MUL : POSENC_ADD;
+    int op = POSENC_SET;
+
+    if (c->v_mode && !c->batch_terms) {
+        *ldp = (ptrdiff_t)m;
+        return w->V + i0 * m;
+    }
+    if (c->toeplitz_only) {
+        /* row i of the Toeplitz block starts at tv[n - 1 - i]: stride -1 */
+        *ldp = -1;
+        return c->tv + T(head_of)(p->table_heads, h) * (n + m - 1) + (n - 1 - i0);
+    }
+    if (c->v_mode) {
+        for (size_t r = 0; r < rows; ++r)
+            K->row_gather(POSENC_SET, w->P + r * ld, w->V + (i0 + r) * m, 1, m);
+        op = combine_op;
+    } else {
+        if (p->pos_q) {
+            const size_t dp = p->d_p;
+            const size_t hq = T(head_of)(p->pos_q_heads, h), hk = T(head_of)(p->pos_k_heads, h);
+            T(packed_b) pb = {w->dense_pack, dp, m, posenc_round_up(posenc_max(m, 1), K->nr)};
+            if (w->dense_head != (ptrdiff_t)hk) {
+                T(pack_b)(&pb, w->dense_pack, (const REAL *)p->pos_k + hk * m * dp, 1,
+                          (ptrdiff_t)dp, dp, m, K->nr, (REAL)p->dense_scale);
+                w->dense_head = (ptrdiff_t)hk;
+            }
+            T(gemm_packed)(K, &w->g, rows, (const REAL *)p->pos_q + (hq * n + i0) * dp,
+                           (ptrdiff_t)dp, 1, (REAL)1, &pb, w->P, (ptrdiff_t)ld, 0, NULL, 0, 0);
+            op = combine_op;
+        }
+        if (p->table) {
+            T(rows_table)(K, op, w->P, ld, c->tv + T(head_of)(p->table_heads, h) * (n + m - 1),
+                          n, m, i0, rows);
+            op = combine_op;
+        }
+    }
+    if (p->vq_table) {
+        const size_t d = p->d, rq_pad = posenc_round_up(c->rq, K->nr);
+        const size_t hv = T(head_of)(p->vq_heads, h);
+        T(packed_b) pb = {w->vq_pack, d, c->rq, rq_pad};
+        if (w->vq_head != (ptrdiff_t)hv) {
+            const REAL *vq = (const REAL *)p->vq_table + (hv * p->vq_rows + (size_t)c->vq_runs.b_min) * d;
+            T(pack_b)(&pb, w->vq_pack, vq, 1, (ptrdiff_t)d, d, c->rq, K->nr, (REAL)p->vec_scale);
+            w->vq_head = (ptrdiff_t)hv;
+        }
+        T(gemm_packed)(K, &w->g, rows, q_u + i0 * d, (ptrdiff_t)d, 1, (REAL)1, &pb, w->qa,
+                       (ptrdiff_t)rq_pad, 0, NULL, 0, 0);
+        T(rows_vq)(K, op, w->P, ld, &c->vq_runs, w->qa, rq_pad, m, i0, rows);
+        op = combine_op;
+    }
+    if (p->vk_table) {
+        T(rows_vk)(K, op, w->P, ld, &c->vk_runs, w->kat, m, i0, rows);
+        op = combine_op;
+    }
+    if (p->seg_table) {
+        const posenc_seg_run *runs = c->seg_runs.runs + c->seg_runs.start[b];
+        const size_t S = p->n_segments;
+        T(rows_segment)(K, op, w->P, ld, runs, c->seg_runs.start[b + 1] - c->seg_runs.start[b],
+                        p->seg_q + b * n,
+                        (const REAL *)p->seg_table + T(head_of)(p->seg_heads, h) * S * S, S, i0, rows);
+        op = combine_op;
+    }
+    if (op == POSENC_SET)
+        return NULL; /* content only */
+    if (p->theta)
+        T(rows_reset)(K, w->P, ld, (const REAL *)p->theta + T(head_of)(p->theta_heads, h) * 2, m,
+                      i0, rows);
+    *ldp = (ptrdiff_t)ld;
+    return w->P;
+}
+
+/* Rows [r0, r1) of unit (b, h). */
+static void T(fwd_unit)(const T(fwd_ctx) *c, T(fwd_ws) *w, size_t b, size_t h, size_t r0,
+                        size_t r1, REAL *out)
+{
+    const posenc_problem *p = c->p;
+    const posenc_kernels *K = c->K;
+    const size_t n = p->n, m = p->m, d = p->d, u = b * p->H + h;
+    const REAL *q_u = (const REAL *)p->q + u * n * d;
+    const REAL *k_u = (const REAL *)p->k + u * m * d;
+    REAL *out_u = out + u * n * m;
+    const int p_flag = c->product ? POSENC_UKR_MUL_P : POSENC_UKR_ADD_P;
+
+    if (c->v_mode && w->v_head != (ptrdiff_t)h)
+        T(fwd_build_v)(c, w, h);
+
+    T(packed_b) kb;
+    T(pack_b)(&kb, w->k_pack, k_u, 1, (ptrdiff_t)d, d, m, K->nr, (REAL)1);
+
+    if (p->vk_table) {
+        const size_t hv = T(head_of)(p->vk_heads, h);
+        const REAL *vk = (const REAL *)p->vk_table + (hv * p->vk_rows + (size_t)c->vk_runs.b_min) * d;
+        T(gemm_packed)(K, &w->g, c->rk, vk, (ptrdiff_t)d, 1, (REAL)p->vec_scale, &kb, w->kat,
+                       (ptrdiff_t)m, 0, NULL, 0, 0);
+    }
+
+    for (size_t i0 = r0; i0 < r1; i0 += K->mr) {
+        const size_t rows = posenc_min(K->mr, r1 - i0);
+        ptrdiff_t ldp = 0;
+        const REAL *P = T(fwd_positional)(c, w, b, h, q_u, i0, rows, &ldp);
+        T(gemm_packed)(K, &w->g, rows, q_u + i0 * d, (ptrdiff_t)d, 1, (REAL)p->scale, &kb,
+                       out_u + i0 * m, (ptrdiff_t)m, 0, P, ldp, P ? p_flag : 0);
+    }
+}
+
+static int T(fwd_prepare)(T(fwd_ctx) *c, const posenc_problem *p, const posenc_kernels *K)
+{
+    const size_t n = p->n, m = p->m, offsets = n + m - 1;
+    memset(c, 0, sizeof *c);
+    c->p = p;
+    c->K = K;
+    c->m_pad = posenc_round_up(posenc_max(m, 1), K->nr);
+    c->product = p->combine == POSENC_PRODUCT;
+    c->batch_terms = p->vq_table || p->vk_table || p->seg_table;
+    c->v_mode = p->pos_q && p->B > 1 &&
+                posenc_mul_size(n * m, sizeof(REAL)) <= T_V_BUDGET;
+    c->toeplitz_only = p->table && !p->pos_q && !c->batch_terms && !p->theta;
+    if (p->table) {
+        c->tv = (REAL *)posenc_alloc(p->table_heads * offsets, sizeof(REAL));
+        if (!c->tv)
+            return POSENC_ENOMEM;
+        for (size_t ht = 0; ht < p->table_heads; ++ht) {
+            const REAL *row = (const REAL *)p->table + ht * p->table_rows;
+            for (size_t t = 0; t < offsets; ++t)
+                c->tv[ht * offsets + t] = row[p->table_map[t]];
+        }
+    }
+    if (p->vq_table) {
+        if (posenc_runs_build(&c->vq_runs, p->vq_map, -(ptrdiff_t)(n - 1), offsets))
+            return POSENC_ENOMEM;
+        c->rq = (size_t)(c->vq_runs.b_max - c->vq_runs.b_min + 1);
+    }
+    if (p->vk_table) {
+        if (posenc_runs_build(&c->vk_runs, p->vk_map, -(ptrdiff_t)(n - 1), offsets))
+            return POSENC_ENOMEM;
+        c->rk = (size_t)(c->vk_runs.b_max - c->vk_runs.b_min + 1);
+    }
+    if (p->seg_table && posenc_seg_runs_build(&c->seg_runs, p->seg_k, p->B, m))
+        return POSENC_ENOMEM;
+    return POSENC_OK;
+}
+
+static void T(fwd_release)(T(fwd_ctx) *c)
+{
+    posenc_free(c->tv);
+    posenc_runs_free(&c->vq_runs);
+    posenc_runs_free(&c->vk_runs);
+    posenc_seg_runs_free(&c->seg_runs);
+}
+
+int T(posenc_forward)(const posenc_problem *p, void *out_, int num_threads)
+{
+    REAL *out = (REAL *)out_;
+    const size_t BH = p->B * p->H;
+    if (BH == 0 || p->n == 0 || p->m == 0)
+        return POSENC_OK;
+    const posenc_kernels *K = posenc_active_kernels(T_DTYPE);
+    T(fwd_ctx) c;
+    REAL *arena = NULL;
+    int status = T(fwd_prepare)(&c, p, K);
+    if (status != POSENC_OK)
+        goto done;
+
+    /* Work items: units, each split into row chunks when units are fewer
+     * than threads.  Forward values do not depend on the split. */
+    const size_t threads = (size_t)(num_threads > 0 ? num_threads : 1);
+    const size_t tiles = (p->n + K->mr - 1) / K->mr;
+    size_t chunks = BH >= threads ? 1 : posenc_min((threads + BH - 1) / BH, tiles);
+    const size_t tiles_per_chunk = (tiles + chunks - 1) / chunks;
+    chunks = (tiles + tiles_per_chunk - 1) / tiles_per_chunk;
+    const size_t items = BH * chunks;
+    const size_t team = posenc_min(threads, items);
+
+    const size_t ws = T(fwd_ws_size)(&c);
+    arena = (REAL *)posenc_alloc(posenc_mul_size(team, ws), sizeof(REAL));
+    if (!arena) {
+        status = POSENC_ENOMEM;
+        goto done;
+    }
+
+#pragma omp parallel num_threads((int)team)
+    {
+        T(fwd_ws) w;
+        T(fwd_ws_carve)(&w, arena + (size_t)posenc_thread_id() * ws, &c);
+#pragma omp for schedule(static)
+        for (ptrdiff_t item = 0; item < (ptrdiff_t)items; ++item) {
+            /* head-major order: consecutive items share a head's V */
+            const size_t unit = (size_t)item / chunks, chunk = (size_t)item % chunks;
+            const size_t h = unit / p->B, b = unit % p->B;
+            const size_t r0 = chunk * tiles_per_chunk * K->mr;
+            const size_t r1 = posenc_min(p->n, r0 + tiles_per_chunk * K->mr);
+            T(fwd_unit)(&c, &w, b, h, r0, r1, out);
+        }
+    }
+
+done:
+    posenc_free(arena);
+    T(fwd_release)(&c);
+    return status;
+}

@@ -1,0 +1,73 @@
+/*
+ * avx2.c -- AVX2 + FMA kernels (compiled with -mavx2 -mfma only).
+ * Register tile 6 x 2 vectors: 12 accumulators, 2 B vectors, 1 broadcast
+ * of the 16 ymm registers.
+ */
+#include "../posenc.h"
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+
+#define MR 6
+#define NRV 2
+#define ISA_STRING "avx2"
+
+static inline float posenc_hsum_ps256(__m256 v)
+{
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+static inline double posenc_hsum_pd256(__m256d v)
+{
+    __m128d s = _mm_add_pd(_mm256_castpd256_pd128(v), _mm256_extractf128_pd(v, 1));
+    s = _mm_add_sd(s, _mm_unpackhi_pd(s, s));
+    return _mm_cvtsd_f64(s);
+}
+
+#define REAL float
+#define VT __m256
+#define VL 8
+#define VLOAD(p) _mm256_loadu_ps(p)
+#define VSTORE(p, v) _mm256_storeu_ps((p), (v))
+#define VBCAST(x) _mm256_set1_ps(x)
+#define VZERO() _mm256_setzero_ps()
+#define VADD(a, b) _mm256_add_ps((a), (b))
+#define VMUL(a, b) _mm256_mul_ps((a), (b))
+#define VFMA(a, b, c) _mm256_fmadd_ps((a), (b), (c))
+#define VREDUCE(v) posenc_hsum_ps256(v)
+#define KNAME(x) x##_f32_avx2
+#define KTABLE posenc_kernels_f32_avx2
+#include "kernels_impl.h"
+#undef REAL
+#undef VT
+#undef VL
+#undef VLOAD
+#undef VSTORE
+#undef VBCAST
+#undef VZERO
+#undef VADD
+#undef VMUL
+#undef VFMA
+#undef VREDUCE
+#undef KNAME
+#undef KTABLE
+
+#define REAL double
+#define VT __m256d
+#define VL 4
+#define VLOAD(p) _mm256_loadu_pd(p)
+#define VSTORE(p, v) _mm256_storeu_pd((p), (v))
+#define VBCAST(x) _mm256_set1_pd(x)
+#define VZERO() _mm256_setzero_pd()
+#define VADD(a, b) _mm256_add_pd((a), (b))
+#define VMUL(a, b) _mm256_mul_pd((a), (b))
+#define VFMA(a, b, c) _mm256_fmadd_pd((a), (b), (c))
+#define VREDUCE(v) posenc_hsum_pd256(v)
+#define KNAME(x) x##_f64_avx2
+#define KTABLE posenc_kernels_f64_avx2
+#include "kernels_impl.h"
+
+#endif /* __AVX2__ && __FMA__ */

@@ -1,0 +1,58 @@
+/*
+ * avx512.c -- AVX-512 F/VL/DQ kernels (compiled with the AVX-512 flags only).
+ * Register tile 12 x 2 vectors: 24 accumulators, 2 B vectors, broadcasts
+ * from memory, of the 32 zmm registers.
+ */
+#include "../posenc.h"
+
+#if defined(__AVX512F__) && defined(__AVX512VL__) && defined(__AVX512DQ__)
+#include <immintrin.h>
+
+#define MR 12
+#define NRV 2
+#define ISA_STRING "avx512"
+
+#define REAL float
+#define VT __m512
+#define VL 16
+#define VLOAD(p) _mm512_loadu_ps(p)
+#define VSTORE(p, v) _mm512_storeu_ps((p), (v))
+#define VBCAST(x) _mm512_set1_ps(x)
+#define VZERO() _mm512_setzero_ps()
+#define VADD(a, b) _mm512_add_ps((a), (b))
+#define VMUL(a, b) _mm512_mul_ps((a), (b))
+#define VFMA(a, b, c) _mm512_fmadd_ps((a), (b), (c))
+#define VREDUCE(v) _mm512_reduce_add_ps(v)
+#define KNAME(x) x##_f32_avx512
+#define KTABLE posenc_kernels_f32_avx512
+#include "kernels_impl.h"
+#undef REAL
+#undef VT
+#undef VL
+#undef VLOAD
+#undef VSTORE
+#undef VBCAST
+#undef VZERO
+#undef VADD
+#undef VMUL
+#undef VFMA
+#undef VREDUCE
+#undef KNAME
+#undef KTABLE
+
+#define REAL double
+#define VT __m512d
+#define VL 8
+#define VLOAD(p) _mm512_loadu_pd(p)
+#define VSTORE(p, v) _mm512_storeu_pd((p), (v))
+#define VBCAST(x) _mm512_set1_pd(x)
+#define VZERO() _mm512_setzero_pd()
+#define VADD(a, b) _mm512_add_pd((a), (b))
+#define VMUL(a, b) _mm512_mul_pd((a), (b))
+#define VFMA(a, b, c) _mm512_fmadd_pd((a), (b), (c))
+#define VREDUCE(v) _mm512_reduce_add_pd(v)
+#define KNAME(x) x##_f64_avx512
+#define KTABLE posenc_kernels_f64_avx512
+#include "kernels_impl.h"
+
+#endif /* AVX-512 */

@@ -1,0 +1,153 @@
+/*
+ * posenc.h -- the C API of the posenc engine.  Pure C, no Python.
+ *
+ * Every method of SPEC.md §3 is one `posenc_problem`: the content term
+ * s * q_i.k_j plus positional terms of five kinds, combined by sum or by
+ * product (STYLE.md "One engine, many methods"):
+ *
+ *   dense     dense_scale * pos_q_i . pos_k_j             (TUPE, DIET-ABS)
+ *   table     table[h, map(j - i)]                         (T5, DIET-REL, TUPE-R, M2)
+ *   vq        vec_scale * q_i . vq_table[h, map(j - i)]    (Shaw, M4, M4M, DeBERTa c2p)
+ *   vk        vec_scale * k_j . vk_table[h, map(j - i)]    (M4, M4M, DeBERTa p2c)
+ *   segment   seg_table[h, seg_q[b, i], seg_k[b, j]]       (DIET)
+ *   reset     theta[h, 0] on row 0, theta[h, 1] on column 0 (TUPE [CLS])
+ *
+ * Sum:     A = s q.k + reset(dense + table + vq + vk + segment)
+ * Product: A = s q.k * table * vq * vk      (M2, M4M; no dense/segment/reset)
+ *
+ * Every bucket map is a 1-D array over the offsets o = j - i in
+ * [-(n-1), m-1], stored at index o + n - 1, computed once per call.
+ * Every array is C-contiguous; heads axes are H or 1 (shared).
+ */
+#ifndef POSENC_H
+#define POSENC_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum { POSENC_F32 = 0, POSENC_F64 = 1 } posenc_dtype;
+typedef enum { POSENC_SUM = 0, POSENC_PRODUCT = 1 } posenc_combine;
+
+enum {
+    POSENC_OK = 0,
+    POSENC_ENOMEM = 1,   /* workspace allocation failed */
+    POSENC_EINVAL = 2    /* inconsistent problem (the binding validates first) */
+};
+
+typedef struct {
+    posenc_dtype dtype;
+    posenc_combine combine;
+    size_t B, H, n, m, d;
+    double scale;                 /* on the content term */
+    const void *q;                /* (B, H, n, d) */
+    const void *k;                /* (B, H, m, d) */
+
+    const void *pos_q, *pos_k;    /* (pos_q_heads, n, d_p), (pos_k_heads, m, d_p) */
+    size_t pos_q_heads, pos_k_heads, d_p;
+    double dense_scale;
+
+    const void *table;            /* (table_heads, table_rows), unscaled */
+    size_t table_heads, table_rows;
+    const int64_t *table_map;     /* n + m - 1 rows of table */
+
+    const void *vq_table;         /* (vq_heads, vq_rows, d) */
+    size_t vq_heads, vq_rows;
+    const int64_t *vq_map;
+    const void *vk_table;         /* (vk_heads, vk_rows, d) */
+    size_t vk_heads, vk_rows;
+    const int64_t *vk_map;
+    double vec_scale;
+
+    const int64_t *seg_q;         /* (B, n) */
+    const int64_t *seg_k;         /* (B, m) */
+    const void *seg_table;        /* (seg_heads, n_segments, n_segments) */
+    size_t seg_heads, n_segments;
+
+    const void *theta;            /* (theta_heads, 2) */
+    size_t theta_heads;
+} posenc_problem;
+
+/* Gradient outputs, each shaped like its input; NULL = not wanted. */
+typedef struct {
+    void *q, *k, *pos_q, *pos_k, *table, *vq_table, *vk_table, *seg_table, *theta;
+} posenc_grads;
+
+/* Check that a problem is consistent (maps and ids in range, combine rules). */
+int posenc_validate(const posenc_problem *p, const char **why);
+
+/* A = logits(p), written into out (B, H, n, m), C-contiguous. */
+int posenc_forward(const posenc_problem *p, void *out, int num_threads);
+
+/* Gradients of sum(G * A) with respect to every wanted input. */
+int posenc_backward(const posenc_problem *p, const void *grad_logits,
+                    const posenc_grads *g, int num_threads);
+
+/* ------------------------------------------------------------ ISA dispatch */
+
+typedef enum {
+    POSENC_ISA_SCALAR = 0,
+    POSENC_ISA_AVX2 = 1,
+    POSENC_ISA_AVX512 = 2,
+    POSENC_ISA_NEON = 3,
+    POSENC_ISA_COUNT = 4
+} posenc_isa;
+
+/* Row operations: dst[j] (= | += | *=) src[j * stride]. */
+typedef enum { POSENC_SET = 0, POSENC_ADD = 1, POSENC_MUL = 2 } posenc_rowop;
+
+/* Epilogue flags of the microkernel (applied in this order). */
+enum {
+    POSENC_UKR_ACCUMULATE = 1,  /* c = ab + c      */
+    POSENC_UKR_ADD_P = 2,       /* c = c' + p      */
+    POSENC_UKR_MUL_P = 4        /* c = c' * p      */
+};
+
+/*
+ * The kernels one ISA provides for one dtype.  Pointers are to float or
+ * double according to the table.  The microkernel computes an mr x nr tile
+ * from packed panels: a[l * mr + r], b[l * nr + c], l < kc, then applies
+ * the epilogue flags and stores c[r * ldc + c].  It reads p and c (when
+ * accumulating) before writing c, so p may alias c.
+ */
+typedef struct {
+    const char *name;
+    size_t mr, nr;
+    void (*ukr)(size_t kc, const void *a, const void *b, void *c, ptrdiff_t ldc,
+                const void *p, ptrdiff_t ldp, int flags);
+    /* dst[j] op= src[j * stride], j < len; stride may be 0 or negative */
+    void (*row_gather)(int op, void *dst, const void *src, ptrdiff_t stride, size_t len);
+    /* dst[j * stride] += src[j]; stride 0 adds the sum of src to dst[0] */
+    void (*row_scatter_add)(void *dst, ptrdiff_t stride, const void *src, size_t len);
+    /* dst[j] = a[j] * b[j] */
+    void (*row_mul)(void *dst, const void *a, const void *b, size_t len);
+} posenc_kernels;
+
+/* Filled by dispatch.c: kernels[isa][dtype], NULL where not compiled/supported. */
+const posenc_kernels *posenc_kernels_for(posenc_isa isa, posenc_dtype dtype);
+const posenc_kernels *posenc_active_kernels(posenc_dtype dtype);
+
+void posenc_dispatch_init(void);
+int posenc_isa_supported(posenc_isa isa);     /* CPU and OS support it, and it is compiled in */
+int posenc_isa_compiled(posenc_isa isa);
+posenc_isa posenc_get_isa(void);
+int posenc_set_isa(posenc_isa isa);           /* 0 ok, -1 unsupported */
+const char *posenc_isa_name(posenc_isa isa);
+int posenc_isa_from_name(const char *name);   /* -1 if unknown */
+
+int posenc_default_threads(void);
+int posenc_max_threads(void);                 /* OpenMP's limit, 1 without OpenMP */
+
+/* Per-ISA kernel tables (defined in isa/<isa>.c when compiled). */
+extern const posenc_kernels posenc_kernels_f32_scalar, posenc_kernels_f64_scalar;
+extern const posenc_kernels posenc_kernels_f32_avx2, posenc_kernels_f64_avx2;
+extern const posenc_kernels posenc_kernels_f32_avx512, posenc_kernels_f64_avx512;
+extern const posenc_kernels posenc_kernels_f32_neon, posenc_kernels_f64_neon;
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* POSENC_H */

@@ -1,0 +1,98 @@
+"""posenc: attention logits of positional-encoding methods, and their gradients.
+
+Every method of SPEC.md §3 -- content, shaw, t5, m2, m4, m4m, deberta, tupe,
+diet_abs, diet_rel -- is a function ``posenc.<name>(q, k, ...)`` that returns
+the logits A (B, H, n, m) computed by fused C kernels (scalar, AVX2, AVX-512,
+NEON; picked at run time), and ``posenc.<name>_backward(G, q, k, ...)`` that
+returns their gradients as a named tuple.  ``posenc.reference`` has the same
+functions in plain NumPy; ``posenc.torch`` plugs them into autograd.
+
+ISA and threads: ``posenc.capabilities()``, ``posenc.get_isa()``,
+``posenc.set_isa(name)`` (or the POSENC_ISA environment variable),
+``posenc.set_num_threads(n)`` / ``posenc.get_num_threads()``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+
+from . import _C, _checks, _methods, buckets
+from ._docstrings import backward_doc, forward_doc
+from ._grads import GRAD_FIELDS, GRAD_TYPES  # noqa: F401
+
+__version__ = "0.1.0"
+
+METHODS = ("content", "shaw", "t5", "m2", "m4", "m4m", "deberta", "tupe", "diet_abs", "diet_rel")
+
+
+def capabilities() -> list:
+    """The ISAs this CPU and OS support (and this build has), best last."""
+    return list(_C.capabilities())
+
+
+def get_isa() -> str:
+    """The ISA whose kernels run: 'scalar', 'avx2', 'avx512' or 'neon'."""
+    return _C.get_isa()
+
+
+def set_isa(name: str) -> None:
+    """Run the kernels of ISA `name`; ValueError naming the valid ones if unsupported."""
+    _C.set_isa(name)
+
+
+def get_num_threads() -> int:
+    """Threads every kernel call uses (OpenMP; default: OMP_NUM_THREADS or all cores)."""
+    return _C.get_num_threads()
+
+
+def set_num_threads(threads: int) -> None:
+    """Threads every kernel call uses; results are bitwise identical for any count."""
+    if isinstance(threads, bool) or not isinstance(threads, int):
+        raise TypeError(f"threads must be an int, got {type(threads).__name__}")
+    _C.set_num_threads(threads)
+
+
+def build_info() -> dict:
+    """Compiler, OpenMP version, compiled ISAs of this build."""
+    return dict(_C.build_info())
+
+
+def _make_forward(method: str):
+    checker = _checks.CHECKERS[method]
+
+    def forward(*args, **kwargs):
+        return _methods.forward(checker(*args, **kwargs))
+
+    forward.__name__ = forward.__qualname__ = method
+    forward.__signature__ = inspect.signature(checker)
+    forward.__doc__ = forward_doc(method, "the C kernels")
+    return forward
+
+
+def _make_backward(method: str):
+    checker = _checks.CHECKERS[method]
+
+    def backward(G, *args, **kwargs):
+        problem = checker(*args, **kwargs)
+        return _methods.backward(problem, _checks.check_grad(G, problem))
+
+    params = [p for name, p in inspect.signature(checker).parameters.items() if name != "out"]
+    params.insert(0, inspect.Parameter("G", inspect.Parameter.POSITIONAL_OR_KEYWORD))
+    backward.__name__ = backward.__qualname__ = method + "_backward"
+    backward.__signature__ = inspect.Signature(params)
+    backward.__doc__ = backward_doc(method, GRAD_FIELDS[method], "the C kernels")
+    return backward
+
+
+for _method in METHODS:
+    globals()[_method] = _make_forward(_method)
+    globals()[_method + "_backward"] = _make_backward(_method)
+del _method
+
+__all__ = list(METHODS) + [m + "_backward" for m in METHODS] + [
+    "capabilities", "get_isa", "set_isa", "get_num_threads", "set_num_threads", "build_info",
+    "buckets", "METHODS"]
+
+if os.environ.get("POSENC_ISA"):
+    set_isa(os.environ["POSENC_ISA"].strip().lower())

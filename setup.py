@@ -1,0 +1,79 @@
+"""Build of posenc._C.
+
+The engine, dispatch and binding are compiled at the target's baseline; each
+ISA file is compiled on its own with its own flags (STYLE.md 3), so a wheel
+built here imports on any x86-64 and picks its kernels at run time.  No
+-march=native anywhere.
+
+Environment:
+  POSENC_SANITIZE=1   build with -fsanitize=address,undefined (see .ci/run)
+  POSENC_NO_OPENMP=1  build without OpenMP
+"""
+
+import os
+import platform
+import sys
+
+import numpy as np
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+MACHINE = platform.machine().lower()
+X86 = MACHINE in ("x86_64", "amd64", "i686", "i386")
+ARM64 = MACHINE in ("aarch64", "arm64")
+
+ISA_SOURCES = {
+    # source: (flags, define when compiled, platforms)
+    "csrc/isa/scalar.c": ([], None, True),
+    "csrc/isa/avx2.c": (["-mavx2", "-mfma"], "POSENC_HAVE_AVX2", X86),
+    "csrc/isa/avx512.c": (["-mavx512f", "-mavx512vl", "-mavx512dq", "-mavx2", "-mfma"],
+                          "POSENC_HAVE_AVX512", X86),
+    "csrc/isa/neon.c": ([], "POSENC_HAVE_NEON", ARM64),
+}
+
+COMMON_FLAGS = ["-O3", "-std=c11", "-Wall", "-Wextra", "-fno-strict-aliasing",
+                "-Wno-unused-parameter", "-Wno-missing-field-initializers"]
+SANITIZE = os.environ.get("POSENC_SANITIZE") == "1"
+OPENMP = os.environ.get("POSENC_NO_OPENMP") != "1" and sys.platform != "win32"
+if SANITIZE:
+    COMMON_FLAGS = ["-O1", "-g", "-std=c11", "-fsanitize=address,undefined",
+                    "-fno-omit-frame-pointer", "-fno-sanitize-recover=undefined"]
+
+
+class BuildExt(build_ext):
+    """Compiles each ISA file with its own flags into the extension."""
+
+    def build_extension(self, ext):
+        objects = []
+        defines = list(ext.define_macros)
+        for source, (flags, define, enabled) in ISA_SOURCES.items():
+            if not enabled:
+                continue
+            objects += self.compiler.compile(
+                [source], output_dir=self.build_temp, include_dirs=ext.include_dirs,
+                extra_postargs=COMMON_FLAGS + flags, depends=["csrc/posenc.h",
+                                                              "csrc/isa/kernels_impl.h"])
+            if define:
+                defines.append((define, "1"))
+        ext.extra_objects = objects
+        ext.define_macros = defines
+        super().build_extension(ext)
+
+
+openmp_flags = ["-fopenmp"] if OPENMP else []
+link_flags = list(openmp_flags)
+if SANITIZE:
+    link_flags += ["-fsanitize=address,undefined"]
+
+extension = Extension(
+    "posenc._C",
+    sources=["csrc/module.c", "csrc/dispatch.c", "csrc/engine/engine.c", "csrc/engine/runs.c"],
+    include_dirs=[np.get_include(), "csrc"],
+    define_macros=[("NPY_NO_DEPRECATED_API", "NPY_2_0_API_VERSION")],
+    extra_compile_args=COMMON_FLAGS + openmp_flags,
+    extra_link_args=link_flags,
+    depends=["csrc/posenc.h", "csrc/engine/engine.h", "csrc/engine/common_impl.h",
+             "csrc/engine/forward_impl.h", "csrc/engine/backward_impl.h"],
+)
+
+setup(ext_modules=[extension], cmdclass={"build_ext": BuildExt})
