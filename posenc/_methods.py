@@ -133,6 +133,7 @@ def backward(p: _checks.Problem, G: np.ndarray, wanted=None):
             values[field] = None
         elif len(parts) == 1:
             values[field] = parts[0]
-        else:
-            values[field] = parts[0] + parts[1]
+        else:   # M4 / M4M: the table's query-side and key-side gradients
+            with np.errstate(invalid="ignore", over="ignore"):   # IEEE, as the kernels
+                values[field] = np.add(parts[0], parts[1], out=parts[0])
     return grad_type(**values)
