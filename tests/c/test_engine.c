@@ -1,0 +1,374 @@
+/*
+ * test_engine.c -- the C engine without Python: every term kind and combine
+ * mode, float and double, odd sizes, on every ISA this CPU supports.
+ *
+ *   1. The forward of the scalar ISA equals a naive double-precision loop
+ *      written from SPEC.md's formulas (maps here are synthetic: clipped,
+ *      reversed clipped, irregular random), so the engine is checked on its
+ *      own, including on AArch64 under qemu where Python is not used.
+ *   2. Every other ISA (avx2, avx512 or neon) equals the scalar ISA, forward
+ *      and every backward output, within a dtype tolerance.
+ *   3. 1 and 2 threads give bitwise identical results.
+ *
+ * Build and run: tests/c/run.sh (native, cross to aarch64 + qemu, valgrind).
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "posenc.h"
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+
+static double urand(void)   /* uniform in [-1, 1) */
+{
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (double)(rng_state >> 11) / 9007199254740992.0 * 2.0 - 1.0;
+}
+
+static int failures, checks;
+
+#define EXPECT(cond, ...)                         \
+    do {                                          \
+        ++checks;                                 \
+        if (!(cond)) {                            \
+            ++failures;                           \
+            fprintf(stderr, "FAIL: " __VA_ARGS__); \
+            fputc('\n', stderr);                  \
+        }                                         \
+    } while (0)
+
+typedef struct {
+    const char *name;
+    int dense, table, vq, vk, seg, theta, product;
+    int map;   /* 0 clipped j-i, 1 clipped i-j, 2 irregular */
+} config;
+
+static const config configs[] = {
+    {"content", 0, 0, 0, 0, 0, 0, 0, 0},
+    {"shaw", 0, 0, 1, 0, 0, 0, 0, 0},
+    {"t5-like", 0, 1, 0, 0, 0, 0, 0, 2},
+    {"m2", 0, 1, 0, 0, 0, 0, 1, 0},
+    {"m4", 0, 0, 1, 1, 0, 0, 0, 0},
+    {"m4m", 0, 0, 1, 1, 0, 0, 1, 0},
+    {"deberta-like", 0, 0, 1, 1, 0, 0, 0, 1},
+    {"tupe", 1, 1, 0, 0, 0, 1, 0, 2},
+    {"diet_abs", 1, 0, 0, 0, 1, 0, 0, 0},
+    {"diet_rel", 0, 1, 0, 0, 1, 0, 0, 1},
+    {"everything", 1, 1, 1, 1, 1, 1, 0, 2},
+    {"product-all", 0, 1, 1, 1, 0, 0, 1, 2},
+};
+
+enum { MAX_ARRAYS = 16 };
+
+/* The problem's inputs in double; f32 copies made on demand. */
+typedef struct {
+    posenc_problem p;
+    size_t len[MAX_ARRAYS];
+    double *f64[MAX_ARRAYS];
+    float *f32[MAX_ARRAYS];
+    int64_t *maps[3];
+    int64_t *seg_q, *seg_k;
+} problem_data;
+
+enum { X_Q, X_K, X_PQ, X_PK, X_TABLE, X_VQ, X_VK, X_SEG, X_THETA, X_G, X_COUNT };
+
+static double *fill(problem_data *pd, int slot, size_t len)
+{
+    pd->len[slot] = len;
+    pd->f64[slot] = malloc(sizeof(double) * (len ? len : 1));
+    pd->f32[slot] = malloc(sizeof(float) * (len ? len : 1));
+    for (size_t t = 0; t < len; ++t) {
+        pd->f64[slot][t] = (double)(float)urand();   /* exactly representable in float */
+        pd->f32[slot][t] = (float)pd->f64[slot][t];
+    }
+    return pd->f64[slot];
+}
+
+static int64_t *make_map(int kind, size_t n, size_t m, size_t rows)
+{
+    const size_t offsets = n + m - 1;
+    int64_t *map = malloc(sizeof(int64_t) * offsets);
+    const ptrdiff_t t = (ptrdiff_t)(rows - 1) / 2;
+    for (size_t idx = 0; idx < offsets; ++idx) {
+        ptrdiff_t o = (ptrdiff_t)idx - (ptrdiff_t)(n - 1);
+        if (kind == 1)
+            o = -o;
+        if (kind == 2) {
+            map[idx] = (int64_t)((urand() + 1.0) * 0.5 * (double)rows);
+            if (map[idx] >= (int64_t)rows) map[idx] = (int64_t)rows - 1;
+            if (idx % 3) map[idx] = idx ? map[idx - 1] : map[idx];   /* some runs */
+            continue;
+        }
+        map[idx] = (o < -t ? -t : o > t ? t : o) + t;
+    }
+    return map;
+}
+
+static void build(problem_data *pd, const config *c, size_t B, size_t H, size_t n, size_t m,
+                  size_t d, int shared)
+{
+    memset(pd, 0, sizeof *pd);
+    posenc_problem *p = &pd->p;
+    const size_t Hp = shared ? 1 : H, rows = 7, dp = 3, S = 3;
+    p->combine = c->product ? POSENC_PRODUCT : POSENC_SUM;
+    p->B = B; p->H = H; p->n = n; p->m = m; p->d = d;
+    p->scale = 0.37;
+    p->dense_scale = 0.8;
+    p->vec_scale = c->product ? 1.0 : 0.37;
+    fill(pd, X_Q, B * H * n * d);
+    fill(pd, X_K, B * H * m * d);
+    fill(pd, X_G, B * H * n * m);
+    if (c->dense) {
+        fill(pd, X_PQ, Hp * n * dp);
+        fill(pd, X_PK, H * m * dp);          /* pos_k per head, pos_q maybe shared */
+        p->pos_q_heads = Hp; p->pos_k_heads = H; p->d_p = dp;
+    }
+    if (c->table) {
+        fill(pd, X_TABLE, Hp * rows);
+        p->table_heads = Hp; p->table_rows = rows;
+        pd->maps[0] = make_map(c->map, n, m, rows);
+        p->table_map = pd->maps[0];
+    }
+    if (c->vq) {
+        fill(pd, X_VQ, Hp * rows * d);
+        p->vq_heads = Hp; p->vq_rows = rows;
+        pd->maps[1] = make_map(c->map, n, m, rows);
+        p->vq_map = pd->maps[1];
+    }
+    if (c->vk) {
+        fill(pd, X_VK, H * rows * d);
+        p->vk_heads = H; p->vk_rows = rows;
+        pd->maps[2] = make_map(c->map == 2 ? 0 : c->map, n, m, rows);
+        p->vk_map = pd->maps[2];
+    }
+    if (c->seg) {
+        fill(pd, X_SEG, Hp * S * S);
+        p->seg_heads = Hp; p->n_segments = S;
+        pd->seg_q = malloc(sizeof(int64_t) * (B * n + 1));
+        pd->seg_k = malloc(sizeof(int64_t) * (B * m + 1));
+        for (size_t t = 0; t < B * n; ++t) pd->seg_q[t] = (int64_t)((urand() + 1) * 1.5) % 3;
+        for (size_t t = 0; t < B * m; ++t) pd->seg_k[t] = (int64_t)(t * 3 / (B * m + 1)) % 3;
+        p->seg_q = pd->seg_q; p->seg_k = pd->seg_k;
+    }
+    if (c->theta) {
+        fill(pd, X_THETA, Hp * 2);
+        p->theta_heads = Hp;
+    }
+}
+
+static void point(problem_data *pd, posenc_dtype dtype)
+{
+    posenc_problem *p = &pd->p;
+#define PTR(slot) (pd->len[slot] || pd->f64[slot] ? (dtype == POSENC_F32 ? (void *)pd->f32[slot] : (void *)pd->f64[slot]) : NULL)
+    p->dtype = dtype;
+    p->q = PTR(X_Q); p->k = PTR(X_K);
+    p->pos_q = PTR(X_PQ); p->pos_k = PTR(X_PK);
+    p->table = PTR(X_TABLE); p->vq_table = PTR(X_VQ); p->vk_table = PTR(X_VK);
+    p->seg_table = PTR(X_SEG); p->theta = PTR(X_THETA);
+#undef PTR
+}
+
+static void release(problem_data *pd)
+{
+    for (int t = 0; t < MAX_ARRAYS; ++t) { free(pd->f64[t]); free(pd->f32[t]); }
+    for (int t = 0; t < 3; ++t) free(pd->maps[t]);
+    free(pd->seg_q);
+    free(pd->seg_k);
+}
+
+/* SPEC §3 written as loops, in double. */
+static double naive_logit(const problem_data *pd, size_t b, size_t h, size_t i, size_t j)
+{
+    const posenc_problem *p = &pd->p;
+    const size_t n = p->n, m = p->m, d = p->d, H = p->H;
+    const double *q = pd->f64[X_Q] + ((b * H + h) * n + i) * d;
+    const double *k = pd->f64[X_K] + ((b * H + h) * m + j) * d;
+    const size_t o = j + n - 1 - i;
+    double qk = 0;
+    for (size_t l = 0; l < d; ++l) qk += q[l] * k[l];
+    double fq = 0, fk = 0, t = 0, pos = 0;
+    if (p->vq_table) {
+        const double *a = pd->f64[X_VQ] + ((p->vq_heads == 1 ? 0 : h) * p->vq_rows + (size_t)p->vq_map[o]) * d;
+        for (size_t l = 0; l < d; ++l) fq += q[l] * a[l];
+        fq *= p->vec_scale;
+    }
+    if (p->vk_table) {
+        const double *a = pd->f64[X_VK] + ((p->vk_heads == 1 ? 0 : h) * p->vk_rows + (size_t)p->vk_map[o]) * d;
+        for (size_t l = 0; l < d; ++l) fk += k[l] * a[l];
+        fk *= p->vec_scale;
+    }
+    if (p->table)
+        t = pd->f64[X_TABLE][(p->table_heads == 1 ? 0 : h) * p->table_rows + (size_t)p->table_map[o]];
+    if (p->combine == POSENC_PRODUCT) {
+        double value = p->scale * qk;
+        if (p->table) value *= t;
+        if (p->vq_table) value *= fq;
+        if (p->vk_table) value *= fk;
+        return value;
+    }
+    pos = fq + fk + t;
+    if (p->pos_q) {
+        const double *pq = pd->f64[X_PQ] + ((p->pos_q_heads == 1 ? 0 : h) * n + i) * p->d_p;
+        const double *pk = pd->f64[X_PK] + ((p->pos_k_heads == 1 ? 0 : h) * m + j) * p->d_p;
+        double dot = 0;
+        for (size_t l = 0; l < p->d_p; ++l) dot += pq[l] * pk[l];
+        pos += p->dense_scale * dot;
+    }
+    if (p->seg_table) {
+        const size_t S = p->n_segments;
+        pos += pd->f64[X_SEG][(p->seg_heads == 1 ? 0 : h) * S * S +
+                              (size_t)p->seg_q[b * n + i] * S + (size_t)p->seg_k[b * m + j]];
+    }
+    if (p->theta) {
+        const double *theta = pd->f64[X_THETA] + (p->theta_heads == 1 ? 0 : h) * 2;
+        if (i == 0) pos = theta[0];
+        else if (j == 0) pos = theta[1];
+    }
+    return p->scale * qk + pos;
+}
+
+typedef struct {
+    double *out;
+    double *grads[9];
+    size_t grad_len[9];
+} result;
+
+static double *widen(const void *src, size_t len, posenc_dtype dtype)
+{
+    double *dst = malloc(sizeof(double) * (len ? len : 1));
+    for (size_t t = 0; t < len; ++t)
+        dst[t] = dtype == POSENC_F32 ? (double)((const float *)src)[t] : ((const double *)src)[t];
+    return dst;
+}
+
+static int run(problem_data *pd, posenc_dtype dtype, int threads, result *r)
+{
+    const posenc_problem *p = &pd->p;
+    const size_t es = dtype == POSENC_F32 ? sizeof(float) : sizeof(double);
+    const size_t logits = p->B * p->H * p->n * p->m;
+    void *out = malloc(es * (logits ? logits : 1));
+    const size_t lens[9] = {pd->len[X_Q], pd->len[X_K], pd->len[X_PQ], pd->len[X_PK], pd->len[X_TABLE],
+                            pd->len[X_VQ], pd->len[X_VK], pd->len[X_SEG], pd->len[X_THETA]};
+    const void *inputs[9] = {p->q, p->k, p->pos_q, p->pos_k, p->table, p->vq_table, p->vk_table,
+                             p->seg_table, p->theta};
+    void *g[9];
+    for (int t = 0; t < 9; ++t) g[t] = inputs[t] ? malloc(es * (lens[t] ? lens[t] : 1)) : NULL;
+    posenc_grads grads = {g[0], g[1], g[2], g[3], g[4], g[5], g[6], g[7], g[8]};
+    const void *G = dtype == POSENC_F32 ? (const void *)pd->f32[X_G] : (const void *)pd->f64[X_G];
+    int status = posenc_forward(p, out, threads);
+    if (status == POSENC_OK)
+        status = posenc_backward(p, G, &grads, threads);
+    r->out = widen(out, logits, dtype);
+    for (int t = 0; t < 9; ++t) {
+        r->grad_len[t] = g[t] ? lens[t] : 0;
+        r->grads[t] = g[t] ? widen(g[t], lens[t], dtype) : NULL;
+        free(g[t]);
+    }
+    free(out);
+    return status;
+}
+
+static void free_result(result *r)
+{
+    free(r->out);
+    for (int t = 0; t < 9; ++t) free(r->grads[t]);
+}
+
+static double max_abs(const double *x, size_t len)
+{
+    double v = 0;
+    for (size_t t = 0; t < len; ++t) v = fmax(v, fabs(x[t]));
+    return v;
+}
+
+static void compare(const char *what, const double *a, const double *b, size_t len, double rtol,
+                    int bitwise)
+{
+    const double scale = fmax(max_abs(b, len), 1e-30);
+    double worst = 0;
+    for (size_t t = 0; t < len; ++t) {
+        const double diff = fabs(a[t] - b[t]);
+        if (bitwise ? memcmp(&a[t], &b[t], sizeof(double)) != 0 : !(diff <= rtol * scale))
+            worst = fmax(worst, diff / scale + (diff != diff ? 1e300 : 0) + (bitwise ? 1 : 0));
+    }
+    EXPECT(worst == 0, "%s: relative error %.3g (tolerance %.3g%s)", what, worst, rtol,
+           bitwise ? ", bitwise" : "");
+}
+
+static const char *const grad_names[9] = {"q", "k", "pos_q", "pos_k", "table", "vq", "vk", "seg", "theta"};
+
+int main(void)
+{
+    posenc_dispatch_init();
+    const size_t sizes[][5] = {{1, 1, 1, 1, 1}, {2, 3, 7, 5, 3}, {1, 2, 17, 33, 9},
+                               {2, 1, 33, 17, 16}, {1, 1, 65, 40, 31}, {3, 2, 9, 9, 0}};
+    printf("ISAs supported:");
+    for (int isa = 0; isa < POSENC_ISA_COUNT; ++isa)
+        if (posenc_isa_supported((posenc_isa)isa))
+            printf(" %s", posenc_isa_name((posenc_isa)isa));
+    printf("\n");
+    for (size_t c = 0; c < sizeof configs / sizeof configs[0]; ++c) {
+        for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; ++s) {
+            for (int shared = 0; shared < 2; ++shared) {
+                problem_data pd;
+                const size_t *z = sizes[s];
+                build(&pd, &configs[c], z[0], z[1], z[2], z[3], z[4], shared);
+                for (int dt = 0; dt < 2; ++dt) {
+                    const posenc_dtype dtype = dt ? POSENC_F64 : POSENC_F32;
+                    const double rtol = dt ? 1e-12 : 2e-5;
+                    char what[256];
+                    point(&pd, dtype);
+                    posenc_set_isa(POSENC_ISA_SCALAR);
+                    result base;
+                    EXPECT(run(&pd, dtype, 1, &base) == POSENC_OK, "%s status", configs[c].name);
+                    /* 1. scalar forward against the naive loops */
+                    const size_t logits = z[0] * z[1] * z[2] * z[3];
+                    double *naive = malloc(sizeof(double) * (logits ? logits : 1));
+                    for (size_t b = 0, t = 0; b < z[0]; ++b)
+                        for (size_t h = 0; h < z[1]; ++h)
+                            for (size_t i = 0; i < z[2]; ++i)
+                                for (size_t j = 0; j < z[3]; ++j)
+                                    naive[t++] = naive_logit(&pd, b, h, i, j);
+                    snprintf(what, sizeof what, "%s %s size#%zu shared=%d scalar vs naive",
+                             configs[c].name, dt ? "f64" : "f32", s, shared);
+                    compare(what, base.out, naive, logits, rtol, 0);
+                    free(naive);
+                    /* 2. every other ISA against scalar; 3. threads bitwise */
+                    for (int isa = 0; isa < POSENC_ISA_COUNT; ++isa) {
+                        if (!posenc_isa_supported((posenc_isa)isa))
+                            continue;
+                        posenc_set_isa((posenc_isa)isa);
+                        result one, two;
+                        EXPECT(run(&pd, dtype, 1, &one) == POSENC_OK, "status");
+                        EXPECT(run(&pd, dtype, 2, &two) == POSENC_OK, "status");
+                        snprintf(what, sizeof what, "%s %s size#%zu shared=%d %s logits",
+                                 configs[c].name, dt ? "f64" : "f32", s, shared,
+                                 posenc_isa_name((posenc_isa)isa));
+                        compare(what, one.out, base.out, logits, rtol, 0);
+                        compare(what, two.out, one.out, logits, 0, 1);
+                        for (int t = 0; t < 9; ++t) {
+                            if (!base.grads[t])
+                                continue;
+                            snprintf(what, sizeof what, "%s %s size#%zu shared=%d %s d%s",
+                                     configs[c].name, dt ? "f64" : "f32", s, shared,
+                                     posenc_isa_name((posenc_isa)isa), grad_names[t]);
+                            compare(what, one.grads[t], base.grads[t], base.grad_len[t], rtol, 0);
+                            compare(what, two.grads[t], one.grads[t], base.grad_len[t], 0, 1);
+                        }
+                        free_result(&one);
+                        free_result(&two);
+                    }
+                    free_result(&base);
+                }
+                release(&pd);
+            }
+        }
+    }
+    printf("%d checks, %d failures\n", checks, failures);
+    return failures ? 1 : 0;
+}
