@@ -74,6 +74,8 @@ def _make_backward(method: str):
     checker = _checks.CHECKERS[method]
 
     def backward(G, *args, **kwargs):
+        if "out" in kwargs:
+            raise TypeError(f"{method}_backward() got an unexpected keyword argument 'out'")
         problem = checker(*args, **kwargs)
         return _methods.backward(problem, _checks.check_grad(G, problem))
 

@@ -176,8 +176,6 @@ def check_segments(segment_q, segment_k, segment_table, B, H, n, m) -> dict:
                     f"{name} holds segment id {bad}, outside [0, {S}) for "
                     f"segment_table of shape {_shape_str(segment_table.shape)}"
                 )
-        elif S == 0 and value.size:
-            raise ValueError(f"{name} has ids but segment_table has S = 0")
     return {"segment_q": segment_q, "segment_k": segment_k, "segment_table": segment_table}
 
 
@@ -328,8 +326,8 @@ def tupe(q, k, pos_q, pos_k, *, bias=None, theta=None, num_buckets=32, max_dista
     p = _begin("tupe", q, k, {"pos_q": pos_q, "pos_k": pos_k, "bias": bias, "theta": theta})
     _dense(p, pos_q, pos_k)
     p.params["scale"] = check_scale(scale, 1.0 / math.sqrt(2 * p.d) if p.d else 1.0)
+    _t5_params(p, num_buckets, max_distance, bidirectional)   # checked even when unused
     if bias is not None:
-        _t5_params(p, num_buckets, max_distance, bidirectional)
         _scalar_table(p, "bias", bias, p.params["num_buckets"])
     if theta is not None:
         check_shape("theta", theta, (_heads(p.H), 2), "(H|1, 2)")

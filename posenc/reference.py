@@ -1,0 +1,571 @@
+"""posenc.reference: the NumPy twin of every public function (SPEC §4).
+
+`posenc.<name>` computes the attention logits of a positional-encoding method
+with fused C kernels; `posenc.reference.<name>` computes the same thing in
+plain NumPy, written *literally* from the formula of SPEC §3, so that the two
+are independent and one can cross-check the other.  Nothing here is clever:
+
+* every positional term is materialised -- the (n, m) grid of offsets, its
+  bucket rows from `posenc.buckets`, the gathered (H, n, m[, d]) relative
+  tensor -- and contracted with `numpy.einsum`;
+* the arithmetic is done in float64 and the result cast to the input dtype
+  (float32 in, float32 out), a new C-contiguous array or `out=`;
+* every `<name>_backward(G, ...)` is a hand-written gradient of
+  `sum(G * <name>(...))` (no autograd), with the derivative of each term
+  written next to it.  A parameter with head axis 1 is used as if tiled to H
+  heads, so its gradient is the per-head gradient summed over heads.
+
+Arguments are validated by the same checkers as the C path
+(`posenc._checks`), so both namespaces raise the same exceptions.  Two
+baselines exist only here (SPEC §3.11): `absolute_input`, BERT's
+input-additive position embedding, and `bert_ad`, TUPE's BERT-A^d ablation;
+their checkers are at the end of this file.
+
+Slow by design: memory O(H n m d).  Use it on test-sized problems.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+
+import numpy as np
+
+from . import _checks, buckets
+from ._docstrings import backward_doc, forward_doc
+from ._grads import GRAD_FIELDS, GRAD_TYPES
+
+METHODS = ("content", "shaw", "t5", "m2", "m4", "m4m", "deberta", "tupe", "diet_abs",
+           "diet_rel", "bert_ad", "absolute_input")
+
+_WHERE = "plain NumPy, literally from the SPEC formula (posenc.reference)"
+
+
+# ------------------------------------------------------------------- helpers
+
+def _wide(array) -> np.ndarray:
+    """The array in float64 to compute with (accumulate in float64, cast at the end)."""
+    return np.asarray(array, dtype=np.float64)
+
+
+def _per_head(param, H: int) -> np.ndarray:
+    """A (H|1, ...) parameter as (H, ...): head axis 1 is shared by all heads."""
+    wide = _wide(param)
+    return np.broadcast_to(wide, (H,) + wide.shape[1:])
+
+
+def _fold_heads(grad: np.ndarray, param) -> np.ndarray:
+    """Gradient of a (H|1, ...) parameter from its per-head gradient (H, ...).
+
+    A shared parameter (head axis 1) feeds every head: its gradient is the
+    sum over heads."""
+    if param.shape[0] == 1 and grad.shape[0] != 1:
+        grad = grad.sum(axis=0, keepdims=True)
+    return grad
+
+
+def _key_minus_query(n: int, m: int) -> np.ndarray:
+    """offset[i, j] = j - i, the (n, m) grid of SPEC §1."""
+    return np.arange(m, dtype=np.int64)[None, :] - np.arange(n, dtype=np.int64)[:, None]
+
+
+def _query_minus_key(n: int, m: int) -> np.ndarray:
+    """offset[i, j] = i - j (DIET-REL's R_{i-j}, DeBERTa's delta)."""
+    return -_key_minus_query(n, m)
+
+
+def _gather(table: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """table (H, R, ...) and rows (n, m) -> (H, n, m, ...): table[h, rows[i, j]]."""
+    return table[:, rows]
+
+
+def _scatter(per_pair: np.ndarray, rows: np.ndarray, num_rows: int) -> np.ndarray:
+    """The transpose of _gather: per_pair (H, n, m, ...) summed into (H, num_rows, ...).
+
+    Every pair (i, j) read table row rows[i, j], so its gradient adds there."""
+    H = per_pair.shape[0]
+    table_grad = np.zeros((H, num_rows) + per_pair.shape[3:])
+    np.add.at(table_grad, (np.arange(H)[:, None, None], rows[None, :, :]), per_pair)
+    return table_grad
+
+
+def _qk(p) -> tuple:
+    return _wide(p.arrays["q"]), _wide(p.arrays["k"])
+
+
+def _dot_qk(q, k) -> np.ndarray:
+    """q_i.k_j, (B, H, n, m)."""
+    return np.einsum("bhid,bhjd->bhij", q, k)
+
+
+def _content_term_grads(p, G, weight=None) -> dict:
+    """Gradients of sum(G * s * w * q_i.k_j), w an optional (B|1, H, n, m) weight.
+
+    d(s w q_i.k_j)/dq_i = s w k_j,  d(s w q_i.k_j)/dk_j = s w q_i."""
+    q, k = _qk(p)
+    s = p.params["scale"]
+    Gw = G if weight is None else G * weight
+    return {"q": s * np.einsum("bhij,bhjd->bhid", Gw, k),
+            "k": s * np.einsum("bhij,bhid->bhjd", Gw, q)}
+
+
+def _segment_term(p) -> np.ndarray | float:
+    """E_S[b, h, i, j] = segment_table[h, segment_q[b, i], segment_k[b, j]], or 0."""
+    if "segment_table" not in p.arrays:
+        return 0.0
+    table = _per_head(p.arrays["segment_table"], p.H)
+    seg_q = np.asarray(p.arrays["segment_q"], dtype=np.intp)
+    seg_k = np.asarray(p.arrays["segment_k"], dtype=np.intp)
+    heads = np.arange(p.H)[None, :, None, None]
+    return table[heads, seg_q[:, None, :, None], seg_k[:, None, None, :]]
+
+
+def _segment_grad(p, G) -> dict:
+    """dE_S[b,h,i,j]/d segment_table[h, S(i), S(j)] = 1: scatter G into the table."""
+    if "segment_table" not in p.arrays:
+        return {}
+    table = p.arrays["segment_table"]
+    seg_q = np.asarray(p.arrays["segment_q"], dtype=np.intp)
+    seg_k = np.asarray(p.arrays["segment_k"], dtype=np.intp)
+    per_head = np.zeros((p.H,) + table.shape[1:])
+    heads = np.arange(p.H)[None, :, None, None]
+    np.add.at(per_head, (heads, seg_q[:, None, :, None], seg_k[:, None, None, :]), G)
+    return {"segment_table": _fold_heads(per_head, table)}
+
+
+def _clipped_rows(p) -> np.ndarray:
+    """c(i, j) = clipped(j - i, max_distance): Shaw, M2, M4, M4M."""
+    return buckets.clipped(_key_minus_query(p.n, p.m), p.params["max_distance"])
+
+
+def _t5_rows(p) -> np.ndarray:
+    """t5(j - i) with the call's num_buckets, max_distance, bidirectional."""
+    return buckets.t5(_key_minus_query(p.n, p.m), p.params["num_buckets"],
+                      p.params["max_distance"], p.params["bidirectional"])
+
+
+# ------------------------------------------------------------- the methods
+# Each method is a pair: _<name>_logits(problem) -> A (float64) and
+# _<name>_grads(problem, G) -> {field: float64 gradient}.
+
+# SPEC 3.1  A_ij = s q_i.k_j
+def _content_logits(p):
+    q, k = _qk(p)
+    return p.params["scale"] * _dot_qk(q, k)
+
+
+def _content_grads(p, G):
+    return _content_term_grads(p, G)
+
+
+# SPEC 3.2  A_ij = s q_i.(k_j + a_ij),  a_ij = rel_k[clipped(j - i, t)]
+def _shaw_logits(p):
+    q, k = _qk(p)
+    a = _gather(_per_head(p.arrays["rel_k"], p.H), _clipped_rows(p))     # (H, n, m, d)
+    return p.params["scale"] * (_dot_qk(q, k) + np.einsum("bhid,hijd->bhij", q, a))
+
+
+def _shaw_grads(p, G):
+    q, _ = _qk(p)
+    s, rows = p.params["scale"], _clipped_rows(p)
+    a = _gather(_per_head(p.arrays["rel_k"], p.H), rows)
+    grads = _content_term_grads(p, G)                                 # the s q_i.k_j term
+    # d(s q_i.a_ij)/dq_i = s a_ij
+    grads["q"] = grads["q"] + s * np.einsum("bhij,hijd->bhid", G, a)
+    # d(s q_i.a_ij)/da_ij = s q_i, and a_ij is row c(i, j) of rel_k
+    grad_a = s * np.einsum("bhij,bhid->hijd", G, q)
+    grads["rel_k"] = _fold_heads(_scatter(grad_a, rows, 2 * p.params["max_distance"] + 1),
+                                 p.arrays["rel_k"])
+    return grads
+
+
+# SPEC 3.3  A_ij = s q_i.k_j + bias[h, t5(j - i)]  (bias unscaled)
+def _t5_logits(p):
+    bias = _gather(_per_head(p.arrays["bias"], p.H), _t5_rows(p))        # (H, n, m)
+    return _content_logits(p) + bias[None]
+
+
+def _t5_grads(p, G):
+    grads = _content_term_grads(p, G)
+    # d bias[h, t5(j - i)] / d bias[h, row] = 1 where row == t5(j - i)
+    grads["bias"] = _fold_heads(_scatter(G.sum(axis=0), _t5_rows(p), p.params["num_buckets"]),
+                                p.arrays["bias"])
+    return grads
+
+
+# SPEC 3.4  A_ij = s (q_i.k_j) r_ij,  r_ij = rel[h, clipped(j - i, t)]
+def _m2_logits(p):
+    q, k = _qk(p)
+    r = _gather(_per_head(p.arrays["rel"], p.H), _clipped_rows(p))       # (H, n, m)
+    return p.params["scale"] * _dot_qk(q, k) * r[None]
+
+
+def _m2_grads(p, G):
+    q, k = _qk(p)
+    s, rows = p.params["scale"], _clipped_rows(p)
+    r = _gather(_per_head(p.arrays["rel"], p.H), rows)
+    # d/dq_i = s r_ij k_j,  d/dk_j = s r_ij q_i
+    grads = _content_term_grads(p, G, weight=r[None])
+    # d/dr_ij = s q_i.k_j
+    grad_r = s * (G * _dot_qk(q, k)).sum(axis=0)
+    grads["rel"] = _fold_heads(_scatter(grad_r, rows, 2 * p.params["max_distance"] + 1),
+                               p.arrays["rel"])
+    return grads
+
+
+# SPEC 3.5  A_ij = s (q_i.k_j + q_i.a_ij + k_j.a_ij),  a_ij = rel_k[clipped(j - i, t)]
+def _m4_logits(p):
+    q, k = _qk(p)
+    a = _gather(_per_head(p.arrays["rel_k"], p.H), _clipped_rows(p))     # (H, n, m, d)
+    return p.params["scale"] * (_dot_qk(q, k) + np.einsum("bhid,hijd->bhij", q, a)
+                                + np.einsum("bhjd,hijd->bhij", k, a))
+
+
+def _m4_grads(p, G):
+    q, k = _qk(p)
+    s, rows = p.params["scale"], _clipped_rows(p)
+    a = _gather(_per_head(p.arrays["rel_k"], p.H), rows)
+    grads = _content_term_grads(p, G)
+    # d(s q_i.a_ij)/dq_i = s a_ij
+    grads["q"] = grads["q"] + s * np.einsum("bhij,hijd->bhid", G, a)
+    # d(s k_j.a_ij)/dk_j = s a_ij
+    grads["k"] = grads["k"] + s * np.einsum("bhij,hijd->bhjd", G, a)
+    # d(s (q_i + k_j).a_ij)/da_ij = s (q_i + k_j)
+    grad_a = s * (np.einsum("bhij,bhid->hijd", G, q) + np.einsum("bhij,bhjd->hijd", G, k))
+    grads["rel_k"] = _fold_heads(_scatter(grad_a, rows, 2 * p.params["max_distance"] + 1),
+                                 p.arrays["rel_k"])
+    return grads
+
+
+# SPEC 3.6  A_ij = s u v w,  u = q_i.k_j, v = q_i.a_ij, w = k_j.a_ij
+def _m4m_factors(p):
+    q, k = _qk(p)
+    a = _gather(_per_head(p.arrays["rel_k"], p.H), _clipped_rows(p))
+    u = _dot_qk(q, k)
+    v = np.einsum("bhid,hijd->bhij", q, a)
+    w = np.einsum("bhjd,hijd->bhij", k, a)
+    return q, k, a, u, v, w
+
+
+def _m4m_logits(p):
+    _, _, _, u, v, w = _m4m_factors(p)
+    return p.params["scale"] * u * v * w
+
+
+def _m4m_grads(p, G):
+    q, k, a, u, v, w = _m4m_factors(p)
+    s = p.params["scale"]
+    # d(s u v w)/dq_i = s (v w k_j + u w a_ij)   (u and v depend on q_i)
+    grad_q = s * (np.einsum("bhij,bhjd->bhid", G * v * w, k)
+                  + np.einsum("bhij,hijd->bhid", G * u * w, a))
+    # d(s u v w)/dk_j = s (v w q_i + u v a_ij)   (u and w depend on k_j)
+    grad_k = s * (np.einsum("bhij,bhid->bhjd", G * v * w, q)
+                  + np.einsum("bhij,hijd->bhjd", G * u * v, a))
+    # d(s u v w)/da_ij = s (u w q_i + u v k_j)   (v and w depend on a_ij)
+    grad_a = s * (np.einsum("bhij,bhid->hijd", G * u * w, q)
+                  + np.einsum("bhij,bhjd->hijd", G * u * v, k))
+    rel_k = _fold_heads(_scatter(grad_a, _clipped_rows(p), 2 * p.params["max_distance"] + 1),
+                        p.arrays["rel_k"])
+    return {"q": grad_q, "k": grad_k, "rel_k": rel_k}
+
+
+# SPEC 3.7  A_ij = s (q_i.k_j + q_i.pos_key[p(i,j)] + k_j.pos_query[p(i,j)]),
+#           p = clip(delta + att_span, 0, 2 att_span - 1), delta = i - j (log-bucketed)
+def _deberta_rows(p):
+    span = p.params["att_span"]
+    position_buckets = p.params["position_buckets"]
+    max_relative = p.params["max_relative_positions"]
+    delta = _query_minus_key(p.n, p.m)
+    if position_buckets > 0 and max_relative > 0:
+        delta = buckets.deberta_log(delta, position_buckets, max_relative)
+    return np.clip(delta + span, 0, 2 * span - 1)
+
+
+def _deberta_logits(p):
+    q, k = _qk(p)
+    rows = _deberta_rows(p)
+    key_rel = _gather(_per_head(p.arrays["pos_key"], p.H), rows)        # (H, n, m, d)
+    query_rel = _gather(_per_head(p.arrays["pos_query"], p.H), rows)
+    c2p = np.einsum("bhid,hijd->bhij", q, key_rel)
+    p2c = np.einsum("bhjd,hijd->bhij", k, query_rel)
+    return p.params["scale"] * (_dot_qk(q, k) + c2p + p2c)
+
+
+def _deberta_grads(p, G):
+    q, k = _qk(p)
+    s, rows = p.params["scale"], _deberta_rows(p)
+    key_rel = _gather(_per_head(p.arrays["pos_key"], p.H), rows)
+    query_rel = _gather(_per_head(p.arrays["pos_query"], p.H), rows)
+    grads = _content_term_grads(p, G)
+    # c2p: d(s q_i.pos_key[p])/dq_i = s pos_key[p],  .../d pos_key[p] = s q_i
+    grads["q"] = grads["q"] + s * np.einsum("bhij,hijd->bhid", G, key_rel)
+    # p2c: d(s k_j.pos_query[p])/dk_j = s pos_query[p],  .../d pos_query[p] = s k_j
+    grads["k"] = grads["k"] + s * np.einsum("bhij,hijd->bhjd", G, query_rel)
+    rows_total = 2 * p.params["att_span"]
+    grads["pos_key"] = _fold_heads(
+        _scatter(s * np.einsum("bhij,bhid->hijd", G, q), rows, rows_total), p.arrays["pos_key"])
+    grads["pos_query"] = _fold_heads(
+        _scatter(s * np.einsum("bhij,bhjd->hijd", G, k), rows, rows_total), p.arrays["pos_query"])
+    return grads
+
+
+# SPEC 3.8  A_ij = s q_i.k_j + reset(v)_ij,  v_ij = s pos_q_i.pos_k_j (+ bias[h, t5(j - i)])
+def _tupe_kept(p) -> np.ndarray:
+    """(n, m) mask of the v_ij that reset keeps: all of them without theta."""
+    kept = np.ones((p.n, p.m), dtype=bool)
+    if "theta" in p.arrays:
+        kept[:1, :] = False        # i == 0: from [CLS] to others
+        kept[1:, :1] = False       # i != 0, j == 0: from others to [CLS]
+    return kept
+
+
+def _tupe_logits(p):
+    s = p.params["scale"]
+    pos_q = _per_head(p.arrays["pos_q"], p.H)
+    pos_k = _per_head(p.arrays["pos_k"], p.H)
+    v = s * np.einsum("hie,hje->hij", pos_q, pos_k)                     # (H, n, m)
+    if "bias" in p.arrays:
+        v = v + _gather(_per_head(p.arrays["bias"], p.H), _t5_rows(p))
+    reset = v.copy()
+    if "theta" in p.arrays:
+        theta = _per_head(p.arrays["theta"], p.H)
+        reset[:, :1, :] = theta[:, 0, None, None]            # i == 0
+        reset[:, 1:, :1] = theta[:, 1, None, None]           # i != 0, j == 0
+    return _content_logits(p) + reset[None]
+
+
+def _tupe_grads(p, G):
+    s = p.params["scale"]
+    pos_q = _per_head(p.arrays["pos_q"], p.H)
+    pos_k = _per_head(p.arrays["pos_k"], p.H)
+    kept = _tupe_kept(p)
+    grads = _content_term_grads(p, G)
+    # reset(v)_ij = v_ij where kept, a theta entry elsewhere: d reset/d v = kept
+    grad_v = np.where(kept, G, 0.0).sum(axis=0)                         # (H, n, m)
+    # d(s pos_q_i.pos_k_j)/d pos_q_i = s pos_k_j,  .../d pos_k_j = s pos_q_i
+    grads["pos_q"] = _fold_heads(s * np.einsum("hij,hje->hie", grad_v, pos_k), p.arrays["pos_q"])
+    grads["pos_k"] = _fold_heads(s * np.einsum("hij,hie->hje", grad_v, pos_q), p.arrays["pos_k"])
+    grads["bias"] = grads["theta"] = None
+    if "bias" in p.arrays:
+        # d bias[h, t5(j - i)] / d bias[h, row] = 1 where row == t5(j - i)
+        grads["bias"] = _fold_heads(_scatter(grad_v, _t5_rows(p), p.params["num_buckets"]),
+                                    p.arrays["bias"])
+    if "theta" in p.arrays:
+        # d reset_ij / d theta[h, 0] = [i == 0];  d reset_ij / d theta[h, 1] = [i != 0, j == 0]
+        grad_theta = np.zeros((p.H, 2))
+        grad_theta[:, 0] = G[:, :, :1, :].sum(axis=(0, 2, 3))
+        grad_theta[:, 1] = G[:, :, 1:, :1].sum(axis=(0, 2, 3))
+        grads["theta"] = _fold_heads(grad_theta, p.arrays["theta"])
+    return grads
+
+
+# SPEC 3.9  A_ij = s q_i.k_j + pos_q_i.pos_k_j + E_S  (positional term unscaled)
+def _diet_abs_logits(p):
+    pos_q = _per_head(p.arrays["pos_q"], p.H)
+    pos_k = _per_head(p.arrays["pos_k"], p.H)
+    positional = np.einsum("hie,hje->hij", pos_q, pos_k)
+    return _content_logits(p) + positional[None] + _segment_term(p)
+
+
+def _diet_abs_grads(p, G):
+    pos_q = _per_head(p.arrays["pos_q"], p.H)
+    pos_k = _per_head(p.arrays["pos_k"], p.H)
+    grads = _content_term_grads(p, G)
+    # d(pos_q_i.pos_k_j)/d pos_q_i = pos_k_j,  .../d pos_k_j = pos_q_i
+    grads["pos_q"] = _fold_heads(np.einsum("bhij,hje->hie", G, pos_k), p.arrays["pos_q"])
+    grads["pos_k"] = _fold_heads(np.einsum("bhij,hie->hje", G, pos_q), p.arrays["pos_k"])
+    grads["segment_table"] = None
+    grads.update(_segment_grad(p, G))
+    return grads
+
+
+# SPEC 3.10  A_ij = s q_i.k_j + rel[h, clip(i - j, -t, t) + t] + E_S  (DIET eq. 3: R_{i-j})
+def _diet_rel_rows(p):
+    return buckets.clipped(_query_minus_key(p.n, p.m), p.params["max_distance"])
+
+
+def _diet_rel_logits(p):
+    rel = _gather(_per_head(p.arrays["rel"], p.H), _diet_rel_rows(p))   # (H, n, m)
+    return _content_logits(p) + rel[None] + _segment_term(p)
+
+
+def _diet_rel_grads(p, G):
+    grads = _content_term_grads(p, G)
+    # d rel[h, c(i,j)] / d rel[h, row] = 1 where row == c(i, j)
+    grads["rel"] = _fold_heads(
+        _scatter(G.sum(axis=0), _diet_rel_rows(p), 2 * p.params["max_distance"] + 1),
+        p.arrays["rel"])
+    grads["segment_table"] = None
+    grads.update(_segment_grad(p, G))
+    return grads
+
+
+# SPEC 3.11  A_ij = s (q_i.k_j + q_i.pos_k_j + pos_q_i.k_j + pos_q_i.pos_k_j)
+def _bert_ad_logits(p):
+    q, k = _qk(p)
+    pos_q = _per_head(p.arrays["pos_q"], p.H)
+    pos_k = _per_head(p.arrays["pos_k"], p.H)
+    return p.params["scale"] * (_dot_qk(q, k)
+                                + np.einsum("bhid,hjd->bhij", q, pos_k)
+                                + np.einsum("hid,bhjd->bhij", pos_q, k)
+                                + np.einsum("hid,hjd->hij", pos_q, pos_k)[None])
+
+
+def _bert_ad_grads(p, G):
+    q, k = _qk(p)
+    s = p.params["scale"]
+    pos_q = _per_head(p.arrays["pos_q"], p.H)
+    pos_k = _per_head(p.arrays["pos_k"], p.H)
+    # d/dq_i = s (k_j + pos_k_j)  (from q.k and q.pos_k)
+    grad_q = s * (np.einsum("bhij,bhjd->bhid", G, k) + np.einsum("bhij,hjd->bhid", G, pos_k))
+    # d/dk_j = s (q_i + pos_q_i)  (from q.k and pos_q.k)
+    grad_k = s * (np.einsum("bhij,bhid->bhjd", G, q) + np.einsum("bhij,hid->bhjd", G, pos_q))
+    # d/d pos_q_i = s (k_j + pos_k_j),  d/d pos_k_j = s (q_i + pos_q_i), summed over the batch
+    grad_pos_q = s * (np.einsum("bhij,bhjd->hid", G, k) + np.einsum("bhij,hjd->hid", G, pos_k))
+    grad_pos_k = s * (np.einsum("bhij,bhid->hjd", G, q) + np.einsum("bhij,hid->hjd", G, pos_q))
+    return {"q": grad_q, "k": grad_k,
+            "pos_q": _fold_heads(grad_pos_q, p.arrays["pos_q"]),
+            "pos_k": _fold_heads(grad_pos_k, p.arrays["pos_k"])}
+
+
+# SPEC 3.11  A = s ((x + p) W_Q)((x + p) W_K)^T, per head
+def _absolute_input_projections(p):
+    inputs = _wide(p.arrays["x"]) + _wide(p.arrays["p"])                # (B, n, D)
+    w_q, w_k = _wide(p.arrays["w_q"]), _wide(p.arrays["w_k"])           # (H, D, d)
+    queries = np.einsum("bnD,hDd->bhnd", inputs, w_q)
+    keys = np.einsum("bnD,hDd->bhnd", inputs, w_k)
+    return inputs, w_q, w_k, queries, keys
+
+
+def _absolute_input_logits(p):
+    _, _, _, queries, keys = _absolute_input_projections(p)
+    return p.params["scale"] * _dot_qk(queries, keys)
+
+
+def _absolute_input_grads(p, G):
+    inputs, w_q, w_k, queries, keys = _absolute_input_projections(p)
+    s = p.params["scale"]
+    # A = s Q K^T:  dQ_i = s sum_j G_ij K_j,  dK_j = s sum_i G_ij Q_i
+    grad_queries = s * np.einsum("bhij,bhjd->bhid", G, keys)
+    grad_keys = s * np.einsum("bhij,bhid->bhjd", G, queries)
+    # Q = (x + p) W_Q:  dW_Q = (x + p)^T dQ (summed over the batch),  d(x + p) = dQ W_Q^T
+    grad_w_q = np.einsum("bnD,bhnd->hDd", inputs, grad_queries)
+    grad_w_k = np.einsum("bnD,bhnd->hDd", inputs, grad_keys)
+    grad_inputs = (np.einsum("bhnd,hDd->bnD", grad_queries, w_q)
+                   + np.einsum("bhnd,hDd->bnD", grad_keys, w_k))
+    # d(x + p)/dx = d(x + p)/dp = identity
+    return {"x": grad_inputs, "p": grad_inputs.copy(), "w_q": grad_w_q, "w_k": grad_w_k}
+
+
+# ------------------------------------------- checkers of the two baselines
+
+def _check_bert_ad(q, k, pos_q, pos_k, *, scale=None, out=None):
+    p = _checks._begin("bert_ad", q, k, {"pos_q": pos_q, "pos_k": pos_k})
+    heads = {p.H, 1}
+    _checks.check_shape("pos_q", pos_q, (heads, p.n, p.d), f"(H|1, n, d) with d = {p.d}")
+    _checks.check_shape("pos_k", pos_k, (heads, p.m, p.d), f"(H|1, m, d) with d = {p.d}")
+    p.arrays.update(pos_q=pos_q, pos_k=pos_k)
+    p.params["scale"] = _checks.check_scale(scale, 1.0 / math.sqrt(4 * p.d) if p.d else 1.0)
+    _checks.check_out(out, p)
+    return p
+
+
+def _check_absolute_input(x, p, w_q, w_k, *, scale=None, out=None):
+    dtype = _checks.check_floats({"x": x, "p": p, "w_q": w_q, "w_k": w_k})
+    _checks.check_rank("x", x, 3, "(B, n, D)")
+    B, n, D = x.shape
+    _checks.check_shape("p", p, (B, n, D), "(B, n, D), like x")
+    _checks.check_rank("w_q", w_q, 3, "(H, D, d)")
+    H, _, d = w_q.shape
+    _checks.check_shape("w_q", w_q, (H, D, d), f"(H, D, d) with D = {D} from x")
+    _checks.check_shape("w_k", w_k, (H, D, d), "(H, D, d), like w_q")
+    problem = _checks.Problem("absolute_input", dtype, B, H, n, n, d,
+                              arrays={"x": x, "p": p, "w_q": w_q, "w_k": w_k})
+    problem.params["scale"] = _checks.check_scale(scale, 1.0 / math.sqrt(d) if d else 1.0)
+    _checks.check_out(out, problem)
+    return problem
+
+
+CHECKERS = dict(_checks.CHECKERS, bert_ad=_check_bert_ad, absolute_input=_check_absolute_input)
+
+_EXTRA_FORMULAS = {
+    "bert_ad": (
+        "BERT-A^d, the ablation of TUPE (Ke et al. 2020) (SPEC 3.11):\n"
+        "A_ij = s (q_i.k_j + q_i.pos_k_j + pos_q_i.k_j + pos_q_i.pos_k_j);\n"
+        "pos_q (H|1, n, d), pos_k (H|1, m, d); s = 1/sqrt(4d).\n"
+        "Shapes: q (B, H, n, d), k (B, H, m, d); result A (B, H, n, m)."),
+    "absolute_input": (
+        "BERT's input-additive position embedding (SPEC 3.11):\n"
+        "A[b, h] = s ((x + p) W_Q[h]) ((x + p) W_K[h])^T;\n"
+        "x, p (B, n, D); w_q, w_k (H, D, d); result A (B, H, n, n); s = 1/sqrt(d)."),
+}
+
+
+# --------------------------------------------------- the public functions
+
+def _compute(method: str, kind: str):
+    """_<method>_logits or _<method>_grads."""
+    return globals()[f"_{method}_{kind}"]
+
+
+def _result(values: np.ndarray, problem) -> np.ndarray:
+    """The float64 logits cast to the input dtype: a new C-contiguous array or `out`."""
+    result = np.ascontiguousarray(values, dtype=problem.dtype)
+    if problem.out is not None:
+        problem.out[...] = result
+        return problem.out
+    return result
+
+
+def _make_forward(method: str):
+    checker, logits = CHECKERS[method], _compute(method, "logits")
+
+    def forward(*args, **kwargs):
+        problem = checker(*args, **kwargs)
+        return _result(logits(problem), problem)
+
+    forward.__name__ = forward.__qualname__ = method
+    forward.__signature__ = inspect.signature(checker)
+    if method in _EXTRA_FORMULAS:
+        forward.__doc__ = f"{_EXTRA_FORMULAS[method]}\n\nComputed by {_WHERE}."
+    else:
+        forward.__doc__ = forward_doc(method, _WHERE)
+    return forward
+
+
+def _make_backward(method: str):
+    checker, gradients = CHECKERS[method], _compute(method, "grads")
+    grad_type = GRAD_TYPES[method]
+
+    def backward(G, *args, **kwargs):
+        if "out" in kwargs:
+            raise TypeError(f"{method}_backward() got an unexpected keyword argument 'out'")
+        problem = checker(*args, **kwargs)
+        G = _wide(_checks.check_grad(G, problem))
+        values = gradients(problem, G)
+        return grad_type(**{
+            field: None if values.get(field) is None
+            else np.ascontiguousarray(values[field], dtype=problem.dtype)
+            for field in grad_type._fields})
+
+    params = [prm for name, prm in inspect.signature(checker).parameters.items()
+              if name != "out"]
+    params.insert(0, inspect.Parameter("G", inspect.Parameter.POSITIONAL_OR_KEYWORD))
+    backward.__name__ = backward.__qualname__ = method + "_backward"
+    backward.__signature__ = inspect.Signature(params)
+    if method in _EXTRA_FORMULAS:
+        backward.__doc__ = (
+            f"Gradients of sum(G * {method}(...)) for G = dL/dA of shape (B, H, n, m):\n"
+            f"a named tuple with fields {', '.join(GRAD_FIELDS[method])}, each shaped like its\n"
+            f"input.  Computed by {_WHERE}.\n\n{_EXTRA_FORMULAS[method]}")
+    else:
+        backward.__doc__ = backward_doc(method, GRAD_FIELDS[method], _WHERE)
+    return backward
+
+
+for _method in METHODS:
+    globals()[_method] = _make_forward(_method)
+    globals()[_method + "_backward"] = _make_backward(_method)
+del _method
+
+__all__ = list(METHODS) + [m + "_backward" for m in METHODS] + ["METHODS", "CHECKERS"]

@@ -1,0 +1,41 @@
+"""Shared fixtures: a seeded random generator.
+
+The seed comes from the environment variable POSENC_TEST_SEED (default 0) and
+is shown in the header of every run and in the report of every failing test
+that used `rng`, so a failure can be replayed:
+
+    POSENC_TEST_SEED=17 python -m pytest tests/test_reference.py
+"""
+
+import os
+import zlib
+
+import numpy as np
+import pytest
+
+SEED = int(os.environ.get("POSENC_TEST_SEED", "0"))
+
+
+def pytest_report_header(config):
+    return f"POSENC_TEST_SEED={SEED}"
+
+
+@pytest.fixture
+def rng(request):
+    """A NumPy Generator seeded from POSENC_TEST_SEED and the test's id.
+
+    Mixing in the test id keeps tests independent: adding or reordering tests
+    does not change the numbers another test draws."""
+    test_key = zlib.crc32(request.node.nodeid.encode())
+    return np.random.default_rng([SEED, test_key])
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if report.failed and "rng" in getattr(item, "fixturenames", ()):
+        report.sections.append((
+            "random seed",
+            f"POSENC_TEST_SEED={SEED}; replay with: "
+            f"POSENC_TEST_SEED={SEED} python -m pytest '{item.nodeid}'"))

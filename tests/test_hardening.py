@@ -1,0 +1,200 @@
+"""Hardening: no leaks (success and error paths), reference counts, inputs
+untouched, concurrent Python threads, determinism, more than 2^31 logits."""
+
+import gc
+import os
+import sys
+import threading
+import tracemalloc
+
+import numpy as np
+import pytest
+
+import posenc
+from posenc import reference
+from posenc._examples import METHODS, float_inputs, make_inputs, with_inputs
+
+SEED = int(os.environ.get("POSENC_TEST_SEED", "0"))
+
+
+def _rss_bytes():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _calls(method, rng):
+    """(name, callable) pairs: forward, backward, out=, and error paths."""
+    args, kw = make_inputs(method, 2, 2, 6, 5, 3, rng=rng)
+    G = rng.standard_normal((2, 2, 6, 5))
+    out = np.empty((2, 2, 6, 5))
+    fwd = getattr(posenc, method)
+    bwd = getattr(posenc, method + "_backward")
+    bad_q = [args[0].astype(np.float32)] + list(args[1:])
+    bad_shape = [args[0][:, :1]] + list(args[1:])
+    return args, kw, G, [
+        ("forward", lambda: fwd(*args, **kw)),
+        ("backward", lambda: bwd(G, *args, **kw)),
+        ("out", lambda: fwd(*args, out=out, **kw)),
+        ("error dtype", lambda: fwd(*bad_q, **kw)),
+        ("error shape", lambda: bwd(G, *bad_shape, **kw)),
+        ("error out", lambda: fwd(*args, out=out[..., :2], **kw)),
+        ("error G", lambda: bwd(G[..., :2], *args, **kw)),
+    ]
+
+
+def _call_quietly(fn):
+    try:
+        fn()
+    except (TypeError, ValueError):
+        pass
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_no_leaks(method):
+    """10,000 calls of each path grow neither tracemalloc's count nor RSS beyond a small bound."""
+    rng = np.random.default_rng(SEED)
+    args, kw, G, calls = _calls(method, rng)
+    for name, fn in calls:
+        for _ in range(200):                  # warm caches (lru_cache of bucket maps, allocator)
+            _call_quietly(fn)
+        gc.collect()
+        tracemalloc.start()
+        rss0 = _rss_bytes()
+        snap0 = tracemalloc.take_snapshot()
+        for _ in range(10_000):
+            _call_quietly(fn)
+        gc.collect()
+        snap1 = tracemalloc.take_snapshot()
+        rss1 = _rss_bytes()
+        tracemalloc.stop()
+        grown = sum(stat.size_diff for stat in snap1.compare_to(snap0, "filename"))
+        assert grown < 64 * 1024, f"{method} {name}: tracemalloc grew {grown} bytes"
+        assert rss1 - rss0 < 8 * 1024 * 1024, f"{method} {name}: RSS grew {rss1 - rss0} bytes"
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_refcounts_unchanged(method):
+    rng = np.random.default_rng(SEED)
+    args, kw, G, calls = _calls(method, rng)
+    inputs = list(float_inputs(method, args, kw).values()) + [G]
+    inputs += [v for v in kw.values() if isinstance(v, np.ndarray)]
+    before = [sys.getrefcount(x) for x in inputs]
+    for _ in range(100):
+        for _, fn in calls:
+            _call_quietly(fn)
+    gc.collect()
+    assert [sys.getrefcount(x) for x in inputs] == before
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_inputs_bitwise_unchanged(method):
+    rng = np.random.default_rng(SEED)
+    args, kw, G, calls = _calls(method, rng)
+    arrays = list(float_inputs(method, args, kw).values()) + [G]
+    arrays += [v for v in kw.values() if isinstance(v, np.ndarray)]
+    before = [a.tobytes() for a in arrays]
+    for _, fn in calls:
+        _call_quietly(fn)
+    assert [a.tobytes() for a in arrays] == before
+
+
+def test_concurrent_python_threads():
+    """8 Python threads calling different methods at once get the serial results."""
+    rng = np.random.default_rng(SEED)
+    jobs = []
+    for t in range(8):
+        method = METHODS[t % len(METHODS)]
+        args, kw = make_inputs(method, 2, 3, 40, 33, 16, dtype=np.float32, rng=rng)
+        G = rng.standard_normal((2, 3, 40, 33)).astype(np.float32)
+        jobs.append((method, args, kw, G))
+    serial = [(getattr(posenc, m)(*a, **k), getattr(posenc, m + "_backward")(G, *a, **k))
+              for m, a, k, G in jobs]
+    results = [None] * len(jobs)
+    errors = []
+    barrier = threading.Barrier(len(jobs))
+
+    def work(t):
+        try:
+            method, args, kw, G = jobs[t]
+            barrier.wait()
+            for _ in range(20):
+                results[t] = (getattr(posenc, method)(*args, **kw),
+                              getattr(posenc, method + "_backward")(G, *args, **kw))
+        except Exception as exc:   # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(len(jobs))]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert not errors, errors
+    for (fwd, bwd), (sfwd, sbwd) in zip(results, serial):
+        np.testing.assert_array_equal(fwd, sfwd)
+        for a, b in zip(bwd, sbwd):
+            if b is not None:
+                np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_repeated_runs_bitwise(method):
+    rng = np.random.default_rng(SEED)
+    args, kw = make_inputs(method, 3, 2, 50, 41, 24, dtype=np.float32, rng=rng)
+    G = rng.standard_normal((3, 2, 50, 41)).astype(np.float32)
+    first = (getattr(posenc, method)(*args, **kw), getattr(posenc, method + "_backward")(G, *args, **kw))
+    for _ in range(5):
+        again = (getattr(posenc, method)(*args, **kw), getattr(posenc, method + "_backward")(G, *args, **kw))
+        np.testing.assert_array_equal(first[0], again[0])
+        for a, b in zip(first[1], again[1]):
+            if a is not None:
+                np.testing.assert_array_equal(a, b)
+
+
+def _available_memory():
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+@pytest.mark.skipif(_available_memory() < 14 * 2**30,
+                    reason="needs ~10 GiB free for a 2^31-logit float32 result")
+@pytest.mark.parametrize("method", ["content", "t5", "diet_rel"])
+def test_more_than_2_31_logits(method):
+    """B = H = 1, n = m = 46341, d = 8: n*m > 2^31 logits; sampled entries are right.
+
+    The content part of the sampled rows comes from posenc.reference.content
+    on those rows; the positional part from posenc.buckets at the entries'
+    true offsets (a relative method cannot be cut to a few rows without
+    shifting them)."""
+    from posenc import buckets
+
+    n = 46341
+    assert n * n > 2**31
+    rng = np.random.default_rng(SEED)
+    args, kw = make_inputs(method, 1, 1, n, n, 8, dtype=np.float32, rng=rng, segments=2,
+                           num_buckets=32, t5_max_distance=128, max_distance=64)
+    A = getattr(posenc, method)(*args, **kw)
+    try:
+        rows = np.array([0, 1, 12345, 23170, 46339, n - 1])
+        cols = np.array([0, 1, 777, 23171, 40000, n - 2, n - 1])
+        q, k = args[0], args[1]
+        scale = 1.0 if method == "t5" else 1 / np.sqrt(8)
+        content = reference.content(np.ascontiguousarray(q[:, :, rows]), k, scale=scale)[0, 0][:, cols]
+        offset = cols[None, :] - rows[:, None]
+        if method == "content":
+            positional = 0.0
+        elif method == "t5":
+            positional = args[2][0, buckets.t5(offset, 32, 128, True)]
+        else:
+            positional = args[2][0, buckets.clipped(-offset, 64)]
+            positional = positional + kw["segment_table"][0][kw["segment_q"][0, rows][:, None],
+                                                             kw["segment_k"][0, cols][None, :]]
+        np.testing.assert_allclose(A[0, 0][rows][:, cols], content + positional, rtol=1e-5, atol=1e-5)
+    finally:
+        del A
+        gc.collect()
