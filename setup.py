@@ -67,7 +67,7 @@ if SANITIZE:
 
 extension = Extension(
     "posenc._C",
-    sources=["csrc/module.c", "csrc/dispatch.c", "csrc/engine/engine.c", "csrc/engine/runs.c"],
+    sources=["csrc/module.c", "csrc/dispatch.c", "csrc/machine.c", "csrc/engine/engine.c", "csrc/engine/runs.c"],
     include_dirs=[np.get_include(), "csrc"],
     define_macros=[("NPY_NO_DEPRECATED_API", "NPY_2_0_API_VERSION")],
     extra_compile_args=COMMON_FLAGS + openmp_flags,

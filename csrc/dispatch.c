@@ -102,6 +102,11 @@ static void fill_table(posenc_kernels *dst, posenc_isa isa, posenc_dtype dtype)
     if (over->row_gather) dst->row_gather = over->row_gather;
     if (over->row_scatter_add) dst->row_scatter_add = over->row_scatter_add;
     if (over->row_mul) dst->row_mul = over->row_mul;
+    if (over->fma_peak) {
+        dst->fma_peak = over->fma_peak;
+        dst->fma_peak_flops = over->fma_peak_flops;
+    }
+    if (over->stream_zero) dst->stream_zero = over->stream_zero;
 }
 
 void posenc_dispatch_init(void)

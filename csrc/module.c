@@ -506,6 +506,56 @@ static PyObject *py_build_info(PyObject *self, PyObject *unused)
                          py_compiled_isas(NULL, NULL));
 }
 
+static int dtype_from_name(const char *name)
+{
+    if (strcmp(name, "float32") == 0) return POSENC_F32;
+    if (strcmp(name, "float64") == 0) return POSENC_F64;
+    return -1;
+}
+
+static PyObject *py_measure_fma(PyObject *self, PyObject *args)
+{
+    const char *isa_name, *dtype_name;
+    int threads;
+    double seconds;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "ssid", &isa_name, &dtype_name, &threads, &seconds))
+        return NULL;
+    const int isa = posenc_isa_from_name(isa_name), dtype = dtype_from_name(dtype_name);
+    if (isa < 0 || !posenc_isa_supported((posenc_isa)isa) || dtype < 0 || threads < 1) {
+        PyErr_Format(PyExc_ValueError, "measure_fma: unsupported isa %s / dtype %s / threads %d",
+                     isa_name, dtype_name, threads);
+        return NULL;
+    }
+    double flops;
+    Py_BEGIN_ALLOW_THREADS
+    flops = posenc_measure_fma((posenc_isa)isa, (posenc_dtype)dtype, threads, seconds);
+    Py_END_ALLOW_THREADS
+    return PyFloat_FromDouble(flops);
+}
+
+static PyObject *py_measure_store(PyObject *self, PyObject *args)
+{
+    const char *isa_name;
+    Py_ssize_t bytes;
+    int threads, nontemporal, repeats;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "snipi", &isa_name, &bytes, &threads, &nontemporal, &repeats))
+        return NULL;
+    const int isa = posenc_isa_from_name(isa_name);
+    if (isa < 0 || !posenc_isa_supported((posenc_isa)isa) || bytes <= 0 || threads < 1 || repeats < 1) {
+        PyErr_SetString(PyExc_ValueError, "measure_store: bad arguments");
+        return NULL;
+    }
+    double rate;
+    Py_BEGIN_ALLOW_THREADS
+    rate = posenc_measure_store((posenc_isa)isa, (size_t)bytes, threads, nontemporal, repeats);
+    Py_END_ALLOW_THREADS
+    if (rate < 0)
+        return PyErr_NoMemory();
+    return PyFloat_FromDouble(rate);
+}
+
 static PyMethodDef methods[] = {
     {"forward", (PyCFunction)(void (*)(void))py_forward, METH_VARARGS | METH_KEYWORDS, forward_doc},
     {"backward", (PyCFunction)(void (*)(void))py_backward, METH_VARARGS | METH_KEYWORDS, backward_doc},
@@ -516,6 +566,10 @@ static PyMethodDef methods[] = {
     {"set_num_threads", py_set_num_threads, METH_O, "Threads of every kernel call."},
     {"get_num_threads", py_get_num_threads, METH_NOARGS, "Threads of every kernel call."},
     {"build_info", py_build_info, METH_NOARGS, "Compiler, OpenMP and compiled ISAs."},
+    {"measure_fma", py_measure_fma, METH_VARARGS,
+     "measure_fma(isa, dtype, threads, seconds) -> FLOP/s of the ISA's FMA loop."},
+    {"measure_store", py_measure_store, METH_VARARGS,
+     "measure_store(isa, bytes, threads, nontemporal, repeats) -> bytes/s of storing a buffer."},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "posenc._C",

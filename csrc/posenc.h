@@ -124,7 +124,16 @@ typedef struct {
     void (*row_scatter_add)(void *dst, ptrdiff_t stride, const void *src, size_t len);
     /* dst[j] = a[j] * b[j] */
     void (*row_mul)(void *dst, const void *a, const void *b, size_t len);
+    /* benchmarks only: FMA throughput loop (flops per iteration) and streaming stores */
+    double (*fma_peak)(size_t iterations);
+    size_t fma_peak_flops;
+    void (*stream_zero)(void *dst, size_t bytes);
 } posenc_kernels;
+
+/* The machine's limits, measured (machine.c): FLOP/s of the ISA's FMA loop
+ * on `threads` threads, and bytes/s of storing a fresh `bytes` buffer. */
+double posenc_measure_fma(posenc_isa isa, posenc_dtype dtype, int threads, double seconds);
+double posenc_measure_store(posenc_isa isa, size_t bytes, int threads, int nontemporal, int repeats);
 
 /* Filled by dispatch.c: kernels[isa][dtype], NULL where not compiled/supported. */
 const posenc_kernels *posenc_kernels_for(posenc_isa isa, posenc_dtype dtype);

@@ -38,6 +38,7 @@ static inline double posenc_hsum_pd256(__m256d v)
 #define VMUL(a, b) _mm256_mul_ps((a), (b))
 #define VFMA(a, b, c) _mm256_fmadd_ps((a), (b), (c))
 #define VREDUCE(v) posenc_hsum_ps256(v)
+#define VSTREAM(p, v) _mm256_stream_ps((p), (v))
 #define KNAME(x) x##_f32_avx2
 #define KTABLE posenc_kernels_f32_avx2
 #include "kernels_impl.h"
@@ -54,6 +55,7 @@ static inline double posenc_hsum_pd256(__m256d v)
 #undef VREDUCE
 #undef KNAME
 #undef KTABLE
+#undef VSTREAM
 
 #define REAL double
 #define VT __m256d
@@ -66,6 +68,7 @@ static inline double posenc_hsum_pd256(__m256d v)
 #define VMUL(a, b) _mm256_mul_pd((a), (b))
 #define VFMA(a, b, c) _mm256_fmadd_pd((a), (b), (c))
 #define VREDUCE(v) posenc_hsum_pd256(v)
+#define VSTREAM(p, v) _mm256_stream_pd((p), (v))
 #define KNAME(x) x##_f64_avx2
 #define KTABLE posenc_kernels_f64_avx2
 #include "kernels_impl.h"

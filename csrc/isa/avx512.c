@@ -23,6 +23,7 @@
 #define VMUL(a, b) _mm512_mul_ps((a), (b))
 #define VFMA(a, b, c) _mm512_fmadd_ps((a), (b), (c))
 #define VREDUCE(v) _mm512_reduce_add_ps(v)
+#define VSTREAM(p, v) _mm512_stream_ps((p), (v))
 #define KNAME(x) x##_f32_avx512
 #define KTABLE posenc_kernels_f32_avx512
 #include "kernels_impl.h"
@@ -39,6 +40,7 @@
 #undef VREDUCE
 #undef KNAME
 #undef KTABLE
+#undef VSTREAM
 
 #define REAL double
 #define VT __m512d
@@ -51,6 +53,7 @@
 #define VMUL(a, b) _mm512_mul_pd((a), (b))
 #define VFMA(a, b, c) _mm512_fmadd_pd((a), (b), (c))
 #define VREDUCE(v) _mm512_reduce_add_pd(v)
+#define VSTREAM(p, v) _mm512_stream_pd((p), (v))
 #define KNAME(x) x##_f64_avx512
 #define KTABLE posenc_kernels_f64_avx512
 #include "kernels_impl.h"

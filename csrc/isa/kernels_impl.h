@@ -14,6 +14,8 @@
  *   VADD(a, b), VMUL(a, b), VFMA(a, b, c) = a * b + c
  *   VREDUCE(v)      sum of the lanes
  *   MR, NRV         register tile: MR rows by NRV vectors (nr = NRV * VL)
+ *   VSTREAM(p, v)   a store that bypasses the caches where the ISA has one
+ *                   (non-temporal), else a plain store; p aligned to the vector
  */
 
 #define NR (NRV * VL)
@@ -137,6 +139,44 @@ static void KNAME(posenc_row_mul)(void *dst_, const void *a_, const void *b_, si
     for (size_t j = 0; j < len; ++j) dst[j] = a[j] * b[j];
 }
 
+/*
+ * The machine's limits, for the benchmarks: an FMA-throughput loop (16
+ * independent accumulator chains, enough to cover FMA latency x ports) and
+ * a streaming store of zeros.  Not used by the engine.
+ */
+static double KNAME(posenc_fma_peak)(size_t iterations)
+{
+    VT acc[16];
+    const VT x = VBCAST((REAL)0.999999), y = VBCAST((REAL)1e-7);
+#pragma GCC unroll 16
+    for (int t = 0; t < 16; ++t)
+        acc[t] = VBCAST((REAL)t);
+    for (size_t it = 0; it < iterations; ++it) {
+#pragma GCC unroll 16
+        for (int t = 0; t < 16; ++t)
+            acc[t] = VFMA(acc[t], x, y);
+    }
+    VT total = acc[0];
+    for (int t = 1; t < 16; ++t)
+        total = VADD(total, acc[t]);
+    return (double)VREDUCE(total);
+}
+
+/* FLOPs of one posenc_fma_peak iteration. */
+#define FMA_PEAK_FLOPS (16 * VL * 2)
+
+static void KNAME(posenc_stream_zero)(void *dst_, size_t bytes)
+{
+    REAL *dst = (REAL *)dst_;
+    const size_t count = bytes / sizeof(REAL);
+    const VT zero = VZERO();
+    size_t j = 0;
+    for (; j + VL <= count; j += VL)
+        VSTREAM(dst + j, zero);
+    for (; j < count; ++j)
+        dst[j] = 0;
+}
+
 const posenc_kernels KTABLE = {
     ISA_STRING,
     MR,
@@ -145,6 +185,11 @@ const posenc_kernels KTABLE = {
     KNAME(posenc_row_gather),
     KNAME(posenc_row_scatter_add),
     KNAME(posenc_row_mul),
+    KNAME(posenc_fma_peak),
+    FMA_PEAK_FLOPS,
+    KNAME(posenc_stream_zero),
 };
+
+#undef FMA_PEAK_FLOPS
 
 #undef NR

@@ -11,6 +11,7 @@
 #define MR 8
 #define NRV 2
 #define ISA_STRING "neon"
+#define VSTREAM(p, v) VSTORE(p, v)
 
 #define REAL float
 #define VT float32x4_t

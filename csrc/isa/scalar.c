@@ -16,6 +16,7 @@
 #define MR 4
 #define NRV 4
 #define ISA_STRING "scalar"
+#define VSTREAM(p, v) VSTORE(p, v)
 
 #define REAL float
 #define VT float

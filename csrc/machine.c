@@ -1,0 +1,93 @@
+/*
+ * machine.c -- the machine's limits, measured, so benchmark results can be
+ * stated as a fraction of them: the FMA throughput of an ISA (FLOP/s) and
+ * the bandwidth of storing a buffer much larger than the caches (bytes/s),
+ * with plain and with non-temporal stores.  Used by `python -m posenc bench`.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include "posenc.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+static double now_seconds(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+volatile double posenc_machine_sink;
+
+double posenc_measure_fma(posenc_isa isa, posenc_dtype dtype, int threads, double seconds)
+{
+    const posenc_kernels *K = posenc_kernels_for(isa, dtype);
+    if (!K || threads < 1)
+        return -1.0;
+    /* calibrate the iteration count on one thread to about `seconds` */
+    size_t iterations = 1u << 16;
+    for (;;) {
+        const double t0 = now_seconds();
+        posenc_machine_sink += K->fma_peak(iterations);
+        const double dt = now_seconds() - t0;
+        if (dt > seconds / 4 || iterations > ((size_t)1 << 40))
+            break;
+        iterations *= 2;
+    }
+    double elapsed = 0;
+#pragma omp parallel num_threads(threads)
+    {
+        double local = 0;
+#pragma omp barrier
+        const double t0 = now_seconds();
+        local += K->fma_peak(iterations);
+        const double dt = now_seconds() - t0;
+#pragma omp critical
+        {
+            posenc_machine_sink += local;
+            if (dt > elapsed)
+                elapsed = dt;
+        }
+    }
+    return (double)iterations * (double)K->fma_peak_flops * threads / elapsed;
+}
+
+double posenc_measure_store(posenc_isa isa, size_t bytes, int threads, int nontemporal, int repeats)
+{
+    const posenc_kernels *K = posenc_kernels_for(isa, POSENC_F32);
+    if (!K || threads < 1 || repeats < 1)
+        return -1.0;
+    bytes = bytes / (64 * (size_t)threads) * (64 * (size_t)threads);
+    char *buffer = NULL;
+    if (bytes == 0 || posix_memalign((void **)&buffer, 64, bytes) != 0)
+        return -1.0;
+    memset(buffer, 1, bytes);   /* fault the pages in: measure stores, not page faults */
+    const size_t share = bytes / (size_t)threads;
+    double best = 1e300;
+    for (int r = 0; r < repeats; ++r) {
+        const double t0 = now_seconds();
+#pragma omp parallel num_threads(threads)
+        {
+#ifdef _OPENMP
+            char *part = buffer + (size_t)omp_get_thread_num() * share;
+#else
+            char *part = buffer;
+#endif
+            if (nontemporal)
+                K->stream_zero(part, share);
+            else
+                memset(part, 0, share);
+        }
+        const double dt = now_seconds() - t0;
+        if (dt < best)
+            best = dt;
+    }
+    posenc_machine_sink += buffer[bytes / 2];
+    free(buffer);
+    return (double)bytes / best;
+}
