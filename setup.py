@@ -10,6 +10,7 @@ Environment:
   POSENC_NO_OPENMP=1  build without OpenMP
 """
 
+import glob
 import os
 import platform
 import sys
@@ -51,8 +52,7 @@ class BuildExt(build_ext):
                 continue
             objects += self.compiler.compile(
                 [source], output_dir=self.build_temp, include_dirs=ext.include_dirs,
-                extra_postargs=COMMON_FLAGS + flags, depends=["csrc/posenc.h",
-                                                              "csrc/isa/kernels_impl.h"])
+                extra_postargs=COMMON_FLAGS + flags, depends=ext.depends)
             if define:
                 defines.append((define, "1"))
         ext.extra_objects = objects
@@ -72,8 +72,8 @@ extension = Extension(
     define_macros=[("NPY_NO_DEPRECATED_API", "NPY_2_0_API_VERSION")],
     extra_compile_args=COMMON_FLAGS + openmp_flags,
     extra_link_args=link_flags,
-    depends=["csrc/posenc.h", "csrc/engine/engine.h", "csrc/engine/common_impl.h",
-             "csrc/engine/forward_impl.h", "csrc/engine/backward_impl.h"],
+    # every C file: a change to an ISA object must relink the extension too
+    depends=sorted(glob.glob("csrc/**/*.[ch]", recursive=True)),
 )
 
 setup(ext_modules=[extension], cmdclass={"build_ext": BuildExt})
