@@ -107,6 +107,7 @@ static void fill_table(posenc_kernels *dst, posenc_isa isa, posenc_dtype dtype)
         dst->fma_peak_flops = over->fma_peak_flops;
     }
     if (over->stream_zero) dst->stream_zero = over->stream_zero;
+    if (over->store_fence) dst->store_fence = over->store_fence;
 }
 
 void posenc_dispatch_init(void)

@@ -103,7 +103,8 @@ typedef enum { POSENC_SET = 0, POSENC_ADD = 1, POSENC_MUL = 2 } posenc_rowop;
 enum {
     POSENC_UKR_ACCUMULATE = 1,  /* c = ab + c      */
     POSENC_UKR_ADD_P = 2,       /* c = c' + p      */
-    POSENC_UKR_MUL_P = 4        /* c = c' * p      */
+    POSENC_UKR_MUL_P = 4,       /* c = c' * p      */
+    POSENC_UKR_STREAM = 8       /* store c with non-temporal stores (c aligned to 64 bytes) */
 };
 
 /*
@@ -128,6 +129,8 @@ typedef struct {
     double (*fma_peak)(size_t iterations);
     size_t fma_peak_flops;
     void (*stream_zero)(void *dst, size_t bytes);
+    /* orders non-temporal stores (POSENC_UKR_STREAM) before later loads/stores */
+    void (*store_fence)(void);
 } posenc_kernels;
 
 /* The machine's limits, measured (machine.c): FLOP/s of the ISA's FMA loop

@@ -17,7 +17,15 @@ from __future__ import annotations
 import inspect
 import os
 
-from . import _C, _checks, _methods, buckets
+try:
+    from . import _C
+except ImportError as exc:   # a source checkout without the built extension
+    raise ImportError(
+        "posenc's C extension (posenc._C) is not built here "
+        f"({__path__[0]}). Install with `pip install -e .` (or `pip install .` and run from "
+        "another directory), or build in place with `python setup.py build_ext --inplace`."
+    ) from exc
+from . import _checks, _methods, buckets
 from ._docstrings import backward_doc, forward_doc
 from ._grads import GRAD_FIELDS, GRAD_TYPES  # noqa: F401
 

@@ -121,6 +121,7 @@ static void T(tile_row)(const posenc_kernels *K, const T(gemm_scratch) *s, size_
             K->ukr(kc, apack, panel, C + j0, ldc, P ? P + j0 : NULL, ldp, flags);
             continue;
         }
+        const int edge_flags = flags & ~POSENC_UKR_STREAM;   /* the temporary is re-read */
         memset(s->tmp_c, 0, sizeof(REAL) * mr * nr);
         memset(s->tmp_p, 0, sizeof(REAL) * mr * nr);
         for (size_t r = 0; r < rows; ++r) {
@@ -129,7 +130,7 @@ static void T(tile_row)(const posenc_kernels *K, const T(gemm_scratch) *s, size_
             if (P)
                 memcpy(s->tmp_p + r * nr, P + (ptrdiff_t)r * ldp + (ptrdiff_t)j0, sizeof(REAL) * cols);
         }
-        K->ukr(kc, apack, panel, s->tmp_c, (ptrdiff_t)nr, s->tmp_p, (ptrdiff_t)nr, flags);
+        K->ukr(kc, apack, panel, s->tmp_c, (ptrdiff_t)nr, s->tmp_p, (ptrdiff_t)nr, edge_flags);
         for (size_t r = 0; r < rows; ++r)
             memcpy(C + (ptrdiff_t)r * ldc + (ptrdiff_t)j0, s->tmp_c + r * nr, sizeof(REAL) * cols);
     }
@@ -158,7 +159,7 @@ static void T(gemm_packed)(const posenc_kernels *K, const T(gemm_scratch) *s, si
             const int last = pc + kc >= Kd;
             int flags = (pc > 0 || accumulate) ? POSENC_UKR_ACCUMULATE : 0;
             if (last)
-                flags |= p_flags;
+                flags |= p_flags;   /* incl. POSENC_UKR_STREAM: only the final store streams */
             T(pack_a)(s->apack, a_tile + (ptrdiff_t)pc * a_cs, a_rs, a_cs, rows, kc, mr, alpha);
             T(tile_row)(K, s, kc, s->apack, pb->data + pc * pb->n_pad, pb->N, rows, c_tile, ldc,
                         last ? p_tile : NULL, ldp, flags);

@@ -19,6 +19,7 @@
 #undef T_DTYPE
 #undef T_KC
 #undef T_V_BUDGET
+#undef T_STREAM_BYTES
 
 /* ------------------------------------------------------------ double */
 #define REAL double

@@ -12,6 +12,9 @@
  * and V fits this budget per thread; otherwise per row tile. */
 #define T_V_BUDGET ((size_t)64 << 20)
 
+/* Outputs at least this large are written with non-temporal stores. */
+#define T_STREAM_BYTES ((size_t)32 << 20)
+
 typedef struct {
     const posenc_problem *p;
     const posenc_kernels *K;
@@ -20,6 +23,7 @@ typedef struct {
     int v_mode;              /* dense/table/reset of a head precomputed in V */
     int batch_terms;         /* vq, vk or segments present */
     int toeplitz_only;       /* the table is the only positional term */
+    int stream;              /* write the logits with non-temporal stores */
     REAL *tv;                /* table Toeplitz values, table_heads x (n + m - 1) */
     posenc_runs vq_runs, vk_runs;
     posenc_seg_runs seg_runs;
@@ -214,11 +218,13 @@ static void T(fwd_unit)(const T(fwd_ctx) *c, T(fwd_ws) *w, size_t b, size_t h, s
         ptrdiff_t ldp = 0;
         const REAL *P = T(fwd_positional)(c, w, b, h, q_u, i0, rows, &ldp);
         T(gemm_packed)(K, &w->g, rows, q_u + i0 * d, (ptrdiff_t)d, 1, (REAL)p->scale, &kb,
-                       out_u + i0 * m, (ptrdiff_t)m, 0, P, ldp, P ? p_flag : 0);
+                       out_u + i0 * m, (ptrdiff_t)m, 0, P, ldp,
+                       (P ? p_flag : 0) | (c->stream ? POSENC_UKR_STREAM : 0));
     }
 }
 
-static int T(fwd_prepare)(T(fwd_ctx) *c, const posenc_problem *p, const posenc_kernels *K)
+static int T(fwd_prepare)(T(fwd_ctx) *c, const posenc_problem *p, const posenc_kernels *K,
+                          const void *out)
 {
     const size_t n = p->n, m = p->m, offsets = n + m - 1;
     memset(c, 0, sizeof *c);
@@ -230,6 +236,10 @@ static int T(fwd_prepare)(T(fwd_ctx) *c, const posenc_problem *p, const posenc_k
     c->v_mode = p->pos_q && p->B > 1 &&
                 posenc_mul_size(n * m, sizeof(REAL)) <= T_V_BUDGET;
     c->toeplitz_only = p->table && !p->pos_q && !c->batch_terms && !p->theta;
+    /* Logits much larger than the caches go straight to memory: non-temporal
+     * stores skip the read-for-ownership of every line.  Needs 64-byte rows. */
+    c->stream = ((uintptr_t)out % POSENC_ALIGN) == 0 && (m * sizeof(REAL)) % POSENC_ALIGN == 0 &&
+                posenc_mul_size(p->B * p->H * n, m * sizeof(REAL)) >= T_STREAM_BYTES;
     if (p->table) {
         c->tv = (REAL *)posenc_alloc(p->table_heads * offsets, sizeof(REAL));
         if (!c->tv)
@@ -272,7 +282,7 @@ int T(posenc_forward)(const posenc_problem *p, void *out_, int num_threads)
     const posenc_kernels *K = posenc_active_kernels(T_DTYPE);
     T(fwd_ctx) c;
     REAL *arena = NULL;
-    int status = T(fwd_prepare)(&c, p, K);
+    int status = T(fwd_prepare)(&c, p, K, out_);
     if (status != POSENC_OK)
         goto done;
 
@@ -306,6 +316,8 @@ int T(posenc_forward)(const posenc_problem *p, void *out_, int num_threads)
             const size_t r1 = posenc_min(p->n, r0 + tiles_per_chunk * K->mr);
             T(fwd_unit)(&c, &w, b, h, r0, r1, out);
         }
+        if (c.stream)
+            K->store_fence();
     }
 
 done:

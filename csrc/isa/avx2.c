@@ -11,6 +11,7 @@
 #define MR 6
 #define NRV 2
 #define ISA_STRING "avx2"
+#define STORE_FENCE() _mm_sfence()
 
 static inline float posenc_hsum_ps256(__m256 v)
 {

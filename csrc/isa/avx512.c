@@ -11,6 +11,7 @@
 #define MR 12
 #define NRV 2
 #define ISA_STRING "avx512"
+#define STORE_FENCE() _mm_sfence()
 
 #define REAL float
 #define VT __m512

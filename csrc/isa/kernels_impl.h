@@ -16,6 +16,7 @@
  *   MR, NRV         register tile: MR rows by NRV vectors (nr = NRV * VL)
  *   VSTREAM(p, v)   a store that bypasses the caches where the ISA has one
  *                   (non-temporal), else a plain store; p aligned to the vector
+ *   STORE_FENCE()   orders those stores before what follows (sfence on x86)
  */
 
 #define NR (NRV * VL)
@@ -65,7 +66,10 @@ static void KNAME(posenc_ukr)(size_t kc, const void *a_, const void *b_, void *c
                 x = VADD(x, VLOAD(p + r * ldp + v * VL));
             else if (flags & POSENC_UKR_MUL_P)
                 x = VMUL(x, VLOAD(p + r * ldp + v * VL));
-            VSTORE(crow + v * VL, x);
+            if (flags & POSENC_UKR_STREAM)
+                VSTREAM(crow + v * VL, x);
+            else
+                VSTORE(crow + v * VL, x);
         }
     }
 }
@@ -177,6 +181,11 @@ static void KNAME(posenc_stream_zero)(void *dst_, size_t bytes)
         dst[j] = 0;
 }
 
+static void KNAME(posenc_store_fence)(void)
+{
+    STORE_FENCE();
+}
+
 const posenc_kernels KTABLE = {
     ISA_STRING,
     MR,
@@ -188,6 +197,7 @@ const posenc_kernels KTABLE = {
     KNAME(posenc_fma_peak),
     FMA_PEAK_FLOPS,
     KNAME(posenc_stream_zero),
+    KNAME(posenc_store_fence),
 };
 
 #undef FMA_PEAK_FLOPS

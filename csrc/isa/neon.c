@@ -11,6 +11,7 @@
 #define MR 8
 #define NRV 2
 #define ISA_STRING "neon"
+#define STORE_FENCE() __atomic_thread_fence(__ATOMIC_SEQ_CST)
 #define VSTREAM(p, v) VSTORE(p, v)
 
 #define REAL float

@@ -16,6 +16,7 @@
 #define MR 4
 #define NRV 4
 #define ISA_STRING "scalar"
+#define STORE_FENCE() __atomic_thread_fence(__ATOMIC_SEQ_CST)
 #define VSTREAM(p, v) VSTORE(p, v)
 
 #define REAL float
