@@ -292,3 +292,14 @@ def test_nonfinite_propagate(isa, method, rng):
     np.testing.assert_array_equal(np.isnan(got), np.isnan(ref))
     np.testing.assert_array_equal(np.isinf(got), np.isinf(ref))
     getattr(posenc, method + "_backward")(np.ones_like(got), *args, **kw)
+
+
+@pytest.mark.parametrize("method", ["content", "t5", "tupe", "m4m"])
+def test_streamed_large_output(isa, method, rng):
+    """Logits of >= 32 MB with 64-byte rows are written with non-temporal stores."""
+    args, kw = make_inputs(method, 2, 1, 1024, 4096, 8, dtype=np.float32, rng=rng)
+    out = getattr(posenc, method)(*args, **kw)
+    assert out.nbytes >= 32 << 20 and out.ctypes.data % 64 == 0
+    assert_matches_reference(method, args, kw, rng, check_backward=False)
+    again = np.empty_like(out)
+    np.testing.assert_array_equal(getattr(posenc, method)(*args, out=again, **kw), out)
