@@ -430,15 +430,14 @@ fail:
 
 /* ------------------------------------------------------------ ISA, threads */
 
-static PyObject *py_capabilities(PyObject *self, PyObject *unused)
+/* The names of the ISAs for which `keep` says yes, as a list. */
+static PyObject *isa_list(int (*keep)(posenc_isa))
 {
-    (void)self;
-    (void)unused;
     PyObject *list = PyList_New(0);
     if (!list)
         return NULL;
     for (int isa = 0; isa < POSENC_ISA_COUNT; ++isa) {
-        if (!posenc_isa_supported((posenc_isa)isa))
+        if (!keep((posenc_isa)isa))
             continue;
         PyObject *name = PyUnicode_FromString(posenc_isa_name((posenc_isa)isa));
         if (!name || PyList_Append(list, name)) {
@@ -451,25 +450,18 @@ static PyObject *py_capabilities(PyObject *self, PyObject *unused)
     return list;
 }
 
+static PyObject *py_capabilities(PyObject *self, PyObject *unused)
+{
+    (void)self;
+    (void)unused;
+    return isa_list(posenc_isa_supported);
+}
+
 static PyObject *py_compiled_isas(PyObject *self, PyObject *unused)
 {
     (void)self;
     (void)unused;
-    PyObject *list = PyList_New(0);
-    if (!list)
-        return NULL;
-    for (int isa = 0; isa < POSENC_ISA_COUNT; ++isa) {
-        if (!posenc_isa_compiled((posenc_isa)isa))
-            continue;
-        PyObject *name = PyUnicode_FromString(posenc_isa_name((posenc_isa)isa));
-        if (!name || PyList_Append(list, name)) {
-            Py_XDECREF(name);
-            Py_DECREF(list);
-            return NULL;
-        }
-        Py_DECREF(name);
-    }
-    return list;
+    return isa_list(posenc_isa_compiled);
 }
 
 static PyObject *py_get_isa(PyObject *self, PyObject *unused)

@@ -88,33 +88,22 @@ static size_t T(bwd_ws_layout)(const T(bwd_ctx) *c, T(bwd_ws) *w, REAL *mem)
 static void T(scatter_vq)(const posenc_kernels *K, const posenc_runs *runs, REAL *Gq_row,
                           const REAL *src, ptrdiff_t i, ptrdiff_t jb, ptrdiff_t m)
 {
-    for (size_t t = posenc_runs_seek(runs, jb - i); t < runs->count; ++t) {
-        const posenc_run *run = &runs->runs[t];
-        ptrdiff_t js = run->o_begin + i, je = run->o_end + i;
-        if (js < jb) js = jb;
-        if (je > m) je = m;
-        if (js >= je)
-            break;
-        const ptrdiff_t bs = run->b_begin + run->step * (js - i - run->o_begin);
-        K->row_scatter_add(Gq_row + (bs - runs->b_min), run->step, src + js, (size_t)(je - js));
-    }
+    ptrdiff_t js, je, bs;
+    for (size_t t = posenc_runs_seek(runs, jb - i);
+         t < runs->count && posenc_run_span(&runs->runs[t], i, jb, m, &js, &je, &bs); ++t)
+        K->row_scatter_add(Gq_row + (bs - runs->b_min), runs->runs[t].step, src + js,
+                           (size_t)(je - js));
 }
 
 /* ... and into its k-side buckets: GkT[bucket, j]. */
 static void T(scatter_vk)(const posenc_kernels *K, const posenc_runs *runs, REAL *GkT,
                           const REAL *src, ptrdiff_t i, ptrdiff_t jb, ptrdiff_t m)
 {
-    for (size_t t = posenc_runs_seek(runs, jb - i); t < runs->count; ++t) {
-        const posenc_run *run = &runs->runs[t];
-        ptrdiff_t js = run->o_begin + i, je = run->o_end + i;
-        if (js < jb) js = jb;
-        if (je > m) je = m;
-        if (js >= je)
-            break;
-        const ptrdiff_t bs = run->b_begin + run->step * (js - i - run->o_begin);
-        K->row_scatter_add(GkT + (bs - runs->b_min) * m + js, run->step * m + 1, src + js,
+    ptrdiff_t js, je, bs;
+    for (size_t t = posenc_runs_seek(runs, jb - i);
+         t < runs->count && posenc_run_span(&runs->runs[t], i, jb, m, &js, &je, &bs); ++t)
+        K->row_scatter_add(GkT + (bs - runs->b_min) * m + js, runs->runs[t].step * m + 1, src + js,
                            (size_t)(je - js));
-    }
 }
 
 /* The positional gradients of one row from its effective gradients. */
@@ -161,19 +150,9 @@ static void T(bwd_product_tile)(const T(bwd_ctx) *c, T(bwd_ws) *w, size_t u, siz
 
     T(gemm_packed)(K, &w->g, rows, q_u + i0 * d, (ptrdiff_t)d, 1, (REAL)p->scale, kb, w->Cs,
                    (ptrdiff_t)ld, 0, NULL, 0, 0);
-    if (p->vq_table) {
-        const size_t rq_pad = posenc_round_up(c->rq, K->nr);
-        const size_t hv = T(head_of)(p->vq_heads, h);
-        T(packed_b) pb = {w->vq_pack, d, c->rq, rq_pad};
-        if (w->vq_head != (ptrdiff_t)hv) {
-            const REAL *vq = (const REAL *)p->vq_table + (hv * p->vq_rows + (size_t)c->vq_runs.b_min) * d;
-            T(pack_b)(&pb, w->vq_pack, vq, 1, (ptrdiff_t)d, d, c->rq, K->nr, (REAL)p->vec_scale);
-            w->vq_head = (ptrdiff_t)hv;
-        }
-        T(gemm_packed)(K, &w->g, rows, q_u + i0 * d, (ptrdiff_t)d, 1, (REAL)1, &pb, w->qa,
-                       (ptrdiff_t)rq_pad, 0, NULL, 0, 0);
-        T(rows_vq)(K, POSENC_SET, w->Fq, ld, &c->vq_runs, w->qa, rq_pad, m, i0, rows);
-    }
+    if (p->vq_table)
+        T(tile_vq)(K, &w->g, p, &c->vq_runs, c->rq, w->vq_pack, &w->vq_head, w->qa, h, q_u,
+                   POSENC_SET, w->Fq, ld, i0, rows);
     if (p->vk_table)
         T(rows_vk)(K, POSENC_SET, w->Fk, ld, &c->vk_runs, w->kat, m, i0, rows);
 

@@ -203,17 +203,11 @@ static void T(rows_vq)(const posenc_kernels *K, int op, REAL *P, size_t ldp, con
 {
     for (size_t r = 0; r < rows; ++r) {
         const ptrdiff_t i = (ptrdiff_t)(i0 + r);
-        for (size_t t = posenc_runs_seek(runs, -i); t < runs->count; ++t) {
-            const posenc_run *run = &runs->runs[t];
-            ptrdiff_t js = run->o_begin + i, je = run->o_end + i;
-            if (js < 0) js = 0;
-            if (je > (ptrdiff_t)m) je = (ptrdiff_t)m;
-            if (js >= je)
-                break;
-            const ptrdiff_t bs = run->b_begin + run->step * (js - i - run->o_begin);
-            K->row_gather(op, P + r * ldp + js, qa + r * ldqa + (bs - runs->b_min), run->step,
-                          (size_t)(je - js));
-        }
+        ptrdiff_t js, je, bs;
+        for (size_t t = posenc_runs_seek(runs, -i);
+             t < runs->count && posenc_run_span(&runs->runs[t], i, 0, (ptrdiff_t)m, &js, &je, &bs); ++t)
+            K->row_gather(op, P + r * ldp + js, qa + r * ldqa + (bs - runs->b_min),
+                          runs->runs[t].step, (size_t)(je - js));
     }
 }
 
@@ -223,18 +217,35 @@ static void T(rows_vk)(const posenc_kernels *K, int op, REAL *P, size_t ldp, con
 {
     for (size_t r = 0; r < rows; ++r) {
         const ptrdiff_t i = (ptrdiff_t)(i0 + r);
-        for (size_t t = posenc_runs_seek(runs, -i); t < runs->count; ++t) {
-            const posenc_run *run = &runs->runs[t];
-            ptrdiff_t js = run->o_begin + i, je = run->o_end + i;
-            if (js < 0) js = 0;
-            if (je > (ptrdiff_t)m) je = (ptrdiff_t)m;
-            if (js >= je)
-                break;
-            const ptrdiff_t bs = run->b_begin + run->step * (js - i - run->o_begin);
+        ptrdiff_t js, je, bs;
+        for (size_t t = posenc_runs_seek(runs, -i);
+             t < runs->count && posenc_run_span(&runs->runs[t], i, 0, (ptrdiff_t)m, &js, &je, &bs); ++t)
             K->row_gather(op, P + r * ldp + js, kat + (bs - runs->b_min) * (ptrdiff_t)m + js,
-                          run->step * (ptrdiff_t)m + 1, (size_t)(je - js));
-        }
+                          runs->runs[t].step * (ptrdiff_t)m + 1, (size_t)(je - js));
     }
+}
+
+/*
+ * The query-side term of a row tile: qa = q[rows] . (vec_scale vq[h])^T over
+ * the buckets the map uses (the table packed once per head, cached in
+ * *vq_head), then gathered into P with op.
+ */
+static void T(tile_vq)(const posenc_kernels *K, const T(gemm_scratch) *g, const posenc_problem *p,
+                       const posenc_runs *runs, size_t rq, REAL *vq_pack, ptrdiff_t *vq_head,
+                       REAL *qa, size_t h, const REAL *q_u, int op, REAL *P, size_t ldp, size_t i0,
+                       size_t rows)
+{
+    const size_t d = p->d, rq_pad = posenc_round_up(rq, K->nr);
+    const size_t hv = p->vq_heads == 1 ? 0 : h;
+    T(packed_b) pb = {vq_pack, d, rq, rq_pad};
+    if (*vq_head != (ptrdiff_t)hv) {
+        const REAL *vq = (const REAL *)p->vq_table + (hv * p->vq_rows + (size_t)runs->b_min) * d;
+        T(pack_b)(&pb, vq_pack, vq, 1, (ptrdiff_t)d, d, rq, K->nr, (REAL)p->vec_scale);
+        *vq_head = (ptrdiff_t)hv;
+    }
+    T(gemm_packed)(K, g, rows, q_u + i0 * d, (ptrdiff_t)d, 1, (REAL)1, &pb, qa, (ptrdiff_t)rq_pad,
+                   0, NULL, 0, 0);
+    T(rows_vq)(K, op, P, ldp, runs, qa, rq_pad, p->m, i0, rows);
 }
 
 /* seg_table[h, seg_q[b, i], seg_k[b, j]]: one broadcast per key segment run. */

@@ -32,6 +32,25 @@ void posenc_runs_free(posenc_runs *r);
 size_t posenc_runs_seek(const posenc_runs *r, ptrdiff_t o);
 
 /*
+ * The keys j in [*js, *je) of row i that fall in `run` and in [j_lo, j_hi),
+ * with *bs the bucket of key *js.  Returns 0 when the run starts at or past
+ * j_hi: iterating runs from posenc_runs_seek(r, j_lo - i), stop there.
+ */
+static inline int posenc_run_span(const posenc_run *run, ptrdiff_t i, ptrdiff_t j_lo,
+                                  ptrdiff_t j_hi, ptrdiff_t *js, ptrdiff_t *je, ptrdiff_t *bs)
+{
+    ptrdiff_t first = run->o_begin + i, end = run->o_end + i;
+    if (first < j_lo) first = j_lo;
+    if (end > j_hi) end = j_hi;
+    if (first >= end)
+        return 0;
+    *js = first;
+    *je = end;
+    *bs = run->b_begin + run->step * (first - i - run->o_begin);
+    return 1;
+}
+
+/*
  * Run-length encoding of the key-side segment ids of every batch row:
  * segments of batch b are seg_runs[seg_start[b] .. seg_start[b + 1]).
  */

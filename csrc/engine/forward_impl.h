@@ -154,17 +154,8 @@ static const REAL *T(fwd_positional)(const T(fwd_ctx) *c, T(fwd_ws) *w, size_t b
         }
     }
     if (p->vq_table) {
-        const size_t d = p->d, rq_pad = posenc_round_up(c->rq, K->nr);
-        const size_t hv = T(head_of)(p->vq_heads, h);
-        T(packed_b) pb = {w->vq_pack, d, c->rq, rq_pad};
-        if (w->vq_head != (ptrdiff_t)hv) {
-            const REAL *vq = (const REAL *)p->vq_table + (hv * p->vq_rows + (size_t)c->vq_runs.b_min) * d;
-            T(pack_b)(&pb, w->vq_pack, vq, 1, (ptrdiff_t)d, d, c->rq, K->nr, (REAL)p->vec_scale);
-            w->vq_head = (ptrdiff_t)hv;
-        }
-        T(gemm_packed)(K, &w->g, rows, q_u + i0 * d, (ptrdiff_t)d, 1, (REAL)1, &pb, w->qa,
-                       (ptrdiff_t)rq_pad, 0, NULL, 0, 0);
-        T(rows_vq)(K, op, w->P, ld, &c->vq_runs, w->qa, rq_pad, m, i0, rows);
+        T(tile_vq)(K, &w->g, p, &c->vq_runs, c->rq, w->vq_pack, &w->vq_head, w->qa, h, q_u, op,
+                   w->P, ld, i0, rows);
         op = combine_op;
     }
     if (p->vk_table) {

@@ -43,20 +43,7 @@ static inline double posenc_hsum_pd256(__m256d v)
 #define KNAME(x) x##_f32_avx2
 #define KTABLE posenc_kernels_f32_avx2
 #include "kernels_impl.h"
-#undef REAL
-#undef VT
-#undef VL
-#undef VLOAD
-#undef VSTORE
-#undef VBCAST
-#undef VZERO
-#undef VADD
-#undef VMUL
-#undef VFMA
-#undef VREDUCE
-#undef KNAME
-#undef KTABLE
-#undef VSTREAM
+#include "vector_undef.h"
 
 #define REAL double
 #define VT __m256d

@@ -28,20 +28,7 @@
 #define KNAME(x) x##_f32_avx512
 #define KTABLE posenc_kernels_f32_avx512
 #include "kernels_impl.h"
-#undef REAL
-#undef VT
-#undef VL
-#undef VLOAD
-#undef VSTORE
-#undef VBCAST
-#undef VZERO
-#undef VADD
-#undef VMUL
-#undef VFMA
-#undef VREDUCE
-#undef KNAME
-#undef KTABLE
-#undef VSTREAM
+#include "vector_undef.h"
 
 #define REAL double
 #define VT __m512d

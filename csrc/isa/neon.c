@@ -28,19 +28,8 @@
 #define KNAME(x) x##_f32_neon
 #define KTABLE posenc_kernels_f32_neon
 #include "kernels_impl.h"
-#undef REAL
-#undef VT
-#undef VL
-#undef VLOAD
-#undef VSTORE
-#undef VBCAST
-#undef VZERO
-#undef VADD
-#undef VMUL
-#undef VFMA
-#undef VREDUCE
-#undef KNAME
-#undef KTABLE
+#include "vector_undef.h"
+#define VSTREAM(p, v) VSTORE(p, v)
 
 #define REAL double
 #define VT float64x2_t
