@@ -250,9 +250,12 @@ def restore_threads():
 @pytest.mark.parametrize("method", METHODS)
 def test_threads_bitwise(isa, method, rng, restore_threads):
     """1 and 2 threads give bitwise identical logits and gradients."""
-    for B, H in ((2, 3), (1, 1)):   # many units, and one unit split over row chunks
-        args, kw = make_inputs(method, B, H, 70, 45, 13, dtype=np.float32, rng=rng)
-        G = rng.standard_normal((B, H, 70, 45)).astype(np.float32)
+    # above the engine's one-thread threshold (B H n m (d + 1) >= 2^18): many units,
+    # and one unit whose rows are split over the threads
+    for B, H, n, m in ((2, 3, 70, 45), (1, 1, 300, 200)):
+        assert B * H * n * m * 14 >= 1 << 18
+        args, kw = make_inputs(method, B, H, n, m, 13, dtype=np.float32, rng=rng)
+        G = rng.standard_normal((B, H, n, m)).astype(np.float32)
         runs = []
         for threads in (1, 2):
             posenc.set_num_threads(threads)

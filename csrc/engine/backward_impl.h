@@ -491,7 +491,9 @@ int T(posenc_backward)(const posenc_problem *p, const void *grad, const posenc_g
         goto done;
 
     const size_t threads = (size_t)(num_threads > 0 ? num_threads : 1);
-    const size_t team = posenc_min(threads, BH);
+    size_t team = posenc_min(threads, BH);
+    if (posenc_mul_size(BH * p->n, p->m * (p->d + 1)) < POSENC_PARALLEL_MIN_WORK)
+        team = 1;   /* a team's start and barrier cost more than the work */
     const size_t ws = T(bwd_ws_layout)(&c, NULL, NULL);
     arena = (REAL *)posenc_alloc(posenc_mul_size(team, ws), sizeof(REAL));
     if (!arena) {

@@ -76,6 +76,10 @@ size_t posenc_mul_size(size_t count, size_t size);
 
 #define POSENC_ALIGN 64
 
+/* Problems with fewer multiply-adds (B H n m (d + 1)) than this run on one
+ * thread: waking an OpenMP team costs tens of microseconds, more on busy cores. */
+#define POSENC_PARALLEL_MIN_WORK ((size_t)1 << 18)
+
 #ifdef _OPENMP
 #include <omp.h>
 static inline int posenc_thread_id(void) { return omp_get_thread_num(); }

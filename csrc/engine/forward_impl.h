@@ -285,7 +285,9 @@ int T(posenc_forward)(const posenc_problem *p, void *out_, int num_threads)
     const size_t tiles_per_chunk = (tiles + chunks - 1) / chunks;
     chunks = (tiles + tiles_per_chunk - 1) / tiles_per_chunk;
     const size_t items = BH * chunks;
-    const size_t team = posenc_min(threads, items);
+    size_t team = posenc_min(threads, items);
+    if (posenc_mul_size(BH * p->n, p->m * (p->d + 1)) < POSENC_PARALLEL_MIN_WORK)
+        team = 1;   /* a team's start and barrier cost more than the work */
 
     const size_t ws = T(fwd_ws_size)(&c);
     arena = (REAL *)posenc_alloc(posenc_mul_size(team, ws), sizeof(REAL));

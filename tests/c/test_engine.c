@@ -306,7 +306,9 @@ int main(void)
 {
     posenc_dispatch_init();
     const size_t sizes[][5] = {{1, 1, 1, 1, 1}, {2, 3, 7, 5, 3}, {1, 2, 17, 33, 9},
-                               {2, 1, 33, 17, 16}, {1, 1, 65, 40, 31}, {3, 2, 9, 9, 0}};
+                               {2, 1, 33, 17, 16}, {1, 1, 65, 40, 31}, {3, 2, 9, 9, 0},
+                               /* above the one-thread threshold: units, then row chunks */
+                               {2, 3, 70, 64, 16}, {1, 1, 300, 200, 8}};
     printf("ISAs supported:");
     for (int isa = 0; isa < POSENC_ISA_COUNT; ++isa)
         if (posenc_isa_supported((posenc_isa)isa))

@@ -1,0 +1,232 @@
+"""Shared by the C ops and the native formulas of posenc.torch.
+
+* `to_numpy`: a zero-copy NumPy view of a CPU tensor (any strides), or a
+  TypeError naming the argument when NumPy has no such dtype;
+* `validate`: the checkers of `posenc._checks` run on stand-in arrays of the
+  tensors' shapes and dtypes, so every namespace raises the same exception for
+  the same bad input (SPEC §5) whatever the device;
+* `bucket_index`: the (n, m) bucket map of a relative method as an int64
+  tensor on the tensors' device, built from `posenc.buckets` once per shape;
+* the backend switch (`use_native`).
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import threading
+
+import numpy as np
+import torch
+
+from .. import _checks, buckets
+
+_NUMPY_DTYPES = {
+    torch.float32: np.float32, torch.float64: np.float64, torch.float16: np.float16,
+    torch.int8: np.int8, torch.int16: np.int16, torch.int32: np.int32, torch.int64: np.int64,
+    torch.uint8: np.uint8, torch.bool: np.bool_, torch.complex64: np.complex64,
+    torch.complex128: np.complex128,
+}
+# Half precision is outside the contract of the C kernels (SPEC §1), but the
+# native formulas run it on accelerators, where it is the common case.
+HALF_DTYPES = (torch.float16, torch.bfloat16)
+INT_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
+
+
+# ------------------------------------------------------------------ backend
+
+class _Backend(threading.local):
+    native = False
+
+
+_BACKEND = _Backend()
+
+
+class use_native:
+    """Run the torch-native formulas instead of the C kernels on CPU tensors.
+
+    Works as a call (``posenc.torch.use_native(True)`` switches until told
+    otherwise) and as a context manager (``with posenc.torch.use_native():``
+    restores the previous setting on exit), like ``torch.set_grad_enabled``.
+    Tensors on other devices always run the native formulas.  The setting is
+    per thread.
+    """
+
+    def __init__(self, enabled: bool = True):
+        if not isinstance(enabled, bool):
+            raise TypeError(f"enabled must be a bool, got {type(enabled).__name__}")
+        self.previous = _BACKEND.native
+        _BACKEND.native = enabled
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        _BACKEND.native = self.previous
+        return False
+
+
+def native_forced() -> bool:
+    """True while `use_native(True)` is in force in this thread."""
+    return _BACKEND.native
+
+
+# ------------------------------------------------------------------ arguments
+
+def require_tensors(names, values) -> None:
+    """TypeError unless every given value is a tensor; ValueError on mixed devices."""
+    device = None
+    first = None
+    for name, value in zip(names, values):
+        if value is None:
+            continue
+        if not isinstance(value, torch.Tensor):
+            raise TypeError(
+                f"{name} must be a torch.Tensor, got {type(value).__module__}."
+                f"{type(value).__qualname__}")
+        if device is None:
+            device, first = value.device, name
+        elif value.device != device:
+            raise ValueError(
+                f"{name} is on device {value.device} but {first} is on {device}: "
+                "the tensors of one call must share one device")
+
+
+def to_numpy(name: str, tensor: torch.Tensor) -> np.ndarray:
+    """A NumPy view of a CPU tensor, sharing its memory and strides."""
+    if tensor.dtype not in _NUMPY_DTYPES:
+        raise TypeError(f"{name} must have dtype float32 or float64, got {tensor.dtype}")
+    tensor = tensor.detach()
+    if tensor.is_neg():
+        tensor = tensor.resolve_neg()
+    if tensor.is_conj():
+        tensor = tensor.resolve_conj()
+    return tensor.numpy()
+
+
+def _stand_in(name: str, tensor: torch.Tensor, half_as: np.dtype | None):
+    """A read-only array of the tensor's shape and dtype that owns one element."""
+    if tensor.dtype in HALF_DTYPES and half_as is not None:
+        dtype = half_as
+    elif tensor.dtype in _NUMPY_DTYPES:
+        dtype = _NUMPY_DTYPES[tensor.dtype]
+    else:
+        raise TypeError(f"{name} must have dtype float32 or float64, got {tensor.dtype}")
+    return np.broadcast_to(np.zeros((), dtype=dtype), tuple(int(s) for s in tensor.shape))
+
+
+def validate(method: str, tensors: dict, params: dict, *, allow_half: bool = False):
+    """Run the method's checker on stand-ins of `tensors`; return its Problem.
+
+    Segment ids are replaced by zeros (their range is checked by the caller,
+    which has the data).  With `allow_half`, float16/bfloat16 tensors pass
+    when every float tensor of the call has that same dtype.
+    """
+    half_as = None
+    if allow_half:
+        float_dtypes = {t.dtype for name, t in tensors.items()
+                        if t is not None and name not in ("segment_q", "segment_k")}
+        if len(float_dtypes) == 1 and next(iter(float_dtypes)) in HALF_DTYPES:
+            half_as = np.dtype(np.float32)
+    arrays = {}
+    for name, tensor in tensors.items():
+        if tensor is None:
+            arrays[name] = None
+        elif name in ("segment_q", "segment_k") and tensor.dtype in INT_DTYPES:
+            arrays[name] = np.zeros(tuple(tensor.shape), dtype=np.int64)
+        else:
+            arrays[name] = _stand_in(name, tensor, half_as)
+    return _checks.CHECKERS[method](**arrays, **params)
+
+
+def check_segment_range(segment_q, segment_k, segment_table) -> None:
+    """The ids of CPU segments lie in [0, S) (the C path checks its own).
+
+    On accelerators this would cost a device synchronisation per call, so
+    there the ids are not checked (an out-of-range id is a device-side error).
+    """
+    if segment_table is None:
+        return
+    S = segment_table.shape[1]
+    for name, ids in (("segment_q", segment_q), ("segment_k", segment_k)):
+        if ids.device.type != "cpu" or ids.numel() == 0:
+            continue
+        lo, hi = int(ids.min()), int(ids.max())
+        if lo < 0 or hi >= S:
+            bad = lo if lo < 0 else hi
+            raise ValueError(
+                f"{name} holds segment id {bad}, outside [0, {S}) for segment_table of "
+                f"shape ({', '.join(str(s) for s in segment_table.shape)})")
+
+
+# ------------------------------------------------------------------ bucket maps
+
+def _diagonal_buckets(kind: str, params: tuple, offsets: np.ndarray) -> np.ndarray:
+    """The table row of each offset o = j - i (key minus query)."""
+    if kind == "clipped":                      # Shaw eq. (3), Huang M2/M4: clip(j - i)
+        return buckets.clipped(offsets, params[0])
+    if kind == "clipped_reversed":             # DIET eq. (3): R_{i-j}
+        return buckets.clipped(-offsets, params[0])
+    if kind == "t5":
+        num_buckets, max_distance, bidirectional = params
+        return buckets.t5(offsets, num_buckets, max_distance, bool(bidirectional))
+    if kind == "deberta":                      # DeBERTa's delta = i - j
+        span, position_buckets, max_relative = params
+        delta = -offsets
+        if position_buckets > 0 and max_relative > 0:
+            delta = buckets.deberta_log(delta, position_buckets, max_relative)
+        return np.clip(delta + span, 0, 2 * span - 1)
+    raise ValueError(f"unknown bucket map {kind!r}")
+
+
+@functools.lru_cache(maxsize=128)
+def _cpu_index(kind: str, params: tuple, n: int, m: int) -> torch.Tensor:
+    """(n, m) int64: index[i, j] = bucket(j - i), mapped once per diagonal."""
+    offsets = np.arange(-(n - 1), m, dtype=np.int64) if n and m else np.zeros(0, np.int64)
+    per_diagonal = np.ascontiguousarray(_diagonal_buckets(kind, params, offsets), np.int64)
+    # offset j - i lives at position (j - i) + (n - 1) of per_diagonal
+    where = np.arange(m, dtype=np.int64)[None, :] - np.arange(n, dtype=np.int64)[:, None] + (n - 1)
+    return torch.from_numpy(per_diagonal[where] if n and m else np.zeros((n, m), np.int64))
+
+
+_DEVICE_INDEX: collections.OrderedDict = collections.OrderedDict()
+_DEVICE_INDEX_SIZE = 128
+_DEVICE_INDEX_LOCK = threading.Lock()
+
+
+def _device_index(kind: str, params: tuple, n: int, m: int, device: torch.device) -> torch.Tensor:
+    if device.type == "cpu":
+        return _cpu_index(kind, params, n, m)
+    key = (kind, params, n, m, device)
+    with _DEVICE_INDEX_LOCK:
+        index = _DEVICE_INDEX.get(key)
+        if index is not None:
+            _DEVICE_INDEX.move_to_end(key)
+            return index
+    index = _cpu_index(kind, params, n, m).to(device)
+    with _DEVICE_INDEX_LOCK:
+        _DEVICE_INDEX[key] = index
+        while len(_DEVICE_INDEX) > _DEVICE_INDEX_SIZE:
+            _DEVICE_INDEX.popitem(last=False)
+    return index
+
+
+# Inside torch.compile the index comes from an opaque op (the bucket maps are
+# NumPy, which dynamo cannot trace); with dynamic shapes n and m are symbols.
+@torch.library.custom_op("posenc::bucket_index", mutates_args=(),
+                         schema="(Tensor like, str kind, int[] params, SymInt n, SymInt m) -> Tensor")
+def _bucket_index_op(like, kind, params, n, m):
+    # a fresh tensor: a compiled graph may reuse the buffers its ops return
+    return _device_index(kind, tuple(params), n, m, like.device).clone()
+
+
+@_bucket_index_op.register_fake
+def _(like, kind, params, n, m):
+    return like.new_empty((n, m), dtype=torch.int64)
+
+
+def bucket_index(kind: str, params: tuple, n: int, m: int, like: torch.Tensor) -> torch.Tensor:
+    """(n, m) int64 table rows on like.device; `params` are ints (bools as 0/1)."""
+    if torch.compiler.is_compiling():
+        return torch.ops.posenc.bucket_index(like, kind, list(params), n, m)
+    return _device_index(kind, tuple(params), int(n), int(m), like.device)

@@ -1,0 +1,192 @@
+"""Torch-native formulas of every method (SPEC §3), written the way practitioners do.
+
+These run on any device (CUDA, MPS, ..., and CPU under `posenc.torch.use_native`),
+are differentiated by autograd and traced by `torch.compile`.  They serve as the
+"PyTorch eager" peer of the C kernels in benchmarks, so each follows the usual
+public implementation of its method:
+
+* content, T5, DIET, TUPE: a batched matmul plus a gathered bias
+  (HuggingFace ``T5Attention.compute_bias``: ``bias[:, bucket(j - i)]``);
+* Shaw, M2, M4, M4M: the relative table gathered to an ``(n, m, d)`` tensor and
+  contracted with ``einsum`` (tensor2tensor ``_relative_attention_inner``;
+  HuggingFace BERT ``relative_key`` / ``relative_key_query``, the latter being M4);
+* DeBERTa: ``q @ pos_keyᵀ`` and ``k @ pos_queryᵀ`` followed by
+  ``torch.gather`` (HuggingFace ``DisentangledSelfAttention.disentangled_attention_bias``).
+
+Same names and arguments as `posenc.<name>` (no ``out=``).  Half precision
+(float16, bfloat16) is accepted here, unlike the C kernels.  Segment ids are
+range-checked on CPU only (a check on an accelerator would synchronise it).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ._common import bucket_index, check_segment_range, validate
+
+__all__ = ["content", "deberta", "diet_abs", "diet_rel", "m2", "m4", "m4m", "shaw", "t5", "tupe"]
+
+
+def _check(method, tensors, params):
+    """Validate like posenc (eager only: dynamo cannot trace NumPy)."""
+    if not torch.compiler.is_compiling():
+        validate(method, tensors, params, allow_half=True)
+        check_segment_range(tensors.get("segment_q"), tensors.get("segment_k"),
+                            tensors.get("segment_table"))
+
+
+def _scale(scale, d: int, factor: int = 1) -> float:
+    """The default 1/sqrt(factor * d) (1 when d = 0), or the given scale."""
+    if scale is not None:
+        return float(scale)
+    return 1.0 / math.sqrt(factor * d) if d else 1.0
+
+
+def _content(q, k, scale):
+    """s q kᵀ: (B, H, n, m)."""
+    return torch.matmul(q, k.transpose(-1, -2)) * scale
+
+
+def _relative_vectors(rel_k, index):
+    """rel_k[c(i, j)] gathered: (n, m, d) for a head-shared table, else (H, n, m, d)."""
+    if rel_k.shape[0] == 1:
+        return rel_k[0][index]
+    return rel_k[:, index]
+
+
+def _dot_relative(x, vectors, query_side: bool):
+    """x_i . a_ij (query side) or x_j . a_ij (key side), by einsum as HF BERT does."""
+    if vectors.dim() == 3:
+        spec = "bhid,ijd->bhij" if query_side else "bhjd,ijd->bhij"
+    else:
+        spec = "bhid,hijd->bhij" if query_side else "bhjd,hijd->bhij"
+    return torch.einsum(spec, x, vectors)
+
+
+def _scalar_bias(table, index):
+    """table[h, index[i, j]] as (1, H|1, n, m), ready to add to the logits."""
+    return table[:, index].unsqueeze(0)
+
+
+def _segment_bias(segment_q, segment_k, segment_table):
+    """DIET eq. (2): segment_table[h, S(i), S(j)] as (B, H|1, n, m)."""
+    rows = segment_q.long()[:, :, None]           # (B, n, 1)
+    cols = segment_k.long()[:, None, :]           # (B, 1, m)
+    return segment_table[:, rows, cols].transpose(0, 1)
+
+
+# ------------------------------------------------------------------ methods
+
+def content(q, k, *, scale=None):
+    _check("content", {"q": q, "k": k}, {"scale": scale})
+    return _content(q, k, _scale(scale, q.shape[-1]))
+
+
+def shaw(q, k, rel_k, *, max_distance, scale=None):
+    _check("shaw", {"q": q, "k": k, "rel_k": rel_k}, {"max_distance": max_distance, "scale": scale})
+    s = _scale(scale, q.shape[-1])
+    a = _relative_vectors(rel_k, bucket_index("clipped", (max_distance,), q.shape[-2], k.shape[-2], q))
+    return (torch.matmul(q, k.transpose(-1, -2)) + _dot_relative(q, a, True)) * s
+
+
+def t5(q, k, bias, *, num_buckets=32, max_distance=128, bidirectional=True, scale=1.0):
+    _check("t5", {"q": q, "k": k, "bias": bias},
+           {"num_buckets": num_buckets, "max_distance": max_distance,
+            "bidirectional": bidirectional, "scale": scale})
+    index = bucket_index("t5", (num_buckets, max_distance, int(bidirectional)),
+                         q.shape[-2], k.shape[-2], q)
+    return _content(q, k, _scale(scale, 0)) + _scalar_bias(bias, index)
+
+
+def m2(q, k, rel, *, max_distance, scale=None):
+    _check("m2", {"q": q, "k": k, "rel": rel}, {"max_distance": max_distance, "scale": scale})
+    index = bucket_index("clipped", (max_distance,), q.shape[-2], k.shape[-2], q)
+    return _content(q, k, _scale(scale, q.shape[-1])) * _scalar_bias(rel, index)
+
+
+def m4(q, k, rel_k, *, max_distance, scale=None):
+    _check("m4", {"q": q, "k": k, "rel_k": rel_k}, {"max_distance": max_distance, "scale": scale})
+    s = _scale(scale, q.shape[-1])
+    a = _relative_vectors(rel_k, bucket_index("clipped", (max_distance,), q.shape[-2], k.shape[-2], q))
+    return (torch.matmul(q, k.transpose(-1, -2)) + _dot_relative(q, a, True)
+            + _dot_relative(k, a, False)) * s
+
+
+def m4m(q, k, rel_k, *, max_distance, scale=None):
+    _check("m4m", {"q": q, "k": k, "rel_k": rel_k}, {"max_distance": max_distance, "scale": scale})
+    s = _scale(scale, q.shape[-1])
+    a = _relative_vectors(rel_k, bucket_index("clipped", (max_distance,), q.shape[-2], k.shape[-2], q))
+    return _content(q, k, s) * _dot_relative(q, a, True) * _dot_relative(k, a, False)
+
+
+def deberta(q, k, pos_key, pos_query, *, att_span, position_buckets=-1,
+            max_relative_positions=-1, scale=None):
+    _check("deberta", {"q": q, "k": k, "pos_key": pos_key, "pos_query": pos_query},
+           {"att_span": att_span, "position_buckets": position_buckets,
+            "max_relative_positions": max_relative_positions, "scale": scale})
+    s = _scale(scale, q.shape[-1], 3)
+    B, H, n, _ = q.shape
+    m = k.shape[-2]
+    # position[i, j] = clip(delta(i, j) + att_span, 0, 2 att_span - 1), delta = i - j
+    position = bucket_index("deberta", (att_span, position_buckets, max_relative_positions), n, m, q)
+    scores = torch.matmul(q, k.transpose(-1, -2))
+    # content -> position: q_i . pos_key[p(i, j)]
+    c2p = torch.matmul(q, pos_key.transpose(-1, -2))                      # (B, H, n, 2 span)
+    scores = scores + torch.gather(c2p, -1, position.expand(B, H, n, m))
+    # position -> content: k_j . pos_query[p(i, j)], gathered along the key's rows
+    p2c = torch.matmul(k, pos_query.transpose(-1, -2))                    # (B, H, m, 2 span)
+    scores = scores + torch.gather(p2c, -1, position.t().expand(B, H, m, n)).transpose(-1, -2)
+    return scores * s
+
+
+def _reset(v, theta):
+    """TUPE eq. (9): row 0 ([CLS] to others) = theta[h, 0]; column 0 of the others = theta[h, 1]."""
+    n, m = v.shape[-2], v.shape[-1]
+    first_row = (torch.arange(n, device=v.device) == 0)[:, None]
+    first_col = (torch.arange(m, device=v.device) == 0)[None, :]
+    to_cls = theta[:, 1, None, None]
+    from_cls = theta[:, 0, None, None]
+    return torch.where(first_row, from_cls, torch.where(first_col, to_cls, v))
+
+
+def tupe(q, k, pos_q, pos_k, *, bias=None, theta=None, num_buckets=32, max_distance=128,
+         bidirectional=True, scale=None):
+    _check("tupe", {"q": q, "k": k, "pos_q": pos_q, "pos_k": pos_k, "bias": bias, "theta": theta},
+           {"num_buckets": num_buckets, "max_distance": max_distance,
+            "bidirectional": bidirectional, "scale": scale})
+    s = _scale(scale, q.shape[-1], 2)
+    # the position-only correlation v (H|1, n, m), TUPE eq. (7) / (8)
+    positional = torch.matmul(pos_q, pos_k.transpose(-1, -2)) * s
+    if bias is not None:
+        index = bucket_index("t5", (num_buckets, max_distance, int(bidirectional)),
+                             q.shape[-2], k.shape[-2], q)
+        positional = positional + bias[:, index]
+    if theta is not None:
+        positional = _reset(positional, theta)
+    return _content(q, k, s) + positional.unsqueeze(0)
+
+
+def diet_abs(q, k, pos_q, pos_k, *, segment_q=None, segment_k=None, segment_table=None,
+             scale=None):
+    _check("diet_abs", {"q": q, "k": k, "pos_q": pos_q, "pos_k": pos_k, "segment_q": segment_q,
+                        "segment_k": segment_k, "segment_table": segment_table}, {"scale": scale})
+    # DIET eq. (1): the positional term P_Q P_Kᵀ is not scaled
+    scores = _content(q, k, _scale(scale, q.shape[-1]))
+    scores = scores + torch.matmul(pos_q, pos_k.transpose(-1, -2)).unsqueeze(0)
+    if segment_table is not None:
+        scores = scores + _segment_bias(segment_q, segment_k, segment_table)
+    return scores
+
+
+def diet_rel(q, k, rel, *, max_distance, segment_q=None, segment_k=None, segment_table=None,
+             scale=None):
+    _check("diet_rel", {"q": q, "k": k, "rel": rel, "segment_q": segment_q,
+                        "segment_k": segment_k, "segment_table": segment_table},
+           {"max_distance": max_distance, "scale": scale})
+    index = bucket_index("clipped_reversed", (max_distance,), q.shape[-2], k.shape[-2], q)
+    scores = _content(q, k, _scale(scale, q.shape[-1])) + _scalar_bias(rel, index)
+    if segment_table is not None:
+        scores = scores + _segment_bias(segment_q, segment_k, segment_table)
+    return scores

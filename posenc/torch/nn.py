@@ -1,0 +1,444 @@
+"""Ready-made positional encodings and a self-attention layer that takes any of them.
+
+Every encoding is an ``nn.Module`` with the papers' parameter shapes,
+initialisations and sharing options, and the same interface:
+
+* ``logits(q, k, *, state=None, segment_q=None, segment_k=None)`` (also its
+  ``forward``): the attention logits ``(B, H, n, m)`` of per-head ``q``
+  ``(B, H, n, d)`` and ``k`` ``(B, H, m, d)``, computed by the ops of
+  `posenc.torch` (C kernels on CPU, torch-native formulas elsewhere);
+* ``positional(n, m, *, query_proj=None, key_proj=None)``: the input-independent
+  part (TUPE's positional correlation, DIET-ABS's ``P_Q P_Kᵀ``, DeBERTa's
+  projected relative embeddings), or ``None``.  A model that shares one encoding
+  between layers computes it once per forward and hands it to every layer as
+  ``state`` (TUPE §3.3, DIET §3.1);
+* ``project_keys(k, v)``: identity, except for DIET-ABS^LIN (Linformer).
+
+Head-wise sharing is a head axis of size 1 (``per_head=False``); layer-wise
+sharing is passing the same encoding module to every layer.
+`PositionalSelfAttention` is a complete attention layer around an encoding.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from .. import torch as F
+from ._attention import PositionalSelfAttention
+from ._encodings import (
+    Content,
+    PositionalEncoding,
+    SegmentAttention,
+    content_and_segments,
+    segment_ids_pair,
+)
+
+__all__ = [
+    "TUPE",
+    "Content",
+    "DIETAbs",
+    "DIETRel",
+    "DebertaRelative",
+    "DebertaRelativeEmbeddings",
+    "M2Relative",
+    "M4MRelative",
+    "M4Relative",
+    "PositionalEncoding",
+    "PositionalSelfAttention",
+    "SegmentAttention",
+    "ShawRelative",
+    "T5RelativeBias",
+]
+
+
+def _table(heads: int, *shape, init_std: float) -> nn.Parameter:
+    return nn.Parameter(torch.randn(heads, *shape) * init_std)
+
+
+# ------------------------------------------------------------------ relative tables
+
+class T5RelativeBias(PositionalEncoding):
+    """T5 relative attention bias: Raffel et al. 2020, *Exploring the Limits of
+    Transfer Learning with a Unified Text-to-Text Transformer*, §2.1 (SPEC 3.3).
+
+    ``A_ij = q_i·k_j + bias[h, t5(j - i)]``: one learned scalar per head and
+    log-binned bucket, ``bias`` of shape ``(H, num_buckets)``; no ``1/sqrt(d)``
+    (``scale=None`` keeps T5's 1).  T5 shares the table across layers
+    (layer-wise sharing: pass this module to every layer).  Initialised
+    N(0, init_std²) (HuggingFace T5 uses ``factor · d_model^-1/2``).
+    """
+
+    def __init__(self, num_heads: int, num_buckets: int = 32, max_distance: int = 128,
+                 bidirectional: bool = True, *, scale: float | None = None,
+                 init_std: float = 0.02):
+        super().__init__(num_heads)
+        self.num_buckets, self.max_distance = num_buckets, max_distance
+        self.bidirectional, self.scale = bidirectional, scale
+        self.bias = _table(num_heads, num_buckets, init_std=init_std)
+
+    def logits(self, q, k, *, state=None, segment_q=None, segment_k=None):
+        return F.t5(q, k, self.bias, num_buckets=self.num_buckets,
+                    max_distance=self.max_distance, bidirectional=self.bidirectional,
+                    scale=1.0 if self.scale is None else self.scale)
+
+
+class _ClippedRelative(PositionalEncoding):
+    """A table indexed by clip(j - i, -t, t) + t, head-shared or per head."""
+
+    method = ""
+
+    def __init__(self, num_heads, max_distance, table_shape, *, per_head, scale, init):
+        super().__init__(num_heads)
+        self.max_distance, self.per_head, self.scale = max_distance, per_head, scale
+        heads = num_heads if per_head else 1
+        self.rel = nn.Parameter(init(torch.empty(heads, 2 * max_distance + 1, *table_shape)))
+
+    def logits(self, q, k, *, state=None, segment_q=None, segment_k=None):
+        return getattr(F, self.method)(q, k, self.rel, max_distance=self.max_distance,
+                                       scale=self.scale)
+
+
+class ShawRelative(_ClippedRelative):
+    """Relative position representations: Shaw, Uszkoreit & Vaswani 2018, eq. (4)
+    with the clipping of eq. (3) (SPEC 3.2).
+
+    ``A_ij = (q_i·(k_j + a^K_ij)) / sqrt(d)``, ``a^K_ij = rel[clip(j - i, -t, t) + t]``,
+    ``rel`` of shape ``(H|1, 2t + 1, head_dim)``.  Shaw et al. share the table
+    across heads (``per_head=False``, the default).  Only the key-side ``a^K``
+    (the logits); the value-side ``a^V`` "did not improve much" (TUPE, note 2).
+    Initialised N(0, init_std²) as HuggingFace's ``distance_embedding``.
+    """
+
+    method = "shaw"
+
+    def __init__(self, num_heads: int, head_dim: int, max_distance: int, *,
+                 per_head: bool = False, scale: float | None = None, init_std: float = 0.02):
+        super().__init__(num_heads, max_distance, (head_dim,), per_head=per_head, scale=scale,
+                         init=lambda t: t.normal_(0.0, init_std))
+
+
+class M2Relative(_ClippedRelative):
+    """M2 of Huang et al. 2020 (*Improve Transformer Models with Better Relative
+    Position Embeddings*), as written in *Multiplicative Position-aware
+    Transformer Models*, eq. (5) (SPEC 3.4).
+
+    ``A_ij = (q_i·k_j) · a_ij / sqrt(d)``, one scalar per clipped offset,
+    ``rel`` of shape ``(H|1, 2t + 1)``, head-shared by default (that paper,
+    App. D).  Initialised to ones, so training starts from plain attention.
+    """
+
+    method = "m2"
+
+    def __init__(self, num_heads: int, max_distance: int, *, per_head: bool = False,
+                 scale: float | None = None):
+        super().__init__(num_heads, max_distance, (), per_head=per_head, scale=scale,
+                         init=lambda t: t.fill_(1.0))
+
+
+class M4Relative(_ClippedRelative):
+    """M4 of Huang et al. 2020, *Multiplicative Position-aware Transformer
+    Models*, eq. (6) (SPEC 3.5); HuggingFace BERT's ``relative_key_query``.
+
+    ``A_ij = (q_i·k_j + q_i·a_ij + k_j·a_ij) / sqrt(d)``, ``rel`` of shape
+    ``(H|1, 2t + 1, head_dim)``, head-shared by default (App. D: sharing did
+    better on two of three tasks).  Initialised N(0, init_std²).
+    """
+
+    method = "m4"
+
+    def __init__(self, num_heads: int, head_dim: int, max_distance: int, *,
+                 per_head: bool = False, scale: float | None = None, init_std: float = 0.02):
+        super().__init__(num_heads, max_distance, (head_dim,), per_head=per_head, scale=scale,
+                         init=lambda t: t.normal_(0.0, init_std))
+
+
+class M4MRelative(_ClippedRelative):
+    """M4M, the multiplicative M4 of *Multiplicative Position-aware Transformer
+    Models*, eq. (11) (SPEC 3.6).
+
+    ``A_ij = (q_i·k_j)(q_i·a_ij)(k_j·a_ij) / sqrt(d)``, ``rel`` of shape
+    ``(H|1, 2t + 1, head_dim)``, head-shared by default.  The paper gives no
+    initialisation; since the logits are a product of three dot products,
+    the default N(0, 1/head_dim) keeps ``q·a`` and ``k·a`` of the order of
+    ``|q|/sqrt(d)``, so the product starts at the scale of the content term.
+    """
+
+    method = "m4m"
+
+    def __init__(self, num_heads: int, head_dim: int, max_distance: int, *,
+                 per_head: bool = False, scale: float | None = None,
+                 init_std: float | None = None):
+        std = head_dim ** -0.5 if init_std is None else init_std
+        super().__init__(num_heads, max_distance, (head_dim,), per_head=per_head, scale=scale,
+                         init=lambda t: t.normal_(0.0, std))
+
+
+# ------------------------------------------------------------------ DeBERTa
+
+class DebertaRelativeEmbeddings(nn.Module):
+    """DeBERTa's relative position embeddings ``P`` (2·att_span, d_model), with
+    the optional LayerNorm of DeBERTa-v2 (``norm_rel_ebd="layer_norm"``).
+
+    DeBERTa keeps one such table in the encoder for all layers: build it once
+    and pass it to every layer's `DebertaRelative` as ``embeddings=``.
+    """
+
+    def __init__(self, d_model: int, att_span: int, *, layer_norm: bool = True,
+                 init_std: float = 0.02):
+        super().__init__()
+        self.att_span = att_span
+        self.weight = nn.Parameter(torch.randn(2 * att_span, d_model) * init_std)
+        self.norm = nn.LayerNorm(d_model) if layer_norm else None
+
+    def forward(self) -> torch.Tensor:
+        return self.weight if self.norm is None else self.norm(self.weight)
+
+
+class DebertaRelative(PositionalEncoding):
+    """Disentangled attention: He, Liu, Gao & Chen 2021, *DeBERTa*, §3.1,
+    with DeBERTa-v2's log buckets; *Multiplicative Position-aware Transformer
+    Models*, eq. (7) (SPEC 3.7).
+
+    ``A_ij = (q_i·k_j + q_i·(P W^R)[p(i,j)] + k_j·(P W^T)[p(i,j)]) / sqrt(3d)``
+    with ``δ = i - j`` log-bucketed when ``position_buckets > 0`` and
+    ``p = clip(δ + att_span, 0, 2·att_span - 1)``; ``att_span`` is
+    ``position_buckets`` if positive, else ``max_relative_positions``, and ``P``
+    has ``2·att_span`` rows of width ``d_model`` (`DebertaRelativeEmbeddings`).
+    ``W^R`` (``pos_key_proj``) and ``W^T`` (``pos_query_proj``) are
+    ``d_model → num_heads·head_dim`` linear maps; with ``share_att_key`` they are
+    the attention layer's own key and query projections (DeBERTa-v2), which the
+    layer passes to `positional`.
+    """
+
+    def __init__(self, d_model: int, num_heads: int, *, head_dim: int | None = None,
+                 max_relative_positions: int = 512, position_buckets: int = -1,
+                 layer_norm: bool = True, share_att_key: bool = False,
+                 embeddings: DebertaRelativeEmbeddings | None = None,
+                 scale: float | None = None, init_std: float = 0.02):
+        super().__init__(num_heads)
+        self.head_dim = head_dim or d_model // num_heads
+        self.max_relative_positions, self.position_buckets = max_relative_positions, position_buckets
+        self.att_span = position_buckets if position_buckets > 0 else max_relative_positions
+        self.share_att_key, self.scale = share_att_key, scale
+        self.uses_attention_projections = share_att_key
+        if embeddings is None:
+            embeddings = DebertaRelativeEmbeddings(d_model, self.att_span, layer_norm=layer_norm,
+                                                   init_std=init_std)
+        elif embeddings.att_span != self.att_span:
+            raise ValueError(f"embeddings has att_span {embeddings.att_span}, this layer "
+                             f"needs {self.att_span}")
+        self.embeddings = embeddings
+        if not share_att_key:
+            self.pos_key_proj = nn.Linear(d_model, num_heads * self.head_dim)     # W^R
+            self.pos_query_proj = nn.Linear(d_model, num_heads * self.head_dim)   # W^T
+
+    def _heads(self, x):
+        """(2 span, H·d) → (H, 2 span, d)."""
+        return x.view(x.shape[0], self.num_heads, self.head_dim).transpose(0, 1)
+
+    def positional(self, n, m, *, query_proj=None, key_proj=None):
+        """(pos_key, pos_query), each (H, 2·att_span, head_dim)."""
+        rel = self.embeddings()
+        if self.share_att_key:
+            if query_proj is None or key_proj is None:
+                raise ValueError("share_att_key: pass the attention layer's query_proj and "
+                                 "key_proj (PositionalSelfAttention does)")
+            return self._heads(key_proj(rel)), self._heads(query_proj(rel))
+        return self._heads(self.pos_key_proj(rel)), self._heads(self.pos_query_proj(rel))
+
+    def logits(self, q, k, *, state=None, segment_q=None, segment_k=None):
+        pos_key, pos_query = self.positional(q.shape[2], k.shape[2]) if state is None else state
+        return F.deberta(q, k, pos_key, pos_query, att_span=self.att_span,
+                         position_buckets=self.position_buckets,
+                         max_relative_positions=self.max_relative_positions, scale=self.scale)
+
+
+# ------------------------------------------------------------------ TUPE
+
+class TUPE(PositionalEncoding):
+    """Untied positional encoding: Ke, He & Liu 2020, *Rethinking Positional
+    Encoding in Language Pre-training* (TUPE), eq. (10) TUPE-A and (11) TUPE-R
+    (SPEC 3.8).
+
+    ``A_ij = q_i·k_j/sqrt(2d) + reset_θ(v)_ij``,
+    ``v_ij = (LN(p_i) U^Q)(LN(p_j) U^K)ᵀ/sqrt(2d) [+ b_{j-i}]``: absolute
+    embeddings ``positions`` (max_len, d_model), LayerNorm "whenever it is
+    used" (§3.3), per-head projections ``U^Q``, ``U^K`` (d_model → H·head_dim,
+    no bias, as in eq. (7)); TUPE-R (``relative=True``) adds a T5 bias
+    (H, num_buckets).  ``reset_cls`` applies eq. (9), with θ parameterised as in
+    §3.3: ``θ_c = (LN(p_θc) U^Q)(LN(p_θc) U^K)ᵀ/sqrt(2d)`` for two learnable
+    vectors ``theta_vectors`` (2, d_model).  TUPE shares ``U^Q``, ``U^K`` across
+    layers, so `positional` computes ``reset_θ(v)`` (1, H, n, n) once per forward
+    and every layer reuses it (§3.3).
+    """
+
+    def __init__(self, d_model: int, num_heads: int, max_len: int, *,
+                 head_dim: int | None = None, relative: bool = False, reset_cls: bool = True,
+                 num_buckets: int = 32, max_distance: int = 128, bidirectional: bool = True,
+                 scale: float | None = None, init_std: float = 0.02):
+        super().__init__(num_heads)
+        self.head_dim = head_dim or d_model // num_heads
+        self.max_len, self.relative, self.reset_cls = max_len, relative, reset_cls
+        self.num_buckets, self.max_distance, self.bidirectional = num_buckets, max_distance, bidirectional
+        self.scale = 1.0 / math.sqrt(2 * self.head_dim) if scale is None else scale
+        self.positions = nn.Parameter(torch.randn(max_len, d_model) * init_std)
+        self.norm = nn.LayerNorm(d_model)
+        self.query_proj = nn.Linear(d_model, num_heads * self.head_dim, bias=False)   # U^Q
+        self.key_proj = nn.Linear(d_model, num_heads * self.head_dim, bias=False)     # U^K
+        self.bias = _table(num_heads, num_buckets, init_std=init_std) if relative else None
+        self.theta_vectors = (nn.Parameter(torch.randn(2, d_model) * init_std)
+                              if reset_cls else None)
+
+    def _project(self, rows):
+        """LN(p) U^Q and LN(p) U^K, each (H, len, head_dim)."""
+        p = self.norm(rows)
+        split = lambda x: x.view(x.shape[0], self.num_heads, self.head_dim).transpose(0, 1)
+        return split(self.query_proj(p)), split(self.key_proj(p))
+
+    def terms(self, n: int, m: int):
+        """The arguments of `posenc.torch.tupe`: (pos_q, pos_k, bias, theta)."""
+        if max(n, m) > self.max_len:
+            raise ValueError(f"sequence of length {max(n, m)} exceeds max_len {self.max_len}")
+        pos_q, pos_k = self._project(self.positions[:max(n, m)])
+        theta = None
+        if self.reset_cls:
+            theta_q, theta_k = self._project(self.theta_vectors)            # (H, 2, d)
+            theta = (theta_q * theta_k).sum(-1) * self.scale                 # (H, 2)
+        return pos_q[:, :n], pos_k[:, :m], self.bias, theta
+
+    def positional(self, n, m, *, query_proj=None, key_proj=None):
+        """reset_θ(v): (1, H, n, m), the tupe op on zero-width q, k."""
+        pos_q, pos_k, bias, theta = self.terms(n, m)
+        empty = pos_q.new_zeros(1, self.num_heads, n, 0)
+        return F.tupe(empty, pos_q.new_zeros(1, self.num_heads, m, 0), pos_q, pos_k,
+                      bias=bias, theta=theta, num_buckets=self.num_buckets,
+                      max_distance=self.max_distance, bidirectional=self.bidirectional,
+                      scale=self.scale)
+
+    def logits(self, q, k, *, state=None, segment_q=None, segment_k=None):
+        if state is not None:
+            return F.content(q, k, scale=self.scale) + state
+        pos_q, pos_k, bias, theta = self.terms(q.shape[2], k.shape[2])
+        return F.tupe(q, k, pos_q, pos_k, bias=bias, theta=theta, num_buckets=self.num_buckets,
+                      max_distance=self.max_distance, bidirectional=self.bidirectional,
+                      scale=self.scale)
+
+
+# ------------------------------------------------------------------ DIET
+
+class DIETAbs(PositionalEncoding):
+    """Decoupled absolute positional attention: Chen et al. 2021, *A Simple and
+    Effective Positional Encoding for Transformers* (DIET), eq. (1)-(2) and
+    DIET-ABS^LIN eq. (4) (SPEC 3.9).
+
+    ``A_ij = q_i·k_j/sqrt(d) + (P_Q P_Kᵀ)_ij + E_S(S(i), S(j))`` with
+    ``pos_q`` (H|1, max_len, d_p), ``pos_k`` (H|1, max_len, d_p): rank ``d_p``
+    free (DIET-ABS-Rank-k; the paper's default ``d_p = head_dim``); head-wise
+    sharing with ``per_head=False``, layer-wise sharing (the paper's choice,
+    Table 5) by passing this module to every layer.  ``num_segments`` adds the
+    per-head segment attention ``E_S`` (a `SegmentAttention`).  ``P_Q P_Kᵀ``
+    depends on no input: `positional` computes it once per forward for all
+    layers, and in eval mode without autograd it is cached (§3.1).  With
+    ``linformer_k`` the keys and values are projected along the sequence by
+    ``E`` (k, max_len) (``F = E`` when ``share_kv``), and ``pos_k`` has k rows
+    (eq. (4); segments then stay at the input, as in the paper).
+    """
+
+    def __init__(self, num_heads: int, max_len: int, rank: int, *, per_head: bool = True,
+                 num_segments: int | None = None, linformer_k: int | None = None,
+                 share_kv: bool = True, scale: float | None = None, init_std: float = 0.02):
+        super().__init__(num_heads)
+        if linformer_k is not None and num_segments is not None:
+            raise ValueError("DIET-ABS^LIN keeps segments at the input: give num_segments or "
+                             "linformer_k, not both")
+        self.max_len, self.rank, self.per_head, self.scale = max_len, rank, per_head, scale
+        heads = num_heads if per_head else 1
+        key_rows = max_len if linformer_k is None else linformer_k
+        self.pos_q = _table(heads, max_len, rank, init_std=init_std)
+        self.pos_k = _table(heads, key_rows, rank, init_std=init_std)
+        self.segments = (SegmentAttention(num_heads, num_segments, per_head=per_head, scale=scale)
+                         if num_segments is not None else None)
+        self.linformer_k = linformer_k
+        self.projects_keys = linformer_k is not None
+        if linformer_k is not None:
+            self.E = nn.Parameter(nn.init.xavier_normal_(torch.empty(linformer_k, max_len)))
+            self.F = (None if share_kv else
+                      nn.Parameter(nn.init.xavier_normal_(torch.empty(linformer_k, max_len))))
+        self._cache = None
+
+    def project_keys(self, k, v):
+        """Linformer: k ← E k, v ← F v along the sequence axis (eq. (4))."""
+        if self.linformer_k is None:
+            return k, v
+        n = k.shape[2]
+        value_projection = self.E if self.F is None else self.F
+        return (torch.einsum("kn,bhnd->bhkd", self.E[:, :n], k),
+                torch.einsum("kn,bhnd->bhkd", value_projection[:, :n], v))
+
+    def _pos(self, n, m):
+        if n > self.pos_q.shape[1] or m > self.pos_k.shape[1]:
+            raise ValueError(f"lengths ({n}, {m}) exceed the position tables "
+                             f"({self.pos_q.shape[1]}, {self.pos_k.shape[1]})")
+        return self.pos_q[:, :n], self.pos_k[:, :m]
+
+    def _cacheable(self) -> bool:
+        return (not self.training and not torch.is_grad_enabled()
+                and not torch.compiler.is_compiling())
+
+    def positional(self, n, m, *, query_proj=None, key_proj=None):
+        """P_Q P_Kᵀ: (1, H|1, n, m) (cached in eval mode without autograd)."""
+        if self._cacheable():
+            key = (n, m, self.pos_q._version, self.pos_k._version, self.pos_q.device,
+                   self.pos_q.dtype)
+            if self._cache is None or self._cache[0] != key:
+                pos_q, pos_k = self._pos(n, m)
+                self._cache = (key, torch.matmul(pos_q, pos_k.transpose(-1, -2)).unsqueeze(0))
+            return self._cache[1]
+        pos_q, pos_k = self._pos(n, m)
+        return torch.matmul(pos_q, pos_k.transpose(-1, -2)).unsqueeze(0)
+
+    def train(self, mode: bool = True):
+        self._cache = None
+        return super().train(mode)
+
+    def logits(self, q, k, *, state=None, segment_q=None, segment_k=None):
+        n, m = q.shape[2], k.shape[2]
+        table = None if self.segments is None or segment_q is None else self.segments.table
+        if state is None and self._cacheable():
+            state = self.positional(n, m)
+        if state is not None:
+            return content_and_segments(q, k, self.scale, segment_q, segment_k, table) + state
+        pos_q, pos_k = self._pos(n, m)
+        segment_q, segment_k = segment_ids_pair(table, segment_q, segment_k)
+        return F.diet_abs(q, k, pos_q, pos_k, segment_q=segment_q, segment_k=segment_k,
+                          segment_table=table, scale=self.scale)
+
+
+class DIETRel(PositionalEncoding):
+    """Decoupled relative positional attention: Chen et al. 2021 (DIET), eq. (3)
+    (SPEC 3.10).
+
+    ``A_ij = q_i·k_j/sqrt(d) + R_{i-j} + E_S(S(i), S(j))``, one scalar per head
+    and clipped offset ``i - j`` (query minus key, as the paper writes it):
+    ``rel`` (H|1, 2t + 1), no log-binning.  The paper recommends no sharing
+    (``per_head=True``, one module per layer; Table 6).  ``num_segments`` adds
+    the per-head segment attention.  Initialised N(0, init_std²).
+    """
+
+    def __init__(self, num_heads: int, max_distance: int, *, per_head: bool = True,
+                 num_segments: int | None = None, scale: float | None = None,
+                 init_std: float = 0.02):
+        super().__init__(num_heads)
+        self.max_distance, self.per_head, self.scale = max_distance, per_head, scale
+        self.rel = _table(num_heads if per_head else 1, 2 * max_distance + 1, init_std=init_std)
+        self.segments = (SegmentAttention(num_heads, num_segments, per_head=per_head, scale=scale)
+                         if num_segments is not None else None)
+
+    def logits(self, q, k, *, state=None, segment_q=None, segment_k=None):
+        table = None if self.segments is None or segment_q is None else self.segments.table
+        segment_q, segment_k = segment_ids_pair(table, segment_q, segment_k)
+        return F.diet_rel(q, k, self.rel, max_distance=self.max_distance, segment_q=segment_q,
+                          segment_k=segment_k, segment_table=table, scale=self.scale)
