@@ -91,7 +91,15 @@ def cmd_plot(args) -> int:
     return plot.main(args.rest) or 0
 
 
+PASSTHROUGH = {"bench": cmd_bench, "rank": cmd_rank, "plot": cmd_plot}
+
+
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    # bench, rank and plot parse their own options (argparse.REMAINDER would not
+    # take ones that start with '-')
+    if argv and argv[0] in PASSTHROUGH:
+        return PASSTHROUGH[argv[0]](argparse.Namespace(rest=argv[1:]))
     parser = argparse.ArgumentParser(
         prog="python -m posenc",
         description="posenc: fused C kernels for positional-encoding attention logits.")
@@ -110,16 +118,13 @@ def main(argv=None) -> int:
     check.add_argument("--shared", action="store_true", help="positional parameters with head axis 1")
     check.add_argument("--seed", type=int, default=0)
 
-    for name, text in (("bench", "benchmarks against PyTorch and the machine's limits"),
-                       ("rank", "DIET Theorem 1: rank of additive vs per-head positional attention"),
-                       ("plot", "heatmaps of positional attention")):
-        p = sub.add_parser(name, help=text, add_help=False)
-        p.add_argument("rest", nargs=argparse.REMAINDER)
+    for name, text in (("bench", "benchmarks against PyTorch and the machine's limits (--help)"),
+                       ("rank", "DIET Theorem 1: rank of additive vs per-head positional attention (--help)"),
+                       ("plot", "heatmaps of positional attention (--help)")):
+        sub.add_parser(name, help=text, add_help=False)
 
     args = parser.parse_args(argv)
-    handler = {"info": cmd_info, "check": cmd_check, "bench": cmd_bench, "rank": cmd_rank,
-               "plot": cmd_plot}[args.command]
-    return handler(args)
+    return {"info": cmd_info, "check": cmd_check}[args.command](args)
 
 
 if __name__ == "__main__":

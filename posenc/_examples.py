@@ -13,7 +13,8 @@ METHODS = ("content", "shaw", "t5", "m2", "m4", "m4m", "deberta", "tupe", "diet_
 def make_inputs(method: str, B: int, H: int, n: int, m: int, d: int, *, dtype=np.float64,
                 rng=None, shared: bool = False, max_distance: int = 4, segments: int = 3,
                 theta: bool = True, bias: bool = True, d_p: int | None = None,
-                log_buckets: bool = True, num_buckets: int = 16, t5_max_distance: int = 40):
+                log_buckets: bool = True, num_buckets: int = 16, t5_max_distance: int = 40,
+                att_span: int = 8):
     """(args, kwargs) for posenc.<method>(*args, **kwargs).
 
     shared=True gives every positional parameter a head axis of 1.
@@ -41,7 +42,7 @@ def make_inputs(method: str, B: int, H: int, n: int, m: int, d: int, *, dtype=np
         args.append(normal(Hp, num_buckets))
         kw.update(num_buckets=num_buckets, max_distance=t5_max_distance)
     elif method == "deberta":
-        span = 8
+        span = att_span
         args += [normal(Hp, 2 * span, d), normal(Hp, 2 * span, d)]
         kw["att_span"] = span
         if log_buckets:

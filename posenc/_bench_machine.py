@@ -1,0 +1,146 @@
+"""The machine under the benchmark: CPU, ISA, the BLAS libraries NumPy and
+PyTorch use, the environment that steers them, and the limits measured here
+(FMA throughput, store bandwidth)."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import platform
+import socket
+import sys
+
+import numpy as np
+
+import posenc
+
+# Environment variables that change what a BLAS, OpenMP or posenc does.
+STEERING_PREFIXES = ("OPENBLAS_", "OMP_", "MKL_", "KMP_", "GOMP_", "POSENC_", "DNNL_", "ONEDNN_",
+                     "NPY_", "ATEN_", "TORCHINDUCTOR_")
+STEERING_NAMES = ("OPENBLAS_CORETYPE", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS",
+                  "MKL_NUM_THREADS", "MKL_ENABLE_INSTRUCTIONS", "MKL_DEBUG_CPU_TYPE",
+                  "ATEN_CPU_CAPABILITY", "POSENC_ISA")
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith(("model name", "Model")):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def steering_env(environ=None) -> dict:
+    """Every set variable with a steering prefix, and the key ones marked unset."""
+    environ = os.environ if environ is None else environ
+    found = {name: environ.get(name, "(unset)") for name in STEERING_NAMES}
+    found.update({k: v for k, v in environ.items() if k.startswith(STEERING_PREFIXES)})
+    return dict(sorted(found.items()))
+
+
+def openblas_core() -> str | None:
+    """The kernel family OpenBLAS picked at run time (its DYNAMIC_ARCH core), if NumPy uses it."""
+    try:
+        with open("/proc/self/maps") as f:
+            paths = {line.split()[-1] for line in f if "openblas" in line.lower()}
+    except OSError:
+        return None
+    for path in sorted(paths):
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError:
+            continue
+        for symbol in ("scipy_openblas_get_corename64_", "scipy_openblas_get_corename",
+                       "openblas_get_corename64_", "openblas_get_corename"):
+            function = getattr(lib, symbol, None)
+            if function is not None:
+                function.restype = ctypes.c_char_p
+                return function().decode()
+    return None
+
+
+def numpy_blas() -> dict:
+    info = {"numpy": np.__version__}
+    try:
+        config = np.show_config(mode="dicts")
+        blas = config.get("Build Dependencies", {}).get("blas", {})
+        info.update(name=blas.get("name"), version=blas.get("version"),
+                    configuration=blas.get("openblas configuration"),
+                    simd=config.get("SIMD Extensions"))
+    except Exception as exc:  # older NumPy: no mode="dicts"
+        info["show_config"] = f"unavailable ({type(exc).__name__})"
+    info["openblas_core_at_run_time"] = openblas_core()
+    return info
+
+
+def torch_blas(torch) -> dict:
+    if torch is None:
+        return {"torch": None}
+    info = {"torch": torch.__version__, "config": torch.__config__.show().strip(),
+            "parallel": torch.__config__.parallel_info().strip()}
+    try:
+        info["cpu_capability"] = torch.backends.cpu.get_cpu_capability()
+    except Exception:
+        pass
+    info["blas"] = "MKL" if "BLAS_INFO=mkl" in info["config"] else (
+        "OpenBLAS" if "BLAS_INFO=open" in info["config"] else "see config")
+    return info
+
+
+def header(torch, threads) -> dict:
+    build = posenc.build_info()
+    return {
+        "host": socket.gethostname(),
+        "cpu": cpu_model(),
+        "machine": platform.machine(),
+        "cores": usable_cores(),
+        "python": platform.python_version(),
+        "posenc": posenc.__version__,
+        "posenc_isa": posenc.get_isa(),
+        "posenc_isas": posenc.capabilities(),
+        "posenc_build": build,
+        "threads": list(threads),
+        "numpy_blas": numpy_blas(),
+        "torch_blas": torch_blas(torch),
+        "env": steering_env(),
+        "argv": sys.argv,
+    }
+
+
+def machine_limits(threads, *, fma_seconds: float, store_bytes: int, store_repeats: int,
+                   progress=None) -> dict:
+    """FMA FLOP/s per vector ISA and store bandwidth (plain and non-temporal) per thread count."""
+    isas = [isa for isa in posenc.capabilities() if isa != "scalar"] or ["scalar"]
+    fma, store = [], []
+    for T in threads:
+        for isa in isas:
+            if progress:
+                progress.start(f"FMA peak {isa} {T}t")
+            fma.append({"isa": isa, "dtype": "float32", "threads": T,
+                        "flops": posenc._C.measure_fma(isa, "float32", T, fma_seconds)})
+            if progress:
+                progress.done(1)
+        for nontemporal in (1, 0):
+            if progress:
+                progress.start(f"store bandwidth {'streaming' if nontemporal else 'plain'} {T}t")
+            rate = posenc._C.measure_store(posenc.get_isa(), store_bytes, T, nontemporal,
+                                           store_repeats)
+            store.append({"isa": posenc.get_isa(), "threads": T, "nontemporal": bool(nontemporal),
+                          "bytes": store_bytes, "bytes_per_s": rate})
+            if progress:
+                progress.done(1)
+    # More threads never lower a machine's limit: a smaller figure at more threads is
+    # noise (another process on the cores), so each limit is the best at <= T threads.
+    peak = {T: max(r["flops"] for r in fma if r["threads"] <= T) for T in threads}
+    bandwidth = {T: max(r["bytes_per_s"] for r in store if r["threads"] <= T) for T in threads}
+    return {"fma": fma, "store": store, "peak_flops": peak, "store_bandwidth": bandwidth}

@@ -1,0 +1,293 @@
+"""What the benchmark reports: derived rates (GFLOP/s, fraction of the FMA peak,
+of the store-bandwidth floor), issue 3's targets, the DIET paper's Table 1 next
+to this CPU's figures, the Markdown page and the PNG charts."""
+
+from __future__ import annotations
+
+from . import _bench_cases as cases
+
+# DIET (Chen et al. 2021), Table 1, quoted exactly: step time relative to the
+# baseline BERT on TPU v2 (whole model; Training = forward+backward+update).
+PAPER_TABLE1 = {
+    "shaw": {"BERT_BASE training": "+13%", "BERT_BASE inference": "+33%",
+             "BERT_SMALL training": "+24%", "BERT_SMALL inference": "+65%"},
+    "tupe": {"BERT_BASE training": "+1%", "BERT_BASE inference": "+19%",
+             "BERT_SMALL training": "+4%", "BERT_SMALL inference": "+27%"},
+    "diet_abs": {"BERT_BASE training": "+0%", "BERT_BASE inference": "+0%",
+                 "BERT_SMALL training": "+0%", "BERT_SMALL inference": "+1%"},
+    "diet_rel": {"BERT_BASE training": "+0%", "BERT_BASE inference": "+0%",
+                 "BERT_SMALL training": "+0%", "BERT_SMALL inference": "+0%"},
+}
+PAPER_NAMES = {"shaw": "Shaw et al. (2018)", "tupe": "Ke et al. (2020)", "diet_abs": "DIET-ABS",
+               "diet_rel": "DIET-REL"}
+PAPER_CAPTION = ("Table 1: Pre-training and inference time of Transformers with different "
+                 "position encoding methods in comparison to the baseline BERT model on TPU v2.")
+
+IMPL_NAMES = {"posenc": "posenc", "posenc_out": "posenc (out=)", "eager": "PyTorch eager",
+              "compile": "torch.compile", "reference": "posenc.reference (NumPy)",
+              "torch_matmul": "torch.matmul(q, kᵀ)·s"}
+
+
+# ------------------------------------------------------------------ derived figures
+
+def _ms(seconds):
+    return "—" if seconds is None else (f"{seconds * 1e3:.3g}" if seconds < 1 else
+                                        f"{seconds * 1e3:.0f}")
+
+
+def _ratio(x, digits=2):
+    return "—" if x is None else f"{x:.{digits}f}×"
+
+
+def _pct(x):
+    return "—" if x is None else f"{x * 100:.0f}%" if x >= 0.1 else f"{x * 100:.1f}%"
+
+
+def derive(results, limits, threads):
+    """Add FLOPs, GFLOP/s and the fractions of the machine's limits to every timing."""
+    peak, bandwidth = limits["peak_flops"], limits["store_bandwidth"]
+    for r in results:
+        if "median_s" not in r:
+            continue
+        T = r["threads"] or 1          # the NumPy reference: einsum runs on one core
+        T = T if T in peak else max(threads)
+        r["flops"] = cases.flops(r["method"], r["direction"], *r["shape"])
+        r["gflops_per_s"] = r["flops"] / r["median_s"] / 1e9
+        r["fraction_of_peak"] = r["flops"] / r["median_s"] / peak[T]
+        if r["direction"] == "fwd":
+            r["logits_bytes"] = cases.logits_bytes(*r["shape"][:4])
+            r["store_floor_s"] = r["logits_bytes"] / bandwidth[T]
+            r["fraction_of_store_floor"] = r["store_floor_s"] / r["median_s"]
+
+
+def find(results, method, impl, direction, threads, shape):
+    for r in results:
+        if (r["method"], r["impl"], r["direction"], r["threads"]) == (method, impl, direction,
+                                                                      threads) \
+                and tuple(r["shape"]) == tuple(shape) and "median_s" in r:
+            return r
+    return None
+
+
+def matched(results, method, impl, direction, threads, shape):
+    """(peer, posenc) timings at the same shape: the peer's own if it was shrunk."""
+    peer = find(results, method, impl, direction, threads, shape)
+    if peer is None:
+        peer = next((r for r in results if (r["method"], r["impl"], r["direction"], r["threads"])
+                     == (method, impl, direction, threads) and "median_s" in r
+                     and tuple(r.get("requested_shape", ())) == tuple(shape)), None)
+    if peer is None:
+        return None, None
+    return peer, find(results, method, "posenc", direction, threads, peer["shape"])
+
+
+def targets(results, memory, methods, shape, T):
+    """Issue 3's targets at the headline shape and the largest thread count."""
+    rows = []
+
+    def row(target, method, measured, required, ok, detail, info=False):
+        verdict = "info" if info else ("n/a" if ok is None else "PASS" if ok else "SHORT")
+        rows.append({"target": target, "method": method, "measured": measured,
+                     "required": required, "verdict": verdict, "detail": detail})
+
+    def speed(method, impl, direction, minimum, info=False):
+        peer, ours = matched(results, method, impl, direction, T, shape)
+        label = f"{direction} speed-up over {cases_impl(impl)}"
+        required = "(none)" if info else f">= {minimum}×"
+        if peer is None or ours is None:
+            row(label, method, None, required, None, "not measured", info)
+            return
+        ratio = peer["median_s"] / ours["median_s"]
+        note = "" if tuple(peer["shape"]) == tuple(shape) else \
+            f" (at B={peer['shape'][0]} H={peer['shape'][1]}: memory)"
+        row(label, method, ratio, required, ratio >= minimum,
+            f"{_ms(peer['median_s'])} ms vs posenc {_ms(ours['median_s'])} ms{note}", info)
+
+    if "content" in methods:
+        for direction in ("fwd", "bwd"):
+            impl = "torch_matmul" if find(results, "content", "torch_matmul", direction, T,
+                                          shape) else "eager"
+            speed("content", impl, direction, 0.9)
+    base = find(results, "content", "posenc", "fwd", T, shape)
+    for method in (m for m in cases.ADDITIVE if m in methods):
+        ours = find(results, method, "posenc", "fwd", T, shape)
+        if base is None or ours is None:
+            row("fwd time / posenc content fwd", method, None, "<= 1.15×", None, "not measured")
+        else:
+            ratio = ours["median_s"] / base["median_s"]
+            row("fwd time / posenc content fwd", method, ratio, "<= 1.15×", ratio <= 1.15,
+                f"{_ms(ours['median_s'])} ms vs content {_ms(base['median_s'])} ms")
+    for method in methods:
+        if method == "content":
+            continue
+        minimum = 3.0 if method in cases.HEAVY else 1.5
+        for direction in ("fwd", "bwd"):
+            speed(method, "eager", direction, minimum, info=method in cases.ADDITIVE)
+    for m in memory:
+        if "method" not in m:
+            continue
+        ratio = m["peak_above_baseline"] / m["logits_bytes"]
+        info = m["impl"] != "posenc" or m["method"] not in ("shaw", "m4", "deberta")
+        row(f"peak memory fwd+bwd / logits ({IMPL_NAMES.get(m['impl'], m['impl'])})",
+            m["method"], ratio, "< 2×", ratio < 2,
+            f"{m['peak_above_baseline'] / 2**20:.0f} MiB over a logits of "
+            f"{m['logits_bytes'] / 2**20:.0f} MiB", info)
+    return rows
+
+
+def cases_impl(impl):
+    return IMPL_NAMES.get(impl, impl)
+
+
+def table1(results, methods, shape, T):
+    """Each method's forward and forward+backward time relative to content (same impl)."""
+    rows = []
+    for impl in ("posenc", "eager", "compile"):
+        cf = find(results, "content", impl, "fwd", T, shape)
+        cb = find(results, "content", impl, "bwd", T, shape)
+        if cf is None:
+            continue
+        ordered = [m for m in PAPER_TABLE1 if m in methods] + \
+            [m for m in methods if m not in PAPER_TABLE1 and m != "content"]
+        for method in ordered:
+            f = find(results, method, impl, "fwd", T, shape)
+            b = find(results, method, impl, "bwd", T, shape)
+            inference = None if f is None else f["median_s"] / cf["median_s"] - 1
+            training = None if (f is None or b is None or cb is None) else \
+                (f["median_s"] + b["median_s"]) / (cf["median_s"] + cb["median_s"]) - 1
+            if inference is None and training is None and impl != "posenc":
+                continue
+            rows.append({"method": method, "impl": impl, "inference": inference,
+                         "training": training, "paper": PAPER_TABLE1.get(method)})
+    return rows
+
+
+def assemble(*, info, config, timing, threads, methods, limits, results, memory, numpy_matmul,
+             skipped, no_torch_reason, compile_methods, quick, budget, duration_s, stamp):
+    derive(results, limits, threads)
+    T = max(threads)
+    headline = tuple(config["headline"])
+    return {
+        "schema": "posenc-bench/1",
+        "date": stamp, "duration_s": duration_s, "quick": quick,
+        "machine": info,
+        "configuration": {
+            "threads": threads, "methods": methods, "timing": timing,
+            "headline_shape": list(headline), "grid_shapes": [list(s) for s in config["grid"]],
+            "scaling_n": list(config["scaling_n"]), "scaling_work_cap": config["scaling_work"],
+            "compile_methods": list(compile_methods), "memory_budget_bytes": budget,
+            "torch": no_torch_reason or "used", "parameters": cases.PARAMETERS,
+            "flop_legend": cases.FLOP_LEGEND, "flop_formulas": cases.FLOP_FORMULAS,
+        },
+        "limits": {"fma": limits["fma"], "store": limits["store"],
+                   "peak_flops": {str(k): v for k, v in limits["peak_flops"].items()},
+                   "store_bandwidth": {str(k): v for k, v in limits["store_bandwidth"].items()}},
+        "results": results,
+        "memory": memory,
+        "numpy_matmul": numpy_matmul,
+        "targets": targets(results, memory, methods, headline, T),
+        "table1": table1(results, methods, headline, T),
+        "skipped": skipped,
+    }
+
+
+# ------------------------------------------------------------------ text
+
+def header_text(info, config, timing, no_torch_reason) -> str:
+    nb, tb = info["numpy_blas"], info["torch_blas"]
+    lines = [
+        f"posenc {info['posenc']} benchmark on {info['host']}",
+        f"cpu         {info['cpu']} ({info['machine']}), {info['cores']} usable cores",
+        f"posenc ISA  {info['posenc_isa']} (usable: {', '.join(info['posenc_isas'])}); "
+        f"threads {', '.join(map(str, info['threads']))}",
+        f"numpy       {nb.get('numpy')} with {nb.get('name')} {nb.get('version')} "
+        f"(run-time core {nb.get('openblas_core_at_run_time')})",
+        "torch       " + (f"{tb['torch']} with {tb.get('blas')}, CPU capability "
+                           f"{tb.get('cpu_capability')}" if tb.get("torch") else
+                           f"not used: {no_torch_reason}"),
+        "environment " + ", ".join(f"{k}={v}" for k, v in info["env"].items()),
+        f"timing      1 warm-up + up to {timing['repeats']} repeats (fewer past "
+        f"{timing['max_seconds']:g} s, never under 2); median and min",
+    ]
+    return "\n".join(lines)
+
+
+def _table(header, rows):
+    out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    out += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
+    return "\n".join(out)
+
+
+def headline_rows(data):
+    results = data["results"]
+    conf = data["configuration"]
+    shape, threads = conf["headline_shape"], conf["threads"]
+    T = max(threads)
+    rows = []
+    for method in conf["methods"]:
+        cells = [method]
+        for direction in ("fwd", "bwd"):
+            ours = {t: find(results, method, "posenc", direction, t, shape) for t in threads}
+            peer, mine = matched(results, method, "eager", direction, T, shape)
+            comp, _ = matched(results, method, "compile", direction, T, shape)
+            cells += ["/".join(_ms(ours[t]["median_s"]) if ours[t] else "—" for t in threads),
+                      _ms(peer["median_s"]) if peer else "—",
+                      _ms(comp["median_s"]) if comp else "—",
+                      _ratio(peer["median_s"] / mine["median_s"]) if peer and mine else "—",
+                      _pct(ours[T]["fraction_of_peak"]) if ours[T] else "—"]
+        f = find(results, method, "posenc", "fwd", T, shape)
+        cells.append(_pct(f["fraction_of_store_floor"]) if f else "—")
+        rows.append(cells)
+    t = "/".join(f"{x}t" for x in threads)
+    header = ["method", f"posenc fwd ms ({t})", f"eager fwd ms ({T}t)", f"compile fwd ms ({T}t)",
+              "fwd speed-up", "fwd % FMA peak", f"posenc bwd ms ({t})", f"eager bwd ms ({T}t)",
+              f"compile bwd ms ({T}t)", "bwd speed-up", "bwd % FMA peak",
+              "fwd % of store floor"]
+    return header, rows
+
+
+def target_table(data):
+    rows = []
+    for t in data["targets"]:
+        measured = "—" if t["measured"] is None else _ratio(t["measured"])
+        rows.append([t["target"], t["method"], measured, t["required"], t["verdict"], t["detail"]])
+    return _table(["target", "method", "measured", "required", "verdict", "detail"], rows)
+
+
+def table1_markdown(data):
+    rows = []
+    for r in data["table1"]:
+        paper = r["paper"] or {}
+        name = PAPER_NAMES.get(r["method"], r["method"])
+        rows.append([name, IMPL_NAMES[r["impl"]],
+                     "—" if r["inference"] is None else f"{r['inference'] * 100:+.0f}%",
+                     "—" if r["training"] is None else f"{r['training'] * 100:+.0f}%",
+                     paper.get("BERT_BASE inference", "—"),
+                     paper.get("BERT_BASE training", "—"),
+                     paper.get("BERT_SMALL inference", "—"),
+                     paper.get("BERT_SMALL training", "—")])
+    return _table(["method", "implementation", "this CPU: forward", "this CPU: forward+backward",
+                   "paper BASE inference", "paper BASE training", "paper SMALL inference",
+                   "paper SMALL training"], rows)
+
+
+def summary_text(data) -> str:
+    header, rows = headline_rows(data)
+    B, H, n, m, d = data["configuration"]["headline_shape"]
+    return "\n".join([
+        f"\nHeadline: B={B} H={H} n={n} m={m} d={d}, float32, median ms "
+        "(speed-up = eager / posenc at the same thread count)",
+        _table(header, rows),
+        "\nIssue 3 targets:", target_table(data),
+        "\nDIET Table 1 on this CPU (time relative to content, same implementation):",
+        table1_markdown(data)])
+
+
+def markdown(data) -> str:
+    from ._bench_report_md import render
+    return render(data)
+
+
+def charts(data, base):
+    from ._bench_report_md import charts as draw
+    return draw(data, base)

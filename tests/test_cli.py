@@ -1,0 +1,53 @@
+"""`python -m posenc info|check|bench|rank|plot` as a user types them."""
+
+import subprocess
+import sys
+
+import pytest
+
+
+def run(*args, timeout=300):
+    return subprocess.run([sys.executable, "-m", "posenc", *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_info():
+    result = run("info")
+    assert result.returncode == 0, result.stderr
+    for field in ("posenc", "compiler", "isa usable", "isa active", "threads"):
+        assert field in result.stdout
+
+
+def test_check_passes_and_prints_table():
+    result = run("check", "--methods", "content", "t5", "--n", "9", "--m", "7", "--d", "5")
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = result.stdout.splitlines()
+    assert any(line.startswith("content") and "PASS" in line for line in lines)
+    assert "0 failed" in result.stdout
+
+
+def test_check_rejects_unknown_method_and_isa():
+    assert run("check", "--methods", "rope").returncode == 2
+    result = run("check", "--isa", "sse9")
+    assert result.returncode == 2 and "not available" in result.stderr
+
+
+@pytest.mark.parametrize("command", ["bench", "rank", "plot"])
+def test_passthrough_help(command):
+    result = run(command, "--help")
+    assert result.returncode == 0, result.stderr
+    assert "usage" in result.stdout
+
+
+def test_rank_runs():
+    result = run("rank", "--n", "24", "--d-model", "32", "--d-head", "4")
+    assert result.returncode == 0, result.stderr
+    assert "Theorem 1" in result.stdout
+
+
+def test_plot_writes_png(tmp_path):
+    pytest.importorskip("matplotlib")
+    target = tmp_path / "t5.png"
+    result = run("plot", "--method", "t5", "--random-params", "--n", "16", "-o", str(target))
+    assert result.returncode == 0, result.stderr
+    assert target.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
