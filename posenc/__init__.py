@@ -27,7 +27,9 @@ except ImportError as exc:   # a source checkout without the built extension
     ) from exc
 from . import _checks, _methods, buckets
 from ._docstrings import backward_doc, forward_doc
-from ._grads import GRAD_FIELDS, GRAD_TYPES  # noqa: F401
+from ._grads import (  # noqa: F401  the gradient named tuples
+    GRAD_FIELDS, GRAD_TYPES, ContentGrads, DebertaGrads, DietAbsGrads, DietRelGrads, M2Grads,
+    M4Grads, M4mGrads, ShawGrads, T5Grads, TupeGrads)
 
 __version__ = "0.1.0"
 
@@ -102,7 +104,8 @@ del _method
 
 __all__ = list(METHODS) + [m + "_backward" for m in METHODS] + [
     "capabilities", "get_isa", "set_isa", "get_num_threads", "set_num_threads", "build_info",
-    "buckets", "METHODS"]
+    "buckets", "METHODS", "GRAD_FIELDS", "GRAD_TYPES", "ContentGrads", "ShawGrads", "T5Grads",
+    "M2Grads", "M4Grads", "M4mGrads", "DebertaGrads", "TupeGrads", "DietAbsGrads", "DietRelGrads"]
 
 if os.environ.get("POSENC_ISA"):
     set_isa(os.environ["POSENC_ISA"].strip().lower())

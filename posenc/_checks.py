@@ -40,7 +40,7 @@ class Problem:
 
 
 def _shape_str(shape) -> str:
-    return "(" + ", ".join(str(s) for s in shape) + ")"
+    return str(tuple(int(s) for s in shape))
 
 
 def require_ndarray(name: str, value) -> np.ndarray:

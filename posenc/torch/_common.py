@@ -111,7 +111,9 @@ def _stand_in(name: str, tensor: torch.Tensor, half_as: np.dtype | None):
     elif tensor.dtype in _NUMPY_DTYPES:
         dtype = _NUMPY_DTYPES[tensor.dtype]
     else:
-        raise TypeError(f"{name} must have dtype float32 or float64, got {tensor.dtype}")
+        hint = (" (the C kernels take float32/float64; posenc.torch.use_native(True) runs "
+                "half precision through the torch-native formulas)") if tensor.dtype in HALF_DTYPES else ""
+        raise TypeError(f"{name} must have dtype float32 or float64, got {tensor.dtype}{hint}")
     return np.broadcast_to(np.zeros((), dtype=dtype), tuple(int(s) for s in tensor.shape))
 
 
