@@ -102,6 +102,9 @@ static void fill_table(posenc_kernels *dst, posenc_isa isa, posenc_dtype dtype)
     if (over->row_gather) dst->row_gather = over->row_gather;
     if (over->row_scatter_add) dst->row_scatter_add = over->row_scatter_add;
     if (over->row_mul) dst->row_mul = over->row_mul;
+    if (over->tile_gather_key) dst->tile_gather_key = over->tile_gather_key;
+    if (over->tile_scatter_key) dst->tile_scatter_key = over->tile_scatter_key;
+    if (over->tile_gather_query) dst->tile_gather_query = over->tile_gather_query;
     if (over->fma_peak) {
         dst->fma_peak = over->fma_peak;
         dst->fma_peak_flops = over->fma_peak_flops;

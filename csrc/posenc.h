@@ -125,6 +125,15 @@ typedef struct {
     void (*row_scatter_add)(void *dst, ptrdiff_t stride, const void *src, size_t len);
     /* dst[j] = a[j] * b[j] */
     void (*row_mul)(void *dst, const void *a, const void *b, size_t len);
+    /* key-side table of a row tile: P[r, j] op= ka[j, map_r0[j - r] - b_min], j < m, r < rows */
+    void (*tile_gather_key)(int op, void *P, size_t ldp, const int64_t *map_r0, ptrdiff_t b_min,
+                            const void *ka, size_t ldka, size_t m, size_t rows);
+    /* its adjoint: gk[j, map_r0[j - r] - b_min] += src[r, j], jb <= j < m, r0 <= r < rows */
+    void (*tile_scatter_key)(void *gk, size_t ldgk, const int64_t *map_r0, ptrdiff_t b_min,
+                             const void *src, size_t lds, size_t jb, size_t m, size_t r0, size_t rows);
+    /* query-side table of a row tile: P[r, j] op= qa[r, map_r0[j - r] - b_min] */
+    void (*tile_gather_query)(int op, void *P, size_t ldp, const int64_t *map_r0, ptrdiff_t b_min,
+                              const void *qa, size_t ldqa, size_t m, size_t rows);
     /* benchmarks only: FMA throughput loop (flops per iteration) and streaming stores */
     double (*fma_peak)(size_t iterations);
     size_t fma_peak_flops;

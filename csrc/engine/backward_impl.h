@@ -2,9 +2,9 @@
  * backward_impl.h -- gradients of sum(G * A) for one dtype (see common_impl.h).
  *
  * Phase 1, parallel over (b, h) units, each owned by one thread:
- *   dq = s Gc.k (+ Gq.vq),  dk = s Gc^T.q (+ GkT^T.vk),
+ *   dq = s Gc.k (+ Gq.vq),  dk = s Gc^T.q (+ Gk.vk),
  *   where Gc is G (sum) or G times the positional factors (product), Gq
- *   (n x buckets) and GkT (buckets x m) are G scattered into buckets along
+ *   (n x buckets) and Gk (m x buckets) are G scattered into buckets along
  *   each bucket's diagonals, and the unit's partial table / segment / theta
  *   / vector-table gradients go to a slot of their own.
  * Phase 2, parallel over heads: the dense factor's gradients from
@@ -34,9 +34,9 @@ typedef struct {
     T(gemm_scratch) g;
     REAL *bbuf;       /* packed B of the backward gemms */
     REAL *Gq;         /* n x rq */
-    REAL *GkT;        /* rk x m */
+    REAL *Gk;         /* m x rk */
     /* product mode */
-    REAL *k_pack, *Cs, *Fq, *Fk, *qa, *vq_pack, *kat, *Gc, *row;
+    REAL *k_pack, *Cs, *Fq, *Fk, *qa, *vq_pack, *ka, *vk_pack, *Gk_tile, *Gc, *row;
     /* dense phase */
     REAL *S;
     ptrdiff_t vq_head;
@@ -62,7 +62,7 @@ static size_t T(bwd_ws_layout)(const T(bwd_ctx) *c, T(bwd_ws) *w, REAL *mem)
     const size_t kmax = posenc_max(posenc_max(n, m), posenc_max(posenc_max(c->rq, c->rk), c->rb));
     T_TAKE(bbuf, T(packed_b_size)(kmax, posenc_max(d, p->d_p), nr));
     if (c->need_gq) T_TAKE(Gq, n * c->rq);
-    if (c->need_gk) T_TAKE(GkT, c->rk * m);
+    if (c->need_gk) T_TAKE(Gk, m * c->rk);
     if (c->product) {
         T_TAKE(k_pack, T(packed_b_size)(d, m, nr));
         T_TAKE(Cs, mr * c->m_pad);
@@ -75,7 +75,9 @@ static size_t T(bwd_ws_layout)(const T(bwd_ctx) *c, T(bwd_ws) *w, REAL *mem)
         }
         if (p->vk_table) {
             T_TAKE(Fk, mr * c->m_pad);
-            T_TAKE(kat, c->rk * m);
+            T_TAKE(ka, m * c->rk);
+            T_TAKE(vk_pack, T(packed_b_size)(d, c->rk, nr));
+            T_TAKE(Gk_tile, mr * c->m_pad);
         }
     }
     if (p->pos_q && (c->g->pos_q || c->g->pos_k))
@@ -85,9 +87,16 @@ static size_t T(bwd_ws_layout)(const T(bwd_ctx) *c, T(bwd_ws) *w, REAL *mem)
 }
 
 /* G row i (columns [jb, m)) scattered into its q-side buckets: Gq[i, bucket]. */
-static void T(scatter_vq)(const posenc_kernels *K, const posenc_runs *runs, REAL *Gq_row,
-                          const REAL *src, ptrdiff_t i, ptrdiff_t jb, ptrdiff_t m)
+static void T(scatter_vq)(const posenc_kernels *K, const posenc_runs *runs, const int64_t *map,
+                          size_t n, REAL *Gq_row, const REAL *src, ptrdiff_t i, ptrdiff_t jb,
+                          ptrdiff_t m)
 {
+    if (posenc_runs_short(runs, n + (size_t)m - 1)) {   /* element by element, in key order */
+        const int64_t *bucket = map + (n - 1 - (size_t)i);
+        for (ptrdiff_t j = jb; j < m; ++j)
+            Gq_row[bucket[j] - runs->b_min] += src[j];
+        return;
+    }
     ptrdiff_t js, je, bs;
     for (size_t t = posenc_runs_seek(runs, jb - i);
          t < runs->count && posenc_run_span(&runs->runs[t], i, jb, m, &js, &je, &bs); ++t)
@@ -95,20 +104,23 @@ static void T(scatter_vq)(const posenc_kernels *K, const posenc_runs *runs, REAL
                            (size_t)(je - js));
 }
 
-/* ... and into its k-side buckets: GkT[bucket, j]. */
-static void T(scatter_vk)(const posenc_kernels *K, const posenc_runs *runs, REAL *GkT,
-                          const REAL *src, ptrdiff_t i, ptrdiff_t jb, ptrdiff_t m)
+/*
+ * Rows [i0, i0 + rows) of an effective gradient (row r at src + r * lds)
+ * scattered into their k-side buckets: Gk[j, map(j - i)] += src[r, j] (the
+ * ISA's tile scatter, the adjoint of rows_vk).  Columns < jb and, with
+ * skip_row0, row 0 belong to theta.  A bucket's sum runs over i in order.
+ */
+static void T(scatter_vk)(const posenc_kernels *K, REAL *Gk, size_t ldgk, const int64_t *map,
+                          ptrdiff_t b_min, const REAL *src, size_t lds, size_t n, size_t m,
+                          size_t i0, size_t rows, size_t jb, int skip_row0)
 {
-    ptrdiff_t js, je, bs;
-    for (size_t t = posenc_runs_seek(runs, jb - i);
-         t < runs->count && posenc_run_span(&runs->runs[t], i, jb, m, &js, &je, &bs); ++t)
-        K->row_scatter_add(GkT + (bs - runs->b_min) * m + js, runs->runs[t].step * m + 1, src + js,
-                           (size_t)(je - js));
+    const size_t r0 = (skip_row0 && i0 == 0) ? 1 : 0;
+    K->tile_scatter_key(Gk, ldgk, map + (n - 1 - i0), b_min, src, lds, jb, m, r0, rows);
 }
 
 /* The positional gradients of one row from its effective gradients. */
 typedef struct {
-    const REAL *for_vq, *for_vk, *for_table, *for_segment;
+    const REAL *for_vq, *for_table, *for_segment;   /* the k side goes tile by tile */
 } T(row_grads);
 
 static void T(bwd_row_positional)(const T(bwd_ctx) *c, T(bwd_ws) *w, size_t u, size_t b,
@@ -119,9 +131,8 @@ static void T(bwd_row_positional)(const T(bwd_ctx) *c, T(bwd_ws) *w, size_t u, s
     const size_t n = p->n, m = p->m;
     const ptrdiff_t jb = c->masked ? 1 : 0;   /* column 0 belongs to theta */
     if (c->need_gq && rg->for_vq)
-        T(scatter_vq)(K, &c->vq_runs, w->Gq + i * c->rq, rg->for_vq, (ptrdiff_t)i, jb, (ptrdiff_t)m);
-    if (c->need_gk && rg->for_vk)
-        T(scatter_vk)(K, &c->vk_runs, w->GkT, rg->for_vk, (ptrdiff_t)i, jb, (ptrdiff_t)m);
+        T(scatter_vq)(K, &c->vq_runs, p->vq_map, n, w->Gq + i * c->rq, rg->for_vq, (ptrdiff_t)i, jb,
+                      (ptrdiff_t)m);
     if (c->need_diag && rg->for_table && m > (size_t)jb)
         K->row_scatter_add(c->diag_slots + u * c->offsets + (n - 1 - i) + jb, 1, rg->for_table + jb,
                            m - jb);
@@ -154,7 +165,7 @@ static void T(bwd_product_tile)(const T(bwd_ctx) *c, T(bwd_ws) *w, size_t u, siz
         T(tile_vq)(K, &w->g, p, &c->vq_runs, c->rq, w->vq_pack, &w->vq_head, w->qa, h, q_u,
                    POSENC_SET, w->Fq, ld, i0, rows);
     if (p->vk_table)
-        T(rows_vk)(K, POSENC_SET, w->Fk, ld, &c->vk_runs, w->kat, m, i0, rows);
+        T(rows_vk)(K, POSENC_SET, w->Fk, ld, p->vk_map, c->vk_runs.b_min, w->ka, c->rk, n, m, i0, rows);
 
     const REAL *tv = p->table ? c->tv + T(head_of)(p->table_heads, h) * c->offsets : NULL;
     enum { FACTOR_TABLE, FACTOR_VQ, FACTOR_VK };
@@ -182,17 +193,22 @@ static void T(bwd_product_tile)(const T(bwd_ctx) *c, T(bwd_ws) *w, size_t u, siz
         for (int x = 0; x < nf; ++x) {
             if (!wanted[x])
                 continue;
-            K->row_mul(w->row, g_row, w->Cs + r * ld, m);
+            /* the k side is scattered tile by tile: its rows are kept */
+            REAL *eff = kind[x] == FACTOR_VK ? w->Gk_tile + r * ld : w->row;
+            K->row_mul(eff, g_row, w->Cs + r * ld, m);
             for (int f = 0; f < nf; ++f)
                 if (f != x)
-                    K->row_gather(POSENC_MUL, w->row, factor[f], 1, m);
-            T(row_grads) rg = {NULL, NULL, NULL, NULL};
-            if (kind[x] == FACTOR_TABLE) rg.for_table = w->row;
-            else if (kind[x] == FACTOR_VQ) rg.for_vq = w->row;
-            else rg.for_vk = w->row;
-            T(bwd_row_positional)(c, w, u, b, i, &rg);
+                    K->row_gather(POSENC_MUL, eff, factor[f], 1, m);
+            if (kind[x] != FACTOR_VK) {
+                T(row_grads) rg = {NULL, NULL, NULL};
+                if (kind[x] == FACTOR_TABLE) rg.for_table = eff;
+                else rg.for_vq = eff;
+                T(bwd_row_positional)(c, w, u, b, i, &rg);
+            }
         }
     }
+    if (c->need_gk)
+        T(scatter_vk)(K, w->Gk, c->rk, p->vk_map, c->vk_runs.b_min, w->Gk_tile, ld, n, m, i0, rows, 0, 0);
 }
 
 static void T(bwd_unit)(const T(bwd_ctx) *c, T(bwd_ws) *w, size_t u)
@@ -209,17 +225,13 @@ static void T(bwd_unit)(const T(bwd_ctx) *c, T(bwd_ws) *w, size_t u)
     const REAL s = (REAL)p->scale, vs = (REAL)p->vec_scale;
 
     if (c->need_gq) memset(w->Gq, 0, sizeof(REAL) * n * c->rq);
-    if (c->need_gk) memset(w->GkT, 0, sizeof(REAL) * c->rk * m);
+    if (c->need_gk) memset(w->Gk, 0, sizeof(REAL) * m * c->rk);
 
     T(packed_b) kb;
     if (c->product) {
         T(pack_b)(&kb, w->k_pack, k_u, 1, (ptrdiff_t)d, d, m, K->nr, (REAL)1);
-        if (p->vk_table) {
-            const size_t hv = T(head_of)(p->vk_heads, h);
-            const REAL *vk = (const REAL *)p->vk_table + (hv * p->vk_rows + (size_t)c->vk_runs.b_min) * d;
-            T(gemm_packed)(K, &w->g, c->rk, vk, (ptrdiff_t)d, 1, vs, &kb, w->kat, (ptrdiff_t)m, 0,
-                           NULL, 0, 0);
-        }
+        if (p->vk_table)
+            T(unit_ka)(K, &w->g, p, c->vk_runs.b_min, c->rk, w->vk_pack, w->ka, h, k_u);
     }
 
     for (size_t blk0 = 0; blk0 < n; blk0 += c->rb) {
@@ -244,9 +256,12 @@ static void T(bwd_unit)(const T(bwd_ctx) *c, T(bwd_ws) *w, size_t u)
                 }
                 if (c->masked && i == 0)
                     continue;      /* row 0 belongs to theta */
-                T(row_grads) rg = {g_row, g_row, g_row, g_row};
+                T(row_grads) rg = {g_row, g_row, g_row};
                 T(bwd_row_positional)(c, w, u, b, i, &rg);
             }
+            if (c->need_gk)
+                T(scatter_vk)(K, w->Gk, c->rk, p->vk_map, c->vk_runs.b_min, G_u + blk0 * m, m, n, m,
+                              blk0, rows_blk, c->masked ? 1 : 0, c->masked);
         }
         if (dq_u && c->need_gc)
             T(gemm)(K, &w->g, w->bbuf, rows_blk, d, m, Gc, (ptrdiff_t)ldg, 1, k_u, (ptrdiff_t)d, 1,
@@ -270,10 +285,10 @@ static void T(bwd_unit)(const T(bwd_ctx) *c, T(bwd_ws) *w, size_t u)
         const size_t hv = T(head_of)(p->vk_heads, h);
         const REAL *vk = (const REAL *)p->vk_table + (hv * p->vk_rows + (size_t)c->vk_runs.b_min) * d;
         if (dk_u)
-            T(gemm)(K, &w->g, w->bbuf, m, d, c->rk, w->GkT, 1, (ptrdiff_t)m, vk, (ptrdiff_t)d, 1,
+            T(gemm)(K, &w->g, w->bbuf, m, d, c->rk, w->Gk, (ptrdiff_t)c->rk, 1, vk, (ptrdiff_t)d, 1,
                     vs, dk_u, (ptrdiff_t)d, 1);
         if (g->vk_table)
-            T(gemm)(K, &w->g, w->bbuf, c->rk, d, m, w->GkT, (ptrdiff_t)m, 1, k_u, (ptrdiff_t)d, 1,
+            T(gemm)(K, &w->g, w->bbuf, c->rk, d, m, w->Gk, 1, (ptrdiff_t)c->rk, k_u, (ptrdiff_t)d, 1,
                     vs, c->vk_slots + u * c->rk * d, (ptrdiff_t)d, 0);
     }
 }

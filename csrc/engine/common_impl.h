@@ -211,18 +211,31 @@ static void T(rows_vq)(const posenc_kernels *K, int op, REAL *P, size_t ldp, con
     }
 }
 
-/* k-side vector table: kat[(bucket - b_min) * m + j] = vec_scale k_j . vk[bucket]. */
-static void T(rows_vk)(const posenc_kernels *K, int op, REAL *P, size_t ldp, const posenc_runs *runs,
-                       const REAL *kat, size_t m, size_t i0, size_t rows)
+/*
+ * k-side vector table: ka[j * ldka + (bucket - b_min)] = vec_scale k_j . vk[bucket],
+ * rows [i0, i0 + rows) of P: the ISA's key-blocked tile gather (along a
+ * row the needed entries form a diagonal of ka).  map[o + n - 1] is the
+ * bucket of offset o.
+ */
+static void T(rows_vk)(const posenc_kernels *K, int op, REAL *P, size_t ldp, const int64_t *map,
+                       ptrdiff_t b_min, const REAL *ka, size_t ldka, size_t n, size_t m, size_t i0,
+                       size_t rows)
 {
-    for (size_t r = 0; r < rows; ++r) {
-        const ptrdiff_t i = (ptrdiff_t)(i0 + r);
-        ptrdiff_t js, je, bs;
-        for (size_t t = posenc_runs_seek(runs, -i);
-             t < runs->count && posenc_run_span(&runs->runs[t], i, 0, (ptrdiff_t)m, &js, &je, &bs); ++t)
-            K->row_gather(op, P + r * ldp + js, kat + (bs - runs->b_min) * (ptrdiff_t)m + js,
-                          runs->runs[t].step * (ptrdiff_t)m + 1, (size_t)(je - js));
-    }
+    K->tile_gather_key(op, P, ldp, map + (n - 1 - i0), b_min, ka, ldka, m, rows);
+}
+
+/*
+ * The key-side projections of unit (b, h): ka = k . (vec_scale vk[h])^T over
+ * the buckets the map uses, m x rk, the table packed into vk_pack.
+ */
+static void T(unit_ka)(const posenc_kernels *K, const T(gemm_scratch) *g, const posenc_problem *p,
+                       ptrdiff_t b_min, size_t rk, REAL *vk_pack, REAL *ka, size_t h, const REAL *k_u)
+{
+    const size_t d = p->d, hv = p->vk_heads == 1 ? 0 : h;
+    const REAL *vk = (const REAL *)p->vk_table + (hv * p->vk_rows + (size_t)b_min) * d;
+    T(packed_b) pb;
+    T(pack_b)(&pb, vk_pack, vk, 1, (ptrdiff_t)d, d, rk, K->nr, (REAL)p->vec_scale);
+    T(gemm_packed)(K, g, p->m, k_u, (ptrdiff_t)d, 1, (REAL)1, &pb, ka, (ptrdiff_t)rk, 0, NULL, 0, 0);
 }
 
 /*
@@ -245,7 +258,11 @@ static void T(tile_vq)(const posenc_kernels *K, const T(gemm_scratch) *g, const 
     }
     T(gemm_packed)(K, g, rows, q_u + i0 * d, (ptrdiff_t)d, 1, (REAL)1, &pb, qa, (ptrdiff_t)rq_pad,
                    0, NULL, 0, 0);
-    T(rows_vq)(K, op, P, ldp, runs, qa, rq_pad, p->m, i0, rows);
+    if (posenc_runs_short(runs, p->n + p->m - 1))
+        K->tile_gather_query(op, P, ldp, p->vq_map + (p->n - 1 - i0), runs->b_min, qa, rq_pad, p->m,
+                             rows);
+    else
+        T(rows_vq)(K, op, P, ldp, runs, qa, rq_pad, p->m, i0, rows);
 }
 
 /* seg_table[h, seg_q[b, i], seg_k[b, j]]: one broadcast per key segment run. */

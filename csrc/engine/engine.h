@@ -28,6 +28,15 @@ typedef struct {
 int posenc_runs_build(posenc_runs *r, const int64_t *map, ptrdiff_t o_first, size_t len);
 void posenc_runs_free(posenc_runs *r);
 
+/* Runs shorter than this on average are served by indexed gathers through
+ * the map rather than one contiguous copy per run (DeBERTa's log buckets). */
+#define POSENC_SHORT_RUNS 12
+
+static inline int posenc_runs_short(const posenc_runs *r, size_t offsets)
+{
+    return r->count * POSENC_SHORT_RUNS > offsets;
+}
+
 /* First run whose offsets reach past o (runs are sorted by offset). */
 size_t posenc_runs_seek(const posenc_runs *r, ptrdiff_t o);
 

@@ -36,7 +36,8 @@ typedef struct {
     REAL *P;                 /* positional rows of a tile, mr x m_pad */
     REAL *qa;                /* q-side projections of a tile, mr x rq_pad */
     REAL *vq_pack;           /* vq table as B: d x rq_pad */
-    REAL *kat;               /* key-side projections, rk x m */
+    REAL *ka;                /* key-side projections, m x rk */
+    REAL *vk_pack;           /* vk table as B: d x rk_pad */
     REAL *V;                 /* per-head positional block, n x m (v_mode) */
     REAL *dense_pack;        /* pos_k^T panels, d_p x m_pad (not v_mode) */
     ptrdiff_t v_head, vq_head, dense_head;
@@ -53,8 +54,10 @@ static size_t T(fwd_ws_size)(const T(fwd_ctx) *c)
         total += mr * posenc_round_up(c->rq, nr);                 /* qa */
         total += T(packed_b_size)(p->d, c->rq, nr);               /* vq_pack */
     }
-    if (p->vk_table)
-        total += c->rk * p->m;                                    /* kat */
+    if (p->vk_table) {
+        total += c->rk * p->m;                                    /* ka */
+        total += T(packed_b_size)(p->d, c->rk, nr);               /* vk_pack */
+    }
     if (c->v_mode)
         total += p->n * p->m;                                     /* V */
     if (p->pos_q)
@@ -76,7 +79,8 @@ static void T(fwd_ws_carve)(T(fwd_ws) *w, REAL *mem, const T(fwd_ctx) *c)
         w->vq_pack = mem; mem += T(packed_b_size)(p->d, c->rq, nr);
     }
     if (p->vk_table) {
-        w->kat = mem;     mem += c->rk * p->m;
+        w->ka = mem;      mem += c->rk * p->m;
+        w->vk_pack = mem; mem += T(packed_b_size)(p->d, c->rk, nr);
     }
     if (c->v_mode) {
         w->V = mem;       mem += p->n * p->m;
@@ -159,7 +163,7 @@ static const REAL *T(fwd_positional)(const T(fwd_ctx) *c, T(fwd_ws) *w, size_t b
         op = combine_op;
     }
     if (p->vk_table) {
-        T(rows_vk)(K, op, w->P, ld, &c->vk_runs, w->kat, m, i0, rows);
+        T(rows_vk)(K, op, w->P, ld, p->vk_map, c->vk_runs.b_min, w->ka, c->rk, n, m, i0, rows);
         op = combine_op;
     }
     if (p->seg_table) {
@@ -197,12 +201,8 @@ static void T(fwd_unit)(const T(fwd_ctx) *c, T(fwd_ws) *w, size_t b, size_t h, s
     T(packed_b) kb;
     T(pack_b)(&kb, w->k_pack, k_u, 1, (ptrdiff_t)d, d, m, K->nr, (REAL)1);
 
-    if (p->vk_table) {
-        const size_t hv = T(head_of)(p->vk_heads, h);
-        const REAL *vk = (const REAL *)p->vk_table + (hv * p->vk_rows + (size_t)c->vk_runs.b_min) * d;
-        T(gemm_packed)(K, &w->g, c->rk, vk, (ptrdiff_t)d, 1, (REAL)p->vec_scale, &kb, w->kat,
-                       (ptrdiff_t)m, 0, NULL, 0, 0);
-    }
+    if (p->vk_table)
+        T(unit_ka)(K, &w->g, p, c->vk_runs.b_min, c->rk, w->vk_pack, w->ka, h, k_u);
 
     for (size_t i0 = r0; i0 < r1; i0 += K->mr) {
         const size_t rows = posenc_min(K->mr, r1 - i0);

@@ -17,6 +17,11 @@
  *   VSTREAM(p, v)   a store that bypasses the caches where the ISA has one
  *                   (non-temporal), else a plain store; p aligned to the vector
  *   STORE_FENCE()   orders those stores before what follows (sfence on x86)
+ * Optional:
+ *   KEY_ROW_GATHER(op, dst, ka, ldka, bucket, b_min, j0, j1)   one row of
+ *       tile_gather_key with the ISA's gathers (else plain C);
+ *   KEY_ROW_SCATTER(gk, ldgk, bucket, b_min, src, j0, j1)      one row of
+ *       tile_scatter_key.
  */
 
 #define NR (NRV * VL)
@@ -96,6 +101,14 @@ static void KNAME(posenc_row_gather)(int op, void *dst_, const void *src_,
             for (size_t j = 0; j < len; ++j) dst[j] += s[j];
         else
             for (size_t j = 0; j < len; ++j) dst[j] *= s[j];
+    } else if (stride == -1) {   /* a run whose bucket falls as the key rises (DeBERTa) */
+        const REAL *restrict s = src - (len - 1);   /* s[len - 1 - j] == src[-j] */
+        if (op == POSENC_SET)
+            for (size_t j = 0; j < len; ++j) dst[j] = s[len - 1 - j];
+        else if (op == POSENC_ADD)
+            for (size_t j = 0; j < len; ++j) dst[j] += s[len - 1 - j];
+        else
+            for (size_t j = 0; j < len; ++j) dst[j] *= s[len - 1 - j];
     } else {
         if (op == POSENC_SET)
             for (size_t j = 0; j < len; ++j) dst[j] = src[(ptrdiff_t)j * stride];
@@ -130,6 +143,10 @@ static void KNAME(posenc_row_scatter_add)(void *dst_, ptrdiff_t stride, const vo
         REAL *restrict d = dst;
         const REAL *restrict s = src;
         for (size_t j = 0; j < len; ++j) d[j] += s[j];
+    } else if (stride == -1) {
+        REAL *restrict d = dst - (len - 1);          /* d[len - 1 - j] == dst[-j] */
+        const REAL *restrict s = src;
+        for (size_t j = 0; j < len; ++j) d[len - 1 - j] += s[j];
     } else {
         for (size_t j = 0; j < len; ++j) dst[(ptrdiff_t)j * stride] += src[j];
     }
@@ -142,6 +159,93 @@ static void KNAME(posenc_row_mul)(void *dst_, const void *a_, const void *b_, si
     const REAL *restrict b = (const REAL *)b_;
     for (size_t j = 0; j < len; ++j) dst[j] = a[j] * b[j];
 }
+
+/*
+ * Key-side table terms of a row tile (M4, M4M, DeBERTa p2c): row r of the
+ * tile needs ka[j * ldka + map(j - i0 - r) - b_min] for every key j, with
+ * map_r0[j - r] = map(j - i0 - r).  Along a row that is a diagonal of ka
+ * (one cache line per element), so keys go in blocks, the tile's rows
+ * inside: a block's rows of ka stay in L1 and each row is one gather.
+ */
+#define KEY_BLOCK 64
+
+static void KNAME(posenc_tile_gather_key)(int op, void *P_, size_t ldp, const int64_t *map_r0,
+                                          ptrdiff_t b_min, const void *ka_, size_t ldka, size_t m,
+                                          size_t rows)
+{
+    REAL *P = (REAL *)P_;
+    const REAL *ka = (const REAL *)ka_;
+    for (size_t j0 = 0; j0 < m; j0 += KEY_BLOCK) {
+        const size_t j1 = j0 + KEY_BLOCK < m ? j0 + KEY_BLOCK : m;
+        for (size_t r = 0; r < rows; ++r) {
+            REAL *restrict dst = P + r * ldp;
+            const int64_t *restrict bucket = map_r0 - r;
+#ifdef KEY_ROW_GATHER   /* the ISA's gather instructions */
+            KEY_ROW_GATHER(op, dst, ka, ldka, bucket, b_min, j0, j1);
+            continue;
+#endif
+            if (op == POSENC_SET)
+                for (size_t j = j0; j < j1; ++j) dst[j] = ka[j * ldka + (size_t)(bucket[j] - b_min)];
+            else if (op == POSENC_ADD)
+                for (size_t j = j0; j < j1; ++j) dst[j] += ka[j * ldka + (size_t)(bucket[j] - b_min)];
+            else
+                for (size_t j = j0; j < j1; ++j) dst[j] *= ka[j * ldka + (size_t)(bucket[j] - b_min)];
+        }
+    }
+}
+
+/*
+ * Query-side table terms of a row tile when the map's runs are short (DeBERTa's
+ * log buckets): P[r, j] op= qa[r * ldqa + map_r0[j - r] - b_min], one gather
+ * per row from the row's projections (in L1) instead of one call per run.
+ */
+static void KNAME(posenc_tile_gather_query)(int op, void *P_, size_t ldp, const int64_t *map_r0,
+                                            ptrdiff_t b_min, const void *qa_, size_t ldqa, size_t m,
+                                            size_t rows)
+{
+    REAL *P = (REAL *)P_;
+    const REAL *qa = (const REAL *)qa_;
+    for (size_t r = 0; r < rows; ++r) {
+        REAL *restrict dst = P + r * ldp;
+        const REAL *restrict row = qa + r * ldqa;
+        const int64_t *restrict bucket = map_r0 - r;
+#ifdef KEY_ROW_GATHER   /* the same gather with a row stride of 0 */
+        KEY_ROW_GATHER(op, dst, row, 0, bucket, b_min, 0, m);
+        continue;
+#endif
+        if (op == POSENC_SET)
+            for (size_t j = 0; j < m; ++j) dst[j] = row[bucket[j] - b_min];
+        else if (op == POSENC_ADD)
+            for (size_t j = 0; j < m; ++j) dst[j] += row[bucket[j] - b_min];
+        else
+            for (size_t j = 0; j < m; ++j) dst[j] *= row[bucket[j] - b_min];
+    }
+}
+
+/* The adjoint: gk[j * ldgk + map(j - i0 - r) - b_min] += src[r * lds + j] for
+ * rows [r0, rows), keys [jb, m).  Per bucket the sum runs over rows in order. */
+static void KNAME(posenc_tile_scatter_key)(void *gk_, size_t ldgk, const int64_t *map_r0,
+                                           ptrdiff_t b_min, const void *src_, size_t lds, size_t jb,
+                                           size_t m, size_t r0, size_t rows)
+{
+    REAL *gk = (REAL *)gk_;
+    const REAL *src = (const REAL *)src_;
+    for (size_t j0 = jb; j0 < m; j0 += KEY_BLOCK) {
+        const size_t j1 = j0 + KEY_BLOCK < m ? j0 + KEY_BLOCK : m;
+        for (size_t r = r0; r < rows; ++r) {
+            const REAL *restrict s = src + r * lds;
+            const int64_t *restrict bucket = map_r0 - r;
+#ifdef KEY_ROW_SCATTER
+            KEY_ROW_SCATTER(gk, ldgk, bucket, b_min, s, j0, j1);
+            continue;
+#endif
+            for (size_t j = j0; j < j1; ++j)
+                gk[j * ldgk + (size_t)(bucket[j] - b_min)] += s[j];
+        }
+    }
+}
+
+#undef KEY_BLOCK
 
 /*
  * The machine's limits, for the benchmarks: an FMA-throughput loop (16
@@ -194,6 +298,9 @@ const posenc_kernels KTABLE = {
     KNAME(posenc_row_gather),
     KNAME(posenc_row_scatter_add),
     KNAME(posenc_row_mul),
+    KNAME(posenc_tile_gather_key),
+    KNAME(posenc_tile_scatter_key),
+    KNAME(posenc_tile_gather_query),
     KNAME(posenc_fma_peak),
     FMA_PEAK_FLOPS,
     KNAME(posenc_stream_zero),

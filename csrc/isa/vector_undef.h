@@ -14,3 +14,5 @@
 #undef VREDUCE
 #undef KNAME
 #undef KTABLE
+#undef KEY_ROW_GATHER
+#undef KEY_ROW_SCATTER
