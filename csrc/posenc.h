@@ -104,7 +104,8 @@ enum {
     POSENC_UKR_ACCUMULATE = 1,  /* c = ab + c      */
     POSENC_UKR_ADD_P = 2,       /* c = c' + p      */
     POSENC_UKR_MUL_P = 4,       /* c = c' * p      */
-    POSENC_UKR_STREAM = 8       /* store c with non-temporal stores (c aligned to 64 bytes) */
+    POSENC_UKR_STREAM = 8,      /* store c with non-temporal stores (c aligned to 64 bytes) */
+    POSENC_UKR_ADD_Q = 16       /* c = c' + q[r][col]: a second additive source, by row pointers */
 };
 
 /*
@@ -112,13 +113,14 @@ enum {
  * double according to the table.  The microkernel computes an mr x nr tile
  * from packed panels: a[l * mr + r], b[l * nr + c], l < kc, then applies
  * the epilogue flags and stores c[r * ldc + c].  It reads p and c (when
- * accumulating) before writing c, so p may alias c.
+ * accumulating) before writing c, so p may alias c.  q (ADD_Q) holds mr row
+ * pointers, each already at the tile's first column.
  */
 typedef struct {
     const char *name;
     size_t mr, nr;
     void (*ukr)(size_t kc, const void *a, const void *b, void *c, ptrdiff_t ldc,
-                const void *p, ptrdiff_t ldp, int flags);
+                const void *p, ptrdiff_t ldp, const void *const *q, int flags);
     /* dst[j] op= src[j * stride], j < len; stride may be 0 or negative */
     void (*row_gather)(int op, void *dst, const void *src, ptrdiff_t stride, size_t len);
     /* dst[j * stride] += src[j]; stride 0 adds the sum of src to dst[0] */

@@ -48,11 +48,6 @@ static size_t T(bwd_ws_layout)(const T(bwd_ctx) *c, T(bwd_ws) *w, REAL *mem)
     const size_t mr = c->K->mr, nr = c->K->nr, n = p->n, m = p->m, d = p->d;
     const size_t rq_pad = posenc_round_up(posenc_max(c->rq, 1), nr);
     size_t at = 0;
-#define T_TAKE(field, count)                       \
-    do {                                           \
-        if (w) w->field = mem + at;                \
-        at += posenc_round_up((count), 16);        \
-    } while (0)
     if (w) {
         memset(w, 0, sizeof *w);
         T(gemm_scratch_carve)(&w->g, mem, c->K);
@@ -60,29 +55,28 @@ static size_t T(bwd_ws_layout)(const T(bwd_ctx) *c, T(bwd_ws) *w, REAL *mem)
     }
     at += posenc_round_up(T(gemm_scratch_size)(c->K), 16);
     const size_t kmax = posenc_max(posenc_max(n, m), posenc_max(posenc_max(c->rq, c->rk), c->rb));
-    T_TAKE(bbuf, T(packed_b_size)(kmax, posenc_max(d, p->d_p), nr));
-    if (c->need_gq) T_TAKE(Gq, n * c->rq);
-    if (c->need_gk) T_TAKE(Gk, m * c->rk);
+    T_WS_TAKE(w, mem, at, bbuf, T(packed_b_size)(kmax, posenc_max(d, p->d_p), nr));
+    if (c->need_gq) T_WS_TAKE(w, mem, at, Gq, n * c->rq);
+    if (c->need_gk) T_WS_TAKE(w, mem, at, Gk, m * c->rk);
     if (c->product) {
-        T_TAKE(k_pack, T(packed_b_size)(d, m, nr));
-        T_TAKE(Cs, mr * c->m_pad);
-        T_TAKE(row, c->m_pad);
-        T_TAKE(Gc, c->rb * c->m_pad);
+        T_WS_TAKE(w, mem, at, k_pack, T(packed_b_size)(d, m, nr));
+        T_WS_TAKE(w, mem, at, Cs, mr * c->m_pad);
+        T_WS_TAKE(w, mem, at, row, c->m_pad);
+        T_WS_TAKE(w, mem, at, Gc, c->rb * c->m_pad);
         if (p->vq_table) {
-            T_TAKE(Fq, mr * c->m_pad);
-            T_TAKE(qa, mr * rq_pad);
-            T_TAKE(vq_pack, T(packed_b_size)(d, c->rq, nr));
+            T_WS_TAKE(w, mem, at, Fq, mr * c->m_pad);
+            T_WS_TAKE(w, mem, at, qa, mr * rq_pad);
+            T_WS_TAKE(w, mem, at, vq_pack, T(packed_b_size)(d, c->rq, nr));
         }
         if (p->vk_table) {
-            T_TAKE(Fk, mr * c->m_pad);
-            T_TAKE(ka, m * c->rk);
-            T_TAKE(vk_pack, T(packed_b_size)(d, c->rk, nr));
-            T_TAKE(Gk_tile, mr * c->m_pad);
+            T_WS_TAKE(w, mem, at, Fk, mr * c->m_pad);
+            T_WS_TAKE(w, mem, at, ka, m * c->rk);
+            T_WS_TAKE(w, mem, at, vk_pack, T(packed_b_size)(d, c->rk, nr));
+            T_WS_TAKE(w, mem, at, Gk_tile, mr * c->m_pad);
         }
     }
     if (p->pos_q && (c->g->pos_q || c->g->pos_k))
-        T_TAKE(S, c->rb * m);
-#undef T_TAKE
+        T_WS_TAKE(w, mem, at, S, c->rb * m);
     return posenc_round_up(at, POSENC_ALIGN / sizeof(REAL));
 }
 
@@ -160,7 +154,7 @@ static void T(bwd_product_tile)(const T(bwd_ctx) *c, T(bwd_ws) *w, size_t u, siz
     const REAL *G_u = c->G + u * n * m;
 
     T(gemm_packed)(K, &w->g, rows, q_u + i0 * d, (ptrdiff_t)d, 1, (REAL)p->scale, kb, w->Cs,
-                   (ptrdiff_t)ld, 0, NULL, 0, 0);
+                   (ptrdiff_t)ld, 0, NULL, 0, NULL, 0);
     if (p->vq_table)
         T(tile_vq)(K, &w->g, p, &c->vq_runs, c->rq, w->vq_pack, &w->vq_head, w->qa, h, q_u,
                    POSENC_SET, w->Fq, ld, i0, rows);

@@ -83,6 +83,18 @@ static void T(pack_b)(T(packed_b) *pb, REAL *buffer, const REAL *B, ptrdiff_t rs
     }
 }
 
+/*
+ * Workspace layout: a region of `count` elements of the thread's arena per
+ * field, each starting 64 bytes aligned (16 elements), so that a region may
+ * hold pointers too.  With w == NULL the layout only counts (`at`).
+ */
+#define T_WS_TAKE(w, mem, at, field, count)               \
+    do {                                                  \
+        if (w)                                            \
+            (w)->field = (void *)((mem) + (at));          \
+        (at) += posenc_round_up((count), 16);             \
+    } while (0)
+
 /* ---------------------------------------------------------------- gemm */
 
 /* Per-thread scratch every gemm needs. */
@@ -107,21 +119,29 @@ static void T(gemm_scratch_carve)(T(gemm_scratch) *s, REAL *mem, const posenc_ke
 /*
  * One packed A tile (rows <= mr) against every panel of a packed B block.
  * Full tiles go straight to the microkernel; edge tiles through a zeroed
- * temporary, so the microkernel never needs a mask.
+ * temporary, so the microkernel never needs a mask.  q: the tile's row
+ * pointers of the second additive source (POSENC_UKR_ADD_Q), or NULL.
  */
 static void T(tile_row)(const posenc_kernels *K, const T(gemm_scratch) *s, size_t kc,
                         const REAL *apack, const REAL *block, size_t N, size_t rows,
-                        REAL *C, ptrdiff_t ldc, const REAL *P, ptrdiff_t ldp, int flags)
+                        REAL *C, ptrdiff_t ldc, const REAL *P, ptrdiff_t ldp,
+                        const REAL *const *q, int flags)
 {
+    enum { MR_MAX = 32 };
     const size_t mr = K->mr, nr = K->nr;
+    const void *q_cols[MR_MAX];
     for (size_t j0 = 0; j0 < N; j0 += nr) {
         const REAL *panel = block + (j0 / nr) * kc * nr;
         const size_t cols = posenc_min(nr, N - j0);
         if (rows == mr && cols == nr) {
-            K->ukr(kc, apack, panel, C + j0, ldc, P ? P + j0 : NULL, ldp, flags);
+            if (flags & POSENC_UKR_ADD_Q)
+                for (size_t r = 0; r < rows; ++r)
+                    q_cols[r] = q[r] + j0;
+            K->ukr(kc, apack, panel, C + j0, ldc, P ? P + j0 : NULL, ldp, q_cols, flags);
             continue;
         }
-        const int edge_flags = flags & ~POSENC_UKR_STREAM;   /* the temporary is re-read */
+        /* the temporary is re-read, and the second source is folded into P's */
+        int edge_flags = flags & ~(POSENC_UKR_STREAM | POSENC_UKR_ADD_Q);
         memset(s->tmp_c, 0, sizeof(REAL) * mr * nr);
         memset(s->tmp_p, 0, sizeof(REAL) * mr * nr);
         for (size_t r = 0; r < rows; ++r) {
@@ -129,8 +149,13 @@ static void T(tile_row)(const posenc_kernels *K, const T(gemm_scratch) *s, size_
                 memcpy(s->tmp_c + r * nr, C + (ptrdiff_t)r * ldc + (ptrdiff_t)j0, sizeof(REAL) * cols);
             if (P)
                 memcpy(s->tmp_p + r * nr, P + (ptrdiff_t)r * ldp + (ptrdiff_t)j0, sizeof(REAL) * cols);
+            if (flags & POSENC_UKR_ADD_Q)
+                for (size_t t = 0; t < cols; ++t)
+                    s->tmp_p[r * nr + t] += q[r][j0 + t];
         }
-        K->ukr(kc, apack, panel, s->tmp_c, (ptrdiff_t)nr, s->tmp_p, (ptrdiff_t)nr, edge_flags);
+        if ((flags & POSENC_UKR_ADD_Q) && !P)
+            edge_flags |= POSENC_UKR_ADD_P;
+        K->ukr(kc, apack, panel, s->tmp_c, (ptrdiff_t)nr, s->tmp_p, (ptrdiff_t)nr, NULL, edge_flags);
         for (size_t r = 0; r < rows; ++r)
             memcpy(C + (ptrdiff_t)r * ldc + (ptrdiff_t)j0, s->tmp_c + r * nr, sizeof(REAL) * cols);
     }
@@ -138,14 +163,15 @@ static void T(tile_row)(const posenc_kernels *K, const T(gemm_scratch) *s, size_
 
 /*
  * C (M x N) = alpha * A.B [+ C if accumulate], then the epilogue with P
- * (row i of P at P + i * ldp; p_flags POSENC_UKR_ADD_P / MUL_P or 0).
+ * (row i of P at P + i * ldp; p_flags POSENC_UKR_ADD_P / MUL_P or 0) and q
+ * (row i at q[i], with POSENC_UKR_ADD_Q).
  * A (M x K) element (i, l) at A[i * a_rs + l * a_cs]; B already packed.
  * K = 0 gives alpha * 0 (the content term of d = 0).
  */
 static void T(gemm_packed)(const posenc_kernels *K, const T(gemm_scratch) *s, size_t M,
                            const REAL *A, ptrdiff_t a_rs, ptrdiff_t a_cs, REAL alpha,
                            const T(packed_b) *pb, REAL *C, ptrdiff_t ldc, int accumulate,
-                           const REAL *P, ptrdiff_t ldp, int p_flags)
+                           const REAL *P, ptrdiff_t ldp, const REAL *const *q, int p_flags)
 {
     const size_t mr = K->mr, Kd = pb->K;
     for (size_t i0 = 0; i0 < M; i0 += mr) {
@@ -162,7 +188,7 @@ static void T(gemm_packed)(const posenc_kernels *K, const T(gemm_scratch) *s, si
                 flags |= p_flags;   /* incl. POSENC_UKR_STREAM: only the final store streams */
             T(pack_a)(s->apack, a_tile + (ptrdiff_t)pc * a_cs, a_rs, a_cs, rows, kc, mr, alpha);
             T(tile_row)(K, s, kc, s->apack, pb->data + pc * pb->n_pad, pb->N, rows, c_tile, ldc,
-                        last ? p_tile : NULL, ldp, flags);
+                        last ? p_tile : NULL, ldp, q ? q + i0 : NULL, last ? flags : flags & ~POSENC_UKR_ADD_Q);
             pc += kc;
         } while (pc < Kd);
     }
@@ -178,7 +204,7 @@ static void T(gemm)(const posenc_kernels *K, const T(gemm_scratch) *s, REAL *bbu
         return;
     T(packed_b) pb;
     T(pack_b)(&pb, bbuf, B, b_rs, b_cs, Kd, N, K->nr, beta);
-    T(gemm_packed)(K, s, M, A, a_rs, a_cs, (REAL)1, &pb, C, ldc, accumulate, NULL, 0, 0);
+    T(gemm_packed)(K, s, M, A, a_rs, a_cs, (REAL)1, &pb, C, ldc, accumulate, NULL, 0, NULL, 0);
 }
 
 /* -------------------------------------------------- positional row builders */
@@ -235,7 +261,8 @@ static void T(unit_ka)(const posenc_kernels *K, const T(gemm_scratch) *g, const 
     const REAL *vk = (const REAL *)p->vk_table + (hv * p->vk_rows + (size_t)b_min) * d;
     T(packed_b) pb;
     T(pack_b)(&pb, vk_pack, vk, 1, (ptrdiff_t)d, d, rk, K->nr, (REAL)p->vec_scale);
-    T(gemm_packed)(K, g, p->m, k_u, (ptrdiff_t)d, 1, (REAL)1, &pb, ka, (ptrdiff_t)rk, 0, NULL, 0, 0);
+    T(gemm_packed)(K, g, p->m, k_u, (ptrdiff_t)d, 1, (REAL)1, &pb, ka, (ptrdiff_t)rk, 0, NULL, 0,
+                   NULL, 0);
 }
 
 /*
@@ -257,7 +284,7 @@ static void T(tile_vq)(const posenc_kernels *K, const T(gemm_scratch) *g, const 
         *vq_head = (ptrdiff_t)hv;
     }
     T(gemm_packed)(K, g, rows, q_u + i0 * d, (ptrdiff_t)d, 1, (REAL)1, &pb, qa, (ptrdiff_t)rq_pad,
-                   0, NULL, 0, 0);
+                   0, NULL, 0, NULL, 0);
     if (posenc_runs_short(runs, p->n + p->m - 1))
         K->tile_gather_query(op, P, ldp, p->vq_map + (p->n - 1 - i0), runs->b_min, qa, rq_pad, p->m,
                              rows);

@@ -18,6 +18,7 @@
 #undef T
 #undef T_DTYPE
 #undef T_KC
+#undef T_WS_TAKE
 #undef T_V_BUDGET
 #undef T_STREAM_BYTES
 

@@ -24,6 +24,7 @@ typedef struct {
     int batch_terms;         /* vq, vk or segments present */
     int toeplitz_only;       /* the table is the only positional term */
     int stream;              /* write the logits with non-temporal stores */
+    int seg_rows;            /* segments added by the epilogue from expanded rows (no reset) */
     REAL *tv;                /* table Toeplitz values, table_heads x (n + m - 1) */
     posenc_runs vq_runs, vk_runs;
     posenc_seg_runs seg_runs;
@@ -40,54 +41,42 @@ typedef struct {
     REAL *vk_pack;           /* vk table as B: d x rk_pad */
     REAL *V;                 /* per-head positional block, n x m (v_mode) */
     REAL *dense_pack;        /* pos_k^T panels, d_p x m_pad (not v_mode) */
+    REAL *seg_expanded;      /* seg_rows: row s = seg_table[h, s, seg_k[b, j]], S x m */
+    const REAL **seg_row;    /* seg_rows: the tile's rows of seg_expanded, mr pointers */
     ptrdiff_t v_head, vq_head, dense_head;
 } T(fwd_ws);
 
-static size_t T(fwd_ws_size)(const T(fwd_ctx) *c)
+/* The workspace of one thread: its size in elements; carved into w when w != NULL. */
+static size_t T(fwd_ws_layout)(const T(fwd_ctx) *c, T(fwd_ws) *w, REAL *mem)
 {
     const posenc_problem *p = c->p;
     const size_t mr = c->K->mr, nr = c->K->nr;
-    size_t total = T(gemm_scratch_size)(c->K);
-    total += T(packed_b_size)(p->d, p->m, nr);                    /* k_pack */
-    total += mr * c->m_pad;                                       /* P */
+    size_t at = 0;
+    if (w) {
+        memset(w, 0, sizeof *w);
+        T(gemm_scratch_carve)(&w->g, mem, c->K);
+        w->v_head = w->vq_head = w->dense_head = -1;
+    }
+    at += posenc_round_up(T(gemm_scratch_size)(c->K), 16);
+    T_WS_TAKE(w, mem, at, k_pack, T(packed_b_size)(p->d, p->m, nr));
+    T_WS_TAKE(w, mem, at, P, mr * c->m_pad);
     if (p->vq_table) {
-        total += mr * posenc_round_up(c->rq, nr);                 /* qa */
-        total += T(packed_b_size)(p->d, c->rq, nr);               /* vq_pack */
+        T_WS_TAKE(w, mem, at, qa, mr * posenc_round_up(c->rq, nr));
+        T_WS_TAKE(w, mem, at, vq_pack, T(packed_b_size)(p->d, c->rq, nr));
     }
     if (p->vk_table) {
-        total += c->rk * p->m;                                    /* ka */
-        total += T(packed_b_size)(p->d, c->rk, nr);               /* vk_pack */
+        T_WS_TAKE(w, mem, at, ka, c->rk * p->m);
+        T_WS_TAKE(w, mem, at, vk_pack, T(packed_b_size)(p->d, c->rk, nr));
     }
     if (c->v_mode)
-        total += p->n * p->m;                                     /* V */
+        T_WS_TAKE(w, mem, at, V, p->n * p->m);
     if (p->pos_q)
-        total += T(packed_b_size)(p->d_p, p->m, nr);              /* dense_pack */
-    return posenc_round_up(total, POSENC_ALIGN / sizeof(REAL));
-}
-
-static void T(fwd_ws_carve)(T(fwd_ws) *w, REAL *mem, const T(fwd_ctx) *c)
-{
-    const posenc_problem *p = c->p;
-    const size_t mr = c->K->mr, nr = c->K->nr;
-    memset(w, 0, sizeof *w);
-    T(gemm_scratch_carve)(&w->g, mem, c->K);
-    mem += T(gemm_scratch_size)(c->K);
-    w->k_pack = mem;  mem += T(packed_b_size)(p->d, p->m, nr);
-    w->P = mem;       mem += mr * c->m_pad;
-    if (p->vq_table) {
-        w->qa = mem;      mem += mr * posenc_round_up(c->rq, nr);
-        w->vq_pack = mem; mem += T(packed_b_size)(p->d, c->rq, nr);
+        T_WS_TAKE(w, mem, at, dense_pack, T(packed_b_size)(p->d_p, p->m, nr));
+    if (c->seg_rows) {
+        T_WS_TAKE(w, mem, at, seg_expanded, p->n_segments * p->m);
+        T_WS_TAKE(w, mem, at, seg_row, (mr * sizeof(const REAL *) + sizeof(REAL) - 1) / sizeof(REAL));
     }
-    if (p->vk_table) {
-        w->ka = mem;      mem += c->rk * p->m;
-        w->vk_pack = mem; mem += T(packed_b_size)(p->d, c->rk, nr);
-    }
-    if (c->v_mode) {
-        w->V = mem;       mem += p->n * p->m;
-    }
-    if (p->pos_q)
-        w->dense_pack = mem;
-    w->v_head = w->vq_head = w->dense_head = -1;
+    return posenc_round_up(at, POSENC_ALIGN / sizeof(REAL));
 }
 
 /* V = reset(dense_scale pos_q.pos_k^T + table) of head h (TUPE's batch-free term). */
@@ -101,7 +90,7 @@ static void T(fwd_build_v)(const T(fwd_ctx) *c, T(fwd_ws) *w, size_t h)
     T(packed_b) pb;
     T(pack_b)(&pb, w->dense_pack, pos_k, 1, (ptrdiff_t)dp, dp, m, K->nr, (REAL)p->dense_scale);
     T(gemm_packed)(K, &w->g, n, pos_q, (ptrdiff_t)dp, 1, (REAL)1, &pb, w->V, (ptrdiff_t)m, 0,
-                   NULL, 0, 0);
+                   NULL, 0, NULL, 0);
     if (p->table)
         T(rows_table)(K, POSENC_ADD, w->V, m,
                       c->tv + T(head_of)(p->table_heads, h) * (n + m - 1), n, m, 0, n);
@@ -148,7 +137,7 @@ static const REAL *T(fwd_positional)(const T(fwd_ctx) *c, T(fwd_ws) *w, size_t b
                 w->dense_head = (ptrdiff_t)hk;
             }
             T(gemm_packed)(K, &w->g, rows, (const REAL *)p->pos_q + (hq * n + i0) * dp,
-                           (ptrdiff_t)dp, 1, (REAL)1, &pb, w->P, (ptrdiff_t)ld, 0, NULL, 0, 0);
+                           (ptrdiff_t)dp, 1, (REAL)1, &pb, w->P, (ptrdiff_t)ld, 0, NULL, 0, NULL, 0);
             op = combine_op;
         }
         if (p->table) {
@@ -166,7 +155,7 @@ static const REAL *T(fwd_positional)(const T(fwd_ctx) *c, T(fwd_ws) *w, size_t b
         T(rows_vk)(K, op, w->P, ld, p->vk_map, c->vk_runs.b_min, w->ka, c->rk, n, m, i0, rows);
         op = combine_op;
     }
-    if (p->seg_table) {
+    if (p->seg_table && !c->seg_rows) {
         const posenc_seg_run *runs = c->seg_runs.runs + c->seg_runs.start[b];
         const size_t S = p->n_segments;
         T(rows_segment)(K, op, w->P, ld, runs, c->seg_runs.start[b + 1] - c->seg_runs.start[b],
@@ -204,13 +193,34 @@ static void T(fwd_unit)(const T(fwd_ctx) *c, T(fwd_ws) *w, size_t b, size_t h, s
     if (p->vk_table)
         T(unit_ka)(K, &w->g, p, c->vk_runs.b_min, c->rk, w->vk_pack, w->ka, h, k_u);
 
+    /* DIET segments: the S rows a query can see, expanded over the keys once
+     * per unit; each query row of a tile points at its segment's row. */
+    const int64_t *seg_q_b = c->seg_rows ? p->seg_q + b * n : NULL;
+    if (c->seg_rows) {
+        const size_t S = p->n_segments;
+        const posenc_seg_run *runs = c->seg_runs.runs + c->seg_runs.start[b];
+        const size_t n_runs = c->seg_runs.start[b + 1] - c->seg_runs.start[b];
+        const REAL *table = (const REAL *)p->seg_table + T(head_of)(p->seg_heads, h) * S * S;
+        for (size_t s = 0; s < S; ++s) {
+            const int64_t segment = (int64_t)s;
+            T(rows_segment)(K, POSENC_SET, w->seg_expanded + s * m, m, runs, n_runs, &segment, table,
+                            S, 0, 1);
+        }
+    }
+
     for (size_t i0 = r0; i0 < r1; i0 += K->mr) {
         const size_t rows = posenc_min(K->mr, r1 - i0);
         ptrdiff_t ldp = 0;
         const REAL *P = T(fwd_positional)(c, w, b, h, q_u, i0, rows, &ldp);
+        int flags = (P ? p_flag : 0) | (c->stream ? POSENC_UKR_STREAM : 0);
+        if (c->seg_rows) {
+            for (size_t r = 0; r < rows; ++r)
+                w->seg_row[r] = w->seg_expanded + (size_t)seg_q_b[i0 + r] * m;
+            flags |= POSENC_UKR_ADD_Q;
+        }
         T(gemm_packed)(K, &w->g, rows, q_u + i0 * d, (ptrdiff_t)d, 1, (REAL)p->scale, &kb,
-                       out_u + i0 * m, (ptrdiff_t)m, 0, P, ldp,
-                       (P ? p_flag : 0) | (c->stream ? POSENC_UKR_STREAM : 0));
+                       out_u + i0 * m, (ptrdiff_t)m, 0, P, ldp, c->seg_rows ? w->seg_row : NULL,
+                       flags);
     }
 }
 
@@ -223,7 +233,10 @@ static int T(fwd_prepare)(T(fwd_ctx) *c, const posenc_problem *p, const posenc_k
     c->K = K;
     c->m_pad = posenc_round_up(posenc_max(m, 1), K->nr);
     c->product = p->combine == POSENC_PRODUCT;
-    c->batch_terms = p->vq_table || p->vk_table || p->seg_table;
+    /* Segments ride on the epilogue's second source unless a reset must
+     * override them (sum mode only: product mode has no segments). */
+    c->seg_rows = p->seg_table && !p->theta && !c->product;
+    c->batch_terms = p->vq_table || p->vk_table || (p->seg_table && !c->seg_rows);
     c->v_mode = p->pos_q && p->B > 1 &&
                 posenc_mul_size(n * m, sizeof(REAL)) <= T_V_BUDGET;
     c->toeplitz_only = p->table && !p->pos_q && !c->batch_terms && !p->theta;
@@ -289,7 +302,7 @@ int T(posenc_forward)(const posenc_problem *p, void *out_, int num_threads)
     if (posenc_mul_size(BH * p->n, p->m * (p->d + 1)) < POSENC_PARALLEL_MIN_WORK)
         team = 1;   /* a team's start and barrier cost more than the work */
 
-    const size_t ws = T(fwd_ws_size)(&c);
+    const size_t ws = T(fwd_ws_layout)(&c, NULL, NULL);
     arena = (REAL *)posenc_alloc(posenc_mul_size(team, ws), sizeof(REAL));
     if (!arena) {
         status = POSENC_ENOMEM;
@@ -299,7 +312,7 @@ int T(posenc_forward)(const posenc_problem *p, void *out_, int num_threads)
 #pragma omp parallel num_threads((int)team)
     {
         T(fwd_ws) w;
-        T(fwd_ws_carve)(&w, arena + (size_t)posenc_thread_id() * ws, &c);
+        T(fwd_ws_layout)(&c, &w, arena + (size_t)posenc_thread_id() * ws);
 #pragma omp for schedule(static)
         for (ptrdiff_t item = 0; item < (ptrdiff_t)items; ++item) {
             /* head-major order: consecutive items share a head's V */

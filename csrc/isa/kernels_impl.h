@@ -31,7 +31,8 @@
  * packed panels, then the epilogue.  kc may be 0 (d = 0: content term zero).
  */
 static void KNAME(posenc_ukr)(size_t kc, const void *a_, const void *b_, void *c_,
-                              ptrdiff_t ldc, const void *p_, ptrdiff_t ldp, int flags)
+                              ptrdiff_t ldc, const void *p_, ptrdiff_t ldp, const void *const *q,
+                              int flags)
 {
     const REAL *a = (const REAL *)a_;
     const REAL *b = (const REAL *)b_;
@@ -71,6 +72,8 @@ static void KNAME(posenc_ukr)(size_t kc, const void *a_, const void *b_, void *c
                 x = VADD(x, VLOAD(p + r * ldp + v * VL));
             else if (flags & POSENC_UKR_MUL_P)
                 x = VMUL(x, VLOAD(p + r * ldp + v * VL));
+            if (flags & POSENC_UKR_ADD_Q)
+                x = VADD(x, VLOAD((const REAL *)q[r] + v * VL));
             if (flags & POSENC_UKR_STREAM)
                 VSTREAM(crow + v * VL, x);
             else
