@@ -1,7 +1,7 @@
 """Measurements that need a process of their own, run by posenc.bench:
 
 * ``memory``: peak resident memory of forward+backward above a baseline taken
-  once the inputs and G are allocated and touched (ru_maxrss; the peak is reset
+  once the inputs and G are allocated and touched (VmHWM; the peak is reset
   through /proc/self/clear_refs where Linux allows, so several methods share
   one process);
 * ``numpy_matmul``: the NumPy peer ``np.matmul(q, k.swapaxes(-1, -2)) * s``
@@ -26,6 +26,15 @@ from . import _bench_cases as cases
 
 
 def _maxrss_bytes() -> int:
+    """The peak resident set: VmHWM where Linux has it (the mark clear_refs
+    resets; getrusage's ru_maxrss may keep an older peak), else ru_maxrss."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return rss if sys.platform == "darwin" else rss * 1024
 
