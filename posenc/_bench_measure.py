@@ -133,6 +133,32 @@ def time_posenc(method, direction, args, kwargs, G, threads, timing, out=None):
     return measure(_timed(lambda: backward(G, *args, **kwargs)), **timing)
 
 
+def interleaved_forward(cases: dict, threads: int, rounds: int = 15) -> dict:
+    """Forward times of several posenc methods taken in turns, `rounds` times
+    each, into one preallocated out= per method: a burst of interference then
+    hits every method alike, and the minimum (which interference can only
+    raise) compares kernels.  cases: method -> (args, kwargs)."""
+    import posenc
+
+    previous = posenc.get_num_threads()
+    posenc.set_num_threads(threads)
+    try:
+        outs = {}
+        for method, (args, kwargs) in cases.items():
+            outs[method] = getattr(posenc, method)(*args, **kwargs)    # warm-up, and the out=
+        times = {method: [] for method in cases}
+        for _ in range(rounds):
+            for method, (args, kwargs) in cases.items():
+                fn = getattr(posenc, method)
+                start = time.perf_counter()
+                fn(*args, out=outs[method], **kwargs)
+                times[method].append(time.perf_counter() - start)
+    finally:
+        posenc.set_num_threads(previous)
+    return {method: {"min_s": min(t), "median_s": statistics.median(t), "rounds": rounds}
+            for method, t in times.items()}
+
+
 def time_reference(method, direction, args, kwargs, G, timing):
     from . import reference
 

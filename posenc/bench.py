@@ -381,6 +381,15 @@ def main(argv=None) -> int:
                                     store_bytes=config["store_bytes"],
                                     store_repeats=config["store_repeats"], progress=progress)
     results = run_timings(plan, torch, timing, progress)
+    # the additive methods against content: interleaved, see interleaved_forward
+    additive = [m for m in ("content",) + tuple(cases.ADDITIVE) if m in methods]
+    interleaved = {}
+    if "content" in additive and len(additive) > 1:
+        progress.start("additive methods vs content, interleaved")
+        B, H, n, m, d = config["headline"]
+        interleaved = measure.interleaved_forward(
+            {meth: cases.case_inputs(meth, B, H, n, m, d) for meth in additive}, max(threads),
+            rounds=5 if opts.quick else 15)
     memory_rows, numpy_rows = [], []
     if memory_units:
         memory_rows = run_memory(methods, config["headline"], max(threads), torch is not None,
@@ -391,6 +400,7 @@ def main(argv=None) -> int:
 
     data = report.assemble(info=info, config=config, timing=timing, threads=threads,
                            methods=methods, limits=limits, results=results,
+                           interleaved=interleaved,
                            memory=memory_rows, numpy_matmul=numpy_rows, skipped=plan.skipped,
                            no_torch_reason=no_torch_reason, compile_methods=compile_methods,
                            quick=opts.quick, budget=budget,
