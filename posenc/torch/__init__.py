@@ -26,7 +26,7 @@ from .. import METHODS
 from .._docstrings import _SHAPES, FORMULAS
 from . import native
 from ._common import native_forced, require_tensors, use_native
-from ._ops import FORWARD, check_params, tensor_names
+from ._ops import check_params, run, tensor_names
 
 __all__ = list(METHODS) + ["use_native", "native_forced", "native", "nn"]
 
@@ -48,21 +48,21 @@ def _on_c_kernels(method: str, tensors: tuple, params: tuple) -> bool:
 def content(q, k, *, scale=None):
     tensors, params = (q, k), (scale,)
     if _on_c_kernels("content", tensors, params):
-        return FORWARD["content"](*tensors, *params)
+        return run("content", tensors, params)
     return native.content(q, k, scale=scale)
 
 
 def shaw(q, k, rel_k, *, max_distance, scale=None):
     tensors, params = (q, k, rel_k), (max_distance, scale)
     if _on_c_kernels("shaw", tensors, params):
-        return FORWARD["shaw"](*tensors, *params)
+        return run("shaw", tensors, params)
     return native.shaw(q, k, rel_k, max_distance=max_distance, scale=scale)
 
 
 def t5(q, k, bias, *, num_buckets=32, max_distance=128, bidirectional=True, scale=1.0):
     tensors, params = (q, k, bias), (num_buckets, max_distance, bidirectional, scale)
     if _on_c_kernels("t5", tensors, params):
-        return FORWARD["t5"](*tensors, *params)
+        return run("t5", tensors, params)
     return native.t5(q, k, bias, num_buckets=num_buckets, max_distance=max_distance,
                      bidirectional=bidirectional, scale=scale)
 
@@ -70,21 +70,21 @@ def t5(q, k, bias, *, num_buckets=32, max_distance=128, bidirectional=True, scal
 def m2(q, k, rel, *, max_distance, scale=None):
     tensors, params = (q, k, rel), (max_distance, scale)
     if _on_c_kernels("m2", tensors, params):
-        return FORWARD["m2"](*tensors, *params)
+        return run("m2", tensors, params)
     return native.m2(q, k, rel, max_distance=max_distance, scale=scale)
 
 
 def m4(q, k, rel_k, *, max_distance, scale=None):
     tensors, params = (q, k, rel_k), (max_distance, scale)
     if _on_c_kernels("m4", tensors, params):
-        return FORWARD["m4"](*tensors, *params)
+        return run("m4", tensors, params)
     return native.m4(q, k, rel_k, max_distance=max_distance, scale=scale)
 
 
 def m4m(q, k, rel_k, *, max_distance, scale=None):
     tensors, params = (q, k, rel_k), (max_distance, scale)
     if _on_c_kernels("m4m", tensors, params):
-        return FORWARD["m4m"](*tensors, *params)
+        return run("m4m", tensors, params)
     return native.m4m(q, k, rel_k, max_distance=max_distance, scale=scale)
 
 
@@ -93,7 +93,7 @@ def deberta(q, k, pos_key, pos_query, *, att_span, position_buckets=-1,
     tensors = (q, k, pos_key, pos_query)
     params = (att_span, position_buckets, max_relative_positions, scale)
     if _on_c_kernels("deberta", tensors, params):
-        return FORWARD["deberta"](*tensors, *params)
+        return run("deberta", tensors, params)
     return native.deberta(q, k, pos_key, pos_query, att_span=att_span,
                           position_buckets=position_buckets,
                           max_relative_positions=max_relative_positions, scale=scale)
@@ -104,7 +104,7 @@ def tupe(q, k, pos_q, pos_k, *, bias=None, theta=None, num_buckets=32, max_dista
     tensors = (q, k, pos_q, pos_k, bias, theta)
     params = (num_buckets, max_distance, bidirectional, scale)
     if _on_c_kernels("tupe", tensors, params):
-        return FORWARD["tupe"](*tensors, *params)
+        return run("tupe", tensors, params)
     return native.tupe(q, k, pos_q, pos_k, bias=bias, theta=theta, num_buckets=num_buckets,
                        max_distance=max_distance, bidirectional=bidirectional, scale=scale)
 
@@ -113,7 +113,7 @@ def diet_abs(q, k, pos_q, pos_k, *, segment_q=None, segment_k=None, segment_tabl
              scale=None):
     tensors, params = (q, k, pos_q, pos_k, segment_q, segment_k, segment_table), (scale,)
     if _on_c_kernels("diet_abs", tensors, params):
-        return FORWARD["diet_abs"](*tensors, *params)
+        return run("diet_abs", tensors, params)
     return native.diet_abs(q, k, pos_q, pos_k, segment_q=segment_q, segment_k=segment_k,
                            segment_table=segment_table, scale=scale)
 
@@ -123,7 +123,7 @@ def diet_rel(q, k, rel, *, max_distance, segment_q=None, segment_k=None, segment
     tensors = (q, k, rel, segment_q, segment_k, segment_table)
     params = (max_distance, scale)
     if _on_c_kernels("diet_rel", tensors, params):
-        return FORWARD["diet_rel"](*tensors, *params)
+        return run("diet_rel", tensors, params)
     return native.diet_rel(q, k, rel, max_distance=max_distance, segment_q=segment_q,
                            segment_k=segment_k, segment_table=segment_table, scale=scale)
 

@@ -152,7 +152,8 @@ def _define(method: str):
         ctx.save_for_backward(*inputs[:len(names)])
         ctx.params = inputs[len(names):]
 
-    def autograd_backward(ctx, grad):
+    def gradients(ctx, grad, run_backward):
+        """The inputs' gradients, computing only those autograd asks for."""
         saved = ctx.saved_tensors
         needs = 0
         for bit, position in enumerate(field_input):
@@ -160,20 +161,51 @@ def _define(method: str):
                 needs |= 1 << bit
         result = [None] * (len(names) + len(PARAMS[method]))
         if needs:
-            grads = backward_op(grad, *saved, *ctx.params, needs)
+            grads = run_backward(grad, *saved, *ctx.params, needs)
             for bit, position in enumerate(field_input):
                 if needs >> bit & 1:
                     result[position] = grads[bit]
         return tuple(result)
 
-    forward_op.register_autograd(autograd_backward, setup_context=setup_context)
-    return forward_op, backward_op
+    forward_op.register_autograd(lambda ctx, grad: gradients(ctx, grad, backward_op),
+                                 setup_context=setup_context)
+
+    save_inputs = setup_context   # (a class body cannot see a closure name it assigns)
+
+    class Eager(torch.autograd.Function):
+        """The same forward and backward without the op dispatcher: in eager
+        mode a custom op's Python dispatch costs more than a small kernel."""
+
+        @staticmethod
+        def forward(*args):
+            return forward(*args)
+
+        setup_context = staticmethod(save_inputs)
+
+        @staticmethod
+        def backward(ctx, grad):
+            return gradients(ctx, grad, backward)
+
+    Eager.__name__ = Eager.__qualname__ = f"{method}_eager"
+    return forward_op, backward_op, Eager
 
 
 FORWARD = {}
 BACKWARD = {}
+EAGER = {}
 for _method in TENSORS:
-    FORWARD[_method], BACKWARD[_method] = _define(_method)
+    FORWARD[_method], BACKWARD[_method], EAGER[_method] = _define(_method)
 del _method
 
-__all__ = ["BACKWARD", "FORWARD", "PARAMS", "TENSORS", "check_params", "tensor_names"]
+
+def run(method: str, tensors: tuple, params: tuple):
+    """The C kernels' logits: the custom op under torch.compile (traceable, no
+    graph break), the autograd.Function in eager mode (same results, less
+    per-call overhead)."""
+    if torch.compiler.is_compiling():
+        return FORWARD[method](*tensors, *params)
+    return EAGER[method].apply(*tensors, *params)
+
+
+__all__ = ["BACKWARD", "EAGER", "FORWARD", "PARAMS", "TENSORS", "check_params", "run",
+           "tensor_names"]
