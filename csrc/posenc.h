@@ -105,21 +105,24 @@ enum {
     POSENC_UKR_ADD_P = 2,       /* c = c' + p      */
     POSENC_UKR_MUL_P = 4,       /* c = c' * p      */
     POSENC_UKR_STREAM = 8,      /* store c with non-temporal stores (c aligned to 64 bytes) */
-    POSENC_UKR_ADD_Q = 16       /* c = c' + q[r][col]: a second additive source, by row pointers */
+    POSENC_UKR_ADD_Q = 16,      /* c = c' + q[r][col]: a second additive source, by row pointers */
+    POSENC_UKR_A_ROWS = 32      /* a is row-major: a[r * lda + l] (else a[l * lda + r]) */
 };
 
 /*
  * The kernels one ISA provides for one dtype.  Pointers are to float or
  * double according to the table.  The microkernel computes an mr x nr tile
- * from packed panels: a[l * mr + r], b[l * nr + c], l < kc, then applies
- * the epilogue flags and stores c[r * ldc + c].  It reads p and c (when
+ * from a packed B panel b[l * nr + c] and A read in place, a[l * lda + r]
+ * (a packed panel has lda = mr; a column-major matrix its leading
+ * dimension) or, with POSENC_UKR_A_ROWS, a[r * lda + l], l < kc, then
+ * applies the epilogue flags and stores c[r * ldc + c].  It reads p and c (when
  * accumulating) before writing c, so p may alias c.  q (ADD_Q) holds mr row
  * pointers, each already at the tile's first column.
  */
 typedef struct {
     const char *name;
     size_t mr, nr;
-    void (*ukr)(size_t kc, const void *a, const void *b, void *c, ptrdiff_t ldc,
+    void (*ukr)(size_t kc, const void *a, ptrdiff_t lda, const void *b, void *c, ptrdiff_t ldc,
                 const void *p, ptrdiff_t ldp, const void *const *q, int flags);
     /* dst[j] op= src[j * stride], j < len; stride may be 0 or negative */
     void (*row_gather)(int op, void *dst, const void *src, ptrdiff_t stride, size_t len);

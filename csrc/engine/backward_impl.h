@@ -85,17 +85,26 @@ static void T(scatter_vq)(const posenc_kernels *K, const posenc_runs *runs, cons
                           size_t n, REAL *Gq_row, const REAL *src, ptrdiff_t i, ptrdiff_t jb,
                           ptrdiff_t m)
 {
-    if (posenc_runs_short(runs, n + (size_t)m - 1)) {   /* element by element, in key order */
-        const int64_t *bucket = map + (n - 1 - (size_t)i);
-        for (ptrdiff_t j = jb; j < m; ++j)
-            Gq_row[bucket[j] - runs->b_min] += src[j];
-        return;
-    }
+    (void)map;
+    (void)n;
+    /* Run by run; a short constant run (log buckets) is summed in place. */
     ptrdiff_t js, je, bs;
     for (size_t t = posenc_runs_seek(runs, jb - i);
-         t < runs->count && posenc_run_span(&runs->runs[t], i, jb, m, &js, &je, &bs); ++t)
-        K->row_scatter_add(Gq_row + (bs - runs->b_min), runs->runs[t].step, src + js,
-                           (size_t)(je - js));
+         t < runs->count && posenc_run_span(&runs->runs[t], i, jb, m, &js, &je, &bs); ++t) {
+        REAL *dst = Gq_row + (bs - runs->b_min);
+        const ptrdiff_t step = runs->runs[t].step;
+        if (je - js > 16) {
+            K->row_scatter_add(dst, step, src + js, (size_t)(je - js));
+        } else if (step == 0) {
+            REAL sum = src[js];
+            for (ptrdiff_t j = js + 1; j < je; ++j)
+                sum += src[j];
+            *dst += sum;
+        } else {
+            for (ptrdiff_t j = js; j < je; ++j, dst += step)
+                *dst += src[j];
+        }
+    }
 }
 
 /*

@@ -117,13 +117,14 @@ static void T(gemm_scratch_carve)(T(gemm_scratch) *s, REAL *mem, const posenc_ke
 }
 
 /*
- * One packed A tile (rows <= mr) against every panel of a packed B block.
+ * One A tile (rows <= mr; a[l * lda + r], or a[r * lda + l] with
+ * POSENC_UKR_A_ROWS in flags) against every panel of a packed B block.
  * Full tiles go straight to the microkernel; edge tiles through a zeroed
  * temporary, so the microkernel never needs a mask.  q: the tile's row
  * pointers of the second additive source (POSENC_UKR_ADD_Q), or NULL.
  */
 static void T(tile_row)(const posenc_kernels *K, const T(gemm_scratch) *s, size_t kc,
-                        const REAL *apack, const REAL *block, size_t N, size_t rows,
+                        const REAL *apack, ptrdiff_t lda, const REAL *block, size_t N, size_t rows,
                         REAL *C, ptrdiff_t ldc, const REAL *P, ptrdiff_t ldp,
                         const REAL *const *q, int flags)
 {
@@ -137,7 +138,7 @@ static void T(tile_row)(const posenc_kernels *K, const T(gemm_scratch) *s, size_
             if (flags & POSENC_UKR_ADD_Q)
                 for (size_t r = 0; r < rows; ++r)
                     q_cols[r] = q[r] + j0;
-            K->ukr(kc, apack, panel, C + j0, ldc, P ? P + j0 : NULL, ldp, q_cols, flags);
+            K->ukr(kc, apack, lda, panel, C + j0, ldc, P ? P + j0 : NULL, ldp, q_cols, flags);
             continue;
         }
         /* the temporary is re-read, and the second source is folded into P's */
@@ -155,7 +156,7 @@ static void T(tile_row)(const posenc_kernels *K, const T(gemm_scratch) *s, size_
         }
         if ((flags & POSENC_UKR_ADD_Q) && !P)
             edge_flags |= POSENC_UKR_ADD_P;
-        K->ukr(kc, apack, panel, s->tmp_c, (ptrdiff_t)nr, s->tmp_p, (ptrdiff_t)nr, NULL, edge_flags);
+        K->ukr(kc, apack, lda, panel, s->tmp_c, (ptrdiff_t)nr, s->tmp_p, (ptrdiff_t)nr, NULL, edge_flags);
         for (size_t r = 0; r < rows; ++r)
             memcpy(C + (ptrdiff_t)r * ldc + (ptrdiff_t)j0, s->tmp_c + r * nr, sizeof(REAL) * cols);
     }
@@ -186,8 +187,21 @@ static void T(gemm_packed)(const posenc_kernels *K, const T(gemm_scratch) *s, si
             int flags = (pc > 0 || accumulate) ? POSENC_UKR_ACCUMULATE : 0;
             if (last)
                 flags |= p_flags;   /* incl. POSENC_UKR_STREAM: only the final store streams */
-            T(pack_a)(s->apack, a_tile + (ptrdiff_t)pc * a_cs, a_rs, a_cs, rows, kc, mr, alpha);
-            T(tile_row)(K, s, kc, s->apack, pb->data + pc * pb->n_pad, pb->N, rows, c_tile, ldc,
+            /* A full tile with a unit stride is read in place (BLIS packs it
+             * for locality; here the panel of a tile is re-read from L1 by
+             * only N / nr microkernels, fewer than the copy would cost). */
+            const REAL *a_blk = a_tile + (ptrdiff_t)pc * a_cs;
+            const REAL *a_ukr = s->apack;
+            ptrdiff_t lda = (ptrdiff_t)mr;
+            if (rows == mr && alpha == (REAL)1 && (a_cs == 1 || a_rs == 1)) {
+                a_ukr = a_blk;
+                lda = a_cs == 1 ? a_rs : a_cs;
+                if (a_cs == 1)
+                    flags |= POSENC_UKR_A_ROWS;
+            } else {
+                T(pack_a)(s->apack, a_blk, a_rs, a_cs, rows, kc, mr, alpha);
+            }
+            T(tile_row)(K, s, kc, a_ukr, lda, pb->data + pc * pb->n_pad, pb->N, rows, c_tile, ldc,
                         last ? p_tile : NULL, ldp, q ? q + i0 : NULL, last ? flags : flags & ~POSENC_UKR_ADD_Q);
             pc += kc;
         } while (pc < Kd);

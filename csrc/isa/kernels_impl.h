@@ -30,7 +30,7 @@
  * The register-tiled microkernel (BLIS style): an MR x NR tile of A.B from
  * packed panels, then the epilogue.  kc may be 0 (d = 0: content term zero).
  */
-static void KNAME(posenc_ukr)(size_t kc, const void *a_, const void *b_, void *c_,
+static void KNAME(posenc_ukr)(size_t kc, const void *a_, ptrdiff_t lda, const void *b_, void *c_,
                               ptrdiff_t ldc, const void *p_, ptrdiff_t ldp, const void *const *q,
                               int flags)
 {
@@ -46,19 +46,33 @@ static void KNAME(posenc_ukr)(size_t kc, const void *a_, const void *b_, void *c
         for (int v = 0; v < NRV; ++v)
             acc[r][v] = VZERO();
 
-    for (size_t l = 0; l < kc; ++l) {
-        VT bv[NRV];
-#pragma GCC unroll 8
-        for (int v = 0; v < NRV; ++v)
-            bv[v] = VLOAD(b + l * NR + (size_t)v * VL);
-#pragma GCC unroll 16
-        for (int r = 0; r < MR; ++r) {
-            VT ar = VBCAST(a[l * MR + (size_t)r]);
-#pragma GCC unroll 8
-            for (int v = 0; v < NRV; ++v)
-                acc[r][v] = VFMA(ar, bv[v], acc[r][v]);
-        }
+    /* One rank-1 update per l; A(r, l) is broadcast straight from memory. */
+#define UKR_LOOP(A_AT)                                                   \
+    for (size_t l = 0; l < kc; ++l) {                                    \
+        VT bv[NRV];                                                      \
+        _Pragma("GCC unroll 8")                                          \
+        for (int v = 0; v < NRV; ++v)                                    \
+            bv[v] = VLOAD(b + l * NR + (size_t)v * VL);                  \
+        _Pragma("GCC unroll 16")                                         \
+        for (int r = 0; r < MR; ++r) {                                   \
+            VT ar = VBCAST(A_AT);                                        \
+            _Pragma("GCC unroll 8")                                      \
+            for (int v = 0; v < NRV; ++v)                                \
+                acc[r][v] = VFMA(ar, bv[v], acc[r][v]);                  \
+        }                                                                \
     }
+    if (flags & POSENC_UKR_A_ROWS) {
+        const REAL *row[MR];
+#pragma GCC unroll 16
+        for (int r = 0; r < MR; ++r)
+            row[r] = a + (ptrdiff_t)r * lda;
+        UKR_LOOP(row[r][l])
+    } else if (lda == MR) {          /* a packed panel: constant offsets */
+        UKR_LOOP(a[l * MR + (size_t)r])
+    } else {
+        UKR_LOOP(a[(ptrdiff_t)l * lda + r])
+    }
+#undef UKR_LOOP
 
 #pragma GCC unroll 16
     for (int r = 0; r < MR; ++r) {
