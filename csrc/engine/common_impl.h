@@ -128,15 +128,15 @@ static void T(gemm_scratch_carve)(T(gemm_scratch) *s, REAL *mem, const posenc_ke
  * pointers of the second additive source (POSENC_UKR_ADD_Q), or NULL.
  */
 static void T(tile_row)(const posenc_kernels *K, const T(gemm_scratch) *s, size_t kc,
-                        const REAL *apack, ptrdiff_t lda, const REAL *block, size_t N, size_t rows,
-                        REAL *C, ptrdiff_t ldc, const REAL *P, ptrdiff_t ldp,
+                        const REAL *apack, ptrdiff_t lda, const REAL *block, size_t panel_ld,
+                        size_t N, size_t rows, REAL *C, ptrdiff_t ldc, const REAL *P, ptrdiff_t ldp,
                         const REAL *const *q, int flags)
 {
     enum { MR_MAX = 32 };
     const size_t mr = K->mr, nr = K->nr;
     const void *q_cols[MR_MAX];
     for (size_t j0 = 0; j0 < N; j0 += nr) {
-        const REAL *panel = block + (j0 / nr) * kc * nr;
+        const REAL *panel = block + (j0 / nr) * panel_ld;
         const size_t cols = posenc_min(nr, N - j0);
         if (rows == mr && cols == nr) {
             if (flags & POSENC_UKR_ADD_Q)
@@ -171,24 +171,36 @@ static void T(tile_row)(const posenc_kernels *K, const T(gemm_scratch) *s, size_
  * (row i of P at P + i * ldp; p_flags POSENC_UKR_ADD_P / MUL_P or 0) and q
  * (row i at q[i], with POSENC_UKR_ADD_Q).
  * A (M x K) element (i, l) at A[i * a_rs + l * a_cs]; B already packed.
+ * kr (or NULL: all of K): per tile of mr rows, [kr[2t], kr[2t + 1]) the
+ * part of K where the tile's A may be nonzero; the rest is skipped.
  * K = 0 gives alpha * 0 (the content term of d = 0).
  */
 static void T(gemm_packed)(const posenc_kernels *K, const T(gemm_scratch) *s, size_t M,
                            const REAL *A, ptrdiff_t a_rs, ptrdiff_t a_cs, REAL alpha,
                            const T(packed_b) *pb, REAL *C, ptrdiff_t ldc, int accumulate,
-                           const REAL *P, ptrdiff_t ldp, const REAL *const *q, int p_flags)
+                           const REAL *P, ptrdiff_t ldp, const REAL *const *q, int p_flags,
+                           const size_t *kr)
 {
-    const size_t mr = K->mr, Kd = pb->K;
+    const size_t mr = K->mr, nr = K->nr, Kd = pb->K;
     for (size_t i0 = 0; i0 < M; i0 += mr) {
         const size_t rows = posenc_min(mr, M - i0);
         const REAL *a_tile = A + (ptrdiff_t)i0 * a_rs;
         REAL *c_tile = C + (ptrdiff_t)i0 * ldc;
         const REAL *p_tile = P ? P + (ptrdiff_t)i0 * ldp : NULL;
-        size_t pc = 0;
+        size_t k_end = kr ? kr[2 * (i0 / mr) + 1] : Kd;
+        size_t pc = kr ? kr[2 * (i0 / mr)] : 0;
+        if (pc >= k_end) {
+            if (accumulate && !p_flags && !q)
+                continue;   /* nothing to add */
+            pc = k_end = 0; /* kc = 0: the epilogue alone */
+        }
+        int first = 1;
         do {
-            const size_t kc = posenc_min(T_KC, Kd - pc);
-            const int last = pc + kc >= Kd;
-            int flags = (pc > 0 || accumulate) ? POSENC_UKR_ACCUMULATE : 0;
+            /* the packed block holding pc, and the part of it up to k_end */
+            const size_t blk = pc / T_KC * T_KC, blk_kc = posenc_min(T_KC, Kd - blk);
+            const size_t kc = posenc_min(blk + blk_kc, k_end) - pc;
+            const int last = pc + kc >= k_end;
+            int flags = (!first || accumulate) ? POSENC_UKR_ACCUMULATE : 0;
             if (last)
                 flags |= p_flags;   /* incl. POSENC_UKR_STREAM: only the final store streams */
             /* A full tile with a unit stride is read in place (BLIS packs it
@@ -205,24 +217,26 @@ static void T(gemm_packed)(const posenc_kernels *K, const T(gemm_scratch) *s, si
             } else {
                 T(pack_a)(s->apack, a_blk, a_rs, a_cs, rows, kc, mr, alpha);
             }
-            T(tile_row)(K, s, kc, a_ukr, lda, pb->data + pc * pb->n_pad, pb->N, rows, c_tile, ldc,
-                        last ? p_tile : NULL, ldp, q ? q + i0 : NULL, last ? flags : flags & ~POSENC_UKR_ADD_Q);
+            T(tile_row)(K, s, kc, a_ukr, lda, pb->data + blk * pb->n_pad + (pc - blk) * nr,
+                        blk_kc * nr, pb->N, rows, c_tile, ldc, last ? p_tile : NULL, ldp,
+                        q ? q + i0 : NULL, last ? flags : flags & ~POSENC_UKR_ADD_Q);
             pc += kc;
-        } while (pc < Kd);
+            first = 0;
+        } while (pc < k_end);
     }
 }
 
-/* gemm_packed after packing B (K x N) into `bbuf` with scale beta. */
+/* gemm_packed after packing B (K x N) into `bbuf` with scale beta; kr as there. */
 static void T(gemm)(const posenc_kernels *K, const T(gemm_scratch) *s, REAL *bbuf, size_t M,
                     size_t N, size_t Kd, const REAL *A, ptrdiff_t a_rs, ptrdiff_t a_cs,
                     const REAL *B, ptrdiff_t b_rs, ptrdiff_t b_cs, REAL beta, REAL *C,
-                    ptrdiff_t ldc, int accumulate)
+                    ptrdiff_t ldc, int accumulate, const size_t *kr)
 {
     if (M == 0 || N == 0)
         return;
     T(packed_b) pb;
     T(pack_b)(&pb, bbuf, B, b_rs, b_cs, Kd, N, K->nr, beta);
-    T(gemm_packed)(K, s, M, A, a_rs, a_cs, (REAL)1, &pb, C, ldc, accumulate, NULL, 0, NULL, 0);
+    T(gemm_packed)(K, s, M, A, a_rs, a_cs, (REAL)1, &pb, C, ldc, accumulate, NULL, 0, NULL, 0, kr);
 }
 
 /* -------------------------------------------------- positional row builders */
@@ -280,7 +294,7 @@ static void T(unit_ka)(const posenc_kernels *K, const T(gemm_scratch) *g, const 
     T(packed_b) pb;
     T(pack_b)(&pb, vk_pack, vk, 1, (ptrdiff_t)d, d, rk, K->nr, (REAL)p->vec_scale);
     T(gemm_packed)(K, g, p->m, k_u, (ptrdiff_t)d, 1, (REAL)1, &pb, ka, (ptrdiff_t)rk, 0, NULL, 0,
-                   NULL, 0);
+                   NULL, 0, NULL);
 }
 
 /*
@@ -302,7 +316,7 @@ static void T(tile_vq)(const posenc_kernels *K, const T(gemm_scratch) *g, const 
         *vq_head = (ptrdiff_t)hv;
     }
     T(gemm_packed)(K, g, rows, q_u + i0 * d, (ptrdiff_t)d, 1, (REAL)1, &pb, qa, (ptrdiff_t)rq_pad,
-                   0, NULL, 0, NULL, 0);
+                   0, NULL, 0, NULL, 0, NULL);
     if (posenc_runs_short(runs, p->n + p->m - 1))
         K->tile_gather_query(op, P, ldp, p->vq_map + (p->n - 1 - i0), runs->b_min, qa, rq_pad, p->m,
                              rows);

@@ -76,6 +76,25 @@ typedef struct {
 int posenc_seg_runs_build(posenc_seg_runs *s, const int64_t *seg_k, size_t B, size_t m);
 void posenc_seg_runs_free(posenc_seg_runs *s);
 
+/*
+ * Where a bucket matrix is zero.  The backward scatters G along diagonals
+ * into X (rows x R, columns = buckets b_min..b_max of `runs`): row x of X is
+ * a query row i (query side: offsets o = j - i, jb <= j < m) or a key j (key
+ * side: o = j - i, 0 <= i < n).  Its GEMMs X.V (a reduction over buckets)
+ * and X^T.Y (over rows) skip the blocks outside these spans: for each tile
+ * of `tile` output rows, [begin, end) of the reduction index beyond which
+ * the tile's entries of X are zero, so the skipped terms are products with
+ * exact zeros.  Spans are supersets, computed once per call.
+ */
+typedef struct {
+    size_t *by_row;      /* 2 per tile of rows: the buckets they reach */
+    size_t *by_bucket;   /* 2 per tile of buckets: the rows that reach them */
+} posenc_spans;
+
+int posenc_spans_build(posenc_spans *s, const posenc_runs *runs, const int64_t *map, size_t n,
+                       size_t m, int key_side, size_t jb, size_t tile);
+void posenc_spans_free(posenc_spans *s);
+
 /* 64-byte aligned allocation; NULL on failure or overflow. */
 void *posenc_alloc(size_t count, size_t size);
 void posenc_free(void *ptr);

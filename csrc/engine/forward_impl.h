@@ -90,7 +90,7 @@ static void T(fwd_build_v)(const T(fwd_ctx) *c, T(fwd_ws) *w, size_t h)
     T(packed_b) pb;
     T(pack_b)(&pb, w->dense_pack, pos_k, 1, (ptrdiff_t)dp, dp, m, K->nr, (REAL)p->dense_scale);
     T(gemm_packed)(K, &w->g, n, pos_q, (ptrdiff_t)dp, 1, (REAL)1, &pb, w->V, (ptrdiff_t)m, 0,
-                   NULL, 0, NULL, 0);
+                   NULL, 0, NULL, 0, NULL);
     if (p->table)
         T(rows_table)(K, POSENC_ADD, w->V, m,
                       c->tv + T(head_of)(p->table_heads, h) * (n + m - 1), n, m, 0, n);
@@ -137,7 +137,7 @@ static const REAL *T(fwd_positional)(const T(fwd_ctx) *c, T(fwd_ws) *w, size_t b
                 w->dense_head = (ptrdiff_t)hk;
             }
             T(gemm_packed)(K, &w->g, rows, (const REAL *)p->pos_q + (hq * n + i0) * dp,
-                           (ptrdiff_t)dp, 1, (REAL)1, &pb, w->P, (ptrdiff_t)ld, 0, NULL, 0, NULL, 0);
+                           (ptrdiff_t)dp, 1, (REAL)1, &pb, w->P, (ptrdiff_t)ld, 0, NULL, 0, NULL, 0, NULL);
             op = combine_op;
         }
         if (p->table) {
@@ -220,7 +220,7 @@ static void T(fwd_unit)(const T(fwd_ctx) *c, T(fwd_ws) *w, size_t b, size_t h, s
         }
         T(gemm_packed)(K, &w->g, rows, q_u + i0 * d, (ptrdiff_t)d, 1, (REAL)p->scale, &kb,
                        out_u + i0 * m, (ptrdiff_t)m, 0, P, ldp, c->seg_rows ? w->seg_row : NULL,
-                       flags);
+                       flags, NULL);
     }
 }
 

@@ -27,8 +27,9 @@
 #define NR (NRV * VL)
 
 /*
- * The register-tiled microkernel (BLIS style): an MR x NR tile of A.B from
- * packed panels, then the epilogue.  kc may be 0 (d = 0: content term zero).
+ * The register-tiled microkernel (BLIS style): an MR x NR tile of A.B from a
+ * packed B panel and A in any of the layouts of posenc.h, then the epilogue.
+ * kc may be 0 (d = 0: content term zero).
  */
 static void KNAME(posenc_ukr)(size_t kc, const void *a_, ptrdiff_t lda, const void *b_, void *c_,
                               ptrdiff_t ldc, const void *p_, ptrdiff_t ldp, const void *const *q,
