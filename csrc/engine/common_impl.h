@@ -62,15 +62,11 @@ static void T(pack_b)(T(packed_b) *pb, REAL *buffer, const REAL *B, ptrdiff_t rs
         const size_t kc = posenc_min(T_KC, K - pc);
         REAL *block = buffer + pc * pb->n_pad;
         for (size_t j0 = 0; j0 < N; j0 += nr) {
-            REAL *restrict panel = block + (j0 / nr) * kc * nr;
+            REAL *panel = block + (j0 / nr) * kc * nr;
             const size_t cols = posenc_min(nr, N - j0);
             if (cols < nr)
                 memset(panel, 0, sizeof(REAL) * kc * nr);
-            if (cs == 1 && cols == nr && alpha == (REAL)1) {
-                for (size_t l = 0; l < kc; ++l)
-                    memcpy(panel + l * nr, B + (ptrdiff_t)(pc + l) * rs + (ptrdiff_t)j0,
-                           sizeof(REAL) * nr);
-            } else if (cs == 1) {
+            if (cs == 1) {
                 for (size_t l = 0; l < kc; ++l) {
                     const REAL *restrict src = B + (ptrdiff_t)(pc + l) * rs + (ptrdiff_t)j0;
                     for (size_t c = 0; c < cols; ++c)
