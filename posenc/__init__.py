@@ -14,7 +14,6 @@ ISA and threads: ``posenc.capabilities()``, ``posenc.get_isa()``,
 
 from __future__ import annotations
 
-import inspect
 import os
 
 try:
@@ -26,14 +25,10 @@ except ImportError as exc:   # a source checkout without the built extension
         "another directory), or build in place with `python setup.py build_ext --inplace`."
     ) from exc
 from . import _checks, _methods, buckets
-from ._docstrings import backward_doc, forward_doc
-from ._grads import (  # noqa: F401  the gradient named tuples
-    GRAD_FIELDS, GRAD_TYPES, ContentGrads, DebertaGrads, DietAbsGrads, DietRelGrads, M2Grads,
-    M4Grads, M4mGrads, ShawGrads, T5Grads, TupeGrads)
+from ._registry import GRAD_FIELDS, GRAD_TYPES, METHODS, REGISTRY, backward_doc, forward_doc
+from ._signatures import define
 
 __version__ = "0.1.0"
-
-METHODS = ("content", "shaw", "t5", "m2", "m4", "m4m", "deberta", "tupe", "diet_abs", "diet_rel")
 
 
 def capabilities() -> list:
@@ -68,44 +63,41 @@ def build_info() -> dict:
     return dict(_C.build_info())
 
 
-def _make_forward(method: str):
-    checker = _checks.CHECKERS[method]
-
-    def forward(*args, **kwargs):
-        return _methods.forward(checker(*args, **kwargs))
-
-    forward.__name__ = forward.__qualname__ = method
-    forward.__signature__ = inspect.signature(checker)
-    forward.__doc__ = forward_doc(method, "the C kernels")
-    return forward
+_WHERE = "the C kernels"
 
 
-def _make_backward(method: str):
-    checker = _checks.CHECKERS[method]
+def _forward(method: str):
+    spec = REGISTRY[method]
+    check, forward = _checks.check, _methods.forward
 
-    def backward(G, *args, **kwargs):
-        if "out" in kwargs:
-            raise TypeError(f"{method}_backward() got an unexpected keyword argument 'out'")
-        problem = checker(*args, **kwargs)
+    def body(tensors, params, out):
+        return forward(check(spec, tensors, params, out))
+
+    return define(method, body, name=method, doc=forward_doc(method, _WHERE))
+
+
+def _backward(method: str):
+    spec = REGISTRY[method]
+
+    def body(G, tensors, params, _out):
+        problem = _checks.check(spec, tensors, params, None)
         return _methods.backward(problem, _checks.check_grad(G, problem))
 
-    params = [p for name, p in inspect.signature(checker).parameters.items() if name != "out"]
-    params.insert(0, inspect.Parameter("G", inspect.Parameter.POSITIONAL_OR_KEYWORD))
-    backward.__name__ = backward.__qualname__ = method + "_backward"
-    backward.__signature__ = inspect.Signature(params)
-    backward.__doc__ = backward_doc(method, GRAD_FIELDS[method], "the C kernels")
-    return backward
+    return define(method, body, name=method + "_backward", grad=True, out=False,
+                  doc=backward_doc(method, _WHERE))
 
 
+# The gradient named tuples by their class names (ShawGrads, T5Grads, ...).
+_GRAD_NAMES = [GRAD_TYPES[method].__name__ for method in METHODS]
 for _method in METHODS:
-    globals()[_method] = _make_forward(_method)
-    globals()[_method + "_backward"] = _make_backward(_method)
+    globals()[_method] = _forward(_method)
+    globals()[_method + "_backward"] = _backward(_method)
+    globals()[GRAD_TYPES[_method].__name__] = GRAD_TYPES[_method]
 del _method
 
 __all__ = list(METHODS) + [m + "_backward" for m in METHODS] + [
     "capabilities", "get_isa", "set_isa", "get_num_threads", "set_num_threads", "build_info",
-    "buckets", "METHODS", "GRAD_FIELDS", "GRAD_TYPES", "ContentGrads", "ShawGrads", "T5Grads",
-    "M2Grads", "M4Grads", "M4mGrads", "DebertaGrads", "TupeGrads", "DietAbsGrads", "DietRelGrads"]
+    "buckets", "METHODS", "GRAD_FIELDS", "GRAD_TYPES"] + _GRAD_NAMES
 
 if os.environ.get("POSENC_ISA"):
     set_isa(os.environ["POSENC_ISA"].strip().lower())

@@ -21,8 +21,8 @@ import dataclasses
 import numpy as np
 
 from . import _C, reference
-from ._examples import METHODS, float_inputs, make_inputs, with_inputs
-from ._grads import GRAD_FIELDS
+from ._examples import METHODS, dense_rank, float_inputs, make_inputs, with_inputs
+from ._registry import GRAD_FIELDS
 
 F64_RTOL = 1e-12
 EPS32 = float(np.finfo(np.float32).eps)
@@ -82,7 +82,7 @@ def check_one(method: str, dtype, *, B=2, H=3, n=33, m=17, d=16, shared=False, s
     G = rng.standard_normal((B, H, n, m)).astype(dtype)
     args64, kwargs64 = _as64(method, args, kwargs)
     G64 = G.astype(np.float64)
-    d_p = args[2].shape[-1] if method in ("tupe", "diet_abs") else 0
+    d_p = dense_rank(method, args, kwargs)
 
     got = getattr(posenc, method)(*args, **kwargs)
     ref = reference.__dict__[method](*args64, **kwargs64)

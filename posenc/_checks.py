@@ -1,9 +1,9 @@
 """Argument validation shared by every namespace (SPEC §1 and §5).
 
-`posenc.<name>`, `posenc.reference.<name>` and `posenc.torch.<name>` all call
-the same checker, so the three raise the same exception for the same bad
-input.  A checker returns a `Problem`: the arrays (dtypes checked, never
-copied), the sizes, and the method's parameters with defaults resolved.
+`posenc.<name>`, `posenc.reference.<name>` and `posenc.torch.<name>` all run
+`check` on the method's registry entry, so the three raise the same exception
+for the same bad input.  `check` returns a `Problem`: the arrays (dtypes
+checked, never copied), the sizes, and the parameters with defaults resolved.
 
 Error policy (SPEC §5): `TypeError` for a wrong type or dtype, `ValueError`
 for a wrong rank, shape or value.  Every message names the argument and shows
@@ -12,31 +12,28 @@ what was expected and what was received.
 
 from __future__ import annotations
 
-import math
 import numbers
-from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import buckets
+from ._registry import INDEX_TENSORS, REGISTRY, Dense, Reset, Segments, Table
+from ._signatures import define
 
 FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
 
-@dataclass
 class Problem:
-    """A validated call: sizes, dtype, arrays by argument name, parameters."""
+    """A validated call: sizes, dtype, the given arrays by argument name, the
+    parameters with defaults resolved (and "d_p" for a dense factor)."""
 
-    method: str
-    dtype: np.dtype
-    B: int
-    H: int
-    n: int
-    m: int
-    d: int
-    arrays: dict = field(default_factory=dict)
-    params: dict = field(default_factory=dict)
-    out: np.ndarray | None = None
+    __slots__ = ("method", "dtype", "B", "H", "n", "m", "d", "arrays", "params", "out")
+
+    def __init__(self, method, dtype, B, H, n, m, d, arrays=None, params=None, out=None):
+        self.method, self.dtype = method, dtype
+        self.B, self.H, self.n, self.m, self.d = B, H, n, m, d
+        self.arrays = {} if arrays is None else arrays
+        self.params = {} if params is None else params
+        self.out = out
 
 
 def _shape_str(shape) -> str:
@@ -52,14 +49,16 @@ def require_ndarray(name: str, value) -> np.ndarray:
     return value
 
 
-def check_floats(named: dict) -> np.dtype:
-    """Every given float argument is float32 or float64, all the same dtype."""
+def check_floats(named) -> np.dtype:
+    """Every given float argument (a dict, or (name, value) pairs) is float32 or
+    float64, all the same dtype."""
     dtype = None
     first = None
-    for name, value in named.items():
+    for name, value in (named.items() if isinstance(named, dict) else named):
         if value is None:
             continue
-        require_ndarray(name, value)
+        if value.__class__ is not np.ndarray:
+            require_ndarray(name, value)
         if value.dtype not in FLOAT_DTYPES:
             raise TypeError(
                 f"{name} must have dtype float32 or float64, got {value.dtype}"
@@ -134,9 +133,7 @@ def _heads(H: int) -> set:
     return {H, 1}
 
 
-def check_qk(q, k, *, rank_name="q") -> tuple:
-    require_ndarray("q", q)
-    require_ndarray("k", k)
+def check_qk(q, k) -> tuple:
     check_rank("q", q, 4, "(B, H, n, d)")
     check_rank("k", k, 4, "(B, H, m, d)")
     B, H, n, d = q.shape
@@ -216,6 +213,7 @@ def check_grad(G, problem: Problem) -> np.ndarray:
 
 
 def _begin(method, q, k, floats: dict) -> Problem:
+    """The checks every (q, k) function starts with (the reference's baselines use it too)."""
     require_ndarray("q", q)
     require_ndarray("k", k)
     dtype = check_floats({"q": q, "k": k, **floats})
@@ -223,149 +221,88 @@ def _begin(method, q, k, floats: dict) -> Problem:
     return Problem(method, dtype, B, H, n, m, d, arrays={"q": q, "k": k})
 
 
-# ---------------------------------------------------------------- the methods
+_PARAM_MINIMUM = {"att_span": 1}
 
-def content(q, k, *, scale=None, out=None):
-    p = _begin("content", q, k, {})
-    p.params["scale"] = check_scale(scale, 1.0 / math.sqrt(p.d) if p.d else 1.0)
-    check_out(out, p)
+
+def check(spec, tensors: tuple, params: tuple, out) -> Problem:
+    """Validate one call of method `spec` (a posenc._registry.Method).
+
+    `tensors` and `params` are the call's values in the order of
+    spec.tensors and spec.params.  The order of the checks -- types and
+    dtypes, then q and k, then parameters, then each term's shapes, then
+    out -- is the same for every namespace, so each raises the same error.
+    """
+    arrays = {}
+    floats = []
+    for name, value in zip(spec.tensors, tensors):
+        if value is None:
+            if name not in spec.optional:
+                raise TypeError(f"{name} is required: a numpy.ndarray, got None")
+            continue
+        arrays[name] = value
+        if name not in INDEX_TENSORS:
+            floats.append((name, value))
+    q, k = tensors[0], tensors[1]
+    if q.__class__ is not np.ndarray:
+        require_ndarray("q", q)
+    if k.__class__ is not np.ndarray:
+        require_ndarray("k", k)
+    dtype = check_floats(floats)
+    B, H, n, m, d = check_qk(q, k)
+    values = {}
+    for (name, _), value in zip(spec.params, params):
+        if name == "scale":
+            values[name] = check_scale(value, spec.default_scale(d))
+        elif name == "bidirectional":
+            values[name] = check_bool(name, value)
+        else:
+            values[name] = check_int(name, value, _PARAM_MINIMUM.get(name))
+    bucket_map = spec.map
+    if bucket_map is not None:
+        bucket_map.check(values)
+        rows = bucket_map.rows(values)
+    p = Problem(spec.name, dtype, B, H, n, m, d, arrays, values)
+    heads = {H, 1}
+    checked = set()
+    for term in spec.terms:
+        kind = term.__class__
+        if kind is Dense:
+            _check_dense(p, arrays[term.query], arrays[term.key], term.query, term.key)
+        elif kind is Segments:
+            check_segments(arrays.get("segment_q"), arrays.get("segment_k"),
+                           arrays.get("segment_table"), B, H, n, m)
+        else:
+            name = term.name
+            table = arrays.get(name)
+            if table is None or name in checked:
+                continue
+            checked.add(name)
+            if kind is Table:
+                check_shape(name, table, (heads, rows), f"(H|1, {rows})")
+            elif kind is Reset:
+                check_shape(name, table, (heads, 2), "(H|1, 2)")
+            else:    # QueryTable, KeyTable
+                check_shape(name, table, (heads, rows, d), f"(H|1, {rows}, d)")
+    if out is not None:
+        check_out(out, p)
     return p
 
 
-def _vector_table(p: Problem, name: str, table, rows: int) -> None:
-    check_shape(name, table, (_heads(p.H), rows, p.d), f"(H|1, {rows}, d)")
-    p.arrays[name] = table
+def _check_dense(p: Problem, pos_q, pos_k, query: str, key: str) -> None:
+    check_rank(query, pos_q, 3, "(H|1, n, d_p)")
+    check_rank(key, pos_k, 3, "(H|1, m, d_p)")
+    d_p = pos_q.shape[2]
+    check_shape(query, pos_q, ({p.H, 1}, p.n, d_p), "(H|1, n, d_p)")
+    check_shape(key, pos_k, ({p.H, 1}, p.m, d_p), "(H|1, m, d_p)")
+    p.params["d_p"] = d_p
 
 
-def _scalar_table(p: Problem, name: str, table, rows: int) -> None:
-    check_shape(name, table, (_heads(p.H), rows), f"(H|1, {rows})")
-    p.arrays[name] = table
+def _checker(method: str):
+    spec = REGISTRY[method]
+    return define(method, lambda tensors, params, out: check(spec, tensors, params, out),
+                  name=method, module=__name__,
+                  doc=f"Check a call of posenc.{method}; return its Problem or raise.")
 
 
-def _clipped_method(method, q, k, table, *, max_distance, scale, out, vector):
-    name = "rel_k" if vector else "rel"
-    p = _begin(method, q, k, {name: table})
-    t = check_int("max_distance", max_distance)
-    buckets.check_clipped(t)
-    p.params["max_distance"] = t
-    p.params["scale"] = check_scale(scale, 1.0 / math.sqrt(p.d) if p.d else 1.0)
-    if vector:
-        _vector_table(p, name, table, 2 * t + 1)
-    else:
-        _scalar_table(p, name, table, 2 * t + 1)
-    check_out(out, p)
-    return p
-
-
-def shaw(q, k, rel_k, *, max_distance, scale=None, out=None):
-    return _clipped_method("shaw", q, k, rel_k, max_distance=max_distance, scale=scale,
-                           out=out, vector=True)
-
-
-def m2(q, k, rel, *, max_distance, scale=None, out=None):
-    return _clipped_method("m2", q, k, rel, max_distance=max_distance, scale=scale,
-                           out=out, vector=False)
-
-
-def m4(q, k, rel_k, *, max_distance, scale=None, out=None):
-    return _clipped_method("m4", q, k, rel_k, max_distance=max_distance, scale=scale,
-                           out=out, vector=True)
-
-
-def m4m(q, k, rel_k, *, max_distance, scale=None, out=None):
-    return _clipped_method("m4m", q, k, rel_k, max_distance=max_distance, scale=scale,
-                           out=out, vector=True)
-
-
-def _t5_params(p: Problem, num_buckets, max_distance, bidirectional) -> None:
-    nb = check_int("num_buckets", num_buckets)
-    md = check_int("max_distance", max_distance)
-    bd = check_bool("bidirectional", bidirectional)
-    buckets.check_t5(nb, md, bd)
-    p.params.update(num_buckets=nb, max_distance=md, bidirectional=bd)
-
-
-def t5(q, k, bias, *, num_buckets=32, max_distance=128, bidirectional=True, scale=1.0, out=None):
-    p = _begin("t5", q, k, {"bias": bias})
-    _t5_params(p, num_buckets, max_distance, bidirectional)
-    p.params["scale"] = check_scale(scale, 1.0)
-    _scalar_table(p, "bias", bias, p.params["num_buckets"])
-    check_out(out, p)
-    return p
-
-
-def deberta(q, k, pos_key, pos_query, *, att_span, position_buckets=-1,
-            max_relative_positions=-1, scale=None, out=None):
-    p = _begin("deberta", q, k, {"pos_key": pos_key, "pos_query": pos_query})
-    span = check_int("att_span", att_span, minimum=1)
-    pb = check_int("position_buckets", position_buckets)
-    mrp = check_int("max_relative_positions", max_relative_positions)
-    if pb > 0 and mrp > 0:
-        buckets.check_deberta_log(pb, mrp)
-    p.params.update(att_span=span, position_buckets=pb, max_relative_positions=mrp)
-    p.params["scale"] = check_scale(scale, 1.0 / math.sqrt(3 * p.d) if p.d else 1.0)
-    _vector_table(p, "pos_key", pos_key, 2 * span)
-    _vector_table(p, "pos_query", pos_query, 2 * span)
-    check_out(out, p)
-    return p
-
-
-def _dense(p: Problem, pos_q, pos_k) -> None:
-    check_rank("pos_q", pos_q, 3, "(H|1, n, d_p)")
-    check_rank("pos_k", pos_k, 3, "(H|1, m, d_p)")
-    dp = pos_q.shape[2]
-    check_shape("pos_q", pos_q, (_heads(p.H), p.n, dp), "(H|1, n, d_p)")
-    check_shape("pos_k", pos_k, (_heads(p.H), p.m, dp), "(H|1, m, d_p)")
-    p.arrays["pos_q"] = pos_q
-    p.arrays["pos_k"] = pos_k
-    p.params["d_p"] = dp
-
-
-def tupe(q, k, pos_q, pos_k, *, bias=None, theta=None, num_buckets=32, max_distance=128,
-         bidirectional=True, scale=None, out=None):
-    p = _begin("tupe", q, k, {"pos_q": pos_q, "pos_k": pos_k, "bias": bias, "theta": theta})
-    _dense(p, pos_q, pos_k)
-    p.params["scale"] = check_scale(scale, 1.0 / math.sqrt(2 * p.d) if p.d else 1.0)
-    _t5_params(p, num_buckets, max_distance, bidirectional)   # checked even when unused
-    if bias is not None:
-        _scalar_table(p, "bias", bias, p.params["num_buckets"])
-    if theta is not None:
-        check_shape("theta", theta, (_heads(p.H), 2), "(H|1, 2)")
-        p.arrays["theta"] = theta
-    check_out(out, p)
-    return p
-
-
-def _diet_segments(p, segment_q, segment_k, segment_table):
-    if segment_table is not None:
-        check_floats({"q": p.arrays["q"], "segment_table": segment_table})
-    p.arrays.update(check_segments(segment_q, segment_k, segment_table, p.B, p.H, p.n, p.m))
-
-
-def diet_abs(q, k, pos_q, pos_k, *, segment_q=None, segment_k=None, segment_table=None,
-             scale=None, out=None):
-    p = _begin("diet_abs", q, k, {"pos_q": pos_q, "pos_k": pos_k})
-    _dense(p, pos_q, pos_k)
-    _diet_segments(p, segment_q, segment_k, segment_table)
-    p.params["scale"] = check_scale(scale, 1.0 / math.sqrt(p.d) if p.d else 1.0)
-    check_out(out, p)
-    return p
-
-
-def diet_rel(q, k, rel, *, max_distance, segment_q=None, segment_k=None, segment_table=None,
-             scale=None, out=None):
-    p = _begin("diet_rel", q, k, {"rel": rel})
-    t = check_int("max_distance", max_distance)
-    buckets.check_clipped(t)
-    p.params["max_distance"] = t
-    _scalar_table(p, "rel", rel, 2 * t + 1)
-    _diet_segments(p, segment_q, segment_k, segment_table)
-    p.params["scale"] = check_scale(scale, 1.0 / math.sqrt(p.d) if p.d else 1.0)
-    check_out(out, p)
-    return p
-
-
-CHECKERS = {
-    "content": content, "shaw": shaw, "t5": t5, "m2": m2, "m4": m4, "m4m": m4m,
-    "deberta": deberta, "tupe": tupe, "diet_abs": diet_abs, "diet_rel": diet_rel,
-}
+# One checker per method, with the method's signature (what every namespace runs).
+CHECKERS = {method: _checker(method) for method in REGISTRY}

@@ -1,13 +1,14 @@
-"""Random inputs for every method: used by `python -m posenc check`, the
-benchmarks and the tests, so all three exercise the same configurations."""
+"""Random inputs for every method, from its registry entry: used by
+`python -m posenc check`, the benchmarks and the tests, so all three
+exercise the same configurations."""
 
 from __future__ import annotations
 
 import numpy as np
 
-# Methods whose positional term needs n == m to be meaningful in its paper
-# still accept n != m here; every method does.
-METHODS = ("content", "shaw", "t5", "m2", "m4", "m4m", "deberta", "tupe", "diet_abs", "diet_rel")
+from ._registry import GRAD_FIELDS, METHODS, REGISTRY, Dense, Segments, Table
+
+__all__ = ["METHODS", "make_inputs", "float_inputs", "with_inputs", "dense_rank"]
 
 
 def make_inputs(method: str, B: int, H: int, n: int, m: int, d: int, *, dtype=np.float64,
@@ -17,10 +18,16 @@ def make_inputs(method: str, B: int, H: int, n: int, m: int, d: int, *, dtype=np
                 att_span: int = 8):
     """(args, kwargs) for posenc.<method>(*args, **kwargs).
 
+    Required tensors are positional, optional ones and parameters keywords.
     shared=True gives every positional parameter a head axis of 1.
-    Parameters are drawn standard normal; tables of multiplicative methods
-    (m2) around 1 so the logits keep the content's scale.
+    Parameters are drawn standard normal; the tables of product methods (m2)
+    around 1 so the logits keep the content's scale.  The optional terms
+    (TUPE's bias and theta, DIET's segments) are given unless turned off.
+    Dense factors have rank d_p (default d, or d // 2 when unscaled: DIET-ABS).
     """
+    if method not in REGISTRY:
+        raise ValueError(f"unknown method {method!r}; expected one of {', '.join(METHODS)}")
+    spec = REGISTRY[method]
     rng = np.random.default_rng(0) if rng is None else rng
     Hp = 1 if shared else H
     dt = np.dtype(dtype)
@@ -28,54 +35,50 @@ def make_inputs(method: str, B: int, H: int, n: int, m: int, d: int, *, dtype=np
     def normal(*shape):
         return rng.standard_normal(shape).astype(dt)
 
-    q, k = normal(B, H, n, d), normal(B, H, m, d)
     kw: dict = {}
-    args = [q, k]
-    t = max_distance
-    if method == "shaw" or method == "m4" or method == "m4m":
-        args.append(normal(Hp, 2 * t + 1, d))
-        kw["max_distance"] = t
-    elif method == "m2":
-        args.append((1.0 + 0.5 * rng.standard_normal((Hp, 2 * t + 1))).astype(dt))
-        kw["max_distance"] = t
-    elif method == "t5":
-        args.append(normal(Hp, num_buckets))
-        kw.update(num_buckets=num_buckets, max_distance=t5_max_distance)
-    elif method == "deberta":
-        span = att_span
-        args += [normal(Hp, 2 * span, d), normal(Hp, 2 * span, d)]
-        kw["att_span"] = span
-        if log_buckets:
-            kw.update(position_buckets=span, max_relative_positions=4 * span)
-    elif method == "tupe":
-        dp = d if d_p is None else d_p
-        args += [normal(Hp, n, dp), normal(Hp, m, dp)]
-        if bias:
-            kw.update(bias=normal(Hp, num_buckets), num_buckets=num_buckets,
-                      max_distance=t5_max_distance)
-        if theta:
-            kw["theta"] = normal(Hp, 2)
-    elif method in ("diet_abs", "diet_rel"):
-        if method == "diet_abs":
-            dp = max(1, d // 2) if d_p is None else d_p
-            args += [normal(Hp, n, dp), normal(Hp, m, dp)]
-        else:
-            args.append(normal(Hp, 2 * t + 1))
-            kw["max_distance"] = t
-        if segments:
-            # contiguous segments, as sentence pairs are laid out
-            kw["segment_q"] = np.sort(rng.integers(0, segments, size=(B, n)), axis=1)
-            kw["segment_k"] = np.sort(rng.integers(0, segments, size=(B, m)), axis=1)
-            kw["segment_table"] = normal(Hp, segments, segments)
-    elif method != "content":
-        raise ValueError(f"unknown method {method!r}; expected one of {', '.join(METHODS)}")
+    if spec.map is not None:
+        kw.update({"clipped": {"max_distance": max_distance},
+                   "clipped_reversed": {"max_distance": max_distance},
+                   "t5": {"num_buckets": num_buckets, "max_distance": t5_max_distance},
+                   "deberta": {"att_span": att_span, **(
+                       {"position_buckets": att_span, "max_relative_positions": 4 * att_span}
+                       if log_buckets else {})}}[spec.bucket])
+        rows = spec.map.rows({"bidirectional": True, **kw})
+    wanted = {"bias": bias, "theta": theta, "segment_table": bool(segments)}
+    values = {"q": normal(B, H, n, d), "k": normal(B, H, m, d)}
+    for term in spec.terms:
+        if isinstance(term, Dense):
+            rank = (d if term.scaled else max(1, d // 2)) if d_p is None else d_p
+            values[term.query], values[term.key] = normal(Hp, n, rank), normal(Hp, m, rank)
+        elif isinstance(term, Segments):
+            if segments:   # contiguous segments, as sentence pairs are laid out
+                values["segment_q"] = np.sort(rng.integers(0, segments, size=(B, n)), axis=1)
+                values["segment_k"] = np.sort(rng.integers(0, segments, size=(B, m)), axis=1)
+                values["segment_table"] = normal(Hp, segments, segments)
+        elif term.name in values or (term.name in spec.optional and not wanted[term.name]):
+            continue
+        elif isinstance(term, Table):
+            table = normal(Hp, rows)
+            values[term.name] = (1.0 + 0.5 * table).astype(dt) if spec.product else table
+        elif term.name == "theta":
+            values[term.name] = normal(Hp, 2)
+        else:                                  # a vector table
+            values[term.name] = normal(Hp, rows, d)
+    args = [values[name] for name in spec.tensors if name not in spec.optional]
+    kw.update({name: values[name] for name in spec.tensors
+               if name in spec.optional and name in values})
     return args, kw
+
+
+def dense_rank(method: str, args, kwargs) -> int:
+    """d_p of a method's dense factor in a call (0 without one)."""
+    for term in REGISTRY[method].term(Dense):
+        return float_inputs(method, args, kwargs)[term.query].shape[-1]
+    return 0
 
 
 def float_inputs(method: str, args, kwargs) -> dict:
     """The float (differentiable) inputs by argument name."""
-    from ._grads import GRAD_FIELDS
-
     names = GRAD_FIELDS[method]
     found = dict(zip(names, args))
     for name in names:
@@ -86,8 +89,6 @@ def float_inputs(method: str, args, kwargs) -> dict:
 
 def with_inputs(method: str, args, kwargs, replace: dict):
     """(args, kwargs) with some float inputs replaced by name."""
-    from ._grads import GRAD_FIELDS
-
     names = GRAD_FIELDS[method]
     new_args = [replace.get(names[t], a) if t < len(names) else a for t, a in enumerate(args)]
     new_kwargs = {key: replace.get(key, value) for key, value in kwargs.items()}

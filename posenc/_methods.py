@@ -1,139 +1,127 @@
 """Every method of SPEC §3 as a configuration of the one C engine.
 
-A method is the content term plus positional terms of five kinds (dense
-factor, scalar table, query-side and key-side vector tables, segment table,
-[CLS] reset) combined by sum or product; `_configure` says which, with which
-bucket map.  The public functions validate with `_checks` (shared with the
-reference), configure, and call `posenc._C`.
+`configure` turns a checked `Problem` into an `EngineConfig` (posenc._engine)
+from the method's registry entry: the content scale, sum or product, and one
+engine slot per term (the dense factor, the scalar table, the query- and
+key-side vector tables, the segments, the [CLS] reset), each table with the
+bucket map of the entry.  `forward` and `backward` call posenc._C with it.
 """
 
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 
-from . import _C, _checks, buckets
-from ._grads import GRAD_TYPES
+from . import _C
+from ._engine import ENGINE_GRADS, EngineConfig
+from ._registry import (GRAD_TYPES, REGISTRY, Dense, KeyTable, QueryTable, Reset, Segments, Table,
+                        diagonal_map)
 
-# Order of the gradients posenc._C.backward returns.
-ENGINE_GRADS = ("q", "k", "pos_q", "pos_k", "table", "vq_table", "vk_table", "seg_table", "theta")
-
-
-def _offsets(n: int, m: int) -> np.ndarray:
-    """o = j - i for the n + m - 1 diagonals, o from -(n - 1) to m - 1."""
-    if n == 0 or m == 0:
-        return np.zeros(0, dtype=np.int64)
-    return np.arange(-(n - 1), m, dtype=np.int64)
+_ENGINE_BIT = {name: 1 << bit for bit, name in enumerate(ENGINE_GRADS)}
 
 
-@functools.lru_cache(maxsize=256)
-def _bucket_map(kind: str, params: tuple, n: int, m: int) -> np.ndarray:
-    """A bucket map over the offsets j - i, computed once per shape."""
-    o = _offsets(n, m)
-    if kind == "clipped":
-        result = buckets.clipped(o, params[0])
-    elif kind == "clipped_reversed":          # DIET eq. (3): R_{i-j}
-        result = buckets.clipped(-o, params[0])
-    elif kind == "t5":
-        result = buckets.t5(o, *params)
-    elif kind == "deberta":
-        span, position_buckets, max_relative = params
-        delta = -o                            # DeBERTa's delta = i - j
-        if position_buckets > 0 and max_relative > 0:
-            delta = buckets.deberta_log(delta, position_buckets, max_relative)
-        result = np.clip(delta + span, 0, 2 * span - 1)
-    else:
-        raise AssertionError(kind)
-    result = np.ascontiguousarray(result, dtype=np.int64)
-    result.setflags(write=False)
-    return result
+def _engine_slots(spec) -> tuple:
+    """For each gradient field of `spec`, the index of its _C.backward entry."""
+    slot = {"q": 0, "k": 1}
+    for term in spec.terms:
+        if isinstance(term, Dense):
+            slot[term.query], slot[term.key] = 2, 3
+        elif isinstance(term, Segments):
+            slot["segment_table"] = 7
+        elif term.name not in slot:     # M4/M4M: one table on both sides, one gradient
+            slot[term.name] = ENGINE_GRADS.index(term.engine[0])
+    return tuple(slot[field] for field in spec.grad_fields)
 
 
-def _configure(p: _checks.Problem):
-    """(engine keyword arguments, {gradient field: engine gradients summed})."""
-    a, prm, n, m = p.arrays, p.params, p.n, p.m
+SLOTS = {name: _engine_slots(spec) for name, spec in REGISTRY.items()}
+
+
+def configure(p) -> EngineConfig:
+    """The engine's problem for a checked call of p's method."""
+    spec = REGISTRY[p.method]
+    a, prm = p.arrays, p.params
     s = prm["scale"]
-    kw = {"scale": s}
-    fields = {"q": ("q",), "k": ("k",)}
-    method = p.method
-    if method == "content":
-        pass
-    elif method in ("shaw", "m4", "m4m"):
-        rel_map = _bucket_map("clipped", (prm["max_distance"],), n, m)
-        kw.update(vq_table=a["rel_k"], vq_map=rel_map)
-        fields["rel_k"] = ("vq_table",)
-        if method != "shaw":                  # M4 / M4M: q.a and k.a share the table
-            kw.update(vk_table=a["rel_k"], vk_map=rel_map)
-            fields["rel_k"] = ("vq_table", "vk_table")
-        if method == "m4m":
-            kw.update(combine=True, vec_scale=1.0)
-        else:
-            kw.update(vec_scale=s)
-    elif method == "t5":
-        kw.update(table=a["bias"], table_map=_bucket_map(
-            "t5", (prm["num_buckets"], prm["max_distance"], prm["bidirectional"]), n, m))
-        fields["bias"] = ("table",)
-    elif method == "m2":
-        kw.update(combine=True, table=a["rel"],
-                  table_map=_bucket_map("clipped", (prm["max_distance"],), n, m))
-        fields["rel"] = ("table",)
-    elif method == "deberta":
-        pmap = _bucket_map("deberta", (prm["att_span"], prm["position_buckets"],
-                                       prm["max_relative_positions"]), n, m)
-        kw.update(vq_table=a["pos_key"], vq_map=pmap, vk_table=a["pos_query"], vk_map=pmap,
-                  vec_scale=s)
-        fields.update(pos_key=("vq_table",), pos_query=("vk_table",))
-    elif method == "tupe":
-        kw.update(pos_q=a["pos_q"], pos_k=a["pos_k"], dense_scale=s)
-        fields.update(pos_q=("pos_q",), pos_k=("pos_k",))
-        if "bias" in a:
-            kw.update(table=a["bias"], table_map=_bucket_map(
-                "t5", (prm["num_buckets"], prm["max_distance"], prm["bidirectional"]), n, m))
-            fields["bias"] = ("table",)
-        if "theta" in a:
-            kw.update(theta=a["theta"])
-            fields["theta"] = ("theta",)
-    elif method in ("diet_abs", "diet_rel"):
-        if method == "diet_abs":
-            kw.update(pos_q=a["pos_q"], pos_k=a["pos_k"], dense_scale=1.0)
-            fields.update(pos_q=("pos_q",), pos_k=("pos_k",))
-        else:
-            kw.update(table=a["rel"],
-                      table_map=_bucket_map("clipped_reversed", (prm["max_distance"],), n, m))
-            fields["rel"] = ("table",)
-        if "segment_table" in a:
-            kw.update(seg_q=a["segment_q"], seg_k=a["segment_k"], seg_table=a["segment_table"])
-            fields["segment_table"] = ("seg_table",)
-    else:
-        raise AssertionError(method)
-    return kw, fields
+    slots = dict(q=a["q"], k=a["k"], product=spec.product, scale=s, pos_q=None, pos_k=None,
+                 dense_scale=1.0, table=None, table_map=None, query_table=None, query_map=None,
+                 key_table=None, key_map=None, vector_scale=1.0 if spec.product else s,
+                 segment_q=None, segment_k=None, segment_table=None, theta=None)
+    rows = None
+    if spec.bucket is not None:
+        rows = diagonal_map(spec.bucket, tuple(prm[name] for name in spec.map.params), p.n, p.m)
+    for term in spec.terms:
+        kind = term.__class__
+        if kind is Dense:
+            slots.update(pos_q=a[term.query], pos_k=a[term.key],
+                         dense_scale=s if term.scaled else 1.0)
+        elif kind is Segments:
+            if "segment_table" in a:
+                slots.update(segment_q=a["segment_q"], segment_k=a["segment_k"],
+                             segment_table=a["segment_table"])
+        elif term.name in a:
+            table = a[term.name]
+            if kind is Table:
+                slots.update(table=table, table_map=rows)
+            elif kind is QueryTable:
+                slots.update(query_table=table, query_map=rows)
+            elif kind is KeyTable:
+                slots.update(key_table=table, key_map=rows)
+            elif kind is Reset:
+                slots.update(theta=table)
+    return EngineConfig(**slots)
 
 
-def forward(p: _checks.Problem) -> np.ndarray:
-    kw, _ = _configure(p)
-    return _C.forward(p.arrays["q"], p.arrays["k"], out=p.out, **kw)
+def forward(p, config: EngineConfig | None = None) -> np.ndarray:
+    return _C.forward(configure(p) if config is None else config, p.out)
 
 
-def backward(p: _checks.Problem, G: np.ndarray, wanted=None):
-    """The gradient tuple of p's method; `wanted` (field names) limits the work."""
-    kw, fields = _configure(p)
-    grad_type = GRAD_TYPES[p.method]
-    if wanted is None:
-        wanted = grad_type._fields
+def field_mask(method: str, wanted) -> int:
+    """The bits (in gradient-field order) of the fields named in `wanted`."""
+    fields = REGISTRY[method].grad_fields
+    return sum(1 << t for t, name in enumerate(fields) if name in wanted)
+
+
+def backward(p, G: np.ndarray, fields: int | None = None, config: EngineConfig | None = None):
+    """The gradient tuple of p's method; `fields` (a bit mask over the method's
+    gradient fields, all by default) limits the work to the fields asked for."""
+    slots = SLOTS[p.method]
+    if fields is None:
+        fields = (1 << len(slots)) - 1
     needs = 0
-    for field in wanted:
-        for engine_name in fields.get(field, ()):
-            needs |= 1 << ENGINE_GRADS.index(engine_name)
-    raw = dict(zip(ENGINE_GRADS, _C.backward(G, p.arrays["q"], p.arrays["k"], needs=needs, **kw)))
-    values = {}
-    for field in grad_type._fields:
-        parts = [raw[name] for name in fields.get(field, ()) if raw[name] is not None]
-        if not parts or field not in wanted:
-            values[field] = None
-        elif len(parts) == 1:
-            values[field] = parts[0]
-        else:   # M4 / M4M: the table's query-side and key-side gradients
-            with np.errstate(invalid="ignore", over="ignore"):   # IEEE, as the kernels
-                values[field] = np.add(parts[0], parts[1], out=parts[0])
-    return grad_type(**values)
+    for bit, slot in enumerate(slots):
+        if fields >> bit & 1:
+            needs |= 1 << slot
+    raw = _C.backward(G, configure(p) if config is None else config, needs)
+    return GRAD_TYPES[p.method](*[raw[slot] if fields >> bit & 1 else None
+                                  for bit, slot in enumerate(slots)])
+
+
+# TRANSITION (removed when posenc._C takes an EngineConfig): the keyword binding.
+if not hasattr(_C, "ENGINE_CONFIG_BINDING"):
+    _old_forward, _old_backward = _C.forward, _C.backward
+
+    def _keywords(c):
+        d = dict(combine=bool(c.product), scale=c.scale, pos_q=c.pos_q, pos_k=c.pos_k,
+                 dense_scale=c.dense_scale, table=c.table, table_map=c.table_map,
+                 vq_table=c.query_table, vq_map=c.query_map, vk_table=c.key_table,
+                 vk_map=c.key_map, vec_scale=c.vector_scale, seg_q=c.segment_q,
+                 seg_k=c.segment_k, seg_table=c.segment_table, theta=c.theta)
+        return {k: v for k, v in d.items() if v is not None}
+
+    class _Transition:
+        def __getattr__(self, name):
+            return getattr(_C_module, name)
+
+        @staticmethod
+        def forward(config, out):
+            return _old_forward(config.q, config.k, out=out, **_keywords(config))
+
+        @staticmethod
+        def backward(G, config, needs):
+            alias = config.key_table is not None and config.key_table is config.query_table
+            if alias and needs & (1 << 5):
+                needs |= 1 << 6
+            r = list(_old_backward(G, config.q, config.k, needs=needs, **_keywords(config)))
+            if alias and r[5] is not None:
+                r[5], r[6] = r[5] + r[6], None
+            return tuple(r)
+
+    _C_module, _C = _C, _Transition()

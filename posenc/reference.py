@@ -26,17 +26,16 @@ Slow by design: memory O(H n m d).  Use it on test-sized problems.
 
 from __future__ import annotations
 
-import inspect
 import math
 
 import numpy as np
 
 from . import _checks, buckets
-from ._docstrings import backward_doc, forward_doc
-from ._grads import GRAD_FIELDS, GRAD_TYPES
+from ._registry import GRAD_FIELDS, GRAD_TYPES, REGISTRY, backward_doc, forward_doc
+from ._signatures import define
 
-METHODS = ("content", "shaw", "t5", "m2", "m4", "m4m", "deberta", "tupe", "diet_abs",
-           "diet_rel", "bert_ad", "absolute_input")
+BASELINES = ("bert_ad", "absolute_input")
+METHODS = tuple(REGISTRY) + BASELINES
 
 _WHERE = "plain NumPy, literally from the SPEC formula (posenc.reference)"
 
@@ -486,9 +485,7 @@ def _check_absolute_input(x, p, w_q, w_k, *, scale=None, out=None):
     return problem
 
 
-CHECKERS = dict(_checks.CHECKERS, bert_ad=_check_bert_ad, absolute_input=_check_absolute_input)
-
-_EXTRA_FORMULAS = {
+_BASELINE_FORMULAS = {
     "bert_ad": (
         "BERT-A^d, the ablation of TUPE (Ke et al. 2020) (SPEC 3.11):\n"
         "A_ij = s (q_i.k_j + q_i.pos_k_j + pos_q_i.k_j + pos_q_i.pos_k_j);\n"
@@ -503,13 +500,10 @@ _EXTRA_FORMULAS = {
 
 # --------------------------------------------------- the public functions
 
-def _compute(method: str, kind: str):
-    """_<method>_logits or _<method>_grads."""
-    return globals()[f"_{method}_{kind}"]
-
-
-def _result(values: np.ndarray, problem) -> np.ndarray:
-    """The float64 logits cast to the input dtype: a new C-contiguous array or `out`."""
+def _logits(problem) -> np.ndarray:
+    """The float64 logits of the problem's method, cast to the input dtype:
+    a new C-contiguous array or `out`."""
+    values = globals()[f"_{problem.method}_logits"](problem)
     result = np.ascontiguousarray(values, dtype=problem.dtype)
     if problem.out is not None:
         problem.out[...] = result
@@ -517,55 +511,57 @@ def _result(values: np.ndarray, problem) -> np.ndarray:
     return result
 
 
-def _make_forward(method: str):
-    checker, logits = CHECKERS[method], _compute(method, "logits")
-
-    def forward(*args, **kwargs):
-        problem = checker(*args, **kwargs)
-        return _result(logits(problem), problem)
-
-    forward.__name__ = forward.__qualname__ = method
-    forward.__signature__ = inspect.signature(checker)
-    if method in _EXTRA_FORMULAS:
-        forward.__doc__ = f"{_EXTRA_FORMULAS[method]}\n\nComputed by {_WHERE}."
-    else:
-        forward.__doc__ = forward_doc(method, _WHERE)
-    return forward
+def _gradients(problem, G):
+    """The named gradient tuple of the problem's method, each in the input dtype."""
+    values = globals()[f"_{problem.method}_grads"](problem, _wide(_checks.check_grad(G, problem)))
+    return GRAD_TYPES[problem.method](**{
+        name: None if values.get(name) is None
+        else np.ascontiguousarray(values[name], dtype=problem.dtype)
+        for name in GRAD_FIELDS[problem.method]})
 
 
-def _make_backward(method: str):
-    checker, gradients = CHECKERS[method], _compute(method, "grads")
-    grad_type = GRAD_TYPES[method]
-
-    def backward(G, *args, **kwargs):
-        if "out" in kwargs:
-            raise TypeError(f"{method}_backward() got an unexpected keyword argument 'out'")
-        problem = checker(*args, **kwargs)
-        G = _wide(_checks.check_grad(G, problem))
-        values = gradients(problem, G)
-        return grad_type(**{
-            field: None if values.get(field) is None
-            else np.ascontiguousarray(values[field], dtype=problem.dtype)
-            for field in grad_type._fields})
-
-    params = [prm for name, prm in inspect.signature(checker).parameters.items()
-              if name != "out"]
-    params.insert(0, inspect.Parameter("G", inspect.Parameter.POSITIONAL_OR_KEYWORD))
-    backward.__name__ = backward.__qualname__ = method + "_backward"
-    backward.__signature__ = inspect.Signature(params)
-    if method in _EXTRA_FORMULAS:
-        backward.__doc__ = (
-            f"Gradients of sum(G * {method}(...)) for G = dL/dA of shape (B, H, n, m):\n"
-            f"a named tuple with fields {', '.join(GRAD_FIELDS[method])}, each shaped like its\n"
-            f"input.  Computed by {_WHERE}.\n\n{_EXTRA_FORMULAS[method]}")
-    else:
-        backward.__doc__ = backward_doc(method, GRAD_FIELDS[method], _WHERE)
-    return backward
+def _forward(method: str):
+    spec = REGISTRY[method]
+    return define(method, lambda tensors, params, out: _logits(
+        _checks.check(spec, tensors, params, out)), name=method, module=__name__,
+        doc=forward_doc(method, _WHERE))
 
 
-for _method in METHODS:
-    globals()[_method] = _make_forward(_method)
-    globals()[_method + "_backward"] = _make_backward(_method)
+def _backward(method: str):
+    spec = REGISTRY[method]
+    return define(method, lambda G, tensors, params, _: _gradients(
+        _checks.check(spec, tensors, params, None), G), name=method + "_backward", grad=True,
+        out=False, module=__name__, doc=backward_doc(method, _WHERE))
+
+
+for _method in REGISTRY:
+    globals()[_method] = _forward(_method)
+    globals()[_method + "_backward"] = _backward(_method)
 del _method
 
-__all__ = list(METHODS) + [m + "_backward" for m in METHODS] + ["METHODS", "CHECKERS"]
+
+def bert_ad(q, k, pos_q, pos_k, *, scale=None, out=None):
+    return _logits(_check_bert_ad(q, k, pos_q, pos_k, scale=scale, out=out))
+
+
+def bert_ad_backward(G, q, k, pos_q, pos_k, *, scale=None):
+    return _gradients(_check_bert_ad(q, k, pos_q, pos_k, scale=scale), G)
+
+
+def absolute_input(x, p, w_q, w_k, *, scale=None, out=None):
+    return _logits(_check_absolute_input(x, p, w_q, w_k, scale=scale, out=out))
+
+
+def absolute_input_backward(G, x, p, w_q, w_k, *, scale=None):
+    return _gradients(_check_absolute_input(x, p, w_q, w_k, scale=scale), G)
+
+
+for _method in BASELINES:
+    globals()[_method].__doc__ = f"{_BASELINE_FORMULAS[_method]}\n\nComputed by {_WHERE}."
+    globals()[_method + "_backward"].__doc__ = (
+        f"Gradients of sum(G * {_method}(...)) for G = dL/dA of shape (B, H, n, m):\n"
+        f"a named tuple with fields {', '.join(GRAD_FIELDS[_method])}, each shaped like its\n"
+        f"input.  Computed by {_WHERE}.\n\n{_BASELINE_FORMULAS[_method]}")
+del _method
+
+__all__ = list(METHODS) + [m + "_backward" for m in METHODS] + ["METHODS"]

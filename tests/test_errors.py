@@ -9,7 +9,7 @@ import pytest
 import posenc
 from posenc import reference
 from posenc._examples import METHODS, float_inputs, make_inputs, with_inputs
-from posenc._grads import GRAD_FIELDS
+from posenc._registry import GRAD_FIELDS
 
 B, H, N, M, D = 2, 3, 5, 4, 3
 

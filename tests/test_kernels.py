@@ -14,7 +14,7 @@ import pytest
 import posenc
 from posenc import _check, reference
 from posenc._examples import METHODS, float_inputs, make_inputs, with_inputs
-from posenc._grads import GRAD_FIELDS
+from posenc._registry import GRAD_FIELDS
 
 ALL_ISAS = ("scalar", "avx2", "avx512", "neon")
 SEED = int(os.environ.get("POSENC_TEST_SEED", "0"))

@@ -16,7 +16,7 @@ from hypothesis import strategies as st  # noqa: E402
 import posenc  # noqa: E402
 from posenc import _check, reference  # noqa: E402
 from posenc._examples import METHODS, float_inputs, make_inputs, with_inputs  # noqa: E402
-from posenc._grads import GRAD_FIELDS  # noqa: E402
+from posenc._registry import GRAD_FIELDS  # noqa: E402
 
 EXAMPLES = int(os.environ.get("POSENC_HYPOTHESIS_EXAMPLES", "150"))
 VIEWS = ("contiguous", "transposed", "sliced", "reversed")

@@ -17,7 +17,8 @@ import inspect
 import numpy as np
 import pytest
 
-from posenc import _checks, _grads
+from posenc import _checks
+from posenc import _registry
 from posenc import reference as ref
 
 B, H, N, M, D = 2, 3, 5, 4, 3
@@ -189,7 +190,7 @@ def test_backward_matches_finite_differences(case, rng):
     method, args, kwargs = _build(case, rng)
     G = _normal(rng, *_logits_shape(method, args, kwargs))
     checked = _finite_difference_check(method, args, kwargs, G, rng)
-    expected = [f for f in _grads.GRAD_FIELDS[method]
+    expected = [f for f in _registry.GRAD_FIELDS[method]
                 if _bound(method, args, kwargs).get(f) is not None]
     assert sorted(checked) == sorted(expected)
 
@@ -353,7 +354,7 @@ def test_gradient_fields(case, rng):
     method, args, kwargs = _build(case, rng)
     G = _normal(rng, *_logits_shape(method, args, kwargs))
     grads = _backward(method)(G, *args, **kwargs)
-    assert type(grads) is _grads.GRAD_TYPES[method]
+    assert type(grads) is _registry.GRAD_TYPES[method]
     bound = _bound(method, args, kwargs)
     for field in grads._fields:
         if bound.get(field) is None:

@@ -25,7 +25,7 @@ import posenc
 import posenc.reference as ref
 import posenc.torch as pt
 from posenc import _methods
-from posenc._grads import GRAD_FIELDS
+from posenc._registry import GRAD_FIELDS
 from posenc.torch import _ops
 from posenc.torch import nn as pnn
 
@@ -180,9 +180,10 @@ def test_no_gradient_unless_required(case, rng, monkeypatch):
     asked = []
     original = _methods.backward
 
-    def spy(problem, G, wanted=None):
-        asked.append(tuple(wanted))
-        return original(problem, G, wanted=wanted)
+    def spy(problem, G, fields=None, config=None):
+        names = GRAD_FIELDS[problem.method]
+        asked.append(tuple(name for bit, name in enumerate(names) if fields >> bit & 1))
+        return original(problem, G, fields, config)
 
     monkeypatch.setattr(_methods, "backward", spy)
     for subset in _subsets(case):

@@ -19,7 +19,8 @@ import threading
 import numpy as np
 import torch
 
-from .. import _checks, buckets
+from .. import _checks
+from .._registry import INDEX_TENSORS, REGISTRY, diagonal_map
 
 _NUMPY_DTYPES = {
     torch.float32: np.float32, torch.float64: np.float64, torch.float16: np.float16,
@@ -127,18 +128,21 @@ def validate(method: str, tensors: dict, params: dict, *, allow_half: bool = Fal
     half_as = None
     if allow_half:
         float_dtypes = {t.dtype for name, t in tensors.items()
-                        if t is not None and name not in ("segment_q", "segment_k")}
+                        if t is not None and name not in INDEX_TENSORS}
         if len(float_dtypes) == 1 and next(iter(float_dtypes)) in HALF_DTYPES:
             half_as = np.dtype(np.float32)
-    arrays = {}
-    for name, tensor in tensors.items():
+    spec = REGISTRY[method]
+    arrays = []
+    for name in spec.tensors:
+        tensor = tensors.get(name)
         if tensor is None:
-            arrays[name] = None
-        elif name in ("segment_q", "segment_k") and tensor.dtype in INT_DTYPES:
-            arrays[name] = np.zeros(tuple(tensor.shape), dtype=np.int64)
+            arrays.append(None)
+        elif name in INDEX_TENSORS and tensor.dtype in INT_DTYPES:
+            arrays.append(np.zeros(tuple(tensor.shape), dtype=np.int64))
         else:
-            arrays[name] = _stand_in(name, tensor, half_as)
-    return _checks.CHECKERS[method](**arrays, **params)
+            arrays.append(_stand_in(name, tensor, half_as))
+    values = tuple(params.get(name, default) for name, default in spec.params)
+    return _checks.check(spec, tuple(arrays), values, None)
 
 
 def check_segment_range(segment_q, segment_k, segment_table) -> None:
@@ -163,29 +167,10 @@ def check_segment_range(segment_q, segment_k, segment_table) -> None:
 
 # ------------------------------------------------------------------ bucket maps
 
-def _diagonal_buckets(kind: str, params: tuple, offsets: np.ndarray) -> np.ndarray:
-    """The table row of each offset o = j - i (key minus query)."""
-    if kind == "clipped":                      # Shaw eq. (3), Huang M2/M4: clip(j - i)
-        return buckets.clipped(offsets, params[0])
-    if kind == "clipped_reversed":             # DIET eq. (3): R_{i-j}
-        return buckets.clipped(-offsets, params[0])
-    if kind == "t5":
-        num_buckets, max_distance, bidirectional = params
-        return buckets.t5(offsets, num_buckets, max_distance, bool(bidirectional))
-    if kind == "deberta":                      # DeBERTa's delta = i - j
-        span, position_buckets, max_relative = params
-        delta = -offsets
-        if position_buckets > 0 and max_relative > 0:
-            delta = buckets.deberta_log(delta, position_buckets, max_relative)
-        return np.clip(delta + span, 0, 2 * span - 1)
-    raise ValueError(f"unknown bucket map {kind!r}")
-
-
 @functools.lru_cache(maxsize=128)
 def _cpu_index(kind: str, params: tuple, n: int, m: int) -> torch.Tensor:
     """(n, m) int64: index[i, j] = bucket(j - i), mapped once per diagonal."""
-    offsets = np.arange(-(n - 1), m, dtype=np.int64) if n and m else np.zeros(0, np.int64)
-    per_diagonal = np.ascontiguousarray(_diagonal_buckets(kind, params, offsets), np.int64)
+    per_diagonal = diagonal_map(kind, params, n, m)
     # offset j - i lives at position (j - i) + (n - 1) of per_diagonal
     where = np.arange(m, dtype=np.int64)[None, :] - np.arange(n, dtype=np.int64)[:, None] + (n - 1)
     return torch.from_numpy(per_diagonal[where] if n and m else np.zeros((n, m), np.int64))

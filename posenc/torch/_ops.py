@@ -1,17 +1,19 @@
-"""The C kernels as torch custom ops: ``torch.ops.posenc.<name>`` and ``<name>_backward``.
+"""The C kernels in autograd: ``torch.ops.posenc.<name>`` / ``<name>_backward``
+custom ops (for torch.compile) and one `autograd.Function` (eager mode).
 
-One forward op and one backward op per method of SPEC §3, built from one table
-(the method's tensor arguments and parameters), each with
+Everything is derived from the method registry (`posenc._registry`): the op
+schemas from the method's tensor arguments and parameters, the gradient
+bits from its gradient fields.
 
-* a CPU kernel that views the tensors as NumPy arrays (no copy, any strides),
-  validates them with the checker of `posenc._checks` and calls the C engine
-  through `posenc._methods`; the backward computes only the gradients asked for
-  (a bit mask from ``ctx.needs_input_grad``), in one C call;
-* a fake kernel (shapes only), so ``torch.compile(fullgraph=True)`` traces the
-  ops without a graph break;
-* for the forward, an autograd formula (``register_autograd``) that calls the
-  backward op.  The backward op itself has no autograd formula: the ops are
-  differentiable once, not twice.
+* Eager (`_Logits`): the forward checks the call once and configures the
+  engine once; the backward reuses that configured problem (saved on
+  ``ctx``) and makes one C call for exactly the gradients autograd needs.
+  The backward is ``once_differentiable``: a double backward through it
+  raises instead of returning a gradient without a graph.
+* Compiled (`FORWARD`, `BACKWARD`): CPU custom ops whose kernels view the
+  tensors as NumPy arrays (no copy, any strides), with fake kernels (shapes
+  only) so ``torch.compile(fullgraph=True)`` traces them without a graph
+  break, and an autograd formula that calls the backward op.
 
 The ops are CPU-only; `posenc.torch` sends other devices to `posenc.torch.native`.
 """
@@ -19,67 +21,77 @@ The ops are CPU-only; `posenc.torch` sends other devices to `posenc.torch.native
 from __future__ import annotations
 
 import torch
+from torch.autograd.function import once_differentiable
 
 from .. import _checks, _methods
-from .._grads import GRAD_FIELDS
+from .._registry import GRAD_FIELDS, PARAM_KINDS, REGISTRY
 from ._common import to_numpy, validate
 
-# Tensor arguments of each op, in signature order; "?" marks an optional one.
-TENSORS = {
-    "content": ("q", "k"),
-    "shaw": ("q", "k", "rel_k"),
-    "t5": ("q", "k", "bias"),
-    "m2": ("q", "k", "rel"),
-    "m4": ("q", "k", "rel_k"),
-    "m4m": ("q", "k", "rel_k"),
-    "deberta": ("q", "k", "pos_key", "pos_query"),
-    "tupe": ("q", "k", "pos_q", "pos_k", "bias?", "theta?"),
-    "diet_abs": ("q", "k", "pos_q", "pos_k", "segment_q?", "segment_k?", "segment_table?"),
-    "diet_rel": ("q", "k", "rel", "segment_q?", "segment_k?", "segment_table?"),
-}
-
-_T5 = (("num_buckets", "int"), ("max_distance", "int"), ("bidirectional", "bool"))
-_SCALE = (("scale", "float?"),)
-# Non-tensor arguments of each op (all passed, defaults resolved by the caller).
-PARAMS = {
-    "content": _SCALE,
-    "shaw": (("max_distance", "int"),) + _SCALE,
-    "t5": _T5 + _SCALE,
-    "m2": (("max_distance", "int"),) + _SCALE,
-    "m4": (("max_distance", "int"),) + _SCALE,
-    "m4m": (("max_distance", "int"),) + _SCALE,
-    "deberta": (("att_span", "int"), ("position_buckets", "int"),
-                ("max_relative_positions", "int")) + _SCALE,
-    "tupe": _T5 + _SCALE,
-    "diet_abs": _SCALE,
-    "diet_rel": (("max_distance", "int"),) + _SCALE,
-}
-
-
-_TENSOR_NAMES = {method: tuple(name.rstrip("?") for name in names)
-                 for method, names in TENSORS.items()}
+_OP_KIND = {"int": "int", "bool": "bool", "scale": "float?"}
+# Non-tensor arguments of each op, (name, schema type), in signature order.
+PARAMS = {name: tuple((p, _OP_KIND[PARAM_KINDS[p]]) for p, _ in spec.params)
+          for name, spec in REGISTRY.items()}
 
 
 def tensor_names(method: str) -> tuple:
-    return _TENSOR_NAMES[method]
+    """The tensor arguments of `method`, in signature order."""
+    return REGISTRY[method].tensors
 
 
-def check_params(method: str, values: tuple) -> None:
-    """The checker's TypeError/ValueError for a parameter of the wrong type,
-    before the op's schema would turn it into a RuntimeError."""
-    for (name, kind), value in zip(PARAMS[method], values):
-        if kind == "int":
-            _checks.check_int(name, value)
-        elif kind == "bool":
-            _checks.check_bool(name, value)
-        else:
-            _checks.check_scale(value, 1.0)
+def _grad_positions(method: str) -> tuple:
+    """For each gradient field, its position among the method's tensor arguments."""
+    names = tensor_names(method)
+    return tuple(names.index(f) for f in GRAD_FIELDS[method])
+
+
+GRAD_POSITIONS = {method: _grad_positions(method) for method in REGISTRY}
+
+
+def _problem(method: str, tensors, params) -> _checks.Problem:
+    arrays = tuple(None if t is None else to_numpy(name, t)
+                   for name, t in zip(tensor_names(method), tensors))
+    return _checks.check(REGISTRY[method], arrays, tuple(params), None)
+
+
+def _gradient_tensors(grads, positions, count: int) -> list:
+    """The gradients of the tensor arguments (None where not computed)."""
+    result = [None] * count
+    for position, value in zip(positions, grads):
+        if value is not None:
+            result[position] = torch.from_numpy(value)
+    return result
+
+
+class _Logits(torch.autograd.Function):
+    """Eager mode: one check, one configuration, one C call per direction."""
+
+    @staticmethod
+    def forward(ctx, method, params, *tensors):
+        problem = _problem(method, tensors, params)
+        config = _methods.configure(problem)
+        ctx.method, ctx.problem, ctx.config = method, problem, config
+        ctx.save_for_backward(*tensors)      # autograd's check that no input changed since
+        return torch.from_numpy(_methods.forward(problem, config))
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad):
+        saved = ctx.saved_tensors
+        positions = GRAD_POSITIONS[ctx.method]
+        fields = 0
+        for bit, position in enumerate(positions):
+            if ctx.needs_input_grad[2 + position] and saved[position] is not None:
+                fields |= 1 << bit
+        if not fields:
+            return (None, None) + (None,) * len(saved)
+        grads = _methods.backward(ctx.problem, to_numpy("G", grad), fields, ctx.config)
+        return (None, None, *_gradient_tensors(grads, positions, len(saved)))
 
 
 def _schema(method: str, backward: bool) -> str:
+    spec = REGISTRY[method]
     args = ["Tensor G"] if backward else []
-    args += [f"Tensor{'?' if name.endswith('?') else ''} {name.rstrip('?')}"
-             for name in TENSORS[method]]
+    args += [f"Tensor{'?' if name in spec.optional else ''} {name}" for name in spec.tensors]
     args += [f"{kind} {name}" for name, kind in PARAMS[method]]
     if backward:
         args.append("int needs")
@@ -87,27 +99,19 @@ def _schema(method: str, backward: bool) -> str:
 
 
 def _split(method: str, args: tuple):
-    """(tensors by name, params by name) from an op's positional arguments."""
-    names = tensor_names(method)
-    tensors = dict(zip(names, args[:len(names)]))
-    params = {name: value for (name, _), value in zip(PARAMS[method], args[len(names):])}
-    return tensors, params
+    """(tensors, params) from an op's positional arguments."""
+    count = len(tensor_names(method))
+    return args[:count], args[count:]
 
 
-def _problem(method: str, tensors: dict, params: dict) -> _checks.Problem:
-    arrays = {name: None if t is None else to_numpy(name, t) for name, t in tensors.items()}
-    return _checks.CHECKERS[method](**arrays, **params)
-
-
-def _static(tensors: dict) -> bool:
-    return all(isinstance(size, int) for t in tensors.values() if t is not None for size in t.shape)
+def _static(tensors) -> bool:
+    return all(isinstance(size, int) for t in tensors if t is not None for size in t.shape)
 
 
 def _define(method: str):
     names = tensor_names(method)
     fields = GRAD_FIELDS[method]
-    # bit b of `needs` asks for gradient field b, the input at position field_input[b]
-    field_input = [names.index(field) for field in fields]
+    positions = GRAD_POSITIONS[method]
 
     def forward(*args):
         problem = _problem(method, *_split(method, args))
@@ -117,8 +121,7 @@ def _define(method: str):
         *args, needs = args
         problem = _problem(method, *_split(method, args))
         grad = _checks.check_grad(to_numpy("G", G), problem)
-        wanted = tuple(field for bit, field in enumerate(fields) if needs >> bit & 1)
-        grads = _methods.backward(problem, grad, wanted=wanted)
+        grads = _methods.backward(problem, grad, needs)
         # a field not asked for is an empty tensor: the schema has no optional outputs
         return [G.new_empty(0) if value is None else torch.from_numpy(value) for value in grads]
 
@@ -133,8 +136,8 @@ def _define(method: str):
     def _(*args):
         tensors, params = _split(method, args)
         if _static(tensors):
-            validate(method, tensors, params)
-        q, k = tensors["q"], tensors["k"]
+            validate(method, dict(zip(names, tensors)), dict(zip((p for p, _ in PARAMS[method]), params)))
+        q, k = tensors[0], tensors[1]
         return q.new_empty((q.shape[0], q.shape[1], q.shape[2], k.shape[2]))
 
     @backward_op.register_fake
@@ -142,8 +145,8 @@ def _define(method: str):
         *args, needs = args
         tensors, _ = _split(method, args)
         out = []
-        for bit, field in enumerate(fields):
-            t = tensors[field]
+        for bit, position in enumerate(positions):
+            t = tensors[position]
             out.append(t.new_empty(t.shape) if needs >> bit & 1 and t is not None
                        else G.new_empty(0))
         return out
@@ -152,49 +155,29 @@ def _define(method: str):
         ctx.save_for_backward(*inputs[:len(names)])
         ctx.params = inputs[len(names):]
 
-    def gradients(ctx, grad, run_backward):
-        """The inputs' gradients, computing only those autograd asks for."""
+    def gradients(ctx, grad):
         saved = ctx.saved_tensors
         needs = 0
-        for bit, position in enumerate(field_input):
+        for bit, position in enumerate(positions):
             if ctx.needs_input_grad[position] and saved[position] is not None:
                 needs |= 1 << bit
         result = [None] * (len(names) + len(PARAMS[method]))
         if needs:
-            grads = run_backward(grad, *saved, *ctx.params, needs)
-            for bit, position in enumerate(field_input):
+            grads = backward_op(grad, *saved, *ctx.params, needs)
+            for bit, position in enumerate(positions):
                 if needs >> bit & 1:
                     result[position] = grads[bit]
         return tuple(result)
 
-    forward_op.register_autograd(lambda ctx, grad: gradients(ctx, grad, backward_op),
-                                 setup_context=setup_context)
-
-    save_inputs = setup_context   # (a class body cannot see a closure name it assigns)
-
-    class Eager(torch.autograd.Function):
-        """The same forward and backward without the op dispatcher: in eager
-        mode a custom op's Python dispatch costs more than a small kernel."""
-
-        @staticmethod
-        def forward(*args):
-            return forward(*args)
-
-        setup_context = staticmethod(save_inputs)
-
-        @staticmethod
-        def backward(ctx, grad):
-            return gradients(ctx, grad, backward)
-
-    Eager.__name__ = Eager.__qualname__ = f"{method}_eager"
-    return forward_op, backward_op, Eager
+    forward_op.register_autograd(gradients, setup_context=setup_context)
+    assert len(fields) == len(positions)
+    return forward_op, backward_op
 
 
 FORWARD = {}
 BACKWARD = {}
-EAGER = {}
-for _method in TENSORS:
-    FORWARD[_method], BACKWARD[_method], EAGER[_method] = _define(_method)
+for _method in REGISTRY:
+    FORWARD[_method], BACKWARD[_method] = _define(_method)
 del _method
 
 
@@ -204,8 +187,7 @@ def run(method: str, tensors: tuple, params: tuple):
     per-call overhead)."""
     if torch.compiler.is_compiling():
         return FORWARD[method](*tensors, *params)
-    return EAGER[method].apply(*tensors, *params)
+    return _Logits.apply(method, params, *tensors)
 
 
-__all__ = ["BACKWARD", "EAGER", "FORWARD", "PARAMS", "TENSORS", "check_params", "run",
-           "tensor_names"]
+__all__ = ["BACKWARD", "FORWARD", "PARAMS", "run", "tensor_names"]

@@ -1,0 +1,432 @@
+"""The method registry: every method of SPEC §3, declared once.
+
+A method is the content term ``s q_i.k_j`` plus positional terms of a few
+kinds (csrc/posenc.h), combined by sum or by product:
+
+    Dense(pos_q, pos_k)      pos_q_i . pos_k_j, scaled by s or not     (TUPE, DIET-ABS)
+    Table(name)              table[h, map(offset)]                      (T5, M2, DIET-REL, TUPE-R)
+    QueryTable(name)         q_i . table[map(offset)]                   (Shaw, M4, M4M, DeBERTa c2p)
+    KeyTable(name)           k_j . table[map(offset)]                   (M4, M4M, DeBERTa p2c)
+    Segments()               segment_table[h, segment_q[b,i], segment_k[b,j]]  (DIET)
+    Reset(name)              TUPE's [CLS] reset by theta
+
+with at most one bucket map (`MAPS`) from the offset to a table row.  From an
+entry everything else is derived: the signature of ``posenc.<m>`` /
+``<m>_backward`` / ``posenc.reference.<m>`` / ``posenc.torch.<m>`` (one
+signature string), the argument checks (`posenc._checks.check`), the engine
+configuration (`posenc._methods.configure`), the gradient fields and types,
+the docstrings, the example inputs (`posenc._examples`), the torch custom ops
+and the benchmark facts.  Adding a method that fits these term kinds is an
+entry here, a reference formula (``posenc.reference._<m>_logits`` and
+``_<m>_grads``), a torch-native formula (``posenc.torch.native.<m>``) and an
+nn module; tests/test_registry.py fails until every place exists.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections import namedtuple
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import buckets
+
+# ------------------------------------------------------------------ bucket maps
+
+
+@dataclass(frozen=True)
+class BucketMap:
+    """A map from the offset j - i (key minus query) to a table row."""
+
+    kind: str
+    params: tuple          # its parameter names, in signature order
+    rows_text: str         # the table's row count in words, for layouts
+    doc: str
+
+    def check(self, values: dict) -> None:
+        """ValueError for a degenerate map (SPEC §2); values are checked ints/bools."""
+        if self.kind in ("clipped", "clipped_reversed"):
+            buckets.check_clipped(values["max_distance"])
+        elif self.kind == "t5":
+            buckets.check_t5(values["num_buckets"], values["max_distance"], values["bidirectional"])
+        elif values["position_buckets"] > 0 and values["max_relative_positions"] > 0:
+            buckets.check_deberta_log(values["position_buckets"], values["max_relative_positions"])
+
+    def rows(self, values: dict) -> int:
+        """Rows of the table this map indexes."""
+        if self.kind in ("clipped", "clipped_reversed"):
+            return 2 * values["max_distance"] + 1
+        if self.kind == "t5":
+            return values["num_buckets"]
+        return 2 * values["att_span"]
+
+    def infer(self, rows: int) -> dict:
+        """The parameters a table of `rows` rows implies (plot files that lack them)."""
+        if self.kind in ("clipped", "clipped_reversed"):
+            return {"max_distance": (rows - 1) // 2}
+        if self.kind == "t5":
+            return {"num_buckets": rows}
+        return {"att_span": rows // 2}
+
+    def of_offsets(self, offsets: np.ndarray, values: tuple) -> np.ndarray:
+        """The table row of each offset o = j - i (any integer array)."""
+        if self.kind == "clipped":                  # Shaw eq. (3), Huang M2/M4: clip(j - i)
+            return buckets.clipped(offsets, values[0])
+        if self.kind == "clipped_reversed":         # DIET eq. (3): R_{i-j}
+            return buckets.clipped(-offsets, values[0])
+        if self.kind == "t5":
+            return buckets.t5(offsets, values[0], values[1], bool(values[2]))
+        span, position_buckets, max_relative = values   # DeBERTa's delta = i - j
+        delta = -offsets
+        if position_buckets > 0 and max_relative > 0:
+            delta = buckets.deberta_log(delta, position_buckets, max_relative)
+        return np.clip(delta + span, 0, 2 * span - 1)
+
+
+MAPS = {m.kind: m for m in (
+    BucketMap("clipped", ("max_distance",), "2t+1", "clipped(j - i, max_distance)"),
+    BucketMap("clipped_reversed", ("max_distance",), "2t+1", "clipped(i - j, max_distance)"),
+    BucketMap("t5", ("num_buckets", "max_distance", "bidirectional"), "num_buckets",
+              "t5(j - i, num_buckets, max_distance, bidirectional)"),
+    BucketMap("deberta", ("att_span", "position_buckets", "max_relative_positions"), "2 att_span",
+              "clip(deberta_log(i - j) + att_span, 0, 2 att_span - 1)"),
+)}
+
+# ------------------------------------------------------------------ term kinds
+
+
+@dataclass(frozen=True)
+class Dense:
+    """pos_q_i . pos_k_j, times s when `scaled` (TUPE) or unscaled (DIET-ABS)."""
+
+    query: str = "pos_q"
+    key: str = "pos_k"
+    scaled: bool = False
+    engine = ("pos_q", "pos_k")
+
+    @property
+    def tensors(self):
+        return (self.query, self.key)
+
+
+@dataclass(frozen=True)
+class Table:
+    """table[h, map(j - i)], unscaled; (H|1, rows)."""
+
+    name: str
+    engine = ("table",)
+
+    @property
+    def tensors(self):
+        return (self.name,)
+
+
+@dataclass(frozen=True)
+class QueryTable:
+    """q_i . table[map(j - i)]: (H|1, rows, d), scaled by s in a sum."""
+
+    name: str
+    engine = ("query_table",)
+
+    @property
+    def tensors(self):
+        return (self.name,)
+
+
+@dataclass(frozen=True)
+class KeyTable:
+    """k_j . table[map(j - i)]: (H|1, rows, d), scaled by s in a sum."""
+
+    name: str
+    engine = ("key_table",)
+
+    @property
+    def tensors(self):
+        return (self.name,)
+
+
+@dataclass(frozen=True)
+class Segments:
+    """segment_table[h, segment_q[b, i], segment_k[b, j]]: all three or none."""
+
+    tensors = ("segment_q", "segment_k", "segment_table")
+    engine = ("segment_table",)
+
+
+@dataclass(frozen=True)
+class Reset:
+    """TUPE's [CLS] reset: theta[h, 0] on row 0, theta[h, 1] on column 0 of the rest."""
+
+    name: str = "theta"
+    engine = ("theta",)
+
+    @property
+    def tensors(self):
+        return (self.name,)
+
+
+# Integer (index) tensors: every other tensor argument is a float.
+INDEX_TENSORS = ("segment_q", "segment_k")
+# Parameters that are not tensors, and how they are checked.
+PARAM_KINDS = {"max_distance": "int", "num_buckets": "int", "bidirectional": "bool",
+               "att_span": "int", "position_buckets": "int", "max_relative_positions": "int",
+               "scale": "scale"}
+
+
+@dataclass(frozen=True)
+class Bench:
+    """Facts about a method the benchmark needs (benchmarks/ reads them)."""
+
+    flops: tuple            # ((C, P_q, P_k, D, N) forward, (...) backward) coefficients
+    flop_text: tuple        # (forward, backward) in words
+    eager_peak: tuple       # (L, V, P): peak of the torch-eager formula, see benchmarks/
+    shared_table: bool = False   # the benchmark shares the vector table over heads
+    group: str | None = None     # "additive" or "heavy": which speed target applies
+    memory: bool = False         # peak memory is a target
+
+
+@dataclass(frozen=True)
+class Method:
+    name: str
+    title: str
+    signature: str          # the arguments after q, k, as Python writes them
+    terms: tuple = ()
+    bucket: str | None = None     # a kind of MAPS
+    product: bool = False         # A = s q.k * factors (M2, M4M)
+    scale_factor: int | None = 1  # default s = 1/sqrt(factor d); None: s = 1
+    formula: str = ""
+    bench: Bench | None = None
+    plot_init: dict = field(default_factory=dict)   # std of each random table in pictures
+    # derived in __post_init__
+    tensors: tuple = ()           # tensor arguments in signature order
+    optional: frozenset = frozenset()
+    params: tuple = ()            # (name, default or REQUIRED) in signature order
+    grad_fields: tuple = ()
+
+    def __post_init__(self):
+        tensors, optional, params = [], set(), []
+        for text in ("q, k, " + self.signature).split(","):
+            text = text.strip()
+            if text == "*":
+                continue
+            name, _, default = (part.strip() for part in text.partition("="))
+            if name in PARAM_KINDS:
+                params.append((name, eval(default, {}) if default else REQUIRED))
+            else:
+                tensors.append(name)
+                if default:
+                    optional.add(name)
+        object.__setattr__(self, "tensors", tuple(tensors))
+        object.__setattr__(self, "optional", frozenset(optional))
+        object.__setattr__(self, "params", tuple(params))
+        object.__setattr__(self, "grad_fields",
+                           tuple(t for t in tensors if t not in INDEX_TENSORS))
+        declared = {"q", "k"} | {t for term in self.terms for t in term.tensors}
+        if declared != set(tensors):
+            raise AssertionError(f"{self.name}: terms use {sorted(declared)}, the signature "
+                                 f"has {sorted(tensors)}")
+
+    @property
+    def map(self) -> BucketMap | None:
+        return MAPS[self.bucket] if self.bucket else None
+
+    def default_scale(self, d: int) -> float:
+        """SPEC §3's default s for head dimension d (1 when d = 0)."""
+        if self.scale_factor is None or d == 0:
+            return 1.0
+        return 1.0 / math.sqrt(self.scale_factor * d)
+
+    @property
+    def scale_text(self) -> str:
+        if self.scale_factor is None:
+            return "1"
+        return "1/sqrt(d)" if self.scale_factor == 1 else f"1/sqrt({self.scale_factor}d)"
+
+    def term(self, kind):
+        """The terms of one kind."""
+        return tuple(t for t in self.terms if isinstance(t, kind))
+
+
+class _Required:
+    def __repr__(self):
+        return "REQUIRED"
+
+
+REQUIRED = _Required()
+
+# ------------------------------------------------------------------ the methods
+
+_CLIPPED_VECTOR = dict(bucket="clipped", signature="rel_k, *, max_distance, scale=None")
+_T5_KEYWORDS = "num_buckets=32, max_distance=128, bidirectional=True"
+
+_ENTRIES = (
+    Method(
+        "content", "plain attention, the baseline", "*, scale=None",
+        formula="Plain attention logits (SPEC 3.1): A_ij = s q_i.k_j, s = 1/sqrt(d) by default.",
+        bench=Bench(((1, 0, 0, 0, 1), (2, 0, 0, 0, 1)), ("C + N", "2C + N"), (3, 0, 0))),
+    Method(
+        "shaw", "Shaw et al. 2018", terms=(QueryTable("rel_k"),), **_CLIPPED_VECTOR,
+        formula=(
+            "Shaw et al. 2018 (SPEC 3.2): A_ij = s q_i.(k_j + rel_k[c(i,j)]),\n"
+            "c = clipped(j - i, max_distance); rel_k (H|1, 2t+1, d); s = 1/sqrt(d)."),
+        bench=Bench(((1, 1, 0, 0, 2), (2, 2, 0, 0, 2)), ("C + P_q + 2N", "2C + 2P_q + 2N"),
+                    (3, 4, 0), shared_table=True, group="heavy", memory=True),
+        plot_init={"rel_k": 1.0}),
+    Method(
+        "t5", "Raffel et al. (T5)", f"bias, *, {_T5_KEYWORDS}, scale=1.0",
+        terms=(Table("bias"),), bucket="t5", scale_factor=None,
+        formula=(
+            "T5 relative bias, Raffel et al. (SPEC 3.3): A_ij = s q_i.k_j + bias[h, t5(j - i)];\n"
+            "bias (H|1, num_buckets); s = 1 as in T5; the bias is never scaled."),
+        bench=Bench(((1, 0, 0, 0, 2), (2, 0, 0, 0, 2)), ("C + 2N", "2C + 2N"), (3, 0, 2),
+                    group="additive"),
+        plot_init={"bias": 2.0}),
+    Method(
+        "m2", "Huang et al. 2020, M2", "rel, *, max_distance, scale=None",
+        terms=(Table("rel"),), bucket="clipped", product=True,
+        formula=(
+            "Huang et al. 2020, M2 (SPEC 3.4): A_ij = s (q_i.k_j) rel[h, c(i,j)],\n"
+            "c = clipped(j - i, max_distance); rel (H|1, 2t+1); s = 1/sqrt(d)."),
+        bench=Bench(((1, 0, 0, 0, 2), (3, 0, 0, 0, 3)),
+                    ("C + 2N", "3C + 3N  (q·k recomputed for the table gradient)"), (6, 0, 2)),
+        plot_init={"rel": 0.5}),
+    Method(
+        "m4", "Huang et al. 2020, M4", terms=(QueryTable("rel_k"), KeyTable("rel_k")),
+        **_CLIPPED_VECTOR,
+        formula=(
+            "Huang et al. 2020, M4 (SPEC 3.5): A_ij = s (q_i.k_j + q_i.a_ij + k_j.a_ij),\n"
+            "a_ij = rel_k[clipped(j - i, max_distance)]; rel_k (H|1, 2t+1, d); s = 1/sqrt(d)."),
+        bench=Bench(((1, 1, 1, 0, 3), (2, 2, 2, 0, 3)), ("C + P_q + P_k + 3N", "2C + 2P_q + 2P_k + 3N"),
+                    (3, 5.5, 0), shared_table=True, group="heavy", memory=True),
+        plot_init={"rel_k": 1.0}),
+    Method(
+        "m4m", "multiplicative M4", terms=(QueryTable("rel_k"), KeyTable("rel_k")),
+        product=True, **_CLIPPED_VECTOR,
+        formula=(
+            "Multiplicative M4 (SPEC 3.6): A_ij = s (q_i.k_j)(q_i.a_ij)(k_j.a_ij),\n"
+            "a_ij = rel_k[clipped(j - i, max_distance)]; s = 1/sqrt(d)."),
+        bench=Bench(((1, 1, 1, 0, 3), (3, 3, 3, 0, 6)),
+                    ("C + P_q + P_k + 3N", "3C + 3P_q + 3P_k + 6N  (all three factors recomputed)"),
+                    (9.5, 3.5, 0), shared_table=True, group="heavy", memory=True),
+        plot_init={"rel_k": "1/sqrt(d)"}),     # three dot products multiply: keep each near 1
+    Method(
+        "deberta", "DeBERTa(-v2) disentangled attention",
+        "pos_key, pos_query, *, att_span, position_buckets=-1, max_relative_positions=-1, "
+        "scale=None",
+        terms=(QueryTable("pos_key"), KeyTable("pos_query")), bucket="deberta", scale_factor=3,
+        formula=(
+            "DeBERTa(-v2) disentangled attention (SPEC 3.7), c2p + p2c:\n"
+            "A_ij = s (q_i.k_j + q_i.pos_key[p(i,j)] + k_j.pos_query[p(i,j)]),\n"
+            "delta = i - j (log-bucketed when position_buckets > 0 and max_relative_positions > 0),\n"
+            "p = clip(delta + att_span, 0, 2 att_span - 1); pos_key, pos_query (H|1, 2 att_span, d)\n"
+            "already projected; s = 1/sqrt(3d).  Equals HuggingFace DebertaV2 for square inputs."),
+        bench=Bench(((1, 1, 1, 0, 3), (2, 2, 2, 0, 3)), ("C + P_q + P_k + 3N", "2C + 2P_q + 2P_k + 3N"),
+                    (7, 0, 7), group="heavy", memory=True),
+        plot_init={"pos_key": 1.0, "pos_query": 1.0}),
+    Method(
+        "tupe", "Ke et al. 2020 (TUPE)",
+        f"pos_q, pos_k, *, bias=None, theta=None, {_T5_KEYWORDS}, scale=None",
+        terms=(Dense(scaled=True), Table("bias"), Reset("theta")), bucket="t5", scale_factor=2,
+        formula=(
+            "TUPE, Ke et al. 2020 (SPEC 3.8): A_ij = s q_i.k_j + reset(v)_ij,\n"
+            "v_ij = s pos_q_i.pos_k_j + bias[h, t5(j - i)] (TUPE-R; TUPE-A without bias);\n"
+            "reset: theta[h,0] on row 0 ([CLS] to others), theta[h,1] on column 0 of other rows.\n"
+            "pos_q (H|1, n, d_p), pos_k (H|1, m, d_p), theta (H|1, 2); s = 1/sqrt(2d)."),
+        bench=Bench(((1, 0, 0, 1, 3), (2, 0, 0, 2, 3)), ("C + D + 3N", "2C + 2D + 3N"), (3, 0, 8),
+                    group="additive"),
+        plot_init={"pos_q": 1.5, "pos_k": 1.5, "theta": 2.0}),   # s = 1/sqrt(2d) scales pos_q.pos_k
+    Method(
+        "diet_abs", "Chen et al. 2021, DIET-ABS",
+        "pos_q, pos_k, *, segment_q=None, segment_k=None, segment_table=None, scale=None",
+        terms=(Dense(), Segments()),
+        formula=(
+            "DIET-ABS, Chen et al. 2021 eq. (1) (SPEC 3.9):\n"
+            "A_ij = s q_i.k_j + pos_q_i.pos_k_j + segment_table[h, segment_q[b,i], segment_k[b,j]];\n"
+            "pos_q (H|1, n, d_p), pos_k (H|1, m, d_p) (rank d_p free); segments optional, all three\n"
+            "or none: segment_q (B, n), segment_k (B, m) ints, segment_table (H|1, S, S); s = 1/sqrt(d)."),
+        bench=Bench(((1, 0, 0, 1, 2), (2, 0, 0, 2, 2)), ("C + D + 2N", "2C + 2D + 2N"), (4.5, 0, 2),
+                    group="additive"),
+        # unscaled: entries of std sqrt(2) d^-1/4 give logits of std 2
+        plot_init={"pos_q": "sqrt(2)/d^(1/4)", "pos_k": "sqrt(2)/d^(1/4)"}),
+    Method(
+        "diet_rel", "Chen et al. 2021, DIET-REL",
+        "rel, *, max_distance, segment_q=None, segment_k=None, segment_table=None, scale=None",
+        terms=(Table("rel"), Segments()), bucket="clipped_reversed",
+        formula=(
+            "DIET-REL, Chen et al. 2021 eq. (3) (SPEC 3.10):\n"
+            "A_ij = s q_i.k_j + rel[h, clip(i - j, -t, t) + t] + E_S (note R_{i-j}: query minus key);\n"
+            "rel (H|1, 2t+1); segments as diet_abs; s = 1/sqrt(d)."),
+        bench=Bench(((1, 0, 0, 0, 3), (2, 0, 0, 0, 3)), ("C + 3N", "2C + 3N"), (4.5, 0, 2),
+                    group="additive"),
+        plot_init={"rel": 2.0}),
+)
+
+REGISTRY = {entry.name: entry for entry in _ENTRIES}
+METHODS = tuple(REGISTRY)
+
+# ------------------------------------------------------------------ gradient types
+
+# The two baselines of posenc.reference (SPEC 3.11) are not engine methods;
+# their gradient fields are declared beside the registry's.
+REFERENCE_GRAD_FIELDS = {"bert_ad": ("q", "k", "pos_q", "pos_k"),
+                         "absolute_input": ("x", "p", "w_q", "w_k")}
+
+GRAD_FIELDS = {**{name: m.grad_fields for name, m in REGISTRY.items()}, **REFERENCE_GRAD_FIELDS}
+
+
+def grad_class_name(method: str) -> str:
+    return "".join(part.capitalize() for part in method.split("_")) + "Grads"
+
+
+# The named tuples every `*_backward` returns (SPEC §3): fields named exactly
+# as the method's float arguments, in signature order; an optional float
+# argument that was not given has the field None.  Every namespace returns these.
+GRAD_TYPES = {method: namedtuple(grad_class_name(method), fields)
+              for method, fields in GRAD_FIELDS.items()}
+
+# ------------------------------------------------------------------ docstrings
+
+SHAPES = """
+Shapes: q (B, H, n, d), k (B, H, m, d); result A (B, H, n, m), A[b, h, i, j]
+is how query i attends to key j before the softmax.  Float inputs share one
+dtype (float32 or float64); inputs may have any strides.  Every positional
+parameter has a leading head axis of size H or 1 (shared by all heads).
+"""
+
+
+def forward_doc(method: str, where: str, *, out: bool = True) -> str:
+    text = f"{REGISTRY[method].formula}\n{SHAPES}\nComputed by {where}."
+    if out:
+        text += ("  `out=`: a C-contiguous (B, H, n, m) array of the\nresult dtype, "
+                 "not overlapping an input, written and returned.")
+    return text
+
+
+def backward_doc(method: str, where: str) -> str:
+    return (
+        f"Gradients of sum(G * {method}(...)) for G = dL/dA of shape (B, H, n, m).\n\n"
+        f"Returns a named tuple with fields {', '.join(GRAD_FIELDS[method])}, each shaped like its\n"
+        "input (None for an optional input not given); a parameter shared over heads\n"
+        f"(head axis 1) gets its gradient summed over heads.  Computed by {where}.\n\n"
+        + REGISTRY[method].formula)
+
+
+# ------------------------------------------------------------------ bucket maps over offsets
+
+def diagonal_offsets(n: int, m: int) -> np.ndarray:
+    """o = j - i for the n + m - 1 diagonals of an (n, m) problem, o from -(n - 1) to m - 1."""
+    if n == 0 or m == 0:
+        return np.zeros(0, dtype=np.int64)
+    return np.arange(-(n - 1), m, dtype=np.int64)
+
+
+@functools.lru_cache(maxsize=256)
+def diagonal_map(kind: str, values: tuple, n: int, m: int) -> np.ndarray:
+    """The read-only int64 table row of each offset j - i of an (n, m) problem,
+    at index (j - i) + n - 1 (the engine's layout), computed once per shape."""
+    result = np.ascontiguousarray(MAPS[kind].of_offsets(diagonal_offsets(n, m), values),
+                                  dtype=np.int64)
+    result.setflags(write=False)
+    return result
