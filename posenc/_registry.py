@@ -198,20 +198,23 @@ class Method:
     scale_factor: int | None = 1  # default s = 1/sqrt(factor d); None: s = 1
     formula: str = ""
     bench: Bench | None = None
-    plot_init: dict = field(default_factory=dict)   # std of each random table in pictures
+    # std (or a function of d) of each table drawn for pictures (posenc.plot)
+    plot_init: dict = field(default_factory=dict)
     # derived in __post_init__
     tensors: tuple = ()           # tensor arguments in signature order
     optional: frozenset = frozenset()
     params: tuple = ()            # (name, default or REQUIRED) in signature order
     grad_fields: tuple = ()
+    arguments: tuple = ()         # every argument name in signature order
 
     def __post_init__(self):
-        tensors, optional, params = [], set(), []
+        tensors, optional, params, arguments = [], set(), [], []
         for text in ("q, k, " + self.signature).split(","):
             text = text.strip()
             if text == "*":
                 continue
             name, _, default = (part.strip() for part in text.partition("="))
+            arguments.append(name)
             if name in PARAM_KINDS:
                 params.append((name, eval(default, {}) if default else REQUIRED))
             else:
@@ -221,6 +224,7 @@ class Method:
         object.__setattr__(self, "tensors", tuple(tensors))
         object.__setattr__(self, "optional", frozenset(optional))
         object.__setattr__(self, "params", tuple(params))
+        object.__setattr__(self, "arguments", tuple(arguments))
         object.__setattr__(self, "grad_fields",
                            tuple(t for t in tensors if t not in INDEX_TENSORS))
         declared = {"q", "k"} | {t for term in self.terms for t in term.tensors}
@@ -310,7 +314,7 @@ _ENTRIES = (
         bench=Bench(((1, 1, 1, 0, 3), (3, 3, 3, 0, 6)),
                     ("C + P_q + P_k + 3N", "3C + 3P_q + 3P_k + 6N  (all three factors recomputed)"),
                     (9.5, 3.5, 0), shared_table=True, group="heavy", memory=True),
-        plot_init={"rel_k": "1/sqrt(d)"}),     # three dot products multiply: keep each near 1
+        plot_init={"rel_k": lambda d: d ** -0.5}),   # three dot products multiply: keep each near 1
     Method(
         "deberta", "DeBERTa(-v2) disentangled attention",
         "pos_key, pos_query, *, att_span, position_buckets=-1, max_relative_positions=-1, "
@@ -349,7 +353,8 @@ _ENTRIES = (
         bench=Bench(((1, 0, 0, 1, 2), (2, 0, 0, 2, 2)), ("C + D + 2N", "2C + 2D + 2N"), (4.5, 0, 2),
                     group="additive"),
         # unscaled: entries of std sqrt(2) d^-1/4 give logits of std 2
-        plot_init={"pos_q": "sqrt(2)/d^(1/4)", "pos_k": "sqrt(2)/d^(1/4)"}),
+        plot_init={"pos_q": lambda d: math.sqrt(2.0) * d ** -0.25,
+                   "pos_k": lambda d: math.sqrt(2.0) * d ** -0.25}),
     Method(
         "diet_rel", "Chen et al. 2021, DIET-REL",
         "rel, *, max_distance, segment_q=None, segment_k=None, segment_table=None, scale=None",

@@ -30,12 +30,13 @@ from __future__ import annotations
 
 import argparse
 import inspect
-import math
 from typing import Optional, Sequence
 
 import numpy as np
 
 import posenc
+from posenc._registry import (REGISTRY, REQUIRED, Dense, KeyTable, QueryTable, Reset, Segments,
+                              Table)
 
 __all__ = [
     "POSITIONAL_METHODS",
@@ -55,10 +56,12 @@ __all__ = [
 ]
 
 #: Methods with a positional term (``content`` has none).
-POSITIONAL_METHODS = ("shaw", "t5", "m2", "m4", "m4m", "deberta", "tupe", "diet_abs", "diet_rel")
-#: Methods whose positional term does not depend on q or k.
-CONTENT_FREE = ("t5", "tupe", "diet_abs", "diet_rel")
-_SEGMENT_METHODS = ("diet_abs", "diet_rel")
+POSITIONAL_METHODS = tuple(name for name, spec in REGISTRY.items() if spec.terms)
+#: Methods whose positional term does not depend on q or k: a sum with no
+#: query- or key-side vector table.
+CONTENT_FREE = tuple(name for name in POSITIONAL_METHODS if not REGISTRY[name].product
+                     and not REGISTRY[name].term(QueryTable) + REGISTRY[name].term(KeyTable))
+_SEGMENT_METHODS = tuple(name for name, spec in REGISTRY.items() if spec.term(Segments))
 _INSTALL = 'plotting needs matplotlib, which is not installed: pip install "posenc[plot]"'
 
 
@@ -74,13 +77,6 @@ def method_arguments(method: str) -> list:
     """The argument names of ``posenc.<method>`` besides ``q``, ``k``, ``out``."""
     signature = inspect.signature(getattr(posenc, _check_method(method)))
     return [name for name in signature.parameters if name not in ("q", "k", "out")]
-
-
-def _default_scale(method: str, d: int) -> float:
-    """SPEC section 3 defaults (`d` = q.shape[-1])."""
-    if method == "t5" or d == 0:
-        return 1.0
-    return 1.0 / math.sqrt({"deberta": 3, "tupe": 2}.get(method, 1) * d)
 
 
 # ---------------------------------------------------------------------------
@@ -105,32 +101,39 @@ def random_params(method: str, H: int, n: int, rng=None, *, d: int = 64,
     H, n, d = int(H), int(n), int(d)
     if H < 1 or n < 1 or d < 1:
         raise ValueError(f"H, n, d must be >= 1, got H={H}, n={n}, d={d}")
+    spec = REGISTRY[method]
     t = max(1, min(16, n - 1))
-    normal = rng.standard_normal
-    if method in ("shaw", "m4"):
-        params = {"rel_k": normal((H, 2 * t + 1, d)), "max_distance": t}
-    elif method == "m4m":     # three dot products multiply: keep each near 1
-        params = {"rel_k": normal((H, 2 * t + 1, d)) / math.sqrt(d), "max_distance": t}
-    elif method == "m2":
-        params = {"rel": 1.0 + 0.5 * normal((H, 2 * t + 1)), "max_distance": t}
-    elif method == "t5":
-        params = {"bias": 2.0 * normal((H, 32)), "num_buckets": 32, "max_distance": 128,
-                  "bidirectional": True}
-    elif method == "deberta":
-        params = {"pos_key": normal((H, 2 * t, d)), "pos_query": normal((H, 2 * t, d)),
-                  "att_span": t}
-    elif method == "tupe":    # scale 1/sqrt(2d) applies to pos_q.pos_k
-        params = {"pos_q": 1.5 * normal((H, n, d)), "pos_k": 1.5 * normal((H, n, d)),
-                  "theta": 2.0 * normal((H, 2))}
-    elif method == "diet_abs":    # unscaled: entries of std d^-1/4 give logits of std 2
-        sigma = math.sqrt(2.0) * d ** -0.25
-        params = {"pos_q": sigma * normal((H, n, d)), "pos_k": sigma * normal((H, n, d))}
-    else:                     # diet_rel
-        params = {"rel": 2.0 * normal((H, 2 * t + 1)), "max_distance": t}
+    params = {}
+    if spec.map is not None and any(name in spec.plot_init for term in spec.terms
+                                    if not isinstance(term, Dense) for name in term.tensors):
+        # T5 keeps its defaults; a clipped distance or DeBERTa's span is t
+        defaults = dict(spec.params)
+        params = {name: defaults[name] if defaults[name] is not REQUIRED else t
+                  for name in spec.map.params}
+        if spec.bucket == "deberta":
+            params = {"att_span": t}
+        rows = spec.map.rows({"bidirectional": True, **params})
+    for term in spec.terms:
+        for name in term.tensors:
+            if name not in spec.plot_init:          # optional terms (TUPE-R's bias, segments)
+                continue
+            std = spec.plot_init[name]
+            std = std(d) if callable(std) else std
+            if isinstance(term, Dense):
+                shape = (H, n, d)
+            elif isinstance(term, Table):
+                shape = (H, rows)
+            elif isinstance(term, Reset):
+                shape = (H, 2)
+            else:
+                shape = (H, rows, d)
+            around = 1.0 if spec.product and isinstance(term, Table) else 0.0   # M2: a factor
+            params[name] = around + std * rng.standard_normal(shape)
     if segments:
         if method not in _SEGMENT_METHODS:
-            raise ValueError(f"segments are a DIET feature (diet_abs, diet_rel), not {method!r}")
-        params["segment_table"] = 3.0 * normal((H, 2, 2))
+            raise ValueError(f"segments are a DIET feature ({', '.join(_SEGMENT_METHODS)}), "
+                             f"not {method!r}")
+        params["segment_table"] = 3.0 * rng.standard_normal((H, 2, 2))
     return params
 
 
@@ -142,14 +145,15 @@ def save_params(path, params: dict) -> None:
 
 def _infer_keywords(method: str, params: dict) -> None:
     """Fill keywords that the table shapes determine, when the file lacks them."""
-    if method in ("shaw", "m4", "m4m", "m2", "diet_rel") and "max_distance" not in params:
-        table = params.get("rel_k", params.get("rel"))
-        if table is not None and np.ndim(table) >= 2:
-            params["max_distance"] = (np.shape(table)[1] - 1) // 2
-    if method == "deberta" and "att_span" not in params and "pos_key" in params:
-        params["att_span"] = np.shape(params["pos_key"])[1] // 2
-    if method in ("t5", "tupe") and "num_buckets" not in params and "bias" in params:
-        params["num_buckets"] = np.shape(params["bias"])[-1]
+    spec = REGISTRY[method]
+    if spec.map is None:
+        return
+    for term in spec.terms:
+        table = params.get(getattr(term, "name", None))
+        if isinstance(term, (Table, QueryTable, KeyTable)) and table is not None and np.ndim(table) >= 2:
+            for name, value in spec.map.infer(np.shape(table)[1]).items():
+                params.setdefault(name, value)
+            return
 
 
 def load_params(path, method: str) -> dict:
@@ -247,7 +251,7 @@ def positional_term(method: str, params: dict, n: Optional[int] = None, *,
               if name not in ("q", "k", "segment_q", "segment_k")}
     scale = kwargs.pop("scale", None)
     if scale is None:
-        scale = _default_scale(method, q.shape[-1])
+        scale = REGISTRY[method].default_scale(q.shape[-1])
     if kwargs.get("segment_table") is not None:
         default_q, default_k = two_segments(n)
         segment_q = params.get("segment_q", default_q) if segment_q is None else segment_q

@@ -15,7 +15,7 @@ from hypothesis import strategies as st  # noqa: E402
 
 import posenc  # noqa: E402
 from posenc import _check, reference  # noqa: E402
-from posenc._examples import METHODS, float_inputs, make_inputs, with_inputs  # noqa: E402
+from posenc._examples import METHODS, dense_rank, float_inputs, make_inputs, with_inputs  # noqa: E402
 from posenc._registry import GRAD_FIELDS  # noqa: E402
 
 EXAMPLES = int(os.environ.get("POSENC_HYPOTHESIS_EXAMPLES", "150"))
@@ -90,7 +90,7 @@ def test_posenc_equals_reference(problem):
     abs_args, abs_kw = with_inputs(method, args, kw, {k: np.abs(v.astype(np.float64)) for k, v in floats.items()})
     f64_args, f64_kw = with_inputs(method, args, kw, {k: v.astype(np.float64) for k, v in floats.items()})
     d = args[0].shape[-1]
-    d_p = args[2].shape[-1] if method in ("tupe", "diet_abs") else 0
+    d_p = dense_rank(method, args, kw)
     ref64 = getattr(reference, method)(*f64_args, **f64_kw)
     mag = getattr(reference, method)(*abs_args, **abs_kw)
     _, measure, ok = _check.compare(got, ref64, mag, d + d_p, dtype)

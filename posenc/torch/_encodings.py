@@ -38,6 +38,8 @@ class PositionalEncoding(nn.Module):
     ``query_proj``/``key_proj`` (DeBERTa's ``share_att_key``).
     """
 
+    method = ""         # the posenc method whose logits it computes
+
     uses_attention_projections = False
     projects_keys = False
 
@@ -61,6 +63,8 @@ class PositionalEncoding(nn.Module):
 class Content(PositionalEncoding):
     """No positional term: ``A_ij = q_i·k_j / sqrt(d)`` (Vaswani et al. 2017;
     SPEC 3.1).  What `PositionalSelfAttention` uses when given no encoding."""
+
+    method = "content"
 
     def __init__(self, num_heads: int, *, scale: float | None = None):
         super().__init__(num_heads)

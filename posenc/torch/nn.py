@@ -71,6 +71,8 @@ class T5RelativeBias(PositionalEncoding):
     N(0, init_std²) (HuggingFace T5 uses ``factor · d_model^-1/2``).
     """
 
+    method = "t5"
+
     def __init__(self, num_heads: int, num_buckets: int = 32, max_distance: int = 128,
                  bidirectional: bool = True, *, scale: float | None = None,
                  init_std: float = 0.02):
@@ -87,8 +89,6 @@ class T5RelativeBias(PositionalEncoding):
 
 class _ClippedRelative(PositionalEncoding):
     """A table indexed by clip(j - i, -t, t) + t, head-shared or per head."""
-
-    method = ""
 
     def __init__(self, num_heads, max_distance, table_shape, *, per_head, scale, init):
         super().__init__(num_heads)
@@ -213,6 +213,8 @@ class DebertaRelative(PositionalEncoding):
     layer passes to `positional`.
     """
 
+    method = "deberta"
+
     def __init__(self, d_model: int, num_heads: int, *, head_dim: int | None = None,
                  max_relative_positions: int = 512, position_buckets: int = -1,
                  layer_norm: bool = True, share_att_key: bool = False,
@@ -274,6 +276,8 @@ class TUPE(PositionalEncoding):
     layers, so `positional` computes ``reset_θ(v)`` (1, H, n, n) once per forward
     and every layer reuses it (§3.3).
     """
+
+    method = "tupe"
 
     def __init__(self, d_model: int, num_heads: int, max_len: int, *,
                  head_dim: int | None = None, relative: bool = False, reset_cls: bool = True,
@@ -346,6 +350,8 @@ class DIETAbs(PositionalEncoding):
     ``E`` (k, max_len) (``F = E`` when ``share_kv``), and ``pos_k`` has k rows
     (eq. (4); segments then stay at the input, as in the paper).
     """
+
+    method = "diet_abs"
 
     def __init__(self, num_heads: int, max_len: int, rank: int, *, per_head: bool = True,
                  num_segments: int | None = None, linformer_k: int | None = None,
@@ -427,6 +433,8 @@ class DIETRel(PositionalEncoding):
     (``per_head=True``, one module per layer; Table 6).  ``num_segments`` adds
     the per-head segment attention.  Initialised N(0, init_std²).
     """
+
+    method = "diet_rel"
 
     def __init__(self, num_heads: int, max_distance: int, *, per_head: bool = True,
                  num_segments: int | None = None, scale: float | None = None,

@@ -1,0 +1,113 @@
+"""The method registry is the one place a method is declared: every method it
+lists exists, with the same signature and gradient fields, in every namespace
+(posenc, posenc.reference, posenc.torch and its native formulas, the custom
+ops, an nn module), with a docstring, example inputs and benchmark facts.  A
+place missing for a new method fails here."""
+
+import inspect
+
+import numpy as np
+import pytest
+
+import posenc
+from posenc import _checks, _examples, _methods, reference
+from posenc._engine import ENGINE_GRADS, EngineConfig
+from posenc._registry import GRAD_FIELDS, GRAD_TYPES, METHODS, REGISTRY
+
+torch = pytest.importorskip("torch")
+import posenc.torch as pt  # noqa: E402
+from posenc.torch import _ops, native  # noqa: E402
+from posenc.torch import nn as pnn  # noqa: E402
+
+
+def _parameters(function, drop=("out",)):
+    return [(p.name, p.kind, p.default) for p in inspect.signature(function).parameters.values()
+            if p.name not in drop]
+
+
+def test_methods_are_the_registry():
+    assert posenc.METHODS == METHODS == tuple(REGISTRY)
+    assert reference.METHODS[:len(METHODS)] == METHODS
+    for method in METHODS:
+        assert method in posenc.__all__ and method + "_backward" in posenc.__all__
+        assert method in pt.__all__
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_every_namespace_has_the_method(method):
+    spec = REGISTRY[method]
+    forward = getattr(posenc, method)
+    signature = _parameters(forward)
+    assert [name for name, *_ in signature] == list(spec.arguments)
+    assert set(spec.arguments) == set(spec.tensors) | {p for p, _ in spec.params}
+    assert list(inspect.signature(forward).parameters)[-1] == "out"
+    for other in (getattr(reference, method), _checks.CHECKERS[method]):
+        assert _parameters(other) == signature
+    for other in (getattr(pt, method), getattr(native, method)):
+        assert _parameters(other) == signature, other
+    for namespace in (posenc, reference):
+        backward = getattr(namespace, method + "_backward")
+        assert _parameters(backward) == [("G", inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                                          inspect.Parameter.empty)] + signature
+    # a docstring with the formula in every namespace
+    for function in (forward, getattr(posenc, method + "_backward"), getattr(reference, method),
+                     getattr(reference, method + "_backward"), getattr(pt, method),
+                     getattr(native, method)):
+        assert spec.formula and spec.formula in function.__doc__, function
+    # the reference's own formulas, written from the paper
+    assert callable(getattr(reference, f"_{method}_logits"))
+    assert callable(getattr(reference, f"_{method}_grads"))
+    # torch: the custom ops, and one nn module computing the method
+    assert method in _ops.FORWARD and method in _ops.BACKWARD
+    assert hasattr(torch.ops.posenc, method) and hasattr(torch.ops.posenc, method + "_backward")
+    modules = [cls for cls in vars(pnn).values() if isinstance(cls, type)
+               and issubclass(cls, pnn.PositionalEncoding) and cls.method == method]
+    assert len(modules) == 1, (method, modules)
+    # benchmark facts
+    assert spec.bench is not None and len(spec.bench.flops) == 2 and len(spec.bench.flop_text) == 2
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_gradient_fields_and_types(method):
+    spec = REGISTRY[method]
+    fields = GRAD_FIELDS[method]
+    assert fields == spec.grad_fields == GRAD_TYPES[method]._fields
+    assert getattr(posenc, GRAD_TYPES[method].__name__) is GRAD_TYPES[method]
+    args, kwargs = _examples.make_inputs(method, 2, 3, 5, 4, 3, rng=np.random.default_rng(0))
+    G = np.ones((2, 3, 5, 4))
+    for namespace in (posenc, reference):
+        grads = getattr(namespace, method + "_backward")(G, *args, **kwargs)
+        assert type(grads) is GRAD_TYPES[method]
+        for name in fields:
+            given = _examples.float_inputs(method, args, kwargs).get(name)
+            value = getattr(grads, name)
+            assert (value is None) == (given is None), name
+            if value is not None:
+                assert value.shape == given.shape and value.dtype == given.dtype, name
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_engine_configuration(method):
+    """Each term lands in its engine slot; each gradient field comes from one slot."""
+    spec = REGISTRY[method]
+    args, kwargs = _examples.make_inputs(method, 1, 2, 3, 4, 5)
+    problem = _checks.CHECKERS[method](*args, **kwargs)
+    config = _methods.configure(problem)
+    assert isinstance(config, EngineConfig) and config.product == spec.product
+    assert config.scale == spec.default_scale(5)
+    slots = _methods.SLOTS[method]
+    assert len(slots) == len(spec.grad_fields) and len(set(slots)) == len(slots)
+    floats = _examples.float_inputs(method, args, kwargs)
+    for field, slot in zip(spec.grad_fields, slots):
+        assert getattr(config, ENGINE_GRADS[slot]) is floats[field], (field, ENGINE_GRADS[slot])
+    for name in ("table", "query_table", "key_table"):
+        mapped = getattr(config, name.replace("table", "map") if name != "table" else "table_map")
+        assert (getattr(config, name) is None) == (mapped is None)
+
+
+def test_a_new_entry_is_checked_for_consistency():
+    """A term whose tensor is not in the signature is caught when the entry is made."""
+    from posenc._registry import Method, Table
+    with pytest.raises(AssertionError, match="signature"):
+        Method("broken", "", "rel, *, max_distance, scale=None", terms=(Table("bias"),),
+               bucket="clipped")
