@@ -12,28 +12,45 @@ what was expected and what was received.
 
 from __future__ import annotations
 
+import functools
 import numbers
 
 import numpy as np
 
-from ._registry import INDEX_TENSORS, REGISTRY, Dense, Reset, Segments, Table
+from ._registry import INDEX_TENSORS, MAPS, REGISTRY, Dense, Reset, Segments, Table
 from ._signatures import define
 
 FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
 
 class Problem:
-    """A validated call: sizes, dtype, the given arrays by argument name, the
-    parameters with defaults resolved (and "d_p" for a dense factor)."""
+    """A validated call: sizes, dtype, the given arrays by argument name, and
+    the parameters with defaults resolved (`params`, built on first use: the
+    engine needs only `scale` and the bucket map's `map_values`)."""
 
-    __slots__ = ("method", "dtype", "B", "H", "n", "m", "d", "arrays", "params", "out")
+    __slots__ = ("method", "dtype", "B", "H", "n", "m", "d", "arrays", "scale", "map_values",
+                 "d_p", "out", "_params")
 
     def __init__(self, method, dtype, B, H, n, m, d, arrays=None, params=None, out=None):
         self.method, self.dtype = method, dtype
         self.B, self.H, self.n, self.m, self.d = B, H, n, m, d
         self.arrays = {} if arrays is None else arrays
-        self.params = {} if params is None else params
+        self._params = params
+        self.scale = None
+        self.map_values = ()      # the bucket map's parameters, checked, in MAPS order
+        self.d_p = None           # rank of the dense factor
         self.out = out
+
+    @property
+    def params(self) -> dict:
+        """Every parameter by name ("scale", the map's, "d_p" with a dense factor)."""
+        if self._params is None:
+            spec = REGISTRY.get(self.method)        # None for the reference's baselines
+            names = spec.map_params if spec else ()
+            self._params = dict(zip(names, self.map_values), scale=self.scale)
+            if self.d_p is not None:
+                self._params["d_p"] = self.d_p
+        return self._params
 
 
 def _shape_str(shape) -> str:
@@ -134,15 +151,18 @@ def _heads(H: int) -> set:
 
 
 def check_qk(q, k) -> tuple:
-    check_rank("q", q, 4, "(B, H, n, d)")
-    check_rank("k", k, 4, "(B, H, m, d)")
+    if q.ndim != 4:
+        check_rank("q", q, 4, "(B, H, n, d)")
+    if k.ndim != 4:
+        check_rank("k", k, 4, "(B, H, m, d)")
     B, H, n, d = q.shape
-    if k.shape[0] != B or k.shape[1] != H or k.shape[3] != d:
+    kB, kH, m, kd = k.shape
+    if kB != B or kH != H or kd != d:
         raise ValueError(
             f"k must have shape ({B}, {H}, m, {d}) (B, H, m, d) to match q of shape "
             f"{_shape_str(q.shape)}, got {_shape_str(k.shape)}"
         )
-    return B, H, n, k.shape[2], d
+    return B, H, n, m, d
 
 
 def check_segments(segment_q, segment_k, segment_table, B, H, n, m) -> dict:
@@ -222,6 +242,35 @@ def _begin(method, q, k, floats: dict) -> Problem:
 
 
 _PARAM_MINIMUM = {"att_span": 1}
+_F32, _F64 = FLOAT_DTYPES
+
+
+@functools.lru_cache(maxsize=1024)
+def _map_rows(kind: str, values: tuple) -> int:
+    """Rows of the table a map indexes, once its parameters passed SPEC §2's checks."""
+    bucket_map = MAPS[kind]
+    named = dict(zip(bucket_map.params, values))
+    bucket_map.check(named)
+    return bucket_map.rows(named)
+
+
+def _plan(spec) -> tuple:
+    """What `check` walks for `spec`: (name, optional, float) per tensor, the
+    exact types of the map's parameters, and the shape check of each distinct
+    positional tensor as (kind, term)."""
+    tensors = tuple((name, name in spec.optional, name not in INDEX_TENSORS)
+                    for name in spec.tensors)
+    shapes, seen = [], set()
+    for term in spec.terms:
+        key = (term.__class__, getattr(term, "name", None))
+        if key[1] is None or key[1] not in seen:   # M4/M4M: rel_k checked once
+            shapes.append((term.__class__, term))
+            seen.add(key[1])
+    types = tuple(bool if name == "bidirectional" else int for name in spec.map_params)
+    return tensors, types, tuple(shapes)
+
+
+_PLANS = {name: _plan(spec) for name, spec in REGISTRY.items()}
 
 
 def check(spec, tensors: tuple, params: tuple, out) -> Problem:
@@ -231,58 +280,67 @@ def check(spec, tensors: tuple, params: tuple, out) -> Problem:
     spec.tensors and spec.params.  The order of the checks -- types and
     dtypes, then q and k, then parameters, then each term's shapes, then
     out -- is the same for every namespace, so each raises the same error.
+    Common values take fast paths (exact ndarray, int, bool and float types,
+    native float dtypes); anything else goes through the checks that build
+    the error messages.
     """
+    plan_tensors, plan_types, plan_shapes = _PLANS[spec.name]
     arrays = {}
-    floats = []
-    for name, value in zip(spec.tensors, tensors):
+    dtype = None
+    for (name, optional, is_float), value in zip(plan_tensors, tensors):
         if value is None:
-            if name not in spec.optional:
+            if not optional:
                 raise TypeError(f"{name} is required: a numpy.ndarray, got None")
             continue
         arrays[name] = value
-        if name not in INDEX_TENSORS:
-            floats.append((name, value))
-    q, k = tensors[0], tensors[1]
-    if q.__class__ is not np.ndarray:
-        require_ndarray("q", q)
-    if k.__class__ is not np.ndarray:
-        require_ndarray("k", k)
-    dtype = check_floats(floats)
-    B, H, n, m, d = check_qk(q, k)
-    values = {}
-    for (name, _), value in zip(spec.params, params):
-        if name == "scale":
-            values[name] = check_scale(value, spec.default_scale(d))
-        elif name == "bidirectional":
-            values[name] = check_bool(name, value)
-        else:
-            values[name] = check_int(name, value, _PARAM_MINIMUM.get(name))
-    bucket_map = spec.map
-    if bucket_map is not None:
-        bucket_map.check(values)
-        rows = bucket_map.rows(values)
-    p = Problem(spec.name, dtype, B, H, n, m, d, arrays, values)
-    heads = {H, 1}
-    checked = set()
-    for term in spec.terms:
-        kind = term.__class__
+        if is_float:
+            if value.__class__ is not np.ndarray:
+                require_ndarray(name, value)
+            value_dtype = value.dtype
+            if dtype is None and (value_dtype is _F64 or value_dtype is _F32):
+                dtype = value_dtype
+            elif value_dtype is not dtype:
+                dtype = False
+    if not dtype:      # the slow path names the offending argument
+        dtype = check_floats([(name, arrays.get(name)) for name, _, is_float in plan_tensors
+                              if is_float])
+    B, H, n, m, d = check_qk(arrays["q"], arrays["k"])
+    # parameters: the map's (in the order of its kind), then the scale, last
+    *map_values, scale = params
+    if tuple(map(type, map_values)) != plan_types:     # NumPy scalars, or an error
+        for t, (name, value) in enumerate(zip(spec.map_params, map_values)):
+            map_values[t] = (check_bool(name, value) if name == "bidirectional"
+                             else check_int(name, value, _PARAM_MINIMUM.get(name)))
+    if scale is None:
+        scale = spec.default_scale(d)
+    elif scale.__class__ is not float:
+        scale = check_scale(scale, 0.0)
+    p = Problem(spec.name, dtype, B, H, n, m, d, arrays)
+    p.scale = scale
+    if spec.bucket is not None:
+        p.map_values = map_values = tuple(map_values)
+        rows = _map_rows(spec.bucket, map_values)
+    for kind, term in plan_shapes:
         if kind is Dense:
             _check_dense(p, arrays[term.query], arrays[term.key], term.query, term.key)
         elif kind is Segments:
             check_segments(arrays.get("segment_q"), arrays.get("segment_k"),
                            arrays.get("segment_table"), B, H, n, m)
         else:
-            name = term.name
-            table = arrays.get(name)
-            if table is None or name in checked:
+            table = arrays.get(term.name)
+            if table is None:
                 continue
-            checked.add(name)
+            shape = table.shape
+            heads = shape[0] if shape else -1
             if kind is Table:
-                check_shape(name, table, (heads, rows), f"(H|1, {rows})")
+                if len(shape) != 2 or (heads != H and heads != 1) or shape[1] != rows:
+                    check_shape(term.name, table, ({H, 1}, rows), f"(H|1, {rows})")
             elif kind is Reset:
-                check_shape(name, table, (heads, 2), "(H|1, 2)")
-            else:    # QueryTable, KeyTable
-                check_shape(name, table, (heads, rows, d), f"(H|1, {rows}, d)")
+                if len(shape) != 2 or (heads != H and heads != 1) or shape[1] != 2:
+                    check_shape(term.name, table, ({H, 1}, 2), "(H|1, 2)")
+            elif (len(shape) != 3 or (heads != H and heads != 1) or shape[1] != rows
+                  or shape[2] != d):
+                check_shape(term.name, table, ({H, 1}, rows, d), f"(H|1, {rows}, d)")
     if out is not None:
         check_out(out, p)
     return p
@@ -294,7 +352,7 @@ def _check_dense(p: Problem, pos_q, pos_k, query: str, key: str) -> None:
     d_p = pos_q.shape[2]
     check_shape(query, pos_q, ({p.H, 1}, p.n, d_p), "(H|1, n, d_p)")
     check_shape(key, pos_k, ({p.H, 1}, p.m, d_p), "(H|1, m, d_p)")
-    p.params["d_p"] = d_p
+    p.d_p = d_p
 
 
 def _checker(method: str):

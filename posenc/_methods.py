@@ -35,38 +35,59 @@ def _engine_slots(spec) -> tuple:
 SLOTS = {name: _engine_slots(spec) for name, spec in REGISTRY.items()}
 
 
-def configure(p) -> EngineConfig:
-    """The engine's problem for a checked call of p's method."""
-    spec = REGISTRY[p.method]
-    a, prm = p.arrays, p.params
-    s = prm["scale"]
-    slots = dict(q=a["q"], k=a["k"], product=spec.product, scale=s, pos_q=None, pos_k=None,
-                 dense_scale=1.0, table=None, table_map=None, query_table=None, query_map=None,
-                 key_table=None, key_map=None, vector_scale=1.0 if spec.product else s,
-                 segment_q=None, segment_k=None, segment_table=None, theta=None)
-    rows = None
-    if spec.bucket is not None:
-        rows = diagonal_map(spec.bucket, tuple(prm[name] for name in spec.map.params), p.n, p.m)
+_FIELD = {name: t for t, name in enumerate(EngineConfig._fields)}
+
+
+def _plan(spec):
+    """What configure does for `spec`: a template of the engine slots that do
+    not depend on the call, where the scale goes, and (tensor, slot, map slot)
+    for every positional tensor."""
+    template = [None] * len(EngineConfig._fields)
+    template[_FIELD["product"]] = spec.product
+    template[_FIELD["dense_scale"]] = template[_FIELD["vector_scale"]] = 1.0
+    scaled = [_FIELD["scale"]]
+    if not spec.product:
+        scaled.append(_FIELD["vector_scale"])
+    tensors = []
     for term in spec.terms:
         kind = term.__class__
         if kind is Dense:
-            slots.update(pos_q=a[term.query], pos_k=a[term.key],
-                         dense_scale=s if term.scaled else 1.0)
+            tensors += [(term.query, _FIELD["pos_q"], None), (term.key, _FIELD["pos_k"], None)]
+            if term.scaled:
+                scaled.append(_FIELD["dense_scale"])
         elif kind is Segments:
-            if "segment_table" in a:
-                slots.update(segment_q=a["segment_q"], segment_k=a["segment_k"],
-                             segment_table=a["segment_table"])
-        elif term.name in a:
-            table = a[term.name]
-            if kind is Table:
-                slots.update(table=table, table_map=rows)
-            elif kind is QueryTable:
-                slots.update(query_table=table, query_map=rows)
-            elif kind is KeyTable:
-                slots.update(key_table=table, key_map=rows)
-            elif kind is Reset:
-                slots.update(theta=table)
-    return EngineConfig(**slots)
+            tensors += [(name, _FIELD[name], None) for name in term.tensors]
+        else:
+            slot = {Table: "table", QueryTable: "query_table", KeyTable: "key_table",
+                    Reset: "theta"}[kind]
+            map_slot = {"table": "table_map", "query_table": "query_map",
+                        "key_table": "key_map"}.get(slot)
+            tensors.append((term.name, _FIELD[slot], map_slot and _FIELD[map_slot]))
+    return template, tuple(scaled), tuple(tensors)
+
+
+_PLANS = {name: _plan(spec) for name, spec in REGISTRY.items()}
+
+
+def configure(p) -> EngineConfig:
+    """The engine's problem for a checked call of p's method."""
+    template, scaled, tensors = _PLANS[p.method]
+    slots = template.copy()
+    arrays = p.arrays
+    slots[0], slots[1] = arrays["q"], arrays["k"]
+    scale = p.scale
+    for slot in scaled:
+        slots[slot] = scale
+    rows = None
+    for name, slot, map_slot in tensors:
+        value = arrays.get(name)
+        if value is not None:
+            slots[slot] = value
+            if map_slot is not None:
+                if rows is None:      # one map for every table of the method (M4: the same object)
+                    rows = diagonal_map(REGISTRY[p.method].bucket, p.map_values, p.n, p.m)
+                slots[map_slot] = rows
+    return tuple.__new__(EngineConfig, slots)
 
 
 def forward(p, config: EngineConfig | None = None) -> np.ndarray:

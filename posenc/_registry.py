@@ -51,6 +51,8 @@ class BucketMap:
             buckets.check_clipped(values["max_distance"])
         elif self.kind == "t5":
             buckets.check_t5(values["num_buckets"], values["max_distance"], values["bidirectional"])
+        elif values["att_span"] < 1:
+            raise ValueError(f"att_span must be >= 1, got {values['att_span']}")
         elif values["position_buckets"] > 0 and values["max_relative_positions"] > 0:
             buckets.check_deberta_log(values["position_buckets"], values["max_relative_positions"])
 
@@ -206,6 +208,7 @@ class Method:
     params: tuple = ()            # (name, default or REQUIRED) in signature order
     grad_fields: tuple = ()
     arguments: tuple = ()         # every argument name in signature order
+    map_params: tuple = ()        # the parameters before the scale: the bucket map's
 
     def __post_init__(self):
         tensors, optional, params, arguments = [], set(), [], []
@@ -225,6 +228,10 @@ class Method:
         object.__setattr__(self, "optional", frozenset(optional))
         object.__setattr__(self, "params", tuple(params))
         object.__setattr__(self, "arguments", tuple(arguments))
+        object.__setattr__(self, "map_params", tuple(name for name, _ in params[:-1]))
+        if params[-1][0] != "scale" or self.map_params != (self.map.params if self.map else ()):
+            raise AssertionError(f"{self.name}: the parameters must be the bucket map's, "
+                                 "in its order, then scale")
         object.__setattr__(self, "grad_fields",
                            tuple(t for t in tensors if t not in INDEX_TENSORS))
         declared = {"q", "k"} | {t for term in self.terms for t in term.tensors}
