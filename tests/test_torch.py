@@ -148,6 +148,41 @@ def test_gradcheck(case, path, rng):
     assert torch.autograd.gradcheck(call, tuple(floats.values()), eps=1e-6, atol=1e-7)
 
 
+@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
+def test_gradgradcheck(case, rng):
+    """Second derivatives through the C op (create_graph routes the backward
+    through the native formula) are right: gradgradcheck in float64."""
+    _, keyword, floats = make_call(case, rng)
+    names = list(floats)
+
+    def call(*values):
+        bound = dict(zip(names, values))
+        args = [bound[name] for name in case.positional]
+        kwargs = {**keyword, **{name: bound[name] for name in case.keyword}}
+        return run("c", case.method, *args, **kwargs)
+
+    assert torch.autograd.gradgradcheck(call, tuple(floats.values()), eps=1e-6, atol=1e-6)
+
+
+def test_gradient_penalty_keeps_its_second_order_term():
+    """A gradient penalty through the C op equals the native path's, term for term
+    (it used to lose the penalty's dependence on q: a gradient without a graph)."""
+    g = torch.Generator().manual_seed(0)
+    results = []
+    for path in PATHS:
+        q = torch.randn(1, 1, 4, 2, dtype=torch.float64, generator=g).requires_grad_()
+        k = torch.randn(1, 1, 4, 2, dtype=torch.float64, generator=g).requires_grad_()
+        bias = torch.randn(1, 32, dtype=torch.float64, generator=g).requires_grad_()
+        g.manual_seed(0)
+        grad_k = torch.autograd.grad(run(path, "t5", q, k, bias).pow(2).sum(), k,
+                                     create_graph=True)[0]
+        (q.sum() + grad_k.pow(2).sum()).backward()
+        results.append((q.grad, k.grad, bias.grad))
+    for got, want in zip(*results):
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    assert results[0][0].abs().max() > 10    # the penalty's term, not just d(q.sum())/dq = 1
+
+
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
@@ -434,6 +469,22 @@ def test_module_equals_functional(label, factory, twin, path, rng):
         if got.requires_grad:         # every parameter takes part
             got.sum().backward()
     assert all(p.grad is not None for p in module.parameters())
+
+
+@pytest.mark.parametrize("label, factory, twin", MODULE_CASES, ids=MODULE_IDS)
+def test_attention_layer_gradgradcheck(label, factory, twin, rng):
+    """Second derivatives of a whole PositionalSelfAttention layer in the input
+    (as a gradient penalty takes them) on the C path, float64."""
+    torch.manual_seed(0)
+    encoding = factory().double()
+    if encoding.projects_keys:
+        pytest.skip("Linformer keys are covered by test_linformer_and_attention_layer")
+    layer = pnn.PositionalSelfAttention(8, H, encoding).double().eval()
+    n = encoding.max_len if hasattr(encoding, "max_len") else N
+    x = torch.from_numpy(rng.standard_normal((1, n, 8))).requires_grad_()
+    segments = torch.zeros(1, n, dtype=torch.long)
+    assert torch.autograd.gradgradcheck(lambda x: layer(x, segment_ids=segments), (x,),
+                                        eps=1e-6, atol=1e-5)
 
 
 def test_diet_abs_cache_in_eval(rng):

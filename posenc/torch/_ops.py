@@ -8,8 +8,10 @@ bits from its gradient fields.
 * Eager (`_Logits`): the forward checks the call once and configures the
   engine once; the backward reuses that configured problem (saved on
   ``ctx``) and makes one C call for exactly the gradients autograd needs.
-  The backward is ``once_differentiable``: a double backward through it
-  raises instead of returning a gradient without a graph.
+  Under ``create_graph=True`` (a gradient penalty, ``gradgradcheck``) the
+  backward instead differentiates the torch-native formula of the method at
+  the saved inputs, so the gradients it returns carry their own graph and a
+  second derivative is right (never a gradient silently without a graph).
 * Compiled (`FORWARD`, `BACKWARD`): CPU custom ops whose kernels view the
   tensors as NumPy arrays (no copy, any strides), with fake kernels (shapes
   only) so ``torch.compile(fullgraph=True)`` traces them without a graph
@@ -21,7 +23,6 @@ The ops are CPU-only; `posenc.torch` sends other devices to `posenc.torch.native
 from __future__ import annotations
 
 import torch
-from torch.autograd.function import once_differentiable
 
 from .. import _checks, _methods
 from .._registry import GRAD_FIELDS, PARAM_KINDS, REGISTRY
@@ -69,12 +70,11 @@ class _Logits(torch.autograd.Function):
     def forward(ctx, method, params, *tensors):
         problem = _problem(method, tensors, params)
         config = _methods.configure(problem)
-        ctx.method, ctx.problem, ctx.config = method, problem, config
+        ctx.method, ctx.params, ctx.problem, ctx.config = method, params, problem, config
         ctx.save_for_backward(*tensors)      # autograd's check that no input changed since
         return torch.from_numpy(_methods.forward(problem, config))
 
     @staticmethod
-    @once_differentiable
     def backward(ctx, grad):
         saved = ctx.saved_tensors
         positions = GRAD_POSITIONS[ctx.method]
@@ -84,8 +84,28 @@ class _Logits(torch.autograd.Function):
                 fields |= 1 << bit
         if not fields:
             return (None, None) + (None,) * len(saved)
+        if torch.is_grad_enabled():       # create_graph=True: a differentiable backward
+            return (None, None, *_native_gradients(ctx, grad, saved, fields))
         grads = _methods.backward(ctx.problem, to_numpy("G", grad), fields, ctx.config)
         return (None, None, *_gradient_tensors(grads, positions, len(saved)))
+
+
+def _native_gradients(ctx, grad, saved, fields: int) -> list:
+    """The asked gradients by autograd through the torch-native formula at the
+    saved inputs, with create_graph: themselves differentiable (any order)."""
+    from . import native
+
+    spec = REGISTRY[ctx.method]
+    params = dict(zip((name for name, _ in spec.params), ctx.params))
+    logits = getattr(native, ctx.method)(**dict(zip(spec.tensors, saved)), **params)
+    positions = [position for bit, position in enumerate(GRAD_POSITIONS[ctx.method])
+                 if fields >> bit & 1]
+    grads = torch.autograd.grad(logits, [saved[p] for p in positions], grad, create_graph=True,
+                                allow_unused=True)
+    result = [None] * len(saved)
+    for position, value in zip(positions, grads):
+        result[position] = value
+    return result
 
 
 def _schema(method: str, backward: bool) -> str:
