@@ -23,207 +23,246 @@
 
 static int num_threads = 1;
 
-/* Every array a call converts, released on the one exit path. */
+/*
+ * The fields of an EngineConfig (posenc/_engine.py), in its order: the
+ * binding reads any tuple of exactly CF_COUNT items positionally.
+ */
 enum {
-    A_Q, A_K, A_G, A_OUT, A_POS_Q, A_POS_K, A_TABLE, A_TABLE_MAP, A_VQ, A_VQ_MAP, A_VK, A_VK_MAP,
-    A_SEG_Q, A_SEG_K, A_SEG_TABLE, A_THETA, A_COUNT
+    CF_Q, CF_K, CF_PRODUCT, CF_SCALE, CF_POS_Q, CF_POS_K, CF_DENSE_SCALE, CF_TABLE, CF_TABLE_MAP,
+    CF_QUERY_TABLE, CF_QUERY_MAP, CF_KEY_TABLE, CF_KEY_MAP, CF_VECTOR_SCALE, CF_SEGMENT_Q,
+    CF_SEGMENT_K, CF_SEGMENT_TABLE, CF_THETA, CF_COUNT
 };
 
-static const char *const arg_names[A_COUNT] = {
-    "q", "k", "G", "out", "pos_q", "pos_k", "table", "table_map", "vq_table", "vq_map",
-    "vk_table", "vk_map", "seg_q", "seg_k", "seg_table", "theta"};
+static const char *const config_names[CF_COUNT] = {
+    "q", "k", "product", "scale", "pos_q", "pos_k", "dense_scale", "table", "table_map",
+    "query_table", "query_map", "key_table", "key_map", "vector_scale", "segment_q", "segment_k",
+    "segment_table", "theta"};
 
-/* Gradient outputs, in the order backward returns them. */
-enum { GR_Q, GR_K, GR_POS_Q, GR_POS_K, GR_TABLE, GR_VQ, GR_VK, GR_SEG, GR_THETA, GR_COUNT };
+/* Gradient outputs, in the order backward returns them (_engine.ENGINE_GRADS). */
+enum { GR_Q, GR_K, GR_POS_Q, GR_POS_K, GR_TABLE, GR_QUERY_TABLE, GR_KEY_TABLE, GR_SEGMENT_TABLE,
+       GR_THETA, GR_COUNT };
 
+/* The config field each gradient is shaped like. */
+static const int grad_source[GR_COUNT] = {CF_Q, CF_K, CF_POS_Q, CF_POS_K, CF_TABLE,
+                                          CF_QUERY_TABLE, CF_KEY_TABLE, CF_SEGMENT_TABLE, CF_THETA};
+
+/* Every array a call converts (one per config field), released on the one exit path. */
 typedef struct {
-    PyObject *obj[A_COUNT];
-    PyArrayObject *arr[A_COUNT];
-    int combine;
-    double scale, dense_scale, vec_scale;
-} call_args;
+    PyArrayObject *arr[CF_COUNT];
+} converted;
 
-static void release(call_args *a)
+static void release(converted *a)
 {
-    for (int t = 0; t < A_COUNT; ++t)
+    for (int t = 0; t < CF_COUNT; ++t)
         Py_XDECREF(a->arr[t]);
 }
 
-static int as_float_array(call_args *a, int slot, int typenum)
+/* An aligned, native-endian, C-contiguous array of `typenum` (STYLE.md 6):
+ * obj itself when it already is one (the common case, no call into NumPy's
+ * converter), else a copy.  NULL with an exception. */
+static PyArrayObject *as_float_array(PyObject *obj, int typenum, const char *name)
 {
-    PyObject *obj = a->obj[slot];
-    if (obj == NULL || obj == Py_None)
-        return 0;
     if (!PyArray_Check(obj)) {
-        PyErr_Format(PyExc_TypeError, "%s must be a numpy.ndarray, got %s", arg_names[slot],
+        PyErr_Format(PyExc_TypeError, "%s must be a numpy.ndarray, got %s", name,
                      Py_TYPE(obj)->tp_name);
-        return -1;
+        return NULL;
     }
-    if (PyArray_TYPE((PyArrayObject *)obj) != typenum) {
-        PyErr_Format(PyExc_TypeError, "%s must have dtype %s like q", arg_names[slot],
+    PyArrayObject *arr = (PyArrayObject *)obj;
+    if (PyArray_TYPE(arr) != typenum) {
+        PyErr_Format(PyExc_TypeError, "%s must have dtype %s like q", name,
                      typenum == NPY_FLOAT ? "float32" : "float64");
-        return -1;
+        return NULL;
     }
-    a->arr[slot] = (PyArrayObject *)PyArray_FROM_OTF(obj, typenum, NPY_ARRAY_IN_ARRAY);
-    return a->arr[slot] ? 0 : -1;
+    if (PyArray_ISCARRAY_RO(arr) && PyArray_ISNOTSWAPPED(arr)) {
+        Py_INCREF(obj);
+        return arr;
+    }
+    return (PyArrayObject *)PyArray_FROM_OTF(obj, typenum, NPY_ARRAY_IN_ARRAY);
 }
 
-static int as_index_array(call_args *a, int slot)
+/* Bucket maps and segment ids: any integer dtype, as int64 (the values are
+ * range-checked by posenc_validate). */
+static PyArrayObject *as_index_array(PyObject *obj, const char *name)
 {
-    PyObject *obj = a->obj[slot];
-    if (obj == NULL || obj == Py_None)
-        return 0;
     if (!PyArray_Check(obj) || !PyArray_ISINTEGER((PyArrayObject *)obj)) {
-        PyErr_Format(PyExc_TypeError, "%s must be an integer numpy.ndarray", arg_names[slot]);
-        return -1;
+        PyErr_Format(PyExc_TypeError, "%s must be an integer numpy.ndarray", name);
+        return NULL;
     }
-    a->arr[slot] = (PyArrayObject *)PyArray_FROM_OTF(obj, NPY_INT64, NPY_ARRAY_IN_ARRAY);
-    return a->arr[slot] ? 0 : -1;
+    PyArrayObject *arr = (PyArrayObject *)obj;
+    if (PyArray_TYPE(arr) == NPY_INT64 && PyArray_ISCARRAY_RO(arr) && PyArray_ISNOTSWAPPED(arr)) {
+        Py_INCREF(obj);
+        return arr;
+    }
+    return (PyArrayObject *)PyArray_FROM_OTF(obj, NPY_INT64, NPY_ARRAY_IN_ARRAY | NPY_ARRAY_FORCECAST);
 }
 
-static int check_dims(call_args *a, int slot, int ndim, const npy_intp *want)
+/* arr has ndim dimensions, each equal to want[t] where want[t] >= 0. */
+static int check_dims(PyArrayObject *arr, const char *name, int ndim, const npy_intp *want)
 {
-    PyArrayObject *arr = a->arr[slot];
-    if (!arr)
-        return 0;
-    if (PyArray_NDIM(arr) != ndim)
-        goto bad;
-    for (int t = 0; t < ndim; ++t)
-        if (want[t] >= 0 && PyArray_DIM(arr, t) != want[t])
-            goto bad;
-    return 0;
-bad:
-    PyErr_Format(PyExc_ValueError, "%s has an inconsistent shape (%d dimensions)", arg_names[slot],
+    if (PyArray_NDIM(arr) == ndim) {
+        int t = 0;
+        while (t < ndim && (want[t] < 0 || PyArray_DIM(arr, t) == want[t]))
+            ++t;
+        if (t == ndim)
+            return 0;
+    }
+    PyErr_Format(PyExc_ValueError, "%s has an inconsistent shape (%d dimensions)", name,
                  PyArray_NDIM(arr));
     return -1;
 }
 
-#define DATA(slot) (a->arr[slot] ? PyArray_DATA(a->arr[slot]) : NULL)
-#define DIM(slot, t) ((size_t)PyArray_DIM(a->arr[slot], (t)))
+static int read_double(PyObject *config, int field, double *value)
+{
+    *value = PyFloat_AsDouble(PyTuple_GET_ITEM(config, field));
+    if (*value == -1.0 && PyErr_Occurred()) {
+        PyErr_Format(PyExc_TypeError, "%s must be a float", config_names[field]);
+        return -1;
+    }
+    return 0;
+}
 
-/* Convert every argument and fill the problem; 0 or -1 with an exception. */
-static int build_problem(call_args *a, posenc_problem *p)
+#define DATA(field) ((const void *)PyArray_DATA(a->arr[field]))
+#define DIM(field, t) ((size_t)PyArray_DIM(a->arr[field], (t)))
+
+/*
+ * Convert every field of `config` and fill the problem, then validate it:
+ * the one validation of a call.  0, or -1 with an exception.
+ */
+static int build_problem(PyObject *config, converted *a, posenc_problem *p)
 {
     memset(p, 0, sizeof *p);
-    if (!a->obj[A_Q] || !PyArray_Check(a->obj[A_Q])) {
+    if (!PyTuple_Check(config) || PyTuple_GET_SIZE(config) != CF_COUNT) {
+        PyErr_Format(PyExc_TypeError, "config must be an EngineConfig (a tuple of %d items)",
+                     (int)CF_COUNT);
+        return -1;
+    }
+    PyObject *q = PyTuple_GET_ITEM(config, CF_Q);
+    if (!PyArray_Check(q)) {
         PyErr_SetString(PyExc_TypeError, "q must be a numpy.ndarray");
         return -1;
     }
-    const int typenum = PyArray_TYPE((PyArrayObject *)a->obj[A_Q]);
+    const int typenum = PyArray_TYPE((PyArrayObject *)q);
     if (typenum != NPY_FLOAT && typenum != NPY_DOUBLE) {
         PyErr_SetString(PyExc_TypeError, "q must have dtype float32 or float64");
         return -1;
     }
-    static const int float_slots[] = {A_Q, A_K, A_G, A_POS_Q, A_POS_K, A_TABLE, A_VQ, A_VK, A_SEG_TABLE, A_THETA};
-    for (size_t t = 0; t < sizeof float_slots / sizeof float_slots[0]; ++t)
-        if (as_float_array(a, float_slots[t], typenum))
+    static const int index_fields[] = {CF_TABLE_MAP, CF_QUERY_MAP, CF_KEY_MAP, CF_SEGMENT_Q,
+                                       CF_SEGMENT_K};
+    static const int float_fields[] = {CF_Q, CF_K, CF_POS_Q, CF_POS_K, CF_TABLE, CF_QUERY_TABLE,
+                                       CF_KEY_TABLE, CF_SEGMENT_TABLE, CF_THETA};
+    for (size_t t = 0; t < sizeof float_fields / sizeof float_fields[0]; ++t) {
+        const int field = float_fields[t];
+        PyObject *obj = PyTuple_GET_ITEM(config, field);
+        if (obj != Py_None && !(a->arr[field] = as_float_array(obj, typenum, config_names[field])))
             return -1;
-    static const int index_slots[] = {A_TABLE_MAP, A_VQ_MAP, A_VK_MAP, A_SEG_Q, A_SEG_K};
-    for (size_t t = 0; t < sizeof index_slots / sizeof index_slots[0]; ++t)
-        if (as_index_array(a, index_slots[t]))
+    }
+    for (size_t t = 0; t < sizeof index_fields / sizeof index_fields[0]; ++t) {
+        const int field = index_fields[t];
+        PyObject *obj = PyTuple_GET_ITEM(config, field);
+        if (obj != Py_None && !(a->arr[field] = as_index_array(obj, config_names[field])))
             return -1;
-    if (!a->arr[A_K]) {
+    }
+    int product = PyObject_IsTrue(PyTuple_GET_ITEM(config, CF_PRODUCT));
+    if (product < 0 || read_double(config, CF_SCALE, &p->scale) ||
+        read_double(config, CF_DENSE_SCALE, &p->dense_scale) ||
+        read_double(config, CF_VECTOR_SCALE, &p->vec_scale))
+        return -1;
+    if (!a->arr[CF_K]) {
         PyErr_SetString(PyExc_TypeError, "k is required");
         return -1;
     }
 
     const npy_intp any = -1;
-    if (check_dims(a, A_Q, 4, (npy_intp[]){any, any, any, any}))
+    if (check_dims(a->arr[CF_Q], "q", 4, (npy_intp[]){any, any, any, any}))
         return -1;
-    const npy_intp B = PyArray_DIM(a->arr[A_Q], 0), H = PyArray_DIM(a->arr[A_Q], 1);
-    const npy_intp n = PyArray_DIM(a->arr[A_Q], 2), d = PyArray_DIM(a->arr[A_Q], 3);
-    if (check_dims(a, A_K, 4, (npy_intp[]){B, H, any, d}))
+    const npy_intp B = PyArray_DIM(a->arr[CF_Q], 0), H = PyArray_DIM(a->arr[CF_Q], 1);
+    const npy_intp n = PyArray_DIM(a->arr[CF_Q], 2), d = PyArray_DIM(a->arr[CF_Q], 3);
+    if (check_dims(a->arr[CF_K], "k", 4, (npy_intp[]){B, H, any, d}))
         return -1;
-    const npy_intp m = PyArray_DIM(a->arr[A_K], 2);
+    const npy_intp m = PyArray_DIM(a->arr[CF_K], 2);
     const npy_intp offsets = (n > 0 && m > 0) ? n + m - 1 : 0;
-    const npy_intp logits[4] = {B, H, n, m};
-    if (check_dims(a, A_G, 4, logits))
-        return -1;
-    if (a->obj[A_POS_Q] != NULL && a->obj[A_POS_Q] != Py_None) {
-        if (!a->arr[A_POS_K]) {
+    if (a->arr[CF_POS_Q] || a->arr[CF_POS_K]) {
+        if (!a->arr[CF_POS_Q] || !a->arr[CF_POS_K]) {
             PyErr_SetString(PyExc_ValueError, "pos_q and pos_k come together");
             return -1;
         }
-        if (check_dims(a, A_POS_Q, 3, (npy_intp[]){any, n, any}))
+        if (check_dims(a->arr[CF_POS_Q], "pos_q", 3, (npy_intp[]){any, n, any}))
             return -1;
-        const npy_intp dp = PyArray_DIM(a->arr[A_POS_Q], 2);
-        if (check_dims(a, A_POS_K, 3, (npy_intp[]){any, m, dp}))
+        const npy_intp dp = PyArray_DIM(a->arr[CF_POS_Q], 2);
+        if (check_dims(a->arr[CF_POS_K], "pos_k", 3, (npy_intp[]){any, m, dp}))
             return -1;
-        p->pos_q = DATA(A_POS_Q);
-        p->pos_k = DATA(A_POS_K);
-        p->pos_q_heads = DIM(A_POS_Q, 0);
-        p->pos_k_heads = DIM(A_POS_K, 0);
+        p->pos_q = DATA(CF_POS_Q);
+        p->pos_k = DATA(CF_POS_K);
+        p->pos_q_heads = DIM(CF_POS_Q, 0);
+        p->pos_k_heads = DIM(CF_POS_K, 0);
         p->d_p = (size_t)dp;
     }
     /* tables with their maps */
-    const struct { int table, map, ndim; } tables[3] = {
-        {A_TABLE, A_TABLE_MAP, 2}, {A_VQ, A_VQ_MAP, 3}, {A_VK, A_VK_MAP, 3}};
+    static const struct { int table, map, ndim; } tables[3] = {
+        {CF_TABLE, CF_TABLE_MAP, 2}, {CF_QUERY_TABLE, CF_QUERY_MAP, 3}, {CF_KEY_TABLE, CF_KEY_MAP, 3}};
     for (int t = 0; t < 3; ++t) {
-        if (!a->arr[tables[t].table])
+        const int table = tables[t].table, map = tables[t].map;
+        if (!a->arr[table])
             continue;
-        const npy_intp want[3] = {any, any, d};
-        if (check_dims(a, tables[t].table, tables[t].ndim, want) ||
-            !a->arr[tables[t].map] || check_dims(a, tables[t].map, 1, (npy_intp[]){offsets})) {
-            if (!PyErr_Occurred())
-                PyErr_Format(PyExc_ValueError, "%s needs %s", arg_names[tables[t].table],
-                             arg_names[tables[t].map]);
+        if (!a->arr[map]) {
+            PyErr_Format(PyExc_ValueError, "%s needs %s", config_names[table], config_names[map]);
             return -1;
         }
+        if (check_dims(a->arr[table], config_names[table], tables[t].ndim, (npy_intp[]){any, any, d}) ||
+            check_dims(a->arr[map], config_names[map], 1, (npy_intp[]){offsets}))
+            return -1;
     }
-    p->table = DATA(A_TABLE);
-    if (p->table) {
-        p->table_heads = DIM(A_TABLE, 0);
-        p->table_rows = DIM(A_TABLE, 1);
-        p->table_map = (const int64_t *)DATA(A_TABLE_MAP);
+    if (a->arr[CF_TABLE]) {
+        p->table = DATA(CF_TABLE);
+        p->table_heads = DIM(CF_TABLE, 0);
+        p->table_rows = DIM(CF_TABLE, 1);
+        p->table_map = (const int64_t *)DATA(CF_TABLE_MAP);
     }
-    p->vq_table = DATA(A_VQ);
-    if (p->vq_table) {
-        p->vq_heads = DIM(A_VQ, 0);
-        p->vq_rows = DIM(A_VQ, 1);
-        p->vq_map = (const int64_t *)DATA(A_VQ_MAP);
+    if (a->arr[CF_QUERY_TABLE]) {
+        p->vq_table = DATA(CF_QUERY_TABLE);
+        p->vq_heads = DIM(CF_QUERY_TABLE, 0);
+        p->vq_rows = DIM(CF_QUERY_TABLE, 1);
+        p->vq_map = (const int64_t *)DATA(CF_QUERY_MAP);
     }
-    p->vk_table = DATA(A_VK);
-    if (p->vk_table) {
-        p->vk_heads = DIM(A_VK, 0);
-        p->vk_rows = DIM(A_VK, 1);
-        p->vk_map = (const int64_t *)DATA(A_VK_MAP);
+    if (a->arr[CF_KEY_TABLE]) {
+        p->vk_table = DATA(CF_KEY_TABLE);
+        p->vk_heads = DIM(CF_KEY_TABLE, 0);
+        p->vk_rows = DIM(CF_KEY_TABLE, 1);
+        p->vk_map = (const int64_t *)DATA(CF_KEY_MAP);
     }
-    if (a->arr[A_SEG_TABLE] || a->arr[A_SEG_Q] || a->arr[A_SEG_K]) {
-        if (!a->arr[A_SEG_TABLE] || !a->arr[A_SEG_Q] || !a->arr[A_SEG_K]) {
-            PyErr_SetString(PyExc_ValueError, "seg_q, seg_k and seg_table come together");
+    if (a->arr[CF_SEGMENT_TABLE] || a->arr[CF_SEGMENT_Q] || a->arr[CF_SEGMENT_K]) {
+        if (!a->arr[CF_SEGMENT_TABLE] || !a->arr[CF_SEGMENT_Q] || !a->arr[CF_SEGMENT_K]) {
+            PyErr_SetString(PyExc_ValueError, "segment_q, segment_k and segment_table come together");
             return -1;
         }
-        if (check_dims(a, A_SEG_TABLE, 3, (npy_intp[]){any, any, any}))
+        if (check_dims(a->arr[CF_SEGMENT_TABLE], "segment_table", 3, (npy_intp[]){any, any, any}))
             return -1;
-        const npy_intp S = PyArray_DIM(a->arr[A_SEG_TABLE], 1);
-        if (check_dims(a, A_SEG_TABLE, 3, (npy_intp[]){any, S, S}) ||
-            check_dims(a, A_SEG_Q, 2, (npy_intp[]){B, n}) ||
-            check_dims(a, A_SEG_K, 2, (npy_intp[]){B, m}))
+        const npy_intp S = PyArray_DIM(a->arr[CF_SEGMENT_TABLE], 1);
+        if (check_dims(a->arr[CF_SEGMENT_TABLE], "segment_table", 3, (npy_intp[]){any, S, S}) ||
+            check_dims(a->arr[CF_SEGMENT_Q], "segment_q", 2, (npy_intp[]){B, n}) ||
+            check_dims(a->arr[CF_SEGMENT_K], "segment_k", 2, (npy_intp[]){B, m}))
             return -1;
-        p->seg_table = DATA(A_SEG_TABLE);
-        p->seg_q = (const int64_t *)DATA(A_SEG_Q);
-        p->seg_k = (const int64_t *)DATA(A_SEG_K);
-        p->seg_heads = DIM(A_SEG_TABLE, 0);
+        p->seg_table = DATA(CF_SEGMENT_TABLE);
+        p->seg_q = (const int64_t *)DATA(CF_SEGMENT_Q);
+        p->seg_k = (const int64_t *)DATA(CF_SEGMENT_K);
+        p->seg_heads = DIM(CF_SEGMENT_TABLE, 0);
         p->n_segments = (size_t)S;
     }
-    if (a->arr[A_THETA]) {
-        if (check_dims(a, A_THETA, 2, (npy_intp[]){any, 2}))
+    if (a->arr[CF_THETA]) {
+        if (check_dims(a->arr[CF_THETA], "theta", 2, (npy_intp[]){any, 2}))
             return -1;
-        p->theta = DATA(A_THETA);
-        p->theta_heads = DIM(A_THETA, 0);
+        p->theta = DATA(CF_THETA);
+        p->theta_heads = DIM(CF_THETA, 0);
     }
     p->dtype = typenum == NPY_FLOAT ? POSENC_F32 : POSENC_F64;
-    p->combine = a->combine ? POSENC_PRODUCT : POSENC_SUM;
+    p->combine = product ? POSENC_PRODUCT : POSENC_SUM;
     p->B = (size_t)B;
     p->H = (size_t)H;
     p->n = (size_t)n;
     p->m = (size_t)m;
     p->d = (size_t)d;
-    p->scale = a->scale;
-    p->dense_scale = a->dense_scale;
-    p->vec_scale = a->vec_scale;
-    p->q = DATA(A_Q);
-    p->k = DATA(A_K);
+    p->q = DATA(CF_Q);
+    p->k = DATA(CF_K);
     const char *why = NULL;
     if (posenc_validate(p, &why) != POSENC_OK) {
         PyErr_Format(PyExc_ValueError, "inconsistent problem: %s", why);
@@ -232,19 +271,25 @@ static int build_problem(call_args *a, posenc_problem *p)
     return 0;
 }
 
+#undef DATA
+#undef DIM
+
 /*
- * Results are 64-byte aligned so the engine can stream them to memory.
- * NumPy's own allocation (which asks the kernel for huge pages: far fewer
- * page faults on a fresh 100 MB result) aligns to 16 bytes, so the result
- * is an aligned view into a slightly larger NumPy buffer, which it owns
- * through its base.
+ * A new C-contiguous result.  One the engine streams to memory
+ * (POSENC_STREAM_BYTES and up) must be 64-byte aligned; NumPy's allocation
+ * (which asks the kernel for huge pages: far fewer page faults on a fresh
+ * 100 MB result) aligns to 16 bytes, so such a result is an aligned view
+ * into a slightly larger NumPy buffer, which it owns through its base.
+ * Smaller results are plain NumPy arrays: one allocation instead of two.
  */
-static PyArrayObject *new_aligned_array(int ndim, const npy_intp *dims, int typenum)
+static PyArrayObject *new_result(int ndim, const npy_intp *dims, int typenum)
 {
     const npy_intp itemsize = typenum == NPY_FLOAT ? (npy_intp)sizeof(float) : (npy_intp)sizeof(double);
     npy_intp count = 1;
     for (int t = 0; t < ndim; ++t)
         count *= dims[t];
+    if ((size_t)(count * itemsize) < POSENC_STREAM_BYTES)
+        return (PyArrayObject *)PyArray_SimpleNew(ndim, (npy_intp *)dims, typenum);
     const npy_intp bytes = count * itemsize + 64;
     PyArrayObject *buffer = (PyArrayObject *)PyArray_SimpleNew(1, (npy_intp[]){bytes}, NPY_UINT8);
     if (!buffer)
@@ -271,49 +316,28 @@ static int raise_status(int status)
     return status == POSENC_OK ? 0 : -1;
 }
 
-#define PROBLEM_KWLIST                                                                       \
-    "combine", "scale", "pos_q", "pos_k", "dense_scale", "table", "table_map", "vq_table",   \
-        "vq_map", "vk_table", "vk_map", "vec_scale", "seg_q", "seg_k", "seg_table", "theta"
-#define PROBLEM_FORMAT "pdOOdOOOOOOdOOOO"
-#define PROBLEM_TARGETS(a)                                                                   \
-    &(a).combine, &(a).scale, &(a).obj[A_POS_Q], &(a).obj[A_POS_K], &(a).dense_scale,          \
-        &(a).obj[A_TABLE], &(a).obj[A_TABLE_MAP], &(a).obj[A_VQ], &(a).obj[A_VQ_MAP],          \
-        &(a).obj[A_VK], &(a).obj[A_VK_MAP], &(a).vec_scale, &(a).obj[A_SEG_Q],                 \
-        &(a).obj[A_SEG_K], &(a).obj[A_SEG_TABLE], &(a).obj[A_THETA]
-
-static void init_args(call_args *a)
-{
-    memset(a, 0, sizeof *a);
-    a->scale = 1.0;
-    a->dense_scale = 1.0;
-    a->vec_scale = 1.0;
-}
-
 PyDoc_STRVAR(forward_doc,
-"forward(q, k, *, combine=False, scale=1.0, pos_q=None, pos_k=None, dense_scale=1.0,\n"
-"        table=None, table_map=None, vq_table=None, vq_map=None, vk_table=None,\n"
-"        vk_map=None, vec_scale=1.0, seg_q=None, seg_k=None, seg_table=None,\n"
-"        theta=None, out=None)\n\n"
-"The engine's logits for one configured problem (see csrc/posenc.h).\n"
+"forward(config, out)\n\n"
+"The engine's logits (B, H, n, m) for one EngineConfig (posenc/_engine.py),\n"
+"written into out when it is an array, else into a new one.\n"
 "Private: use the functions of the posenc package.");
 
-static PyObject *py_forward(PyObject *self, PyObject *args, PyObject *kwargs)
+static PyObject *py_forward(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    static char *kwlist[] = {"q", "k", PROBLEM_KWLIST, "out", NULL};
-    call_args a;
+    converted a = {{NULL}};
     posenc_problem p;
     PyArrayObject *result = NULL;
     (void)self;
-    init_args(&a);
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|$" PROBLEM_FORMAT "O", kwlist,
-                                     &a.obj[A_Q], &a.obj[A_K], PROBLEM_TARGETS(a), &a.obj[A_OUT]))
+    if (nargs != 2) {
+        PyErr_Format(PyExc_TypeError, "forward takes (config, out), got %zd arguments", nargs);
         return NULL;
-    if (build_problem(&a, &p))
+    }
+    if (build_problem(args[0], &a, &p))
         goto fail;
     const npy_intp dims[4] = {(npy_intp)p.B, (npy_intp)p.H, (npy_intp)p.n, (npy_intp)p.m};
     const int typenum = p.dtype == POSENC_F32 ? NPY_FLOAT : NPY_DOUBLE;
-    if (a.obj[A_OUT] && a.obj[A_OUT] != Py_None) {
-        PyObject *out = a.obj[A_OUT];
+    PyObject *out = args[1];
+    if (out != Py_None) {
         if (!PyArray_Check(out) || PyArray_TYPE((PyArrayObject *)out) != typenum) {
             PyErr_SetString(PyExc_TypeError, "out must be a numpy.ndarray of q's dtype");
             goto fail;
@@ -329,7 +353,7 @@ static PyObject *py_forward(PyObject *self, PyObject *args, PyObject *kwargs)
         Py_INCREF(out);
         result = o;
     } else {
-        result = new_aligned_array(4, dims, typenum);
+        result = new_result(4, dims, typenum);
         if (!result)
             goto fail;
     }
@@ -349,36 +373,50 @@ fail:
 }
 
 PyDoc_STRVAR(backward_doc,
-"backward(G, q, k, *, <forward's keywords>, needs=0x1ff)\n\n"
-"Gradients of sum(G * forward(...)) as a 9-tuple (q, k, pos_q, pos_k, table,\n"
-"vq_table, vk_table, seg_table, theta); None where absent or not in `needs`\n"
-"(bit t of needs asks for entry t).  Private: use the posenc package.");
+"backward(G, config, needs)\n\n"
+"Gradients of sum(G * forward(config)) as a 9-tuple in ENGINE_GRADS order\n"
+"(q, k, pos_q, pos_k, table, query_table, key_table, segment_table, theta);\n"
+"None where absent or not in `needs` (bit t asks for entry t).  When\n"
+"key_table is query_table and key_map is query_map (one table on both\n"
+"sides), both sides' gradients are summed into the query_table entry and\n"
+"the key_table entry is None; either bit asks for it.\n"
+"Private: use the posenc package.");
 
-static PyObject *py_backward(PyObject *self, PyObject *args, PyObject *kwargs)
+static PyObject *py_backward(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    static char *kwlist[] = {"G", "q", "k", PROBLEM_KWLIST, "needs", NULL};
-    call_args a;
+    converted a = {{NULL}};
     posenc_problem p;
-    unsigned int needs = (1u << GR_COUNT) - 1;
+    PyArrayObject *G = NULL;
     PyArrayObject *grads[GR_COUNT] = {NULL};
     PyObject *result = NULL;
     (void)self;
-    init_args(&a);
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOO|$" PROBLEM_FORMAT "I", kwlist,
-                                     &a.obj[A_G], &a.obj[A_Q], &a.obj[A_K], PROBLEM_TARGETS(a),
-                                     &needs))
+    if (nargs != 3) {
+        PyErr_Format(PyExc_TypeError, "backward takes (G, config, needs), got %zd arguments", nargs);
         return NULL;
-    if (build_problem(&a, &p))
-        goto fail;
-    if (!a.arr[A_G]) {
-        PyErr_SetString(PyExc_TypeError, "G is required");
-        goto fail;
     }
-    /* each gradient shaped like its input */
-    const int sources[GR_COUNT] = {A_Q, A_K, A_POS_Q, A_POS_K, A_TABLE, A_VQ, A_VK, A_SEG_TABLE, A_THETA};
+    const unsigned long needs_value = PyLong_AsUnsignedLongMask(args[2]);
+    if (needs_value == (unsigned long)-1 && PyErr_Occurred())
+        return NULL;
+    unsigned int needs = (unsigned int)(needs_value & ((1u << GR_COUNT) - 1));
+    if (build_problem(args[1], &a, &p))
+        goto fail;
     const int typenum = p.dtype == POSENC_F32 ? NPY_FLOAT : NPY_DOUBLE;
+    if (args[0] == Py_None || !(G = as_float_array(args[0], typenum, "G")))
+        goto fail_g;
+    if (check_dims(G, "G", 4, (npy_intp[]){(npy_intp)p.B, (npy_intp)p.H, (npy_intp)p.n, (npy_intp)p.m}))
+        goto fail;
+    /* M4, M4M: one table on both sides, one gradient (the engine sums both
+     * sides into it when the two outputs are the same buffer). */
+    PyObject *config = args[1];
+    const int shared_table = a.arr[CF_KEY_TABLE] &&
+                             PyTuple_GET_ITEM(config, CF_KEY_TABLE) == PyTuple_GET_ITEM(config, CF_QUERY_TABLE) &&
+                             PyTuple_GET_ITEM(config, CF_KEY_MAP) == PyTuple_GET_ITEM(config, CF_QUERY_MAP);
+    if (shared_table && (needs & (1u << GR_KEY_TABLE))) {
+        needs |= 1u << GR_QUERY_TABLE;
+        needs &= ~(1u << GR_KEY_TABLE);
+    }
     for (int t = 0; t < GR_COUNT; ++t) {
-        PyArrayObject *src = a.arr[sources[t]];
+        PyArrayObject *src = a.arr[grad_source[t]];
         if (!src || !(needs & (1u << t)))
             continue;
         grads[t] = (PyArrayObject *)PyArray_SimpleNew(PyArray_NDIM(src), PyArray_DIMS(src), typenum);
@@ -392,14 +430,14 @@ static PyObject *py_backward(PyObject *self, PyObject *args, PyObject *kwargs)
     g.pos_q = GRAD_DATA(GR_POS_Q);
     g.pos_k = GRAD_DATA(GR_POS_K);
     g.table = GRAD_DATA(GR_TABLE);
-    g.vq_table = GRAD_DATA(GR_VQ);
-    g.vk_table = GRAD_DATA(GR_VK);
-    g.seg_table = GRAD_DATA(GR_SEG);
+    g.vq_table = GRAD_DATA(GR_QUERY_TABLE);
+    g.vk_table = shared_table ? g.vq_table : GRAD_DATA(GR_KEY_TABLE);
+    g.seg_table = GRAD_DATA(GR_SEGMENT_TABLE);
     g.theta = GRAD_DATA(GR_THETA);
 #undef GRAD_DATA
     int status;
     const int threads = num_threads;
-    const void *grad_logits = PyArray_DATA(a.arr[A_G]);
+    const void *grad_logits = PyArray_DATA(G);
     Py_BEGIN_ALLOW_THREADS
     status = posenc_backward(&p, grad_logits, &g, threads);
     Py_END_ALLOW_THREADS
@@ -415,11 +453,16 @@ static PyObject *py_backward(PyObject *self, PyObject *args, PyObject *kwargs)
         grads[t] = NULL;  /* the tuple owns it now */
         PyTuple_SET_ITEM(result, t, item);
     }
+    Py_DECREF(G);
     release(&a);
     return result;
+fail_g:
+    if (!PyErr_Occurred())
+        PyErr_SetString(PyExc_TypeError, "G must be a numpy.ndarray");
 fail:
     for (int t = 0; t < GR_COUNT; ++t)
         Py_XDECREF(grads[t]);
+    Py_XDECREF(G);
     release(&a);
     return NULL;
 }
@@ -583,8 +626,8 @@ static PyObject *py_measure_store(PyObject *self, PyObject *args)
 }
 
 static PyMethodDef methods[] = {
-    {"forward", (PyCFunction)(void (*)(void))py_forward, METH_VARARGS | METH_KEYWORDS, forward_doc},
-    {"backward", (PyCFunction)(void (*)(void))py_backward, METH_VARARGS | METH_KEYWORDS, backward_doc},
+    {"forward", (PyCFunction)(void (*)(void))py_forward, METH_FASTCALL, forward_doc},
+    {"backward", (PyCFunction)(void (*)(void))py_backward, METH_FASTCALL, backward_doc},
     {"capabilities", py_capabilities, METH_NOARGS, "ISAs this CPU and OS support, compiled in."},
     {"compiled_isas", py_compiled_isas, METH_NOARGS, "ISAs compiled into this build."},
     {"get_isa", py_get_isa, METH_NOARGS, "The ISA whose kernels run."},
@@ -607,5 +650,11 @@ PyMODINIT_FUNC PyInit__C(void)
     import_array();
     posenc_dispatch_init();
     num_threads = posenc_default_threads();
-    return PyModule_Create(&module);
+    PyObject *mod = PyModule_Create(&module);
+    /* the binding takes an EngineConfig (posenc/_engine.py) */
+    if (mod && PyModule_AddIntConstant(mod, "ENGINE_CONFIG_BINDING", 1) < 0) {
+        Py_DECREF(mod);
+        return NULL;
+    }
+    return mod;
 }

@@ -71,18 +71,27 @@ typedef struct {
     size_t theta_heads;
 } posenc_problem;
 
-/* Gradient outputs, each shaped like its input; NULL = not wanted. */
+/* Gradient outputs, each shaped like its input; NULL = not wanted.  When
+ * vq_table and vk_table are the same buffer (one table read on both sides,
+ * M4 and M4M: same table, same map), both sides' gradients are summed into
+ * it, the query side's first. */
 typedef struct {
     void *q, *k, *pos_q, *pos_k, *table, *vq_table, *vk_table, *seg_table, *theta;
 } posenc_grads;
 
-/* Check that a problem is consistent (maps and ids in range, combine rules). */
+/* Check that a problem is consistent (maps and ids in range, combine rules).
+ * The engine itself trusts its problem: a caller validates it once, here,
+ * before posenc_forward / posenc_backward (the binding does). */
 int posenc_validate(const posenc_problem *p, const char **why);
 
-/* A = logits(p), written into out (B, H, n, m), C-contiguous. */
+/* A = logits(p), written into out (B, H, n, m), C-contiguous; p validated. */
 int posenc_forward(const posenc_problem *p, void *out, int num_threads);
 
-/* Gradients of sum(G * A) with respect to every wanted input. */
+/* Logits of at least this many bytes are written with non-temporal stores
+ * when out is 64-byte aligned (they would only evict the caches). */
+#define POSENC_STREAM_BYTES ((size_t)32 << 20)
+
+/* Gradients of sum(G * A) with respect to every wanted input; p validated. */
 int posenc_backward(const posenc_problem *p, const void *grad_logits,
                     const posenc_grads *g, int num_threads);
 

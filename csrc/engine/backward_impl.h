@@ -359,7 +359,9 @@ static void T(bwd_reduce)(const T(bwd_ctx) *c)
             continue;
         REAL *out = (REAL *)vec[v].out;
         const size_t width = vec[v].width, block = vec[v].slot_rows * width;
-        memset(out, 0, sizeof(REAL) * vec[v].heads * vec[v].rows * width);
+        /* one table on both sides: the key side adds to the query side's sums */
+        if (v == 0 || vec[1].out != vec[0].out)
+            memset(out, 0, sizeof(REAL) * vec[v].heads * vec[v].rows * width);
         for (size_t h = 0; h < H; ++h)
             for (size_t b = 0; b < B; ++b) {
                 const REAL *slot = vec[v].slots + (b * H + h) * block;

@@ -20,7 +20,6 @@
 #undef T_KC
 #undef T_WS_TAKE
 #undef T_V_BUDGET
-#undef T_STREAM_BYTES
 
 /* ------------------------------------------------------------ double */
 #define REAL double
@@ -90,9 +89,6 @@ int posenc_validate(const posenc_problem *p, const char **why)
 
 int posenc_forward(const posenc_problem *p, void *out, int num_threads)
 {
-    int status = posenc_validate(p, NULL);
-    if (status != POSENC_OK)
-        return status;
     return p->dtype == POSENC_F32 ? posenc_forward_f32(p, out, num_threads)
                                   : posenc_forward_f64(p, out, num_threads);
 }
@@ -100,9 +96,6 @@ int posenc_forward(const posenc_problem *p, void *out, int num_threads)
 int posenc_backward(const posenc_problem *p, const void *grad, const posenc_grads *g,
                     int num_threads)
 {
-    int status = posenc_validate(p, NULL);
-    if (status != POSENC_OK)
-        return status;
     return p->dtype == POSENC_F32 ? posenc_backward_f32(p, grad, g, num_threads)
                                   : posenc_backward_f64(p, grad, g, num_threads);
 }

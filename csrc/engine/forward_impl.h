@@ -12,9 +12,6 @@
  * and V fits this budget per thread; otherwise per row tile. */
 #define T_V_BUDGET ((size_t)64 << 20)
 
-/* Outputs at least this large are written with non-temporal stores. */
-#define T_STREAM_BYTES ((size_t)32 << 20)
-
 typedef struct {
     const posenc_problem *p;
     const posenc_kernels *K;
@@ -243,7 +240,7 @@ static int T(fwd_prepare)(T(fwd_ctx) *c, const posenc_problem *p, const posenc_k
     /* Logits much larger than the caches go straight to memory: non-temporal
      * stores skip the read-for-ownership of every line.  Needs 64-byte rows. */
     c->stream = ((uintptr_t)out % POSENC_ALIGN) == 0 && (m * sizeof(REAL)) % POSENC_ALIGN == 0 &&
-                posenc_mul_size(p->B * p->H * n, m * sizeof(REAL)) >= T_STREAM_BYTES;
+                posenc_mul_size(p->B * p->H * n, m * sizeof(REAL)) >= POSENC_STREAM_BYTES;
     if (p->table) {
         c->tv = (REAL *)posenc_alloc(p->table_heads * offsets, sizeof(REAL));
         if (!c->tv)

@@ -260,7 +260,11 @@ static int run(problem_data *pd, posenc_dtype dtype, int threads, result *r)
     for (int t = 0; t < 9; ++t) g[t] = inputs[t] ? malloc(es * (lens[t] ? lens[t] : 1)) : NULL;
     posenc_grads grads = {g[0], g[1], g[2], g[3], g[4], g[5], g[6], g[7], g[8]};
     const void *G = dtype == POSENC_F32 ? (const void *)pd->f32[X_G] : (const void *)pd->f64[X_G];
-    int status = posenc_forward(p, out, threads);
+    const char *why = NULL;
+    int status = posenc_validate(p, &why);   /* the engine trusts a validated problem */
+    EXPECT(status == POSENC_OK, "invalid problem: %s", why ? why : "");
+    if (status == POSENC_OK)
+        status = posenc_forward(p, out, threads);
     if (status == POSENC_OK)
         status = posenc_backward(p, G, &grads, threads);
     r->out = widen(out, logits, dtype);
