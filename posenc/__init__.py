@@ -42,8 +42,13 @@ def get_isa() -> str:
 
 
 def set_isa(name: str) -> None:
-    """Run the kernels of ISA `name`; ValueError naming the valid ones if unsupported."""
-    _C.set_isa(name)
+    """Run the kernels of ISA `name` (any case, surrounding spaces ignored, as
+    the POSENC_ISA variable); ValueError naming the valid ones if unsupported."""
+    if not isinstance(name, str):
+        raise TypeError(f"isa must be a str, got {type(name).__name__}")
+    if "\x00" in name:
+        raise ValueError(f"unknown ISA {name!r}; this CPU supports {capabilities()}")
+    _C.set_isa(name.strip().lower())
 
 
 def get_num_threads() -> int:
@@ -56,6 +61,16 @@ def set_num_threads(threads: int) -> None:
     if isinstance(threads, bool) or not isinstance(threads, int):
         raise TypeError(f"threads must be an int, got {type(threads).__name__}")
     _C.set_num_threads(threads)
+
+
+def deberta_hf_scale(d: int) -> float:
+    """DeBERTa's scale as HuggingFace computes it: 1 / sqrt(3 d) with the square
+    root rounded to float32 (``torch.sqrt(torch.tensor(d, dtype=torch.float) * 3)``).
+    posenc's default is the exact 1/sqrt(3 d) (relative difference up to about
+    3e-8); pass ``scale=posenc.deberta_hf_scale(d)`` to reproduce HF's numbers."""
+    import numpy as np
+
+    return 1.0 / float(np.sqrt(np.float32(3 * d), dtype=np.float32))
 
 
 def build_info() -> dict:
@@ -97,7 +112,8 @@ del _method
 
 __all__ = list(METHODS) + [m + "_backward" for m in METHODS] + [
     "capabilities", "get_isa", "set_isa", "get_num_threads", "set_num_threads", "build_info",
+    "deberta_hf_scale",
     "buckets", "METHODS", "GRAD_FIELDS", "GRAD_TYPES"] + _GRAD_NAMES
 
 if os.environ.get("POSENC_ISA"):
-    set_isa(os.environ["POSENC_ISA"].strip().lower())
+    set_isa(os.environ["POSENC_ISA"])

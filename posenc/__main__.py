@@ -88,7 +88,13 @@ def cmd_rank(args) -> int:
 def cmd_plot(args) -> int:
     from posenc import plot
 
-    return plot.main(args.rest) or 0
+    try:
+        return plot.main(args.rest) or 0
+    except ImportError as exc:     # no matplotlib: one line saying how to get it
+        if str(exc) != plot.INSTALL_HINT:
+            raise
+        print(f"posenc plot: {exc}", file=sys.stderr)
+        return 2
 
 
 PASSTHROUGH = {"bench": cmd_bench, "rank": cmd_rank, "plot": cmd_plot}

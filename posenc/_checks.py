@@ -211,6 +211,9 @@ def check_out(out, problem: Problem) -> None:
         raise ValueError("out must be C-contiguous, got a non-contiguous array")
     if not out.flags.writeable:
         raise ValueError("out must be writeable, got a read-only array")
+    if not out.flags.aligned:
+        raise ValueError(f"out must be aligned to its {out.dtype} items, got a misaligned array "
+                         f"(address {out.ctypes.data:#x})")
     for name, value in problem.arrays.items():
         if isinstance(value, np.ndarray) and np.may_share_memory(out, value):
             if np.shares_memory(out, value, max_work=10**6):

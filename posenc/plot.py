@@ -62,7 +62,7 @@ POSITIONAL_METHODS = tuple(name for name, spec in REGISTRY.items() if spec.terms
 CONTENT_FREE = tuple(name for name in POSITIONAL_METHODS if not REGISTRY[name].product
                      and not REGISTRY[name].term(QueryTable) + REGISTRY[name].term(KeyTable))
 _SEGMENT_METHODS = tuple(name for name, spec in REGISTRY.items() if spec.term(Segments))
-_INSTALL = 'plotting needs matplotlib, which is not installed: pip install "posenc[plot]"'
+INSTALL_HINT = 'plotting needs matplotlib, which is not installed: pip install "posenc[plot]"'
 
 
 def _check_method(method: str) -> str:
@@ -293,7 +293,7 @@ def _figure_class():
     try:
         from matplotlib.figure import Figure
     except ImportError as exc:
-        raise ImportError(_INSTALL) from exc
+        raise ImportError(INSTALL_HINT) from exc
     return Figure
 
 

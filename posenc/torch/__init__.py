@@ -24,7 +24,7 @@ from __future__ import annotations
 from .._registry import METHODS, REGISTRY, SHAPES
 from .._signatures import define
 from . import native
-from ._common import native_forced, require_tensors, use_native
+from ._common import native_forced, on_c_kernels, require_tensors, use_native
 from ._ops import run
 
 __all__ = list(METHODS) + ["use_native", "native_forced", "native", "nn"]
@@ -41,8 +41,8 @@ def _logits(method: str):
     param_names = tuple(name for name, _ in spec.params)
 
     def body(tensors, params, _out):
-        require_tensors(spec.tensors, tensors)
-        if tensors[0].device.type == "cpu" and not native_forced():
+        require_tensors(spec.tensors, tensors, spec.optional)
+        if on_c_kernels(tensors):
             return run(method, tensors, params)
         return native_formula(**dict(zip(spec.tensors, tensors)), **dict(zip(param_names, params)))
 

@@ -25,13 +25,15 @@ from .._registry import INDEX_TENSORS, REGISTRY, diagonal_map
 _NUMPY_DTYPES = {
     torch.float32: np.float32, torch.float64: np.float64, torch.float16: np.float16,
     torch.int8: np.int8, torch.int16: np.int16, torch.int32: np.int32, torch.int64: np.int64,
-    torch.uint8: np.uint8, torch.bool: np.bool_, torch.complex64: np.complex64,
+    torch.uint8: np.uint8, torch.uint16: np.uint16, torch.uint32: np.uint32,
+    torch.uint64: np.uint64, torch.bool: np.bool_, torch.complex64: np.complex64,
     torch.complex128: np.complex128,
 }
 # Half precision is outside the contract of the C kernels (SPEC §1), but the
 # native formulas run it on accelerators, where it is the common case.
 HALF_DTYPES = (torch.float16, torch.bfloat16)
-INT_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
+INT_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8, torch.uint16,
+              torch.uint32, torch.uint64)
 
 
 # ------------------------------------------------------------------ backend
@@ -72,14 +74,26 @@ def native_forced() -> bool:
     return _BACKEND.native
 
 
+def on_c_kernels(tensors) -> bool:
+    """Whether a call with these (checked) tensors runs the C kernels: CPU
+    tensors, no `use_native`, and no functorch transform (torch.func.grad,
+    vmap, jacrev: their wrapped tensors have no storage a kernel could read,
+    so the native formula, which torch.func can transform, serves them)."""
+    return (tensors[0].device.type == "cpu" and not _BACKEND.native
+            and not torch._C._are_functorch_transforms_active())
+
+
 # ------------------------------------------------------------------ arguments
 
-def require_tensors(names, values) -> None:
-    """TypeError unless every given value is a tensor; ValueError on mixed devices."""
+def require_tensors(names, values, optional=()) -> None:
+    """TypeError unless every value is a tensor (None only where `optional`);
+    ValueError on mixed devices."""
     device = None
     first = None
     for name, value in zip(names, values):
         if value is None:
+            if name not in optional:
+                raise TypeError(f"{name} is required: a torch.Tensor, got None")
             continue
         if not isinstance(value, torch.Tensor):
             raise TypeError(
@@ -96,7 +110,8 @@ def require_tensors(names, values) -> None:
 def to_numpy(name: str, tensor: torch.Tensor) -> np.ndarray:
     """A NumPy view of a CPU tensor, sharing its memory and strides."""
     if tensor.dtype not in _NUMPY_DTYPES:
-        raise TypeError(f"{name} must have dtype float32 or float64, got {tensor.dtype}")
+        expected = "an integer dtype" if name in INDEX_TENSORS else "dtype float32 or float64"
+        raise TypeError(f"{name} must have {expected}, got {tensor.dtype}")
     tensor = tensor.detach()
     if tensor.is_neg():
         tensor = tensor.resolve_neg()
@@ -157,7 +172,8 @@ def check_segment_range(segment_q, segment_k, segment_table) -> None:
     for name, ids in (("segment_q", segment_q), ("segment_k", segment_k)):
         if ids.device.type != "cpu" or ids.numel() == 0:
             continue
-        lo, hi = int(ids.min()), int(ids.max())
+        values = ids.detach().numpy()      # (torch has no min/max for uint16..uint64)
+        lo, hi = int(values.min()), int(values.max())
         if lo < 0 or hi >= S:
             bad = lo if lo < 0 else hi
             raise ValueError(

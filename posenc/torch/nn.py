@@ -184,14 +184,17 @@ class DebertaRelativeEmbeddings(nn.Module):
 
     DeBERTa keeps one such table in the encoder for all layers: build it once
     and pass it to every layer's `DebertaRelative` as ``embeddings=``.
+    ``layer_norm_eps`` is the LayerNorm's epsilon: DeBERTa-v2 (and HuggingFace's
+    ``DebertaV2Config.layer_norm_eps``) uses 1e-7, the default here; PyTorch's
+    own default 1e-5 changes the normalised table by about 2e-2 relative.
     """
 
     def __init__(self, d_model: int, att_span: int, *, layer_norm: bool = True,
-                 init_std: float = 0.02):
+                 layer_norm_eps: float = 1e-7, init_std: float = 0.02):
         super().__init__()
         self.att_span = att_span
         self.weight = nn.Parameter(torch.randn(2 * att_span, d_model) * init_std)
-        self.norm = nn.LayerNorm(d_model) if layer_norm else None
+        self.norm = nn.LayerNorm(d_model, eps=layer_norm_eps) if layer_norm else None
 
     def forward(self) -> torch.Tensor:
         return self.weight if self.norm is None else self.norm(self.weight)
@@ -210,14 +213,17 @@ class DebertaRelative(PositionalEncoding):
     ``W^R`` (``pos_key_proj``) and ``W^T`` (``pos_query_proj``) are
     ``d_model → num_heads·head_dim`` linear maps; with ``share_att_key`` they are
     the attention layer's own key and query projections (DeBERTa-v2), which the
-    layer passes to `positional`.
+    layer passes to `positional`.  ``scale=None`` is the exact ``1/sqrt(3d)``;
+    HuggingFace divides by ``sqrt(3d)`` rounded to float32 -- pass
+    ``scale=posenc.deberta_hf_scale(head_dim)`` to match it to rounding.
     """
 
     method = "deberta"
 
     def __init__(self, d_model: int, num_heads: int, *, head_dim: int | None = None,
                  max_relative_positions: int = 512, position_buckets: int = -1,
-                 layer_norm: bool = True, share_att_key: bool = False,
+                 layer_norm: bool = True, layer_norm_eps: float = 1e-7,
+                 share_att_key: bool = False,
                  embeddings: DebertaRelativeEmbeddings | None = None,
                  scale: float | None = None, init_std: float = 0.02):
         super().__init__(num_heads)
@@ -228,7 +234,7 @@ class DebertaRelative(PositionalEncoding):
         self.uses_attention_projections = share_att_key
         if embeddings is None:
             embeddings = DebertaRelativeEmbeddings(d_model, self.att_span, layer_norm=layer_norm,
-                                                   init_std=init_std)
+                                                   layer_norm_eps=layer_norm_eps, init_std=init_std)
         elif embeddings.att_span != self.att_span:
             raise ValueError(f"embeddings has att_span {embeddings.att_span}, this layer "
                              f"needs {self.att_span}")

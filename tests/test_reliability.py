@@ -1,0 +1,132 @@
+"""What a new user or an adversary trips on: errors that name the argument
+and what was expected, whatever the namespace; odd but valid inputs that
+must work (unsigned segment ids, torch.func transforms, any-case ISA names)."""
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import posenc
+from posenc import reference
+from posenc._examples import make_inputs
+
+INT_DTYPES = [np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64]
+
+
+@pytest.mark.parametrize("dtype", INT_DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("method", ["diet_abs", "diet_rel"])
+def test_segment_ids_of_any_integer_dtype(method, dtype):
+    """SPEC §1: integer inputs may be any integer dtype (uint64 included)."""
+    args, kw = make_inputs(method, 2, 3, 5, 4, 3, rng=np.random.default_rng(0))
+    want = getattr(reference, method)(*args, **kw)
+    kw = dict(kw, segment_q=kw["segment_q"].astype(dtype), segment_k=kw["segment_k"].astype(dtype))
+    np.testing.assert_allclose(getattr(posenc, method)(*args, **kw), want, rtol=1e-12, atol=1e-12)
+    G = np.ones(want.shape)
+    got = getattr(posenc, method + "_backward")(G, *args, **kw)
+    ref = getattr(reference, method + "_backward")(G, *args, **kw)
+    np.testing.assert_allclose(got.segment_table, ref.segment_table, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("module", [posenc, reference], ids=["posenc", "reference"])
+def test_none_for_a_required_table(module):
+    q = np.zeros((1, 1, 2, 2))
+    for call in (lambda: module.t5(q, q, None), lambda: module.shaw(q, q, None, max_distance=1),
+                 lambda: module.t5_backward(np.zeros((1, 1, 2, 2)), q, q, None)):
+        with pytest.raises(TypeError, match="bias is required|rel_k is required"):
+            call()
+
+
+@pytest.mark.parametrize("module", [posenc, reference], ids=["posenc", "reference"])
+def test_misaligned_out_is_refused_alike(module):
+    q = np.ones((1, 1, 2, 2))
+    raw = np.zeros(4 * 8 + 1, dtype=np.uint8)
+    out = raw[1:].view(np.float64).reshape(1, 1, 2, 2)
+    assert not out.flags.aligned
+    with pytest.raises(ValueError, match="out must be aligned"):
+        module.content(q, q, out=out)
+
+
+def test_isa_names_as_the_environment_variable_takes_them():
+    previous = posenc.get_isa()
+    try:
+        posenc.set_isa(" SCALAR ")
+        assert posenc.get_isa() == "scalar"
+        with pytest.raises(ValueError, match="unknown ISA"):
+            posenc.set_isa("scalar\x00junk")
+        with pytest.raises(TypeError):
+            posenc.set_isa(b"scalar")
+    finally:
+        posenc.set_isa(previous)
+
+
+def test_plot_without_matplotlib_is_one_line(tmp_path):
+    """`posenc plot` with matplotlib missing: one line saying what to install."""
+    blocker = tmp_path / "matplotlib"
+    blocker.mkdir()
+    (blocker / "__init__.py").write_text("raise ImportError('matplotlib is blocked for this test')\n")
+    result = subprocess.run([sys.executable, "-m", "posenc", "plot", "--method", "t5",
+                             "--random-params", "-o", str(tmp_path / "x.png")], capture_output=True, text=True,
+                            env={"PYTHONPATH": str(tmp_path), "PATH": ""}, timeout=120)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip().count("\n") == 0, result.stderr
+    assert 'pip install "posenc[plot]"' in result.stderr
+
+
+torch = pytest.importorskip("torch")
+import posenc.torch as pt  # noqa: E402
+
+
+@pytest.mark.parametrize("dtype", [torch.uint16, torch.uint32, torch.uint64, torch.int8])
+def test_torch_segment_ids_of_unsigned_dtypes(dtype):
+    args, kw = make_inputs("diet_rel", 2, 3, 5, 4, 3, rng=np.random.default_rng(0))
+    want = reference.diet_rel(*args, **kw)
+    targs = [torch.from_numpy(a) for a in args]
+    tkw = dict(kw, segment_q=torch.from_numpy(kw["segment_q"]).to(dtype),
+               segment_k=torch.from_numpy(kw["segment_k"]).to(dtype),
+               segment_table=torch.from_numpy(kw["segment_table"]))
+    for native in (False, True):
+        with pt.use_native(native):
+            got = pt.diet_rel(*targs, **tkw)
+        np.testing.assert_allclose(got.numpy(), want, rtol=1e-12, atol=1e-12)
+
+
+def test_torch_wrong_segment_dtype_names_what_is_expected():
+    q = torch.zeros(1, 1, 2, 2, dtype=torch.float64)
+    with pytest.raises(TypeError, match="segment_q must have an integer dtype"):
+        pt.diet_abs(q, q, torch.zeros(1, 2, 1, dtype=torch.float64),
+                    torch.zeros(1, 2, 1, dtype=torch.float64),
+                    segment_q=torch.zeros(1, 2, dtype=torch.complex64),
+                    segment_k=torch.zeros(1, 2, dtype=torch.int64),
+                    segment_table=torch.zeros(1, 1, 1, dtype=torch.float64))
+
+
+def test_torch_none_for_a_required_table():
+    q = torch.zeros(1, 1, 2, 2)
+    with pytest.raises(TypeError, match="bias is required: a torch.Tensor"):
+        pt.t5(q, q, None)
+
+
+@pytest.mark.parametrize("transform", ["grad", "vmap"])
+def test_torch_func_transforms(transform):
+    """torch.func transforms run through the native formula (wrapped tensors have
+    no storage for the C kernels), with the same numbers as autograd."""
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 1, 3, 2, dtype=torch.float64, generator=g)
+    k = torch.randn(2, 1, 3, 2, dtype=torch.float64, generator=g)
+    bias = torch.randn(1, 8, dtype=torch.float64, generator=g)
+
+    def f(q):
+        return pt.t5(q, k, bias, num_buckets=8, max_distance=6).pow(2).sum()
+
+    if transform == "grad":
+        got = torch.func.grad(f)(q)
+        qq = q.clone().requires_grad_()
+        want = torch.autograd.grad(f(qq), qq)[0]
+    else:
+        got = torch.func.vmap(lambda x: pt.t5(x, k[:1], bias, num_buckets=8, max_distance=6))(
+            q[:, None])
+        want = torch.stack([pt.t5(x[None], k[:1], bias, num_buckets=8, max_distance=6)
+                            for x in q])
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
