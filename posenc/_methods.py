@@ -114,35 +114,3 @@ def backward(p, G: np.ndarray, fields: int | None = None, config: EngineConfig |
     return GRAD_TYPES[p.method](*[raw[slot] if fields >> bit & 1 else None
                                   for bit, slot in enumerate(slots)])
 
-
-# TRANSITION (removed when posenc._C takes an EngineConfig): the keyword binding.
-if not hasattr(_C, "ENGINE_CONFIG_BINDING"):
-    _old_forward, _old_backward = _C.forward, _C.backward
-
-    def _keywords(c):
-        d = dict(combine=bool(c.product), scale=c.scale, pos_q=c.pos_q, pos_k=c.pos_k,
-                 dense_scale=c.dense_scale, table=c.table, table_map=c.table_map,
-                 vq_table=c.query_table, vq_map=c.query_map, vk_table=c.key_table,
-                 vk_map=c.key_map, vec_scale=c.vector_scale, seg_q=c.segment_q,
-                 seg_k=c.segment_k, seg_table=c.segment_table, theta=c.theta)
-        return {k: v for k, v in d.items() if v is not None}
-
-    class _Transition:
-        def __getattr__(self, name):
-            return getattr(_C_module, name)
-
-        @staticmethod
-        def forward(config, out):
-            return _old_forward(config.q, config.k, out=out, **_keywords(config))
-
-        @staticmethod
-        def backward(G, config, needs):
-            alias = config.key_table is not None and config.key_table is config.query_table
-            if alias and needs & (1 << 5):
-                needs |= 1 << 6
-            r = list(_old_backward(G, config.q, config.k, needs=needs, **_keywords(config)))
-            if alias and r[5] is not None:
-                r[5], r[6] = r[5] + r[6], None
-            return tuple(r)
-
-    _C_module, _C = _C, _Transition()
