@@ -13,8 +13,7 @@ import numpy as np
 
 from . import _C
 from ._engine import ENGINE_GRADS, EngineConfig
-from ._registry import (GRAD_TYPES, REGISTRY, Dense, KeyTable, QueryTable, Reset, Segments, Table,
-                        diagonal_map)
+from ._registry import GRAD_TYPES, REGISTRY, Dense, Segments, diagonal_map
 
 _ENGINE_BIT = {name: 1 << bit for bit, name in enumerate(ENGINE_GRADS)}
 
@@ -28,7 +27,7 @@ def _engine_slots(spec) -> tuple:
         elif isinstance(term, Segments):
             slot["segment_table"] = 7
         elif term.name not in slot:     # M4/M4M: one table on both sides, one gradient
-            slot[term.name] = ENGINE_GRADS.index(term.engine[0])
+            slot[term.name] = ENGINE_GRADS.index(term.slot)
     return tuple(slot[field] for field in spec.grad_fields)
 
 
@@ -58,11 +57,8 @@ def _plan(spec):
         elif kind is Segments:
             tensors += [(name, _FIELD[name], None) for name in term.tensors]
         else:
-            slot = {Table: "table", QueryTable: "query_table", KeyTable: "key_table",
-                    Reset: "theta"}[kind]
-            map_slot = {"table": "table_map", "query_table": "query_map",
-                        "key_table": "key_map"}.get(slot)
-            tensors.append((term.name, _FIELD[slot], map_slot and _FIELD[map_slot]))
+            tensors.append((term.name, _FIELD[term.slot],
+                            term.map_slot and _FIELD[term.map_slot]))
     return template, tuple(scaled), tuple(tensors)
 
 

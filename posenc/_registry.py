@@ -106,7 +106,6 @@ class Dense:
     query: str = "pos_q"
     key: str = "pos_k"
     scaled: bool = False
-    engine = ("pos_q", "pos_k")
 
     @property
     def tensors(self):
@@ -114,39 +113,42 @@ class Dense:
 
 
 @dataclass(frozen=True)
-class Table:
+class _OneTable:
+    """A term read from one tensor argument `name`, in EngineConfig field
+    `slot`, through the method's bucket map (EngineConfig field `map_slot`)
+    when it has one."""
+
+    name: str
+    slot = ""
+    map_slot = None
+
+    @property
+    def tensors(self):
+        return (self.name,)
+
+
+class Table(_OneTable):
     """table[h, map(j - i)], unscaled; (H|1, rows)."""
 
-    name: str
-    engine = ("table",)
-
-    @property
-    def tensors(self):
-        return (self.name,)
+    slot, map_slot = "table", "table_map"
 
 
-@dataclass(frozen=True)
-class QueryTable:
+class QueryTable(_OneTable):
     """q_i . table[map(j - i)]: (H|1, rows, d), scaled by s in a sum."""
 
-    name: str
-    engine = ("query_table",)
-
-    @property
-    def tensors(self):
-        return (self.name,)
+    slot, map_slot = "query_table", "query_map"
 
 
-@dataclass(frozen=True)
-class KeyTable:
+class KeyTable(_OneTable):
     """k_j . table[map(j - i)]: (H|1, rows, d), scaled by s in a sum."""
 
-    name: str
-    engine = ("key_table",)
+    slot, map_slot = "key_table", "key_map"
 
-    @property
-    def tensors(self):
-        return (self.name,)
+
+class Reset(_OneTable):
+    """TUPE's [CLS] reset: theta[h, 0] on row 0, theta[h, 1] on column 0 of the rest."""
+
+    slot = "theta"
 
 
 @dataclass(frozen=True)
@@ -154,19 +156,6 @@ class Segments:
     """segment_table[h, segment_q[b, i], segment_k[b, j]]: all three or none."""
 
     tensors = ("segment_q", "segment_k", "segment_table")
-    engine = ("segment_table",)
-
-
-@dataclass(frozen=True)
-class Reset:
-    """TUPE's [CLS] reset: theta[h, 0] on row 0, theta[h, 1] on column 0 of the rest."""
-
-    name: str = "theta"
-    engine = ("theta",)
-
-    @property
-    def tensors(self):
-        return (self.name,)
 
 
 # Integer (index) tensors: every other tensor argument is a float.
@@ -269,7 +258,11 @@ REQUIRED = _Required()
 
 # ------------------------------------------------------------------ the methods
 
-_CLIPPED_VECTOR = dict(bucket="clipped", signature="rel_k, *, max_distance, scale=None")
+# Shaw, M4, M4M: one clipped vector table, shared by the heads in the benchmark (as Shaw
+# et al. 2018 §3.1 and HF BERT's relative_key), a speed and a memory target there
+_CLIPPED_VECTOR = dict(bucket="clipped", signature="rel_k, *, max_distance, scale=None",
+                       plot_init={"rel_k": 1.0})
+_HEAVY_SHARED = dict(shared_table=True, group="heavy", memory=True)
 _T5_KEYWORDS = "num_buckets=32, max_distance=128, bidirectional=True"
 
 _ENTRIES = (
@@ -279,60 +272,58 @@ _ENTRIES = (
         bench=Bench(((1, 0, 0, 0, 1), (2, 0, 0, 0, 1)), ("C + N", "2C + N"), (3, 0, 0))),
     Method(
         "shaw", "Shaw et al. 2018", terms=(QueryTable("rel_k"),), **_CLIPPED_VECTOR,
-        formula=(
-            "Shaw et al. 2018 (SPEC 3.2): A_ij = s q_i.(k_j + rel_k[c(i,j)]),\n"
-            "c = clipped(j - i, max_distance); rel_k (H|1, 2t+1, d); s = 1/sqrt(d)."),
+        formula="""\
+Shaw et al. 2018 (SPEC 3.2): A_ij = s q_i.(k_j + rel_k[c(i,j)]),
+c = clipped(j - i, max_distance); rel_k (H|1, 2t+1, d); s = 1/sqrt(d).""",
         bench=Bench(((1, 1, 0, 0, 2), (2, 2, 0, 0, 2)), ("C + P_q + 2N", "2C + 2P_q + 2N"),
-                    (3, 4, 0), shared_table=True, group="heavy", memory=True),
-        plot_init={"rel_k": 1.0}),
+                    (3, 4, 0), **_HEAVY_SHARED)),
     Method(
         "t5", "Raffel et al. (T5)", f"bias, *, {_T5_KEYWORDS}, scale=1.0",
         terms=(Table("bias"),), bucket="t5", scale_factor=None,
-        formula=(
-            "T5 relative bias, Raffel et al. (SPEC 3.3): A_ij = s q_i.k_j + bias[h, t5(j - i)];\n"
-            "bias (H|1, num_buckets); s = 1 as in T5; the bias is never scaled."),
+        formula="""\
+T5 relative bias, Raffel et al. (SPEC 3.3): A_ij = s q_i.k_j + bias[h, t5(j - i)];
+bias (H|1, num_buckets); s = 1 as in T5; the bias is never scaled.""",
         bench=Bench(((1, 0, 0, 0, 2), (2, 0, 0, 0, 2)), ("C + 2N", "2C + 2N"), (3, 0, 2),
                     group="additive"),
         plot_init={"bias": 2.0}),
     Method(
         "m2", "Huang et al. 2020, M2", "rel, *, max_distance, scale=None",
         terms=(Table("rel"),), bucket="clipped", product=True,
-        formula=(
-            "Huang et al. 2020, M2 (SPEC 3.4): A_ij = s (q_i.k_j) rel[h, c(i,j)],\n"
-            "c = clipped(j - i, max_distance); rel (H|1, 2t+1); s = 1/sqrt(d)."),
+        formula="""\
+Huang et al. 2020, M2 (SPEC 3.4): A_ij = s (q_i.k_j) rel[h, c(i,j)],
+c = clipped(j - i, max_distance); rel (H|1, 2t+1); s = 1/sqrt(d).""",
         bench=Bench(((1, 0, 0, 0, 2), (3, 0, 0, 0, 3)),
                     ("C + 2N", "3C + 3N  (q·k recomputed for the table gradient)"), (6, 0, 2)),
         plot_init={"rel": 0.5}),
     Method(
         "m4", "Huang et al. 2020, M4", terms=(QueryTable("rel_k"), KeyTable("rel_k")),
         **_CLIPPED_VECTOR,
-        formula=(
-            "Huang et al. 2020, M4 (SPEC 3.5): A_ij = s (q_i.k_j + q_i.a_ij + k_j.a_ij),\n"
-            "a_ij = rel_k[clipped(j - i, max_distance)]; rel_k (H|1, 2t+1, d); s = 1/sqrt(d)."),
+        formula="""\
+Huang et al. 2020, M4 (SPEC 3.5): A_ij = s (q_i.k_j + q_i.a_ij + k_j.a_ij),
+a_ij = rel_k[clipped(j - i, max_distance)]; rel_k (H|1, 2t+1, d); s = 1/sqrt(d).""",
         bench=Bench(((1, 1, 1, 0, 3), (2, 2, 2, 0, 3)), ("C + P_q + P_k + 3N", "2C + 2P_q + 2P_k + 3N"),
-                    (3, 5.5, 0), shared_table=True, group="heavy", memory=True),
-        plot_init={"rel_k": 1.0}),
+                    (3, 5.5, 0), **_HEAVY_SHARED)),
     Method(
         "m4m", "multiplicative M4", terms=(QueryTable("rel_k"), KeyTable("rel_k")),
-        product=True, **_CLIPPED_VECTOR,
-        formula=(
-            "Multiplicative M4 (SPEC 3.6): A_ij = s (q_i.k_j)(q_i.a_ij)(k_j.a_ij),\n"
-            "a_ij = rel_k[clipped(j - i, max_distance)]; s = 1/sqrt(d)."),
+        product=True, **{**_CLIPPED_VECTOR,   # three dot products multiply: keep each near 1
+                         "plot_init": {"rel_k": lambda d: d ** -0.5}},
+        formula="""\
+Multiplicative M4 (SPEC 3.6): A_ij = s (q_i.k_j)(q_i.a_ij)(k_j.a_ij),
+a_ij = rel_k[clipped(j - i, max_distance)]; s = 1/sqrt(d).""",
         bench=Bench(((1, 1, 1, 0, 3), (3, 3, 3, 0, 6)),
                     ("C + P_q + P_k + 3N", "3C + 3P_q + 3P_k + 6N  (all three factors recomputed)"),
-                    (9.5, 3.5, 0), shared_table=True, group="heavy", memory=True),
-        plot_init={"rel_k": lambda d: d ** -0.5}),   # three dot products multiply: keep each near 1
+                    (9.5, 3.5, 0), **_HEAVY_SHARED)),
     Method(
         "deberta", "DeBERTa(-v2) disentangled attention",
         "pos_key, pos_query, *, att_span, position_buckets=-1, max_relative_positions=-1, "
         "scale=None",
         terms=(QueryTable("pos_key"), KeyTable("pos_query")), bucket="deberta", scale_factor=3,
-        formula=(
-            "DeBERTa(-v2) disentangled attention (SPEC 3.7), c2p + p2c:\n"
-            "A_ij = s (q_i.k_j + q_i.pos_key[p(i,j)] + k_j.pos_query[p(i,j)]),\n"
-            "delta = i - j (log-bucketed when position_buckets > 0 and max_relative_positions > 0),\n"
-            "p = clip(delta + att_span, 0, 2 att_span - 1); pos_key, pos_query (H|1, 2 att_span, d)\n"
-            "already projected; s = 1/sqrt(3d).  Equals HuggingFace DebertaV2 for square inputs."),
+        formula="""\
+DeBERTa(-v2) disentangled attention (SPEC 3.7), c2p + p2c:
+A_ij = s (q_i.k_j + q_i.pos_key[p(i,j)] + k_j.pos_query[p(i,j)]),
+delta = i - j (log-bucketed when position_buckets > 0 and max_relative_positions > 0),
+p = clip(delta + att_span, 0, 2 att_span - 1); pos_key, pos_query (H|1, 2 att_span, d)
+already projected; s = 1/sqrt(3d).  Equals HuggingFace DebertaV2 for square inputs.""",
         bench=Bench(((1, 1, 1, 0, 3), (2, 2, 2, 0, 3)), ("C + P_q + P_k + 3N", "2C + 2P_q + 2P_k + 3N"),
                     (7, 0, 7), group="heavy", memory=True),
         plot_init={"pos_key": 1.0, "pos_query": 1.0}),
@@ -340,11 +331,11 @@ _ENTRIES = (
         "tupe", "Ke et al. 2020 (TUPE)",
         f"pos_q, pos_k, *, bias=None, theta=None, {_T5_KEYWORDS}, scale=None",
         terms=(Dense(scaled=True), Table("bias"), Reset("theta")), bucket="t5", scale_factor=2,
-        formula=(
-            "TUPE, Ke et al. 2020 (SPEC 3.8): A_ij = s q_i.k_j + reset(v)_ij,\n"
-            "v_ij = s pos_q_i.pos_k_j + bias[h, t5(j - i)] (TUPE-R; TUPE-A without bias);\n"
-            "reset: theta[h,0] on row 0 ([CLS] to others), theta[h,1] on column 0 of other rows.\n"
-            "pos_q (H|1, n, d_p), pos_k (H|1, m, d_p), theta (H|1, 2); s = 1/sqrt(2d)."),
+        formula="""\
+TUPE, Ke et al. 2020 (SPEC 3.8): A_ij = s q_i.k_j + reset(v)_ij,
+v_ij = s pos_q_i.pos_k_j + bias[h, t5(j - i)] (TUPE-R; TUPE-A without bias);
+reset: theta[h,0] on row 0 ([CLS] to others), theta[h,1] on column 0 of other rows.
+pos_q (H|1, n, d_p), pos_k (H|1, m, d_p), theta (H|1, 2); s = 1/sqrt(2d).""",
         bench=Bench(((1, 0, 0, 1, 3), (2, 0, 0, 2, 3)), ("C + D + 3N", "2C + 2D + 3N"), (3, 0, 8),
                     group="additive"),
         plot_init={"pos_q": 1.5, "pos_k": 1.5, "theta": 2.0}),   # s = 1/sqrt(2d) scales pos_q.pos_k
@@ -352,11 +343,11 @@ _ENTRIES = (
         "diet_abs", "Chen et al. 2021, DIET-ABS",
         "pos_q, pos_k, *, segment_q=None, segment_k=None, segment_table=None, scale=None",
         terms=(Dense(), Segments()),
-        formula=(
-            "DIET-ABS, Chen et al. 2021 eq. (1) (SPEC 3.9):\n"
-            "A_ij = s q_i.k_j + pos_q_i.pos_k_j + segment_table[h, segment_q[b,i], segment_k[b,j]];\n"
-            "pos_q (H|1, n, d_p), pos_k (H|1, m, d_p) (rank d_p free); segments optional, all three\n"
-            "or none: segment_q (B, n), segment_k (B, m) ints, segment_table (H|1, S, S); s = 1/sqrt(d)."),
+        formula="""\
+DIET-ABS, Chen et al. 2021 eq. (1) (SPEC 3.9):
+A_ij = s q_i.k_j + pos_q_i.pos_k_j + segment_table[h, segment_q[b,i], segment_k[b,j]];
+pos_q (H|1, n, d_p), pos_k (H|1, m, d_p) (rank d_p free); segments optional, all three
+or none: segment_q (B, n), segment_k (B, m) ints, segment_table (H|1, S, S); s = 1/sqrt(d).""",
         bench=Bench(((1, 0, 0, 1, 2), (2, 0, 0, 2, 2)), ("C + D + 2N", "2C + 2D + 2N"), (4.5, 0, 2),
                     group="additive"),
         # unscaled: entries of std sqrt(2) d^-1/4 give logits of std 2
@@ -366,10 +357,10 @@ _ENTRIES = (
         "diet_rel", "Chen et al. 2021, DIET-REL",
         "rel, *, max_distance, segment_q=None, segment_k=None, segment_table=None, scale=None",
         terms=(Table("rel"), Segments()), bucket="clipped_reversed",
-        formula=(
-            "DIET-REL, Chen et al. 2021 eq. (3) (SPEC 3.10):\n"
-            "A_ij = s q_i.k_j + rel[h, clip(i - j, -t, t) + t] + E_S (note R_{i-j}: query minus key);\n"
-            "rel (H|1, 2t+1); segments as diet_abs; s = 1/sqrt(d)."),
+        formula="""\
+DIET-REL, Chen et al. 2021 eq. (3) (SPEC 3.10):
+A_ij = s q_i.k_j + rel[h, clip(i - j, -t, t) + t] + E_S (note R_{i-j}: query minus key);
+rel (H|1, 2t+1); segments as diet_abs; s = 1/sqrt(d).""",
         bench=Bench(((1, 0, 0, 0, 3), (2, 0, 0, 0, 3)), ("C + 3N", "2C + 3N"), (4.5, 0, 2),
                     group="additive"),
         plot_init={"rel": 2.0}),

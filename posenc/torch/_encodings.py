@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .. import torch as F
+from . import _functional as F
 
 
 def segment_ids_pair(table, segment_q, segment_k):

@@ -26,7 +26,7 @@ import math
 import torch
 from torch import nn
 
-from .. import torch as F
+from . import _functional as F
 from ._attention import PositionalSelfAttention
 from ._encodings import (
     Content,
@@ -101,7 +101,22 @@ class _ClippedRelative(PositionalEncoding):
                                        scale=self.scale)
 
 
-class ShawRelative(_ClippedRelative):
+class _VectorRelative(_ClippedRelative):
+    """A (H|1, 2t + 1, head_dim) table of vectors, N(0, init_std²) (Shaw, M4, M4M)."""
+
+    def __init__(self, num_heads: int, head_dim: int, max_distance: int, *,
+                 per_head: bool = False, scale: float | None = None,
+                 init_std: float | None = 0.02):
+        std = self.default_init_std(head_dim) if init_std is None else init_std
+        super().__init__(num_heads, max_distance, (head_dim,), per_head=per_head, scale=scale,
+                         init=lambda t: t.normal_(0.0, std))
+
+    @staticmethod
+    def default_init_std(head_dim: int) -> float:
+        return 0.02
+
+
+class ShawRelative(_VectorRelative):
     """Relative position representations: Shaw, Uszkoreit & Vaswani 2018, eq. (4)
     with the clipping of eq. (3) (SPEC 3.2).
 
@@ -113,11 +128,6 @@ class ShawRelative(_ClippedRelative):
     """
 
     method = "shaw"
-
-    def __init__(self, num_heads: int, head_dim: int, max_distance: int, *,
-                 per_head: bool = False, scale: float | None = None, init_std: float = 0.02):
-        super().__init__(num_heads, max_distance, (head_dim,), per_head=per_head, scale=scale,
-                         init=lambda t: t.normal_(0.0, init_std))
 
 
 class M2Relative(_ClippedRelative):
@@ -138,7 +148,7 @@ class M2Relative(_ClippedRelative):
                          init=lambda t: t.fill_(1.0))
 
 
-class M4Relative(_ClippedRelative):
+class M4Relative(_VectorRelative):
     """M4 of Huang et al. 2020, *Multiplicative Position-aware Transformer
     Models*, eq. (6) (SPEC 3.5); HuggingFace BERT's ``relative_key_query``.
 
@@ -149,13 +159,8 @@ class M4Relative(_ClippedRelative):
 
     method = "m4"
 
-    def __init__(self, num_heads: int, head_dim: int, max_distance: int, *,
-                 per_head: bool = False, scale: float | None = None, init_std: float = 0.02):
-        super().__init__(num_heads, max_distance, (head_dim,), per_head=per_head, scale=scale,
-                         init=lambda t: t.normal_(0.0, init_std))
 
-
-class M4MRelative(_ClippedRelative):
+class M4MRelative(_VectorRelative):
     """M4M, the multiplicative M4 of *Multiplicative Position-aware Transformer
     Models*, eq. (11) (SPEC 3.6).
 
@@ -171,9 +176,12 @@ class M4MRelative(_ClippedRelative):
     def __init__(self, num_heads: int, head_dim: int, max_distance: int, *,
                  per_head: bool = False, scale: float | None = None,
                  init_std: float | None = None):
-        std = head_dim ** -0.5 if init_std is None else init_std
-        super().__init__(num_heads, max_distance, (head_dim,), per_head=per_head, scale=scale,
-                         init=lambda t: t.normal_(0.0, std))
+        super().__init__(num_heads, head_dim, max_distance, per_head=per_head, scale=scale,
+                         init_std=init_std)
+
+    @staticmethod
+    def default_init_std(head_dim: int) -> float:
+        return head_dim ** -0.5
 
 
 # ------------------------------------------------------------------ DeBERTa
