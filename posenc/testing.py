@@ -1,0 +1,321 @@
+"""Test helpers: check your own attention-logits code against posenc.reference.
+
+For a kernel, a PyTorch module or a port of one of posenc's methods, these
+helpers answer "does it compute what the paper's formula says?" with the
+tolerances of ``python -m posenc check`` (docs/validation.md):
+
+* :func:`random_inputs` -- random inputs of a method (``args, kwargs``), the
+  configurations posenc's own checks use (clipping and log buckets reached,
+  segments, TUPE's bias and theta, ...);
+* :func:`assert_logits_close` -- your logits against ``posenc.reference.<m>``;
+* :func:`assert_grads_close` -- your gradients (a NumPy backward, or a
+  differentiable torch function) against ``posenc.reference.<m>_backward``.
+
+The tolerance follows the dtype: float64 passes when the largest error is at
+most ``1e-12`` of the largest reference logit (normwise); float32 when every
+entry is within ``(depth + 8) eps32 M``, where ``M`` is the method evaluated
+on the absolute values of its inputs and ``depth`` the length of the longest
+sum (``d + d_p`` for logits, ``n + m + d + d_p`` for gradients).  A failure
+raises AssertionError naming the worst entry, both values, its error and the
+tolerance.  NumPy arrays and torch tensors (any device: copied to the CPU)
+are accepted; torch is never imported by this module.
+
+With pytest, the fixtures ``posenc_isa`` and ``posenc_inputs`` of the plugin
+``posenc._pytest_plugin`` (registered by the package's ``pytest11`` entry
+point) run a test on every ISA of the CPU and draw these inputs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import os
+import sys
+
+import numpy as np
+
+from . import reference
+from ._check import EPS32, F64_RTOL, _abs_inputs, _as64, compare
+from ._examples import dense_rank, float_inputs, make_inputs, with_inputs
+from ._registry import GRAD_FIELDS, METHODS
+
+__all__ = ["Inputs", "random_inputs", "assert_logits_close", "assert_grads_close"]
+
+_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
+_OPTIONS = tuple(name for name in inspect.signature(make_inputs).parameters
+                 if name not in ("method", "B", "H", "n", "m", "d", "dtype", "rng"))
+
+
+@dataclasses.dataclass(frozen=True)
+class Inputs:
+    """Inputs of one call of ``method``: ``fn(*inputs.args, **inputs.kwargs)``.
+
+    Unpacks as ``args, kwargs = inputs``; :meth:`call` applies a function,
+    :meth:`torch` gives the same values as torch tensors.
+    """
+
+    method: str
+    args: tuple
+    kwargs: dict
+
+    def __iter__(self):
+        return iter((self.args, self.kwargs))
+
+    def call(self, fn):
+        """``fn(*args, **kwargs)``: e.g. ``inputs.call(posenc.t5)``."""
+        return fn(*self.args, **self.kwargs)
+
+    @property
+    def floats(self) -> dict:
+        """The float (differentiable) inputs by argument name."""
+        return float_inputs(self.method, self.args, self.kwargs)
+
+    def torch(self, device=None, requires_grad: bool = False) -> Inputs:
+        """The same inputs as torch tensors (on ``device``; float inputs as
+        leaves that require grad when asked)."""
+        import torch
+
+        def tensor(value, grad):
+            if not isinstance(value, np.ndarray):
+                return value
+            return torch.tensor(value, device=device, requires_grad=grad)
+
+        floats = self.floats
+        args = tuple(tensor(a, requires_grad) for a in self.args)
+        kwargs = {key: tensor(value, requires_grad and key in floats)
+                  for key, value in self.kwargs.items()}
+        return Inputs(self.method, args, kwargs)
+
+
+def random_inputs(method: str, B: int = 2, H: int = 3, n: int = 7, m: int = 5, d: int = 4,
+                  dtype=np.float64, seed=0, **options) -> Inputs:
+    """Random inputs of ``posenc.<method>``: an :class:`Inputs` (``args, kwargs``).
+
+    ``q (B, H, n, d)``, ``k (B, H, m, d)`` and every parameter of the method
+    standard normal (the tables of the product methods around 1), drawn from
+    ``numpy.random.default_rng(seed)`` (an int, a sequence of ints or a
+    Generator).  ``dtype`` is float32 or float64 for every float input.
+    The optional terms are given (TUPE's ``bias`` and ``theta``, DIET's
+    segments, DeBERTa's log buckets) and the sizes reach the clipping.
+    ``options``: ``shared`` (head axis 1 for every positional parameter),
+    ``max_distance`` (4), ``segments`` (3; 0 for none), ``theta``, ``bias``,
+    ``log_buckets`` (True), ``d_p`` (the rank of TUPE's and DIET-ABS's
+    factors), ``num_buckets`` (16) and ``t5_max_distance`` (40) of T5/TUPE,
+    ``att_span`` (8) of DeBERTa.
+    """
+    _check_method(method)
+    if np.dtype(dtype) not in _FLOATS:
+        raise TypeError(f"dtype must be float32 or float64, got {np.dtype(dtype)}")
+    unknown = sorted(set(options) - set(_OPTIONS))
+    if unknown:
+        raise TypeError(f"unknown option(s) {', '.join(unknown)}; expected {', '.join(_OPTIONS)}")
+    args, kwargs = make_inputs(method, B, H, n, m, d, dtype=dtype,
+                               rng=np.random.default_rng(seed), **options)
+    return Inputs(method, tuple(args), kwargs)
+
+
+# ------------------------------------------------------------------ conversions
+
+def _check_method(method) -> None:
+    if method not in METHODS:
+        raise ValueError(f"unknown method {method!r}; expected one of {', '.join(METHODS)}")
+
+
+def _is_tensor(value) -> bool:
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(value, torch.Tensor)
+
+
+def _as_array(value, what: str) -> np.ndarray:
+    """A NumPy array of `value` (a torch tensor is detached and copied to the CPU)."""
+    if _is_tensor(value):
+        if value.is_floating_point() and value.element_size() < 4:
+            raise TypeError(f"{what}: {value.dtype} is not supported; the tolerances are derived "
+                            "for float32 and float64 (docs/validation.md)")
+        value = value.detach().cpu().resolve_conj().resolve_neg().numpy()
+    return np.asarray(value)
+
+
+def _numpy_call(method: str, args, kwargs) -> tuple:
+    """(args, kwargs) with every tensor as a NumPy array, `out=` dropped."""
+    args = [_as_array(a, "argument") if _is_tensor(a) or isinstance(a, np.ndarray) else a
+            for a in args]
+    kwargs = {key: _as_array(value, key) if _is_tensor(value) else value
+              for key, value in kwargs.items() if key != "out"}
+    floats = {name: _as_array(value, name)
+              for name, value in float_inputs(method, args, kwargs).items()}
+    return with_inputs(method, args, kwargs, floats)
+
+
+def _tolerance_dtype(method: str, args, kwargs, *results) -> np.dtype:
+    """float32 if the inputs or a result are float32, else float64."""
+    dtypes = [v.dtype for v in float_inputs(method, args, kwargs).values()]
+    dtypes += [r.dtype for r in results]
+    for dtype in dtypes:
+        if dtype.kind == "f" and dtype not in _FLOATS:
+            raise TypeError(f"{dtype} is not supported; the tolerances are derived for float32 "
+                            "and float64 (docs/validation.md)")
+    return np.dtype(np.float32) if np.dtype(np.float32) in dtypes else np.dtype(np.float64)
+
+
+def _depth(method: str, args, kwargs, grads: bool) -> tuple:
+    """(depth, how it was counted) of the float32 bound (docs/validation.md)."""
+    q, k = (float_inputs(method, args, kwargs)[name] for name in ("q", "k"))
+    n, m, d = q.shape[-2], k.shape[-2], q.shape[-1]
+    d_p = dense_rank(method, args, kwargs)
+    if grads:
+        return n + m + d + d_p, f"n + m + d + d_p = {n} + {m} + {d} + {d_p}"
+    return d + d_p, f"d + d_p = {d} + {d_p}"
+
+
+# ------------------------------------------------------------------ comparison
+
+def _assert_close(actual: np.ndarray, expected: np.ndarray, magnitude, depth: tuple,
+                  dtype: np.dtype, *, what: str, where, against: str) -> None:
+    """AssertionError naming the worst entry (`where(index)`) unless `actual`
+    is within the tolerance of `expected` (posenc._check.compare decides)."""
+    if actual.shape != expected.shape:
+        raise AssertionError(f"{what} {against} in shape: {actual.shape} instead of "
+                             f"{expected.shape}")
+    if expected.size == 0:
+        return
+    raw = actual.astype(np.float64)
+    # NaN and Inf propagate as IEEE says (SPEC §5): equal non-finite entries agree
+    special = ~(np.isfinite(raw) & np.isfinite(expected))
+    bad_special = special & ~((raw == expected) | (np.isnan(raw) & np.isnan(expected)))
+    got, wanted = np.where(special, 0.0, raw), np.where(special, 0.0, expected)
+    if magnitude is not None:
+        magnitude = np.where(special, 0.0, magnitude)
+    _, _, ok = compare(got, wanted, magnitude, depth[0], dtype)
+    if ok and not bad_special.any():
+        return
+    error = np.where(bad_special, np.inf, np.abs(got - wanted))
+    if dtype == np.float64:
+        largest = float(np.abs(wanted).max())
+        tolerance = np.full(error.shape, F64_RTOL * (largest or 1.0))   # as compare()
+        rule = f"float64, normwise: {F64_RTOL:g} x max|reference| = {F64_RTOL:g} x {largest:.6g}"
+    else:
+        tolerance = (depth[0] + 8) * EPS32 * magnitude + np.finfo(np.float32).tiny
+        rule = (f"float32, element-wise: (depth + 8) eps32 x M, depth = {depth[1]}, "
+                "M = the method on |inputs|")
+    outside = error > tolerance
+    index = np.unravel_index(np.argmax(error / tolerance), error.shape)
+    raise AssertionError(
+        f"{what} {against} at {where(tuple(int(i) for i in index))}: "
+        f"actual {raw[index]:.10g}, reference {expected[index]:.10g}, "
+        f"error {error[index]:.3g} > tolerance {tolerance[index]:.3g} ({rule}); "
+        f"{int(outside.sum())} of {outside.size} entries outside the tolerance")
+
+
+def assert_logits_close(actual, method: str, *args, **kwargs) -> None:
+    """Assert that ``actual`` equals ``posenc.reference.<method>(*args, **kwargs)``.
+
+    ``actual``: your logits ``(B, H, n, m)`` for these inputs, a NumPy array or
+    a torch tensor (any device).  ``args``, ``kwargs``: the inputs, as
+    ``posenc.<method>`` takes them (arrays or tensors; ``out=`` is ignored).
+    The reference is computed in float64 from the very inputs; the tolerance
+    is float32's when the inputs or ``actual`` are float32, else float64's
+    (module docstring).  AssertionError names the worst ``(b, h, i, j)``, both
+    values, the error, the tolerance and how many entries are outside it.
+    """
+    _check_method(method)
+    args, kwargs = _numpy_call(method, args, kwargs)
+    got = _as_array(actual, "actual")
+    dtype = _tolerance_dtype(method, args, kwargs, got)
+    args64, kwargs64 = _as64(method, args, kwargs)
+    formula = getattr(reference, method)
+    expected = formula(*args64, **kwargs64)
+    magnitude = None
+    if dtype == np.float32:
+        abs_args, abs_kwargs = _abs_inputs(method, args64, kwargs64)
+        magnitude = formula(*abs_args, **abs_kwargs)
+    _assert_close(got, expected, magnitude, _depth(method, args, kwargs, grads=False), dtype,
+                  what=f"logits of {method} ({dtype}) differ from",
+                  where="(b, h, i, j) = {}".format, against=f"posenc.reference.{method}")
+
+
+def _upstream(shape, dtype) -> np.ndarray:
+    """G = dL/dA, standard normal from POSENC_TEST_SEED (default 0)."""
+    seed = int(os.environ.get("POSENC_TEST_SEED", "0"))
+    return np.random.default_rng([seed, 17]).standard_normal(shape).astype(dtype)
+
+
+def _field(result, name: str, position: int):
+    """Gradient `name` of a backward's result: a named tuple, any object with
+    that attribute, a dict, or a plain tuple in the fields' order."""
+    if isinstance(result, dict):
+        return result.get(name)
+    if hasattr(result, name):
+        return getattr(result, name)
+    if isinstance(result, (tuple, list)) and not hasattr(result, "_fields"):
+        return result[position] if position < len(result) else None
+    return None
+
+
+def _torch_grads(fn, method: str, args, kwargs, G: np.ndarray) -> dict:
+    """Gradients of sum(G * fn(...)) w.r.t. the float inputs, through autograd."""
+    import torch
+
+    leaves = {name: value.detach().clone().requires_grad_(True)
+              for name, value in float_inputs(method, args, kwargs).items()}
+    call_args, call_kwargs = with_inputs(method, args, kwargs, leaves)
+    out = fn(*call_args, **call_kwargs)
+    upstream = torch.as_tensor(G, dtype=out.dtype, device=out.device)
+    if tuple(out.shape) != G.shape:
+        raise AssertionError(f"fn returned logits of shape {tuple(out.shape)}, "
+                             f"posenc.reference.{method} {G.shape}")
+    grads = torch.autograd.grad(out, list(leaves.values()), upstream, allow_unused=True)
+    return dict(zip(leaves, grads))
+
+
+def assert_grads_close(fn, method: str, *args, **kwargs) -> None:
+    """Assert that ``fn``'s gradients equal ``posenc.reference.<method>_backward``'s.
+
+    Two kinds of ``fn``, told apart by the inputs:
+
+    * NumPy inputs: ``fn(G, *args, **kwargs)`` is a backward, like
+      ``posenc.<method>_backward``; it returns the gradients by field name (a
+      named tuple, an object with those attributes, a dict, or a plain tuple in
+      the order of ``posenc.GRAD_FIELDS[method]``).
+    * torch tensors (any device): ``fn(*args, **kwargs)`` returns the logits,
+      differentiably, like ``posenc.torch.<method>``; the float inputs are
+      given as fresh leaves that require grad and the gradients come from
+      autograd.
+
+    ``G = dL/dA`` is standard normal, seeded from ``POSENC_TEST_SEED``
+    (default 0).  Every gradient of an input that was given is compared
+    (a field of an input that was not given is ignored), with the tolerance
+    of :func:`assert_logits_close` for depth ``n + m + d + d_p``; an
+    AssertionError names the field, the worst index, both values, the error
+    and the tolerance.
+    """
+    _check_method(method)
+    torch_mode = any(_is_tensor(v) for v in float_inputs(method, args, kwargs).values())
+    numpy_args, numpy_kwargs = _numpy_call(method, args, kwargs)
+    dtype = _tolerance_dtype(method, numpy_args, numpy_kwargs)
+    args64, kwargs64 = _as64(method, numpy_args, numpy_kwargs)
+    formula = getattr(reference, method + "_backward")
+    logits_shape = getattr(reference, method)(*args64, **kwargs64).shape
+    G = _upstream(logits_shape, dtype)
+    if torch_mode:
+        result = _torch_grads(fn, method, args, kwargs, G)
+    else:
+        result = fn(G, *numpy_args, **numpy_kwargs)
+    expected = formula(G.astype(np.float64), *args64, **kwargs64)
+    abs_args, abs_kwargs = _abs_inputs(method, args64, kwargs64)
+    magnitudes = formula(np.abs(G.astype(np.float64)), *abs_args, **abs_kwargs)
+    depth = _depth(method, numpy_args, numpy_kwargs, grads=True)
+    for position, name in enumerate(GRAD_FIELDS[method]):
+        want = getattr(expected, name)
+        if want is None:                 # that input was not given
+            continue
+        got = _field(result, name, position)
+        if got is None:
+            if torch_mode and not np.any(want):   # autograd: unused and truly zero
+                continue
+            raise AssertionError(f"fn gave no gradient for {name!r} of {method} "
+                                 f"(posenc.reference.{method}_backward has one, shape {want.shape})")
+        _assert_close(_as_array(got, name), want, getattr(magnitudes, name), depth, dtype,
+                      what=f"gradient {name!r} of {method} ({dtype}) differs from",
+                      where=lambda index: f"{name}[{', '.join(map(str, index))}]",
+                      against=f"posenc.reference.{method}_backward")
