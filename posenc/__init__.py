@@ -25,6 +25,7 @@ except ImportError as exc:   # a source checkout without the built extension
         "another directory), or build in place with `python setup.py build_ext --inplace`."
     ) from exc
 from . import _checks, _methods, buckets
+from ._attention import Attention, attention_dropout_mask
 from ._registry import GRAD_FIELDS, GRAD_TYPES, METHODS, REGISTRY, backward_doc, forward_doc
 from ._signatures import define
 
@@ -98,7 +99,7 @@ def _backward(method: str):
         problem = _checks.check(spec, tensors, params, None)
         return _methods.backward(problem, _checks.check_grad(G, problem))
 
-    return define(method, body, name=method + "_backward", grad=True, out=False,
+    return define(method, body, name=method + "_backward", form="logits_backward",
                   doc=backward_doc(method, _WHERE))
 
 
@@ -112,7 +113,7 @@ del _method
 
 __all__ = list(METHODS) + [m + "_backward" for m in METHODS] + [
     "capabilities", "get_isa", "set_isa", "get_num_threads", "set_num_threads", "build_info",
-    "deberta_hf_scale",
+    "deberta_hf_scale", "attention_dropout_mask", "Attention",
     "buckets", "METHODS", "GRAD_FIELDS", "GRAD_TYPES"] + _GRAD_NAMES
 
 if os.environ.get("POSENC_ISA"):

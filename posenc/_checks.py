@@ -28,8 +28,8 @@ class Problem:
     the parameters with defaults resolved (`params`, built on first use: the
     engine needs only `scale` and the bucket map's `map_values`)."""
 
-    __slots__ = ("method", "dtype", "B", "H", "n", "m", "d", "arrays", "scale", "map_values",
-                 "d_p", "out", "_params")
+    __slots__ = ("method", "dtype", "B", "H", "n", "m", "d", "arrays", "scale", "query_offset",
+                 "map_values", "d_p", "out", "_params")
 
     def __init__(self, method, dtype, B, H, n, m, d, arrays=None, params=None, out=None):
         self.method, self.dtype = method, dtype
@@ -37,17 +37,20 @@ class Problem:
         self.arrays = {} if arrays is None else arrays
         self._params = params
         self.scale = None
+        self.query_offset = 0
         self.map_values = ()      # the bucket map's parameters, checked, in MAPS order
         self.d_p = None           # rank of the dense factor
         self.out = out
 
     @property
     def params(self) -> dict:
-        """Every parameter by name ("scale", the map's, "d_p" with a dense factor)."""
+        """Every parameter by name (the map's, "scale", "query_offset", "d_p" with a
+    dense factor)."""
         if self._params is None:
             spec = REGISTRY.get(self.method)        # None for the reference's baselines
             names = spec.map_params if spec else ()
-            self._params = dict(zip(names, self.map_values), scale=self.scale)
+            self._params = dict(zip(names, self.map_values), scale=self.scale,
+                                query_offset=self.query_offset)
             if self.d_p is not None:
                 self._params["d_p"] = self.d_p
         return self._params
@@ -197,6 +200,7 @@ def check_segments(segment_q, segment_k, segment_table, B, H, n, m) -> dict:
 
 
 def check_out(out, problem: Problem) -> None:
+    """`out=` of the logits: (B, H, n, m) of the problem's dtype, writable (see below)."""
     if out is None:
         return
     require_ndarray("out", out)
@@ -207,6 +211,12 @@ def check_out(out, problem: Problem) -> None:
         raise ValueError(
             f"out must have shape {_shape_str(expected)} (B, H, n, m), got {_shape_str(out.shape)}"
         )
+    check_writable_out(out, problem.arrays)
+    problem.out = out
+
+
+def check_writable_out(out: np.ndarray, inputs: dict) -> None:
+    """C-contiguous, writeable, aligned, and overlapping none of `inputs` (name: array)."""
     if not out.flags.c_contiguous:
         raise ValueError("out must be C-contiguous, got a non-contiguous array")
     if not out.flags.writeable:
@@ -214,11 +224,10 @@ def check_out(out, problem: Problem) -> None:
     if not out.flags.aligned:
         raise ValueError(f"out must be aligned to its {out.dtype} items, got a misaligned array "
                          f"(address {out.ctypes.data:#x})")
-    for name, value in problem.arrays.items():
+    for name, value in inputs.items():
         if isinstance(value, np.ndarray) and np.may_share_memory(out, value):
             if np.shares_memory(out, value, max_work=10**6):
                 raise ValueError(f"out must not overlap an input, but it overlaps {name}")
-    problem.out = out
 
 
 def check_grad(G, problem: Problem) -> np.ndarray:
@@ -308,8 +317,8 @@ def check(spec, tensors: tuple, params: tuple, out) -> Problem:
         dtype = check_floats([(name, arrays.get(name)) for name, _, is_float in plan_tensors
                               if is_float])
     B, H, n, m, d = check_qk(arrays["q"], arrays["k"])
-    # parameters: the map's (in the order of its kind), then the scale, last
-    *map_values, scale = params
+    # parameters: the map's (in the order of its kind), then the scale and the query offset
+    *map_values, scale, query_offset = params
     if tuple(map(type, map_values)) != plan_types:     # NumPy scalars, or an error
         for t, (name, value) in enumerate(zip(spec.map_params, map_values)):
             map_values[t] = (check_bool(name, value) if name == "bidirectional"
@@ -318,8 +327,10 @@ def check(spec, tensors: tuple, params: tuple, out) -> Problem:
         scale = spec.default_scale(d)
     elif scale.__class__ is not float:
         scale = check_scale(scale, 0.0)
+    if query_offset.__class__ is not int or query_offset < 0:
+        query_offset = check_int("query_offset", query_offset, 0)
     p = Problem(spec.name, dtype, B, H, n, m, d, arrays)
-    p.scale = scale
+    p.scale, p.query_offset = scale, query_offset
     if spec.bucket is not None:
         p.map_values = map_values = tuple(map_values)
         rows = _map_rows(spec.bucket, map_values)

@@ -68,6 +68,11 @@ _PLANS = {name: _plan(spec) for name, spec in REGISTRY.items()}
 def configure(p) -> EngineConfig:
     """The engine's problem for a checked call of p's method."""
     template, scaled, tensors = _PLANS[p.method]
+    if p.query_offset and "theta" in p.arrays:
+        # the engine places TUPE's [CLS] row at local row 0; positions arrive with the
+        # engine's query_offset slot
+        raise NotImplementedError("tupe with theta and query_offset > 0 runs in "
+                                  "posenc.reference and posenc.torch.native for now")
     slots = template.copy()
     arrays = p.arrays
     slots[0], slots[1] = arrays["q"], arrays["k"]
@@ -81,7 +86,8 @@ def configure(p) -> EngineConfig:
             slots[slot] = value
             if map_slot is not None:
                 if rows is None:      # one map for every table of the method (M4: the same object)
-                    rows = diagonal_map(REGISTRY[p.method].bucket, p.map_values, p.n, p.m)
+                    rows = diagonal_map(REGISTRY[p.method].bucket, p.map_values, p.n, p.m,
+                                        p.query_offset)
                 slots[map_slot] = rows
     return tuple.__new__(EngineConfig, slots)
 

@@ -163,7 +163,9 @@ INDEX_TENSORS = ("segment_q", "segment_k")
 # Parameters that are not tensors, and how they are checked.
 PARAM_KINDS = {"max_distance": "int", "num_buckets": "int", "bidirectional": "bool",
                "att_span": "int", "position_buckets": "int", "max_relative_positions": "int",
-               "scale": "scale"}
+               "scale": "scale", "query_offset": "int"}
+# Every function's last keyword (SPEC §1): query row i sits at position query_offset + i.
+COMMON_KEYWORDS = ", query_offset=0"
 
 
 @dataclass(frozen=True)
@@ -197,11 +199,11 @@ class Method:
     params: tuple = ()            # (name, default or REQUIRED) in signature order
     grad_fields: tuple = ()
     arguments: tuple = ()         # every argument name in signature order
-    map_params: tuple = ()        # the parameters before the scale: the bucket map's
+    map_params: tuple = ()        # the parameters before scale and query_offset: the map's
 
     def __post_init__(self):
         tensors, optional, params, arguments = [], set(), [], []
-        for text in ("q, k, " + self.signature).split(","):
+        for text in ("q, k, " + self.signature + COMMON_KEYWORDS).split(","):
             text = text.strip()
             if text == "*":
                 continue
@@ -217,8 +219,8 @@ class Method:
         object.__setattr__(self, "optional", frozenset(optional))
         object.__setattr__(self, "params", tuple(params))
         object.__setattr__(self, "arguments", tuple(arguments))
-        object.__setattr__(self, "map_params", tuple(name for name, _ in params[:-1]))
-        if params[-1][0] != "scale" or self.map_params != (self.map.params if self.map else ()):
+        object.__setattr__(self, "map_params", tuple(name for name, _ in params[:-2]))
+        if params[-2][0] != "scale" or self.map_params != (self.map.params if self.map else ()):
             raise AssertionError(f"{self.name}: the parameters must be the bucket map's, "
                                  "in its order, then scale")
         object.__setattr__(self, "grad_fields",
@@ -416,6 +418,28 @@ def backward_doc(method: str, where: str) -> str:
         + REGISTRY[method].formula)
 
 
+ATTENTION = """
+Fused attention (SPEC §6): out = softmax_j(A + Mask) D v, never materialising the
+(B, H, n, m) logits A of the method above.  v (B, H, m, dv); Mask = -inf where
+causal and j > query_offset + i, or where key_padding_mask[b, j] (bool (B, m),
+True = padding); D the dropout (keep with probability 1 - dropout_p, scaled by
+1/(1 - dropout_p), decided by posenc.attention_dropout_mask(seed, ...)).
+Returns Attention(out (B, H, n, dv), lse (B, H, n)); a row with every key masked
+has out 0 and lse -inf.
+"""
+
+
+def attention_doc(method: str, where: str) -> str:
+    return f"{REGISTRY[method].formula}\n{ATTENTION}\nComputed by {where}."
+
+
+def attention_backward_doc(method: str, where: str) -> str:
+    return (f"Gradients of L given d_out = dL/dout of {method}_attention (out and lse from\n"
+            "its forward): a named tuple with a field per float input (q, k, v, then the\n"
+            f"method's), each shaped like its input.  Computed by {where}.\n\n"
+            + attention_doc(method, where))
+
+
 # ------------------------------------------------------------------ bucket maps over offsets
 
 def diagonal_offsets(n: int, m: int) -> np.ndarray:
@@ -426,10 +450,11 @@ def diagonal_offsets(n: int, m: int) -> np.ndarray:
 
 
 @functools.lru_cache(maxsize=256)
-def diagonal_map(kind: str, values: tuple, n: int, m: int) -> np.ndarray:
-    """The read-only int64 table row of each offset j - i of an (n, m) problem,
-    at index (j - i) + n - 1 (the engine's layout), computed once per shape."""
-    result = np.ascontiguousarray(MAPS[kind].of_offsets(diagonal_offsets(n, m), values),
-                                  dtype=np.int64)
+def diagonal_map(kind: str, values: tuple, n: int, m: int, query_offset: int = 0) -> np.ndarray:
+    """The read-only int64 table row of each diagonal j - i of an (n, m) problem,
+    at index (j - i) + n - 1 (the engine's layout), computed once per shape.  The
+    map reads the positions' offset j - (query_offset + i) (SPEC §1)."""
+    offsets = diagonal_offsets(n, m) - query_offset
+    result = np.ascontiguousarray(MAPS[kind].of_offsets(offsets, values), dtype=np.int64)
     result.setflags(write=False)
     return result

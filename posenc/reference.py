@@ -31,7 +31,10 @@ import math
 import numpy as np
 
 from . import _checks, buckets
-from ._registry import GRAD_FIELDS, GRAD_TYPES, REGISTRY, backward_doc, forward_doc
+from ._attention import (ATTENTION_GRAD_TYPES, Attention, attention_dropout_mask, check_attention,
+                         check_attention_grad, check_attention_out)
+from ._registry import (GRAD_FIELDS, GRAD_TYPES, REGISTRY, attention_backward_doc, attention_doc,
+                        backward_doc, forward_doc)
 from ._signatures import define
 
 BASELINES = ("bert_ad", "absolute_input")
@@ -63,14 +66,16 @@ def _fold_heads(grad: np.ndarray, param) -> np.ndarray:
     return grad
 
 
-def _key_minus_query(n: int, m: int) -> np.ndarray:
-    """offset[i, j] = j - i, the (n, m) grid of SPEC §1."""
-    return np.arange(m, dtype=np.int64)[None, :] - np.arange(n, dtype=np.int64)[:, None]
+def _key_minus_query(p) -> np.ndarray:
+    """offset[i, j] = j - i', the (n, m) grid of SPEC §1, query i at position
+    i' = query_offset + i."""
+    rows = p.params["query_offset"] + np.arange(p.n, dtype=np.int64)
+    return np.arange(p.m, dtype=np.int64)[None, :] - rows[:, None]
 
 
-def _query_minus_key(n: int, m: int) -> np.ndarray:
-    """offset[i, j] = i - j (DIET-REL's R_{i-j}, DeBERTa's delta)."""
-    return -_key_minus_query(n, m)
+def _query_minus_key(p) -> np.ndarray:
+    """offset[i, j] = i' - j (DIET-REL's R_{i-j}, DeBERTa's delta)."""
+    return -_key_minus_query(p)
 
 
 def _gather(table: np.ndarray, rows: np.ndarray) -> np.ndarray:
@@ -134,12 +139,12 @@ def _segment_grad(p, G) -> dict:
 
 def _clipped_rows(p) -> np.ndarray:
     """c(i, j) = clipped(j - i, max_distance): Shaw, M2, M4, M4M."""
-    return buckets.clipped(_key_minus_query(p.n, p.m), p.params["max_distance"])
+    return buckets.clipped(_key_minus_query(p), p.params["max_distance"])
 
 
 def _t5_rows(p) -> np.ndarray:
     """t5(j - i) with the call's num_buckets, max_distance, bidirectional."""
-    return buckets.t5(_key_minus_query(p.n, p.m), p.params["num_buckets"],
+    return buckets.t5(_key_minus_query(p), p.params["num_buckets"],
                       p.params["max_distance"], p.params["bidirectional"])
 
 
@@ -274,7 +279,7 @@ def _deberta_rows(p):
     span = p.params["att_span"]
     position_buckets = p.params["position_buckets"]
     max_relative = p.params["max_relative_positions"]
-    delta = _query_minus_key(p.n, p.m)
+    delta = _query_minus_key(p)
     if position_buckets > 0 and max_relative > 0:
         delta = buckets.deberta_log(delta, position_buckets, max_relative)
     return np.clip(delta + span, 0, 2 * span - 1)
@@ -310,12 +315,19 @@ def _deberta_grads(p, G):
 
 # SPEC 3.8  A_ij = s q_i.k_j + reset(v)_ij,  v_ij = s pos_q_i.pos_k_j (+ bias[h, t5(j - i)])
 def _tupe_kept(p) -> np.ndarray:
-    """(n, m) mask of the v_ij that reset keeps: all of them without theta."""
+    """(n, m) mask of the v_ij that reset keeps: all of them without theta.
+    The [CLS] query is the one at position i' = query_offset + i = 0."""
     kept = np.ones((p.n, p.m), dtype=bool)
     if "theta" in p.arrays:
-        kept[:1, :] = False        # i == 0: from [CLS] to others
-        kept[1:, :1] = False       # i != 0, j == 0: from others to [CLS]
+        cls_row = _cls_rows(p)
+        kept[cls_row, :] = False                 # i' == 0: from [CLS] to others
+        kept[~cls_row, :1] = False               # i' != 0, j == 0: from others to [CLS]
     return kept
+
+
+def _cls_rows(p) -> np.ndarray:
+    """(n,) True for the query row at position 0 ([CLS])."""
+    return p.params["query_offset"] + np.arange(p.n) == 0
 
 
 def _tupe_logits(p):
@@ -328,8 +340,9 @@ def _tupe_logits(p):
     reset = v.copy()
     if "theta" in p.arrays:
         theta = _per_head(p.arrays["theta"], p.H)
-        reset[:, :1, :] = theta[:, 0, None, None]            # i == 0
-        reset[:, 1:, :1] = theta[:, 1, None, None]           # i != 0, j == 0
+        cls_row = _cls_rows(p)
+        reset[:, cls_row, :] = theta[:, 0, None, None]       # i' == 0
+        reset[:, ~cls_row, :1] = theta[:, 1, None, None]     # i' != 0, j == 0
     return _content_logits(p) + reset[None]
 
 
@@ -350,10 +363,11 @@ def _tupe_grads(p, G):
         grads["bias"] = _fold_heads(_scatter(grad_v, _t5_rows(p), p.params["num_buckets"]),
                                     p.arrays["bias"])
     if "theta" in p.arrays:
-        # d reset_ij / d theta[h, 0] = [i == 0];  d reset_ij / d theta[h, 1] = [i != 0, j == 0]
+        # d reset_ij / d theta[h, 0] = [i' == 0];  d reset_ij / d theta[h, 1] = [i' != 0, j == 0]
+        cls_row = _cls_rows(p)
         grad_theta = np.zeros((p.H, 2))
-        grad_theta[:, 0] = G[:, :, :1, :].sum(axis=(0, 2, 3))
-        grad_theta[:, 1] = G[:, :, 1:, :1].sum(axis=(0, 2, 3))
+        grad_theta[:, 0] = G[:, :, cls_row, :].sum(axis=(0, 2, 3))
+        grad_theta[:, 1] = G[:, :, ~cls_row, :1].sum(axis=(0, 2, 3))
         grads["theta"] = _fold_heads(grad_theta, p.arrays["theta"])
     return grads
 
@@ -380,7 +394,7 @@ def _diet_abs_grads(p, G):
 
 # SPEC 3.10  A_ij = s q_i.k_j + rel[h, clip(i - j, -t, t) + t] + E_S  (DIET eq. 3: R_{i-j})
 def _diet_rel_rows(p):
-    return buckets.clipped(_query_minus_key(p.n, p.m), p.params["max_distance"])
+    return buckets.clipped(_query_minus_key(p), p.params["max_distance"])
 
 
 def _diet_rel_logits(p):
@@ -498,6 +512,105 @@ _BASELINE_FORMULAS = {
 }
 
 
+# ------------------------------------------------ fused attention (SPEC §6)
+# Written plainly: the logits above, the mask, a softmax, the exported dropout
+# decisions, two matmuls; the backward from out and lse as the contract gives them.
+
+def _attention_mask(call) -> np.ndarray:
+    """(B, 1, n, m) True where a logit is masked: causal (j > query_offset + i) or padding."""
+    p = call.problem
+    masked = np.zeros((p.B, 1, p.n, p.m), dtype=bool)
+    if call.causal:
+        masked |= _key_minus_query(p)[None, None] > 0
+    if call.key_padding_mask is not None:
+        masked |= call.key_padding_mask[:, None, None, :]
+    return masked
+
+
+def _dropout_scale(call) -> np.ndarray | float:
+    """D: 1 / (1 - dropout_p) where the dropout keeps a probability, 0 where it drops it."""
+    if call.dropout_p == 0.0:
+        return 1.0
+    p = call.problem
+    keep = attention_dropout_mask(call.seed, (p.B, p.H, p.n, p.m), call.dropout_p)
+    return keep / (1.0 - call.dropout_p)
+
+
+def _probabilities(call, lse=None):
+    """(P, lse): softmax_j(A + Mask) in float64; a row with every key masked is 0, lse -inf."""
+    p = call.problem
+    scores = np.where(_attention_mask(call), -np.inf, globals()[f"_{p.method}_logits"](p))
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        if lse is None:
+            row_max = scores.max(axis=-1, keepdims=True) if p.m else np.full(
+                scores.shape[:-1] + (1,), -np.inf)
+            shift = np.where(np.isneginf(row_max), 0.0, row_max)
+            lse = (np.log(np.exp(scores - shift).sum(axis=-1, keepdims=True)) + shift)[..., 0]
+        shifted = scores - np.where(np.isneginf(lse), 0.0, lse)[..., None]
+        P = np.where(np.isneginf(scores), 0.0, np.exp(shifted))
+    return P, lse
+
+
+def _attention_forward(call):
+    p = call.problem
+    P, lse = _probabilities(call)
+    out = np.einsum("bhij,bhjd->bhid", P * _dropout_scale(call), _wide(call.v))
+    result = np.ascontiguousarray(out, dtype=p.dtype)
+    if p.out is not None:
+        p.out[...] = result
+        result = p.out
+    return Attention(result, np.ascontiguousarray(lse, dtype=p.dtype))
+
+
+def _attention_backward(call, d_out, out, lse):
+    """dV = (P D)^T dO; dS = P (D (dO V^T) - rowsum(dO out)); the rest is the
+    logits' backward of dS."""
+    p = call.problem
+    P, _ = _probabilities(call, _wide(lse))
+    D = _dropout_scale(call)
+    d_out, v = _wide(d_out), _wide(call.v)
+    grad_v = np.einsum("bhij,bhid->bhjd", P * D, d_out)
+    d_p = D * np.einsum("bhid,bhjd->bhij", d_out, v)
+    d_s = P * (d_p - np.einsum("bhid,bhid->bhi", d_out, _wide(out))[..., None])
+    grads = globals()[f"_{p.method}_grads"](p, d_s)
+    grads["v"] = grad_v
+    fields = ATTENTION_GRAD_TYPES[p.method]._fields
+    return ATTENTION_GRAD_TYPES[p.method](**{
+        name: None if grads.get(name) is None
+        else np.ascontiguousarray(grads[name], dtype=p.dtype) for name in fields})
+
+
+def _attention_call(spec, tensors, params, attention):
+    v, causal, key_padding_mask, dropout_p, seed = attention
+    return check_attention(_checks.check(spec, tensors, params, None), v, causal,
+                           key_padding_mask, dropout_p, seed)
+
+
+def _attention(method: str):
+    spec = REGISTRY[method]
+
+    def body(tensors, params, attention, out):
+        call = _attention_call(spec, tensors, params, attention)
+        if out is not None:
+            check_attention_out(out, call)
+        return _attention_forward(call)
+
+    return define(method, body, name=method + "_attention", form="attention", module=__name__,
+                  doc=attention_doc(method, _WHERE))
+
+
+def _attention_backward_function(method: str):
+    spec = REGISTRY[method]
+
+    def body(d_out, tensors, params, attention, saved):
+        call = _attention_call(spec, tensors, params, attention)
+        check_attention_grad(d_out, *saved, call)
+        return _attention_backward(call, d_out, *saved)
+
+    return define(method, body, name=method + "_attention_backward", form="attention_backward",
+                  module=__name__, doc=attention_backward_doc(method, _WHERE))
+
+
 # --------------------------------------------------- the public functions
 
 def _logits(problem) -> np.ndarray:
@@ -530,13 +643,15 @@ def _forward(method: str):
 def _backward(method: str):
     spec = REGISTRY[method]
     return define(method, lambda G, tensors, params, _: _gradients(
-        _checks.check(spec, tensors, params, None), G), name=method + "_backward", grad=True,
-        out=False, module=__name__, doc=backward_doc(method, _WHERE))
+        _checks.check(spec, tensors, params, None), G), name=method + "_backward",
+        form="logits_backward", module=__name__, doc=backward_doc(method, _WHERE))
 
 
 for _method in REGISTRY:
     globals()[_method] = _forward(_method)
     globals()[_method + "_backward"] = _backward(_method)
+    globals()[_method + "_attention"] = _attention(_method)
+    globals()[_method + "_attention_backward"] = _attention_backward_function(_method)
 del _method
 
 
@@ -564,4 +679,6 @@ for _method in BASELINES:
         f"input.  Computed by {_WHERE}.\n\n{_BASELINE_FORMULAS[_method]}")
 del _method
 
-__all__ = list(METHODS) + [m + "_backward" for m in METHODS] + ["METHODS"]
+__all__ = (list(METHODS) + [m + "_backward" for m in METHODS]
+           + [m + suffix for m in REGISTRY for suffix in ("_attention", "_attention_backward")]
+           + ["METHODS", "attention_dropout_mask"])

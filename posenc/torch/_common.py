@@ -185,8 +185,9 @@ def check_segment_range(segment_q, segment_k, segment_table) -> None:
 
 @functools.lru_cache(maxsize=128)
 def _cpu_index(kind: str, params: tuple, n: int, m: int) -> torch.Tensor:
-    """(n, m) int64: index[i, j] = bucket(j - i), mapped once per diagonal."""
-    per_diagonal = diagonal_map(kind, params, n, m)
+    """(n, m) int64: index[i, j] = bucket(j - (query_offset + i)), mapped once per
+    diagonal; the last of `params` is the query offset."""
+    per_diagonal = diagonal_map(kind, params[:-1], n, m, params[-1])
     # offset j - i lives at position (j - i) + (n - 1) of per_diagonal
     where = np.arange(m, dtype=np.int64)[None, :] - np.arange(n, dtype=np.int64)[:, None] + (n - 1)
     return torch.from_numpy(per_diagonal[where] if n and m else np.zeros((n, m), np.int64))
@@ -228,8 +229,10 @@ def _(like, kind, params, n, m):
     return like.new_empty((n, m), dtype=torch.int64)
 
 
-def bucket_index(kind: str, params: tuple, n: int, m: int, like: torch.Tensor) -> torch.Tensor:
+def bucket_index(kind: str, params: tuple, n: int, m: int, like: torch.Tensor,
+                 query_offset: int = 0) -> torch.Tensor:
     """(n, m) int64 table rows on like.device; `params` are ints (bools as 0/1)."""
+    params = tuple(params) + (query_offset,)
     if torch.compiler.is_compiling():
         return torch.ops.posenc.bucket_index(like, kind, list(params), n, m)
     return _device_index(kind, tuple(params), int(n), int(m), like.device)

@@ -65,6 +65,11 @@ def _dot_relative(x, vectors, query_side: bool):
     return torch.einsum(spec, x, vectors)
 
 
+def _clipped_index(max_distance, q, k, query_offset):
+    """clipped(j - i', max_distance) for every (i, j): Shaw, M2, M4, M4M."""
+    return bucket_index("clipped", (max_distance,), q.shape[-2], k.shape[-2], q, query_offset)
+
+
 def _scalar_bias(table, index):
     """table[h, index[i, j]] as (1, H|1, n, m), ready to add to the logits."""
     return table[:, index].unsqueeze(0)
@@ -79,72 +84,81 @@ def _segment_bias(segment_q, segment_k, segment_table):
 
 # ------------------------------------------------------------------ methods
 
-def content(q, k, *, scale=None):
-    _check("content", {"q": q, "k": k}, {"scale": scale})
+def content(q, k, *, scale=None, query_offset=0):
+    _check("content", {"q": q, "k": k}, {"scale": scale, "query_offset": query_offset})
     return _content(q, k, _scale(scale, q.shape[-1]))
 
 
-def shaw(q, k, rel_k, *, max_distance, scale=None):
-    _check("shaw", {"q": q, "k": k, "rel_k": rel_k}, {"max_distance": max_distance, "scale": scale})
+def shaw(q, k, rel_k, *, max_distance, scale=None, query_offset=0):
+    _check("shaw", {"q": q, "k": k, "rel_k": rel_k},
+           {"max_distance": max_distance, "scale": scale, "query_offset": query_offset})
     s = _scale(scale, q.shape[-1])
-    a = _relative_vectors(rel_k, bucket_index("clipped", (max_distance,), q.shape[-2], k.shape[-2], q))
+    a = _relative_vectors(rel_k, _clipped_index(max_distance, q, k, query_offset))
     return (torch.matmul(q, k.transpose(-1, -2)) + _dot_relative(q, a, True)) * s
 
 
-def t5(q, k, bias, *, num_buckets=32, max_distance=128, bidirectional=True, scale=1.0):
+def t5(q, k, bias, *, num_buckets=32, max_distance=128, bidirectional=True, scale=1.0,
+       query_offset=0):
     _check("t5", {"q": q, "k": k, "bias": bias},
            {"num_buckets": num_buckets, "max_distance": max_distance,
-            "bidirectional": bidirectional, "scale": scale})
+            "bidirectional": bidirectional, "scale": scale, "query_offset": query_offset})
     index = bucket_index("t5", (num_buckets, max_distance, int(bidirectional)),
-                         q.shape[-2], k.shape[-2], q)
+                         q.shape[-2], k.shape[-2], q, query_offset)
     return _content(q, k, _scale(scale, 0)) + _scalar_bias(bias, index)
 
 
-def m2(q, k, rel, *, max_distance, scale=None):
-    _check("m2", {"q": q, "k": k, "rel": rel}, {"max_distance": max_distance, "scale": scale})
-    index = bucket_index("clipped", (max_distance,), q.shape[-2], k.shape[-2], q)
+def m2(q, k, rel, *, max_distance, scale=None, query_offset=0):
+    _check("m2", {"q": q, "k": k, "rel": rel},
+           {"max_distance": max_distance, "scale": scale, "query_offset": query_offset})
+    index = _clipped_index(max_distance, q, k, query_offset)
     return _content(q, k, _scale(scale, q.shape[-1])) * _scalar_bias(rel, index)
 
 
-def m4(q, k, rel_k, *, max_distance, scale=None):
-    _check("m4", {"q": q, "k": k, "rel_k": rel_k}, {"max_distance": max_distance, "scale": scale})
+def m4(q, k, rel_k, *, max_distance, scale=None, query_offset=0):
+    _check("m4", {"q": q, "k": k, "rel_k": rel_k},
+           {"max_distance": max_distance, "scale": scale, "query_offset": query_offset})
     s = _scale(scale, q.shape[-1])
-    a = _relative_vectors(rel_k, bucket_index("clipped", (max_distance,), q.shape[-2], k.shape[-2], q))
+    a = _relative_vectors(rel_k, _clipped_index(max_distance, q, k, query_offset))
     return (torch.matmul(q, k.transpose(-1, -2)) + _dot_relative(q, a, True)
             + _dot_relative(k, a, False)) * s
 
 
-def m4m(q, k, rel_k, *, max_distance, scale=None):
-    _check("m4m", {"q": q, "k": k, "rel_k": rel_k}, {"max_distance": max_distance, "scale": scale})
+def m4m(q, k, rel_k, *, max_distance, scale=None, query_offset=0):
+    _check("m4m", {"q": q, "k": k, "rel_k": rel_k},
+           {"max_distance": max_distance, "scale": scale, "query_offset": query_offset})
     s = _scale(scale, q.shape[-1])
-    a = _relative_vectors(rel_k, bucket_index("clipped", (max_distance,), q.shape[-2], k.shape[-2], q))
+    a = _relative_vectors(rel_k, _clipped_index(max_distance, q, k, query_offset))
     return _content(q, k, s) * _dot_relative(q, a, True) * _dot_relative(k, a, False)
 
 
 def deberta(q, k, pos_key, pos_query, *, att_span, position_buckets=-1,
-            max_relative_positions=-1, scale=None):
+            max_relative_positions=-1, scale=None, query_offset=0):
     _check("deberta", {"q": q, "k": k, "pos_key": pos_key, "pos_query": pos_query},
            {"att_span": att_span, "position_buckets": position_buckets,
-            "max_relative_positions": max_relative_positions, "scale": scale})
+            "max_relative_positions": max_relative_positions, "scale": scale,
+            "query_offset": query_offset})
     s = _scale(scale, q.shape[-1], 3)
     B, H, n, _ = q.shape
     m = k.shape[-2]
     # position[i, j] = clip(delta(i, j) + att_span, 0, 2 att_span - 1), delta = i - j
-    position = bucket_index("deberta", (att_span, position_buckets, max_relative_positions), n, m, q)
+    position = bucket_index("deberta", (att_span, position_buckets, max_relative_positions),
+                            n, m, q, query_offset)
     scores = torch.matmul(q, k.transpose(-1, -2))
     # content -> position: q_i . pos_key[p(i, j)]
     c2p = torch.matmul(q, pos_key.transpose(-1, -2))                      # (B, H, n, 2 span)
     scores = scores + torch.gather(c2p, -1, position.expand(B, H, n, m))
     # position -> content: k_j . pos_query[p(i, j)], gathered along the key's rows
     p2c = torch.matmul(k, pos_query.transpose(-1, -2))                    # (B, H, m, 2 span)
-    scores = scores + torch.gather(p2c, -1, position.t().expand(B, H, m, n)).transpose(-1, -2)
+    scores = scores + torch.gather(p2c, -1,
+                                   position.t().expand(B, H, m, n)).transpose(-1, -2)
     return scores * s
 
 
-def _reset(v, theta):
-    """TUPE eq. (9): row 0 ([CLS] to others) = theta[h, 0]; column 0 of the others = theta[h, 1]."""
+def _reset(v, theta, query_offset):
+    """TUPE eq. (9): the row of position 0 ([CLS] to others) = theta[h, 0]; column 0
+    of the others = theta[h, 1]."""
     n, m = v.shape[-2], v.shape[-1]
-    first_row = (torch.arange(n, device=v.device) == 0)[:, None]
+    first_row = (torch.arange(n, device=v.device) + query_offset == 0)[:, None]
     first_col = (torch.arange(m, device=v.device) == 0)[None, :]
     to_cls = theta[:, 1, None, None]
     from_cls = theta[:, 0, None, None]
@@ -152,26 +166,27 @@ def _reset(v, theta):
 
 
 def tupe(q, k, pos_q, pos_k, *, bias=None, theta=None, num_buckets=32, max_distance=128,
-         bidirectional=True, scale=None):
+         bidirectional=True, scale=None, query_offset=0):
     _check("tupe", {"q": q, "k": k, "pos_q": pos_q, "pos_k": pos_k, "bias": bias, "theta": theta},
            {"num_buckets": num_buckets, "max_distance": max_distance,
-            "bidirectional": bidirectional, "scale": scale})
+            "bidirectional": bidirectional, "scale": scale, "query_offset": query_offset})
     s = _scale(scale, q.shape[-1], 2)
     # the position-only correlation v (H|1, n, m), TUPE eq. (7) / (8)
     positional = torch.matmul(pos_q, pos_k.transpose(-1, -2)) * s
     if bias is not None:
         index = bucket_index("t5", (num_buckets, max_distance, int(bidirectional)),
-                             q.shape[-2], k.shape[-2], q)
+                             q.shape[-2], k.shape[-2], q, query_offset)
         positional = positional + bias[:, index]
     if theta is not None:
-        positional = _reset(positional, theta)
+        positional = _reset(positional, theta, query_offset)
     return _content(q, k, s) + positional.unsqueeze(0)
 
 
 def diet_abs(q, k, pos_q, pos_k, *, segment_q=None, segment_k=None, segment_table=None,
-             scale=None):
+             scale=None, query_offset=0):
     _check("diet_abs", {"q": q, "k": k, "pos_q": pos_q, "pos_k": pos_k, "segment_q": segment_q,
-                        "segment_k": segment_k, "segment_table": segment_table}, {"scale": scale})
+                        "segment_k": segment_k, "segment_table": segment_table},
+           {"scale": scale, "query_offset": query_offset})
     # DIET eq. (1): the positional term P_Q P_Kᵀ is not scaled
     scores = _content(q, k, _scale(scale, q.shape[-1]))
     scores = scores + torch.matmul(pos_q, pos_k.transpose(-1, -2)).unsqueeze(0)
@@ -181,11 +196,12 @@ def diet_abs(q, k, pos_q, pos_k, *, segment_q=None, segment_k=None, segment_tabl
 
 
 def diet_rel(q, k, rel, *, max_distance, segment_q=None, segment_k=None, segment_table=None,
-             scale=None):
+             scale=None, query_offset=0):
     _check("diet_rel", {"q": q, "k": k, "rel": rel, "segment_q": segment_q,
                         "segment_k": segment_k, "segment_table": segment_table},
-           {"max_distance": max_distance, "scale": scale})
-    index = bucket_index("clipped_reversed", (max_distance,), q.shape[-2], k.shape[-2], q)
+           {"max_distance": max_distance, "scale": scale, "query_offset": query_offset})
+    index = bucket_index("clipped_reversed", (max_distance,), q.shape[-2], k.shape[-2], q,
+                         query_offset)
     scores = _content(q, k, _scale(scale, q.shape[-1])) + _scalar_bias(rel, index)
     if segment_table is not None:
         scores = scores + _segment_bias(segment_q, segment_k, segment_table)

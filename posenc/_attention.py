@@ -1,0 +1,159 @@
+"""What every namespace's fused attention shares (SPEC §6): the dropout
+generator, the checks of the attention arguments, the result types.
+
+Dropout is counter-based, so that the backward regenerates the forward's
+decisions and any thread count or ISA draws the same ones: the keep decision
+of entry (b, h, i, j) is word j mod 4 of Philox-4x32-10 (Salmon et al. 2011,
+10 rounds, Random123's constants) at the counter (j div 4, i, h, b) under the
+key (seed mod 2^32, seed div 2^32); the entry is kept when that 32-bit word
+is at least floor(dropout_p 2^32), and a kept probability is scaled by
+1 / (1 - dropout_p).  `attention_dropout_mask` returns these decisions, so a
+reference or a test can apply exactly the kernel's dropout.
+"""
+
+from __future__ import annotations
+
+import numbers
+from collections import namedtuple
+
+import numpy as np
+
+from ._checks import check_bool, check_rank, check_shape, check_writable_out, require_ndarray
+from ._registry import GRAD_FIELDS, REGISTRY, grad_class_name
+
+Attention = namedtuple("Attention", ("out", "lse"))
+Attention.__doc__ = """The fused attention's result: out (B, H, n, dv) and lse (B, H, n), the
+natural log of each row's softmax denominator (-inf for a row whose keys are all masked)."""
+
+_M0, _M1 = 0xD2511F53, 0xCD9E8D57           # Philox-4x32 multipliers
+_W0, _W1 = 0x9E3779B9, 0xBB67AE85           # its Weyl key increments
+_MASK32 = 0xFFFFFFFF
+SEED_LIMIT = 1 << 64
+
+
+def philox4x32(counter, key) -> tuple:
+    """Philox-4x32-10 of 4 counter words and 2 key words (arrays broadcast
+    together; each value < 2^32); returns the 4 output words as uint64 arrays."""
+    c0, c1, c2, c3 = (np.asarray(c, dtype=np.uint64) for c in counter)
+    k0, k1 = (np.uint64(k) for k in key)
+    for round_ in range(10):
+        p0, p1 = np.uint64(_M0) * c0, np.uint64(_M1) * c2
+        c0, c1, c2, c3 = ((p1 >> np.uint64(32)) ^ c1 ^ k0, p1 & np.uint64(_MASK32),
+                          (p0 >> np.uint64(32)) ^ c3 ^ k1, p0 & np.uint64(_MASK32))
+        if round_ < 9:
+            k0 = (k0 + np.uint64(_W0)) & np.uint64(_MASK32)
+            k1 = (k1 + np.uint64(_W1)) & np.uint64(_MASK32)
+    return c0, c1, c2, c3
+
+
+def dropout_threshold(dropout_p: float) -> int:
+    """A 32-bit word at least this keeps its entry."""
+    return int(dropout_p * 4294967296.0)
+
+
+def attention_dropout_mask(seed: int, shape, dropout_p: float) -> np.ndarray:
+    """The keep decisions (bool, `shape` = (B, H, n, m)) of the fused attention's
+    dropout for `seed` and `dropout_p`: True where the kernel keeps P[b, h, i, j]
+    (and scales it by 1 / (1 - dropout_p)).  A pure function of
+    (seed, b, h, i, j, dropout_p), the same for every thread count and ISA."""
+    seed = check_seed(seed)
+    dropout_p = check_dropout(dropout_p)
+    B, H, n, m = (int(s) for s in shape)
+    if min(B, H, n, m) < 0:
+        raise ValueError(f"shape must be 4 sizes >= 0 (B, H, n, m), got {tuple(shape)}")
+    words = (m + 3) // 4
+    counter = (np.arange(words, dtype=np.uint64)[None, None, None, :],
+               np.arange(n, dtype=np.uint64)[None, None, :, None],
+               np.arange(H, dtype=np.uint64)[None, :, None, None],
+               np.arange(B, dtype=np.uint64)[:, None, None, None])
+    out = np.broadcast_arrays(*philox4x32(counter, (seed & _MASK32, seed >> 32)))
+    stream = np.stack(out, axis=-1).reshape(B, H, n, 4 * words)[..., :m]
+    return stream >= np.uint64(dropout_threshold(dropout_p))
+
+
+def check_seed(seed) -> int:
+    if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, numbers.Integral):
+        raise TypeError(f"seed must be an int, got {type(seed).__name__} {seed!r}")
+    if not 0 <= int(seed) < SEED_LIMIT:
+        raise ValueError(f"seed must be in [0, 2**64), got {seed}")
+    return int(seed)
+
+
+def check_dropout(dropout_p) -> float:
+    if isinstance(dropout_p, (bool, np.bool_)) or not isinstance(dropout_p, numbers.Real):
+        raise TypeError(f"dropout_p must be a real number, got {type(dropout_p).__name__} "
+                        f"{dropout_p!r}")
+    dropout_p = float(dropout_p)
+    if not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
+    return dropout_p
+
+
+class AttentionCall:
+    """A checked attention call: the logits' Problem and the attention arguments."""
+
+    __slots__ = ("problem", "v", "dv", "causal", "key_padding_mask", "dropout_p", "seed")
+
+
+def check_attention(problem, v, causal, key_padding_mask, dropout_p, seed) -> AttentionCall:
+    """The attention arguments of SPEC §6 beside a checked logits `problem`."""
+    p = problem
+    require_ndarray("v", v)
+    if v.dtype != p.dtype:
+        raise TypeError(f"v has dtype {v.dtype} but q has dtype {p.dtype}: float inputs of one "
+                        "call must share one dtype")
+    check_rank("v", v, 4, "(B, H, m, dv)")
+    check_shape("v", v, (p.B, p.H, p.m, None), f"(B, H, m, dv) with B = {p.B}, H = {p.H}, "
+                                                f"m = {p.m} from k")
+    call = AttentionCall()
+    call.problem, call.v, call.dv = p, v, v.shape[3]
+    call.causal = check_bool("causal", causal)
+    if key_padding_mask is not None:
+        require_ndarray("key_padding_mask", key_padding_mask)
+        if key_padding_mask.dtype != np.bool_:
+            raise TypeError(f"key_padding_mask must have dtype bool (True = padding), got "
+                            f"{key_padding_mask.dtype}")
+        check_shape("key_padding_mask", key_padding_mask, (p.B, p.m), "(B, m)")
+    call.key_padding_mask = key_padding_mask
+    call.dropout_p = check_dropout(dropout_p)
+    call.seed = check_seed(seed)
+    return call
+
+
+def check_attention_out(out, call: AttentionCall) -> None:
+    """`out=` of the attention: a writeable, aligned, C-contiguous (B, H, n, dv) array of
+    q's dtype, not overlapping an input; becomes the problem's out."""
+    p = call.problem
+    require_ndarray("out", out)
+    if out.dtype != p.dtype:
+        raise TypeError(f"out must have dtype {p.dtype}, got {out.dtype}")
+    check_shape("out", out, (p.B, p.H, p.n, call.dv), "(B, H, n, dv)")
+    inputs = dict(p.arrays, v=call.v, key_padding_mask=call.key_padding_mask)
+    check_writable_out(out, inputs)
+    p.out = out
+
+
+def check_attention_grad(d_out, out, lse, call: AttentionCall) -> None:
+    """d_out and out (B, H, n, dv), lse (B, H, n), all of q's dtype."""
+    p = call.problem
+    for name, value, shape, layout in (
+            ("d_out", d_out, (p.B, p.H, p.n, call.dv), "(B, H, n, dv)"),
+            ("out", out, (p.B, p.H, p.n, call.dv), "(B, H, n, dv)"),
+            ("lse", lse, (p.B, p.H, p.n), "(B, H, n)")):
+        require_ndarray(name, value)
+        if value.dtype != p.dtype:
+            raise TypeError(f"{name} has dtype {value.dtype} but q has dtype {p.dtype}")
+        check_shape(name, value, shape, layout)
+
+
+def _attention_fields(method: str) -> tuple:
+    """The fields of <method>_attention_backward: its float arguments in order (v after k)."""
+    fields = GRAD_FIELDS[method]
+    return fields[:2] + ("v",) + fields[2:]
+
+
+# <Method>AttentionGrads: the gradients of every float input of <method>_attention.
+ATTENTION_GRAD_TYPES = {
+    method: namedtuple(grad_class_name(method).replace("Grads", "AttentionGrads"),
+                       _attention_fields(method))
+    for method in REGISTRY}

@@ -1,0 +1,72 @@
+"""query_offset (SPEC §1): query row i sits at position query_offset + i.  A
+one-query decoding step (n = 1, query_offset = m - 1) equals the last row of
+the full sequence, in every namespace, forward and backward."""
+
+import numpy as np
+import pytest
+
+import posenc
+from posenc import reference
+from posenc._examples import make_inputs
+from posenc._registry import METHODS, REGISTRY, Dense
+
+torch = pytest.importorskip("torch")
+import posenc.torch as pt  # noqa: E402
+
+
+def _step(method, args, kwargs, rows):
+    """The call restricted to query rows `rows` (absolute tables and ids sliced)."""
+    args = [args[0][:, :, rows]] + list(args[1:])
+    kwargs = dict(kwargs)
+    for term in REGISTRY[method].term(Dense):   # an absolute method's rows are the caller's
+        position = REGISTRY[method].tensors.index(term.query)
+        args[position] = args[position][:, rows]
+    if "segment_q" in kwargs:
+        kwargs["segment_q"] = kwargs["segment_q"][:, rows]
+    return args, kwargs
+
+
+def _c_path_serves(method, kwargs, offset):
+    return not (offset and "theta" in kwargs)
+
+
+@pytest.mark.parametrize("offset_rows", [(8, slice(8, 9)), (3, slice(3, 7))], ids=["step", "block"])
+@pytest.mark.parametrize("method", METHODS)
+def test_rows_at_an_offset_equal_the_full_rows(method, offset_rows, rng):
+    offset, rows = offset_rows
+    args, kwargs = make_inputs(method, 2, 3, 9, 9, 4, rng=rng)
+    full = getattr(reference, method)(*args, **kwargs)[:, :, rows]
+    G = rng.standard_normal(full.shape)
+    sub_args, sub_kwargs = _step(method, args, kwargs, rows)
+    want_grads = getattr(reference, method + "_backward")(G, *sub_args, **sub_kwargs,
+                                                           query_offset=offset)
+    np.testing.assert_allclose(getattr(reference, method)(*sub_args, **sub_kwargs,
+                                                           query_offset=offset), full,
+                               rtol=1e-12, atol=1e-12)
+    if _c_path_serves(method, sub_kwargs, offset):
+        got = getattr(posenc, method)(*sub_args, **sub_kwargs, query_offset=offset)
+        np.testing.assert_allclose(got, full, rtol=1e-12, atol=1e-12)
+        grads = getattr(posenc, method + "_backward")(G, *sub_args, **sub_kwargs,
+                                                      query_offset=offset)
+        for name in grads._fields:
+            if getattr(grads, name) is not None:
+                np.testing.assert_allclose(getattr(grads, name), getattr(want_grads, name),
+                                           rtol=1e-11, atol=1e-11, err_msg=name)
+    else:
+        with pytest.raises(NotImplementedError, match="query_offset"):
+            getattr(posenc, method)(*sub_args, **sub_kwargs, query_offset=offset)
+    tensors = [torch.from_numpy(a) for a in sub_args]
+    keywords = {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v
+                for k, v in sub_kwargs.items()}
+    with pt.use_native():
+        native = getattr(pt, method)(*tensors, **keywords, query_offset=offset)
+    np.testing.assert_allclose(native.numpy(), full, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("module", [posenc, reference], ids=["posenc", "reference"])
+def test_query_offset_must_be_a_nonnegative_int(module):
+    q = np.zeros((1, 1, 2, 2))
+    with pytest.raises(ValueError, match="query_offset must be >= 0"):
+        module.content(q, q, query_offset=-1)
+    with pytest.raises(TypeError, match="query_offset must be an int"):
+        module.content(q, q, query_offset=1.0)
