@@ -174,6 +174,7 @@ def _assert_close(actual: np.ndarray, expected: np.ndarray, magnitude, depth: tu
                   dtype: np.dtype, *, what: str, where, against: str) -> None:
     """AssertionError naming the worst entry (`where(index)`) unless `actual`
     is within the tolerance of `expected` (posenc._check.compare decides)."""
+    __tracebackhide__ = True      # pytest shows the caller's line, not this one
     if actual.shape != expected.shape:
         raise AssertionError(f"{what} {against} in shape: {actual.shape} instead of "
                              f"{expected.shape}")
@@ -218,6 +219,7 @@ def assert_logits_close(actual, method: str, *args, **kwargs) -> None:
     (module docstring).  AssertionError names the worst ``(b, h, i, j)``, both
     values, the error, the tolerance and how many entries are outside it.
     """
+    __tracebackhide__ = True
     _check_method(method)
     args, kwargs = _numpy_call(method, args, kwargs)
     got = _as_array(actual, "actual")
@@ -289,6 +291,7 @@ def assert_grads_close(fn, method: str, *args, **kwargs) -> None:
     AssertionError names the field, the worst index, both values, the error
     and the tolerance.
     """
+    __tracebackhide__ = True
     _check_method(method)
     torch_mode = any(_is_tensor(v) for v in float_inputs(method, args, kwargs).values())
     numpy_args, numpy_kwargs = _numpy_call(method, args, kwargs)
