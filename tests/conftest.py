@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 SEED = int(os.environ.get("POSENC_TEST_SEED", "0"))
+collect_ignore = ["user_project"]    # a user's project, run by test_testing.py from outside
 
 
 def pytest_report_header(config):
