@@ -1,9 +1,10 @@
-"""Build of posenc._C.
+"""Build of posenc._C (the engine) and posenc._machine (the benchmarks'
+measuring loops).
 
-The engine, dispatch and binding are compiled at the target's baseline; each
-ISA file is compiled on its own with its own flags (STYLE.md 3), so a wheel
-built here imports on any x86-64 and picks its kernels at run time.  No
--march=native anywhere.
+The engine, dispatch and bindings are compiled at the target's baseline; each
+per-ISA file is compiled on its own with its own flags (STYLE.md 3), so a
+wheel built here imports on any x86-64 and picks its kernels at run time.
+No -march=native anywhere.
 
 Environment:
   POSENC_SANITIZE=1   build with -fsanitize=address,undefined (see .ci/run)
@@ -23,13 +24,12 @@ MACHINE = platform.machine().lower()
 X86 = MACHINE in ("x86_64", "amd64", "i686", "i386")
 ARM64 = MACHINE in ("aarch64", "arm64")
 
-ISA_SOURCES = {
-    # source: (flags, define when compiled, platforms)
-    "csrc/isa/scalar.c": ([], None, True),
-    "csrc/isa/avx2.c": (["-mavx2", "-mfma"], "POSENC_HAVE_AVX2", X86),
-    "csrc/isa/avx512.c": (["-mavx512f", "-mavx512vl", "-mavx512dq", "-mavx2", "-mfma"],
-                          "POSENC_HAVE_AVX512", X86),
-    "csrc/isa/neon.c": ([], "POSENC_HAVE_NEON", ARM64),
+# isa: (flags, define when compiled, platforms)
+ISAS = {
+    "scalar": ([], None, True),
+    "avx2": (["-mavx2", "-mfma"], "POSENC_HAVE_AVX2", X86),
+    "avx512": (["-mavx512f", "-mavx512vl", "-mavx512dq", "-mavx2", "-mfma"], "POSENC_HAVE_AVX512", X86),
+    "neon": ([], "POSENC_HAVE_NEON", ARM64),
 }
 
 COMMON_FLAGS = ["-O3", "-std=c11", "-Wall", "-Wextra", "-fno-strict-aliasing",
@@ -42,17 +42,19 @@ if SANITIZE:
 
 
 class BuildExt(build_ext):
-    """Compiles each ISA file with its own flags into the extension."""
+    """Compiles each per-ISA file of an extension (csrc/<isa_dir>/<isa>.c)
+    with its ISA's flags into that extension."""
 
     def build_extension(self, ext):
         objects = []
         defines = list(ext.define_macros)
-        for source, (flags, define, enabled) in ISA_SOURCES.items():
+        for isa, (flags, define, enabled) in ISAS.items():
             if not enabled:
                 continue
             objects += self.compiler.compile(
-                [source], output_dir=self.build_temp, include_dirs=ext.include_dirs,
-                extra_postargs=COMMON_FLAGS + flags, depends=ext.depends)
+                [f"csrc/{ext.isa_dir}/{isa}.c"], output_dir=self.build_temp,
+                include_dirs=ext.include_dirs, extra_postargs=COMMON_FLAGS + flags,
+                depends=ext.depends)
             if define:
                 defines.append((define, "1"))
         ext.extra_objects = objects
@@ -65,15 +67,29 @@ link_flags = list(openmp_flags)
 if SANITIZE:
     link_flags += ["-fsanitize=address,undefined"]
 
-extension = Extension(
-    "posenc._C",
-    sources=["csrc/module.c", "csrc/dispatch.c", "csrc/machine.c", "csrc/engine/engine.c", "csrc/engine/runs.c"],
-    include_dirs=[np.get_include(), "csrc"],
-    define_macros=[("NPY_NO_DEPRECATED_API", "NPY_2_0_API_VERSION")],
-    extra_compile_args=COMMON_FLAGS + openmp_flags,
-    extra_link_args=link_flags,
-    # every C file: a change to an ISA object must relink the extension too
-    depends=sorted(glob.glob("csrc/**/*.[ch]", recursive=True)),
-)
 
-setup(ext_modules=[extension], cmdclass={"build_ext": BuildExt})
+def extension(name, sources, isa_dir):
+    ext = Extension(
+        name, sources=sources,
+        include_dirs=[np.get_include(), "csrc"],
+        define_macros=[("NPY_NO_DEPRECATED_API", "NPY_2_0_API_VERSION")],
+        extra_compile_args=COMMON_FLAGS + openmp_flags,
+        extra_link_args=link_flags,
+        # every C file: a change to an ISA object must relink the extension too
+        depends=sorted(glob.glob("csrc/**/*.[ch]", recursive=True)),
+    )
+    ext.isa_dir = isa_dir
+    return ext
+
+
+ENGINE = ["csrc/engine/" + name for name in (
+    "engine.c", "engine_f32.c", "engine_f64.c", "runs.c", "spans.c", "alloc.c")]
+
+setup(
+    ext_modules=[
+        extension("posenc._C", ["csrc/module.c", "csrc/dispatch.c", "csrc/cpu.c"] + ENGINE, "isa"),
+        extension("posenc._machine", ["csrc/machine/module.c", "csrc/machine/measure.c",
+                                      "csrc/cpu.c"], "machine"),
+    ],
+    cmdclass={"build_ext": BuildExt},
+)

@@ -1,31 +1,15 @@
 /*
- * dispatch.c -- which ISA runs.  Detection happens once, at import
- * (posenc_dispatch_init): cpuid *and* XGETBV on x86 (the OS must save the
- * ymm/zmm state, STYLE.md 4), getauxval on Linux/AArch64.  The active table
- * for each dtype starts as the scalar kernels and is overridden entry by
- * entry by the selected ISA (STYLE.md 2), so every entry has a fallback.
+ * dispatch.c -- which kernels run.  At import (posenc_dispatch_init) the
+ * ISAs the CPU and OS support (cpu.c) and this build compiled are composed
+ * into one table per ISA and dtype: the scalar kernels first, then
+ * overridden entry by entry by the ISA (STYLE.md 2), so every entry has a
+ * fallback.
  */
 #include "posenc.h"
-
-#include <string.h>
-
-#if defined(__x86_64__) || defined(_M_X64) || defined(__i386__)
-#define POSENC_X86 1
-#include <cpuid.h>
-#endif
-
-#if defined(__aarch64__) && defined(__linux__)
-#include <sys/auxv.h>
-#ifndef HWCAP_ASIMD
-#define HWCAP_ASIMD (1 << 1)
-#endif
-#endif
 
 #ifdef _OPENMP
 #include <omp.h>
 #endif
-
-static const char *const isa_names[POSENC_ISA_COUNT] = {"scalar", "avx2", "avx512", "neon"};
 
 static int supported[POSENC_ISA_COUNT];
 /* composed[isa][dtype]: immutable after init; switching ISA swaps an index,
@@ -56,36 +40,8 @@ static const posenc_kernels *compiled_table(posenc_isa isa, posenc_dtype dtype)
     }
 }
 
-#ifdef POSENC_X86
-static unsigned long long read_xcr0(void)
-{
-    unsigned int eax, edx;
-    __asm__ volatile("xgetbv" : "=a"(eax), "=d"(edx) : "c"(0));
-    return ((unsigned long long)edx << 32) | eax;
-}
-
-static void detect_x86(void)
-{
-    unsigned int eax, ebx, ecx, edx;
-    if (!__get_cpuid(1, &eax, &ebx, &ecx, &edx))
-        return;
-    const int osxsave = (ecx >> 27) & 1, avx = (ecx >> 28) & 1, fma = (ecx >> 12) & 1;
-    if (!osxsave || !avx)
-        return;
-    const unsigned long long xcr0 = read_xcr0();
-    const int os_ymm = (xcr0 & 0x6) == 0x6;      /* SSE and AVX state */
-    const int os_zmm = (xcr0 & 0xe6) == 0xe6;    /* + opmask, ZMM_Hi256, Hi16_ZMM */
-    if (__get_cpuid_max(0, NULL) < 7)
-        return;
-    __cpuid_count(7, 0, eax, ebx, ecx, edx);
-    const int avx2 = (ebx >> 5) & 1;
-    const int avx512f = (ebx >> 16) & 1, avx512dq = (ebx >> 17) & 1, avx512vl = (ebx >> 31) & 1;
-    supported[POSENC_ISA_AVX2] = os_ymm && avx2 && fma;
-    supported[POSENC_ISA_AVX512] = os_ymm && os_zmm && avx512f && avx512dq && avx512vl && fma;
-}
-#endif
-
-/* Scalar first, then each entry the ISA provides (STYLE.md 2). */
+/* Scalar first, then each entry the ISA provides (STYLE.md 2); a kernel
+ * brings the block sizes it was written for. */
 static void fill_table(posenc_kernels *dst, posenc_isa isa, posenc_dtype dtype)
 {
     const posenc_kernels *base = compiled_table(POSENC_ISA_SCALAR, dtype);
@@ -94,22 +50,21 @@ static void fill_table(posenc_kernels *dst, posenc_isa isa, posenc_dtype dtype)
     if (!over || over == base)
         return;
     dst->name = over->name;
-    if (over->ukr) {                    /* the microkernel and its tile go together */
+    if (over->ukr) {
         dst->ukr = over->ukr;
         dst->mr = over->mr;
         dst->nr = over->nr;
+        dst->kc = over->kc;
+    }
+    if (over->tile_gather_key && over->tile_scatter_key) {
+        dst->tile_gather_key = over->tile_gather_key;
+        dst->tile_scatter_key = over->tile_scatter_key;
+        dst->key_block = over->key_block;
     }
     if (over->row_gather) dst->row_gather = over->row_gather;
     if (over->row_scatter_add) dst->row_scatter_add = over->row_scatter_add;
     if (over->row_mul) dst->row_mul = over->row_mul;
-    if (over->tile_gather_key) dst->tile_gather_key = over->tile_gather_key;
-    if (over->tile_scatter_key) dst->tile_scatter_key = over->tile_scatter_key;
     if (over->tile_gather_query) dst->tile_gather_query = over->tile_gather_query;
-    if (over->fma_peak) {
-        dst->fma_peak = over->fma_peak;
-        dst->fma_peak_flops = over->fma_peak_flops;
-    }
-    if (over->stream_zero) dst->stream_zero = over->stream_zero;
     if (over->store_fence) dst->store_fence = over->store_fence;
 }
 
@@ -117,21 +72,8 @@ void posenc_dispatch_init(void)
 {
     if (initialized)
         return;
-    memset(supported, 0, sizeof supported);
-    supported[POSENC_ISA_SCALAR] = 1;
-#ifdef POSENC_X86
-    detect_x86();
-#endif
-#if defined(__aarch64__)
-#if defined(__linux__)
-    supported[POSENC_ISA_NEON] = (getauxval(AT_HWCAP) & HWCAP_ASIMD) != 0;
-#else
-    supported[POSENC_ISA_NEON] = 1; /* Advanced SIMD is mandatory on AArch64 */
-#endif
-#endif
     for (int isa = 0; isa < POSENC_ISA_COUNT; ++isa) {
-        if (!compiled_table((posenc_isa)isa, POSENC_F32))
-            supported[isa] = 0;
+        supported[isa] = posenc_cpu_has((posenc_isa)isa) && compiled_table((posenc_isa)isa, POSENC_F32);
         if (supported[isa]) {
             fill_table(&composed[isa][POSENC_F32], (posenc_isa)isa, POSENC_F32);
             fill_table(&composed[isa][POSENC_F64], (posenc_isa)isa, POSENC_F64);
@@ -176,19 +118,6 @@ const posenc_kernels *posenc_active_kernels(posenc_dtype dtype)
     return &composed[posenc_get_isa()][dtype];
 }
 
-const char *posenc_isa_name(posenc_isa isa)
-{
-    return (isa >= 0 && isa < POSENC_ISA_COUNT) ? isa_names[isa] : "unknown";
-}
-
-int posenc_isa_from_name(const char *name)
-{
-    for (int isa = 0; isa < POSENC_ISA_COUNT; ++isa)
-        if (strcmp(name, isa_names[isa]) == 0)
-            return isa;
-    return -1;
-}
-
 int posenc_max_threads(void)
 {
 #ifdef _OPENMP
@@ -197,5 +126,3 @@ int posenc_max_threads(void)
     return 1;
 #endif
 }
-
-int posenc_default_threads(void) { return posenc_max_threads(); }

@@ -165,7 +165,7 @@ static int build_problem(PyObject *config, converted *a, posenc_problem *p)
     int product = PyObject_IsTrue(PyTuple_GET_ITEM(config, CF_PRODUCT));
     if (product < 0 || read_double(config, CF_SCALE, &p->scale) ||
         read_double(config, CF_DENSE_SCALE, &p->dense_scale) ||
-        read_double(config, CF_VECTOR_SCALE, &p->vec_scale))
+        read_double(config, CF_VECTOR_SCALE, &p->vector_scale))
         return -1;
     if (!a->arr[CF_K]) {
         PyErr_SetString(PyExc_TypeError, "k is required");
@@ -219,16 +219,16 @@ static int build_problem(PyObject *config, converted *a, posenc_problem *p)
         p->table_map = (const int64_t *)DATA(CF_TABLE_MAP);
     }
     if (a->arr[CF_QUERY_TABLE]) {
-        p->vq_table = DATA(CF_QUERY_TABLE);
-        p->vq_heads = DIM(CF_QUERY_TABLE, 0);
-        p->vq_rows = DIM(CF_QUERY_TABLE, 1);
-        p->vq_map = (const int64_t *)DATA(CF_QUERY_MAP);
+        p->query_table = DATA(CF_QUERY_TABLE);
+        p->query_table_heads = DIM(CF_QUERY_TABLE, 0);
+        p->query_table_rows = DIM(CF_QUERY_TABLE, 1);
+        p->query_map = (const int64_t *)DATA(CF_QUERY_MAP);
     }
     if (a->arr[CF_KEY_TABLE]) {
-        p->vk_table = DATA(CF_KEY_TABLE);
-        p->vk_heads = DIM(CF_KEY_TABLE, 0);
-        p->vk_rows = DIM(CF_KEY_TABLE, 1);
-        p->vk_map = (const int64_t *)DATA(CF_KEY_MAP);
+        p->key_table = DATA(CF_KEY_TABLE);
+        p->key_table_heads = DIM(CF_KEY_TABLE, 0);
+        p->key_table_rows = DIM(CF_KEY_TABLE, 1);
+        p->key_map = (const int64_t *)DATA(CF_KEY_MAP);
     }
     if (a->arr[CF_SEGMENT_TABLE] || a->arr[CF_SEGMENT_Q] || a->arr[CF_SEGMENT_K]) {
         if (!a->arr[CF_SEGMENT_TABLE] || !a->arr[CF_SEGMENT_Q] || !a->arr[CF_SEGMENT_K]) {
@@ -242,10 +242,10 @@ static int build_problem(PyObject *config, converted *a, posenc_problem *p)
             check_dims(a->arr[CF_SEGMENT_Q], "segment_q", 2, (npy_intp[]){B, n}) ||
             check_dims(a->arr[CF_SEGMENT_K], "segment_k", 2, (npy_intp[]){B, m}))
             return -1;
-        p->seg_table = DATA(CF_SEGMENT_TABLE);
-        p->seg_q = (const int64_t *)DATA(CF_SEGMENT_Q);
-        p->seg_k = (const int64_t *)DATA(CF_SEGMENT_K);
-        p->seg_heads = DIM(CF_SEGMENT_TABLE, 0);
+        p->segment_table = DATA(CF_SEGMENT_TABLE);
+        p->segment_q = (const int64_t *)DATA(CF_SEGMENT_Q);
+        p->segment_k = (const int64_t *)DATA(CF_SEGMENT_K);
+        p->segment_table_heads = DIM(CF_SEGMENT_TABLE, 0);
         p->n_segments = (size_t)S;
     }
     if (a->arr[CF_THETA]) {
@@ -255,7 +255,7 @@ static int build_problem(PyObject *config, converted *a, posenc_problem *p)
         p->theta_heads = DIM(CF_THETA, 0);
     }
     p->dtype = typenum == NPY_FLOAT ? POSENC_F32 : POSENC_F64;
-    p->combine = product ? POSENC_PRODUCT : POSENC_SUM;
+    p->product = product;
     p->B = (size_t)B;
     p->H = (size_t)H;
     p->n = (size_t)n;
@@ -307,6 +307,15 @@ static PyArrayObject *new_result(int ndim, const npy_intp *dims, int typenum)
     return array;
 }
 
+/* 0 when a positional call got `want` arguments, else -1 with a TypeError. */
+static int check_arity(Py_ssize_t nargs, Py_ssize_t want, const char *usage)
+{
+    if (nargs == want)
+        return 0;
+    PyErr_Format(PyExc_TypeError, "%s takes %zd arguments, got %zd", usage, want, nargs);
+    return -1;
+}
+
 static int raise_status(int status)
 {
     if (status == POSENC_ENOMEM)
@@ -316,23 +325,14 @@ static int raise_status(int status)
     return status == POSENC_OK ? 0 : -1;
 }
 
-PyDoc_STRVAR(forward_doc,
-"forward(config, out)\n\n"
-"The engine's logits (B, H, n, m) for one EngineConfig (posenc/_engine.py),\n"
-"written into out when it is an array, else into a new one.\n"
-"Private: use the functions of the posenc package.");
-
+/* forward(config, out): the logits (B, H, n, m) of one EngineConfig, written
+ * into out when it is an array, else into a new one. */
 static PyObject *py_forward(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     converted a = {{NULL}};
     posenc_problem p;
     PyArrayObject *result = NULL;
-    (void)self;
-    if (nargs != 2) {
-        PyErr_Format(PyExc_TypeError, "forward takes (config, out), got %zd arguments", nargs);
-        return NULL;
-    }
-    if (build_problem(args[0], &a, &p))
+    if (check_arity(nargs, 2, "forward(config, out)") || build_problem(args[0], &a, &p))
         goto fail;
     const npy_intp dims[4] = {(npy_intp)p.B, (npy_intp)p.H, (npy_intp)p.n, (npy_intp)p.m};
     const int typenum = p.dtype == POSENC_F32 ? NPY_FLOAT : NPY_DOUBLE;
@@ -372,16 +372,13 @@ fail:
     return NULL;
 }
 
-PyDoc_STRVAR(backward_doc,
-"backward(G, config, needs)\n\n"
-"Gradients of sum(G * forward(config)) as a 9-tuple in ENGINE_GRADS order\n"
-"(q, k, pos_q, pos_k, table, query_table, key_table, segment_table, theta);\n"
-"None where absent or not in `needs` (bit t asks for entry t).  When\n"
-"key_table is query_table and key_map is query_map (one table on both\n"
-"sides), both sides' gradients are summed into the query_table entry and\n"
-"the key_table entry is None; either bit asks for it.\n"
-"Private: use the posenc package.");
-
+/*
+ * backward(G, config, needs): the gradients of sum(G * forward(config)) as
+ * a 9-tuple in ENGINE_GRADS order, None where absent or not in `needs`.
+ * When key_table is query_table and key_map is query_map (one table on both
+ * sides), both sides' gradients are summed into the query_table entry and
+ * the key_table entry is None; either bit asks for it.
+ */
 static PyObject *py_backward(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     converted a = {{NULL}};
@@ -389,11 +386,8 @@ static PyObject *py_backward(PyObject *self, PyObject *const *args, Py_ssize_t n
     PyArrayObject *G = NULL;
     PyArrayObject *grads[GR_COUNT] = {NULL};
     PyObject *result = NULL;
-    (void)self;
-    if (nargs != 3) {
-        PyErr_Format(PyExc_TypeError, "backward takes (G, config, needs), got %zd arguments", nargs);
+    if (check_arity(nargs, 3, "backward(G, config, needs)"))
         return NULL;
-    }
     const unsigned long needs_value = PyLong_AsUnsignedLongMask(args[2]);
     if (needs_value == (unsigned long)-1 && PyErr_Occurred())
         return NULL;
@@ -430,9 +424,9 @@ static PyObject *py_backward(PyObject *self, PyObject *const *args, Py_ssize_t n
     g.pos_q = GRAD_DATA(GR_POS_Q);
     g.pos_k = GRAD_DATA(GR_POS_K);
     g.table = GRAD_DATA(GR_TABLE);
-    g.vq_table = GRAD_DATA(GR_QUERY_TABLE);
-    g.vk_table = shared_table ? g.vq_table : GRAD_DATA(GR_KEY_TABLE);
-    g.seg_table = GRAD_DATA(GR_SEGMENT_TABLE);
+    g.query_table = GRAD_DATA(GR_QUERY_TABLE);
+    g.key_table = shared_table ? g.query_table : GRAD_DATA(GR_KEY_TABLE);
+    g.segment_table = GRAD_DATA(GR_SEGMENT_TABLE);
     g.theta = GRAD_DATA(GR_THETA);
 #undef GRAD_DATA
     int status;
@@ -491,28 +485,21 @@ static PyObject *isa_list(int (*keep)(posenc_isa))
 
 static PyObject *py_capabilities(PyObject *self, PyObject *unused)
 {
-    (void)self;
-    (void)unused;
     return isa_list(posenc_isa_supported);
 }
 
 static PyObject *py_compiled_isas(PyObject *self, PyObject *unused)
 {
-    (void)self;
-    (void)unused;
     return isa_list(posenc_isa_compiled);
 }
 
 static PyObject *py_get_isa(PyObject *self, PyObject *unused)
 {
-    (void)self;
-    (void)unused;
     return PyUnicode_FromString(posenc_isa_name(posenc_get_isa()));
 }
 
 static PyObject *py_set_isa(PyObject *self, PyObject *arg)
 {
-    (void)self;
     if (!PyUnicode_Check(arg)) {
         PyErr_Format(PyExc_TypeError, "isa must be a str, got %s", Py_TYPE(arg)->tp_name);
         return NULL;
@@ -535,7 +522,6 @@ static PyObject *py_set_isa(PyObject *self, PyObject *arg)
 
 static PyObject *py_set_num_threads(PyObject *self, PyObject *arg)
 {
-    (void)self;
     const long value = PyLong_AsLong(arg);
     if (value == -1 && PyErr_Occurred())
         return NULL;
@@ -549,15 +535,11 @@ static PyObject *py_set_num_threads(PyObject *self, PyObject *arg)
 
 static PyObject *py_get_num_threads(PyObject *self, PyObject *unused)
 {
-    (void)self;
-    (void)unused;
     return PyLong_FromLong(num_threads);
 }
 
 static PyObject *py_build_info(PyObject *self, PyObject *unused)
 {
-    (void)self;
-    (void)unused;
 #ifdef _OPENMP
     const long openmp = _OPENMP;
 #else
@@ -575,59 +557,15 @@ static PyObject *py_build_info(PyObject *self, PyObject *unused)
                          py_compiled_isas(NULL, NULL));
 }
 
-static int dtype_from_name(const char *name)
-{
-    if (strcmp(name, "float32") == 0) return POSENC_F32;
-    if (strcmp(name, "float64") == 0) return POSENC_F64;
-    return -1;
-}
-
-static PyObject *py_measure_fma(PyObject *self, PyObject *args)
-{
-    const char *isa_name, *dtype_name;
-    int threads;
-    double seconds;
-    (void)self;
-    if (!PyArg_ParseTuple(args, "ssid", &isa_name, &dtype_name, &threads, &seconds))
-        return NULL;
-    const int isa = posenc_isa_from_name(isa_name), dtype = dtype_from_name(dtype_name);
-    if (isa < 0 || !posenc_isa_supported((posenc_isa)isa) || dtype < 0 || threads < 1) {
-        PyErr_Format(PyExc_ValueError, "measure_fma: unsupported isa %s / dtype %s / threads %d",
-                     isa_name, dtype_name, threads);
-        return NULL;
-    }
-    double flops;
-    Py_BEGIN_ALLOW_THREADS
-    flops = posenc_measure_fma((posenc_isa)isa, (posenc_dtype)dtype, threads, seconds);
-    Py_END_ALLOW_THREADS
-    return PyFloat_FromDouble(flops);
-}
-
-static PyObject *py_measure_store(PyObject *self, PyObject *args)
-{
-    const char *isa_name;
-    Py_ssize_t bytes;
-    int threads, nontemporal, repeats;
-    (void)self;
-    if (!PyArg_ParseTuple(args, "snipi", &isa_name, &bytes, &threads, &nontemporal, &repeats))
-        return NULL;
-    const int isa = posenc_isa_from_name(isa_name);
-    if (isa < 0 || !posenc_isa_supported((posenc_isa)isa) || bytes <= 0 || threads < 1 || repeats < 1) {
-        PyErr_SetString(PyExc_ValueError, "measure_store: bad arguments");
-        return NULL;
-    }
-    double rate;
-    Py_BEGIN_ALLOW_THREADS
-    rate = posenc_measure_store((posenc_isa)isa, (size_t)bytes, threads, nontemporal, repeats);
-    Py_END_ALLOW_THREADS
-    if (rate < 0)
-        return PyErr_NoMemory();
-    return PyFloat_FromDouble(rate);
-}
-
 static PyMethodDef methods[] = {
-    {"forward", (PyCFunction)(void (*)(void))py_forward, METH_FASTCALL, forward_doc},
-    {"backward", (PyCFunction)(void (*)(void))py_backward, METH_FASTCALL, backward_doc},
+    {"forward", (PyCFunction)(void (*)(void))py_forward, METH_FASTCALL,
+     "forward(config, out)\n\nThe logits (B, H, n, m) of one EngineConfig (posenc/_engine.py),\n"
+     "into out when it is an array.  Private: use the posenc package."},
+    {"backward", (PyCFunction)(void (*)(void))py_backward, METH_FASTCALL,
+     "backward(G, config, needs)\n\nGradients of sum(G * forward(config)) in ENGINE_GRADS order;\n"
+     "None where absent or not in the bit mask `needs`; one table on both sides (key_table\n"
+     "is query_table, key_map is query_map) gives one gradient, in the query_table entry.\n"
+     "Private: use the posenc package."},
     {"capabilities", py_capabilities, METH_NOARGS, "ISAs this CPU and OS support, compiled in."},
     {"compiled_isas", py_compiled_isas, METH_NOARGS, "ISAs compiled into this build."},
     {"get_isa", py_get_isa, METH_NOARGS, "The ISA whose kernels run."},
@@ -635,10 +573,6 @@ static PyMethodDef methods[] = {
     {"set_num_threads", py_set_num_threads, METH_O, "Threads of every kernel call."},
     {"get_num_threads", py_get_num_threads, METH_NOARGS, "Threads of every kernel call."},
     {"build_info", py_build_info, METH_NOARGS, "Compiler, OpenMP and compiled ISAs."},
-    {"measure_fma", py_measure_fma, METH_VARARGS,
-     "measure_fma(isa, dtype, threads, seconds) -> FLOP/s of the ISA's FMA loop."},
-    {"measure_store", py_measure_store, METH_VARARGS,
-     "measure_store(isa, bytes, threads, nontemporal, repeats) -> bytes/s of storing a buffer."},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "posenc._C",
@@ -649,7 +583,7 @@ PyMODINIT_FUNC PyInit__C(void)
 {
     import_array();
     posenc_dispatch_init();
-    num_threads = posenc_default_threads();
+    num_threads = posenc_max_threads();   /* OMP_NUM_THREADS, or every core */
     PyObject *mod = PyModule_Create(&module);
     /* the binding takes an EngineConfig (posenc/_engine.py) */
     if (mod && PyModule_AddIntConstant(mod, "ENGINE_CONFIG_BINDING", 1) < 0) {

@@ -5,19 +5,20 @@
  * s * q_i.k_j plus positional terms of five kinds, combined by sum or by
  * product (STYLE.md "One engine, many methods"):
  *
- *   dense     dense_scale * pos_q_i . pos_k_j             (TUPE, DIET-ABS)
- *   table     table[h, map(j - i)]                         (T5, DIET-REL, TUPE-R, M2)
- *   vq        vec_scale * q_i . vq_table[h, map(j - i)]    (Shaw, M4, M4M, DeBERTa c2p)
- *   vk        vec_scale * k_j . vk_table[h, map(j - i)]    (M4, M4M, DeBERTa p2c)
- *   segment   seg_table[h, seg_q[b, i], seg_k[b, j]]       (DIET)
- *   reset     theta[h, 0] on row 0, theta[h, 1] on column 0 (TUPE [CLS])
+ *   dense         dense_scale * pos_q_i . pos_k_j                  (TUPE, DIET-ABS)
+ *   table         table[h, table_map(j - i)]                       (T5, DIET-REL, TUPE-R, M2)
+ *   query table   vector_scale * q_i . query_table[h, query_map(j - i)]  (Shaw, M4, M4M, DeBERTa c2p)
+ *   key table     vector_scale * k_j . key_table[h, key_map(j - i)]      (M4, M4M, DeBERTa p2c)
+ *   segments      segment_table[h, segment_q[b, i], segment_k[b, j]]     (DIET)
+ *   reset         theta[h, 0] on row 0, theta[h, 1] on column 0    (TUPE [CLS])
  *
- * Sum:     A = s q.k + reset(dense + table + vq + vk + segment)
- * Product: A = s q.k * table * vq * vk      (M2, M4M; no dense/segment/reset)
+ * Sum:     A = s q.k + reset(dense + table + query table + key table + segments)
+ * Product: A = s q.k * table * query table * key table      (M2, M4M; no dense/segments/reset)
  *
  * Every bucket map is a 1-D array over the offsets o = j - i in
  * [-(n-1), m-1], stored at index o + n - 1, computed once per call.
- * Every array is C-contiguous; heads axes are H or 1 (shared).
+ * Every array is C-contiguous; heads axes are H or 1 (shared).  The field
+ * names are those of posenc/_engine.py's EngineConfig.
  */
 #ifndef POSENC_H
 #define POSENC_H
@@ -30,19 +31,18 @@ extern "C" {
 #endif
 
 typedef enum { POSENC_F32 = 0, POSENC_F64 = 1 } posenc_dtype;
-typedef enum { POSENC_SUM = 0, POSENC_PRODUCT = 1 } posenc_combine;
 
 enum {
     POSENC_OK = 0,
     POSENC_ENOMEM = 1,   /* workspace allocation failed */
-    POSENC_EINVAL = 2    /* inconsistent problem (the binding validates first) */
+    POSENC_EINVAL = 2    /* inconsistent problem (posenc_validate says why) */
 };
 
 typedef struct {
     posenc_dtype dtype;
-    posenc_combine combine;
+    int product;                  /* 0: terms added to the content; 1: multiplied (M2, M4M) */
     size_t B, H, n, m, d;
-    double scale;                 /* on the content term */
+    double scale;                 /* s, on the content term */
     const void *q;                /* (B, H, n, d) */
     const void *k;                /* (B, H, m, d) */
 
@@ -54,32 +54,32 @@ typedef struct {
     size_t table_heads, table_rows;
     const int64_t *table_map;     /* n + m - 1 rows of table */
 
-    const void *vq_table;         /* (vq_heads, vq_rows, d) */
-    size_t vq_heads, vq_rows;
-    const int64_t *vq_map;
-    const void *vk_table;         /* (vk_heads, vk_rows, d) */
-    size_t vk_heads, vk_rows;
-    const int64_t *vk_map;
-    double vec_scale;
+    const void *query_table;      /* (query_table_heads, query_table_rows, d) */
+    size_t query_table_heads, query_table_rows;
+    const int64_t *query_map;
+    const void *key_table;        /* (key_table_heads, key_table_rows, d) */
+    size_t key_table_heads, key_table_rows;
+    const int64_t *key_map;
+    double vector_scale;          /* on both vector tables */
 
-    const int64_t *seg_q;         /* (B, n) */
-    const int64_t *seg_k;         /* (B, m) */
-    const void *seg_table;        /* (seg_heads, n_segments, n_segments) */
-    size_t seg_heads, n_segments;
+    const int64_t *segment_q;     /* (B, n) */
+    const int64_t *segment_k;     /* (B, m) */
+    const void *segment_table;    /* (segment_table_heads, n_segments, n_segments) */
+    size_t segment_table_heads, n_segments;
 
     const void *theta;            /* (theta_heads, 2) */
     size_t theta_heads;
 } posenc_problem;
 
 /* Gradient outputs, each shaped like its input; NULL = not wanted.  When
- * vq_table and vk_table are the same buffer (one table read on both sides,
- * M4 and M4M: same table, same map), both sides' gradients are summed into
- * it, the query side's first. */
+ * query_table and key_table are the same buffer (one table read on both
+ * sides, M4 and M4M: same table, same map), both sides' gradients are summed
+ * into it, the query side's first. */
 typedef struct {
-    void *q, *k, *pos_q, *pos_k, *table, *vq_table, *vk_table, *seg_table, *theta;
+    void *q, *k, *pos_q, *pos_k, *table, *query_table, *key_table, *segment_table, *theta;
 } posenc_grads;
 
-/* Check that a problem is consistent (maps and ids in range, combine rules).
+/* Check that a problem is consistent (maps and ids in range, product rules).
  * The engine itself trusts its problem: a caller validates it once, here,
  * before posenc_forward / posenc_backward (the binding does). */
 int posenc_validate(const posenc_problem *p, const char **why);
@@ -87,13 +87,13 @@ int posenc_validate(const posenc_problem *p, const char **why);
 /* A = logits(p), written into out (B, H, n, m), C-contiguous; p validated. */
 int posenc_forward(const posenc_problem *p, void *out, int num_threads);
 
-/* Logits of at least this many bytes are written with non-temporal stores
- * when out is 64-byte aligned (they would only evict the caches). */
-#define POSENC_STREAM_BYTES ((size_t)32 << 20)
-
 /* Gradients of sum(G * A) with respect to every wanted input; p validated. */
 int posenc_backward(const posenc_problem *p, const void *grad_logits,
                     const posenc_grads *g, int num_threads);
+
+/* Logits of at least this many bytes are written with non-temporal stores
+ * when out is 64-byte aligned (they would only evict the caches). */
+#define POSENC_STREAM_BYTES ((size_t)32 << 20)
 
 /* ------------------------------------------------------------ ISA dispatch */
 
@@ -114,52 +114,51 @@ enum {
     POSENC_UKR_ADD_P = 2,       /* c = c' + p      */
     POSENC_UKR_MUL_P = 4,       /* c = c' * p      */
     POSENC_UKR_STREAM = 8,      /* store c with non-temporal stores (c aligned to 64 bytes) */
-    POSENC_UKR_ADD_Q = 16,      /* c = c' + q[r][col]: a second additive source, by row pointers */
+    POSENC_UKR_ADD_ROWS = 16,   /* c = c' + rows[r][col]: a second additive source, by row pointers */
     POSENC_UKR_A_ROWS = 32      /* a is row-major: a[r * lda + l] (else a[l * lda + r]) */
 };
 
 /*
- * The kernels one ISA provides for one dtype.  Pointers are to float or
- * double according to the table.  The microkernel computes an mr x nr tile
- * from a packed B panel b[l * nr + c] and A read in place, a[l * lda + r]
- * (a packed panel has lda = mr; a column-major matrix its leading
- * dimension) or, with POSENC_UKR_A_ROWS, a[r * lda + l], l < kc, then
- * applies the epilogue flags and stores c[r * ldc + c].  It reads p and c (when
- * accumulating) before writing c, so p may alias c.  q (ADD_Q) holds mr row
- * pointers, each already at the tile's first column.
+ * The kernels one ISA provides for one dtype, with their block sizes (as
+ * BLIS's contexts own theirs: the engine reads them from here).  Pointers
+ * are to float or double according to the table.
+ *
+ * The microkernel computes an mr x nr tile from a packed B panel
+ * b[l * nr + c] and A read in place, a[l * lda + r] (a packed panel has
+ * lda = mr; a column-major matrix its leading dimension) or, with
+ * POSENC_UKR_A_ROWS, a[r * lda + l], l < kc, then applies the epilogue flags
+ * and stores c[r * ldc + c].  It reads p and c (when accumulating) before
+ * writing c, so p may alias c.  rows (ADD_ROWS) holds mr row pointers, each
+ * already at the tile's first column.
  */
 typedef struct {
     const char *name;
-    size_t mr, nr;
+    size_t mr, nr;       /* the microkernel's register tile */
+    size_t kc;           /* depth of a packed block: the microkernel's A and B panels stay in L1 */
+    size_t key_block;    /* keys per call of the tile gathers/scatters: their rows of the
+                            projections stay in L1 */
     void (*ukr)(size_t kc, const void *a, ptrdiff_t lda, const void *b, void *c, ptrdiff_t ldc,
-                const void *p, ptrdiff_t ldp, const void *const *q, int flags);
+                const void *p, ptrdiff_t ldp, const void *const *rows, int flags);
     /* dst[j] op= src[j * stride], j < len; stride may be 0 or negative */
     void (*row_gather)(int op, void *dst, const void *src, ptrdiff_t stride, size_t len);
     /* dst[j * stride] += src[j]; stride 0 adds the sum of src to dst[0] */
     void (*row_scatter_add)(void *dst, ptrdiff_t stride, const void *src, size_t len);
     /* dst[j] = a[j] * b[j] */
     void (*row_mul)(void *dst, const void *a, const void *b, size_t len);
-    /* key-side table of a row tile: P[r, j] op= ka[j, map_r0[j - r] - b_min], j < m, r < rows */
+    /* key-side table of a row tile: P[r, j] op= key_proj[j, map_r0[j - r] - b_min],
+     * j0 <= j < j1, r < rows (j1 - j0 <= key_block) */
     void (*tile_gather_key)(int op, void *P, size_t ldp, const int64_t *map_r0, ptrdiff_t b_min,
-                            const void *ka, size_t ldka, size_t m, size_t rows);
-    /* its adjoint: gk[j, map_r0[j - r] - b_min] += src[r, j], jb <= j < m, r0 <= r < rows */
-    void (*tile_scatter_key)(void *gk, size_t ldgk, const int64_t *map_r0, ptrdiff_t b_min,
-                             const void *src, size_t lds, size_t jb, size_t m, size_t r0, size_t rows);
-    /* query-side table of a row tile: P[r, j] op= qa[r, map_r0[j - r] - b_min] */
+                            const void *key_proj, size_t ld_proj, size_t j0, size_t j1, size_t rows);
+    /* its adjoint: grad[j, map_r0[j - r] - b_min] += src[r, j], j0 <= j < j1, r0 <= r < rows */
+    void (*tile_scatter_key)(void *grad, size_t ld_grad, const int64_t *map_r0, ptrdiff_t b_min,
+                             const void *src, size_t ld_src, size_t j0, size_t j1, size_t r0,
+                             size_t rows);
+    /* query-side table of a row tile: P[r, j] op= query_proj[r, map_r0[j - r] - b_min], j < m */
     void (*tile_gather_query)(int op, void *P, size_t ldp, const int64_t *map_r0, ptrdiff_t b_min,
-                              const void *qa, size_t ldqa, size_t m, size_t rows);
-    /* benchmarks only: FMA throughput loop (flops per iteration) and streaming stores */
-    double (*fma_peak)(size_t iterations);
-    size_t fma_peak_flops;
-    void (*stream_zero)(void *dst, size_t bytes);
+                              const void *query_proj, size_t ld_proj, size_t m, size_t rows);
     /* orders non-temporal stores (POSENC_UKR_STREAM) before later loads/stores */
     void (*store_fence)(void);
 } posenc_kernels;
-
-/* The machine's limits, measured (machine.c): FLOP/s of the ISA's FMA loop
- * on `threads` threads, and bytes/s of storing a fresh `bytes` buffer. */
-double posenc_measure_fma(posenc_isa isa, posenc_dtype dtype, int threads, double seconds);
-double posenc_measure_store(posenc_isa isa, size_t bytes, int threads, int nontemporal, int repeats);
 
 /* Filled by dispatch.c: kernels[isa][dtype], NULL where not compiled/supported. */
 const posenc_kernels *posenc_kernels_for(posenc_isa isa, posenc_dtype dtype);
@@ -170,11 +169,14 @@ int posenc_isa_supported(posenc_isa isa);     /* CPU and OS support it, and it i
 int posenc_isa_compiled(posenc_isa isa);
 posenc_isa posenc_get_isa(void);
 int posenc_set_isa(posenc_isa isa);           /* 0 ok, -1 unsupported */
+
+/* The CPU and OS (cpu.c, shared with posenc._machine): whether they can run
+ * an ISA's instructions, whatever was compiled. */
+int posenc_cpu_has(posenc_isa isa);
 const char *posenc_isa_name(posenc_isa isa);
 int posenc_isa_from_name(const char *name);   /* -1 if unknown */
 
-int posenc_default_threads(void);
-int posenc_max_threads(void);                 /* OpenMP's limit, 1 without OpenMP */
+int posenc_max_threads(void);                 /* OpenMP's limit (OMP_NUM_THREADS or all cores), 1 without OpenMP */
 
 /* Per-ISA kernel tables (defined in isa/<isa>.c when compiled). */
 extern const posenc_kernels posenc_kernels_f32_scalar, posenc_kernels_f64_scalar;

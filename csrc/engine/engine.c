@@ -1,51 +1,16 @@
 /*
- * engine.c -- the portable engine: validation, and the forward/backward
- * templates instantiated for float and double.  Compiled at the baseline
- * ISA; all arithmetic-heavy work goes through the dispatched kernel table.
+ * engine.c -- the engine's entry points: validation (posenc_validate, run
+ * once by the caller) and the dispatch to the dtype-specialised engines.
  */
 #include "engine.h"
 
-#include <string.h>
-
-/* ------------------------------------------------------------ float */
-#define REAL float
-#define T(name) name##_f32
-#define T_DTYPE POSENC_F32
-#include "common_impl.h"
-#include "forward_impl.h"
-#include "backward_impl.h"
-#undef REAL
-#undef T
-#undef T_DTYPE
-#undef T_KC
-#undef T_WS_TAKE
-#undef T_V_BUDGET
-
-/* ------------------------------------------------------------ double */
-#define REAL double
-#define T(name) name##_f64
-#define T_DTYPE POSENC_F64
-#include "common_impl.h"
-#include "forward_impl.h"
-#include "backward_impl.h"
-#undef REAL
-#undef T
-#undef T_DTYPE
-
 static int check_heads(size_t heads, size_t H) { return heads == H || heads == 1; }
 
-static int map_in_range(const int64_t *map, size_t len, size_t rows)
+/* Every index (map entries, segment ids) in [0, count). */
+static int in_range(const int64_t *index, size_t len, size_t count)
 {
     for (size_t t = 0; t < len; ++t)
-        if (map[t] < 0 || (uint64_t)map[t] >= rows)
-            return 0;
-    return 1;
-}
-
-static int ids_in_range(const int64_t *ids, size_t len, size_t S)
-{
-    for (size_t t = 0; t < len; ++t)
-        if (ids[t] < 0 || (uint64_t)ids[t] >= S)
+        if (index[t] < 0 || (uint64_t)index[t] >= count)
             return 0;
     return 1;
 }
@@ -62,26 +27,27 @@ int posenc_validate(const posenc_problem *p, const char **why)
                           !check_heads(p->pos_k_heads, p->H)))
         reason = "dense factor: pos_q and pos_k come together, heads H or 1";
     else if (p->table && (!p->table_map || !check_heads(p->table_heads, p->H) ||
-                          !map_in_range(p->table_map, offsets, p->table_rows)))
+                          !in_range(p->table_map, offsets, p->table_rows)))
         reason = "scalar table: heads H or 1, map entries within its rows";
-    else if (p->vq_table && (!p->vq_map || !check_heads(p->vq_heads, p->H) ||
-                             !map_in_range(p->vq_map, offsets, p->vq_rows)))
+    else if (p->query_table &&
+             (!p->query_map || !check_heads(p->query_table_heads, p->H) ||
+              !in_range(p->query_map, offsets, p->query_table_rows)))
         reason = "query-side table: heads H or 1, map entries within its rows";
-    else if (p->vk_table && (!p->vk_map || !check_heads(p->vk_heads, p->H) ||
-                             !map_in_range(p->vk_map, offsets, p->vk_rows)))
+    else if (p->key_table &&
+             (!p->key_map || !check_heads(p->key_table_heads, p->H) ||
+              !in_range(p->key_map, offsets, p->key_table_rows)))
         reason = "key-side table: heads H or 1, map entries within its rows";
-    else if (p->seg_table && (!p->seg_q || !p->seg_k || !check_heads(p->seg_heads, p->H) ||
-                              !ids_in_range(p->seg_q, p->B * p->n, p->n_segments) ||
-                              !ids_in_range(p->seg_k, p->B * p->m, p->n_segments)))
+    else if (p->segment_table &&
+             (!p->segment_q || !p->segment_k || !check_heads(p->segment_table_heads, p->H) ||
+              !in_range(p->segment_q, p->B * p->n, p->n_segments) ||
+              !in_range(p->segment_k, p->B * p->m, p->n_segments)))
         reason = "segments: ids within the table, heads H or 1";
     else if (p->theta && !check_heads(p->theta_heads, p->H))
         reason = "theta: heads H or 1";
-    else if (p->combine == POSENC_PRODUCT && (p->pos_q || p->seg_table || p->theta))
-        reason = "product combine takes only table, query-side and key-side factors";
-    else if (p->combine == POSENC_PRODUCT && !p->table && !p->vq_table && !p->vk_table)
-        reason = "product combine needs at least one factor";
-    else if (p->combine != POSENC_SUM && p->combine != POSENC_PRODUCT)
-        reason = "unknown combine";
+    else if (p->product && (p->pos_q || p->segment_table || p->theta))
+        reason = "product mode takes only table, query-side and key-side factors";
+    else if (p->product && !p->table && !p->query_table && !p->key_table)
+        reason = "product mode needs at least one factor";
     if (why)
         *why = reason;
     return reason ? POSENC_EINVAL : POSENC_OK;

@@ -1,5 +1,7 @@
 /*
- * engine.h -- internals shared by the engine's files (not the public API).
+ * engine.h -- internals shared by the engine's files (not the public API):
+ * bucket runs and spans (runs.c, spans.c), segment runs, the allocator
+ * (alloc.c), threading, and the per-dtype entry points (engine_<dtype>.c).
  */
 #ifndef POSENC_ENGINE_H
 #define POSENC_ENGINE_H
@@ -23,6 +25,12 @@ typedef struct {
     size_t count;
     ptrdiff_t b_min, b_max;     /* buckets used: [b_min, b_max] */
 } posenc_runs;
+
+/* How many buckets [b_min, b_max] spans. */
+static inline size_t posenc_runs_buckets(const posenc_runs *r)
+{
+    return (size_t)(r->b_max - r->b_min + 1);
+}
 
 /* map[t] is the bucket of offset o_first + t, t < len (len >= 1). */
 int posenc_runs_build(posenc_runs *r, const int64_t *map, ptrdiff_t o_first, size_t len);
@@ -61,20 +69,20 @@ static inline int posenc_run_span(const posenc_run *run, ptrdiff_t i, ptrdiff_t 
 
 /*
  * Run-length encoding of the key-side segment ids of every batch row:
- * segments of batch b are seg_runs[seg_start[b] .. seg_start[b + 1]).
+ * the segments of batch row b are runs[start[b] .. start[b + 1]).
  */
 typedef struct {
     size_t j_begin, j_end;
     size_t segment;
-} posenc_seg_run;
+} posenc_segment_run;
 
 typedef struct {
-    posenc_seg_run *runs;
+    posenc_segment_run *runs;
     size_t *start;              /* B + 1 entries */
-} posenc_seg_runs;
+} posenc_segment_runs;
 
-int posenc_seg_runs_build(posenc_seg_runs *s, const int64_t *seg_k, size_t B, size_t m);
-void posenc_seg_runs_free(posenc_seg_runs *s);
+int posenc_segment_runs_build(posenc_segment_runs *s, const int64_t *segment_k, size_t B, size_t m);
+void posenc_segment_runs_free(posenc_segment_runs *s);
 
 /*
  * Where a bucket matrix is zero.  The backward scatters G along diagonals
@@ -108,6 +116,15 @@ size_t posenc_mul_size(size_t count, size_t size);
  * thread: waking an OpenMP team costs tens of microseconds, more on busy cores. */
 #define POSENC_PARALLEL_MIN_WORK ((size_t)1 << 18)
 
+/* The threads of a call: at most one per work item, and one for a small
+ * problem whatever the thread count asked for. */
+static inline size_t posenc_team(size_t threads, size_t items, const posenc_problem *p)
+{
+    if (posenc_mul_size(p->B * p->H * p->n, p->m * (p->d + 1)) < POSENC_PARALLEL_MIN_WORK)
+        return 1;   /* a team's start and barrier cost more than the work */
+    return threads < items ? threads : items;
+}
+
 #ifdef _OPENMP
 #include <omp.h>
 static inline int posenc_thread_id(void) { return omp_get_thread_num(); }
@@ -119,7 +136,7 @@ static inline size_t posenc_round_up(size_t x, size_t to) { return (x + to - 1) 
 static inline size_t posenc_min(size_t a, size_t b) { return a < b ? a : b; }
 static inline size_t posenc_max(size_t a, size_t b) { return a > b ? a : b; }
 
-/* Entry points of the dtype-specialised engines (engine.c includes the templates twice). */
+/* Entry points of the dtype-specialised engines (engine_f32.c, engine_f64.c). */
 int posenc_forward_f32(const posenc_problem *p, void *out, int num_threads);
 int posenc_forward_f64(const posenc_problem *p, void *out, int num_threads);
 int posenc_backward_f32(const posenc_problem *p, const void *grad, const posenc_grads *g, int num_threads);

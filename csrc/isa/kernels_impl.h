@@ -1,30 +1,48 @@
 /*
  * kernels_impl.h -- the per-ISA kernels, written once against a vector
- * macro layer.  Each isa/<isa>.c defines the macros below for one dtype and
- * includes this file; it is included twice per ISA (float, double).
+ * macro layer.  isa/<isa>.c defines the register tile (MR, NRV) and the
+ * optional hooks, sets VECTOR_TEMPLATE to this file and includes its
+ * vector layer (vectors_<isa>.h), which defines the macros below for one
+ * dtype and includes this file, for float and then double.
  *
- * Required macros:
+ * From the vector layer:
  *   REAL            float or double
  *   KNAME(x)        x ## _<dtype>_<isa>, the kernel names (STYLE.md 1)
- *   KTABLE          the posenc_kernels table to define
  *   ISA_STRING      "avx512", ...
  *   VT, VL          vector type and its number of lanes
  *   VLOAD(p), VSTORE(p, v)    unaligned load / store of VL elements
  *   VBCAST(x), VZERO()
  *   VADD(a, b), VMUL(a, b), VFMA(a, b, c) = a * b + c
  *   VREDUCE(v)      sum of the lanes
- *   MR, NRV         register tile: MR rows by NRV vectors (nr = NRV * VL)
  *   VSTREAM(p, v)   a store that bypasses the caches where the ISA has one
  *                   (non-temporal), else a plain store; p aligned to the vector
  *   STORE_FENCE()   orders those stores before what follows (sfence on x86)
- * Optional:
- *   KEY_ROW_GATHER(op, dst, ka, ldka, bucket, b_min, j0, j1)   one row of
+ * From isa/<isa>.c:
+ *   MR, NRV         register tile: MR rows by NRV vectors (nr = NRV * VL)
+ *   KC, KEY_BLOCK   block sizes, when not the defaults below
+ * Optional hooks of isa/<isa>.c:
+ *   KEY_ROW_GATHER(op, dst, proj, ld, bucket, b_min, j0, j1)   one row of
  *       tile_gather_key with the ISA's gathers (else plain C);
- *   KEY_ROW_SCATTER(gk, ldgk, bucket, b_min, src, j0, j1)      one row of
+ *   KEY_ROW_SCATTER(grad, ld, bucket, b_min, src, j0, j1)      one row of
  *       tile_scatter_key.
  */
 
 #define NR (NRV * VL)
+
+/* Depth of a packed block: an MR x KC panel of A and a KC x NR panel of B
+ * stay in L1 (32 KB and up) next to the tile. */
+#ifndef KC
+#define KC (sizeof(REAL) == 4 ? 256 : 128)
+#define KC_DEFAULT
+#endif
+
+/* Keys per block of the key-side gathers and scatters: a block's rows of
+ * the projections (one cache line each) stay in L1 while a tile's rows
+ * sweep them. */
+#ifndef KEY_BLOCK
+#define KEY_BLOCK 64
+#define KEY_BLOCK_DEFAULT
+#endif
 
 /*
  * The register-tiled microkernel (BLIS style): an MR x NR tile of A.B from a
@@ -32,7 +50,7 @@
  * kc may be 0 (d = 0: content term zero).
  */
 static void KNAME(posenc_ukr)(size_t kc, const void *a_, ptrdiff_t lda, const void *b_, void *c_,
-                              ptrdiff_t ldc, const void *p_, ptrdiff_t ldp, const void *const *q,
+                              ptrdiff_t ldc, const void *p_, ptrdiff_t ldp, const void *const *rows,
                               int flags)
 {
     const REAL *a = (const REAL *)a_;
@@ -63,11 +81,11 @@ static void KNAME(posenc_ukr)(size_t kc, const void *a_, ptrdiff_t lda, const vo
         }                                                                \
     }
     if (flags & POSENC_UKR_A_ROWS) {
-        const REAL *row[MR];
+        const REAL *a_row[MR];
 #pragma GCC unroll 16
         for (int r = 0; r < MR; ++r)
-            row[r] = a + (ptrdiff_t)r * lda;
-        UKR_LOOP(row[r][l])
+            a_row[r] = a + (ptrdiff_t)r * lda;
+        UKR_LOOP(a_row[r][l])
     } else if (lda == MR) {          /* a packed panel: constant offsets */
         UKR_LOOP(a[l * MR + (size_t)r])
     } else {
@@ -87,8 +105,8 @@ static void KNAME(posenc_ukr)(size_t kc, const void *a_, ptrdiff_t lda, const vo
                 x = VADD(x, VLOAD(p + r * ldp + v * VL));
             else if (flags & POSENC_UKR_MUL_P)
                 x = VMUL(x, VLOAD(p + r * ldp + v * VL));
-            if (flags & POSENC_UKR_ADD_Q)
-                x = VADD(x, VLOAD((const REAL *)q[r] + v * VL));
+            if (flags & POSENC_UKR_ADD_ROWS)
+                x = VADD(x, VLOAD((const REAL *)rows[r] + v * VL));
             if (flags & POSENC_UKR_STREAM)
                 VSTREAM(crow + v * VL, x);
             else
@@ -179,53 +197,49 @@ static void KNAME(posenc_row_mul)(void *dst_, const void *a_, const void *b_, si
 }
 
 /*
- * Key-side table terms of a row tile (M4, M4M, DeBERTa p2c): row r of the
- * tile needs ka[j * ldka + map(j - i0 - r) - b_min] for every key j, with
- * map_r0[j - r] = map(j - i0 - r).  Along a row that is a diagonal of ka
- * (one cache line per element), so keys go in blocks, the tile's rows
- * inside: a block's rows of ka stay in L1 and each row is one gather.
+ * Key-side table terms of a row tile (M4, M4M, DeBERTa p2c), keys
+ * [j0, j1): row r of the tile needs proj[j * ld + map(j - i0 - r) - b_min],
+ * with map_r0[j - r] = map(j - i0 - r).  Along a row that is a diagonal of
+ * proj (one cache line per element), so the engine passes keys in blocks
+ * of KEY_BLOCK, the tile's rows inside: a block's rows of proj stay in L1
+ * and each row is one gather.
  */
-#define KEY_BLOCK 64
-
 static void KNAME(posenc_tile_gather_key)(int op, void *P_, size_t ldp, const int64_t *map_r0,
-                                          ptrdiff_t b_min, const void *ka_, size_t ldka, size_t m,
-                                          size_t rows)
+                                          ptrdiff_t b_min, const void *proj_, size_t ld, size_t j0,
+                                          size_t j1, size_t rows)
 {
     REAL *P = (REAL *)P_;
-    const REAL *ka = (const REAL *)ka_;
-    for (size_t j0 = 0; j0 < m; j0 += KEY_BLOCK) {
-        const size_t j1 = j0 + KEY_BLOCK < m ? j0 + KEY_BLOCK : m;
-        for (size_t r = 0; r < rows; ++r) {
-            REAL *restrict dst = P + r * ldp;
-            const int64_t *restrict bucket = map_r0 - r;
+    const REAL *proj = (const REAL *)proj_;
+    for (size_t r = 0; r < rows; ++r) {
+        REAL *restrict dst = P + r * ldp;
+        const int64_t *restrict bucket = map_r0 - r;
 #ifdef KEY_ROW_GATHER   /* the ISA's gather instructions */
-            KEY_ROW_GATHER(op, dst, ka, ldka, bucket, b_min, j0, j1);
-            continue;
+        KEY_ROW_GATHER(op, dst, proj, ld, bucket, b_min, j0, j1);
+        continue;
 #endif
-            if (op == POSENC_SET)
-                for (size_t j = j0; j < j1; ++j) dst[j] = ka[j * ldka + (size_t)(bucket[j] - b_min)];
-            else if (op == POSENC_ADD)
-                for (size_t j = j0; j < j1; ++j) dst[j] += ka[j * ldka + (size_t)(bucket[j] - b_min)];
-            else
-                for (size_t j = j0; j < j1; ++j) dst[j] *= ka[j * ldka + (size_t)(bucket[j] - b_min)];
-        }
+        if (op == POSENC_SET)
+            for (size_t j = j0; j < j1; ++j) dst[j] = proj[j * ld + (size_t)(bucket[j] - b_min)];
+        else if (op == POSENC_ADD)
+            for (size_t j = j0; j < j1; ++j) dst[j] += proj[j * ld + (size_t)(bucket[j] - b_min)];
+        else
+            for (size_t j = j0; j < j1; ++j) dst[j] *= proj[j * ld + (size_t)(bucket[j] - b_min)];
     }
 }
 
 /*
  * Query-side table terms of a row tile when the map's runs are short (DeBERTa's
- * log buckets): P[r, j] op= qa[r * ldqa + map_r0[j - r] - b_min], one gather
+ * log buckets): P[r, j] op= proj[r * ld + map_r0[j - r] - b_min], one gather
  * per row from the row's projections (in L1) instead of one call per run.
  */
 static void KNAME(posenc_tile_gather_query)(int op, void *P_, size_t ldp, const int64_t *map_r0,
-                                            ptrdiff_t b_min, const void *qa_, size_t ldqa, size_t m,
+                                            ptrdiff_t b_min, const void *proj_, size_t ld, size_t m,
                                             size_t rows)
 {
     REAL *P = (REAL *)P_;
-    const REAL *qa = (const REAL *)qa_;
+    const REAL *proj = (const REAL *)proj_;
     for (size_t r = 0; r < rows; ++r) {
         REAL *restrict dst = P + r * ldp;
-        const REAL *restrict row = qa + r * ldqa;
+        const REAL *restrict row = proj + r * ld;
         const int64_t *restrict bucket = map_r0 - r;
 #ifdef KEY_ROW_GATHER   /* the same gather with a row stride of 0 */
         KEY_ROW_GATHER(op, dst, row, 0, bucket, b_min, 0, m);
@@ -240,67 +254,24 @@ static void KNAME(posenc_tile_gather_query)(int op, void *P_, size_t ldp, const 
     }
 }
 
-/* The adjoint: gk[j * ldgk + map(j - i0 - r) - b_min] += src[r * lds + j] for
- * rows [r0, rows), keys [jb, m).  Per bucket the sum runs over rows in order. */
-static void KNAME(posenc_tile_scatter_key)(void *gk_, size_t ldgk, const int64_t *map_r0,
-                                           ptrdiff_t b_min, const void *src_, size_t lds, size_t jb,
-                                           size_t m, size_t r0, size_t rows)
+/* The adjoint: grad[j * ld + map(j - i0 - r) - b_min] += src[r * ld_src + j] for
+ * rows [r0, rows), keys [j0, j1).  Per bucket the sum runs over rows in order. */
+static void KNAME(posenc_tile_scatter_key)(void *grad_, size_t ld, const int64_t *map_r0,
+                                           ptrdiff_t b_min, const void *src_, size_t ld_src,
+                                           size_t j0, size_t j1, size_t r0, size_t rows)
 {
-    REAL *gk = (REAL *)gk_;
+    REAL *grad = (REAL *)grad_;
     const REAL *src = (const REAL *)src_;
-    for (size_t j0 = jb; j0 < m; j0 += KEY_BLOCK) {
-        const size_t j1 = j0 + KEY_BLOCK < m ? j0 + KEY_BLOCK : m;
-        for (size_t r = r0; r < rows; ++r) {
-            const REAL *restrict s = src + r * lds;
-            const int64_t *restrict bucket = map_r0 - r;
+    for (size_t r = r0; r < rows; ++r) {
+        const REAL *restrict s = src + r * ld_src;
+        const int64_t *restrict bucket = map_r0 - r;
 #ifdef KEY_ROW_SCATTER
-            KEY_ROW_SCATTER(gk, ldgk, bucket, b_min, s, j0, j1);
-            continue;
+        KEY_ROW_SCATTER(grad, ld, bucket, b_min, s, j0, j1);
+        continue;
 #endif
-            for (size_t j = j0; j < j1; ++j)
-                gk[j * ldgk + (size_t)(bucket[j] - b_min)] += s[j];
-        }
+        for (size_t j = j0; j < j1; ++j)
+            grad[j * ld + (size_t)(bucket[j] - b_min)] += s[j];
     }
-}
-
-#undef KEY_BLOCK
-
-/*
- * The machine's limits, for the benchmarks: an FMA-throughput loop (16
- * independent accumulator chains, enough to cover FMA latency x ports) and
- * a streaming store of zeros.  Not used by the engine.
- */
-static double KNAME(posenc_fma_peak)(size_t iterations)
-{
-    VT acc[16];
-    const VT x = VBCAST((REAL)0.999999), y = VBCAST((REAL)1e-7);
-#pragma GCC unroll 16
-    for (int t = 0; t < 16; ++t)
-        acc[t] = VBCAST((REAL)t);
-    for (size_t it = 0; it < iterations; ++it) {
-#pragma GCC unroll 16
-        for (int t = 0; t < 16; ++t)
-            acc[t] = VFMA(acc[t], x, y);
-    }
-    VT total = acc[0];
-    for (int t = 1; t < 16; ++t)
-        total = VADD(total, acc[t]);
-    return (double)VREDUCE(total);
-}
-
-/* FLOPs of one posenc_fma_peak iteration. */
-#define FMA_PEAK_FLOPS (16 * VL * 2)
-
-static void KNAME(posenc_stream_zero)(void *dst_, size_t bytes)
-{
-    REAL *dst = (REAL *)dst_;
-    const size_t count = bytes / sizeof(REAL);
-    const VT zero = VZERO();
-    size_t j = 0;
-    for (; j + VL <= count; j += VL)
-        VSTREAM(dst + j, zero);
-    for (; j < count; ++j)
-        dst[j] = 0;
 }
 
 static void KNAME(posenc_store_fence)(void)
@@ -308,23 +279,28 @@ static void KNAME(posenc_store_fence)(void)
     STORE_FENCE();
 }
 
-const posenc_kernels KTABLE = {
-    ISA_STRING,
-    MR,
-    NR,
-    KNAME(posenc_ukr),
-    KNAME(posenc_row_gather),
-    KNAME(posenc_row_scatter_add),
-    KNAME(posenc_row_mul),
-    KNAME(posenc_tile_gather_key),
-    KNAME(posenc_tile_scatter_key),
-    KNAME(posenc_tile_gather_query),
-    KNAME(posenc_fma_peak),
-    FMA_PEAK_FLOPS,
-    KNAME(posenc_stream_zero),
-    KNAME(posenc_store_fence),
+const posenc_kernels KNAME(posenc_kernels) = {
+    .name = ISA_STRING,
+    .mr = MR,
+    .nr = NR,
+    .kc = KC,
+    .key_block = KEY_BLOCK,
+    .ukr = KNAME(posenc_ukr),
+    .row_gather = KNAME(posenc_row_gather),
+    .row_scatter_add = KNAME(posenc_row_scatter_add),
+    .row_mul = KNAME(posenc_row_mul),
+    .tile_gather_key = KNAME(posenc_tile_gather_key),
+    .tile_scatter_key = KNAME(posenc_tile_scatter_key),
+    .tile_gather_query = KNAME(posenc_tile_gather_query),
+    .store_fence = KNAME(posenc_store_fence),
 };
 
-#undef FMA_PEAK_FLOPS
-
 #undef NR
+#ifdef KC_DEFAULT
+#undef KC
+#undef KC_DEFAULT
+#endif
+#ifdef KEY_BLOCK_DEFAULT
+#undef KEY_BLOCK
+#undef KEY_BLOCK_DEFAULT
+#endif

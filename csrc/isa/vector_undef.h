@@ -1,5 +1,5 @@
-/* vector_undef.h -- forget one dtype's vector macros before an ISA file
- * defines the next dtype's (see kernels_impl.h for what they mean). */
+/* vector_undef.h -- forget one dtype's vector macros before a vector layer
+ * (vectors_<isa>.h) defines the next dtype's (see kernels_impl.h). */
 #undef REAL
 #undef VT
 #undef VL
@@ -13,6 +13,3 @@
 #undef VFMA
 #undef VREDUCE
 #undef KNAME
-#undef KTABLE
-#undef KEY_ROW_GATHER
-#undef KEY_ROW_SCATTER

@@ -1,15 +1,12 @@
 /*
- * avx2.c -- AVX2 + FMA kernels (compiled with -mavx2 -mfma only).
- * Register tile 6 x 2 vectors: 12 accumulators, 2 B vectors, 1 broadcast
- * of the 16 ymm registers.
+ * vectors_avx2.h -- the AVX2 + FMA vector layer (files compiled with
+ * -mavx2 -mfma only; empty elsewhere).  Instantiates VECTOR_TEMPLATE (the
+ * kernels, or posenc._machine's loops) for float, then double; see
+ * kernels_impl.h for what each macro means.
  */
-#include "../posenc.h"
-
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 
-#define MR 6
-#define NRV 2
 #define ISA_STRING "avx2"
 #define STORE_FENCE() _mm_sfence()
 
@@ -41,8 +38,7 @@ static inline double posenc_hsum_pd256(__m256d v)
 #define VREDUCE(v) posenc_hsum_ps256(v)
 #define VSTREAM(p, v) _mm256_stream_ps((p), (v))
 #define KNAME(x) x##_f32_avx2
-#define KTABLE posenc_kernels_f32_avx2
-#include "kernels_impl.h"
+#include VECTOR_TEMPLATE
 #include "vector_undef.h"
 
 #define REAL double
@@ -58,7 +54,7 @@ static inline double posenc_hsum_pd256(__m256d v)
 #define VREDUCE(v) posenc_hsum_pd256(v)
 #define VSTREAM(p, v) _mm256_stream_pd((p), (v))
 #define KNAME(x) x##_f64_avx2
-#define KTABLE posenc_kernels_f64_avx2
-#include "kernels_impl.h"
+#include VECTOR_TEMPLATE
+#include "vector_undef.h"
 
 #endif /* __AVX2__ && __FMA__ */

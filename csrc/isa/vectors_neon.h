@@ -1,18 +1,16 @@
 /*
- * neon.c -- AArch64 NEON (Advanced SIMD) kernels.  NEON is mandatory on
- * AArch64, so this file needs no extra flag there; elsewhere it is empty.
- * Register tile 8 x 2 vectors: 16 accumulators of the 32 v registers.
+ * vectors_neon.h -- the AArch64 NEON (Advanced SIMD) vector layer.  NEON is
+ * mandatory on AArch64, so it needs no extra flag there; elsewhere it is
+ * empty.  Instantiates VECTOR_TEMPLATE (the kernels, or posenc._machine's
+ * loops) for float, then double; see kernels_impl.h for what each macro
+ * means.  NEON has no non-temporal vector store worth the name here: plain
+ * stores.
  */
-#include "../posenc.h"
-
 #if defined(__aarch64__) && defined(__ARM_NEON)
 #include <arm_neon.h>
 
-#define MR 8
-#define NRV 2
 #define ISA_STRING "neon"
 #define STORE_FENCE() __atomic_thread_fence(__ATOMIC_SEQ_CST)
-#define VSTREAM(p, v) VSTORE(p, v)
 
 #define REAL float
 #define VT float32x4_t
@@ -25,11 +23,10 @@
 #define VMUL(a, b) vmulq_f32((a), (b))
 #define VFMA(a, b, c) vfmaq_f32((c), (a), (b))
 #define VREDUCE(v) vaddvq_f32(v)
-#define KNAME(x) x##_f32_neon
-#define KTABLE posenc_kernels_f32_neon
-#include "kernels_impl.h"
-#include "vector_undef.h"
 #define VSTREAM(p, v) VSTORE(p, v)
+#define KNAME(x) x##_f32_neon
+#include VECTOR_TEMPLATE
+#include "vector_undef.h"
 
 #define REAL double
 #define VT float64x2_t
@@ -42,8 +39,9 @@
 #define VMUL(a, b) vmulq_f64((a), (b))
 #define VFMA(a, b, c) vfmaq_f64((c), (a), (b))
 #define VREDUCE(v) vaddvq_f64(v)
+#define VSTREAM(p, v) VSTORE(p, v)
 #define KNAME(x) x##_f64_neon
-#define KTABLE posenc_kernels_f64_neon
-#include "kernels_impl.h"
+#include VECTOR_TEMPLATE
+#include "vector_undef.h"
 
 #endif /* NEON */

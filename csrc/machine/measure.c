@@ -1,11 +1,10 @@
 /*
- * machine.c -- the machine's limits, measured, so benchmark results can be
- * stated as a fraction of them: the FMA throughput of an ISA (FLOP/s) and
- * the bandwidth of storing a buffer much larger than the caches (bytes/s),
- * with plain and with non-temporal stores.  Used by `python -m posenc bench`.
+ * measure.c -- the machine's limits, measured: the FMA throughput of an ISA
+ * (FLOP/s) and the bandwidth of storing a buffer much larger than the caches
+ * (bytes/s), with plain and with non-temporal stores.
  */
 #define _POSIX_C_SOURCE 200809L
-#include "posenc.h"
+#include "machine.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -14,6 +13,31 @@
 #ifdef _OPENMP
 #include <omp.h>
 #endif
+
+const posenc_machine_loops *posenc_machine_loops_for(posenc_isa isa, posenc_dtype dtype)
+{
+    if (!posenc_cpu_has(isa))
+        return NULL;
+    const int f32 = dtype == POSENC_F32;
+    switch (isa) {
+    case POSENC_ISA_SCALAR:
+        return f32 ? &posenc_machine_f32_scalar : &posenc_machine_f64_scalar;
+#ifdef POSENC_HAVE_AVX2
+    case POSENC_ISA_AVX2:
+        return f32 ? &posenc_machine_f32_avx2 : &posenc_machine_f64_avx2;
+#endif
+#ifdef POSENC_HAVE_AVX512
+    case POSENC_ISA_AVX512:
+        return f32 ? &posenc_machine_f32_avx512 : &posenc_machine_f64_avx512;
+#endif
+#ifdef POSENC_HAVE_NEON
+    case POSENC_ISA_NEON:
+        return f32 ? &posenc_machine_f32_neon : &posenc_machine_f64_neon;
+#endif
+    default:
+        return NULL;
+    }
+}
 
 static double now_seconds(void)
 {
@@ -26,14 +50,14 @@ volatile double posenc_machine_sink;
 
 double posenc_measure_fma(posenc_isa isa, posenc_dtype dtype, int threads, double seconds)
 {
-    const posenc_kernels *K = posenc_kernels_for(isa, dtype);
-    if (!K || threads < 1)
+    const posenc_machine_loops *L = posenc_machine_loops_for(isa, dtype);
+    if (!L || threads < 1)
         return -1.0;
     /* calibrate the iteration count on one thread to about `seconds` */
     size_t iterations = 1u << 16;
     for (;;) {
         const double t0 = now_seconds();
-        posenc_machine_sink += K->fma_peak(iterations);
+        posenc_machine_sink += L->fma_peak(iterations);
         const double dt = now_seconds() - t0;
         if (dt > seconds / 4 || iterations > ((size_t)1 << 40))
             break;
@@ -45,7 +69,7 @@ double posenc_measure_fma(posenc_isa isa, posenc_dtype dtype, int threads, doubl
         double local = 0;
 #pragma omp barrier
         const double t0 = now_seconds();
-        local += K->fma_peak(iterations);
+        local += L->fma_peak(iterations);
         const double dt = now_seconds() - t0;
 #pragma omp critical
         {
@@ -54,13 +78,13 @@ double posenc_measure_fma(posenc_isa isa, posenc_dtype dtype, int threads, doubl
                 elapsed = dt;
         }
     }
-    return (double)iterations * (double)K->fma_peak_flops * threads / elapsed;
+    return (double)iterations * (double)L->fma_peak_flops * threads / elapsed;
 }
 
 double posenc_measure_store(posenc_isa isa, size_t bytes, int threads, int nontemporal, int repeats)
 {
-    const posenc_kernels *K = posenc_kernels_for(isa, POSENC_F32);
-    if (!K || threads < 1 || repeats < 1)
+    const posenc_machine_loops *L = posenc_machine_loops_for(isa, POSENC_F32);
+    if (!L || threads < 1 || repeats < 1)
         return -1.0;
     bytes = bytes / (64 * (size_t)threads) * (64 * (size_t)threads);
     char *buffer = NULL;
@@ -79,7 +103,7 @@ double posenc_measure_store(posenc_isa isa, size_t bytes, int threads, int nonte
             char *part = buffer;
 #endif
             if (nontemporal)
-                K->stream_zero(part, share);
+                L->stream_zero(part, share);
             else
                 memset(part, 0, share);
         }

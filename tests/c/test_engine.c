@@ -1,6 +1,6 @@
 /*
- * test_engine.c -- the C engine without Python: every term kind and combine
- * mode, float and double, odd sizes, on every ISA this CPU supports.
+ * test_engine.c -- the C engine without Python: every term kind, sum and
+ * product mode, float and double, odd sizes, on every ISA this CPU supports.
  *
  *   1. The forward of the scalar ISA equals a naive double-precision loop
  *      written from SPEC.md's formulas (maps here are synthetic: clipped,
@@ -44,7 +44,7 @@ static int failures, checks;
 
 typedef struct {
     const char *name;
-    int dense, table, vq, vk, seg, theta, product;
+    int dense, table, query_table, key_table, segments, theta, product;
     int map;   /* 0 clipped j-i, 1 clipped i-j, 2 irregular */
 } config;
 
@@ -72,10 +72,10 @@ typedef struct {
     double *f64[MAX_ARRAYS];
     float *f32[MAX_ARRAYS];
     int64_t *maps[3];
-    int64_t *seg_q, *seg_k;
+    int64_t *segment_q, *segment_k;
 } problem_data;
 
-enum { X_Q, X_K, X_PQ, X_PK, X_TABLE, X_VQ, X_VK, X_SEG, X_THETA, X_G, X_COUNT };
+enum { X_Q, X_K, X_PQ, X_PK, X_TABLE, X_QUERY_TABLE, X_KEY_TABLE, X_SEGMENT_TABLE, X_THETA, X_G, X_COUNT };
 
 static double *fill(problem_data *pd, int slot, size_t len)
 {
@@ -115,11 +115,11 @@ static void build(problem_data *pd, const config *c, size_t B, size_t H, size_t 
     memset(pd, 0, sizeof *pd);
     posenc_problem *p = &pd->p;
     const size_t Hp = shared ? 1 : H, rows = 7, dp = 3, S = 3;
-    p->combine = c->product ? POSENC_PRODUCT : POSENC_SUM;
+    p->product = c->product;
     p->B = B; p->H = H; p->n = n; p->m = m; p->d = d;
     p->scale = 0.37;
     p->dense_scale = 0.8;
-    p->vec_scale = c->product ? 1.0 : 0.37;
+    p->vector_scale = c->product ? 1.0 : 0.37;
     fill(pd, X_Q, B * H * n * d);
     fill(pd, X_K, B * H * m * d);
     fill(pd, X_G, B * H * n * m);
@@ -134,26 +134,26 @@ static void build(problem_data *pd, const config *c, size_t B, size_t H, size_t 
         pd->maps[0] = make_map(c->map, n, m, rows);
         p->table_map = pd->maps[0];
     }
-    if (c->vq) {
-        fill(pd, X_VQ, Hp * rows * d);
-        p->vq_heads = Hp; p->vq_rows = rows;
+    if (c->query_table) {
+        fill(pd, X_QUERY_TABLE, Hp * rows * d);
+        p->query_table_heads = Hp; p->query_table_rows = rows;
         pd->maps[1] = make_map(c->map, n, m, rows);
-        p->vq_map = pd->maps[1];
+        p->query_map = pd->maps[1];
     }
-    if (c->vk) {
-        fill(pd, X_VK, H * rows * d);
-        p->vk_heads = H; p->vk_rows = rows;
+    if (c->key_table) {
+        fill(pd, X_KEY_TABLE, H * rows * d);
+        p->key_table_heads = H; p->key_table_rows = rows;
         pd->maps[2] = make_map(c->map == 2 ? 0 : c->map, n, m, rows);
-        p->vk_map = pd->maps[2];
+        p->key_map = pd->maps[2];
     }
-    if (c->seg) {
-        fill(pd, X_SEG, Hp * S * S);
-        p->seg_heads = Hp; p->n_segments = S;
-        pd->seg_q = malloc(sizeof(int64_t) * (B * n + 1));
-        pd->seg_k = malloc(sizeof(int64_t) * (B * m + 1));
-        for (size_t t = 0; t < B * n; ++t) pd->seg_q[t] = (int64_t)((urand() + 1) * 1.5) % 3;
-        for (size_t t = 0; t < B * m; ++t) pd->seg_k[t] = (int64_t)(t * 3 / (B * m + 1)) % 3;
-        p->seg_q = pd->seg_q; p->seg_k = pd->seg_k;
+    if (c->segments) {
+        fill(pd, X_SEGMENT_TABLE, Hp * S * S);
+        p->segment_table_heads = Hp; p->n_segments = S;
+        pd->segment_q = malloc(sizeof(int64_t) * (B * n + 1));
+        pd->segment_k = malloc(sizeof(int64_t) * (B * m + 1));
+        for (size_t t = 0; t < B * n; ++t) pd->segment_q[t] = (int64_t)((urand() + 1) * 1.5) % 3;
+        for (size_t t = 0; t < B * m; ++t) pd->segment_k[t] = (int64_t)(t * 3 / (B * m + 1)) % 3;
+        p->segment_q = pd->segment_q; p->segment_k = pd->segment_k;
     }
     if (c->theta) {
         fill(pd, X_THETA, Hp * 2);
@@ -168,8 +168,8 @@ static void point(problem_data *pd, posenc_dtype dtype)
     p->dtype = dtype;
     p->q = PTR(X_Q); p->k = PTR(X_K);
     p->pos_q = PTR(X_PQ); p->pos_k = PTR(X_PK);
-    p->table = PTR(X_TABLE); p->vq_table = PTR(X_VQ); p->vk_table = PTR(X_VK);
-    p->seg_table = PTR(X_SEG); p->theta = PTR(X_THETA);
+    p->table = PTR(X_TABLE); p->query_table = PTR(X_QUERY_TABLE); p->key_table = PTR(X_KEY_TABLE);
+    p->segment_table = PTR(X_SEGMENT_TABLE); p->theta = PTR(X_THETA);
 #undef PTR
 }
 
@@ -177,8 +177,8 @@ static void release(problem_data *pd)
 {
     for (int t = 0; t < MAX_ARRAYS; ++t) { free(pd->f64[t]); free(pd->f32[t]); }
     for (int t = 0; t < 3; ++t) free(pd->maps[t]);
-    free(pd->seg_q);
-    free(pd->seg_k);
+    free(pd->segment_q);
+    free(pd->segment_k);
 }
 
 /* SPEC §3 written as loops, in double. */
@@ -192,23 +192,23 @@ static double naive_logit(const problem_data *pd, size_t b, size_t h, size_t i, 
     double qk = 0;
     for (size_t l = 0; l < d; ++l) qk += q[l] * k[l];
     double fq = 0, fk = 0, t = 0, pos = 0;
-    if (p->vq_table) {
-        const double *a = pd->f64[X_VQ] + ((p->vq_heads == 1 ? 0 : h) * p->vq_rows + (size_t)p->vq_map[o]) * d;
+    if (p->query_table) {
+        const double *a = pd->f64[X_QUERY_TABLE] + ((p->query_table_heads == 1 ? 0 : h) * p->query_table_rows + (size_t)p->query_map[o]) * d;
         for (size_t l = 0; l < d; ++l) fq += q[l] * a[l];
-        fq *= p->vec_scale;
+        fq *= p->vector_scale;
     }
-    if (p->vk_table) {
-        const double *a = pd->f64[X_VK] + ((p->vk_heads == 1 ? 0 : h) * p->vk_rows + (size_t)p->vk_map[o]) * d;
+    if (p->key_table) {
+        const double *a = pd->f64[X_KEY_TABLE] + ((p->key_table_heads == 1 ? 0 : h) * p->key_table_rows + (size_t)p->key_map[o]) * d;
         for (size_t l = 0; l < d; ++l) fk += k[l] * a[l];
-        fk *= p->vec_scale;
+        fk *= p->vector_scale;
     }
     if (p->table)
         t = pd->f64[X_TABLE][(p->table_heads == 1 ? 0 : h) * p->table_rows + (size_t)p->table_map[o]];
-    if (p->combine == POSENC_PRODUCT) {
+    if (p->product) {
         double value = p->scale * qk;
         if (p->table) value *= t;
-        if (p->vq_table) value *= fq;
-        if (p->vk_table) value *= fk;
+        if (p->query_table) value *= fq;
+        if (p->key_table) value *= fk;
         return value;
     }
     pos = fq + fk + t;
@@ -219,10 +219,10 @@ static double naive_logit(const problem_data *pd, size_t b, size_t h, size_t i, 
         for (size_t l = 0; l < p->d_p; ++l) dot += pq[l] * pk[l];
         pos += p->dense_scale * dot;
     }
-    if (p->seg_table) {
+    if (p->segment_table) {
         const size_t S = p->n_segments;
-        pos += pd->f64[X_SEG][(p->seg_heads == 1 ? 0 : h) * S * S +
-                              (size_t)p->seg_q[b * n + i] * S + (size_t)p->seg_k[b * m + j]];
+        pos += pd->f64[X_SEGMENT_TABLE][(p->segment_table_heads == 1 ? 0 : h) * S * S +
+                              (size_t)p->segment_q[b * n + i] * S + (size_t)p->segment_k[b * m + j]];
     }
     if (p->theta) {
         const double *theta = pd->f64[X_THETA] + (p->theta_heads == 1 ? 0 : h) * 2;
@@ -253,9 +253,9 @@ static int run(problem_data *pd, posenc_dtype dtype, int threads, result *r)
     const size_t logits = p->B * p->H * p->n * p->m;
     void *out = malloc(es * (logits ? logits : 1));
     const size_t lens[9] = {pd->len[X_Q], pd->len[X_K], pd->len[X_PQ], pd->len[X_PK], pd->len[X_TABLE],
-                            pd->len[X_VQ], pd->len[X_VK], pd->len[X_SEG], pd->len[X_THETA]};
-    const void *inputs[9] = {p->q, p->k, p->pos_q, p->pos_k, p->table, p->vq_table, p->vk_table,
-                             p->seg_table, p->theta};
+                            pd->len[X_QUERY_TABLE], pd->len[X_KEY_TABLE], pd->len[X_SEGMENT_TABLE], pd->len[X_THETA]};
+    const void *inputs[9] = {p->q, p->k, p->pos_q, p->pos_k, p->table, p->query_table, p->key_table,
+                             p->segment_table, p->theta};
     void *g[9];
     for (int t = 0; t < 9; ++t) g[t] = inputs[t] ? malloc(es * (lens[t] ? lens[t] : 1)) : NULL;
     posenc_grads grads = {g[0], g[1], g[2], g[3], g[4], g[5], g[6], g[7], g[8]};
@@ -304,7 +304,7 @@ static void compare(const char *what, const double *a, const double *b, size_t l
            bitwise ? ", bitwise" : "");
 }
 
-static const char *const grad_names[9] = {"q", "k", "pos_q", "pos_k", "table", "vq", "vk", "seg", "theta"};
+static const char *const grad_names[9] = {"q", "k", "pos_q", "pos_k", "table", "query_table", "key_table", "segment_table", "theta"};
 
 int main(void)
 {

@@ -1,0 +1,101 @@
+/*
+ * backward_product_impl.h -- the product mode's backward (M2, M4M: A = s
+ * q.k * table * query table * key table), for one dtype: per row tile the
+ * factors are rebuilt and multiplied into the effective gradients that
+ * backward_impl.h's GEMMs and scatters consume.
+ */
+
+/* The product mode's workspace regions (see backward_ws). */
+static void backward_product_ws(const backward_ctx *c, backward_ws *w, REAL *mem, size_t *at)
+{
+    const posenc_problem *p = c->p;
+    const size_t mr = c->kern->mr, nr = c->kern->nr, m = p->m, d = p->d;
+    const size_t proj_ld = posenc_round_up(posenc_max(c->query_buckets, 1), nr);
+    WS_TAKE(w, mem, *at, k_pack, packed_b_size(d, m, nr));
+    WS_TAKE(w, mem, *at, content, mr * c->m_pad);
+    WS_TAKE(w, mem, *at, row_grad, c->m_pad);
+    WS_TAKE(w, mem, *at, content_grad, c->row_block * c->m_pad);
+    if (p->query_table) {
+        WS_TAKE(w, mem, *at, query_factor, mr * c->m_pad);
+        WS_TAKE(w, mem, *at, query_proj, mr * proj_ld);
+        WS_TAKE(w, mem, *at, query_table_pack, packed_b_size(d, c->query_buckets, nr));
+    }
+    if (p->key_table) {
+        WS_TAKE(w, mem, *at, key_factor, mr * c->m_pad);
+        WS_TAKE(w, mem, *at, key_proj, m * c->key_buckets);
+        WS_TAKE(w, mem, *at, key_table_pack, packed_b_size(d, c->key_buckets, nr));
+        WS_TAKE(w, mem, *at, key_tile_grad, mr * c->m_pad);
+    }
+}
+
+/*
+ * Rebuild the factors of tile [i0, i0 + rows) and form the effective
+ * gradients: Gc = G prod(F) (rows of content_grad from blk0), and per
+ * wanted factor x, G (s C) prod(F without x), scattered at once (query
+ * side, table) or tile by tile (key side).
+ */
+static void backward_product_tile(const backward_ctx *c, backward_ws *w, size_t u, size_t b,
+                                  size_t h, const packed_b *k_packed, size_t blk0, size_t i0,
+                                  size_t rows)
+{
+    const posenc_problem *p = c->p;
+    const posenc_kernels *kern = c->kern;
+    const size_t n = p->n, m = p->m, d = p->d, ld = c->m_pad;
+    const REAL *q_u = (const REAL *)p->q + u * n * d;
+    const REAL *G_u = c->G + u * n * m;
+
+    gemm_packed(kern, &w->scratch, rows, q_u + i0 * d, (ptrdiff_t)d, 1, (REAL)p->scale, k_packed,
+                w->content, (ptrdiff_t)ld, 0, NULL, 0, NULL, 0, NULL);
+    if (p->query_table)
+        term_query_table(kern, &w->scratch, p, &c->query_runs, c->query_buckets,
+                         w->query_table_pack, &w->cached_query_table, w->query_proj, h, q_u,
+                         POSENC_SET, w->query_factor, ld, i0, rows);
+    if (p->key_table)
+        term_key_table(kern, POSENC_SET, w->key_factor, ld, p->key_map, c->key_runs.b_min,
+                       w->key_proj, c->key_buckets, n, m, i0, rows);
+
+    const REAL *by_offset = p->table ? c->table_by_offset + head_of(p->table_heads, h) * c->offsets
+                                     : NULL;
+    enum { FACTOR_TABLE, FACTOR_QUERY, FACTOR_KEY };
+    for (size_t r = 0; r < rows; ++r) {
+        const size_t i = i0 + r;
+        const REAL *g_row = G_u + i * m;
+        const REAL *factor[3];
+        int kind[3], wanted[3], nf = 0;
+        if (by_offset) {
+            factor[nf] = by_offset + (n - 1 - i); kind[nf] = FACTOR_TABLE; wanted[nf++] = c->need_offsets;
+        }
+        if (p->query_table) {
+            factor[nf] = w->query_factor + r * ld; kind[nf] = FACTOR_QUERY; wanted[nf++] = c->need_query_side;
+        }
+        if (p->key_table) {
+            factor[nf] = w->key_factor + r * ld; kind[nf] = FACTOR_KEY; wanted[nf++] = c->need_key_side;
+        }
+        if (c->need_content) {
+            REAL *gc = w->content_grad + (i - blk0) * ld;
+            kern->row_mul(gc, g_row, factor[0], m);
+            for (int f = 1; f < nf; ++f)
+                kern->row_gather(POSENC_MUL, gc, factor[f], 1, m);
+        }
+        /* one effective gradient per factor: G (s C) times the other factors */
+        for (int x = 0; x < nf; ++x) {
+            if (!wanted[x])
+                continue;
+            /* the key side is scattered tile by tile: its rows are kept */
+            REAL *eff = kind[x] == FACTOR_KEY ? w->key_tile_grad + r * ld : w->row_grad;
+            kern->row_mul(eff, g_row, w->content + r * ld, m);
+            for (int f = 0; f < nf; ++f)
+                if (f != x)
+                    kern->row_gather(POSENC_MUL, eff, factor[f], 1, m);
+            if (kind[x] != FACTOR_KEY) {
+                row_grads rg = {NULL, NULL, NULL};
+                if (kind[x] == FACTOR_TABLE) rg.for_table = eff;
+                else rg.for_query_table = eff;
+                backward_row_positional(c, w, u, b, i, &rg);
+            }
+        }
+    }
+    if (c->need_key_side)
+        scatter_key_side(kern, w->key_side, c->key_buckets, p->key_map, c->key_runs.b_min,
+                         w->key_tile_grad, ld, n, m, i0, rows, 0, 0);
+}

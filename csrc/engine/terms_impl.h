@@ -1,0 +1,141 @@
+/*
+ * terms_impl.h -- the positional terms of a row tile, one builder per term
+ * kind, for one dtype (REAL, set by engine_<dtype>.c); shared by the
+ * forward and the product-mode backward.
+ *
+ * Each builder applies one term to the rows [i0, i0 + rows) of a row block
+ * P (row r at P + r * ldp, columns j in [0, m)) with `op`: SET for the
+ * first term, then ADD (sum) or MUL (product).
+ */
+
+/* The head of a parameter whose head axis has `heads` entries (H or 1). */
+static inline size_t head_of(size_t heads, size_t h) { return heads == 1 ? 0 : h; }
+
+/* table[h, map(j - i)] from its values along the offsets, by_offset[o + n - 1]. */
+static void term_table(const posenc_kernels *kern, int op, REAL *P, size_t ldp,
+                       const REAL *by_offset, size_t n, size_t m, size_t i0, size_t rows)
+{
+    for (size_t r = 0; r < rows; ++r)
+        kern->row_gather(op, P + r * ldp, by_offset + (n - 1 - (i0 + r)), 1, m);
+}
+
+/*
+ * Query-side table, run by run:
+ * proj[r * ld + (bucket - b_min)] = vector_scale q_i . query_table[bucket].
+ */
+static void term_query_table_runs(const posenc_kernels *kern, int op, REAL *P, size_t ldp,
+                                  const posenc_runs *runs, const REAL *proj, size_t ld, size_t m,
+                                  size_t i0, size_t rows)
+{
+    for (size_t r = 0; r < rows; ++r) {
+        const ptrdiff_t i = (ptrdiff_t)(i0 + r);
+        ptrdiff_t js, je, bs;
+        for (size_t t = posenc_runs_seek(runs, -i);
+             t < runs->count && posenc_run_span(&runs->runs[t], i, 0, (ptrdiff_t)m, &js, &je, &bs); ++t)
+            kern->row_gather(op, P + r * ldp + js, proj + r * ld + (bs - runs->b_min),
+                             runs->runs[t].step, (size_t)(je - js));
+    }
+}
+
+/*
+ * Key-side table: proj[j * ld + (bucket - b_min)] = vector_scale k_j .
+ * key_table[bucket]; along a row the needed entries form a diagonal of proj,
+ * so the ISA's tile gather takes the keys block by block (kern->key_block).
+ * map[o + n - 1] is the bucket of offset o.
+ */
+static void term_key_table(const posenc_kernels *kern, int op, REAL *P, size_t ldp,
+                           const int64_t *map, ptrdiff_t b_min, const REAL *proj, size_t ld,
+                           size_t n, size_t m, size_t i0, size_t rows)
+{
+    for (size_t j0 = 0; j0 < m; j0 += kern->key_block)
+        kern->tile_gather_key(op, P, ldp, map + (n - 1 - i0), b_min, proj, ld, j0,
+                              posenc_min(j0 + kern->key_block, m), rows);
+}
+
+/*
+ * The key-side projections of unit (b, h): proj = k . (vector_scale
+ * key_table[h])^T over the buckets the map uses, m x buckets, the table
+ * packed into table_pack.
+ */
+static void key_projections(const posenc_kernels *kern, const gemm_scratch *g,
+                            const posenc_problem *p, ptrdiff_t b_min, size_t buckets,
+                            REAL *table_pack, REAL *proj, size_t h, const REAL *k_u)
+{
+    const size_t d = p->d, ht = head_of(p->key_table_heads, h);
+    const REAL *table = (const REAL *)p->key_table + (ht * p->key_table_rows + (size_t)b_min) * d;
+    packed_b pb;
+    pack_b(kern, &pb, table_pack, table, 1, (ptrdiff_t)d, d, buckets, (REAL)p->vector_scale);
+    gemm_packed(kern, g, p->m, k_u, (ptrdiff_t)d, 1, (REAL)1, &pb, proj, (ptrdiff_t)buckets, 0,
+                NULL, 0, NULL, 0, NULL);
+}
+
+/*
+ * The query-side term of a row tile: proj = q[rows] . (vector_scale
+ * query_table[h])^T over the buckets the map uses (the table packed once
+ * per head, cached: *cached_head is the head table_pack holds), then
+ * gathered into P with op.
+ */
+static void term_query_table(const posenc_kernels *kern, const gemm_scratch *g,
+                             const posenc_problem *p, const posenc_runs *runs, size_t buckets,
+                             REAL *table_pack, ptrdiff_t *cached_head, REAL *proj, size_t h,
+                             const REAL *q_u, int op, REAL *P, size_t ldp, size_t i0, size_t rows)
+{
+    const size_t d = p->d, ld = posenc_round_up(buckets, kern->nr);
+    const size_t ht = head_of(p->query_table_heads, h);
+    packed_b pb = {table_pack, d, buckets, ld};
+    if (*cached_head != (ptrdiff_t)ht) {
+        const REAL *table = (const REAL *)p->query_table +
+                            (ht * p->query_table_rows + (size_t)runs->b_min) * d;
+        pack_b(kern, &pb, table_pack, table, 1, (ptrdiff_t)d, d, buckets, (REAL)p->vector_scale);
+        *cached_head = (ptrdiff_t)ht;
+    }
+    gemm_packed(kern, g, rows, q_u + i0 * d, (ptrdiff_t)d, 1, (REAL)1, &pb, proj, (ptrdiff_t)ld,
+                0, NULL, 0, NULL, 0, NULL);
+    if (posenc_runs_short(runs, p->n + p->m - 1))
+        kern->tile_gather_query(op, P, ldp, p->query_map + (p->n - 1 - i0), runs->b_min, proj, ld,
+                                p->m, rows);
+    else
+        term_query_table_runs(kern, op, P, ldp, runs, proj, ld, p->m, i0, rows);
+}
+
+/* segment_table[h, segment_q[b, i], segment_k[b, j]]: one broadcast per key segment run. */
+static void term_segments(const posenc_kernels *kern, int op, REAL *P, size_t ldp,
+                          const posenc_segment_run *runs, size_t n_runs,
+                          const int64_t *segment_q_b, const REAL *table_h, size_t S, size_t i0,
+                          size_t rows)
+{
+    for (size_t r = 0; r < rows; ++r) {
+        const REAL *table_row = table_h + (size_t)segment_q_b[i0 + r] * S;
+        for (size_t t = 0; t < n_runs; ++t)
+            kern->row_gather(op, P + r * ldp + runs[t].j_begin, table_row + runs[t].segment, 0,
+                             runs[t].j_end - runs[t].j_begin);
+    }
+}
+
+/* TUPE eq. (9): theta[0] on row 0, theta[1] on column 0 of the other rows. */
+static void term_reset(const posenc_kernels *kern, REAL *P, size_t ldp, const REAL *theta_h,
+                       size_t m, size_t i0, size_t rows)
+{
+    if (m == 0)
+        return;
+    for (size_t r = 0; r < rows; ++r) {
+        if (i0 + r == 0)
+            kern->row_gather(POSENC_SET, P, theta_h, 0, m);
+        else
+            P[r * ldp] = theta_h[1];
+    }
+}
+
+/* A table's values along the offsets: by_offset[h, t] = table[h, map[t]], t < offsets. */
+static REAL *table_by_offset(const posenc_problem *p, size_t offsets)
+{
+    REAL *by_offset = (REAL *)posenc_alloc(p->table_heads * offsets, sizeof(REAL));
+    if (!by_offset)
+        return NULL;
+    for (size_t h = 0; h < p->table_heads; ++h) {
+        const REAL *row = (const REAL *)p->table + h * p->table_rows;
+        for (size_t t = 0; t < offsets; ++t)
+            by_offset[h * offsets + t] = row[p->table_map[t]];
+    }
+    return by_offset;
+}

@@ -1,0 +1,92 @@
+/*
+ * avx512.c -- AVX-512 F/VL/DQ kernels (compiled with the AVX-512 flags only).
+ * Register tile 12 x 2 vectors: 24 accumulators, 2 B vectors, broadcasts
+ * from memory, of the 32 zmm registers.
+ */
+#include "../posenc.h"
+
+#if defined(__AVX512F__) && defined(__AVX512VL__) && defined(__AVX512DQ__)
+#include <immintrin.h>
+
+#define MR 12
+#define NRV 2
+
+/*
+ * Key-side table gathers and their adjoint (see tile_gather_key): element j
+ * of a row reads proj[j * ld + bucket[j] - b_min], 8 keys per instruction
+ * with 64-bit indices.  The 8 keys of a scatter are distinct rows of the
+ * gradient, so its lanes never collide.
+ */
+#define KEY_LANES 8
+
+/* The element offsets of keys j .. j + 7, advanced by KEY_LANES keys per step. */
+typedef struct {
+    __m512i offset, advance;
+} key_cursor;
+
+static inline key_cursor key_cursor_at(size_t j, size_t ld, ptrdiff_t b_min)
+{
+    const __m512i lane = _mm512_setr_epi64(0, 1, 2, 3, 4, 5, 6, 7);
+    const __m512i row = _mm512_add_epi64(lane, _mm512_set1_epi64((long long)j));
+    key_cursor cursor;
+    cursor.offset = _mm512_sub_epi64(_mm512_mullo_epi64(row, _mm512_set1_epi64((long long)ld)),
+                                     _mm512_set1_epi64((long long)b_min));
+    cursor.advance = _mm512_set1_epi64((long long)(KEY_LANES * ld));
+    return cursor;
+}
+
+/* The indices of the next 8 keys, whose buckets start at bucket_j. */
+static inline __m512i key_cursor_next(key_cursor *cursor, const int64_t *bucket_j)
+{
+    const __m512i index = _mm512_add_epi64(cursor->offset, _mm512_loadu_si512(bucket_j));
+    cursor->offset = _mm512_add_epi64(cursor->offset, cursor->advance);
+    return index;
+}
+
+#define KEY_ROW_FUNCTIONS(REAL_T, SUF, VEC_T, GATHER, SCATTER, LOAD, STORE, ADD, MUL)              \
+    static inline void key_row_gather_##SUF(int op, REAL_T *dst, const REAL_T *proj, size_t ld,     \
+                                            const int64_t *bucket, ptrdiff_t b_min, size_t j0,      \
+                                            size_t j1)                                              \
+    {                                                                                               \
+        size_t j = j0;                                                                              \
+        for (key_cursor at = key_cursor_at(j, ld, b_min); j + KEY_LANES <= j1; j += KEY_LANES) {   \
+            VEC_T v = GATHER(key_cursor_next(&at, bucket + j), proj, sizeof(REAL_T));               \
+            if (op == POSENC_ADD) v = ADD(v, LOAD(dst + j));                                        \
+            else if (op == POSENC_MUL) v = MUL(v, LOAD(dst + j));                                   \
+            STORE(dst + j, v);                                                                      \
+        }                                                                                           \
+        for (; j < j1; ++j) {                                                                       \
+            const REAL_T v = proj[j * ld + (size_t)(bucket[j] - b_min)];                            \
+            dst[j] = op == POSENC_SET ? v : op == POSENC_ADD ? dst[j] + v : dst[j] * v;             \
+        }                                                                                           \
+    }                                                                                               \
+    static inline void key_row_scatter_##SUF(REAL_T *grad, size_t ld, const int64_t *bucket,        \
+                                             ptrdiff_t b_min, const REAL_T *src, size_t j0,         \
+                                             size_t j1)                                             \
+    {                                                                                               \
+        size_t j = j0;                                                                              \
+        for (key_cursor at = key_cursor_at(j, ld, b_min); j + KEY_LANES <= j1; j += KEY_LANES) {   \
+            const __m512i index = key_cursor_next(&at, bucket + j);                                 \
+            SCATTER(grad, index, ADD(GATHER(index, grad, sizeof(REAL_T)), LOAD(src + j)),           \
+                    sizeof(REAL_T));                                                                \
+        }                                                                                           \
+        for (; j < j1; ++j)                                                                         \
+            grad[j * ld + (size_t)(bucket[j] - b_min)] += src[j];                                   \
+    }
+
+KEY_ROW_FUNCTIONS(float, f32, __m256, _mm512_i64gather_ps, _mm512_i64scatter_ps, _mm256_loadu_ps,
+                  _mm256_storeu_ps, _mm256_add_ps, _mm256_mul_ps)
+KEY_ROW_FUNCTIONS(double, f64, __m512d, _mm512_i64gather_pd, _mm512_i64scatter_pd, _mm512_loadu_pd,
+                  _mm512_storeu_pd, _mm512_add_pd, _mm512_mul_pd)
+#undef KEY_ROW_FUNCTIONS
+
+/* The kernels' hooks (kernels_impl.h), by the dtype of the destination. */
+#define KEY_ROW_GATHER(op, dst, ...) \
+    _Generic((dst), float *: key_row_gather_f32, double *: key_row_gather_f64)(op, dst, __VA_ARGS__)
+#define KEY_ROW_SCATTER(grad, ...) \
+    _Generic((grad), float *: key_row_scatter_f32, double *: key_row_scatter_f64)(grad, __VA_ARGS__)
+
+#define VECTOR_TEMPLATE "kernels_impl.h"
+#include "vectors_avx512.h"
+
+#endif /* AVX-512 */

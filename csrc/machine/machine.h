@@ -1,0 +1,37 @@
+/*
+ * machine.h -- posenc._machine: the machine's limits, measured, so that
+ * benchmark results can be stated as a fraction of them.  Benchmarks only:
+ * nothing here is part of the engine or of posenc._C.
+ */
+#ifndef POSENC_MACHINE_H
+#define POSENC_MACHINE_H
+
+#include "../posenc.h"
+
+/* The loops one ISA provides for one dtype (machine_impl.h). */
+typedef struct {
+    /* an FMA-throughput loop: returns a value the compiler cannot drop */
+    double (*fma_peak)(size_t iterations);
+    size_t fma_peak_flops;                 /* FLOPs of one iteration */
+    /* stores zeros to dst with the ISA's non-temporal stores, then fences */
+    void (*stream_zero)(void *dst, size_t bytes);
+} posenc_machine_loops;
+
+/* Per-ISA loops (machine/<isa>.c when compiled). */
+extern const posenc_machine_loops posenc_machine_f32_scalar, posenc_machine_f64_scalar;
+extern const posenc_machine_loops posenc_machine_f32_avx2, posenc_machine_f64_avx2;
+extern const posenc_machine_loops posenc_machine_f32_avx512, posenc_machine_f64_avx512;
+extern const posenc_machine_loops posenc_machine_f32_neon, posenc_machine_f64_neon;
+
+/* The loops of an ISA this build compiled and the CPU runs, else NULL. */
+const posenc_machine_loops *posenc_machine_loops_for(posenc_isa isa, posenc_dtype dtype);
+
+/* FLOP/s of the ISA's FMA loop on `threads` threads, each running about
+ * `seconds`; -1 for an ISA it cannot run. */
+double posenc_measure_fma(posenc_isa isa, posenc_dtype dtype, int threads, double seconds);
+
+/* bytes/s of storing a fresh `bytes` buffer, split over `threads`, with
+ * plain or non-temporal stores, best of `repeats`; -1 on failure. */
+double posenc_measure_store(posenc_isa isa, size_t bytes, int threads, int nontemporal, int repeats);
+
+#endif /* POSENC_MACHINE_H */

@@ -1,0 +1,5 @@
+/* machine/scalar.c -- posenc._machine's loops for scalar (compiled with the ISA's flags). */
+#include "machine.h"
+
+#define VECTOR_TEMPLATE "../machine/machine_impl.h"
+#include "../isa/vectors_scalar.h"
