@@ -1,8 +1,11 @@
 #!/usr/bin/env python
-"""Run the posenc benchmark suite: the same code as `python -m posenc bench`.
+"""Run posenc's benchmark suite (benchmarks/posenc_bench) against the installed
+posenc; `python -m posenc bench` runs the same code from a source checkout.
 
     python benchmarks/run.py            # the full run (about 15-20 minutes on 2 cores)
     python benchmarks/run.py --quick    # tiny sizes, seconds
+    python benchmarks/run.py --report-only benchmarks/results/<run>.json --out DIR
+                                        # the .md and charts of a run, from its JSON
     python benchmarks/run.py --help     # every option
 
 Results go to benchmarks/results/<date>-<host>.{json,md} and -*.png.
@@ -12,8 +15,7 @@ import os
 import sys
 
 if __name__ == "__main__":
-    # a source checkout: import the package next to this directory
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    from posenc import bench
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))   # the suite, by path
+    from posenc_bench.cli import main
 
-    sys.exit(bench.main(sys.argv[1:]))
+    sys.exit(main(sys.argv[1:]))

@@ -73,10 +73,54 @@ def cmd_check(args) -> int:
     return 1 if failed else 0
 
 
-def cmd_bench(args) -> int:
-    from posenc import bench
+BENCH_SUITE_ENV = "POSENC_BENCH_SUITE"
+BENCH_SUITE_MISSING = (
+    "posenc bench: the benchmark suite is not part of the installed package; it lives in "
+    "benchmarks/ of posenc's source checkout: run `python benchmarks/run.py` there, or "
+    "`python -m posenc bench --suite PATH/TO/benchmarks` (or set POSENC_BENCH_SUITE)")
 
-    return bench.main(args.rest)
+
+def _bench_suite(explicit):
+    """The directory holding the suite's package posenc_bench: `explicit` (--suite or
+    POSENC_BENCH_SUITE; a checkout or its benchmarks/), else the benchmarks/ next to
+    the package (an editable install), else ./benchmarks; None if none holds it."""
+    import os
+
+    import posenc
+
+    if explicit:
+        places = [explicit, os.path.join(explicit, "benchmarks")]
+    else:
+        checkout = os.path.dirname(os.path.dirname(os.path.abspath(posenc.__file__)))
+        places = [os.path.join(checkout, "benchmarks"), "benchmarks"]
+    for place in places:
+        if os.path.isfile(os.path.join(place, "posenc_bench", "cli.py")):
+            return os.path.abspath(place)
+    return None
+
+
+def cmd_bench(args) -> int:
+    """Run the suite of a source checkout against this posenc (--suite PATH to choose)."""
+    import os
+
+    rest, suite = list(args.rest), os.environ.get(BENCH_SUITE_ENV)
+    for at, arg in enumerate(rest):
+        if arg == "--suite" or arg.startswith("--suite="):
+            value = rest[at + 1:at + 2] if arg == "--suite" else [arg.split("=", 1)[1]]
+            suite = value[0] if value else ""
+            del rest[at:at + 1 + (arg == "--suite")]
+            break
+    where = _bench_suite(suite)
+    if where is None:
+        print(BENCH_SUITE_MISSING + (f"; no suite in {suite!r}" if suite else ""),
+              file=sys.stderr)
+        return 2
+    sys.path.insert(0, where)
+    from posenc_bench.cli import main as bench_main
+
+    return bench_main(rest, prog="python -m posenc bench",
+                      epilog=f"--suite PATH: the suite to run (here {where}); "
+                             f"{BENCH_SUITE_ENV} sets it too.")
 
 
 def cmd_rank(args) -> int:

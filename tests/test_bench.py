@@ -1,17 +1,27 @@
-"""Smoke test of the benchmark suite (posenc.bench): it runs at a tiny size and
-writes its JSON, Markdown and PNG files. No timing is asserted anywhere: the
-figures of a quick run on a shared machine mean nothing."""
+"""Smoke test of the benchmark suite (benchmarks/posenc_bench): it runs at a tiny
+size and writes its JSON, Markdown and PNG files; the committed run's page
+regenerates from its JSON; the suite's modules import one way.  No timing is
+asserted anywhere: the figures of a quick run on a shared machine mean nothing."""
 
+import ast
 import glob
 import json
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 import posenc
-from posenc import _bench_cases as cases
-from posenc import bench
+
+SUITE = Path(__file__).resolve().parent.parent / "benchmarks"
+if not (SUITE / "posenc_bench").is_dir():
+    pytest.skip("needs the source tree (benchmarks/posenc_bench)", allow_module_level=True)
+sys.path.insert(0, str(SUITE))
+
+from posenc_bench import cases, cli  # noqa: E402  (imported by path, as the suite's scripts do)
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -35,7 +45,7 @@ def _timed(data, method, impl, direction):
 @pytest.fixture(scope="module")
 def quick_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
-    assert bench.main(["--quick", "--out", str(out)]) == 0
+    assert cli.main(["--quick", "--out", str(out)]) == 0
     return _outputs(str(out))
 
 
@@ -108,7 +118,7 @@ def test_charts_are_png(quick_run):
 
 def test_runs_without_torch(tmp_path):
     """--no-torch: posenc and NumPy only, as where torch is not installed."""
-    code = bench.main(["--quick", "--no-torch", "--no-subprocess", "--methods", "content", "t5",
+    code = cli.main(["--quick", "--no-torch", "--no-subprocess", "--methods", "content", "t5",
                        "--out", str(tmp_path)])
     assert code == 0
     data, text, _ = _outputs(str(tmp_path))
@@ -143,3 +153,66 @@ def test_case_inputs_use_benchmark_parameters():
     assert args[2].shape == (1, 257, 4) and kwargs["max_distance"] == 128
     assert all(a.dtype == np.float32 for a in args)
     assert posenc.shaw(*args, **kwargs).shape == (1, 2, 8, 8)
+
+
+def test_quick_run_measures_the_overhead(quick_run):
+    data, text, _ = quick_run
+    result = data["overhead"]
+    assert result["threads"] == 1 and result["tiny"]["posenc.t5"]["median_s"] > 0
+    whats = [row["what"] for row in result["rows"]]
+    assert any(w.startswith("posenc.t5 per call") for w in whats)
+    if "torch" in result:
+        assert any(w.startswith("posenc.torch.t5 fwd+bwd") for w in whats)
+    assert "## Per-call overhead at small sizes" in text
+
+
+def test_parameters_are_read_off_the_inputs():
+    text = cases.describe("shaw")
+    assert text.startswith("rel_k (1, 257, d) shared by the heads") and "max_distance=128" in text
+    assert cases.describe("deberta").startswith("pos_key (H, 512, d), pos_query (H, 512, d)")
+    assert "s = 1/sqrt(3d)" in cases.describe("deberta")
+    assert set(cases.parameters()) == set(posenc.METHODS)
+
+
+def test_committed_run_regenerates(tmp_path):
+    """--report-only writes the committed run's Markdown, to the byte, from its JSON."""
+    results = SUITE / "results"
+    runs = sorted(results.glob("*.json"))
+    if not runs:
+        pytest.skip("no committed run under benchmarks/results")
+    assert cli.main(["--report-only", str(runs[-1]), "--out", str(tmp_path)]) == 0
+    name = runs[-1].with_suffix(".md").name
+    assert (tmp_path / name).read_text() == (results / name).read_text()
+
+
+def _suite_imports(path):
+    """The posenc_bench modules a module of the suite imports (relative imports)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.level == 1:
+            found |= {node.module} if node.module else {a.name for a in node.names}
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""]
+            found |= {n.split(".")[1] for n in names if n.startswith("posenc_bench.")}
+    return found
+
+
+def test_suite_imports_one_way():
+    """Each module imports only those before it: no cycle, nothing upward."""
+    order = ["cases", "machine", "measure", "worker", "overhead", "plan", "report", "markdown",
+             "charts", "cli", "__main__"]
+    modules = {p.stem for p in (SUITE / "posenc_bench").glob("*.py")} - {"__init__"}
+    assert modules == set(order)
+    for at, name in enumerate(order):
+        upward = _suite_imports(SUITE / "posenc_bench" / f"{name}.py") - set(order[:at])
+        assert not upward, f"posenc_bench.{name} imports {sorted(upward)}"
+    assert not _suite_imports(SUITE / "posenc_bench" / "__init__.py")
+
+
+def test_posenc_bench_without_a_suite_says_where_it_is(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "posenc", "bench", "--suite", str(tmp_path)],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert result.stdout == "" and len(result.stderr.strip().splitlines()) == 1
+    assert "benchmarks/run.py" in result.stderr and "Traceback" not in result.stderr

@@ -138,8 +138,6 @@ def interleaved_forward(cases: dict, threads: int, rounds: int = 15) -> dict:
     each, into one preallocated out= per method: a burst of interference then
     hits every method alike, and the minimum (which interference can only
     raise) compares kernels.  cases: method -> (args, kwargs)."""
-    import posenc
-
     previous = posenc.get_num_threads()
     posenc.set_num_threads(threads)
     try:
@@ -160,7 +158,7 @@ def interleaved_forward(cases: dict, threads: int, rounds: int = 15) -> dict:
 
 
 def time_reference(method, direction, args, kwargs, G, timing):
-    from . import reference
+    from posenc import reference
 
     if direction == "fwd":
         function = getattr(reference, method)
@@ -236,9 +234,15 @@ def torch_matmul_content(torch, d):
 
 # ------------------------------------------------------------------ subprocesses
 
+SUITE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # benchmarks/
+
+
 def run_worker(spec: dict, env_changes: dict | None = None, timeout: float = 1800) -> dict:
-    """Run posenc._bench_worker in a fresh interpreter; env_changes maps a variable to a
-    value, or to None to remove it. Returns its JSON answer, or {'error': ...}."""
+    """Run posenc_bench.worker in a fresh interpreter; env_changes maps a variable to a
+    value, or to None to remove it. Returns its JSON answer, or {'error': ...}.
+
+    The child imports the suite by path (benchmarks/ on PYTHONPATH) and the
+    posenc this process imported (its parent directory after it)."""
     env = dict(os.environ)
     for name, value in (env_changes or {}).items():
         if value is None:
@@ -246,9 +250,10 @@ def run_worker(spec: dict, env_changes: dict | None = None, timeout: float = 180
         else:
             env[name] = str(value)
     package_root = os.path.dirname(os.path.dirname(os.path.abspath(posenc.__file__)))
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (SUITE_ROOT, package_root,
+                                                    env.get("PYTHONPATH")) if p)
     try:
-        done = subprocess.run([sys.executable, "-m", "posenc._bench_worker", json.dumps(spec)],
+        done = subprocess.run([sys.executable, "-m", "posenc_bench.worker", json.dumps(spec)],
                               env=env, capture_output=True, text=True, timeout=timeout,
                               check=False)
     except subprocess.TimeoutExpired:

@@ -1,4 +1,4 @@
-"""Measurements that need a process of their own, run by posenc.bench:
+"""Measurements that need a process of their own, run by the suite (measure.run_worker):
 
 * ``memory``: peak resident memory of forward+backward above a baseline taken
   once the inputs and G are allocated and touched (VmHWM; the peak is reset
@@ -8,7 +8,8 @@
   and its backward, under the environment the parent chose (OPENBLAS_CORETYPE,
   OPENBLAS_NUM_THREADS), which OpenBLAS reads only when it loads.
 
-Usage: python -m posenc._bench_worker '<json spec>'; prints one JSON line.
+Usage: PYTHONPATH=benchmarks python -m posenc_bench.worker '<json spec>'; prints one JSON
+line.
 """
 
 from __future__ import annotations
@@ -22,7 +23,9 @@ import time
 
 import numpy as np
 
-from . import _bench_cases as cases
+from . import cases
+from .machine import openblas_core, steering_env
+from .measure import measure, torch_inputs
 
 
 def _maxrss_bytes() -> int:
@@ -69,8 +72,6 @@ def _run_eager(method, args, kwargs, G):
     import torch
 
     from posenc.torch import native
-
-    from ._bench_measure import torch_inputs
 
     targs, tkwargs, leaves = torch_inputs(torch, args, kwargs, requires_grad=True)
     logits = getattr(native, method)(*targs, **tkwargs)
@@ -140,9 +141,6 @@ def _numpy_content(q, k, G, scale):
 
 
 def numpy_matmul(spec: dict) -> dict:
-    from ._bench_machine import openblas_core, steering_env
-    from ._bench_measure import measure
-
     timing = spec["timing"]
     records = []
     for B, H, n, m, d in spec["shapes"]:

@@ -1,28 +1,114 @@
-"""The benchmark's Markdown page and PNG charts, from the run's JSON data."""
+"""The benchmark's Markdown page and the lines a run prints, from the run's data
+(report.assemble, or a run's JSON) alone."""
 
 from __future__ import annotations
 
 import os
 
-from . import _bench_cases as cases
-from ._bench_report import (
+from .cases import shape_text as _shape
+from .report import (
     IMPL_NAMES,
     PAPER_CAPTION,
-    _ms,
-    _pct,
-    _ratio,
-    _table,
+    PAPER_NAMES,
     find,
-    headline_rows,
     matched,
-    table1_markdown,
-    target_table,
+    ms_text,
+    pct_text,
+    ratio_text,
 )
 
 
-def _shape(shape):
-    B, H, n, m, d = shape
-    return f"B={B} H={H} n={n} m={m} d={d}"
+def header_text(info, timing, no_torch_reason) -> str:
+    """The lines a run prints before it starts."""
+    nb, tb = info["numpy_blas"], info["torch_blas"]
+    lines = [
+        f"posenc {info['posenc']} benchmark on {info['host']}",
+        f"cpu         {info['cpu']} ({info['machine']}), {info['cores']} usable cores",
+        f"posenc ISA  {info['posenc_isa']} (usable: {', '.join(info['posenc_isas'])}); "
+        f"threads {', '.join(map(str, info['threads']))}",
+        f"numpy       {nb.get('numpy')} with {nb.get('name')} {nb.get('version')} "
+        f"(run-time core {nb.get('openblas_core_at_run_time')})",
+        "torch       " + (f"{tb['torch']} with {tb.get('blas')}, CPU capability "
+                           f"{tb.get('cpu_capability')}" if tb.get("torch") else
+                           f"not used: {no_torch_reason}"),
+        "environment " + ", ".join(f"{k}={v}" for k, v in info["env"].items()),
+        f"timing      1 warm-up + up to {timing['repeats']} repeats (fewer past "
+        f"{timing['max_seconds']:g} s, never under 2); median and min",
+    ]
+    return "\n".join(lines)
+
+
+def _table(header, rows):
+    out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    out += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
+    return "\n".join(out)
+
+
+def headline_rows(data):
+    results = data["results"]
+    conf = data["configuration"]
+    shape, threads = conf["headline_shape"], conf["threads"]
+    T = max(threads)
+    rows = []
+    for method in conf["methods"]:
+        cells = [method]
+        for direction in ("fwd", "bwd"):
+            ours = {t: find(results, method, "posenc", direction, t, shape) for t in threads}
+            peer, mine = matched(results, method, "eager", direction, T, shape)
+            comp, _ = matched(results, method, "compile", direction, T, shape)
+            cells += ["/".join(ms_text(ours[t]["median_s"]) if ours[t] else "—" for t in threads),
+                      ms_text(peer["median_s"]) if peer else "—",
+                      ms_text(comp["median_s"]) if comp else "—",
+                      ratio_text(peer["median_s"] / mine["median_s"]) if peer and mine else "—",
+                      pct_text(ours[T]["fraction_of_peak"]) if ours[T] else "—"]
+        f = find(results, method, "posenc", "fwd", T, shape)
+        cells.append(pct_text(f["fraction_of_store_floor"]) if f else "—")
+        rows.append(cells)
+    t = "/".join(f"{x}t" for x in threads)
+    header = ["method", f"posenc fwd ms ({t})", f"eager fwd ms ({T}t)", f"compile fwd ms ({T}t)",
+              "fwd speed-up", "fwd % FMA peak", f"posenc bwd ms ({t})", f"eager bwd ms ({T}t)",
+              f"compile bwd ms ({T}t)", "bwd speed-up", "bwd % FMA peak",
+              "fwd % of store floor"]
+    return header, rows
+
+
+def target_table(data):
+    rows = []
+    for t in data["targets"]:
+        measured = "—" if t["measured"] is None else ratio_text(t["measured"])
+        rows.append([t["target"], t["method"], measured, t["required"], t["verdict"], t["detail"]])
+    return _table(["target", "method", "measured", "required", "verdict", "detail"], rows)
+
+
+def table1_markdown(data):
+    rows = []
+    for r in data["table1"]:
+        paper = r["paper"] or {}
+        name = PAPER_NAMES.get(r["method"], r["method"])
+        rows.append([name, IMPL_NAMES[r["impl"]],
+                     "—" if r["inference"] is None else f"{r['inference'] * 100:+.0f}%",
+                     "—" if r["training"] is None else f"{r['training'] * 100:+.0f}%",
+                     paper.get("BERT_BASE inference", "—"),
+                     paper.get("BERT_BASE training", "—"),
+                     paper.get("BERT_SMALL inference", "—"),
+                     paper.get("BERT_SMALL training", "—")])
+    return _table(["method", "implementation", "this CPU: forward", "this CPU: forward+backward",
+                   "paper BASE inference", "paper BASE training", "paper SMALL inference",
+                   "paper SMALL training"], rows)
+
+
+def summary_text(data) -> str:
+    header, rows = headline_rows(data)
+    B, H, n, m, d = data["configuration"]["headline_shape"]
+    overhead = _overhead(data)
+    return "\n".join([
+        f"\nHeadline: B={B} H={H} n={n} m={m} d={d}, float32, median ms "
+        "(speed-up = eager / posenc at the same thread count)",
+        _table(header, rows),
+        "\nIssue 3 targets:", target_table(data),
+        "\nDIET Table 1 on this CPU (time relative to content, same implementation):",
+        table1_markdown(data),
+        *(["\nPer-call overhead at small sizes, 1 thread:", overhead[-1]] if overhead else [])])
 
 
 def _machine(data):
@@ -101,9 +187,9 @@ def _what_was_run(data):
         "logits are at most 16 MiB; elsewhere at the largest count only, to keep the run "
         "under 25 minutes (`--peer-threads-all` runs them at every count everywhere).",
     ]
-    params = _table(["method", "parameters"], [[m, cases.PARAMETERS[m]] for m in conf["methods"]])
+    params = _table(["method", "parameters"], [[m, conf["parameters"][m]] for m in conf["methods"]])
     formulas = _table(["method", "forward FLOPs", "backward FLOPs"],
-                      [[m, *cases.FLOP_FORMULAS[m]] for m in conf["methods"]])
+                      [[m, *conf["flop_formulas"][m]] for m in conf["methods"]])
     return "\n".join(lines) + "\n\n" + params + "\n\n" + conf["flop_legend"] + "\n\n" + formulas
 
 
@@ -117,7 +203,7 @@ def _memory(data):
         rows.append([m["method"], IMPL_NAMES.get(m["impl"], m["impl"]),
                      f"{m['peak_above_baseline'] / 2**20:.0f}",
                      f"{m['logits_bytes'] / 2**20:.0f}",
-                     _ratio(m["peak_above_baseline"] / m["logits_bytes"]),
+                     ratio_text(m["peak_above_baseline"] / m["logits_bytes"]),
                      f"{m['estimate_bytes'] / 2**20:.0f}",
                      "" if m["peak_reset"] else "peak not resettable: lower bound"])
     if not rows:
@@ -130,6 +216,22 @@ def _memory(data):
             "backward, as in training.\n\n" +
             _table(["method", "implementation", "peak above baseline MiB", "logits MiB",
                     "ratio", "estimate MiB (used to shrink)", "note"], rows))
+
+
+def _overhead(data):
+    """The per-call overhead section (overhead.py), or nothing for a run without it."""
+    result = data.get("overhead")
+    if not result:
+        return []
+    rows = [[r["what"], r["measured"], r["required"], r["verdict"], r["detail"]]
+            for r in result["rows"]]
+    return ["## Per-call overhead at small sizes",
+            "One thread (`posenc.set_num_threads(1)`, `torch.set_num_threads(1)`); the calls "
+            f"being compared take turns over {result['rounds']} rounds, each round a run of "
+            "calls; medians, and the spread over the rounds."
+            + ("" if "torch" in result else " posenc.torch against native not measured: "
+               "torch not used."),
+            _table(["what", "measured", "target", "verdict", "detail"], rows)]
 
 
 def _numpy_matmul(data):
@@ -153,11 +255,11 @@ def _numpy_matmul(data):
     rows = []
     for (shape, direction, threads), times in table.items():
         ours = find(data["results"], "content", "posenc", direction, threads, shape)
-        cells = [_ms(times.get(v)) for v in variants]
+        cells = [ms_text(times.get(v)) for v in variants]
         first, second = (times.get(v) for v in (variants + [None, None])[:2])
         rows.append([_shape(shape), direction, threads, *cells,
-                     _ratio(first / second) if first and second else "—",
-                     _ms(ours["median_s"]) if ours else "—"])
+                     ratio_text(first / second) if first and second else "—",
+                     ms_text(ours["median_s"]) if ours else "—"])
     ratio_name = f"{variants[0]} ÷ {variants[1]}" if len(variants) > 1 else "ratio"
     return ("`np.matmul(q, k.swapaxes(-1, -2)) * s` and its backward (`G @ k * s`, "
             "`Gᵀ @ q * s`), medians, each environment in its own subprocess (OpenBLAS reads "
@@ -185,9 +287,9 @@ def _all_timings(data):
             if r.get("requested_shape"):
                 note += f" (for {_shape(r['requested_shape'])}: memory)"
             rows.append([r["method"], IMPL_NAMES.get(r["impl"]), r["direction"],
-                         r["threads"] or "—", _ms(r["median_s"]), _ms(r["min_s"]), r["repeats"],
-                         f"{r['gflops_per_s']:.1f}", _pct(r["fraction_of_peak"]),
-                         _pct(r.get("fraction_of_store_floor")), note])
+                         r["threads"] or "—", ms_text(r["median_s"]), ms_text(r["min_s"]), r["repeats"],
+                         f"{r['gflops_per_s']:.1f}", pct_text(r["fraction_of_peak"]),
+                         pct_text(r.get("fraction_of_store_floor")), note])
         blocks.append(f"### {_shape(shape)}\n\n" + _table(
             ["method", "implementation", "dir", "threads", "median ms", "min ms", "repeats",
              "GFLOP/s", "% FMA peak", "% store floor", "note"], rows))
@@ -201,8 +303,8 @@ def _scaling(data):
         if "scaling" in r["sections"] and "median_s" in r and r["threads"] == T:
             B, H = r["shape"][:2]
             rows.append([r["method"], IMPL_NAMES.get(r["impl"]), r["direction"], r["shape"][2],
-                         f"{B}·{H}", _ms(r["median_s"]),
-                         f"{r['median_s'] / (B * H) * 1e3:.3g}", _pct(r["fraction_of_peak"])])
+                         f"{B}·{H}", ms_text(r["median_s"]),
+                         f"{r['median_s'] / (B * H) * 1e3:.3g}", pct_text(r["fraction_of_peak"])])
     rows.sort(key=lambda x: (x[0], x[1], x[2], x[3]))
     return _table(["method", "implementation", "dir", "n = m", "B·H", "median ms",
                    "ms per head", "% FMA peak"], rows) if rows else "Not measured."
@@ -245,6 +347,7 @@ def render(data) -> str:
         f"the model-level overhead from above. Paper, quoted: *{PAPER_CAPTION}*",
         table1_markdown(data),
         "## Peak memory", _memory(data),
+        *_overhead(data),
         "## NumPy matmul peer, with and without OPENBLAS_CORETYPE", _numpy_matmul(data),
         "## Scaling in n", _scaling(data),
         "## All timings", _all_timings(data),
@@ -254,117 +357,3 @@ def render(data) -> str:
         or "Not drawn (matplotlib missing or nothing to draw).",
     ]
     return "\n\n".join(parts) + "\n"
-
-
-# ------------------------------------------------------------------ charts
-
-def charts(data, base) -> list:
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return []
-    written = []
-    for name, draw in (("time-vs-n", _chart_scaling), ("speedup", _chart_speedup),
-                       ("peak", _chart_peak)):
-        figure = draw(plt, data)
-        if figure is None:
-            continue
-        path = f"{base}-{name}.png"
-        figure.savefig(path, dpi=110, bbox_inches="tight")
-        plt.close(figure)
-        written.append(path)
-    return written
-
-
-def _chart_scaling(plt, data):
-    T = max(data["configuration"]["threads"])
-    series = {}
-    for r in data["results"]:
-        if "scaling" in r["sections"] and "median_s" in r and r["threads"] == T:
-            B, H = r["shape"][:2]
-            series.setdefault(r["method"], {}).setdefault((r["impl"], r["direction"]), []).append(
-                (r["shape"][2], r["median_s"] / (B * H) * 1e3))
-    if not series:
-        return None
-    figure, axes = plt.subplots(1, len(series), figsize=(4.2 * len(series), 3.6), squeeze=False)
-    for ax, (method, lines) in zip(axes[0], series.items()):
-        for (impl, direction), points in sorted(lines.items()):
-            points.sort()
-            ax.loglog([p[0] for p in points], [p[1] for p in points],
-                      "-" if direction == "fwd" else "--", marker="o",
-                      label=f"{IMPL_NAMES.get(impl, impl)} {direction}")
-        ns = sorted({p[0] for points in lines.values() for p in points})
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(ns, [str(n) for n in ns])
-        ax.minorticks_off()
-        ax.set_title(method)
-        ax.set_xlabel("n = m")
-        ax.set_ylabel("ms per (batch, head)")
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=7)
-    figure.suptitle(f"time vs n, {T} threads, d={data['configuration']['headline_shape'][4]} "
-                    "(B·H shrinks at large n: time per (batch, head) shown)")
-    figure.tight_layout()
-    return figure
-
-
-def _headline(data):
-    conf = data["configuration"]
-    return conf["headline_shape"], max(conf["threads"]), conf["methods"]
-
-
-def _chart_speedup(plt, data):
-    shape, T, methods = _headline(data)
-    bars = {}
-    for impl in ("eager", "compile"):
-        for direction in ("fwd", "bwd"):
-            values = []
-            for method in methods:
-                peer, ours = matched(data["results"], method, impl, direction, T, shape)
-                values.append(peer["median_s"] / ours["median_s"] if peer and ours else 0)
-            if any(values):
-                bars[f"vs {IMPL_NAMES[impl]} {direction}"] = values
-    if not bars:
-        return None
-    figure, ax = plt.subplots(figsize=(10, 4))
-    width = 0.8 / len(bars)
-    for i, (label, values) in enumerate(bars.items()):
-        ax.bar([x + i * width for x in range(len(methods))], values, width, label=label)
-    for level in (1, 1.5, 3):
-        ax.axhline(level, color="grey", lw=0.8, ls=":")
-    ax.set_xticks([x + 0.4 - width / 2 for x in range(len(methods))], methods, rotation=30)
-    ax.set_yscale("log")
-    ax.set_ylabel("speed-up of posenc (×)")
-    ax.set_title(f"posenc speed-up over PyTorch, {_shape(shape)}, {T} threads")
-    ax.legend(fontsize=8)
-    return figure
-
-
-def _chart_peak(plt, data):
-    shape, T, methods = _headline(data)
-    series = {}
-    for impl in ("posenc", "eager", "compile"):
-        for direction in ("fwd", "bwd"):
-            values = [(find(data["results"], m, impl, direction, T, shape) or {}).get(
-                "fraction_of_peak", 0) * 100 for m in methods]
-            if any(values):
-                series[f"{IMPL_NAMES[impl]} {direction}"] = values
-    store = [(find(data["results"], m, "posenc", "fwd", T, shape) or {}).get(
-        "fraction_of_store_floor", 0) * 100 for m in methods]
-    if not series:
-        return None
-    figure, (ax, ax2) = plt.subplots(1, 2, figsize=(13, 4))
-    width = 0.8 / len(series)
-    for i, (label, values) in enumerate(series.items()):
-        ax.bar([x + i * width for x in range(len(methods))], values, width, label=label)
-    ax.set_xticks([x + 0.4 - width / 2 for x in range(len(methods))], methods, rotation=30)
-    ax.set_ylabel("% of measured FMA peak")
-    ax.set_title(f"fraction of FMA peak, {_shape(shape)}, {T} threads")
-    ax.legend(fontsize=8)
-    ax2.bar(range(len(methods)), store, color="tab:green")
-    ax2.set_xticks(range(len(methods)), methods, rotation=30)
-    ax2.set_ylabel("store floor ÷ time (%)")
-    ax2.set_title("posenc forward: fraction of the store-bandwidth floor")
-    return figure

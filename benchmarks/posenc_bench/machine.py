@@ -1,6 +1,6 @@
 """The machine under the benchmark: CPU, ISA, the BLAS libraries NumPy and
 PyTorch use, the environment that steers them, and the limits measured here
-(FMA throughput, store bandwidth)."""
+(FMA throughput, store bandwidth, by posenc._machine)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import sys
 import numpy as np
 
 import posenc
+from posenc import _machine     # the measuring loops, an extension apart from the engine's
 
 # Environment variables that change what a BLAS, OpenMP or posenc does.
 STEERING_PREFIXES = ("OPENBLAS_", "OMP_", "MKL_", "KMP_", "GOMP_", "POSENC_", "DNNL_", "ONEDNN_",
@@ -127,13 +128,13 @@ def machine_limits(threads, *, fma_seconds: float, store_bytes: int, store_repea
             if progress:
                 progress.start(f"FMA peak {isa} {T}t")
             fma.append({"isa": isa, "dtype": "float32", "threads": T,
-                        "flops": posenc._C.measure_fma(isa, "float32", T, fma_seconds)})
+                        "flops": _machine.measure_fma(isa, "float32", T, fma_seconds)})
             if progress:
                 progress.done(1)
         for nontemporal in (1, 0):
             if progress:
                 progress.start(f"store bandwidth {'streaming' if nontemporal else 'plain'} {T}t")
-            rate = posenc._C.measure_store(posenc.get_isa(), store_bytes, T, nontemporal,
+            rate = _machine.measure_store(posenc.get_isa(), store_bytes, T, nontemporal,
                                            store_repeats)
             store.append({"isa": posenc.get_isa(), "threads": T, "nontemporal": bool(nontemporal),
                           "bytes": store_bytes, "bytes_per_s": rate})

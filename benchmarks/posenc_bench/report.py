@@ -1,10 +1,11 @@
-"""What the benchmark reports: derived rates (GFLOP/s, fraction of the FMA peak,
-of the store-bandwidth floor), issue 3's targets, the DIET paper's Table 1 next
-to this CPU's figures, the Markdown page and the PNG charts."""
+"""The run's data as the report reads it: derived rates (GFLOP/s, fraction of
+the FMA peak, of the store-bandwidth floor), issue 3's targets, the DIET
+paper's Table 1 next to this CPU's figures, all in one JSON-ready dict.
+markdown.py and charts.py draw from that dict alone."""
 
 from __future__ import annotations
 
-from . import _bench_cases as cases
+from . import cases
 
 # DIET (Chen et al. 2021), Table 1, quoted exactly: step time relative to the
 # baseline BERT on TPU v2 (whole model; Training = forward+backward+update).
@@ -30,16 +31,16 @@ IMPL_NAMES = {"posenc": "posenc", "posenc_out": "posenc (out=)", "eager": "PyTor
 
 # ------------------------------------------------------------------ derived figures
 
-def _ms(seconds):
+def ms_text(seconds):
     return "—" if seconds is None else (f"{seconds * 1e3:.3g}" if seconds < 1 else
                                         f"{seconds * 1e3:.0f}")
 
 
-def _ratio(x, digits=2):
+def ratio_text(x, digits=2):
     return "—" if x is None else f"{x:.{digits}f}×"
 
 
-def _pct(x):
+def pct_text(x):
     return "—" if x is None else f"{x * 100:.0f}%" if x >= 0.1 else f"{x * 100:.1f}%"
 
 
@@ -101,7 +102,7 @@ def targets(results, memory, methods, shape, T, interleaved=None):
         note = "" if tuple(peer["shape"]) == tuple(shape) else \
             f" (at B={peer['shape'][0]} H={peer['shape'][1]}: memory)"
         row(label, method, ratio, required, ratio >= minimum,
-            f"{_ms(peer['median_s'])} ms vs posenc {_ms(ours['median_s'])} ms{note}", info)
+            f"{ms_text(peer['median_s'])} ms vs posenc {ms_text(ours['median_s'])} ms{note}", info)
 
     if "content" in methods:
         for direction in ("fwd", "bwd"):
@@ -120,8 +121,8 @@ def targets(results, memory, methods, shape, T, interleaved=None):
             continue
         ratio = ours["min_s"] / base["min_s"]
         row(label, method, ratio, "<= 1.15×", ratio <= 1.15,
-            f"min {_ms(ours['min_s'])} vs {_ms(base['min_s'])} ms, median "
-            f"{_ms(ours['median_s'])} vs {_ms(base['median_s'])} ms "
+            f"min {ms_text(ours['min_s'])} vs {ms_text(base['min_s'])} ms, median "
+            f"{ms_text(ours['median_s'])} vs {ms_text(base['median_s'])} ms "
             f"({ours['median_s'] / base['median_s']:.2f}×) over {ours['rounds']} rounds")
     for method in methods:
         if method == "content":
@@ -133,7 +134,7 @@ def targets(results, memory, methods, shape, T, interleaved=None):
         if "method" not in m:
             continue
         ratio = m["peak_above_baseline"] / m["logits_bytes"]
-        info = m["impl"] != "posenc" or m["method"] not in ("shaw", "m4", "deberta")
+        info = m["impl"] != "posenc" or m["method"] not in cases.MEMORY_METHODS
         row(f"peak memory fwd+bwd / logits ({IMPL_NAMES.get(m['impl'], m['impl'])})",
             m["method"], ratio, "< 2×", ratio < 2,
             f"{m['peak_above_baseline'] / 2**20:.0f} MiB over a logits of "
@@ -170,7 +171,7 @@ def table1(results, methods, shape, T):
 
 def assemble(*, info, config, timing, threads, methods, limits, results, memory, numpy_matmul,
              skipped, no_torch_reason, compile_methods, quick, budget, duration_s, stamp,
-             interleaved=None):
+             interleaved=None, overhead=None):
     derive(results, limits, threads)
     T = max(threads)
     headline = tuple(config["headline"])
@@ -183,7 +184,7 @@ def assemble(*, info, config, timing, threads, methods, limits, results, memory,
             "headline_shape": list(headline), "grid_shapes": [list(s) for s in config["grid"]],
             "scaling_n": list(config["scaling_n"]), "scaling_work_cap": config["scaling_work"],
             "compile_methods": list(compile_methods), "memory_budget_bytes": budget,
-            "torch": no_torch_reason or "used", "parameters": cases.PARAMETERS,
+            "torch": no_torch_reason or "used", "parameters": cases.parameters(),
             "flop_legend": cases.FLOP_LEGEND, "flop_formulas": cases.FLOP_FORMULAS,
         },
         "limits": {"fma": limits["fma"], "store": limits["store"],
@@ -196,106 +197,5 @@ def assemble(*, info, config, timing, threads, methods, limits, results, memory,
         "targets": targets(results, memory, methods, headline, T, interleaved or {}),
         "table1": table1(results, methods, headline, T),
         "skipped": skipped,
+        **({"overhead": overhead} if overhead else {}),
     }
-
-
-# ------------------------------------------------------------------ text
-
-def header_text(info, config, timing, no_torch_reason) -> str:
-    nb, tb = info["numpy_blas"], info["torch_blas"]
-    lines = [
-        f"posenc {info['posenc']} benchmark on {info['host']}",
-        f"cpu         {info['cpu']} ({info['machine']}), {info['cores']} usable cores",
-        f"posenc ISA  {info['posenc_isa']} (usable: {', '.join(info['posenc_isas'])}); "
-        f"threads {', '.join(map(str, info['threads']))}",
-        f"numpy       {nb.get('numpy')} with {nb.get('name')} {nb.get('version')} "
-        f"(run-time core {nb.get('openblas_core_at_run_time')})",
-        "torch       " + (f"{tb['torch']} with {tb.get('blas')}, CPU capability "
-                           f"{tb.get('cpu_capability')}" if tb.get("torch") else
-                           f"not used: {no_torch_reason}"),
-        "environment " + ", ".join(f"{k}={v}" for k, v in info["env"].items()),
-        f"timing      1 warm-up + up to {timing['repeats']} repeats (fewer past "
-        f"{timing['max_seconds']:g} s, never under 2); median and min",
-    ]
-    return "\n".join(lines)
-
-
-def _table(header, rows):
-    out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    out += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
-    return "\n".join(out)
-
-
-def headline_rows(data):
-    results = data["results"]
-    conf = data["configuration"]
-    shape, threads = conf["headline_shape"], conf["threads"]
-    T = max(threads)
-    rows = []
-    for method in conf["methods"]:
-        cells = [method]
-        for direction in ("fwd", "bwd"):
-            ours = {t: find(results, method, "posenc", direction, t, shape) for t in threads}
-            peer, mine = matched(results, method, "eager", direction, T, shape)
-            comp, _ = matched(results, method, "compile", direction, T, shape)
-            cells += ["/".join(_ms(ours[t]["median_s"]) if ours[t] else "—" for t in threads),
-                      _ms(peer["median_s"]) if peer else "—",
-                      _ms(comp["median_s"]) if comp else "—",
-                      _ratio(peer["median_s"] / mine["median_s"]) if peer and mine else "—",
-                      _pct(ours[T]["fraction_of_peak"]) if ours[T] else "—"]
-        f = find(results, method, "posenc", "fwd", T, shape)
-        cells.append(_pct(f["fraction_of_store_floor"]) if f else "—")
-        rows.append(cells)
-    t = "/".join(f"{x}t" for x in threads)
-    header = ["method", f"posenc fwd ms ({t})", f"eager fwd ms ({T}t)", f"compile fwd ms ({T}t)",
-              "fwd speed-up", "fwd % FMA peak", f"posenc bwd ms ({t})", f"eager bwd ms ({T}t)",
-              f"compile bwd ms ({T}t)", "bwd speed-up", "bwd % FMA peak",
-              "fwd % of store floor"]
-    return header, rows
-
-
-def target_table(data):
-    rows = []
-    for t in data["targets"]:
-        measured = "—" if t["measured"] is None else _ratio(t["measured"])
-        rows.append([t["target"], t["method"], measured, t["required"], t["verdict"], t["detail"]])
-    return _table(["target", "method", "measured", "required", "verdict", "detail"], rows)
-
-
-def table1_markdown(data):
-    rows = []
-    for r in data["table1"]:
-        paper = r["paper"] or {}
-        name = PAPER_NAMES.get(r["method"], r["method"])
-        rows.append([name, IMPL_NAMES[r["impl"]],
-                     "—" if r["inference"] is None else f"{r['inference'] * 100:+.0f}%",
-                     "—" if r["training"] is None else f"{r['training'] * 100:+.0f}%",
-                     paper.get("BERT_BASE inference", "—"),
-                     paper.get("BERT_BASE training", "—"),
-                     paper.get("BERT_SMALL inference", "—"),
-                     paper.get("BERT_SMALL training", "—")])
-    return _table(["method", "implementation", "this CPU: forward", "this CPU: forward+backward",
-                   "paper BASE inference", "paper BASE training", "paper SMALL inference",
-                   "paper SMALL training"], rows)
-
-
-def summary_text(data) -> str:
-    header, rows = headline_rows(data)
-    B, H, n, m, d = data["configuration"]["headline_shape"]
-    return "\n".join([
-        f"\nHeadline: B={B} H={H} n={n} m={m} d={d}, float32, median ms "
-        "(speed-up = eager / posenc at the same thread count)",
-        _table(header, rows),
-        "\nIssue 3 targets:", target_table(data),
-        "\nDIET Table 1 on this CPU (time relative to content, same implementation):",
-        table1_markdown(data)])
-
-
-def markdown(data) -> str:
-    from ._bench_report_md import render
-    return render(data)
-
-
-def charts(data, base):
-    from ._bench_report_md import charts as draw
-    return draw(data, base)
