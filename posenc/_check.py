@@ -109,7 +109,9 @@ def check_one(method: str, dtype, *, B=2, H=3, n=33, m=17, d=16, shared=False, s
     return fwd_abs, fwd_rel, bwd_abs, bwd_rel, ok, ""
 
 
-def run_check(methods=METHODS, isas=None, dtypes=("float32", "float64"), **shape) -> list:
+def run_check(methods=METHODS, isas=None, dtypes=("float32", "float64"), progress=None,
+              **shape) -> list:
+    """A CheckRow per method x ISA x dtype; `progress(row)` after each, when given."""
     isas = list(isas) if isas else list(_C.capabilities())
     previous = _C.get_isa()
     rows = []
@@ -120,6 +122,8 @@ def run_check(methods=METHODS, isas=None, dtypes=("float32", "float64"), **shape
                 for dtype in dtypes:
                     result = check_one(method, np.dtype(dtype), **shape)
                     rows.append(CheckRow(method, isa, dtype, *result))
+                    if progress is not None:
+                        progress(rows[-1])
     finally:
         _C.set_isa(previous)
     return rows
