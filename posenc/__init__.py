@@ -26,6 +26,7 @@ except ImportError as exc:   # a source checkout without the built extension
     ) from exc
 from . import _checks, _methods, buckets
 from ._attention import Attention, attention_dropout_mask
+from ._display import check, info
 from ._registry import GRAD_FIELDS, GRAD_TYPES, METHODS, REGISTRY, backward_doc, forward_doc
 from ._signatures import define
 
@@ -113,6 +114,7 @@ del _method
 
 __all__ = list(METHODS) + [m + "_backward" for m in METHODS] + [
     "capabilities", "get_isa", "set_isa", "get_num_threads", "set_num_threads", "build_info",
+    "info", "check",
     "deberta_hf_scale", "attention_dropout_mask", "Attention",
     "buckets", "METHODS", "GRAD_FIELDS", "GRAD_TYPES"] + _GRAD_NAMES
 
