@@ -1,9 +1,11 @@
 """posenc's pytest plugin: fixtures for testing code against posenc.
 
-Registered by the package's ``pytest11`` entry point (``posenc``), so every
-pytest run in an environment where posenc is installed has it; ``-p
-posenc._pytest_plugin`` loads it explicitly, ``-p no:posenc`` turns it off.
-posenc itself is imported only by a test that uses a fixture.
+Registered by the package's ``pytest11`` entry point, named as this module,
+so every pytest run in an environment where posenc is installed has it;
+``-p posenc._pytest_plugin`` (or ``pytest_plugins = ["posenc._pytest_plugin"]``
+in a conftest.py) loads it where posenc is not installed, and is harmless
+where it is; ``-p no:posenc._pytest_plugin`` turns it off.  posenc itself is
+imported only by a test that uses a fixture.
 
 * ``posenc_isa``: the test runs once per ISA of this CPU
   (``posenc.capabilities()``, ids ``[scalar]``, ``[avx2]``, ...), with
