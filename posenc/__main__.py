@@ -3,74 +3,27 @@
 from __future__ import annotations
 
 import argparse
-import platform
 import sys
-import time
-
-
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name") or line.startswith("Model"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def cmd_info(args) -> int:
-    import numpy as np
-
     import posenc
 
-    info = posenc.build_info()
-    print(f"posenc      {posenc.__version__}")
-    print(f"python      {platform.python_version()} ({sys.executable})")
-    print(f"numpy       {np.__version__}")
-    print(f"compiler    {info['compiler']}")
-    print(f"openmp      {info['openmp'] or 'not built with OpenMP'}")
-    print(f"cpu         {_cpu_model()} ({platform.machine()})")
-    print(f"isa built   {', '.join(info['compiled_isas'])}")
-    print(f"isa usable  {', '.join(posenc.capabilities())}")
-    print(f"isa active  {posenc.get_isa()}   (POSENC_ISA or posenc.set_isa to choose)")
-    print(f"threads     {posenc.get_num_threads()} of {info['max_threads']} "
-          "(OMP_NUM_THREADS or posenc.set_num_threads to choose)")
+    print(posenc.info())
     return 0
 
 
 def cmd_check(args) -> int:
     import posenc
-    from posenc import _check
 
-    methods = args.methods or list(posenc.METHODS)
-    isas = args.isa or posenc.capabilities()
-    unknown = [m for m in methods if m not in posenc.METHODS]
-    if unknown:
-        print(f"unknown method(s) {', '.join(unknown)}; choose from {', '.join(posenc.METHODS)}",
-              file=sys.stderr)
+    try:
+        result = posenc.check(args.methods, args.isa, B=args.B, H=args.H, n=args.n, m=args.m,
+                              d=args.d, shared=args.shared, seed=args.seed)
+    except ValueError as error:     # an unknown method, an ISA this CPU lacks
+        print(error, file=sys.stderr)
         return 2
-    for isa in isas:
-        if isa not in posenc.capabilities():
-            print(f"ISA {isa!r} is not available here; available: "
-                  f"{', '.join(posenc.capabilities())}", file=sys.stderr)
-            return 2
-    shape = dict(B=args.B, H=args.H, n=args.n, m=args.m, d=args.d, shared=args.shared,
-                 seed=args.seed)
-    print(f"posenc {posenc.__version__} check: every method x ISA x dtype against "
-          f"posenc.reference (B={args.B} H={args.H} n={args.n} m={args.m} d={args.d}"
-          f"{' shared parameters' if args.shared else ''}, seed {args.seed})")
-    start = time.perf_counter()
-    rows = _check.run_check(methods, isas, **shape)
-    print(_check.format_table(rows))
-    failed = [r for r in rows if not r.ok]
-    print(f"\nerr: float64 = max|posenc - reference| / max|reference| (limit {_check.F64_RTOL:g});"
-          " float32 = max |posenc - reference| / bound, bound = (depth + 8) eps32 x"
-          " (method on |inputs|) (limit 1)")
-    print(f"{len(rows) - len(failed)} passed, {len(failed)} failed "
-          f"({len(methods)} methods x {len(isas)} ISAs x 2 dtypes, forward and backward) "
-          f"in {time.perf_counter() - start:.1f} s")
-    return 1 if failed else 0
+    print(result)
+    return 0 if result.passed else 1
 
 
 BENCH_SUITE_ENV = "POSENC_BENCH_SUITE"
