@@ -30,13 +30,13 @@ static int num_threads = 1;
 enum {
     CF_Q, CF_K, CF_PRODUCT, CF_SCALE, CF_POS_Q, CF_POS_K, CF_DENSE_SCALE, CF_TABLE, CF_TABLE_MAP,
     CF_QUERY_TABLE, CF_QUERY_MAP, CF_KEY_TABLE, CF_KEY_MAP, CF_VECTOR_SCALE, CF_SEGMENT_Q,
-    CF_SEGMENT_K, CF_SEGMENT_TABLE, CF_THETA, CF_COUNT
+    CF_SEGMENT_K, CF_SEGMENT_TABLE, CF_THETA, CF_QUERY_OFFSET, CF_COUNT
 };
 
 static const char *const config_names[CF_COUNT] = {
     "q", "k", "product", "scale", "pos_q", "pos_k", "dense_scale", "table", "table_map",
     "query_table", "query_map", "key_table", "key_map", "vector_scale", "segment_q", "segment_k",
-    "segment_table", "theta"};
+    "segment_table", "theta", "query_offset"};
 
 /* Gradient outputs, in the order backward returns them (_engine.ENGINE_GRADS). */
 enum { GR_Q, GR_K, GR_POS_Q, GR_POS_K, GR_TABLE, GR_QUERY_TABLE, GR_KEY_TABLE, GR_SEGMENT_TABLE,
@@ -111,6 +111,24 @@ static int check_dims(PyArrayObject *arr, const char *name, int ndim, const npy_
     return -1;
 }
 
+/* query_offset: an int >= 0. */
+static int read_size(PyObject *config, int field, size_t *value)
+{
+    PyObject *obj = PyTuple_GET_ITEM(config, field);
+    if (!PyLong_Check(obj)) {
+        PyErr_Format(PyExc_TypeError, "%s must be an int", config_names[field]);
+        return -1;
+    }
+    const Py_ssize_t v = PyLong_AsSsize_t(obj);
+    if (v < 0) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_ValueError, "%s must be an int >= 0", config_names[field]);
+        return -1;
+    }
+    *value = (size_t)v;
+    return 0;
+}
+
 static int read_double(PyObject *config, int field, double *value)
 {
     *value = PyFloat_AsDouble(PyTuple_GET_ITEM(config, field));
@@ -165,7 +183,8 @@ static int build_problem(PyObject *config, converted *a, posenc_problem *p)
     int product = PyObject_IsTrue(PyTuple_GET_ITEM(config, CF_PRODUCT));
     if (product < 0 || read_double(config, CF_SCALE, &p->scale) ||
         read_double(config, CF_DENSE_SCALE, &p->dense_scale) ||
-        read_double(config, CF_VECTOR_SCALE, &p->vector_scale))
+        read_double(config, CF_VECTOR_SCALE, &p->vector_scale) ||
+        read_size(config, CF_QUERY_OFFSET, &p->query_offset))
         return -1;
     if (!a->arr[CF_K]) {
         PyErr_SetString(PyExc_TypeError, "k is required");

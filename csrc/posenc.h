@@ -10,7 +10,8 @@
  *   query table   vector_scale * q_i . query_table[h, query_map(j - i)]  (Shaw, M4, M4M, DeBERTa c2p)
  *   key table     vector_scale * k_j . key_table[h, key_map(j - i)]      (M4, M4M, DeBERTa p2c)
  *   segments      segment_table[h, segment_q[b, i], segment_k[b, j]]     (DIET)
- *   reset         theta[h, 0] on row 0, theta[h, 1] on column 0    (TUPE [CLS])
+ *   reset         theta[h, 0] on the row at position 0 (query_offset + i == 0),
+ *                 theta[h, 1] on column 0 of the others             (TUPE [CLS])
  *
  * Sum:     A = s q.k + reset(dense + table + query table + key table + segments)
  * Product: A = s q.k * table * query table * key table      (M2, M4M; no dense/segments/reset)
@@ -69,6 +70,10 @@ typedef struct {
 
     const void *theta;            /* (theta_heads, 2) */
     size_t theta_heads;
+
+    size_t query_offset;          /* query row i sits at position query_offset + i (SPEC §1):
+                                     the maps arrive built for j - (query_offset + i); the
+                                     engine reads it for TUPE's [CLS] row (position 0) */
 } posenc_problem;
 
 /* Gradient outputs, each shaped like its input; NULL = not wanted.  When

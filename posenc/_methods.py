@@ -35,6 +35,7 @@ SLOTS = {name: _engine_slots(spec) for name, spec in REGISTRY.items()}
 
 
 _FIELD = {name: t for t, name in enumerate(EngineConfig._fields)}
+_QUERY_OFFSET = _FIELD["query_offset"]
 
 
 def _plan(spec):
@@ -44,6 +45,7 @@ def _plan(spec):
     template = [None] * len(EngineConfig._fields)
     template[_FIELD["product"]] = spec.product
     template[_FIELD["dense_scale"]] = template[_FIELD["vector_scale"]] = 1.0
+    template[_FIELD["query_offset"]] = 0
     scaled = [_FIELD["scale"]]
     if not spec.product:
         scaled.append(_FIELD["vector_scale"])
@@ -68,14 +70,11 @@ _PLANS = {name: _plan(spec) for name, spec in REGISTRY.items()}
 def configure(p) -> EngineConfig:
     """The engine's problem for a checked call of p's method."""
     template, scaled, tensors = _PLANS[p.method]
-    if p.query_offset and "theta" in p.arrays:
-        # the engine places TUPE's [CLS] row at local row 0; positions arrive with the
-        # engine's query_offset slot
-        raise NotImplementedError("tupe with theta and query_offset > 0 runs in "
-                                  "posenc.reference and posenc.torch.native for now")
     slots = template.copy()
     arrays = p.arrays
     slots[0], slots[1] = arrays["q"], arrays["k"]
+    if p.query_offset:
+        slots[_QUERY_OFFSET] = p.query_offset
     scale = p.scale
     for slot in scaled:
         slots[slot] = scale

@@ -26,10 +26,6 @@ def _step(method, args, kwargs, rows):
     return args, kwargs
 
 
-def _c_path_serves(method, kwargs, offset):
-    return not (offset and "theta" in kwargs)
-
-
 @pytest.mark.parametrize("offset_rows", [(8, slice(8, 9)), (3, slice(3, 7))], ids=["step", "block"])
 @pytest.mark.parametrize("method", METHODS)
 def test_rows_at_an_offset_equal_the_full_rows(method, offset_rows, rng):
@@ -43,18 +39,14 @@ def test_rows_at_an_offset_equal_the_full_rows(method, offset_rows, rng):
     np.testing.assert_allclose(getattr(reference, method)(*sub_args, **sub_kwargs,
                                                            query_offset=offset), full,
                                rtol=1e-12, atol=1e-12)
-    if _c_path_serves(method, sub_kwargs, offset):
-        got = getattr(posenc, method)(*sub_args, **sub_kwargs, query_offset=offset)
-        np.testing.assert_allclose(got, full, rtol=1e-12, atol=1e-12)
-        grads = getattr(posenc, method + "_backward")(G, *sub_args, **sub_kwargs,
-                                                      query_offset=offset)
-        for name in grads._fields:
-            if getattr(grads, name) is not None:
-                np.testing.assert_allclose(getattr(grads, name), getattr(want_grads, name),
-                                           rtol=1e-11, atol=1e-11, err_msg=name)
-    else:
-        with pytest.raises(NotImplementedError, match="query_offset"):
-            getattr(posenc, method)(*sub_args, **sub_kwargs, query_offset=offset)
+    got = getattr(posenc, method)(*sub_args, **sub_kwargs, query_offset=offset)
+    np.testing.assert_allclose(got, full, rtol=1e-12, atol=1e-12)
+    grads = getattr(posenc, method + "_backward")(G, *sub_args, **sub_kwargs,
+                                                  query_offset=offset)
+    for name in grads._fields:
+        if getattr(grads, name) is not None:
+            np.testing.assert_allclose(getattr(grads, name), getattr(want_grads, name),
+                                       rtol=1e-11, atol=1e-11, err_msg=name)
     tensors = [torch.from_numpy(a) for a in sub_args]
     keywords = {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v
                 for k, v in sub_kwargs.items()}

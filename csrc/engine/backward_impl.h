@@ -24,7 +24,8 @@ typedef struct {
     const posenc_grads *g;
     const REAL *G;
     size_t m_pad, row_block, offsets;
-    int masked;                 /* theta present: row 0 and column 0 belong to it */
+    int masked;                 /* theta present: the [CLS] row and column 0 belong to it */
+    int cls_row0;               /* masked and query_offset 0: local row 0 is the [CLS] row */
     int need_content;           /* dq or dk: the GEMMs through Gc */
     int need_query_side;        /* Gq: for dq or the query table's gradient */
     int need_key_side;          /* Gk: for dk or the key table's gradient */
@@ -166,19 +167,19 @@ static void backward_sum_block(const backward_ctx *c, backward_ws *w, size_t u, 
         const REAL *g_row = G_u + i * m;
         if (c->masked && c->g->theta) {
             REAL *theta_slot = c->theta_slots + u * 2;
-            if (i == 0)
+            if (c->cls_row0 && i == 0)
                 kern->row_scatter_add(theta_slot, 0, g_row, m);
             else
                 theta_slot[1] += g_row[0];
         }
-        if (c->masked && i == 0)
-            continue;      /* row 0 belongs to theta */
+        if (c->cls_row0 && i == 0)
+            continue;      /* the [CLS] row belongs to theta */
         row_grads rg = {g_row, g_row, g_row};
         backward_row_positional(c, w, u, b, i, &rg);
     }
     if (c->need_key_side)
         scatter_key_side(kern, w->key_side, c->key_buckets, p->key_map, c->key_runs.b_min,
-                         G_u + blk0 * m, m, n, m, blk0, rows, c->masked ? 1 : 0, c->masked);
+                         G_u + blk0 * m, m, n, m, blk0, rows, c->masked ? 1 : 0, c->cls_row0);
 }
 
 /*
@@ -280,9 +281,9 @@ static void backward_dense_head(const backward_ctx *c, backward_ws *w, size_t h)
             for (size_t r = 0; r < rows; ++r)
                 kern->row_gather(b == 0 ? POSENC_SET : POSENC_ADD, S + r * m, G_blk + r * m, 1, m);
         }
-        if (c->masked) {   /* row 0 and column 0 belong to theta */
+        if (c->masked) {   /* the [CLS] row and column 0 belong to theta */
             for (size_t r = 0; r < rows; ++r) {
-                if (blk0 + r == 0)
+                if (c->cls_row0 && blk0 + r == 0)
                     memset(S, 0, sizeof(REAL) * m);
                 S[r * m] = 0;
             }
@@ -410,6 +411,7 @@ static int backward_prepare(backward_ctx *c, const posenc_problem *p, const pose
     c->m_pad = posenc_round_up(m, kern->nr);
     c->row_block = kern->kc;   /* a row block's dk update is one packed depth: see backward_unit */
     c->masked = p->theta != NULL;
+    c->cls_row0 = c->masked && p->query_offset == 0;
     c->need_content = g->q || g->k;
     c->need_query_side = p->query_table && (g->q || g->query_table);
     c->need_key_side = p->key_table && (g->k || g->key_table);

@@ -93,7 +93,7 @@ static void forward_head_block(const forward_ctx *c, forward_ws *w, size_t h)
                    c->table_by_offset + head_of(p->table_heads, h) * (n + m - 1), n, m, 0, n);
     if (p->theta && !c->batch_terms)
         term_reset(kern, w->head_block, m, (const REAL *)p->theta + head_of(p->theta_heads, h) * 2,
-                   m, 0, n);
+                   m, p->query_offset, n);
     w->cached_head_block = (ptrdiff_t)h;
 }
 
@@ -167,8 +167,8 @@ static const REAL *forward_positional(const forward_ctx *c, forward_ws *w, size_
     if (op == POSENC_SET)
         return NULL; /* content only */
     if (p->theta)
-        term_reset(kern, w->P, ld, (const REAL *)p->theta + head_of(p->theta_heads, h) * 2, m, i0,
-                   rows);
+        term_reset(kern, w->P, ld, (const REAL *)p->theta + head_of(p->theta_heads, h) * 2, m,
+                   p->query_offset + i0, rows);
     *ldp = (ptrdiff_t)ld;
     return w->P;
 }

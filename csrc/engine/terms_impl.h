@@ -112,14 +112,15 @@ static void term_segments(const posenc_kernels *kern, int op, REAL *P, size_t ld
     }
 }
 
-/* TUPE eq. (9): theta[0] on row 0, theta[1] on column 0 of the other rows. */
+/* TUPE eq. (9): theta[0] on the [CLS] row (position 0), theta[1] on column 0
+ * of the other rows; row r of P is the query at position position0 + r. */
 static void term_reset(const posenc_kernels *kern, REAL *P, size_t ldp, const REAL *theta_h,
-                       size_t m, size_t i0, size_t rows)
+                       size_t m, size_t position0, size_t rows)
 {
     if (m == 0)
         return;
     for (size_t r = 0; r < rows; ++r) {
-        if (i0 + r == 0)
+        if (position0 + r == 0)
             kern->row_gather(POSENC_SET, P, theta_h, 0, m);
         else
             P[r * ldp] = theta_h[1];

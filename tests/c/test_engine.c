@@ -46,6 +46,7 @@ typedef struct {
     const char *name;
     int dense, table, query_table, key_table, segments, theta, product;
     int map;   /* 0 clipped j-i, 1 clipped i-j, 2 irregular */
+    size_t query_offset;   /* SPEC §1: moves TUPE's [CLS] row (the maps here are synthetic) */
 } config;
 
 static const config configs[] = {
@@ -60,6 +61,8 @@ static const config configs[] = {
     {"diet_abs", 1, 0, 0, 0, 1, 0, 0, 0},
     {"diet_rel", 0, 1, 0, 0, 1, 0, 0, 1},
     {"everything", 1, 1, 1, 1, 1, 1, 0, 2},
+    {"tupe@offset", 1, 1, 0, 0, 0, 1, 0, 2, 2},
+    {"everything@offset", 1, 1, 1, 1, 1, 1, 0, 2, 1},
     {"product-all", 0, 1, 1, 1, 0, 0, 1, 2},
 };
 
@@ -116,6 +119,7 @@ static void build(problem_data *pd, const config *c, size_t B, size_t H, size_t 
     posenc_problem *p = &pd->p;
     const size_t Hp = shared ? 1 : H, rows = 7, dp = 3, S = 3;
     p->product = c->product;
+    p->query_offset = c->query_offset;
     p->B = B; p->H = H; p->n = n; p->m = m; p->d = d;
     p->scale = 0.37;
     p->dense_scale = 0.8;
@@ -226,7 +230,7 @@ static double naive_logit(const problem_data *pd, size_t b, size_t h, size_t i, 
     }
     if (p->theta) {
         const double *theta = pd->f64[X_THETA] + (p->theta_heads == 1 ? 0 : h) * 2;
-        if (i == 0) pos = theta[0];
+        if (p->query_offset + i == 0) pos = theta[0];
         else if (j == 0) pos = theta[1];
     }
     return p->scale * qk + pos;
