@@ -24,5 +24,7 @@ from .._registry import METHODS
 from . import native, nn
 from ._common import native_forced, use_native
 from ._functional import *  # noqa: F401,F403  posenc.torch.<name> for every method
+from ._fused import *  # noqa: F401,F403  posenc.torch.<name>_attention for every method
 
-__all__ = list(METHODS) + ["use_native", "native_forced", "native", "nn"]
+__all__ = (list(METHODS) + [m + "_attention" for m in METHODS]
+           + ["use_native", "native_forced", "native", "nn"])

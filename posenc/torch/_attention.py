@@ -13,31 +13,53 @@ class PositionalSelfAttention(nn.Module):
 
     ``x`` (B, n, d_model) → Q, K, V projections (d_model → num_heads·head_dim)
     → per-head ``q``, ``k``, ``v`` (B, H, n, head_dim), strided views passed to
-    the ops without a copy → ``encoding.logits(q, k)`` → key-padding mask →
-    softmax → dropout → weighted sum of ``v`` → output projection (Vaswani et
-    al. 2017, eq. (1)-(2), with the logits of the encoding in place of
-    ``QKᵀ/sqrt(d)``).  ``encoding`` is any `PositionalEncoding` of
-    `posenc.torch.nn` (None: plain content attention); passing one module to
-    several layers shares it layer-wise.
+    the ops without a copy → softmax(logits + mask) → dropout → weighted sum of
+    ``v`` → output projection (Vaswani et al. 2017, eq. (1)-(2), with the logits
+    of the encoding in place of ``QKᵀ/sqrt(d)``).  ``encoding`` is any
+    `PositionalEncoding` of `posenc.torch.nn` (None: plain content attention);
+    passing one module to several layers shares it layer-wise.
 
-    ``forward(x, key_padding_mask=None, segment_ids=None, state=None)``:
-    ``key_padding_mask`` (B, n) bool, True at padding keys; ``segment_ids``
-    (B, n) ints for encodings with segment attention; ``state``: the
-    encoding's `positional(n, m)`, computed once by a model whose layers share
-    the encoding (TUPE, DIET-ABS), else computed here when needed.
+    By default the layer runs the encoding's *fused* attention
+    (``posenc.torch.<method>_attention``: on CPU the C kernels compute
+    softmax(A + mask)·V and its gradients without the (B, H, n, m) logits;
+    dropout inside the kernel).  An additive or boolean ``attn_mask``, or
+    ``fused=False``, takes the logits path: the encoding's logits, the masks,
+    torch's softmax, dropout and matmul.
+
+    ``forward(x, key_padding_mask=None, segment_ids=None, state=None, *,
+    causal=None, attn_mask=None, past_key_value=None, use_cache=False)``:
+
+    * ``key_padding_mask`` (B, m) bool, True at padding keys (m counts the
+      cached keys too);
+    * ``causal`` (default: the layer's ``causal``): query i attends to keys
+      j <= query_offset + i;
+    * ``attn_mask``: (n, m) or (B, H|1, n, m), bool (True = masked, as
+      ``key_padding_mask``) or float (added to the logits);
+    * ``past_key_value``: ``(k, v)`` of the earlier positions, each
+      (B, H, m_past, head_dim), as returned with ``use_cache=True`` (with their
+      segment ids as a third entry when the call had ``segment_ids``); the new
+      queries sit at positions m_past, m_past + 1, ... (``query_offset``);
+      ``use_cache=True`` returns ``(out, cache)`` with every key and value so far;
+    * ``segment_ids`` (B, n) ints for encodings with segment attention;
+      ``state``: the encoding's `positional(n, m)`, computed once by a model
+      whose layers share the encoding (TUPE, DIET-ABS), used on the logits path.
     """
 
     def __init__(self, d_model: int, num_heads: int, encoding: PositionalEncoding | None = None,
-                 *, head_dim: int | None = None, dropout: float = 0.0, bias: bool = True):
+                 *, head_dim: int | None = None, dropout: float = 0.0, bias: bool = True,
+                 causal: bool = False, fused: bool = True):
         super().__init__()
         self.num_heads = num_heads
         self.head_dim = head_dim or d_model // num_heads
         if self.head_dim <= 0:
             raise ValueError(f"head_dim must be positive, got {self.head_dim}")
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {dropout}")
         self.encoding = Content(num_heads) if encoding is None else encoding
         if self.encoding.num_heads != num_heads:
             raise ValueError(f"encoding has {self.encoding.num_heads} heads, the layer "
                              f"{num_heads}")
+        self.causal, self.fused = causal, fused
         inner = num_heads * self.head_dim
         self.q_proj = nn.Linear(d_model, inner, bias=bias)
         self.k_proj = nn.Linear(d_model, inner, bias=bias)
@@ -49,33 +71,97 @@ class PositionalSelfAttention(nn.Module):
         """(B, n, H·d) → (B, H, n, d), a strided view."""
         return x.view(x.shape[0], x.shape[1], self.num_heads, self.head_dim).transpose(1, 2)
 
-    def logits_and_values(self, x, *, segment_ids=None, state=None, key_padding_mask=None):
-        """(logits (B, H, n, m), v (B, H, m, d)): the encoding's logits before the
-        mask and the softmax, and the values they weight."""
+    def _projections(self, x, key_padding_mask, past_key_value):
+        """q, k, v (keys and values after the cache and a Linformer projection)."""
         q, k, v = self._heads(self.q_proj(x)), self._heads(self.k_proj(x)), self._heads(self.v_proj(x))
-        encoding = self.encoding
-        if encoding.projects_keys:
+        if past_key_value is not None:
+            k_past, v_past = past_key_value[:2]
+            k, v = torch.cat([k_past, k], dim=2), torch.cat([v_past, v], dim=2)
+        if self.encoding.projects_keys:
+            if past_key_value is not None:
+                raise ValueError("a key/value cache needs the keys' own positions; "
+                                 f"{type(self.encoding).__name__} projects them (Linformer)")
             if key_padding_mask is not None:   # Linformer: padding must not enter E k, F v
                 keep = (~key_padding_mask)[:, None, :, None].to(k.dtype)
                 k, v = k * keep, v * keep
-            k, v = encoding.project_keys(k, v)
-        if state is None and encoding.uses_attention_projections:
-            state = encoding.positional(q.shape[2], k.shape[2], query_proj=self.q_proj,
-                                        key_proj=self.k_proj)
-        segment_k = None if encoding.projects_keys else segment_ids
-        return encoding.logits(q, k, state=state, segment_q=segment_ids, segment_k=segment_k), v
+            k, v = self.encoding.project_keys(k, v)
+        return q, k, v
+
+    def _state(self, q, k, state):
+        if state is None and self.encoding.uses_attention_projections:
+            state = self.encoding.positional(q.shape[2], k.shape[2], query_proj=self.q_proj,
+                                             key_proj=self.k_proj)
+        return state
+
+    def logits_and_values(self, x, *, segment_ids=None, state=None, key_padding_mask=None,
+                          past_key_value=None):
+        """(logits (B, H, n, m), v (B, H, m, d)): the encoding's logits before the
+        mask and the softmax, and the values they weight."""
+        q, k, v = self._projections(x, key_padding_mask, past_key_value)
+        offset = 0 if past_key_value is None else past_key_value[0].shape[2]
+        segment_k = None if self.encoding.projects_keys else _key_segments(segment_ids,
+                                                                           past_key_value)
+        logits = self.encoding.logits(q, k, state=self._state(q, k, state),
+                                      segment_q=segment_ids, segment_k=segment_k,
+                                      query_offset=offset)
+        return logits, v
 
     def forward(self, x, key_padding_mask: torch.Tensor | None = None,
-                segment_ids: torch.Tensor | None = None, state=None):
+                segment_ids: torch.Tensor | None = None, state=None, *, causal: bool | None = None,
+                attn_mask: torch.Tensor | None = None, past_key_value=None,
+                use_cache: bool = False):
         batch, n, _ = x.shape
-        if key_padding_mask is not None and key_padding_mask.shape != (batch, n):
-            raise ValueError(f"key_padding_mask must have shape ({batch}, {n}) (B, n), got "
+        causal = self.causal if causal is None else causal
+        offset = 0 if past_key_value is None else past_key_value[0].shape[2]
+        m = offset + n
+        if key_padding_mask is not None and key_padding_mask.shape != (batch, m):
+            raise ValueError(f"key_padding_mask must have shape ({batch}, {m}) (B, m), got "
                              f"{tuple(key_padding_mask.shape)}")
-        logits, v = self.logits_and_values(x, segment_ids=segment_ids, state=state,
-                                           key_padding_mask=key_padding_mask)
-        if key_padding_mask is not None and not self.encoding.projects_keys:
-            logits = logits.masked_fill(key_padding_mask[:, None, None, :],
-                                        torch.finfo(logits.dtype).min)
-        weights = self.dropout(torch.softmax(logits, dim=-1))
-        out = torch.matmul(weights, v).transpose(1, 2).reshape(batch, n, -1)
-        return self.out_proj(out)
+        q, k, v = self._projections(x, key_padding_mask, past_key_value)
+        segment_k = None if self.encoding.projects_keys else _key_segments(segment_ids,
+                                                                           past_key_value)
+        cache = (k, v) if segment_k is None else (k, v, segment_k)
+        padding = None if self.encoding.projects_keys else key_padding_mask
+        if self.fused and attn_mask is None:
+            dropout_p = self.dropout.p if self.training else 0.0
+            seed = int(torch.randint(0, 2**63 - 1, (), device="cpu")) if dropout_p else 0
+            out = self.encoding.attention(
+                q, k, v, state=self._state(q, k, state), segment_q=segment_ids,
+                segment_k=segment_k, causal=causal, key_padding_mask=padding,
+                query_offset=offset, dropout_p=dropout_p, seed=seed).out
+        else:
+            logits = self.encoding.logits(q, k, state=self._state(q, k, state),
+                                          segment_q=segment_ids, segment_k=segment_k,
+                                          query_offset=offset)
+            logits = _masked(logits, causal, padding, attn_mask, offset)
+            weights = self.dropout(torch.softmax(logits, dim=-1))
+            out = torch.matmul(weights.nan_to_num(0.0), v)
+        out = self.out_proj(out.transpose(1, 2).reshape(batch, n, -1))
+        return (out, cache) if use_cache else out
+
+
+def _key_segments(segment_ids, past_key_value):
+    """The keys' segment ids: the cached ones, then the new queries'."""
+    if segment_ids is None or past_key_value is None:
+        return segment_ids
+    if len(past_key_value) < 3:
+        raise ValueError("segment_ids with a key/value cache: the cache must hold the keys' "
+                         "segment ids (the cache of a call that had segment_ids)")
+    return torch.cat([past_key_value[2], segment_ids], dim=1)
+
+
+def _masked(logits, causal, key_padding_mask, attn_mask, query_offset):
+    """The logits with -inf where masked and an additive attn_mask added."""
+    n, m = logits.shape[-2:]
+    if causal:
+        rows = torch.arange(n, device=logits.device)[:, None] + query_offset
+        logits = logits.masked_fill(torch.arange(m, device=logits.device)[None, :] > rows,
+                                    float("-inf"))
+    if key_padding_mask is not None:
+        logits = logits.masked_fill(key_padding_mask[:, None, None, :], float("-inf"))
+    if attn_mask is not None:
+        if attn_mask.dtype == torch.bool:
+            logits = logits.masked_fill(attn_mask, float("-inf"))
+        else:
+            logits = logits + attn_mask
+    return logits

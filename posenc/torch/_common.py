@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from .. import _checks
+from .._attention import check_attention
 from .._registry import INDEX_TENSORS, REGISTRY, diagonal_map
 
 _NUMPY_DTYPES = {
@@ -158,6 +159,19 @@ def validate(method: str, tensors: dict, params: dict, *, allow_half: bool = Fal
             arrays.append(_stand_in(name, tensor, half_as))
     values = tuple(params.get(name, default) for name, default in spec.params)
     return _checks.check(spec, tuple(arrays), values, None)
+
+
+def validate_attention(method: str, tensors: tuple, params: tuple, attention: tuple) -> None:
+    """The checks of `method`'s fused attention on stand-ins, as `validate` does
+    for its logits (v takes q's half-precision stand-in dtype when q has one)."""
+    spec = REGISTRY[method]
+    v, causal, key_padding_mask, dropout_p, seed = attention
+    problem = validate(method, dict(zip(spec.tensors, tensors)),
+                       dict(zip((name for name, _ in spec.params), params)), allow_half=True)
+    half_as = problem.dtype if v.dtype in HALF_DTYPES and v.dtype == tensors[0].dtype else None
+    mask = None if key_padding_mask is None else _stand_in("key_padding_mask", key_padding_mask,
+                                                          None)
+    check_attention(problem, _stand_in("v", v, half_as), causal, mask, dropout_p, seed)
 
 
 def check_segment_range(segment_q, segment_k, segment_table) -> None:

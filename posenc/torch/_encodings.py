@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from . import _functional as F
+from . import _fused
 
 
 def segment_ids_pair(table, segment_q, segment_k):
@@ -18,14 +19,15 @@ def segment_ids_pair(table, segment_q, segment_k):
     return segment_q, segment_q if segment_k is None else segment_k
 
 
-def content_and_segments(q, k, scale, segment_q, segment_k, table):
-    """s q_i·k_j [+ table[h, S(i), S(j)]] in one op: DIET-ABS of rank 0 carries
-    the segment term when there is one."""
+def content_and_segments(q, k, scale, segment_q, segment_k, table, query_offset=0):
+    """The call of s q_i·k_j [+ table[h, S(i), S(j)]] as (method, keywords):
+    DIET-ABS of rank 0 carries the segment term when there is one."""
     segment_q, segment_k = segment_ids_pair(table, segment_q, segment_k)
     if segment_q is None:
-        return F.content(q, k, scale=scale)
-    return F.diet_abs(q, k, q.new_zeros(1, q.shape[2], 0), k.new_zeros(1, k.shape[2], 0),
-                      segment_q=segment_q, segment_k=segment_k, segment_table=table, scale=scale)
+        return "content", {"scale": scale, "query_offset": query_offset}
+    return "diet_abs", {"pos_q": q.new_zeros(1, q.shape[2], 0), "pos_k": k.new_zeros(1, k.shape[2], 0),
+                        "segment_q": segment_q, "segment_k": segment_k, "segment_table": table,
+                        "scale": scale, "query_offset": query_offset}
 
 
 class PositionalEncoding(nn.Module):
@@ -53,11 +55,31 @@ class PositionalEncoding(nn.Module):
     def project_keys(self, k, v):
         return k, v
 
-    def logits(self, q, k, *, state=None, segment_q=None, segment_k=None):
-        raise NotImplementedError
+    def arguments(self, q, k, *, state=None, segment_q=None, segment_k=None, query_offset=0):
+        """(method, keywords): this encoding's logits are
+        ``posenc.torch.<method>(q, k, **keywords)`` and its fused attention
+        ``posenc.torch.<method>_attention(q, k, v, **keywords, ...)``."""
+        raise NotImplementedError(f"{type(self).__name__} must implement arguments()")
 
-    def forward(self, q, k, *, state=None, segment_q=None, segment_k=None):
-        return self.logits(q, k, state=state, segment_q=segment_q, segment_k=segment_k)
+    def logits(self, q, k, *, state=None, segment_q=None, segment_k=None, query_offset=0):
+        """(B, H, n, m) logits; query row i at position query_offset + i."""
+        method, keywords = self.arguments(q, k, state=state, segment_q=segment_q,
+                                          segment_k=segment_k, query_offset=query_offset)
+        return getattr(F, method)(q, k, **keywords)
+
+    def attention(self, q, k, v, *, state=None, segment_q=None, segment_k=None, causal=False,
+                  key_padding_mask=None, query_offset=0, dropout_p=0.0, seed=0):
+        """The fused attention softmax(logits + mask) dropout v (SPEC §6) of this
+        encoding: ``posenc.Attention(out, lse)``."""
+        method, keywords = self.arguments(q, k, state=state, segment_q=segment_q,
+                                          segment_k=segment_k, query_offset=query_offset)
+        return getattr(_fused, method + "_attention")(
+            q, k, v, **keywords, causal=causal, key_padding_mask=key_padding_mask,
+            dropout_p=dropout_p, seed=seed)
+
+    def forward(self, q, k, *, state=None, segment_q=None, segment_k=None, query_offset=0):
+        return self.logits(q, k, state=state, segment_q=segment_q, segment_k=segment_k,
+                           query_offset=query_offset)
 
 
 class Content(PositionalEncoding):
@@ -70,8 +92,8 @@ class Content(PositionalEncoding):
         super().__init__(num_heads)
         self.scale = scale
 
-    def logits(self, q, k, *, state=None, segment_q=None, segment_k=None):
-        return F.content(q, k, scale=self.scale)
+    def arguments(self, q, k, *, state=None, segment_q=None, segment_k=None, query_offset=0):
+        return "content", {"scale": self.scale, "query_offset": query_offset}
 
 
 class SegmentAttention(PositionalEncoding):
@@ -91,5 +113,6 @@ class SegmentAttention(PositionalEncoding):
         self.table = nn.Parameter(
             torch.randn(num_heads if per_head else 1, num_segments, num_segments) * init_std)
 
-    def logits(self, q, k, *, state=None, segment_q=None, segment_k=None):
-        return content_and_segments(q, k, self.scale, segment_q, segment_k, self.table)
+    def arguments(self, q, k, *, state=None, segment_q=None, segment_k=None, query_offset=0):
+        return content_and_segments(q, k, self.scale, segment_q, segment_k, self.table,
+                                    query_offset)

@@ -24,9 +24,12 @@ import math
 
 import torch
 
-from ._common import bucket_index, check_segment_range, validate
+from .._attention import Attention, attention_dropout_mask
+from .._registry import REGISTRY
+from ._common import bucket_index, check_segment_range, validate, validate_attention
 
-__all__ = ["content", "deberta", "diet_abs", "diet_rel", "m2", "m4", "m4m", "shaw", "t5", "tupe"]
+__all__ = ["attention", "content", "deberta", "diet_abs", "diet_rel", "m2", "m4", "m4m", "shaw", "t5",
+           "tupe"]
 
 
 def _check(method, tensors, params):
@@ -206,3 +209,46 @@ def diet_rel(q, k, rel, *, max_distance, segment_q=None, segment_k=None, segment
     if segment_table is not None:
         scores = scores + _segment_bias(segment_q, segment_k, segment_table)
     return scores
+
+
+# ------------------------------------------------------------------ fused attention
+
+def _mask(q, k, causal: bool, key_padding_mask, query_offset: int):
+    """(B|1, 1, n, m) bool, True where a logit is masked, or None."""
+    n, m = q.shape[-2], k.shape[-2]
+    masked = None
+    if causal:
+        rows = torch.arange(n, device=q.device)[:, None] + query_offset
+        masked = (torch.arange(m, device=q.device)[None, :] > rows)[None, None]
+    if key_padding_mask is not None:
+        padding = key_padding_mask.to(device=q.device, dtype=torch.bool)[:, None, None, :]
+        masked = padding if masked is None else masked | padding
+    return masked
+
+
+def attention(method: str, tensors: tuple, params: tuple, attention: tuple) -> Attention:
+    """The fused attention of SPEC §6 (posenc.torch.<method>_attention) by the native
+    logits of `method`, the mask, a softmax, the dropout decisions of
+    posenc.attention_dropout_mask (the C kernels' own) and a matmul; any device."""
+    spec = REGISTRY[method]
+    v, causal, key_padding_mask, dropout_p, seed = attention
+    if not torch.compiler.is_compiling():
+        validate_attention(method, tensors, params, attention)
+    names = tuple(name for name, _ in spec.params)
+    logits = _FORMULAS[method](**dict(zip(spec.tensors, tensors)), **dict(zip(names, params)))
+    q, k = tensors[0], tensors[1]
+    masked = _mask(q, k, causal, key_padding_mask, params[-1])
+    if masked is not None:
+        logits = logits.masked_fill(masked, float("-inf"))
+    lse = torch.logsumexp(logits, dim=-1)
+    empty = torch.isneginf(lse)[..., None]          # every key masked: P = 0, not NaN
+    probabilities = torch.where(empty, 0.0, torch.exp(logits - lse[..., None].masked_fill(
+        empty, 0.0)))
+    if dropout_p:
+        keep = attention_dropout_mask(seed, tuple(logits.shape), dropout_p)
+        probabilities = probabilities * torch.from_numpy(keep).to(probabilities.device) / (
+            1.0 - dropout_p)
+    return Attention(torch.matmul(probabilities, v), lse)
+
+
+_FORMULAS = {method: globals()[method] for method in REGISTRY}

@@ -26,6 +26,7 @@ import math
 import torch
 from torch import nn
 
+from .._registry import REGISTRY
 from . import _functional as F
 from ._attention import PositionalSelfAttention
 from ._encodings import (
@@ -81,10 +82,11 @@ class T5RelativeBias(PositionalEncoding):
         self.bidirectional, self.scale = bidirectional, scale
         self.bias = _table(num_heads, num_buckets, init_std=init_std)
 
-    def logits(self, q, k, *, state=None, segment_q=None, segment_k=None):
-        return F.t5(q, k, self.bias, num_buckets=self.num_buckets,
-                    max_distance=self.max_distance, bidirectional=self.bidirectional,
-                    scale=1.0 if self.scale is None else self.scale)
+    def arguments(self, q, k, *, state=None, segment_q=None, segment_k=None, query_offset=0):
+        return "t5", dict(bias=self.bias, num_buckets=self.num_buckets,
+                          max_distance=self.max_distance, bidirectional=self.bidirectional,
+                          scale=1.0 if self.scale is None else self.scale,
+                          query_offset=query_offset)
 
 
 class _ClippedRelative(PositionalEncoding):
@@ -96,9 +98,10 @@ class _ClippedRelative(PositionalEncoding):
         heads = num_heads if per_head else 1
         self.rel = nn.Parameter(init(torch.empty(heads, 2 * max_distance + 1, *table_shape)))
 
-    def logits(self, q, k, *, state=None, segment_q=None, segment_k=None):
-        return getattr(F, self.method)(q, k, self.rel, max_distance=self.max_distance,
-                                       scale=self.scale)
+    def arguments(self, q, k, *, state=None, segment_q=None, segment_k=None, query_offset=0):
+        table = REGISTRY[self.method].tensors[2]        # rel_k (Shaw, M4, M4M) or rel (M2)
+        return self.method, {table: self.rel, "max_distance": self.max_distance,
+                             "scale": self.scale, "query_offset": query_offset}
 
 
 class _VectorRelative(_ClippedRelative):
@@ -265,11 +268,12 @@ class DebertaRelative(PositionalEncoding):
             return self._heads(key_proj(rel)), self._heads(query_proj(rel))
         return self._heads(self.pos_key_proj(rel)), self._heads(self.pos_query_proj(rel))
 
-    def logits(self, q, k, *, state=None, segment_q=None, segment_k=None):
+    def arguments(self, q, k, *, state=None, segment_q=None, segment_k=None, query_offset=0):
         pos_key, pos_query = self.positional(q.shape[2], k.shape[2]) if state is None else state
-        return F.deberta(q, k, pos_key, pos_query, att_span=self.att_span,
-                         position_buckets=self.position_buckets,
-                         max_relative_positions=self.max_relative_positions, scale=self.scale)
+        return "deberta", dict(pos_key=pos_key, pos_query=pos_query, att_span=self.att_span,
+                               position_buckets=self.position_buckets,
+                               max_relative_positions=self.max_relative_positions,
+                               scale=self.scale, query_offset=query_offset)
 
 
 # ------------------------------------------------------------------ TUPE
@@ -316,16 +320,18 @@ class TUPE(PositionalEncoding):
         split = lambda x: x.view(x.shape[0], self.num_heads, self.head_dim).transpose(0, 1)
         return split(self.query_proj(p)), split(self.key_proj(p))
 
-    def terms(self, n: int, m: int):
-        """The arguments of `posenc.torch.tupe`: (pos_q, pos_k, bias, theta)."""
-        if max(n, m) > self.max_len:
-            raise ValueError(f"sequence of length {max(n, m)} exceeds max_len {self.max_len}")
-        pos_q, pos_k = self._project(self.positions[:max(n, m)])
+    def terms(self, n: int, m: int, query_offset: int = 0):
+        """The arguments of `posenc.torch.tupe`: (pos_q, pos_k, bias, theta), the
+        queries at positions query_offset ... query_offset + n - 1."""
+        length = max(query_offset + n, m)
+        if length > self.max_len:
+            raise ValueError(f"sequence of length {length} exceeds max_len {self.max_len}")
+        pos_q, pos_k = self._project(self.positions[:length])
         theta = None
         if self.reset_cls:
             theta_q, theta_k = self._project(self.theta_vectors)            # (H, 2, d)
             theta = (theta_q * theta_k).sum(-1) * self.scale                 # (H, 2)
-        return pos_q[:, :n], pos_k[:, :m], self.bias, theta
+        return pos_q[:, query_offset:query_offset + n], pos_k[:, :m], self.bias, theta
 
     def positional(self, n, m, *, query_proj=None, key_proj=None):
         """reset_θ(v): (1, H, n, m), the tupe op on zero-width q, k."""
@@ -336,13 +342,18 @@ class TUPE(PositionalEncoding):
                       max_distance=self.max_distance, bidirectional=self.bidirectional,
                       scale=self.scale)
 
-    def logits(self, q, k, *, state=None, segment_q=None, segment_k=None):
-        if state is not None:
+    def arguments(self, q, k, *, state=None, segment_q=None, segment_k=None, query_offset=0):
+        pos_q, pos_k, bias, theta = self.terms(q.shape[2], k.shape[2], query_offset)
+        return "tupe", dict(pos_q=pos_q, pos_k=pos_k, bias=bias, theta=theta,
+                            num_buckets=self.num_buckets, max_distance=self.max_distance,
+                            bidirectional=self.bidirectional, scale=self.scale,
+                            query_offset=query_offset)
+
+    def logits(self, q, k, *, state=None, segment_q=None, segment_k=None, query_offset=0):
+        if state is not None and not query_offset:   # the layers' shared reset(v)
             return F.content(q, k, scale=self.scale) + state
-        pos_q, pos_k, bias, theta = self.terms(q.shape[2], k.shape[2])
-        return F.tupe(q, k, pos_q, pos_k, bias=bias, theta=theta, num_buckets=self.num_buckets,
-                      max_distance=self.max_distance, bidirectional=self.bidirectional,
-                      scale=self.scale)
+        return super().logits(q, k, segment_q=segment_q, segment_k=segment_k,
+                              query_offset=query_offset)
 
 
 # ------------------------------------------------------------------ DIET
@@ -398,11 +409,11 @@ class DIETAbs(PositionalEncoding):
         return (torch.einsum("kn,bhnd->bhkd", self.E[:, :n], k),
                 torch.einsum("kn,bhnd->bhkd", value_projection[:, :n], v))
 
-    def _pos(self, n, m):
-        if n > self.pos_q.shape[1] or m > self.pos_k.shape[1]:
-            raise ValueError(f"lengths ({n}, {m}) exceed the position tables "
+    def _pos(self, n, m, query_offset=0):
+        if query_offset + n > self.pos_q.shape[1] or m > self.pos_k.shape[1]:
+            raise ValueError(f"lengths ({query_offset + n}, {m}) exceed the position tables "
                              f"({self.pos_q.shape[1]}, {self.pos_k.shape[1]})")
-        return self.pos_q[:, :n], self.pos_k[:, :m]
+        return self.pos_q[:, query_offset:query_offset + n], self.pos_k[:, :m]
 
     def _cacheable(self) -> bool:
         return (not self.training and not torch.is_grad_enabled()
@@ -424,17 +435,28 @@ class DIETAbs(PositionalEncoding):
         self._cache = None
         return super().train(mode)
 
-    def logits(self, q, k, *, state=None, segment_q=None, segment_k=None):
-        n, m = q.shape[2], k.shape[2]
-        table = None if self.segments is None or segment_q is None else self.segments.table
-        if state is None and self._cacheable():
-            state = self.positional(n, m)
-        if state is not None:
-            return content_and_segments(q, k, self.scale, segment_q, segment_k, table) + state
-        pos_q, pos_k = self._pos(n, m)
+    def _segment_table(self, segment_q):
+        return None if self.segments is None or segment_q is None else self.segments.table
+
+    def arguments(self, q, k, *, state=None, segment_q=None, segment_k=None, query_offset=0):
+        pos_q, pos_k = self._pos(q.shape[2], k.shape[2], query_offset)
+        table = self._segment_table(segment_q)
         segment_q, segment_k = segment_ids_pair(table, segment_q, segment_k)
-        return F.diet_abs(q, k, pos_q, pos_k, segment_q=segment_q, segment_k=segment_k,
-                          segment_table=table, scale=self.scale)
+        return "diet_abs", dict(pos_q=pos_q, pos_k=pos_k, segment_q=segment_q,
+                                segment_k=segment_k, segment_table=table, scale=self.scale,
+                                query_offset=query_offset)
+
+    def logits(self, q, k, *, state=None, segment_q=None, segment_k=None, query_offset=0):
+        n, m = q.shape[2], k.shape[2]
+        if not query_offset:          # P_Q P_Kᵀ shared by the layers, or cached in eval
+            if state is None and self._cacheable():
+                state = self.positional(n, m)
+            if state is not None:
+                method, keywords = content_and_segments(
+                    q, k, self.scale, segment_q, segment_k, self._segment_table(segment_q))
+                return getattr(F, method)(q, k, **keywords) + state
+        return super().logits(q, k, segment_q=segment_q, segment_k=segment_k,
+                              query_offset=query_offset)
 
 
 class DIETRel(PositionalEncoding):
@@ -459,8 +481,9 @@ class DIETRel(PositionalEncoding):
         self.segments = (SegmentAttention(num_heads, num_segments, per_head=per_head, scale=scale)
                          if num_segments is not None else None)
 
-    def logits(self, q, k, *, state=None, segment_q=None, segment_k=None):
+    def arguments(self, q, k, *, state=None, segment_q=None, segment_k=None, query_offset=0):
         table = None if self.segments is None or segment_q is None else self.segments.table
         segment_q, segment_k = segment_ids_pair(table, segment_q, segment_k)
-        return F.diet_rel(q, k, self.rel, max_distance=self.max_distance, segment_q=segment_q,
-                          segment_k=segment_k, segment_table=table, scale=self.scale)
+        return "diet_rel", dict(rel=self.rel, max_distance=self.max_distance, segment_q=segment_q,
+                                segment_k=segment_k, segment_table=table, scale=self.scale,
+                                query_offset=query_offset)

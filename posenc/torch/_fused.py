@@ -1,0 +1,51 @@
+"""posenc.torch.<name>_attention: the fused attention of SPEC §6 in autograd.
+
+CPU tensors run the fused C kernels (posenc.<name>_attention and its
+backward: no (B, H, n, m) tensor in either direction); tensors on other
+devices, or under `use_native`, or inside a torch.func transform, run the
+torch-native formula: the method's native logits, the mask, a softmax, the
+same counter-based dropout (the keep decisions of
+`posenc.attention_dropout_mask`, so both paths drop the same entries) and a
+matmul.  Both return `posenc.Attention(out, lse)`.
+"""
+
+from __future__ import annotations
+
+from .._registry import METHODS, REGISTRY, SHAPES, attention_doc
+from .._signatures import define
+from . import native
+from .. import _methods
+from . import _fused_ops
+from ._common import on_c_kernels, require_tensors
+
+# TRANSITION: the fused C kernels are being written; until posenc._methods has
+# them, CPU tensors take the native formula too.
+_C_ATTENTION = hasattr(_methods, "attention_forward")
+
+__all__ = [method + "_attention" for method in METHODS]
+
+
+_WHERE = ("the fused C kernels on CPU tensors, the torch-native formula (logits, mask,\n"
+          "softmax, the same dropout, matmul) on other devices or under use_native().\n"
+          "Differentiable in q, k, v and every float parameter.")
+
+
+def _fused(method: str):
+    spec = REGISTRY[method]
+
+    def body(tensors, params, attention, _out):
+        v, causal, key_padding_mask = attention[:3]
+        require_tensors(spec.tensors + ("v", "key_padding_mask"),
+                        tensors + (v, key_padding_mask), spec.optional | {"key_padding_mask"})
+        if on_c_kernels(tensors) and _C_ATTENTION:
+            return _fused_ops.fused_attention(method, tensors, params, attention)
+        return native.attention(method, tensors, params, attention)
+
+    return define(method, body, name=method + "_attention", form="attention", out=False,
+                  module="posenc.torch", doc=attention_doc(method, _WHERE).replace(
+                      "Computed by", SHAPES + "\nComputed by"))
+
+
+for _method in METHODS:
+    globals()[_method + "_attention"] = _fused(_method)
+del _method
