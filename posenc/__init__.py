@@ -53,8 +53,13 @@ def set_isa(name: str) -> None:
     _C.set_isa(name.strip().lower())
 
 
+MAX_THREADS = 4096      # the most threads any source (OMP_NUM_THREADS, set_num_threads) gives
+_forked_child = False
+
+
 def get_num_threads() -> int:
-    """Threads every kernel call uses (OpenMP; default: OMP_NUM_THREADS or all cores)."""
+    """Threads every kernel call uses (OpenMP; default: OMP_NUM_THREADS or all cores,
+    at most MAX_THREADS; 1 in a process made by fork())."""
     return _C.get_num_threads()
 
 
@@ -62,7 +67,25 @@ def set_num_threads(threads: int) -> None:
     """Threads every kernel call uses; results are bitwise identical for any count."""
     if isinstance(threads, bool) or not isinstance(threads, int):
         raise TypeError(f"threads must be an int, got {type(threads).__name__}")
+    if _forked_child and threads > 1:
+        raise RuntimeError(
+            "posenc runs on one thread in a process made by fork(): GNU OpenMP's thread pool "
+            "does not survive fork() (a parallel region would wait forever for threads that "
+            "are not there).  Start workers with the 'spawn' or 'forkserver' method for "
+            "more threads.")
     _C.set_num_threads(threads)
+
+
+def _after_fork_in_child() -> None:
+    """As PyTorch does: the child of fork() runs the kernels on the calling thread."""
+    global _forked_child
+    _forked_child = True
+    _C.set_num_threads(1)
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+if _C.get_num_threads() > MAX_THREADS:      # OMP_NUM_THREADS=100000: clamp, as the API does
+    _C.set_num_threads(MAX_THREADS)
 
 
 def deberta_hf_scale(d: int) -> float:
@@ -115,7 +138,7 @@ del _method
 __all__ = list(METHODS) + [m + "_backward" for m in METHODS] + [
     "capabilities", "get_isa", "set_isa", "get_num_threads", "set_num_threads", "build_info",
     "info", "check",
-    "deberta_hf_scale", "attention_dropout_mask", "Attention",
+    "deberta_hf_scale", "MAX_THREADS", "attention_dropout_mask", "Attention",
     "buckets", "METHODS", "GRAD_FIELDS", "GRAD_TYPES"] + _GRAD_NAMES
 
 if os.environ.get("POSENC_ISA"):

@@ -61,6 +61,71 @@ def test_isa_names_as_the_environment_variable_takes_them():
         posenc.set_isa(previous)
 
 
+_FORK_SCRIPT = """
+import multiprocessing as mp, sys, numpy as np, posenc
+posenc.set_num_threads(2)
+q = np.random.default_rng(0).standard_normal((4, 12, 256, 64)).astype(np.float32)
+want = float(posenc.content(q, q).sum())          # the parent's OpenMP threads are running
+
+def work(i):
+    assert posenc.get_num_threads() == 1
+    return float(posenc.content(q, q).sum())
+
+if __name__ == "__main__":
+    if sys.argv[1] == "pool":
+        with mp.get_context("fork").Pool(2) as pool:
+            got = pool.map_async(work, range(4)).get(timeout=60)
+    else:
+        import torch
+        class Data(torch.utils.data.Dataset):
+            def __len__(self):
+                return 4
+            def __getitem__(self, i):
+                return torch.tensor(work(i))
+        loader = torch.utils.data.DataLoader(Data(), batch_size=1, num_workers=2, timeout=60,
+                                             multiprocessing_context="fork")
+        got = [float(x) for x in loader]
+    assert all(g == want for g in got), (got, want)
+    print("ok", len(got))
+"""
+
+
+@pytest.mark.parametrize("kind", ["pool", "dataloader"])
+def test_fork_after_the_parent_used_threads(kind, tmp_path):
+    """A fork() child (multiprocessing pool, DataLoader worker) of a parent whose
+    OpenMP threads ran returns in seconds, on one thread, with the same numbers."""
+    if kind == "dataloader":
+        pytest.importorskip("torch")
+    script = tmp_path / "fork_script.py"
+    script.write_text(_FORK_SCRIPT)
+    result = subprocess.run([sys.executable, str(script), kind], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0 and result.stdout.startswith("ok 4"), result.stderr[-2000:]
+
+
+def test_forked_child_refuses_more_threads():
+    import os
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:                                   # the child reports and leaves at once
+        try:
+            posenc.set_num_threads(2)
+            message = b"accepted"
+        except RuntimeError as exc:
+            message = str(exc).encode()[:200]
+        os.write(write, message)
+        os._exit(0)
+    os.waitpid(pid, 0)
+    assert b"fork()" in os.read(read, 400)
+
+
+def test_thread_count_from_the_environment_is_clamped():
+    result = subprocess.run([sys.executable, "-c", "import posenc; print(posenc.get_num_threads())"],
+                            capture_output=True, text=True, timeout=60,
+                            env={**__import__("os").environ, "OMP_NUM_THREADS": "100000"})
+    assert result.returncode == 0 and int(result.stdout) == posenc.MAX_THREADS
+
+
 def test_plot_without_matplotlib_is_one_line(tmp_path):
     """`posenc plot` with matplotlib missing: one line saying what to install."""
     blocker = tmp_path / "matplotlib"
