@@ -108,10 +108,11 @@ _WHERE = "the C kernels"
 
 def _forward(method: str):
     spec = REGISTRY[method]
-    check, forward = _checks.check, _methods.forward
+    check, configure, run = _checks.check, _methods.configure, _C.forward
 
     def body(tensors, params, out):
-        return forward(check(spec, tensors, params, out))
+        problem = check(spec, tensors, params, out)
+        return run(configure(problem), problem.out)
 
     return define(method, body, name=method, doc=forward_doc(method, _WHERE))
 

@@ -316,7 +316,13 @@ def check(spec, tensors: tuple, params: tuple, out) -> Problem:
     if not dtype:      # the slow path names the offending argument
         dtype = check_floats([(name, arrays.get(name)) for name, _, is_float in plan_tensors
                               if is_float])
-    B, H, n, m, d = check_qk(arrays["q"], arrays["k"])
+    q_shape, k_shape = tensors[0].shape, tensors[1].shape
+    if len(q_shape) == 4 and len(k_shape) == 4 and q_shape[0] == k_shape[0] and \
+            q_shape[1] == k_shape[1] and q_shape[3] == k_shape[3]:
+        B, H, n, d = q_shape
+        m = k_shape[2]
+    else:
+        B, H, n, m, d = check_qk(tensors[0], tensors[1])
     # parameters: the map's (in the order of its kind), then the scale and the query offset
     *map_values, scale, query_offset = params
     if tuple(map(type, map_values)) != plan_types:     # NumPy scalars, or an error
@@ -330,7 +336,8 @@ def check(spec, tensors: tuple, params: tuple, out) -> Problem:
     if query_offset.__class__ is not int or query_offset < 0:
         query_offset = check_int("query_offset", query_offset, 0)
     p = Problem(spec.name, dtype, B, H, n, m, d, arrays)
-    p.scale, p.query_offset = scale, query_offset
+    p.scale = scale
+    p.query_offset = query_offset
     if spec.bucket is not None:
         p.map_values = map_values = tuple(map_values)
         rows = _map_rows(spec.bucket, map_values)
