@@ -204,6 +204,9 @@ def test_torch_wrong_gradient_and_detached_input():
     with fails("fn gave no gradient for 'bias'"):
         assert_grads_close(lambda q, k, bias, **kw: pt.t5(q, k, bias.detach(), **kw),
                            "t5", *inputs.args, **inputs.kwargs)
+    with fails("fn returned a tensor without a gradient"):
+        assert_grads_close(lambda *a, **kw: pt.t5(*a, **kw).detach(), "t5",
+                           *inputs.args, **inputs.kwargs)
     with pytest.raises(TypeError, match="torch.float16 is not supported"):
         assert_logits_close(torch.zeros(2, 3, 7, 5, dtype=torch.float16), "t5",
                             *inputs.args, **inputs.kwargs)
@@ -268,6 +271,12 @@ def test_user_project_with_a_wrong_kernel_fails(user_project):
     assert (f"POSENC_TEST_SEED={SEED} python -m pytest "
             "'test_my_t5.py::test_logits[float32-per-head]'") in output
     assert re.search(rf"\b{6 + len(posenc.capabilities()) + HAVE_TORCH} failed", output), output
+
+
+def test_loading_the_plugin_explicitly_is_harmless(user_project):
+    """-p posenc._pytest_plugin beside the installed entry point (same name) is one plugin."""
+    result = _run_user_project(user_project, "-p", "posenc._pytest_plugin", "-k", "every_isa")
+    assert result.returncode == 0, result.stdout + result.stderr
 
 
 def test_posenc_isa_restores_the_isa(user_project):
