@@ -9,7 +9,8 @@ functions in plain NumPy; ``posenc.torch`` plugs them into autograd.
 
 ISA and threads: ``posenc.capabilities()``, ``posenc.get_isa()``,
 ``posenc.set_isa(name)`` (or the POSENC_ISA environment variable),
-``posenc.set_num_threads(n)`` / ``posenc.get_num_threads()``.
+``posenc.set_num_threads(n)`` / ``posenc.get_num_threads()``.  Memory of
+large results: ``posenc.set_result_cache(nbytes)`` / ``posenc.get_result_cache()``.
 """
 
 from __future__ import annotations
@@ -98,6 +99,23 @@ def deberta_hf_scale(d: int) -> float:
     return 1.0 / float(np.sqrt(np.float32(3 * d), dtype=np.float32))
 
 
+def set_result_cache(nbytes: int) -> None:
+    """Bytes of freed large results (32 MiB and up) that posenc keeps to back
+    the next results (default 256 MiB, at most 4 blocks; the POSENC_RESULT_CACHE
+    environment variable, e.g. ``512M``, sets it at import).  A fresh result
+    faults its pages in (tens of ms per 100 MB, now and then far more while
+    the kernel compacts memory for huge pages); a reused block is already
+    faulted in.  0 frees the cache and keeps none."""
+    if isinstance(nbytes, bool) or not isinstance(nbytes, int):
+        raise TypeError(f"nbytes must be an int, got {type(nbytes).__name__}")
+    _C.set_result_cache(nbytes)
+
+
+def get_result_cache() -> int:
+    """The result cache's budget in bytes (see set_result_cache)."""
+    return _C.result_cache_info()["budget"]
+
+
 def build_info() -> dict:
     """Compiler, OpenMP version, compiled ISAs of this build."""
     return dict(_C.build_info())
@@ -138,6 +156,7 @@ del _method
 
 __all__ = list(METHODS) + [m + "_backward" for m in METHODS] + [
     "capabilities", "get_isa", "set_isa", "get_num_threads", "set_num_threads", "build_info",
+    "set_result_cache", "get_result_cache",
     "info", "check",
     "deberta_hf_scale", "MAX_THREADS", "attention_dropout_mask", "Attention",
     "buckets", "METHODS", "GRAD_FIELDS", "GRAD_TYPES"] + _GRAD_NAMES

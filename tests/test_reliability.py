@@ -195,3 +195,75 @@ def test_torch_func_transforms(transform):
         want = torch.stack([pt.t5(x[None], k[:1], bias, num_buckets=8, max_distance=6)
                             for x in q])
     torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+
+
+# ---------------------------------------------------------------- result memory
+
+_BIG = (2, 4, 1024, 1024)       # float32: 32 MiB, the size from which results use blocks
+
+
+def _address(a):
+    return a.__array_interface__["data"][0]
+
+
+def test_large_results_reuse_a_freed_block():
+    """A freed large result backs the next one (no fresh page faults); while
+    any view of it lives, its block is not reused."""
+    previous = posenc.get_result_cache()
+    rng = np.random.default_rng(0)
+    q = rng.standard_normal(_BIG[:3] + (8,)).astype(np.float32)
+    want = reference.content(q, q)
+    try:
+        posenc.set_result_cache(256 << 20)
+        first = posenc.content(q, q)
+        assert _address(first) % 64 == 0 and first.flags.c_contiguous and first.flags.writeable
+        np.testing.assert_allclose(first, want, rtol=1e-5, atol=1e-5)
+        view = first[1]
+        address = _address(first)
+        del first
+        second = posenc.content(q, q)         # the view still holds the first block
+        assert _address(second) != address
+        np.testing.assert_allclose(view, want[1], rtol=1e-5, atol=1e-5)
+        del view
+        assert posenc._C.result_cache_info()["blocks"] == 1
+        third = posenc.content(q * 2, q)
+        assert _address(third) == address
+        np.testing.assert_allclose(third, 2 * want, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(second, want, rtol=1e-5, atol=1e-5)
+        del second, third
+        info = posenc._C.result_cache_info()
+        assert info["blocks"] == 2 and info["bytes"] <= info["budget"]
+        posenc.set_result_cache(0)                # frees what it holds
+        assert posenc._C.result_cache_info() == {"budget": 0, "blocks": 0, "bytes": 0}
+        np.testing.assert_allclose(posenc.content(q, q), want, rtol=1e-5, atol=1e-5)
+        assert posenc._C.result_cache_info()["blocks"] == 0
+    finally:
+        posenc.set_result_cache(previous)
+
+
+def test_result_cache_knob_checks_its_argument():
+    with pytest.raises(TypeError):
+        posenc.set_result_cache(1.5)
+    with pytest.raises(ValueError, match=">= 0"):
+        posenc.set_result_cache(-1)
+
+
+@pytest.mark.parametrize("value, budget", [("64M", 64 << 20), ("0", 0), ("1048576", 1 << 20),
+                                           ("lots", 256 << 20)])
+def test_result_cache_from_the_environment(value, budget):
+    code = "import warnings, posenc; print(posenc.get_result_cache())"
+    env = dict(__import__("os").environ, POSENC_RESULT_CACHE=value)
+    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert int(run.stdout) == budget
+    assert ("POSENC_RESULT_CACHE=lots" in run.stderr) == (value == "lots")
+
+
+@pytest.mark.parametrize("B", [1, 4, 16])
+def test_a_result_too_large_is_a_memory_error_naming_its_shape(B):
+    """d = 0, n = m = 2**30: the result's size overflows any integer before
+    any allocation; a MemoryError with the shape, never a negative size."""
+    q = np.zeros((B, 1, 2**30, 0), np.float32)
+    with pytest.raises(MemoryError, match=rf"\({B}, 1, 1073741824, 1073741824\)"):
+        posenc.content(q, q)
