@@ -50,11 +50,14 @@ static void fill_table(posenc_kernels *dst, posenc_isa isa, posenc_dtype dtype)
     if (!over || over == base)
         return;
     dst->name = over->name;
-    if (over->ukr) {
+    if (over->ukr && over->ukr_narrow && over->pack_rows) {
         dst->ukr = over->ukr;
+        dst->ukr_narrow = over->ukr_narrow;
         dst->mr = over->mr;
         dst->nr = over->nr;
+        dst->nr_narrow = over->nr_narrow;
         dst->kc = over->kc;
+        dst->pack_rows = over->pack_rows;   /* panels as wide as the ISA's vectors pad them */
     }
     if (over->tile_gather_key && over->tile_scatter_key) {
         dst->tile_gather_key = over->tile_gather_key;
@@ -64,6 +67,7 @@ static void fill_table(posenc_kernels *dst, posenc_isa isa, posenc_dtype dtype)
     if (over->row_gather) dst->row_gather = over->row_gather;
     if (over->row_scatter_add) dst->row_scatter_add = over->row_scatter_add;
     if (over->row_mul) dst->row_mul = over->row_mul;
+    if (over->diagonal_sums) dst->diagonal_sums = over->diagonal_sums;
     if (over->tile_gather_query) dst->tile_gather_query = over->tile_gather_query;
     if (over->store_fence) dst->store_fence = over->store_fence;
 }

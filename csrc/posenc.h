@@ -129,27 +129,42 @@ enum {
  * are to float or double according to the table.
  *
  * The microkernel computes an mr x nr tile from a packed B panel
- * b[l * nr + c] and A read in place, a[l * lda + r] (a packed panel has
+ * b[l * nr + c] (nr_narrow for the narrow one) and A read in place, a[l * lda + r] (a packed panel has
  * lda = mr; a column-major matrix its leading dimension) or, with
  * POSENC_UKR_A_ROWS, a[r * lda + l], l < kc, then applies the epilogue flags
- * and stores c[r * ldc + c].  It reads p and c (when accumulating) before
- * writing c, so p may alias c.  rows (ADD_ROWS) holds mr row pointers, each
- * already at the tile's first column.
+ * and stores c[r * ldc + c] for r < rows, c < cols only.  A must be readable
+ * for all mr rows except with POSENC_UKR_A_ROWS, where rows past `rows` are
+ * not read.  It reads p and c (when accumulating) before writing c, so p
+ * may alias c.  add_rows (ADD_ROWS) holds `rows` row pointers, each already
+ * at the tile's first column.
  */
+typedef void (*posenc_ukr)(size_t kc, const void *a, ptrdiff_t lda, const void *b, void *c,
+                           ptrdiff_t ldc, size_t rows, size_t cols, const void *p, ptrdiff_t ldp,
+                           const void *const *add_rows, int flags);
+
 typedef struct {
     const char *name;
     size_t mr, nr;       /* the microkernel's register tile */
     size_t kc;           /* depth of a packed block: the microkernel's A and B panels stay in L1 */
     size_t key_block;    /* keys per call of the tile gathers/scatters: their rows of the
                             projections stay in L1 */
-    void (*ukr)(size_t kc, const void *a, ptrdiff_t lda, const void *b, void *c, ptrdiff_t ldc,
-                const void *p, ptrdiff_t ldp, const void *const *rows, int flags);
+    posenc_ukr ukr;
+    /* the same microkernel mr x nr_narrow (one vector): for a B whose N pads less to it */
+    size_t nr_narrow;
+    posenc_ukr ukr_narrow;
+    /* a B panel (either width) from row-major B: dst[l * nr + c] = alpha * src[l * rs + c],
+     * c < cols, zero up to nr, l < kc */
+    void (*pack_rows)(void *dst, size_t nr, const void *src, ptrdiff_t rs, size_t kc, size_t cols,
+                      double alpha);
     /* dst[j] op= src[j * stride], j < len; stride may be 0 or negative */
     void (*row_gather)(int op, void *dst, const void *src, ptrdiff_t stride, size_t len);
     /* dst[j * stride] += src[j]; stride 0 adds the sum of src to dst[0] */
     void (*row_scatter_add)(void *dst, ptrdiff_t stride, const void *src, size_t len);
     /* dst[j] = a[j] * b[j] */
     void (*row_mul)(void *dst, const void *a, const void *b, size_t len);
+    /* sums along a block's diagonals: dst[j - r] += src[r * ld + j], r < rows, j0 <= j < m,
+     * each element's sum over r in order */
+    void (*diagonal_sums)(void *dst, const void *src, size_t ld, size_t rows, size_t j0, size_t m);
     /* key-side table of a row tile: P[r, j] op= key_proj[j, map_r0[j - r] - b_min],
      * j0 <= j < j1, r < rows (j1 - j0 <= key_block) */
     void (*tile_gather_key)(int op, void *P, size_t ldp, const int64_t *map_r0, ptrdiff_t b_min,

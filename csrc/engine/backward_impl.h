@@ -54,7 +54,7 @@ typedef struct {
 
 static void backward_product_tile(const backward_ctx *c, backward_ws *w, size_t u, size_t b,
                                   size_t h, const packed_b *k_packed, size_t blk0, size_t i0,
-                                  size_t rows);
+                                  size_t rows, const REAL *G_blk);
 static void backward_product_ws(const backward_ctx *c, backward_ws *w, REAL *mem, size_t *at);
 
 static size_t backward_ws_layout(const backward_ctx *c, backward_ws *w, REAL *mem)
@@ -140,9 +140,9 @@ static void backward_row_positional(const backward_ctx *c, backward_ws *w, size_
     if (c->need_query_side && rg->for_query_table)
         scatter_query_side(kern, &c->query_runs, w->query_side + i * c->query_buckets,
                            rg->for_query_table, (ptrdiff_t)i, jb, (ptrdiff_t)m);
-    if (c->need_offsets && rg->for_table && m > (size_t)jb)
-        kern->row_scatter_add(c->offset_slots + u * c->offsets + (n - 1 - i) + jb, 1,
-                              rg->for_table + jb, m - jb);
+    if (c->need_offsets && rg->for_table)
+        kern->diagonal_sums(c->offset_slots + u * c->offsets + (n - 1 - i), rg->for_table, m, 1,
+                            (size_t)jb, m);
     if (p->segment_table && c->g->segment_table && rg->for_segments) {
         const size_t S = p->n_segments;
         REAL *slot = c->segment_slots + u * S * S + (size_t)p->segment_q[b * n + i] * S;
@@ -157,14 +157,14 @@ static void backward_row_positional(const backward_ctx *c, backward_ws *w, size_
 
 /* Sum mode: the positional gradients of rows [blk0, blk0 + rows) straight from G. */
 static void backward_sum_block(const backward_ctx *c, backward_ws *w, size_t u, size_t b,
-                               size_t blk0, size_t rows)
+                               size_t blk0, size_t rows, const REAL *G_blk)
 {
     const posenc_problem *p = c->p;
     const posenc_kernels *kern = c->kern;
     const size_t n = p->n, m = p->m;
-    const REAL *G_u = c->G + u * n * m;
-    for (size_t i = blk0; i < blk0 + rows; ++i) {
-        const REAL *g_row = G_u + i * m;
+    const int per_row = c->need_query_side || (p->segment_table && c->g->segment_table);
+    for (size_t i = blk0; i < blk0 + rows && (per_row || c->masked); ++i) {
+        const REAL *g_row = G_blk + (i - blk0) * m;
         if (c->masked && c->g->theta) {
             REAL *theta_slot = c->theta_slots + u * 2;
             if (c->cls_row0 && i == 0)
@@ -174,12 +174,17 @@ static void backward_sum_block(const backward_ctx *c, backward_ws *w, size_t u, 
         }
         if (c->cls_row0 && i == 0)
             continue;      /* the [CLS] row belongs to theta */
-        row_grads rg = {g_row, g_row, g_row};
-        backward_row_positional(c, w, u, b, i, &rg);
+        row_grads rg = {g_row, NULL, g_row};   /* the table's below, the block at once */
+        if (per_row)
+            backward_row_positional(c, w, u, b, i, &rg);
     }
+    const size_t skip = c->cls_row0 && blk0 == 0;   /* the [CLS] row */
+    if (c->need_offsets && rows > skip)
+        kern->diagonal_sums(c->offset_slots + u * c->offsets + (n - 1 - (blk0 + skip)),
+                            G_blk + skip * m, m, rows - skip, c->masked ? 1 : 0, m);
     if (c->need_key_side)
         scatter_key_side(kern, w->key_side, c->key_buckets, p->key_map, c->key_runs.b_min,
-                         G_u + blk0 * m, m, n, m, blk0, rows, c->masked ? 1 : 0, c->cls_row0);
+                         G_blk, m, n, m, blk0, rows, c->masked ? 1 : 0, c->cls_row0);
 }
 
 /*
@@ -211,7 +216,29 @@ static void backward_vector_table(const backward_ctx *c, backward_ws *w, size_t 
              (ptrdiff_t)d, 1, vs, slots + u * buckets * d, (ptrdiff_t)d, 0, spans->by_bucket);
 }
 
-static void backward_unit(const backward_ctx *c, backward_ws *w, size_t u)
+/* Unit u's start: its bucket matrices zeroed; in product mode s k^T packed
+ * into k_packed and the key-side projections. */
+static void backward_unit_begin(const backward_ctx *c, backward_ws *w, size_t u,
+                                packed_b *k_packed)
+{
+    const posenc_problem *p = c->p;
+    const size_t m = p->m, d = p->d, h = u % p->H;
+    const REAL *k_u = (const REAL *)p->k + u * m * d;
+    if (c->need_query_side) memset(w->query_side, 0, sizeof(REAL) * p->n * c->query_buckets);
+    if (c->need_key_side) memset(w->key_side, 0, sizeof(REAL) * m * c->key_buckets);
+    if (p->product) {
+        pack_b(c->kern, k_packed, w->k_pack, k_u, 1, (ptrdiff_t)d, d, m, (REAL)p->scale);
+        if (p->key_table)
+            key_projections(c->kern, &w->scratch, p, c->key_runs.b_min, c->key_buckets,
+                            w->key_table_pack, w->key_proj, h, k_u);
+    }
+}
+
+/* Rows [blk0, blk0 + rows_blk) of unit u (rows_blk <= row_block) from
+ * their rows of G: row i at G_blk + (i - blk0) m. */
+static void backward_unit_block(const backward_ctx *c, backward_ws *w, size_t u,
+                                const packed_b *k_packed, size_t blk0, size_t rows_blk,
+                                const REAL *G_blk)
 {
     const posenc_problem *p = c->p;
     const posenc_kernels *kern = c->kern;
@@ -219,47 +246,80 @@ static void backward_unit(const backward_ctx *c, backward_ws *w, size_t u)
     const size_t n = p->n, m = p->m, d = p->d, b = u / p->H, h = u % p->H;
     const REAL *q_u = (const REAL *)p->q + u * n * d;
     const REAL *k_u = (const REAL *)p->k + u * m * d;
-    const REAL *G_u = c->G + u * n * m;
     REAL *dq_u = g->q ? (REAL *)g->q + u * n * d : NULL;
     REAL *dk_u = g->k ? (REAL *)g->k + u * m * d : NULL;
     const REAL s = (REAL)p->scale;
-
-    if (c->need_query_side) memset(w->query_side, 0, sizeof(REAL) * n * c->query_buckets);
-    if (c->need_key_side) memset(w->key_side, 0, sizeof(REAL) * m * c->key_buckets);
-
-    packed_b k_packed;
+    const REAL *Gc = G_blk;
+    size_t ldg = m;
     if (p->product) {
-        pack_b(kern, &k_packed, w->k_pack, k_u, 1, (ptrdiff_t)d, d, m, (REAL)1);
-        if (p->key_table)
-            key_projections(kern, &w->scratch, p, c->key_runs.b_min, c->key_buckets,
-                            w->key_table_pack, w->key_proj, h, k_u);
+        for (size_t i0 = blk0; i0 < blk0 + rows_blk; i0 += kern->mr)
+            backward_product_tile(c, w, u, b, h, k_packed, blk0, i0,
+                                  posenc_min(kern->mr, blk0 + rows_blk - i0), G_blk);
+        Gc = w->content_grad;
+        ldg = c->m_pad;
+    } else {
+        backward_sum_block(c, w, u, b, blk0, rows_blk, G_blk);
     }
+    if (dq_u && c->need_content)
+        gemm(kern, &w->scratch, w->b_pack, rows_blk, d, m, Gc, (ptrdiff_t)ldg, 1, k_u,
+             (ptrdiff_t)d, 1, s, dq_u + blk0 * d, (ptrdiff_t)d, 0, NULL);
+    if (dk_u && c->need_content)
+        gemm(kern, &w->scratch, w->b_pack, m, d, rows_blk, Gc, 1, (ptrdiff_t)ldg, q_u + blk0 * d,
+             (ptrdiff_t)d, 1, s, dk_u, (ptrdiff_t)d, blk0 > 0, NULL);
+}
 
-    for (size_t blk0 = 0; blk0 < n; blk0 += c->row_block) {
-        const size_t rows_blk = posenc_min(c->row_block, n - blk0);
-        const REAL *Gc = G_u + blk0 * m;
-        size_t ldg = m;
-        if (p->product) {
-            for (size_t i0 = blk0; i0 < blk0 + rows_blk; i0 += kern->mr)
-                backward_product_tile(c, w, u, b, h, &k_packed, blk0, i0,
-                                      posenc_min(kern->mr, blk0 + rows_blk - i0));
-            Gc = w->content_grad;
-            ldg = c->m_pad;
-        } else {
-            backward_sum_block(c, w, u, b, blk0, rows_blk);
-        }
-        if (dq_u && c->need_content)
-            gemm(kern, &w->scratch, w->b_pack, rows_blk, d, m, Gc, (ptrdiff_t)ldg, 1, k_u,
-                 (ptrdiff_t)d, 1, s, dq_u + blk0 * d, (ptrdiff_t)d, 0, NULL);
-        if (dk_u && c->need_content)
-            gemm(kern, &w->scratch, w->b_pack, m, d, rows_blk, Gc, 1, (ptrdiff_t)ldg, q_u + blk0 * d,
-                 (ptrdiff_t)d, 1, s, dk_u, (ptrdiff_t)d, blk0 > 0, NULL);
-    }
-
+/* Unit u's end, once every row block is in: the gradients through the vector tables. */
+static void backward_unit_end(const backward_ctx *c, backward_ws *w, size_t u)
+{
+    const posenc_problem *p = c->p;
+    const posenc_grads *g = c->g;
+    const size_t n = p->n, m = p->m, d = p->d, h = u % p->H;
     if (c->need_query_side)
-        backward_vector_table(c, w, u, h, 0, q_u, dq_u);
+        backward_vector_table(c, w, u, h, 0, (const REAL *)p->q + u * n * d,
+                              g->q ? (REAL *)g->q + u * n * d : NULL);
     if (c->need_key_side)
-        backward_vector_table(c, w, u, h, 1, k_u, dk_u);
+        backward_vector_table(c, w, u, h, 1, (const REAL *)p->k + u * m * d,
+                              g->k ? (REAL *)g->k + u * m * d : NULL);
+}
+
+static void backward_unit(const backward_ctx *c, backward_ws *w, size_t u)
+{
+    const size_t n = c->p->n, m = c->p->m;
+    packed_b k_packed;
+    backward_unit_begin(c, w, u, &k_packed);
+    for (size_t blk0 = 0; blk0 < n; blk0 += c->row_block)
+        backward_unit_block(c, w, u, &k_packed, blk0, posenc_min(c->row_block, n - blk0),
+                            c->G + (u * n + blk0) * m);
+    backward_unit_end(c, w, u);
+}
+
+/*
+ * The dense factor's gradients from rows [blk0, blk0 + rows) of a gradient
+ * S of head h (row r at S + r m; its [CLS] row and column 0 are zeroed in
+ * place: they belong to theta): slot_q's rows = ds S.pos_k, slot_k (+)= ds
+ * S^T.pos_q's rows (accumulating past the first block); either may be NULL.
+ */
+static void backward_dense_block(const backward_ctx *c, backward_ws *w, size_t h, REAL *S,
+                                 size_t blk0, size_t rows, REAL *slot_q, REAL *slot_k)
+{
+    const posenc_problem *p = c->p;
+    const size_t n = p->n, m = p->m, dp = p->d_p;
+    const REAL ds = (REAL)p->dense_scale;
+    const REAL *pos_q = (const REAL *)p->pos_q + head_of(p->pos_q_heads, h) * n * dp;
+    const REAL *pos_k = (const REAL *)p->pos_k + head_of(p->pos_k_heads, h) * m * dp;
+    if (c->masked) {
+        for (size_t r = 0; r < rows; ++r) {
+            if (c->cls_row0 && blk0 + r == 0)
+                memset(S, 0, sizeof(REAL) * m);
+            S[r * m] = 0;
+        }
+    }
+    if (slot_q)
+        gemm(c->kern, &w->scratch, w->b_pack, rows, dp, m, S, (ptrdiff_t)m, 1, pos_k,
+             (ptrdiff_t)dp, 1, ds, slot_q + blk0 * dp, (ptrdiff_t)dp, 0, NULL);
+    if (slot_k)
+        gemm(c->kern, &w->scratch, w->b_pack, m, dp, rows, S, 1, (ptrdiff_t)m, pos_q + blk0 * dp,
+             (ptrdiff_t)dp, 1, ds, slot_k, (ptrdiff_t)dp, blk0 > 0, NULL);
 }
 
 /* Phase 2: the dense factor's gradients of head h, block by block of S_h. */
@@ -268,11 +328,8 @@ static void backward_dense_head(const backward_ctx *c, backward_ws *w, size_t h)
     const posenc_problem *p = c->p;
     const posenc_kernels *kern = c->kern;
     const size_t n = p->n, m = p->m, dp = p->d_p, H = p->H;
-    const REAL ds = (REAL)p->dense_scale;
-    const REAL *pos_q = (const REAL *)p->pos_q + head_of(p->pos_q_heads, h) * n * dp;
-    const REAL *pos_k = (const REAL *)p->pos_k + head_of(p->pos_k_heads, h) * m * dp;
-    REAL *slot_q = c->pos_q_slots + h * n * dp;
-    REAL *slot_k = c->pos_k_slots + h * m * dp;
+    REAL *slot_q = c->g->pos_q ? c->pos_q_slots + h * n * dp : NULL;
+    REAL *slot_k = c->g->pos_k ? c->pos_k_slots + h * m * dp : NULL;
     REAL *S = w->grad_sum;
     for (size_t blk0 = 0; blk0 < n; blk0 += c->row_block) {
         const size_t rows = posenc_min(c->row_block, n - blk0);
@@ -281,19 +338,7 @@ static void backward_dense_head(const backward_ctx *c, backward_ws *w, size_t h)
             for (size_t r = 0; r < rows; ++r)
                 kern->row_gather(b == 0 ? POSENC_SET : POSENC_ADD, S + r * m, G_blk + r * m, 1, m);
         }
-        if (c->masked) {   /* the [CLS] row and column 0 belong to theta */
-            for (size_t r = 0; r < rows; ++r) {
-                if (c->cls_row0 && blk0 + r == 0)
-                    memset(S, 0, sizeof(REAL) * m);
-                S[r * m] = 0;
-            }
-        }
-        if (c->g->pos_q)
-            gemm(kern, &w->scratch, w->b_pack, rows, dp, m, S, (ptrdiff_t)m, 1, pos_k,
-                 (ptrdiff_t)dp, 1, ds, slot_q + blk0 * dp, (ptrdiff_t)dp, 0, NULL);
-        if (c->g->pos_k)
-            gemm(kern, &w->scratch, w->b_pack, m, dp, rows, S, 1, (ptrdiff_t)m, pos_q + blk0 * dp,
-                 (ptrdiff_t)dp, 1, ds, slot_k, (ptrdiff_t)dp, blk0 > 0, NULL);
+        backward_dense_block(c, w, h, S, blk0, rows, slot_q, slot_k);
     }
 }
 
@@ -451,6 +496,29 @@ static int backward_prepare(backward_ctx *c, const posenc_problem *p, const pose
     return POSENC_OK;
 }
 
+/* The part of phases 1 and 2 of the calling thread of the team (all of it
+ * when called outside a parallel region: a team of one skips its start). */
+static void backward_team(const backward_ctx *c, REAL *arena, size_t ws)
+{
+    const posenc_problem *p = c->p;
+    const posenc_grads *g = c->g;
+    const int phase1 = c->need_content || c->need_query_side || c->need_key_side ||
+                       c->need_offsets || (p->segment_table && g->segment_table) ||
+                       (p->theta && g->theta);
+    backward_ws w;
+    backward_ws_layout(c, &w, arena + (size_t)posenc_thread_id() * ws);
+    if (phase1) {
+#pragma omp for schedule(static)
+        for (ptrdiff_t u = 0; u < (ptrdiff_t)(p->B * p->H); ++u)
+            backward_unit(c, &w, (size_t)u);
+    }
+    if (p->pos_q && (g->pos_q || g->pos_k)) {
+#pragma omp for schedule(static)
+        for (ptrdiff_t h = 0; h < (ptrdiff_t)p->H; ++h)
+            backward_dense_head(c, &w, (size_t)h);
+    }
+}
+
 static int backward(const posenc_problem *p, const void *grad, const posenc_grads *g,
                     int num_threads)
 {
@@ -473,24 +541,11 @@ static int backward(const posenc_problem *p, const void *grad, const posenc_grad
         status = POSENC_ENOMEM;
         goto done;
     }
-    const int phase1 = c.need_content || c.need_query_side || c.need_key_side || c.need_offsets ||
-                       (p->segment_table && g->segment_table) || (p->theta && g->theta);
-    const int dense = p->pos_q && (g->pos_q || g->pos_k);
-
+    if (team == 1) {
+        backward_team(&c, arena, ws);
+    } else {
 #pragma omp parallel num_threads((int)team)
-    {
-        backward_ws w;
-        backward_ws_layout(&c, &w, arena + (size_t)posenc_thread_id() * ws);
-        if (phase1) {
-#pragma omp for schedule(static)
-            for (ptrdiff_t u = 0; u < (ptrdiff_t)BH; ++u)
-                backward_unit(&c, &w, (size_t)u);
-        }
-        if (dense) {
-#pragma omp for schedule(static)
-            for (ptrdiff_t h = 0; h < (ptrdiff_t)p->H; ++h)
-                backward_dense_head(&c, &w, (size_t)h);
-        }
+        backward_team(&c, arena, ws);
     }
     backward_reduce(&c);
 

@@ -36,15 +36,14 @@ static void backward_product_ws(const backward_ctx *c, backward_ws *w, REAL *mem
  */
 static void backward_product_tile(const backward_ctx *c, backward_ws *w, size_t u, size_t b,
                                   size_t h, const packed_b *k_packed, size_t blk0, size_t i0,
-                                  size_t rows)
+                                  size_t rows, const REAL *G_blk)
 {
     const posenc_problem *p = c->p;
     const posenc_kernels *kern = c->kern;
     const size_t n = p->n, m = p->m, d = p->d, ld = c->m_pad;
     const REAL *q_u = (const REAL *)p->q + u * n * d;
-    const REAL *G_u = c->G + u * n * m;
 
-    gemm_packed(kern, &w->scratch, rows, q_u + i0 * d, (ptrdiff_t)d, 1, (REAL)p->scale, k_packed,
+    gemm_packed(kern, &w->scratch, rows, q_u + i0 * d, (ptrdiff_t)d, 1, k_packed,
                 w->content, (ptrdiff_t)ld, 0, NULL, 0, NULL, 0, NULL);
     if (p->query_table)
         term_query_table(kern, &w->scratch, p, &c->query_runs, c->query_buckets,
@@ -59,7 +58,7 @@ static void backward_product_tile(const backward_ctx *c, backward_ws *w, size_t 
     enum { FACTOR_TABLE, FACTOR_QUERY, FACTOR_KEY };
     for (size_t r = 0; r < rows; ++r) {
         const size_t i = i0 + r;
-        const REAL *g_row = G_u + i * m;
+        const REAL *g_row = G_blk + (i - blk0) * m;
         const REAL *factor[3];
         int kind[3], wanted[3], nf = 0;
         if (by_offset) {

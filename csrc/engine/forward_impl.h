@@ -86,7 +86,7 @@ static void forward_head_block(const forward_ctx *c, forward_ws *w, size_t h)
     const REAL *pos_k = (const REAL *)p->pos_k + head_of(p->pos_k_heads, h) * m * dp;
     packed_b pb;
     pack_b(kern, &pb, w->pos_k_pack, pos_k, 1, (ptrdiff_t)dp, dp, m, (REAL)p->dense_scale);
-    gemm_packed(kern, &w->scratch, n, pos_q, (ptrdiff_t)dp, 1, (REAL)1, &pb, w->head_block,
+    gemm_packed(kern, &w->scratch, n, pos_q, (ptrdiff_t)dp, 1, &pb, w->head_block,
                 (ptrdiff_t)m, 0, NULL, 0, NULL, 0, NULL);
     if (p->table)
         term_table(kern, POSENC_ADD, w->head_block, m,
@@ -127,14 +127,14 @@ static const REAL *forward_positional(const forward_ctx *c, forward_ws *w, size_
         if (p->pos_q) {
             const size_t dp = p->d_p;
             const size_t hq = head_of(p->pos_q_heads, h), hk = head_of(p->pos_k_heads, h);
-            packed_b pb = {w->pos_k_pack, dp, m, posenc_round_up(posenc_max(m, 1), kern->nr)};
+            packed_b pb = packed_b_shape(kern, w->pos_k_pack, dp, m);
             if (w->cached_pos_k != (ptrdiff_t)hk) {
                 pack_b(kern, &pb, w->pos_k_pack, (const REAL *)p->pos_k + hk * m * dp, 1,
                        (ptrdiff_t)dp, dp, m, (REAL)p->dense_scale);
                 w->cached_pos_k = (ptrdiff_t)hk;
             }
             gemm_packed(kern, &w->scratch, rows, (const REAL *)p->pos_q + (hq * n + i0) * dp,
-                        (ptrdiff_t)dp, 1, (REAL)1, &pb, w->P, (ptrdiff_t)ld, 0, NULL, 0, NULL, 0,
+                        (ptrdiff_t)dp, 1, &pb, w->P, (ptrdiff_t)ld, 0, NULL, 0, NULL, 0,
                         NULL);
             op = combine_op;
         }
@@ -188,44 +188,62 @@ static void forward_expand_segments(const forward_ctx *c, forward_ws *w, size_t 
     }
 }
 
-/* Rows [r0, r1) of unit (b, h). */
-static void forward_unit(const forward_ctx *c, forward_ws *w, size_t b, size_t h, size_t r0,
-                         size_t r1, REAL *out)
+/* What unit (b, h) needs before its row tiles: the head block, s k^T
+ * packed into k_packed (the content scale rides on the packed keys), the
+ * key-side projections, the expanded segments. */
+static void forward_unit_setup(const forward_ctx *c, forward_ws *w, size_t b, size_t h,
+                               packed_b *k_packed)
 {
     const posenc_problem *p = c->p;
     const posenc_kernels *kern = c->kern;
-    const size_t n = p->n, m = p->m, d = p->d, u = b * p->H + h;
-    const REAL *q_u = (const REAL *)p->q + u * n * d;
-    const REAL *k_u = (const REAL *)p->k + u * m * d;
-    REAL *out_u = out + u * n * m;
-    const int p_flag = p->product ? POSENC_UKR_MUL_P : POSENC_UKR_ADD_P;
+    const size_t m = p->m, d = p->d;
+    const REAL *k_u = (const REAL *)p->k + (b * p->H + h) * m * d;
 
     if (c->head_blocks && w->cached_head_block != (ptrdiff_t)h)
         forward_head_block(c, w, h);
-
-    packed_b k_packed;
-    pack_b(kern, &k_packed, w->k_pack, k_u, 1, (ptrdiff_t)d, d, m, (REAL)1);
-
+    pack_b(kern, k_packed, w->k_pack, k_u, 1, (ptrdiff_t)d, d, m, (REAL)p->scale);
     if (p->key_table)
         key_projections(kern, &w->scratch, p, c->key_runs.b_min, c->key_buckets,
                         w->key_table_pack, w->key_proj, h, k_u);
     if (c->segment_rows)
         forward_expand_segments(c, w, b, h);
+}
 
-    for (size_t i0 = r0; i0 < r1; i0 += kern->mr) {
-        const size_t rows = posenc_min(kern->mr, r1 - i0);
-        ptrdiff_t ldp = 0;
-        const REAL *P = forward_positional(c, w, b, h, q_u, i0, rows, &ldp);
-        int flags = (P ? p_flag : 0) | (c->stream ? POSENC_UKR_STREAM : 0);
-        if (c->segment_rows) {
-            for (size_t r = 0; r < rows; ++r)
-                w->segment_row[r] = w->segment_expanded + (size_t)p->segment_q[b * n + i0 + r] * m;
-            flags |= POSENC_UKR_ADD_ROWS;
-        }
-        gemm_packed(kern, &w->scratch, rows, q_u + i0 * d, (ptrdiff_t)d, 1, (REAL)p->scale,
-                    &k_packed, out_u + i0 * m, (ptrdiff_t)m, 0, P, ldp,
-                    c->segment_rows ? w->segment_row : NULL, flags, NULL);
+/* The logits of rows [i0, i0 + rows) (rows <= mr) of unit (b, h), keys
+ * [0, cols), into C (row r at C + r * ldc); forward_unit_setup ran for the unit. */
+static void forward_tile(const forward_ctx *c, forward_ws *w, size_t b, size_t h,
+                         const packed_b *k_packed, size_t i0, size_t rows, size_t cols, REAL *C,
+                         ptrdiff_t ldc)
+{
+    const posenc_problem *p = c->p;
+    const size_t n = p->n, m = p->m, d = p->d;
+    const REAL *q_u = (const REAL *)p->q + (b * p->H + h) * n * d;
+    ptrdiff_t ldp = 0;
+    const REAL *P = forward_positional(c, w, b, h, q_u, i0, rows, &ldp);
+    int flags = (P ? (p->product ? POSENC_UKR_MUL_P : POSENC_UKR_ADD_P) : 0) |
+                (c->stream ? POSENC_UKR_STREAM : 0);
+    if (c->segment_rows) {
+        for (size_t r = 0; r < rows; ++r)
+            w->segment_row[r] = w->segment_expanded + (size_t)p->segment_q[b * n + i0 + r] * m;
+        flags |= POSENC_UKR_ADD_ROWS;
     }
+    packed_b keys = *k_packed;
+    keys.N = cols;   /* the first cols columns of the packed panels */
+    gemm_packed(c->kern, &w->scratch, rows, q_u + i0 * d, (ptrdiff_t)d, 1, &keys, C, ldc, 0, P,
+                ldp, c->segment_rows ? w->segment_row : NULL, flags, NULL);
+}
+
+/* Rows [r0, r1) of unit (b, h). */
+static void forward_unit(const forward_ctx *c, forward_ws *w, size_t b, size_t h, size_t r0,
+                         size_t r1, REAL *out)
+{
+    const size_t m = c->p->m, mr = c->kern->mr;
+    REAL *out_u = out + (b * c->p->H + h) * c->p->n * m;
+    packed_b k_packed;
+    forward_unit_setup(c, w, b, h, &k_packed);
+    for (size_t i0 = r0; i0 < r1; i0 += mr)
+        forward_tile(c, w, b, h, &k_packed, i0, posenc_min(mr, r1 - i0), m, out_u + i0 * m,
+                     (ptrdiff_t)m);
 }
 
 static int forward_prepare(forward_ctx *c, const posenc_problem *p, const posenc_kernels *kern,
@@ -272,6 +290,32 @@ static void forward_release(forward_ctx *c)
     posenc_segment_runs_free(&c->segment_runs);
 }
 
+/* Work items: units, each split into row chunks when units are fewer than
+ * threads.  Forward values do not depend on the split. */
+typedef struct {
+    size_t items, chunks, rows_per_chunk;
+} forward_items;
+
+/* The part of the work of the calling thread of the team (every item when
+ * called outside a parallel region: a team of one skips its start). */
+static void forward_team(const forward_ctx *c, const forward_items *it, REAL *arena, size_t ws,
+                         REAL *out)
+{
+    const posenc_problem *p = c->p;
+    forward_ws w;
+    forward_ws_layout(c, &w, arena + (size_t)posenc_thread_id() * ws);
+#pragma omp for schedule(static)
+    for (ptrdiff_t item = 0; item < (ptrdiff_t)it->items; ++item) {
+        /* head-major order: consecutive items share a head's block */
+        const size_t unit = (size_t)item / it->chunks, chunk = (size_t)item % it->chunks;
+        const size_t h = unit / p->B, b = unit % p->B;
+        const size_t r0 = chunk * it->rows_per_chunk;
+        forward_unit(c, &w, b, h, r0, posenc_min(p->n, r0 + it->rows_per_chunk), out);
+    }
+    if (c->stream)
+        c->kern->store_fence();
+}
+
 static int forward(const posenc_problem *p, void *out_, int num_threads)
 {
     REAL *out = (REAL *)out_;
@@ -285,15 +329,13 @@ static int forward(const posenc_problem *p, void *out_, int num_threads)
     if (status != POSENC_OK)
         goto done;
 
-    /* Work items: units, each split into row chunks when units are fewer
-     * than threads.  Forward values do not depend on the split. */
     const size_t threads = (size_t)(num_threads > 0 ? num_threads : 1);
     const size_t tiles = (p->n + kern->mr - 1) / kern->mr;
     size_t chunks = BH >= threads ? 1 : posenc_min((threads + BH - 1) / BH, tiles);
     const size_t tiles_per_chunk = (tiles + chunks - 1) / chunks;
     chunks = (tiles + tiles_per_chunk - 1) / tiles_per_chunk;
-    const size_t items = BH * chunks;
-    const size_t team = posenc_team(threads, items, p);
+    const forward_items it = {BH * chunks, chunks, tiles_per_chunk * kern->mr};
+    const size_t team = posenc_team(threads, it.items, p);
 
     const size_t ws = forward_ws_layout(&c, NULL, NULL);
     arena = (REAL *)posenc_alloc(posenc_mul_size(team, ws), sizeof(REAL));
@@ -301,22 +343,11 @@ static int forward(const posenc_problem *p, void *out_, int num_threads)
         status = POSENC_ENOMEM;
         goto done;
     }
-
+    if (team == 1) {
+        forward_team(&c, &it, arena, ws, out);
+    } else {
 #pragma omp parallel num_threads((int)team)
-    {
-        forward_ws w;
-        forward_ws_layout(&c, &w, arena + (size_t)posenc_thread_id() * ws);
-#pragma omp for schedule(static)
-        for (ptrdiff_t item = 0; item < (ptrdiff_t)items; ++item) {
-            /* head-major order: consecutive items share a head's block */
-            const size_t unit = (size_t)item / chunks, chunk = (size_t)item % chunks;
-            const size_t h = unit / p->B, b = unit % p->B;
-            const size_t r0 = chunk * tiles_per_chunk * kern->mr;
-            const size_t r1 = posenc_min(p->n, r0 + tiles_per_chunk * kern->mr);
-            forward_unit(&c, &w, b, h, r0, r1, out);
-        }
-        if (c.stream)
-            kern->store_fence();
+        forward_team(&c, &it, arena, ws, out);
     }
 
 done:

@@ -65,7 +65,7 @@ static void key_projections(const posenc_kernels *kern, const gemm_scratch *g,
     const REAL *table = (const REAL *)p->key_table + (ht * p->key_table_rows + (size_t)b_min) * d;
     packed_b pb;
     pack_b(kern, &pb, table_pack, table, 1, (ptrdiff_t)d, d, buckets, (REAL)p->vector_scale);
-    gemm_packed(kern, g, p->m, k_u, (ptrdiff_t)d, 1, (REAL)1, &pb, proj, (ptrdiff_t)buckets, 0,
+    gemm_packed(kern, g, p->m, k_u, (ptrdiff_t)d, 1, &pb, proj, (ptrdiff_t)buckets, 0,
                 NULL, 0, NULL, 0, NULL);
 }
 
@@ -82,14 +82,14 @@ static void term_query_table(const posenc_kernels *kern, const gemm_scratch *g,
 {
     const size_t d = p->d, ld = posenc_round_up(buckets, kern->nr);
     const size_t ht = head_of(p->query_table_heads, h);
-    packed_b pb = {table_pack, d, buckets, ld};
+    packed_b pb = packed_b_shape(kern, table_pack, d, buckets);
     if (*cached_head != (ptrdiff_t)ht) {
         const REAL *table = (const REAL *)p->query_table +
                             (ht * p->query_table_rows + (size_t)runs->b_min) * d;
         pack_b(kern, &pb, table_pack, table, 1, (ptrdiff_t)d, d, buckets, (REAL)p->vector_scale);
         *cached_head = (ptrdiff_t)ht;
     }
-    gemm_packed(kern, g, rows, q_u + i0 * d, (ptrdiff_t)d, 1, (REAL)1, &pb, proj, (ptrdiff_t)ld,
+    gemm_packed(kern, g, rows, q_u + i0 * d, (ptrdiff_t)d, 1, &pb, proj, (ptrdiff_t)ld,
                 0, NULL, 0, NULL, 0, NULL);
     if (posenc_runs_short(runs, p->n + p->m - 1))
         kern->tile_gather_query(op, P, ldp, p->query_map + (p->n - 1 - i0), runs->b_min, proj, ld,

@@ -17,6 +17,9 @@
  *   VSTREAM(p, v)   a store that bypasses the caches where the ISA has one
  *                   (non-temporal), else a plain store; p aligned to the vector
  *   STORE_FENCE()   orders those stores before what follows (sfence on x86)
+ *   VLOAD_PART(p, n), VSTORE_PART(p, v, n)   optional: the first n < VL
+ *                   lanes only (masked instructions), else through a buffer
+ *   VLOAD_RANGE(p, lo, hi)   optional: lanes lo <= t < hi only, likewise
  * From isa/<isa>.c:
  *   MR, NRV         register tile: MR rows by NRV vectors (nr = NRV * VL)
  *   KC, KEY_BLOCK   block sizes, when not the defaults below
@@ -28,6 +31,45 @@
  */
 
 #define NR (NRV * VL)
+
+/* The first n < VL lanes of a vector: a load that leaves the others zero
+ * and reads nothing past them, a store that writes nothing past them.  The
+ * vector layer may give its masked instructions; by default, a copy
+ * through a lane buffer. */
+#ifndef VLOAD_PART
+static inline VT KNAME(vload_part)(const REAL *p, size_t n)
+{
+    REAL lane[VL] = {0};
+    for (size_t t = 0; t < n; ++t)
+        lane[t] = p[t];
+    return VLOAD(lane);
+}
+static inline void KNAME(vstore_part)(REAL *p, VT v, size_t n)
+{
+    REAL lane[VL];
+    VSTORE(lane, v);
+    for (size_t t = 0; t < n; ++t)
+        p[t] = lane[t];
+}
+#define VLOAD_PART(p, n) KNAME(vload_part)((p), (n))
+#define VSTORE_PART(p, v, n) KNAME(vstore_part)((p), (v), (n))
+#define VPART_DEFAULT
+#endif
+
+/* Lanes lo <= t < hi of p (p[t]), the others zero; reads nothing else. */
+#ifndef VLOAD_RANGE
+static inline VT KNAME(vload_range)(const REAL *p, size_t lo, size_t hi)
+{
+    if (lo == 0 && hi == VL)
+        return VLOAD(p);
+    REAL lane[VL] = {0};
+    for (size_t t = lo; t < hi; ++t)
+        lane[t] = p[t];
+    return VLOAD(lane);
+}
+#define VLOAD_RANGE(p, lo, hi) KNAME(vload_range)((p), (lo), (hi))
+#define VRANGE_DEFAULT
+#endif
 
 /* Depth of a packed block: an MR x KC panel of A and a KC x NR panel of B
  * stay in L1 (32 KB and up) next to the tile. */
@@ -44,76 +86,40 @@
 #define KEY_BLOCK_DEFAULT
 #endif
 
+/* The register-tiled microkernels (ukr_impl.h): the main one, NRV vectors
+ * wide, and a narrow one of one vector for GEMMs whose N pads less to it
+ * (the backward's dq = G.k and dk = G^T.q with a small head size d). */
+#define UKR_NAME KNAME(posenc_ukr)
+#define UKR_NRV NRV
+#include "ukr_impl.h"
+#define UKR_NAME KNAME(posenc_ukr_narrow)
+#define UKR_NRV 1
+#include "ukr_impl.h"
+
 /*
- * The register-tiled microkernel (BLIS style): an MR x NR tile of A.B from a
- * packed B panel and A in any of the layouts of posenc.h, then the epilogue.
- * kc may be 0 (d = 0: content term zero).
+ * Unit-stride row loops in vectors: whole ones, then the first lanes of one
+ * more, each element through the same single operation as a scalar loop
+ * (so the results do not depend on the split).  STEP(j, LOAD, STORE)
+ * handles the lanes from j.
  */
-static void KNAME(posenc_ukr)(size_t kc, const void *a_, ptrdiff_t lda, const void *b_, void *c_,
-                              ptrdiff_t ldc, const void *p_, ptrdiff_t ldp, const void *const *rows,
-                              int flags)
-{
-    const REAL *a = (const REAL *)a_;
-    const REAL *b = (const REAL *)b_;
-    REAL *c = (REAL *)c_;
-    const REAL *p = (const REAL *)p_;
-    VT acc[MR][NRV];
-
-#pragma GCC unroll 16
-    for (int r = 0; r < MR; ++r)
-#pragma GCC unroll 8
-        for (int v = 0; v < NRV; ++v)
-            acc[r][v] = VZERO();
-
-    /* One rank-1 update per l; A(r, l) is broadcast straight from memory. */
-#define UKR_LOOP(A_AT)                                                   \
-    for (size_t l = 0; l < kc; ++l) {                                    \
-        VT bv[NRV];                                                      \
-        _Pragma("GCC unroll 8")                                          \
-        for (int v = 0; v < NRV; ++v)                                    \
-            bv[v] = VLOAD(b + l * NR + (size_t)v * VL);                  \
-        _Pragma("GCC unroll 16")                                         \
-        for (int r = 0; r < MR; ++r) {                                   \
-            VT ar = VBCAST(A_AT);                                        \
-            _Pragma("GCC unroll 8")                                      \
-            for (int v = 0; v < NRV; ++v)                                \
-                acc[r][v] = VFMA(ar, bv[v], acc[r][v]);                  \
+#define ROW_VECTORS(len, STEP)                                           \
+    do {                                                                 \
+        size_t j = 0;                                                    \
+        for (; j + VL <= (len); j += VL)                                 \
+            STEP(j, VLOAD, VSTORE);                                      \
+        if (j < (len)) {                                                 \
+            const size_t tail = (len) - j;                               \
+            STEP(j, ROW_LOAD_TAIL, ROW_STORE_TAIL);                      \
         }                                                                \
-    }
-    if (flags & POSENC_UKR_A_ROWS) {
-        const REAL *a_row[MR];
-#pragma GCC unroll 16
-        for (int r = 0; r < MR; ++r)
-            a_row[r] = a + (ptrdiff_t)r * lda;
-        UKR_LOOP(a_row[r][l])
-    } else if (lda == MR) {          /* a packed panel: constant offsets */
-        UKR_LOOP(a[l * MR + (size_t)r])
-    } else {
-        UKR_LOOP(a[(ptrdiff_t)l * lda + r])
-    }
-#undef UKR_LOOP
-
-#pragma GCC unroll 16
-    for (int r = 0; r < MR; ++r) {
-        REAL *crow = c + r * ldc;
-#pragma GCC unroll 8
-        for (int v = 0; v < NRV; ++v) {
-            VT x = acc[r][v];
-            if (flags & POSENC_UKR_ACCUMULATE)
-                x = VADD(x, VLOAD(crow + v * VL));
-            if (flags & POSENC_UKR_ADD_P)
-                x = VADD(x, VLOAD(p + r * ldp + v * VL));
-            else if (flags & POSENC_UKR_MUL_P)
-                x = VMUL(x, VLOAD(p + r * ldp + v * VL));
-            if (flags & POSENC_UKR_ADD_ROWS)
-                x = VADD(x, VLOAD((const REAL *)rows[r] + v * VL));
-            if (flags & POSENC_UKR_STREAM)
-                VSTREAM(crow + v * VL, x);
-            else
-                VSTORE(crow + v * VL, x);
-        }
-    }
-}
+    } while (0)
+#define ROW_LOAD_TAIL(p) VLOAD_PART((p), tail)
+#define ROW_STORE_TAIL(p, v) VSTORE_PART((p), (v), tail)
+#define ROW_SET(j, LOAD, STORE) STORE(dst + (j), LOAD(s + (j)))
+#define ROW_ADD(j, LOAD, STORE) STORE(dst + (j), VADD(LOAD(dst + (j)), LOAD(s + (j))))
+#define ROW_MUL(j, LOAD, STORE) STORE(dst + (j), VMUL(LOAD(dst + (j)), LOAD(s + (j))))
+#define ROW_SET_VALUE(j, LOAD, STORE) STORE(dst + (j), value)
+#define ROW_ADD_VALUE(j, LOAD, STORE) STORE(dst + (j), VADD(LOAD(dst + (j)), value))
+#define ROW_MUL_VALUE(j, LOAD, STORE) STORE(dst + (j), VMUL(LOAD(dst + (j)), value))
 
 /* dst[j] op= src[j * stride].  Unit and zero strides are the hot cases. */
 static void KNAME(posenc_row_gather)(int op, void *dst_, const void *src_,
@@ -122,21 +128,21 @@ static void KNAME(posenc_row_gather)(int op, void *dst_, const void *src_,
     REAL *restrict dst = (REAL *)dst_;
     const REAL *src = (const REAL *)src_;
     if (stride == 0) {
-        const REAL value = src[0];
+        const VT value = VBCAST(src[0]);
         if (op == POSENC_SET)
-            for (size_t j = 0; j < len; ++j) dst[j] = value;
+            ROW_VECTORS(len, ROW_SET_VALUE);
         else if (op == POSENC_ADD)
-            for (size_t j = 0; j < len; ++j) dst[j] += value;
+            ROW_VECTORS(len, ROW_ADD_VALUE);
         else
-            for (size_t j = 0; j < len; ++j) dst[j] *= value;
+            ROW_VECTORS(len, ROW_MUL_VALUE);
     } else if (stride == 1) {
         const REAL *restrict s = src;
         if (op == POSENC_SET)
-            for (size_t j = 0; j < len; ++j) dst[j] = s[j];
+            ROW_VECTORS(len, ROW_SET);
         else if (op == POSENC_ADD)
-            for (size_t j = 0; j < len; ++j) dst[j] += s[j];
+            ROW_VECTORS(len, ROW_ADD);
         else
-            for (size_t j = 0; j < len; ++j) dst[j] *= s[j];
+            ROW_VECTORS(len, ROW_MUL);
     } else if (stride == -1) {   /* a run whose bucket falls as the key rises (DeBERTa) */
         const REAL *restrict s = src - (len - 1);   /* s[len - 1 - j] == src[-j] */
         if (op == POSENC_SET)
@@ -176,9 +182,8 @@ static void KNAME(posenc_row_scatter_add)(void *dst_, ptrdiff_t stride, const vo
         for (; j < len; ++j) total += src[j];
         dst[0] += total;
     } else if (stride == 1) {
-        REAL *restrict d = dst;
         const REAL *restrict s = src;
-        for (size_t j = 0; j < len; ++j) d[j] += s[j];
+        ROW_VECTORS(len, ROW_ADD);
     } else if (stride == -1) {
         REAL *restrict d = dst - (len - 1);          /* d[len - 1 - j] == dst[-j] */
         const REAL *restrict s = src;
@@ -188,12 +193,103 @@ static void KNAME(posenc_row_scatter_add)(void *dst_, ptrdiff_t stride, const vo
     }
 }
 
+/* dst[j] = a[j] * b[j] */
 static void KNAME(posenc_row_mul)(void *dst_, const void *a_, const void *b_, size_t len)
 {
     REAL *restrict dst = (REAL *)dst_;
     const REAL *restrict a = (const REAL *)a_;
-    const REAL *restrict b = (const REAL *)b_;
-    for (size_t j = 0; j < len; ++j) dst[j] = a[j] * b[j];
+    const REAL *restrict s = (const REAL *)b_;
+#define ROW_PRODUCT(j, LOAD, STORE) STORE(dst + (j), VMUL(LOAD(a + (j)), LOAD(s + (j))))
+    ROW_VECTORS(len, ROW_PRODUCT);
+#undef ROW_PRODUCT
+}
+
+#undef ROW_VECTORS
+#undef ROW_LOAD_TAIL
+#undef ROW_STORE_TAIL
+#undef ROW_SET
+#undef ROW_ADD
+#undef ROW_MUL
+#undef ROW_SET_VALUE
+#undef ROW_ADD_VALUE
+#undef ROW_MUL_VALUE
+
+/*
+ * Sums along the diagonals of a block (the scalar table's gradient, T5 and
+ * the like): dst[j - r] += src[r * ld + j] for r < rows, j0 <= j < m, dst
+ * indexed from j0 - (rows - 1).  A vector of dst is loaded once, gets every
+ * row's diagonal slice in row order (a lane outside a row's keys adds 0)
+ * and is stored once: a row at a time, each row's stores would be reloaded,
+ * shifted by one element, by the next (a store-forwarding stall per row).
+ */
+static void KNAME(posenc_diagonal_sums)(void *dst_, const void *src_, size_t ld, size_t rows,
+                                        size_t j0, size_t m)
+{
+    /* GROUP vectors of dst at a time: independent chains of additions */
+    enum { GROUP = 4 };
+    REAL *dst = (REAL *)dst_;
+    const REAL *src = (const REAL *)src_;
+    if (rows == 0 || j0 >= m)
+        return;
+    const ptrdiff_t t_end = (ptrdiff_t)m, first = (ptrdiff_t)j0;
+    for (ptrdiff_t t0 = first - (ptrdiff_t)(rows - 1); t0 < t_end; t0 += GROUP * VL) {
+        VT acc[GROUP];
+        size_t width[GROUP];
+#pragma GCC unroll 4
+        for (int g = 0; g < GROUP; ++g) {
+            const ptrdiff_t t = t0 + g * VL;
+            width[g] = t >= t_end ? 0 : t_end - t < VL ? (size_t)(t_end - t) : VL;
+            acc[g] = width[g] == VL ? VLOAD(dst + t) : VLOAD_PART(dst + t, width[g]);
+        }
+        /* rows r reach a lane of the group where first <= t0 + r + lane < m */
+        const ptrdiff_t r_lo = first - t0 - (GROUP * VL - 1) > 0 ? first - t0 - (GROUP * VL - 1) : 0;
+        const ptrdiff_t r_hi = t_end - t0 < (ptrdiff_t)rows ? t_end - t0 : (ptrdiff_t)rows;
+        for (ptrdiff_t r = r_lo; r < r_hi; ++r) {
+#pragma GCC unroll 4
+            for (int g = 0; g < GROUP; ++g) {
+                const ptrdiff_t j = t0 + g * VL + r;   /* the key of lane 0 */
+                if (width[g] == 0 || j + VL <= first || j >= t_end)
+                    continue;
+                const size_t lo = first > j ? (size_t)(first - j) : 0;
+                const size_t hi = t_end - j < (ptrdiff_t)width[g] ? (size_t)(t_end - j) : width[g];
+                const REAL *row = src + r * (ptrdiff_t)ld + j;
+                acc[g] = VADD(acc[g], VLOAD_RANGE(row, lo, hi));
+            }
+        }
+#pragma GCC unroll 4
+        for (int g = 0; g < GROUP; ++g) {
+            if (width[g] == VL)
+                VSTORE(dst + t0 + g * VL, acc[g]);
+            else if (width[g] > 0)
+                VSTORE_PART(dst + t0 + g * VL, acc[g], width[g]);
+        }
+    }
+}
+
+/*
+ * A B panel from rows (BLIS's packing, the row-major case): dst[l * nr + c]
+ * = alpha * src[l * rs + c] for c < cols, 0 for cols <= c < nr (nr a
+ * multiple of VL), l < kc.
+ */
+static void KNAME(posenc_pack_rows)(void *dst_, size_t nr, const void *src_, ptrdiff_t rs,
+                                    size_t kc, size_t cols, double alpha)
+{
+    REAL *dst = (REAL *)dst_;
+    const REAL *src = (const REAL *)src_;
+    const VT scale = VBCAST((REAL)alpha);
+    for (size_t l = 0; l < kc; ++l) {
+        REAL *d = dst + l * nr;
+        const REAL *s = src + (ptrdiff_t)l * rs;
+        size_t c = 0;
+        for (; c + VL <= cols; c += VL)
+            VSTORE(d + c, VMUL(scale, VLOAD(s + c)));
+        if (c < cols) {
+            VSTORE(d + c, VMUL(scale, VLOAD_PART(s + c, cols - c)));
+            c += VL;
+        }
+        for (; c < nr; c += VL)
+            VSTORE(d + c, VZERO());
+    }
 }
 
 /*
@@ -286,9 +382,13 @@ const posenc_kernels KNAME(posenc_kernels) = {
     .kc = KC,
     .key_block = KEY_BLOCK,
     .ukr = KNAME(posenc_ukr),
+    .nr_narrow = VL,
+    .ukr_narrow = KNAME(posenc_ukr_narrow),
     .row_gather = KNAME(posenc_row_gather),
     .row_scatter_add = KNAME(posenc_row_scatter_add),
     .row_mul = KNAME(posenc_row_mul),
+    .diagonal_sums = KNAME(posenc_diagonal_sums),
+    .pack_rows = KNAME(posenc_pack_rows),
     .tile_gather_key = KNAME(posenc_tile_gather_key),
     .tile_scatter_key = KNAME(posenc_tile_scatter_key),
     .tile_gather_query = KNAME(posenc_tile_gather_query),
@@ -296,6 +396,15 @@ const posenc_kernels KNAME(posenc_kernels) = {
 };
 
 #undef NR
+#ifdef VPART_DEFAULT
+#undef VLOAD_PART
+#undef VSTORE_PART
+#undef VPART_DEFAULT
+#endif
+#ifdef VRANGE_DEFAULT
+#undef VLOAD_RANGE
+#undef VRANGE_DEFAULT
+#endif
 #ifdef KC_DEFAULT
 #undef KC
 #undef KC_DEFAULT

@@ -6,6 +6,9 @@
 #undef VLOAD
 #undef VSTORE
 #undef VSTREAM
+#undef VLOAD_PART
+#undef VSTORE_PART
+#undef VLOAD_RANGE
 #undef VBCAST
 #undef VZERO
 #undef VADD

@@ -25,6 +25,17 @@ static inline double posenc_hsum_pd256(__m256d v)
     return _mm_cvtsd_f64(s);
 }
 
+/* Lanes t < n of a masked load or store (maskload reads nothing elsewhere). */
+static inline __m256i posenc_lanes_epi32(size_t n)
+{
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+static inline __m256i posenc_lanes_epi64(size_t n)
+{
+    return _mm256_cmpgt_epi64(_mm256_set1_epi64x((long long)n), _mm256_setr_epi64x(0, 1, 2, 3));
+}
+
 #define REAL float
 #define VT __m256
 #define VL 8
@@ -37,6 +48,10 @@ static inline double posenc_hsum_pd256(__m256d v)
 #define VFMA(a, b, c) _mm256_fmadd_ps((a), (b), (c))
 #define VREDUCE(v) posenc_hsum_ps256(v)
 #define VSTREAM(p, v) _mm256_stream_ps((p), (v))
+#define VLOAD_PART(p, n) _mm256_maskload_ps((p), posenc_lanes_epi32(n))
+#define VSTORE_PART(p, v, n) _mm256_maskstore_ps((p), posenc_lanes_epi32(n), (v))
+#define VLOAD_RANGE(p, lo, hi) \
+    _mm256_maskload_ps((p), _mm256_andnot_si256(posenc_lanes_epi32(lo), posenc_lanes_epi32(hi)))
 #define KNAME(x) x##_f32_avx2
 #include VECTOR_TEMPLATE
 #include "vector_undef.h"
@@ -53,6 +68,10 @@ static inline double posenc_hsum_pd256(__m256d v)
 #define VFMA(a, b, c) _mm256_fmadd_pd((a), (b), (c))
 #define VREDUCE(v) posenc_hsum_pd256(v)
 #define VSTREAM(p, v) _mm256_stream_pd((p), (v))
+#define VLOAD_PART(p, n) _mm256_maskload_pd((p), posenc_lanes_epi64(n))
+#define VSTORE_PART(p, v, n) _mm256_maskstore_pd((p), posenc_lanes_epi64(n), (v))
+#define VLOAD_RANGE(p, lo, hi) \
+    _mm256_maskload_pd((p), _mm256_andnot_si256(posenc_lanes_epi64(lo), posenc_lanes_epi64(hi)))
 #define KNAME(x) x##_f64_avx2
 #include VECTOR_TEMPLATE
 #include "vector_undef.h"

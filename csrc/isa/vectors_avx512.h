@@ -22,6 +22,10 @@
 #define VFMA(a, b, c) _mm512_fmadd_ps((a), (b), (c))
 #define VREDUCE(v) _mm512_reduce_add_ps(v)
 #define VSTREAM(p, v) _mm512_stream_ps((p), (v))
+#define VLOAD_PART(p, n) _mm512_maskz_loadu_ps((__mmask16)((1u << (n)) - 1), (p))
+#define VSTORE_PART(p, v, n) _mm512_mask_storeu_ps((p), (__mmask16)((1u << (n)) - 1), (v))
+#define VLOAD_RANGE(p, lo, hi) \
+    _mm512_maskz_loadu_ps((__mmask16)(((1u << (hi)) - 1) & ~((1u << (lo)) - 1)), (p))
 #define KNAME(x) x##_f32_avx512
 #include VECTOR_TEMPLATE
 #include "vector_undef.h"
@@ -38,6 +42,10 @@
 #define VFMA(a, b, c) _mm512_fmadd_pd((a), (b), (c))
 #define VREDUCE(v) _mm512_reduce_add_pd(v)
 #define VSTREAM(p, v) _mm512_stream_pd((p), (v))
+#define VLOAD_PART(p, n) _mm512_maskz_loadu_pd((__mmask8)((1u << (n)) - 1), (p))
+#define VSTORE_PART(p, v, n) _mm512_mask_storeu_pd((p), (__mmask8)((1u << (n)) - 1), (v))
+#define VLOAD_RANGE(p, lo, hi) \
+    _mm512_maskz_loadu_pd((__mmask8)(((1u << (hi)) - 1) & ~((1u << (lo)) - 1)), (p))
 #define KNAME(x) x##_f64_avx512
 #include VECTOR_TEMPLATE
 #include "vector_undef.h"
