@@ -496,17 +496,17 @@ static int backward_prepare(backward_ctx *c, const posenc_problem *p, const pose
     return POSENC_OK;
 }
 
-/* The part of phases 1 and 2 of the calling thread of the team (all of it
- * when called outside a parallel region: a team of one skips its start). */
-static void backward_team(const backward_ctx *c, REAL *arena, size_t ws)
+/* One thread's part of phases 1 and 2 (posenc_run_team; arg: the context). */
+static void backward_team(void *arg, void *ws)
 {
+    const backward_ctx *c = (const backward_ctx *)arg;
     const posenc_problem *p = c->p;
     const posenc_grads *g = c->g;
     const int phase1 = c->need_content || c->need_query_side || c->need_key_side ||
                        c->need_offsets || (p->segment_table && g->segment_table) ||
                        (p->theta && g->theta);
     backward_ws w;
-    backward_ws_layout(c, &w, arena + (size_t)posenc_thread_id() * ws);
+    backward_ws_layout(c, &w, (REAL *)ws);
     if (phase1) {
 #pragma omp for schedule(static)
         for (ptrdiff_t u = 0; u < (ptrdiff_t)(p->B * p->H); ++u)
@@ -527,30 +527,14 @@ static int backward(const posenc_problem *p, const void *grad, const posenc_grad
         backward_zero(p, g);
         return POSENC_OK;
     }
-    const posenc_kernels *kern = posenc_active_kernels(REAL_DTYPE);
     backward_ctx c;
-    REAL *arena = NULL;
-    int status = backward_prepare(&c, p, kern, (const REAL *)grad, g);
-    if (status != POSENC_OK)
-        goto done;
-
-    const size_t team = posenc_team((size_t)(num_threads > 0 ? num_threads : 1), BH, p);
-    const size_t ws = backward_ws_layout(&c, NULL, NULL);
-    arena = (REAL *)posenc_alloc(posenc_mul_size(team, ws), sizeof(REAL));
-    if (!arena) {
-        status = POSENC_ENOMEM;
-        goto done;
-    }
-    if (team == 1) {
-        backward_team(&c, arena, ws);
-    } else {
-#pragma omp parallel num_threads((int)team)
-        backward_team(&c, arena, ws);
-    }
-    backward_reduce(&c);
-
-done:
-    posenc_free(arena);
+    int status = backward_prepare(&c, p, posenc_active_kernels(REAL_DTYPE), (const REAL *)grad, g);
+    if (status == POSENC_OK)
+        status = posenc_run_team(posenc_team((size_t)(num_threads > 0 ? num_threads : 1), BH, p),
+                                 backward_ws_layout(&c, NULL, NULL) * sizeof(REAL), backward_team,
+                                 &c);
+    if (status == POSENC_OK)
+        backward_reduce(&c);
     backward_release(&c);
     return status;
 }

@@ -132,6 +132,13 @@ static inline int posenc_thread_id(void) { return omp_get_thread_num(); }
 static inline int posenc_thread_id(void) { return 0; }
 #endif
 
+/* fn(arg, ws) on each thread of a team of `team` threads, ws that thread's
+ * own ws_bytes (64-byte aligned) of one arena; fn's orphaned `omp for`
+ * loops share the work.  A team of one runs on the calling thread without
+ * an OpenMP region (whose start and barrier cost more than a small problem).
+ * POSENC_OK, or POSENC_ENOMEM when the arena cannot be had. */
+int posenc_run_team(size_t team, size_t ws_bytes, void (*fn)(void *arg, void *ws), void *arg);
+
 static inline size_t posenc_round_up(size_t x, size_t to) { return (x + to - 1) / to * to; }
 static inline size_t posenc_min(size_t a, size_t b) { return a < b ? a : b; }
 static inline size_t posenc_max(size_t a, size_t b) { return a > b ? a : b; }

@@ -293,65 +293,50 @@ static void forward_release(forward_ctx *c)
 /* Work items: units, each split into row chunks when units are fewer than
  * threads.  Forward values do not depend on the split. */
 typedef struct {
+    const forward_ctx *c;
     size_t items, chunks, rows_per_chunk;
-} forward_items;
+    REAL *out;
+} forward_work;
 
-/* The part of the work of the calling thread of the team (every item when
- * called outside a parallel region: a team of one skips its start). */
-static void forward_team(const forward_ctx *c, const forward_items *it, REAL *arena, size_t ws,
-                         REAL *out)
+/* One thread's part of the work (posenc_run_team). */
+static void forward_team(void *arg, void *ws)
 {
+    const forward_work *fw = (const forward_work *)arg;
+    const forward_ctx *c = fw->c;
     const posenc_problem *p = c->p;
     forward_ws w;
-    forward_ws_layout(c, &w, arena + (size_t)posenc_thread_id() * ws);
+    forward_ws_layout(c, &w, (REAL *)ws);
 #pragma omp for schedule(static)
-    for (ptrdiff_t item = 0; item < (ptrdiff_t)it->items; ++item) {
+    for (ptrdiff_t item = 0; item < (ptrdiff_t)fw->items; ++item) {
         /* head-major order: consecutive items share a head's block */
-        const size_t unit = (size_t)item / it->chunks, chunk = (size_t)item % it->chunks;
+        const size_t unit = (size_t)item / fw->chunks, chunk = (size_t)item % fw->chunks;
         const size_t h = unit / p->B, b = unit % p->B;
-        const size_t r0 = chunk * it->rows_per_chunk;
-        forward_unit(c, &w, b, h, r0, posenc_min(p->n, r0 + it->rows_per_chunk), out);
+        const size_t r0 = chunk * fw->rows_per_chunk;
+        forward_unit(c, &w, b, h, r0, posenc_min(p->n, r0 + fw->rows_per_chunk), fw->out);
     }
     if (c->stream)
         c->kern->store_fence();
 }
 
-static int forward(const posenc_problem *p, void *out_, int num_threads)
+static int forward(const posenc_problem *p, void *out, int num_threads)
 {
-    REAL *out = (REAL *)out_;
     const size_t BH = p->B * p->H;
     if (BH == 0 || p->n == 0 || p->m == 0)
         return POSENC_OK;
     const posenc_kernels *kern = posenc_active_kernels(REAL_DTYPE);
     forward_ctx c;
-    REAL *arena = NULL;
-    int status = forward_prepare(&c, p, kern, out_);
-    if (status != POSENC_OK)
-        goto done;
-
-    const size_t threads = (size_t)(num_threads > 0 ? num_threads : 1);
-    const size_t tiles = (p->n + kern->mr - 1) / kern->mr;
-    size_t chunks = BH >= threads ? 1 : posenc_min((threads + BH - 1) / BH, tiles);
-    const size_t tiles_per_chunk = (tiles + chunks - 1) / chunks;
-    chunks = (tiles + tiles_per_chunk - 1) / tiles_per_chunk;
-    const forward_items it = {BH * chunks, chunks, tiles_per_chunk * kern->mr};
-    const size_t team = posenc_team(threads, it.items, p);
-
-    const size_t ws = forward_ws_layout(&c, NULL, NULL);
-    arena = (REAL *)posenc_alloc(posenc_mul_size(team, ws), sizeof(REAL));
-    if (!arena) {
-        status = POSENC_ENOMEM;
-        goto done;
+    int status = forward_prepare(&c, p, kern, out);
+    if (status == POSENC_OK) {
+        const size_t threads = (size_t)(num_threads > 0 ? num_threads : 1);
+        const size_t tiles = (p->n + kern->mr - 1) / kern->mr;
+        size_t chunks = BH >= threads ? 1 : posenc_min((threads + BH - 1) / BH, tiles);
+        const size_t tiles_per_chunk = (tiles + chunks - 1) / chunks;
+        chunks = (tiles + tiles_per_chunk - 1) / tiles_per_chunk;
+        forward_work work = {&c, BH * chunks, chunks, tiles_per_chunk * kern->mr, (REAL *)out};
+        status = posenc_run_team(posenc_team(threads, work.items, p),
+                                 forward_ws_layout(&c, NULL, NULL) * sizeof(REAL), forward_team,
+                                 &work);
     }
-    if (team == 1) {
-        forward_team(&c, &it, arena, ws, out);
-    } else {
-#pragma omp parallel num_threads((int)team)
-        forward_team(&c, &it, arena, ws, out);
-    }
-
-done:
-    posenc_free(arena);
     forward_release(&c);
     return status;
 }

@@ -114,12 +114,27 @@ static inline VT KNAME(vload_range)(const REAL *p, size_t lo, size_t hi)
     } while (0)
 #define ROW_LOAD_TAIL(p) VLOAD_PART((p), tail)
 #define ROW_STORE_TAIL(p, v) VSTORE_PART((p), (v), tail)
-#define ROW_SET(j, LOAD, STORE) STORE(dst + (j), LOAD(s + (j)))
-#define ROW_ADD(j, LOAD, STORE) STORE(dst + (j), VADD(LOAD(dst + (j)), LOAD(s + (j))))
-#define ROW_MUL(j, LOAD, STORE) STORE(dst + (j), VMUL(LOAD(dst + (j)), LOAD(s + (j))))
-#define ROW_SET_VALUE(j, LOAD, STORE) STORE(dst + (j), value)
-#define ROW_ADD_VALUE(j, LOAD, STORE) STORE(dst + (j), VADD(LOAD(dst + (j)), value))
-#define ROW_MUL_VALUE(j, LOAD, STORE) STORE(dst + (j), VMUL(LOAD(dst + (j)), value))
+
+/* dst[j] op= s[j] (unit) or s[0] (not unit); inlined where unit is a constant. */
+static inline void KNAME(row_apply)(int op, REAL *restrict dst, const REAL *restrict s, int unit,
+                                    size_t len)
+{
+    const VT value = unit ? VZERO() : VBCAST(s[0]);
+#define ROW_SOURCE(j, LOAD) (unit ? LOAD(s + (j)) : value)
+#define ROW_SET(j, LOAD, STORE) STORE(dst + (j), ROW_SOURCE(j, LOAD))
+#define ROW_ADD(j, LOAD, STORE) STORE(dst + (j), VADD(LOAD(dst + (j)), ROW_SOURCE(j, LOAD)))
+#define ROW_MUL(j, LOAD, STORE) STORE(dst + (j), VMUL(LOAD(dst + (j)), ROW_SOURCE(j, LOAD)))
+    if (op == POSENC_SET)
+        ROW_VECTORS(len, ROW_SET);
+    else if (op == POSENC_ADD)
+        ROW_VECTORS(len, ROW_ADD);
+    else
+        ROW_VECTORS(len, ROW_MUL);
+#undef ROW_SOURCE
+#undef ROW_SET
+#undef ROW_ADD
+#undef ROW_MUL
+}
 
 /* dst[j] op= src[j * stride].  Unit and zero strides are the hot cases. */
 static void KNAME(posenc_row_gather)(int op, void *dst_, const void *src_,
@@ -128,21 +143,9 @@ static void KNAME(posenc_row_gather)(int op, void *dst_, const void *src_,
     REAL *restrict dst = (REAL *)dst_;
     const REAL *src = (const REAL *)src_;
     if (stride == 0) {
-        const VT value = VBCAST(src[0]);
-        if (op == POSENC_SET)
-            ROW_VECTORS(len, ROW_SET_VALUE);
-        else if (op == POSENC_ADD)
-            ROW_VECTORS(len, ROW_ADD_VALUE);
-        else
-            ROW_VECTORS(len, ROW_MUL_VALUE);
+        KNAME(row_apply)(op, dst, src, 0, len);
     } else if (stride == 1) {
-        const REAL *restrict s = src;
-        if (op == POSENC_SET)
-            ROW_VECTORS(len, ROW_SET);
-        else if (op == POSENC_ADD)
-            ROW_VECTORS(len, ROW_ADD);
-        else
-            ROW_VECTORS(len, ROW_MUL);
+        KNAME(row_apply)(op, dst, src, 1, len);
     } else if (stride == -1) {   /* a run whose bucket falls as the key rises (DeBERTa) */
         const REAL *restrict s = src - (len - 1);   /* s[len - 1 - j] == src[-j] */
         if (op == POSENC_SET)
@@ -182,8 +185,7 @@ static void KNAME(posenc_row_scatter_add)(void *dst_, ptrdiff_t stride, const vo
         for (; j < len; ++j) total += src[j];
         dst[0] += total;
     } else if (stride == 1) {
-        const REAL *restrict s = src;
-        ROW_VECTORS(len, ROW_ADD);
+        KNAME(row_apply)(POSENC_ADD, dst, src, 1, len);
     } else if (stride == -1) {
         REAL *restrict d = dst - (len - 1);          /* d[len - 1 - j] == dst[-j] */
         const REAL *restrict s = src;
@@ -207,12 +209,6 @@ static void KNAME(posenc_row_mul)(void *dst_, const void *a_, const void *b_, si
 #undef ROW_VECTORS
 #undef ROW_LOAD_TAIL
 #undef ROW_STORE_TAIL
-#undef ROW_SET
-#undef ROW_ADD
-#undef ROW_MUL
-#undef ROW_SET_VALUE
-#undef ROW_ADD_VALUE
-#undef ROW_MUL_VALUE
 
 /*
  * Sums along the diagonals of a block (the scalar table's gradient, T5 and

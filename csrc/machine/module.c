@@ -100,9 +100,13 @@ static PyMethodDef methods[] = {
      "ISAs this CPU and OS support and this module compiled: those it can measure."},
     {NULL, NULL, 0, NULL}};
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "posenc._machine",
-                                    "The machine's limits, measured (benchmarks only).", -1,
-                                    methods, NULL, NULL, NULL, NULL};
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "posenc._machine",
+    .m_doc = "The machine's limits, measured (benchmarks only).",
+    .m_size = -1,
+    .m_methods = methods,
+};
 
 PyMODINIT_FUNC PyInit__machine(void)
 {
