@@ -70,6 +70,8 @@ static void fill_table(posenc_kernels *dst, posenc_isa isa, posenc_dtype dtype)
     if (over->diagonal_sums) dst->diagonal_sums = over->diagonal_sums;
     if (over->tile_gather_query) dst->tile_gather_query = over->tile_gather_query;
     if (over->store_fence) dst->store_fence = over->store_fence;
+    if (over->row_max) dst->row_max = over->row_max;
+    if (over->row_exp) dst->row_exp = over->row_exp;
 }
 
 void posenc_dispatch_init(void)

@@ -509,6 +509,30 @@ static int raise_status(int status)
     return status == POSENC_OK ? 0 : -1;
 }
 
+/* The result of a call: a new one when `out` is None, else `out` itself,
+ * which must be a writeable, aligned, C-contiguous array of q's dtype and of
+ * `dims` (described by `layout`).  A new reference, or NULL with an exception. */
+static PyArrayObject *result_or_out(PyObject *out, int ndim, const npy_intp *dims, int typenum,
+                                    const char *layout)
+{
+    if (out == Py_None)
+        return new_result(ndim, dims, typenum);
+    if (!PyArray_Check(out) || PyArray_TYPE((PyArrayObject *)out) != typenum) {
+        PyErr_SetString(PyExc_TypeError, "out must be a numpy.ndarray of q's dtype");
+        return NULL;
+    }
+    PyArrayObject *o = (PyArrayObject *)out;
+    if (PyArray_NDIM(o) != ndim || !PyArray_CompareLists(PyArray_DIMS(o), dims, ndim) ||
+        !PyArray_IS_C_CONTIGUOUS(o) || !PyArray_ISWRITEABLE(o) || !PyArray_ISALIGNED(o) ||
+        !PyArray_ISNOTSWAPPED(o)) {
+        PyErr_Format(PyExc_ValueError, "out must be a writeable, aligned, C-contiguous %s array",
+                     layout);
+        return NULL;
+    }
+    Py_INCREF(out);
+    return o;
+}
+
 /* forward(config, out): the logits (B, H, n, m) of one EngineConfig, written
  * into out when it is an array, else into a new one. */
 static PyObject *py_forward(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
@@ -520,27 +544,8 @@ static PyObject *py_forward(PyObject *self, PyObject *const *args, Py_ssize_t na
         goto fail;
     const npy_intp dims[4] = {(npy_intp)p.B, (npy_intp)p.H, (npy_intp)p.n, (npy_intp)p.m};
     const int typenum = p.dtype == POSENC_F32 ? NPY_FLOAT : NPY_DOUBLE;
-    PyObject *out = args[1];
-    if (out != Py_None) {
-        if (!PyArray_Check(out) || PyArray_TYPE((PyArrayObject *)out) != typenum) {
-            PyErr_SetString(PyExc_TypeError, "out must be a numpy.ndarray of q's dtype");
-            goto fail;
-        }
-        PyArrayObject *o = (PyArrayObject *)out;
-        if (PyArray_NDIM(o) != 4 || !PyArray_CompareLists(PyArray_DIMS(o), dims, 4) ||
-            !PyArray_IS_C_CONTIGUOUS(o) || !PyArray_ISWRITEABLE(o) || !PyArray_ISALIGNED(o) ||
-            !PyArray_ISNOTSWAPPED(o)) {
-            PyErr_SetString(PyExc_ValueError,
-                            "out must be a writeable, aligned, C-contiguous (B, H, n, m) array");
-            goto fail;
-        }
-        Py_INCREF(out);
-        result = o;
-    } else {
-        result = new_result(4, dims, typenum);
-        if (!result)
-            goto fail;
-    }
+    if (!(result = result_or_out(args[1], 4, dims, typenum, "(B, H, n, m)")))
+        goto fail;
     int status;
     const int threads = num_threads;
     Py_BEGIN_ALLOW_THREADS
@@ -554,6 +559,57 @@ fail:
     Py_XDECREF(result);
     release(&a);
     return NULL;
+}
+
+/*
+ * The gradient outputs `needs` asks for (bit t: entry t of ENGINE_GRADS, for
+ * an input the config has), each a new array shaped like its input, into
+ * grads and g.  M4, M4M: when key_table is query_table and key_map is
+ * query_map (one table read on both sides), one gradient, in the
+ * query_table entry, that the engine sums both sides into (the two outputs
+ * are the same buffer); either bit asks for it.  0, or -1 with an exception.
+ */
+static int new_grads(PyObject *config, const converted *a, unsigned int needs, int typenum,
+                     PyArrayObject **grads, posenc_grads *g)
+{
+    const int shared_table = a->arr[CF_KEY_TABLE] &&
+                             PyTuple_GET_ITEM(config, CF_KEY_TABLE) == PyTuple_GET_ITEM(config, CF_QUERY_TABLE) &&
+                             PyTuple_GET_ITEM(config, CF_KEY_MAP) == PyTuple_GET_ITEM(config, CF_QUERY_MAP);
+    if (shared_table && (needs & (1u << GR_KEY_TABLE))) {
+        needs |= 1u << GR_QUERY_TABLE;
+        needs &= ~(1u << GR_KEY_TABLE);
+    }
+    void *data[GR_COUNT] = {NULL};
+    for (int t = 0; t < GR_COUNT; ++t) {
+        PyArrayObject *src = a->arr[grad_source[t]];
+        if (!src || !(needs & (1u << t)))
+            continue;
+        if (!(grads[t] = new_result(PyArray_NDIM(src), PyArray_DIMS(src), typenum)))
+            return -1;
+        data[t] = PyArray_DATA(grads[t]);
+    }
+    *g = (posenc_grads){data[GR_Q], data[GR_K], data[GR_POS_Q], data[GR_POS_K], data[GR_TABLE],
+                        data[GR_QUERY_TABLE],
+                        shared_table ? data[GR_QUERY_TABLE] : data[GR_KEY_TABLE],
+                        data[GR_SEGMENT_TABLE], data[GR_THETA]};
+    return 0;
+}
+
+/* A tuple of grads[0 .. count), None where NULL, that takes the arrays over
+ * (their entries become NULL); NULL with an exception. */
+static PyObject *grads_tuple(PyArrayObject **grads, int count)
+{
+    PyObject *result = PyTuple_New(count);
+    if (!result)
+        return NULL;
+    for (int t = 0; t < count; ++t) {
+        PyObject *item = grads[t] ? (PyObject *)grads[t] : Py_None;
+        if (!grads[t])
+            Py_INCREF(Py_None);
+        grads[t] = NULL;
+        PyTuple_SET_ITEM(result, t, item);
+    }
+    return result;
 }
 
 /*
@@ -583,36 +639,9 @@ static PyObject *py_backward(PyObject *self, PyObject *const *args, Py_ssize_t n
         goto fail_g;
     if (check_dims(G, "G", 4, (npy_intp[]){(npy_intp)p.B, (npy_intp)p.H, (npy_intp)p.n, (npy_intp)p.m}))
         goto fail;
-    /* M4, M4M: one table on both sides, one gradient (the engine sums both
-     * sides into it when the two outputs are the same buffer). */
-    PyObject *config = args[1];
-    const int shared_table = a.arr[CF_KEY_TABLE] &&
-                             PyTuple_GET_ITEM(config, CF_KEY_TABLE) == PyTuple_GET_ITEM(config, CF_QUERY_TABLE) &&
-                             PyTuple_GET_ITEM(config, CF_KEY_MAP) == PyTuple_GET_ITEM(config, CF_QUERY_MAP);
-    if (shared_table && (needs & (1u << GR_KEY_TABLE))) {
-        needs |= 1u << GR_QUERY_TABLE;
-        needs &= ~(1u << GR_KEY_TABLE);
-    }
-    for (int t = 0; t < GR_COUNT; ++t) {
-        PyArrayObject *src = a.arr[grad_source[t]];
-        if (!src || !(needs & (1u << t)))
-            continue;
-        grads[t] = new_result(PyArray_NDIM(src), PyArray_DIMS(src), typenum);
-        if (!grads[t])
-            goto fail;
-    }
     posenc_grads g;
-#define GRAD_DATA(t) (grads[t] ? PyArray_DATA(grads[t]) : NULL)
-    g.q = GRAD_DATA(GR_Q);
-    g.k = GRAD_DATA(GR_K);
-    g.pos_q = GRAD_DATA(GR_POS_Q);
-    g.pos_k = GRAD_DATA(GR_POS_K);
-    g.table = GRAD_DATA(GR_TABLE);
-    g.query_table = GRAD_DATA(GR_QUERY_TABLE);
-    g.key_table = shared_table ? g.query_table : GRAD_DATA(GR_KEY_TABLE);
-    g.segment_table = GRAD_DATA(GR_SEGMENT_TABLE);
-    g.theta = GRAD_DATA(GR_THETA);
-#undef GRAD_DATA
+    if (new_grads(args[1], &a, needs, typenum, grads, &g))
+        goto fail;
     int status;
     const int threads = num_threads;
     const void *grad_logits = PyArray_DATA(G);
@@ -621,16 +650,8 @@ static PyObject *py_backward(PyObject *self, PyObject *const *args, Py_ssize_t n
     Py_END_ALLOW_THREADS
     if (raise_status(status))
         goto fail;
-    result = PyTuple_New(GR_COUNT);
-    if (!result)
+    if (!(result = grads_tuple(grads, GR_COUNT)))
         goto fail;
-    for (int t = 0; t < GR_COUNT; ++t) {
-        PyObject *item = grads[t] ? (PyObject *)grads[t] : Py_None;
-        if (!grads[t])
-            Py_INCREF(Py_None);
-        grads[t] = NULL;  /* the tuple owns it now */
-        PyTuple_SET_ITEM(result, t, item);
-    }
     Py_DECREF(G);
     release(&a);
     return result;
@@ -644,6 +665,8 @@ fail:
     release(&a);
     return NULL;
 }
+
+#include "module_attention.h"   /* attention_forward, attention_backward */
 
 /* ------------------------------------------------------------ ISA, threads */
 
@@ -791,6 +814,14 @@ static PyMethodDef methods[] = {
      "None where absent or not in the bit mask `needs`; one table on both sides (key_table\n"
      "is query_table, key_map is query_map) gives one gradient, in the query_table entry.\n"
      "Private: use the posenc package."},
+    {"attention_forward", (PyCFunction)(void (*)(void))py_attention_forward, METH_FASTCALL,
+     "attention_forward(config, v, key_padding_mask, causal, dropout_p, seed, out)\n\n"
+     "The fused attention (SPEC 6) of one EngineConfig: (out (B, H, n, dv), lse (B, H, n)).\n"
+     "Private: use the posenc package."},
+    {"attention_backward", (PyCFunction)(void (*)(void))py_attention_backward, METH_FASTCALL,
+     "attention_backward(d_out, config, v, out, lse, key_padding_mask, causal, dropout_p, seed,\n"
+     "needs)\n\nThe 9 gradients of backward, then dv (bit 9 of needs).  Private: use the\n"
+     "posenc package."},
     {"capabilities", py_capabilities, METH_NOARGS, "ISAs this CPU and OS support, compiled in."},
     {"compiled_isas", py_compiled_isas, METH_NOARGS, "ISAs compiled into this build."},
     {"get_isa", py_get_isa, METH_NOARGS, "The ISA whose kernels run."},

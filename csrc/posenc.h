@@ -96,6 +96,39 @@ int posenc_forward(const posenc_problem *p, void *out, int num_threads);
 int posenc_backward(const posenc_problem *p, const void *grad_logits,
                     const posenc_grads *g, int num_threads);
 
+/* ------------------------------------------------------- fused attention */
+
+/* The attention arguments of SPEC §6 beside a logits problem. */
+typedef struct {
+    const void *v;                    /* (B, H, m, dv), the problem's dtype */
+    size_t dv;
+    const uint8_t *key_padding_mask;  /* (B, m), nonzero = padding; NULL: none */
+    int causal;                       /* mask the keys j > query_offset + i */
+    double dropout_p;                 /* in [0, 1) */
+    uint64_t seed;                    /* of the dropout's Philox-4x32-10 (engine/philox.h) */
+} posenc_attention;
+
+/*
+ * out (B, H, n, dv) = softmax_j(A + Mask) D v and lse (B, H, n) = log sum_j
+ * exp(A + Mask), A = logits(p), without the (B, H, n, m) logits: row tile
+ * by row tile of the logits in per-thread scratch (mr x m).  A row whose
+ * keys are all masked: out 0, lse -inf.  p validated.
+ */
+int posenc_attention_forward(const posenc_problem *p, const posenc_attention *a, void *out,
+                             void *lse, int num_threads);
+
+/*
+ * The gradients of L given d_out = dL/dout (out and lse from the forward):
+ * every wanted gradient of g (as posenc_backward's) and grad_v (B, H, m,
+ * dv; NULL = not wanted).  The probabilities are recomputed from q, k and
+ * lse row block by row block: per-thread scratch O(row_block m) (row_block
+ * = the kernels' kc: 256 floats, 128 doubles), never O(n m); the dense
+ * factor's gradients take per-(b, h) slots, B H (n + m) d_p.  p validated.
+ */
+int posenc_attention_backward(const posenc_problem *p, const posenc_attention *a,
+                              const void *d_out, const void *out, const void *lse,
+                              const posenc_grads *g, void *grad_v, int num_threads);
+
 /* Logits of at least this many bytes are written with non-temporal stores
  * when out is 64-byte aligned (they would only evict the caches). */
 #define POSENC_STREAM_BYTES ((size_t)32 << 20)
@@ -178,6 +211,10 @@ typedef struct {
                               const void *query_proj, size_t ld_proj, size_t m, size_t rows);
     /* orders non-temporal stores (POSENC_UKR_STREAM) before later loads/stores */
     void (*store_fence)(void);
+    /* the fused attention's softmax rows: max_j x[j] (-inf for len 0), and
+     * x[j] = exp(x[j] - shift) in place returning sum_j x[j], j < len */
+    double (*row_max)(const void *x, size_t len);
+    double (*row_exp)(void *x, size_t len, double shift);
 } posenc_kernels;
 
 /* Filled by dispatch.c: kernels[isa][dtype], NULL where not compiled/supported. */

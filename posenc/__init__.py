@@ -26,9 +26,11 @@ except ImportError as exc:   # a source checkout without the built extension
         "another directory), or build in place with `python setup.py build_ext --inplace`."
     ) from exc
 from . import _checks, _methods, buckets
-from ._attention import Attention, attention_dropout_mask
+from ._attention import (ATTENTION_GRAD_TYPES, Attention, attention_dropout_mask, check_attention,
+                         check_attention_grad, check_attention_out)
 from ._display import check, info
-from ._registry import GRAD_FIELDS, GRAD_TYPES, METHODS, REGISTRY, backward_doc, forward_doc
+from ._registry import (GRAD_FIELDS, GRAD_TYPES, METHODS, REGISTRY, attention_backward_doc,
+                        attention_doc, backward_doc, forward_doc)
 from ._signatures import define
 
 __version__ = "0.1.0"
@@ -146,15 +148,47 @@ def _backward(method: str):
                   doc=backward_doc(method, _WHERE))
 
 
+def _attention(method: str):
+    spec = REGISTRY[method]
+
+    def body(tensors, params, attention, out):
+        v, causal, key_padding_mask, dropout_p, seed = attention
+        call = check_attention(_checks.check(spec, tensors, params, None), v, causal,
+                               key_padding_mask, dropout_p, seed)
+        if out is not None:
+            check_attention_out(out, call)
+        return Attention(*_methods.attention_forward(call))
+
+    return define(method, body, name=method + "_attention", form="attention",
+                  doc=attention_doc(method, _WHERE))
+
+
+def _attention_backward(method: str):
+    spec = REGISTRY[method]
+
+    def body(d_out, tensors, params, attention, saved):
+        v, causal, key_padding_mask, dropout_p, seed = attention
+        call = check_attention(_checks.check(spec, tensors, params, None), v, causal,
+                               key_padding_mask, dropout_p, seed)
+        check_attention_grad(d_out, *saved, call)
+        return _methods.attention_backward(call, d_out, *saved)
+
+    return define(method, body, name=method + "_attention_backward", form="attention_backward",
+                  doc=attention_backward_doc(method, _WHERE))
+
+
 # The gradient named tuples by their class names (ShawGrads, T5Grads, ...).
 _GRAD_NAMES = [GRAD_TYPES[method].__name__ for method in METHODS]
 for _method in METHODS:
     globals()[_method] = _forward(_method)
     globals()[_method + "_backward"] = _backward(_method)
+    globals()[_method + "_attention"] = _attention(_method)
+    globals()[_method + "_attention_backward"] = _attention_backward(_method)
     globals()[GRAD_TYPES[_method].__name__] = GRAD_TYPES[_method]
 del _method
 
 __all__ = list(METHODS) + [m + "_backward" for m in METHODS] + [
+    m + suffix for m in METHODS for suffix in ("_attention", "_attention_backward")] + [
     "capabilities", "get_isa", "set_isa", "get_num_threads", "set_num_threads", "build_info",
     "set_result_cache", "get_result_cache",
     "info", "check",

@@ -4,7 +4,9 @@
 from the method's registry entry: the content scale, sum or product, and one
 engine slot per term (the dense factor, the scalar table, the query- and
 key-side vector tables, the segments, the [CLS] reset), each table with the
-bucket map of the entry.  `forward` and `backward` call posenc._C with it.
+bucket map of the entry.  `forward` and `backward` call posenc._C with it;
+`attention_forward` and `attention_backward` the fused attention (SPEC §6)
+of a checked `posenc._attention.AttentionCall` on the same configuration.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import _C
+from ._attention import ATTENTION_GRAD_TYPES
 from ._engine import ENGINE_GRADS, EngineConfig
 from ._registry import GRAD_TYPES, REGISTRY, Dense, Segments, diagonal_map
 
@@ -32,6 +35,11 @@ def _engine_slots(spec) -> tuple:
 
 
 SLOTS = {name: _engine_slots(spec) for name, spec in REGISTRY.items()}
+
+# The attention gradients' fields are (q, k, v, the method's parameters); v is
+# entry len(ENGINE_GRADS) of _C.attention_backward's result.
+ATTENTION_SLOTS = {name: slots[:2] + (len(ENGINE_GRADS),) + slots[2:]
+                   for name, slots in SLOTS.items()}
 
 
 _FIELD = {name: t for t, name in enumerate(EngineConfig._fields)}
@@ -105,13 +113,42 @@ def backward(p, G: np.ndarray, fields: int | None = None, config: EngineConfig |
     """The gradient tuple of p's method; `fields` (a bit mask over the method's
     gradient fields, all by default) limits the work to the fields asked for."""
     slots = SLOTS[p.method]
+    fields, needs = _needs(slots, fields)
+    raw = _C.backward(G, configure(p) if config is None else config, needs)
+    return GRAD_TYPES[p.method](*[raw[slot] if fields >> bit & 1 else None
+                                  for bit, slot in enumerate(slots)])
+
+
+def _needs(slots, fields: int | None) -> tuple:
+    """(fields, needs): all fields when None, and their engine bits."""
     if fields is None:
         fields = (1 << len(slots)) - 1
     needs = 0
     for bit, slot in enumerate(slots):
         if fields >> bit & 1:
             needs |= 1 << slot
-    raw = _C.backward(G, configure(p) if config is None else config, needs)
-    return GRAD_TYPES[p.method](*[raw[slot] if fields >> bit & 1 else None
-                                  for bit, slot in enumerate(slots)])
+    return fields, needs
 
+
+def attention_forward(call, config: EngineConfig | None = None) -> tuple:
+    """(out, lse) of a checked attention call (posenc._attention.AttentionCall);
+    out is written into the problem's `out` when it has one."""
+    p = call.problem
+    return _C.attention_forward(configure(p) if config is None else config, call.v,
+                                call.key_padding_mask, call.causal, call.dropout_p, call.seed,
+                                p.out)
+
+
+def attention_backward(call, d_out: np.ndarray, out: np.ndarray, lse: np.ndarray,
+                       fields: int | None = None, config: EngineConfig | None = None):
+    """The <Method>AttentionGrads of a checked attention call given d_out = dL/dout
+    and the forward's out and lse; `fields` (a bit mask over its fields q, k, v,
+    the method's parameters; all by default) limits the work to those asked for."""
+    p = call.problem
+    slots = ATTENTION_SLOTS[p.method]
+    fields, needs = _needs(slots, fields)
+    raw = _C.attention_backward(d_out, configure(p) if config is None else config, call.v, out,
+                                lse, call.key_padding_mask, call.causal, call.dropout_p, call.seed,
+                                needs)
+    return ATTENTION_GRAD_TYPES[p.method](*[raw[slot] if fields >> bit & 1 else None
+                                            for bit, slot in enumerate(slots)])

@@ -65,3 +65,19 @@ int posenc_backward(const posenc_problem *p, const void *grad, const posenc_grad
     return p->dtype == POSENC_F32 ? posenc_backward_f32(p, grad, g, num_threads)
                                   : posenc_backward_f64(p, grad, g, num_threads);
 }
+
+int posenc_attention_forward(const posenc_problem *p, const posenc_attention *a, void *out,
+                             void *lse, int num_threads)
+{
+    return p->dtype == POSENC_F32 ? posenc_attention_forward_f32(p, a, out, lse, num_threads)
+                                  : posenc_attention_forward_f64(p, a, out, lse, num_threads);
+}
+
+int posenc_attention_backward(const posenc_problem *p, const posenc_attention *a,
+                              const void *d_out, const void *out, const void *lse,
+                              const posenc_grads *g, void *grad_v, int num_threads)
+{
+    return p->dtype == POSENC_F32
+               ? posenc_attention_backward_f32(p, a, d_out, out, lse, g, grad_v, num_threads)
+               : posenc_attention_backward_f64(p, a, d_out, out, lse, g, grad_v, num_threads);
+}

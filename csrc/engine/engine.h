@@ -150,3 +150,13 @@ int posenc_backward_f32(const posenc_problem *p, const void *grad, const posenc_
 int posenc_backward_f64(const posenc_problem *p, const void *grad, const posenc_grads *g, int num_threads);
 
 #endif /* POSENC_ENGINE_H */
+int posenc_attention_forward_f32(const posenc_problem *p, const posenc_attention *a, void *out,
+                                 void *lse, int num_threads);
+int posenc_attention_forward_f64(const posenc_problem *p, const posenc_attention *a, void *out,
+                                 void *lse, int num_threads);
+int posenc_attention_backward_f32(const posenc_problem *p, const posenc_attention *a,
+                                  const void *d_out, const void *out, const void *lse,
+                                  const posenc_grads *g, void *grad_v, int num_threads);
+int posenc_attention_backward_f64(const posenc_problem *p, const posenc_attention *a,
+                                  const void *d_out, const void *out, const void *lse,
+                                  const posenc_grads *g, void *grad_v, int num_threads);

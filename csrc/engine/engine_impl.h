@@ -14,3 +14,4 @@
 #include "forward_impl.h"           /* logits */
 #include "backward_impl.h"          /* gradients */
 #include "backward_product_impl.h"  /* gradients' product-mode factors */
+#include "attention_impl.h"         /* the fused attention, forward and backward */

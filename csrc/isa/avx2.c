@@ -7,5 +7,6 @@
 
 #define MR 6
 #define NRV 2
+#include "vector_exp.h"   /* VEXP, VMAX: the hooks of the softmax rows */
 #define VECTOR_TEMPLATE "kernels_impl.h"
 #include "vectors_avx2.h"

@@ -8,6 +8,8 @@
 #if defined(__AVX512F__) && defined(__AVX512VL__) && defined(__AVX512DQ__)
 #include <immintrin.h>
 
+#include "vector_exp.h"   /* VEXP, VMAX: the hooks of the softmax rows */
+
 #define MR 12
 #define NRV 2
 

@@ -366,6 +366,8 @@ static void KNAME(posenc_tile_scatter_key)(void *grad_, size_t ld, const int64_t
     }
 }
 
+#include "softmax_impl.h"   /* row_max, row_exp: the fused attention's softmax */
+
 static void KNAME(posenc_store_fence)(void)
 {
     STORE_FENCE();
@@ -389,6 +391,8 @@ const posenc_kernels KNAME(posenc_kernels) = {
     .tile_scatter_key = KNAME(posenc_tile_scatter_key),
     .tile_gather_query = KNAME(posenc_tile_gather_query),
     .store_fence = KNAME(posenc_store_fence),
+    .row_max = KNAME(posenc_row_max),
+    .row_exp = KNAME(posenc_row_exp),
 };
 
 #undef NR

@@ -6,5 +6,6 @@
 
 #define MR 8
 #define NRV 2
+#include "vector_exp.h"   /* VEXP, VMAX: the hooks of the softmax rows */
 #define VECTOR_TEMPLATE "kernels_impl.h"
 #include "vectors_neon.h"

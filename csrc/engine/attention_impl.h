@@ -1,0 +1,483 @@
+/*
+ * attention_impl.h -- the fused attention of SPEC §6 for one dtype (REAL,
+ * set by engine_<dtype>.c): out = softmax_j(A + Mask) D v per (b, h), A
+ * the configured logits, without ever holding the (B, H, n, m) logits.
+ *
+ * Forward, per (b, h) unit and row tile of mr queries: the tile's logits
+ * (forward_tile: the content microkernel and its positional epilogue) into
+ * per-thread scratch, then the softmax rows (mask, row max, exp, lse,
+ * dropout) and P.v through the microkernel into out.  With `causal` only
+ * the keys j < query_offset + i0 + rows a tile can see are computed.
+ *
+ * Backward, per unit, row block by row block (row_block rows, the
+ * backward's own blocking): the block's logits recomputed, P = exp(A +
+ * Mask - lse) (no stored probabilities), dV += (P D)^T.dO, dP = D (dO.V^T),
+ * dS = P (dP - rowsum(dO out)), and dS handed to the logits' backward
+ * (backward_unit_block) for dq, dk and every table / segment / reset slot;
+ * the dense factor's gradients go to per-unit slots (backward_dense_block).
+ * Scratch per thread is O(row_block m): never O(n m) or O(B H n m).
+ * Slots are reduced in a fixed order: results are bitwise identical for
+ * any thread count.
+ */
+#include "philox.h"
+
+#include <math.h>
+
+typedef struct {
+    const posenc_problem *p;
+    const posenc_attention *a;
+    const posenc_kernels *kern;
+    forward_ctx logits;          /* the logits' tiles (no head blocks past a row block, no streaming) */
+    int dropout;
+    uint32_t threshold;          /* a Philox word at least this keeps its probability */
+    REAL keep_scale;             /* 1 / (1 - dropout_p) */
+    size_t *padding_start;       /* the padded key runs of batch row b: */
+    size_t *padding_runs;        /* [2 t, 2 t + 1) for t in [padding_start[b], padding_start[b + 1]) */
+} attention_ctx;
+
+typedef struct {
+    REAL *scores;        /* logits, then probabilities: forward mr x m_pad, backward row_block x m */
+    REAL *grad;          /* backward: dP, then dS, row_block x m */
+    REAL *dropped;       /* backward with dropout: P D, row_block x m */
+    REAL *v_pack;        /* v as B: forward v (m x dv), backward v^T (dv x m) */
+    REAL *d_out_pack;    /* backward: a row block of d_out as B (row_block x dv) */
+    REAL *row_scale;     /* forward: 1 / sum of each row of a tile */
+    REAL *drop_row;      /* dropout: D of one row, 0 or keep_scale, m */
+    uint8_t *keep;       /* dropout: the keep decisions of one row, m */
+} attention_ws;
+
+/* The attention's part of a thread's workspace (elements); carved into w when w != NULL. */
+static size_t attention_ws_layout(const attention_ctx *c, int backward, size_t row_block,
+                                  attention_ws *w, REAL *mem)
+{
+    const posenc_problem *p = c->p;
+    const size_t m = p->m, dv = c->a->dv, nr = c->kern->nr;
+    size_t at = 0;
+    if (w)
+        memset(w, 0, sizeof *w);
+    if (backward) {
+        WS_TAKE(w, mem, at, scores, row_block * m);
+        WS_TAKE(w, mem, at, grad, row_block * m);
+        if (c->dropout)
+            WS_TAKE(w, mem, at, dropped, row_block * m);
+        WS_TAKE(w, mem, at, v_pack, packed_b_size(dv, m, nr));
+        WS_TAKE(w, mem, at, d_out_pack, packed_b_size(row_block, dv, nr));
+    } else {
+        WS_TAKE(w, mem, at, scores, c->kern->mr * c->logits.m_pad);
+        WS_TAKE(w, mem, at, v_pack, packed_b_size(m, dv, nr));
+        WS_TAKE(w, mem, at, row_scale, c->kern->mr);
+    }
+    if (c->dropout) {
+        WS_TAKE(w, mem, at, drop_row, m);
+        WS_TAKE(w, mem, at, keep, (m + sizeof(REAL) - 1) / sizeof(REAL));
+    }
+    return posenc_round_up(at, POSENC_ALIGN / sizeof(REAL));
+}
+
+/* The keys row i of a block (or tile) starting at row i0 with `cols` computed keys can see. */
+static size_t attention_visible(const attention_ctx *c, size_t i, size_t cols)
+{
+    return c->a->causal ? posenc_min(cols, c->p->query_offset + i + 1) : cols;
+}
+
+/* The keys a block of rows [i0, i0 + rows) needs: all, or under `causal`
+ * those up to the last row's position. */
+static size_t attention_columns(const attention_ctx *c, size_t i0, size_t rows)
+{
+    return c->a->causal ? posenc_min(c->p->m, c->p->query_offset + i0 + rows) : c->p->m;
+}
+
+/* Row x (keys [0, len)) of batch row b with its padded keys set to -inf. */
+static void attention_pad(const attention_ctx *c, REAL *x, size_t b, size_t len)
+{
+    static const REAL minus_inf = (REAL)-INFINITY;
+    if (!c->padding_start)
+        return;
+    for (size_t t = c->padding_start[b]; t < c->padding_start[b + 1]; ++t) {
+        const size_t js = c->padding_runs[2 * t], je = posenc_min(c->padding_runs[2 * t + 1], len);
+        if (js < je)
+            c->kern->row_gather(POSENC_SET, x + js, &minus_inf, 0, je - js);
+    }
+}
+
+/* D of row i of unit (b, h), keys [0, len): w->drop_row[j] = keep_scale or 0. */
+static void attention_drop_row(const attention_ctx *c, attention_ws *w, size_t b, size_t h,
+                               size_t i, size_t len)
+{
+    posenc_dropout_row(w->keep, len, c->a->seed, c->threshold, b, h, i);
+    for (size_t j = 0; j < len; ++j)
+        w->drop_row[j] = w->keep[j] ? c->keep_scale : (REAL)0;
+}
+
+/*
+ * Softmax of the logits row x of query i (keys [0, cols) computed, the
+ * first `visible` unmasked by causality): x becomes exp(x - max) D over the
+ * visible keys and 0 past them; returns 1 / sum (the row's scale, 0 for a
+ * row whose keys are all masked: then x is all 0) and writes its lse.
+ */
+static REAL attention_softmax_row(const attention_ctx *c, attention_ws *w, REAL *x, size_t b,
+                                  size_t h, size_t i, size_t cols, REAL *lse)
+{
+    const size_t visible = attention_visible(c, i, cols);
+    attention_pad(c, x, b, visible);
+    const double row_max = c->kern->row_max(x, visible);
+    if (row_max == -INFINITY) {
+        memset(x, 0, sizeof(REAL) * cols);
+        *lse = (REAL)-INFINITY;
+        return 0;
+    }
+    const double sum = c->kern->row_exp(x, visible, row_max);
+    *lse = (REAL)(row_max + log(sum));
+    if (c->dropout) {
+        attention_drop_row(c, w, b, h, i, visible);
+        c->kern->row_gather(POSENC_MUL, x, w->drop_row, 1, visible);
+    }
+    memset(x + visible, 0, sizeof(REAL) * (cols - visible));
+    return (REAL)(1.0 / sum);
+}
+
+/* Rows [r0, r1) of unit (b, h): out and lse. */
+static void attention_forward_unit(const attention_ctx *c, forward_ws *fw, attention_ws *w,
+                                   size_t b, size_t h, size_t r0, size_t r1, REAL *out, REAL *lse)
+{
+    const posenc_problem *p = c->p;
+    const posenc_kernels *kern = c->kern;
+    const size_t m = p->m, dv = c->a->dv, u = b * p->H + h, ld = c->logits.m_pad;
+    const REAL *v_u = (const REAL *)c->a->v + u * m * dv;
+    REAL *out_u = out + u * p->n * dv, *lse_u = lse + u * p->n;
+    packed_b k_packed, v_packed;
+    forward_unit_setup(&c->logits, fw, b, h, &k_packed);
+    pack_b(kern, &v_packed, w->v_pack, v_u, (ptrdiff_t)dv, 1, m, dv, 1);
+    for (size_t i0 = r0; i0 < r1; i0 += kern->mr) {
+        const size_t rows = posenc_min(kern->mr, r1 - i0), cols = attention_columns(c, i0, rows);
+        forward_tile(&c->logits, fw, b, h, &k_packed, i0, rows, cols, w->scores, (ptrdiff_t)ld);
+        for (size_t r = 0; r < rows; ++r)
+            w->row_scale[r] = attention_softmax_row(c, w, w->scores + r * ld, b, h, i0 + r, cols,
+                                                    lse_u + i0 + r);
+        if (dv == 0)
+            continue;
+        const size_t k_range[2] = {0, cols};   /* the keys the tile sees */
+        gemm_packed(kern, &fw->scratch, rows, w->scores, (ptrdiff_t)ld, 1, &v_packed,
+                    out_u + i0 * dv, (ptrdiff_t)dv, 0, NULL, 0, NULL, 0, k_range);
+        for (size_t r = 0; r < rows; ++r)
+            kern->row_gather(POSENC_MUL, out_u + (i0 + r) * dv, &w->row_scale[r], 0, dv);
+    }
+}
+
+/* The padded key runs of every batch row; 0, or -1 out of memory. */
+static int attention_padding_runs(attention_ctx *c)
+{
+    const posenc_problem *p = c->p;
+    const uint8_t *mask = c->a->key_padding_mask;
+    if (!mask)
+        return 0;
+    size_t count = 0;
+    for (size_t t = 0; t < p->B * p->m; ++t)
+        count += mask[t] && (t % p->m == 0 || !mask[t - 1]);
+    c->padding_start = (size_t *)posenc_alloc(p->B + 1, sizeof(size_t));
+    c->padding_runs = (size_t *)posenc_alloc(2 * count, sizeof(size_t));
+    if (!c->padding_start || !c->padding_runs)
+        return -1;
+    size_t t = 0;
+    for (size_t b = 0; b < p->B; ++b) {
+        c->padding_start[b] = t;
+        const uint8_t *row = mask + b * p->m;
+        for (size_t j = 0; j < p->m; ++j)
+            if (row[j] && (j == 0 || !row[j - 1])) {
+                size_t end = j;
+                while (end < p->m && row[end])
+                    ++end;
+                c->padding_runs[2 * t] = j;
+                c->padding_runs[2 * t + 1] = end;
+                ++t;
+            }
+    }
+    c->padding_start[p->B] = t;
+    return 0;
+}
+
+static void attention_release(attention_ctx *c)
+{
+    forward_release(&c->logits);
+    posenc_free(c->padding_start);
+    posenc_free(c->padding_runs);
+}
+
+/* The attention's context, with the logits' (no head block past row_block
+ * rows: an n x m block per thread would defeat the point). */
+static int attention_prepare(attention_ctx *c, const posenc_problem *p, const posenc_attention *a,
+                             const posenc_kernels *kern, size_t row_block)
+{
+    memset(c, 0, sizeof *c);
+    c->p = p;
+    c->a = a;
+    c->kern = kern;
+    c->dropout = a->dropout_p > 0;
+    c->threshold = posenc_dropout_threshold(a->dropout_p);
+    c->keep_scale = (REAL)(1.0 / (1.0 - a->dropout_p));
+    int status = forward_prepare(&c->logits, p, kern, NULL);
+    c->logits.stream = 0;
+    c->logits.head_blocks = c->logits.head_blocks && p->n <= row_block;
+    if (status == POSENC_OK && attention_padding_runs(c))
+        status = POSENC_ENOMEM;
+    return status;
+}
+
+/* A thread's workspaces: the logits' tiles, the gradients' (backward), the attention's. */
+typedef struct {
+    forward_ws logits;
+    backward_ws grads;
+    attention_ws attention;
+} attention_thread;
+
+/* A thread's workspaces carved from mem (t != NULL), or their size in elements;
+ * g is the gradients' context (NULL: the forward). */
+static size_t attention_thread_layout(const attention_ctx *c, const backward_ctx *g,
+                                      attention_thread *t, REAL *mem)
+{
+    size_t at = forward_ws_layout(&c->logits, t ? &t->logits : NULL, mem);
+    if (g)
+        at += backward_ws_layout(g, t ? &t->grads : NULL, t ? mem + at : NULL);
+    return at + attention_ws_layout(c, g != NULL, g ? g->row_block : 0, t ? &t->attention : NULL,
+                                    t ? mem + at : NULL);
+}
+
+/* One work item of a call, on the calling thread's workspaces. */
+typedef void (*attention_item)(const void *call, attention_thread *t, size_t item);
+
+typedef struct {
+    const attention_ctx *c;
+    const backward_ctx *g;
+    size_t items;
+    attention_item run_item;
+    const void *call;
+} attention_team_call;
+
+/* One thread's items (posenc_run_team; ws: its workspaces). */
+static void attention_team(void *arg, void *ws)
+{
+    const attention_team_call *team = (const attention_team_call *)arg;
+    attention_thread t;
+    attention_thread_layout(team->c, team->g, &t, (REAL *)ws);
+#pragma omp for schedule(static)
+    for (ptrdiff_t item = 0; item < (ptrdiff_t)team->items; ++item)
+        team->run_item(team->call, &t, (size_t)item);
+}
+
+/* Every item of a call, spread over a team of at most one thread per item (posenc_team). */
+static int attention_run(const attention_ctx *c, const backward_ctx *g, int num_threads,
+                         size_t items, attention_item run_item, const void *call)
+{
+    attention_team_call team = {c, g, items, run_item, call};
+    return posenc_run_team(posenc_team((size_t)(num_threads > 0 ? num_threads : 1), items, c->p),
+                           attention_thread_layout(c, g, NULL, NULL) * sizeof(REAL),
+                           attention_team, &team);
+}
+
+/* The forward's items: units, each split into row chunks when units are fewer than threads. */
+typedef struct {
+    const attention_ctx *c;
+    REAL *out, *lse;
+    size_t chunks, rows_per_chunk;
+} attention_forward_call;
+
+static void attention_forward_item(const void *call_, attention_thread *t, size_t item)
+{
+    const attention_forward_call *call = (const attention_forward_call *)call_;
+    const posenc_problem *p = call->c->p;
+    const size_t unit = item / call->chunks, r0 = item % call->chunks * call->rows_per_chunk;
+    const size_t h = unit / p->B, b = unit % p->B;   /* head-major: a head's terms stay cached */
+    attention_forward_unit(call->c, &t->logits, &t->attention, b, h, r0,
+                           posenc_min(p->n, r0 + call->rows_per_chunk), call->out, call->lse);
+}
+
+static int attention_forward(const posenc_problem *p, const posenc_attention *a, void *out_,
+                             void *lse_, int num_threads)
+{
+    REAL *out = (REAL *)out_, *lse = (REAL *)lse_;
+    const size_t BH = p->B * p->H;
+    if (BH == 0 || p->n == 0)
+        return POSENC_OK;
+    if (p->m == 0) {   /* every row masked: out 0, lse -inf */
+        memset(out, 0, sizeof(REAL) * BH * p->n * a->dv);
+        for (size_t t = 0; t < BH * p->n; ++t)
+            lse[t] = (REAL)-INFINITY;
+        return POSENC_OK;
+    }
+    const posenc_kernels *kern = posenc_active_kernels(REAL_DTYPE);
+    attention_ctx c;
+    int status = attention_prepare(&c, p, a, kern, kern->mr);
+    if (status == POSENC_OK) {
+        const size_t threads = (size_t)(num_threads > 0 ? num_threads : 1);
+        const size_t tiles = (p->n + kern->mr - 1) / kern->mr;
+        const size_t wanted = BH >= threads ? 1 : posenc_min((threads + BH - 1) / BH, tiles);
+        attention_forward_call call = {&c, out, lse, 0, (tiles + wanted - 1) / wanted * kern->mr};
+        call.chunks = (p->n + call.rows_per_chunk - 1) / call.rows_per_chunk;
+        status = attention_run(&c, NULL, num_threads, BH * call.chunks, attention_forward_item,
+                               &call);
+    }
+    attention_release(&c);
+    return status;
+}
+
+/* ------------------------------------------------------------------ backward */
+
+typedef struct {
+    const attention_ctx *a;
+    const backward_ctx *g;
+    const REAL *d_out, *out, *lse;
+    REAL *grad_v;
+    REAL *pos_q_slots, *pos_k_slots;   /* the dense factor's gradients per unit */
+    int need_ds;                       /* a gradient other than dv: dS is formed */
+} attention_grad_ctx;
+
+/*
+ * Rows [blk0, blk0 + rows) of unit u: their probabilities P (scores, keys
+ * [0, m), 0 where masked) recomputed from the logits and lse, P D (dropped,
+ * with dropout), and their D (dO.V^T - delta) P, the gradient dS of their
+ * logits (grad, when need_ds); dV += (P D)^T.dO.
+ */
+static void attention_backward_block(const attention_grad_ctx *gc, forward_ws *fw,
+                                     attention_ws *w, const packed_b *k_packed,
+                                     const packed_b *vt_packed, size_t u, size_t blk0,
+                                     size_t rows)
+{
+    const attention_ctx *c = gc->a;
+    const posenc_problem *p = c->p;
+    const posenc_kernels *kern = c->kern;
+    const size_t n = p->n, m = p->m, dv = c->a->dv, b = u / p->H, h = u % p->H;
+    const size_t cols = attention_columns(c, blk0, rows);
+    const REAL *d_out_blk = gc->d_out + (u * n + blk0) * dv;
+    const REAL *out_blk = gc->out + (u * n + blk0) * dv;
+    const REAL *lse_blk = gc->lse + u * n + blk0;
+    for (size_t i0 = blk0; i0 < blk0 + rows; i0 += kern->mr)
+        forward_tile(&c->logits, fw, b, h, k_packed, i0, posenc_min(kern->mr, blk0 + rows - i0),
+                     cols, w->scores + (i0 - blk0) * m, (ptrdiff_t)m);
+    if (gc->need_ds && dv) {   /* dO.V^T over the keys the block sees */
+        packed_b values = *vt_packed;
+        values.N = cols;
+        gemm_packed(kern, &fw->scratch, rows, d_out_blk, (ptrdiff_t)dv, 1, &values, w->grad,
+                    (ptrdiff_t)m, 0, NULL, 0, NULL, 0, NULL);
+    }
+    for (size_t r = 0; r < rows; ++r) {
+        const size_t i = blk0 + r, visible = attention_visible(c, i, cols);
+        REAL *P = w->scores + r * m, *dS = w->grad + r * m;
+        REAL *PD = c->dropout ? w->dropped + r * m : P;
+        attention_pad(c, P, b, visible);
+        if (lse_blk[r] == -INFINITY) {   /* every key masked: no gradient */
+            memset(P, 0, sizeof(REAL) * m);
+            memset(PD, 0, sizeof(REAL) * m);
+            memset(dS, 0, sizeof(REAL) * m);
+            continue;
+        }
+        kern->row_exp(P, visible, (double)lse_blk[r]);
+        memset(P + visible, 0, sizeof(REAL) * (m - visible));
+        if (c->dropout) {
+            attention_drop_row(c, w, b, h, i, visible);
+            kern->row_mul(PD, P, w->drop_row, visible);
+            memset(PD + visible, 0, sizeof(REAL) * (m - visible));
+        }
+        if (!gc->need_ds)
+            continue;
+        if (dv == 0)
+            memset(dS, 0, sizeof(REAL) * visible);
+        double delta = 0;   /* rowsum(dO out) */
+        for (size_t l = 0; l < dv; ++l)
+            delta += (double)d_out_blk[r * dv + l] * (double)out_blk[r * dv + l];
+        const REAL minus_delta = (REAL)-delta;
+        if (c->dropout)
+            kern->row_gather(POSENC_MUL, dS, w->drop_row, 1, visible);
+        kern->row_gather(POSENC_ADD, dS, &minus_delta, 0, visible);
+        kern->row_gather(POSENC_MUL, dS, P, 1, visible);
+        memset(dS + visible, 0, sizeof(REAL) * (m - visible));
+    }
+    if (gc->grad_v && dv)   /* dV += (P D)^T.dO over the keys the block sees */
+        gemm(kern, &fw->scratch, w->d_out_pack, cols, dv, rows, c->dropout ? w->dropped : w->scores,
+             1, (ptrdiff_t)m, d_out_blk, (ptrdiff_t)dv, 1, 1, gc->grad_v + u * m * dv,
+             (ptrdiff_t)dv, 1, NULL);
+}
+
+static void attention_backward_unit(const void *gc_, attention_thread *t, size_t u)
+{
+    const attention_grad_ctx *gc = (const attention_grad_ctx *)gc_;
+    forward_ws *fw = &t->logits;
+    backward_ws *bw = &t->grads;
+    attention_ws *w = &t->attention;
+    const attention_ctx *c = gc->a;
+    const backward_ctx *g = gc->g;
+    const posenc_problem *p = c->p;
+    const size_t n = p->n, m = p->m, dv = c->a->dv, h = u % p->H, dp = p->d_p;
+    const REAL *v_u = (const REAL *)c->a->v + u * m * dv;
+    packed_b k_packed, vt_packed, product_keys;
+    forward_unit_setup(&c->logits, fw, u / p->H, h, &k_packed);
+    if (dv)
+        pack_b(c->kern, &vt_packed, w->v_pack, v_u, 1, (ptrdiff_t)dv, dv, m, 1);   /* v^T */
+    if (gc->grad_v)
+        memset(gc->grad_v + u * m * dv, 0, sizeof(REAL) * m * dv);
+    if (gc->need_ds)
+        backward_unit_begin(g, bw, u, &product_keys);
+    for (size_t blk0 = 0; blk0 < n; blk0 += g->row_block) {
+        const size_t rows = posenc_min(g->row_block, n - blk0);
+        attention_backward_block(gc, fw, w, &k_packed, &vt_packed, u, blk0, rows);
+        if (!gc->need_ds)
+            continue;
+        backward_unit_block(g, bw, u, &product_keys, blk0, rows, w->grad);
+        if (gc->pos_q_slots || gc->pos_k_slots)   /* after the unit block: it zeroes theta's entries */
+            backward_dense_block(g, bw, h, w->grad, blk0, rows,
+                                 gc->pos_q_slots ? gc->pos_q_slots + u * n * dp : NULL,
+                                 gc->pos_k_slots ? gc->pos_k_slots + u * m * dp : NULL);
+    }
+    if (gc->need_ds)
+        backward_unit_end(g, bw, u);
+}
+
+static int attention_backward(const posenc_problem *p, const posenc_attention *a,
+                              const void *d_out, const void *out, const void *lse,
+                              const posenc_grads *grads, void *grad_v, int num_threads)
+{
+    const size_t BH = p->B * p->H;
+    if (BH == 0 || p->n == 0 || p->m == 0) {
+        backward_zero(p, grads);
+        if (grad_v)
+            memset(grad_v, 0, sizeof(REAL) * BH * p->m * a->dv);
+        return POSENC_OK;
+    }
+    const posenc_kernels *kern = posenc_active_kernels(REAL_DTYPE);
+    attention_ctx c;
+    backward_ctx g;
+    /* the logits' backward without the dense phase: its gradients go per unit here */
+    posenc_grads logit_grads = *grads;
+    logit_grads.pos_q = logit_grads.pos_k = NULL;
+    attention_grad_ctx gc = {&c, &g, (const REAL *)d_out, (const REAL *)out, (const REAL *)lse,
+                             (REAL *)grad_v, NULL, NULL, 0};
+    memset(&g, 0, sizeof g);
+    int status = attention_prepare(&c, p, a, kern, kern->kc);
+    if (status == POSENC_OK)
+        status = backward_prepare(&g, p, kern, NULL, &logit_grads);
+    const int dense = p->pos_q && (grads->pos_q || grads->pos_k);
+    if (status == POSENC_OK &&
+        (zeroed_slots(&gc.pos_q_slots, dense && grads->pos_q, posenc_mul_size(BH, p->n * p->d_p)) ||
+         zeroed_slots(&gc.pos_k_slots, dense && grads->pos_k, posenc_mul_size(BH, p->m * p->d_p))))
+        status = POSENC_ENOMEM;
+    if (status != POSENC_OK)
+        goto done;
+    gc.need_ds = grads->q || grads->k || grads->pos_q || grads->pos_k || grads->table ||
+                 grads->query_table || grads->key_table || grads->segment_table || grads->theta;
+
+    if ((status = attention_run(&c, &g, num_threads, BH, attention_backward_unit, &gc)))
+        goto done;
+    backward_reduce(&g);
+    if (grads->pos_q && gc.pos_q_slots)
+        reduce_slots((REAL *)grads->pos_q, p->pos_q_heads, p->n * p->d_p, 0, gc.pos_q_slots,
+                     p->B, p->H, p->n * p->d_p, NULL, 0);
+    if (grads->pos_k && gc.pos_k_slots)
+        reduce_slots((REAL *)grads->pos_k, p->pos_k_heads, p->m * p->d_p, 0, gc.pos_k_slots,
+                     p->B, p->H, p->m * p->d_p, NULL, 0);
+
+done:
+    posenc_free(gc.pos_q_slots);
+    posenc_free(gc.pos_k_slots);
+    backward_release(&g);
+    attention_release(&c);
+    return status;
+}

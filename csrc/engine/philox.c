@@ -1,0 +1,47 @@
+/*
+ * philox.c -- Philox-4x32-10 and the dropout's keep decisions (philox.h).
+ * Plain C, shared by every ISA: only a dropout call draws, one block of 4
+ * words per 4 keys, a small part of the attention's cost.
+ */
+#include "philox.h"
+
+#define PHILOX_M0 0xD2511F53u   /* round multipliers */
+#define PHILOX_M1 0xCD9E8D57u
+#define PHILOX_W0 0x9E3779B9u   /* Weyl key increments */
+#define PHILOX_W1 0xBB67AE85u
+
+void posenc_philox4x32_10(const uint32_t counter[4], const uint32_t key[2], uint32_t out[4])
+{
+    uint32_t c0 = counter[0], c1 = counter[1], c2 = counter[2], c3 = counter[3];
+    uint32_t k0 = key[0], k1 = key[1];
+    for (int round = 0; round < 10; ++round) {
+        const uint64_t p0 = (uint64_t)PHILOX_M0 * c0, p1 = (uint64_t)PHILOX_M1 * c2;
+        const uint32_t n0 = (uint32_t)(p1 >> 32) ^ c1 ^ k0, n1 = (uint32_t)p1;
+        const uint32_t n2 = (uint32_t)(p0 >> 32) ^ c3 ^ k1, n3 = (uint32_t)p0;
+        c0 = n0; c1 = n1; c2 = n2; c3 = n3;
+        k0 += PHILOX_W0;   /* the last bump is never used */
+        k1 += PHILOX_W1;
+    }
+    out[0] = c0; out[1] = c1; out[2] = c2; out[3] = c3;
+}
+
+uint32_t posenc_dropout_threshold(double dropout_p)
+{
+    /* as posenc/_attention.py: int(dropout_p * 2^32), exact in double */
+    const double scaled = dropout_p * 4294967296.0;
+    return scaled <= 0 ? 0u : scaled >= 4294967295.0 ? 0xFFFFFFFFu : (uint32_t)scaled;
+}
+
+void posenc_dropout_row(uint8_t *keep, size_t len, uint64_t seed, uint32_t threshold, size_t b,
+                        size_t h, size_t i)
+{
+    const uint32_t key[2] = {(uint32_t)seed, (uint32_t)(seed >> 32)};
+    uint32_t counter[4] = {0, (uint32_t)i, (uint32_t)h, (uint32_t)b}, words[4];
+    for (size_t j0 = 0; j0 < len; j0 += 4) {
+        counter[0] = (uint32_t)(j0 / 4);
+        posenc_philox4x32_10(counter, key, words);
+        const size_t count = len - j0 < 4 ? len - j0 : 4;
+        for (size_t t = 0; t < count; ++t)
+            keep[j0 + t] = words[t] >= threshold;
+    }
+}

@@ -1,0 +1,58 @@
+/*
+ * softmax_impl.h -- the rows of the fused attention's softmax (SPEC §6,
+ * engine/attention_impl.h), for one ISA and dtype: included by
+ * kernels_impl.h.  The vector ISAs bring VEXP and VMAX (isa/vector_exp.h);
+ * the scalar ISA uses libm's exp.
+ */
+#include <math.h>
+
+/* max_j x[j], j < len; -inf when len is 0 or every x[j] is -inf. */
+static double KNAME(posenc_row_max)(const void *x_, size_t len)
+{
+    const REAL *x = (const REAL *)x_;
+    REAL best = (REAL)-INFINITY;
+    size_t j = 0;
+#ifdef VMAX
+    if (len >= VL) {
+        VT acc = VLOAD(x);
+        for (j = VL; j + VL <= len; j += VL)
+            acc = VMAX(acc, VLOAD(x + j));
+        REAL lane[VL];
+        VSTORE(lane, acc);
+        for (size_t t = 0; t < VL; ++t)
+            best = lane[t] > best ? lane[t] : best;
+    }
+#endif
+    for (; j < len; ++j)
+        best = x[j] > best ? x[j] : best;
+    return (double)best;
+}
+
+/* x[j] = exp(x[j] - shift) in place, j < len (-inf gives 0); returns the sum of the results. */
+static double KNAME(posenc_row_exp)(void *x_, size_t len, double shift_)
+{
+    REAL *x = (REAL *)x_;
+    const REAL minus_shift = (REAL)-shift_;
+    REAL total = 0;
+    size_t j = 0;
+#ifdef VEXP
+    const VT add = VBCAST(minus_shift);
+    VT acc = VZERO();
+    for (; j + VL <= len; j += VL) {
+        const VT e = VEXP(VADD(VLOAD(x + j), add));
+        VSTORE(x + j, e);
+        acc = VADD(acc, e);
+    }
+    if (j < len)
+        VSTORE_PART(x + j, VEXP(VADD(VLOAD_PART(x + j, len - j), add)), len - j);
+    total = VREDUCE(acc);
+    for (; j < len; ++j)
+        total += x[j];
+#else
+    for (; j < len; ++j) {
+        x[j] = (REAL)exp((double)(x[j] + minus_shift));
+        total += x[j];
+    }
+#endif
+    return (double)total;
+}

@@ -1,0 +1,200 @@
+/*
+ * vector_exp.h -- exp and max of one vector, the hooks of softmax_impl.h
+ * (the fused attention's softmax rows), for the ISA its file is compiled
+ * for: included by isa/avx512.c, isa/avx2.c and isa/neon.c (the scalar ISA
+ * has no hook: libm's exp).  VEXP(v) and VMAX(a, b) pick the float or the
+ * double version by the vector's type.
+ *
+ * exp(x) = 2^n exp(r), n = round(x log2 e), r = x - n ln 2 in two parts
+ * (Cody-Waite; ln2_hi has trailing zero bits, so n ln2_hi is exact), exp(r)
+ * on |r| <= ln(2)/2 by its Taylor polynomial (degree 7 in float: truncation
+ * below 5e-9; 13 in double: below 5e-18), Horner with FMA.  -inf and
+ * arguments whose exp underflows give +0 exactly (a masked logit); NaN
+ * stays NaN; +inf and overflowing arguments give +inf.
+ */
+#ifndef POSENC_VECTOR_EXP_H
+#define POSENC_VECTOR_EXP_H
+
+#define EXP_LOG2E 1.4426950408889634
+#define EXP_LN2_HI_F 0.693359375f                      /* Cephes: 9 significant bits */
+#define EXP_LN2_LO_F -2.12194440e-4f
+#define EXP_LN2_HI_D 6.93147180369123816490e-01        /* fdlibm: 32 significant bits */
+#define EXP_LN2_LO_D 1.90821492927058770002e-10
+
+/* Taylor coefficients 1/k!, highest first, through Horner: p = c[0]; p = p r + c[k]. */
+#define EXP_POLY(T, FMA, BCAST, r, degree, result)                           \
+    do {                                                                     \
+        static const double inverse_factorial[14] = {                        \
+            1.0, 1.0, 1.0 / 2, 1.0 / 6, 1.0 / 24, 1.0 / 120, 1.0 / 720,      \
+            1.0 / 5040, 1.0 / 40320, 1.0 / 362880, 1.0 / 3628800,            \
+            1.0 / 39916800, 1.0 / 479001600, 1.0 / 6227020800.0};            \
+        T acc_ = BCAST(inverse_factorial[(degree)]);                         \
+        _Pragma("GCC unroll 16")                                             \
+        for (int k_ = (degree) - 1; k_ >= 0; --k_)                           \
+            acc_ = FMA(acc_, (r), BCAST(inverse_factorial[k_]));             \
+        (result) = acc_;                                                     \
+    } while (0)
+
+#if defined(__AVX512F__) && defined(__AVX512VL__) && defined(__AVX512DQ__)
+#include <immintrin.h>
+
+#define EXP_VF32 __m512
+#define EXP_VF64 __m512d
+#define EXP_MAX_F32 _mm512_max_ps
+#define EXP_MAX_F64 _mm512_max_pd
+
+/* AVX-512: scalef builds 2^n itself, with the underflow to 0 and the
+ * overflow to inf, so only the argument is clamped (NaN passes: max and min
+ * return their second operand when one is NaN). */
+static inline __m512 posenc_vexp_f32(__m512 x)
+{
+    x = _mm512_min_ps(_mm512_set1_ps(89.0f), _mm512_max_ps(_mm512_set1_ps(-120.0f), x));
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps((float)EXP_LOG2E)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(EXP_LN2_HI_F), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(EXP_LN2_LO_F), r);
+    __m512 p;
+#define BCAST_PS512(c) _mm512_set1_ps((float)(c))
+    EXP_POLY(__m512, _mm512_fmadd_ps, BCAST_PS512, r, 7, p);
+#undef BCAST_PS512
+    return _mm512_scalef_ps(p, n);
+}
+
+static inline __m512d posenc_vexp_f64(__m512d x)
+{
+    x = _mm512_min_pd(_mm512_set1_pd(710.0), _mm512_max_pd(_mm512_set1_pd(-750.0), x));
+    const __m512d n = _mm512_roundscale_pd(_mm512_mul_pd(x, _mm512_set1_pd(EXP_LOG2E)),
+                                           _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512d r = _mm512_fnmadd_pd(n, _mm512_set1_pd(EXP_LN2_HI_D), x);
+    r = _mm512_fnmadd_pd(n, _mm512_set1_pd(EXP_LN2_LO_D), r);
+    __m512d p;
+    EXP_POLY(__m512d, _mm512_fmadd_pd, _mm512_set1_pd, r, 13, p);
+    return _mm512_scalef_pd(p, n);
+}
+
+
+
+#elif defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+
+#define EXP_VF32 __m256
+#define EXP_VF64 __m256d
+#define EXP_MAX_F32 _mm256_max_ps
+#define EXP_MAX_F64 _mm256_max_pd
+
+/* AVX2: 2^n from n's bits (vector_exp_impl.h) */
+static inline __m256 posenc_pow2_ps256(__m256 n)
+{
+    return _mm256_castsi256_ps(
+        _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23));
+}
+
+/* n + 1023 into the low bits of 2^52 + n + 1023, then shifted into the exponent */
+static inline __m256d posenc_pow2_pd256(__m256d n)
+{
+    const __m256d biased = _mm256_add_pd(n, _mm256_set1_pd(4503599627370496.0 + 1023.0));
+    return _mm256_castsi256_pd(_mm256_slli_epi64(_mm256_castpd_si256(biased), 52));
+}
+
+#define EXP_F32
+#define EXP_NAME posenc_vexp_f32
+#define EXP_VT __m256
+#define EXP_MASK __m256
+#define EXP_SET(c) _mm256_set1_ps((float)(c))
+#define EXP_MUL(a, b) _mm256_mul_ps((a), (b))
+#define EXP_FMA(a, b, c) _mm256_fmadd_ps((a), (b), (c))
+#define EXP_FNMADD(a, b, c) _mm256_fnmadd_ps((a), (b), (c))
+#define EXP_MIN(a, b) _mm256_min_ps((a), (b))
+#define EXP_MAX(a, b) _mm256_max_ps((a), (b))
+#define EXP_ROUND(a) _mm256_round_ps((a), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
+#define EXP_LT(a, b) _mm256_cmp_ps((a), (b), _CMP_LT_OQ)
+#define EXP_GT(a, b) _mm256_cmp_ps((a), (b), _CMP_GT_OQ)
+#define EXP_ZERO_WHERE(mask, v) _mm256_andnot_ps((mask), (v))
+#define EXP_SELECT(mask, a, b) _mm256_blendv_ps((b), (a), (mask))
+#define EXP_POW2(n) posenc_pow2_ps256(n)
+#include "vector_exp_impl.h"
+
+#define EXP_NAME posenc_vexp_f64
+#define EXP_VT __m256d
+#define EXP_MASK __m256d
+#define EXP_SET(c) _mm256_set1_pd((double)(c))
+#define EXP_MUL(a, b) _mm256_mul_pd((a), (b))
+#define EXP_FMA(a, b, c) _mm256_fmadd_pd((a), (b), (c))
+#define EXP_FNMADD(a, b, c) _mm256_fnmadd_pd((a), (b), (c))
+#define EXP_MIN(a, b) _mm256_min_pd((a), (b))
+#define EXP_MAX(a, b) _mm256_max_pd((a), (b))
+#define EXP_ROUND(a) _mm256_round_pd((a), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
+#define EXP_LT(a, b) _mm256_cmp_pd((a), (b), _CMP_LT_OQ)
+#define EXP_GT(a, b) _mm256_cmp_pd((a), (b), _CMP_GT_OQ)
+#define EXP_ZERO_WHERE(mask, v) _mm256_andnot_pd((mask), (v))
+#define EXP_SELECT(mask, a, b) _mm256_blendv_pd((b), (a), (mask))
+#define EXP_POW2(n) posenc_pow2_pd256(n)
+#include "vector_exp_impl.h"
+
+
+
+#elif defined(__aarch64__) && defined(__ARM_NEON)
+#include <arm_neon.h>
+
+#define EXP_VF32 float32x4_t
+#define EXP_VF64 float64x2_t
+#define EXP_MAX_F32 vmaxq_f32
+#define EXP_MAX_F64 vmaxq_f64
+
+/* NEON: as AVX2 (2^n from n's bits); vmaxq/vminq propagate NaN. */
+static inline float32x4_t posenc_pow2_f32x4(float32x4_t n)
+{
+    return vreinterpretq_f32_s32(vshlq_n_s32(vaddq_s32(vcvtq_s32_f32(n), vdupq_n_s32(127)), 23));
+}
+
+static inline float64x2_t posenc_pow2_f64x2(float64x2_t n)
+{
+    return vreinterpretq_f64_s64(vshlq_n_s64(vaddq_s64(vcvtq_s64_f64(n), vdupq_n_s64(1023)), 52));
+}
+
+#define EXP_F32
+#define EXP_NAME posenc_vexp_f32
+#define EXP_VT float32x4_t
+#define EXP_MASK uint32x4_t
+#define EXP_SET(c) vdupq_n_f32((float)(c))
+#define EXP_MUL(a, b) vmulq_f32((a), (b))
+#define EXP_FMA(a, b, c) vfmaq_f32((c), (a), (b))
+#define EXP_FNMADD(a, b, c) vfmsq_f32((c), (a), (b))
+#define EXP_MIN(a, b) vminq_f32((a), (b))
+#define EXP_MAX(a, b) vmaxq_f32((a), (b))
+#define EXP_ROUND(a) vrndnq_f32(a)
+#define EXP_LT(a, b) vcltq_f32((a), (b))
+#define EXP_GT(a, b) vcgtq_f32((a), (b))
+#define EXP_ZERO_WHERE(mask, v) vreinterpretq_f32_u32(vbicq_u32(vreinterpretq_u32_f32(v), (mask)))
+#define EXP_SELECT(mask, a, b) vbslq_f32((mask), (a), (b))
+#define EXP_POW2(n) posenc_pow2_f32x4(n)
+#include "vector_exp_impl.h"
+
+#define EXP_NAME posenc_vexp_f64
+#define EXP_VT float64x2_t
+#define EXP_MASK uint64x2_t
+#define EXP_SET(c) vdupq_n_f64((double)(c))
+#define EXP_MUL(a, b) vmulq_f64((a), (b))
+#define EXP_FMA(a, b, c) vfmaq_f64((c), (a), (b))
+#define EXP_FNMADD(a, b, c) vfmsq_f64((c), (a), (b))
+#define EXP_MIN(a, b) vminq_f64((a), (b))
+#define EXP_MAX(a, b) vmaxq_f64((a), (b))
+#define EXP_ROUND(a) vrndnq_f64(a)
+#define EXP_LT(a, b) vcltq_f64((a), (b))
+#define EXP_GT(a, b) vcgtq_f64((a), (b))
+#define EXP_ZERO_WHERE(mask, v) vreinterpretq_f64_u64(vbicq_u64(vreinterpretq_u64_f64(v), (mask)))
+#define EXP_SELECT(mask, a, b) vbslq_f64((mask), (a), (b))
+#define EXP_POW2(n) posenc_pow2_f64x2(n)
+#include "vector_exp_impl.h"
+
+
+
+#endif
+
+#ifdef EXP_VF32   /* the ISA's float and double vectors */
+static inline EXP_VF32 posenc_vmax_f32(EXP_VF32 a, EXP_VF32 b) { return EXP_MAX_F32(a, b); }
+static inline EXP_VF64 posenc_vmax_f64(EXP_VF64 a, EXP_VF64 b) { return EXP_MAX_F64(a, b); }
+#define VEXP(v) _Generic((v), EXP_VF32: posenc_vexp_f32, EXP_VF64: posenc_vexp_f64)(v)
+#define VMAX(a, b) _Generic((a), EXP_VF32: posenc_vmax_f32, EXP_VF64: posenc_vmax_f64)((a), (b))
+#endif
+#endif /* POSENC_VECTOR_EXP_H */

@@ -1,0 +1,154 @@
+/*
+ * module_attention.h -- the binding of the fused attention (SPEC §6), a
+ * part of module.c included after its helpers (build_problem,
+ * as_float_array, check_dims, result_or_out, new_result, new_grads,
+ * grads_tuple, raise_status): parse, convert, the one posenc_validate of
+ * build_problem, release the GIL, call, wrap; one exit path.  posenc/_attention.py has
+ * checked the arguments with the user-facing messages; these checks are
+ * the safety net of direct calls.
+ */
+
+/* A call: its config's arrays and problem, the attention's arrays and arguments. */
+typedef struct {
+    converted a;
+    posenc_problem p;
+    posenc_attention att;
+    int typenum;
+    PyArrayObject *v, *mask, *d_out, *out, *lse;
+} attention_call;
+
+static void attention_call_release(attention_call *call)
+{
+    PyArrayObject *arrays[] = {call->v, call->mask, call->d_out, call->out, call->lse};
+    for (size_t t = 0; t < sizeof arrays / sizeof arrays[0]; ++t)
+        Py_XDECREF(arrays[t]);
+    release(&call->a);
+}
+
+/*
+ * A call's arguments, read positionally: the config at args[config_at], v
+ * at args[v_at], (key_padding_mask, causal, dropout_p, seed) from
+ * args[rest_at] on.  0, or -1 with an exception.
+ */
+static int parse_attention(attention_call *call, PyObject *const *args, int config_at, int v_at,
+                           int rest_at)
+{
+    PyObject *const *rest = args + rest_at;
+    posenc_attention *att = &call->att;
+    if (build_problem(args[config_at], &call->a, &call->p))
+        return -1;
+    const posenc_problem *p = &call->p;
+    const npy_intp B = (npy_intp)p->B, H = (npy_intp)p->H, m = (npy_intp)p->m;
+    call->typenum = p->dtype == POSENC_F32 ? NPY_FLOAT : NPY_DOUBLE;
+    memset(att, 0, sizeof *att);
+    if (!(call->v = as_float_array(args[v_at], call->typenum, "v")) ||
+        check_dims(call->v, "v", 4, (npy_intp[]){B, H, m, -1}))
+        return -1;
+    att->v = PyArray_DATA(call->v);
+    att->dv = (size_t)PyArray_DIM(call->v, 3);
+    PyObject *mask = rest[0];
+    if (mask != Py_None) {
+        if (!PyArray_Check(mask) || PyArray_TYPE((PyArrayObject *)mask) != NPY_BOOL) {
+            PyErr_SetString(PyExc_TypeError, "key_padding_mask must be a bool numpy.ndarray or None");
+            return -1;
+        }
+        call->mask = (PyArrayObject *)PyArray_FROM_OTF(mask, NPY_BOOL, NPY_ARRAY_IN_ARRAY);
+        if (!call->mask || check_dims(call->mask, "key_padding_mask", 2, (npy_intp[]){B, m}))
+            return -1;
+        att->key_padding_mask = (const uint8_t *)PyArray_DATA(call->mask);
+    }
+    const int causal = PyObject_IsTrue(rest[1]);
+    if (causal < 0)
+        return -1;
+    att->causal = causal;
+    att->dropout_p = PyFloat_AsDouble(rest[2]);
+    if (att->dropout_p == -1.0 && PyErr_Occurred())
+        return -1;
+    if (!(att->dropout_p >= 0.0 && att->dropout_p < 1.0)) {
+        PyErr_Format(PyExc_ValueError, "dropout_p must be in [0, 1), got %R", rest[2]);
+        return -1;
+    }
+    att->seed = PyLong_AsUnsignedLongLong(rest[3]);
+    if (att->seed == (unsigned long long)-1 && PyErr_Occurred()) {
+        PyErr_Format(PyExc_ValueError, "seed must be an int in [0, 2**64), got %R", rest[3]);
+        return -1;
+    }
+    return 0;
+}
+
+/* The engine on a parsed call, the GIL released: the forward into call->out
+ * and call->lse, or (g != NULL) the backward into g and grad_v.  0, or -1
+ * with an exception. */
+static int run_attention(const attention_call *call, const posenc_grads *g, void *grad_v)
+{
+    int status;
+    const int threads = num_threads;
+    void *out = PyArray_DATA(call->out), *lse = PyArray_DATA(call->lse);
+    const void *d_out = g ? PyArray_DATA(call->d_out) : NULL;
+    Py_BEGIN_ALLOW_THREADS
+    if (g)
+        status = posenc_attention_backward(&call->p, &call->att, d_out, out, lse, g, grad_v, threads);
+    else
+        status = posenc_attention_forward(&call->p, &call->att, out, lse, threads);
+    Py_END_ALLOW_THREADS
+    return raise_status(status);
+}
+
+/* attention_forward(config, v, key_padding_mask, causal, dropout_p, seed, out) -> (out, lse). */
+static PyObject *py_attention_forward(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    attention_call call = {{{NULL}}};
+    PyObject *result = NULL;
+    if (check_arity(nargs, 7, "attention_forward(config, v, key_padding_mask, causal, dropout_p, "
+                              "seed, out)") ||
+        parse_attention(&call, args, 0, 1, 2))
+        goto done;
+    const posenc_problem *p = &call.p;
+    const npy_intp dims[4] = {(npy_intp)p->B, (npy_intp)p->H, (npy_intp)p->n, (npy_intp)call.att.dv};
+    if ((call.out = result_or_out(args[6], 4, dims, call.typenum, "(B, H, n, dv)")) &&
+        (call.lse = new_result(3, dims, call.typenum)) && !run_attention(&call, NULL, NULL))
+        result = PyTuple_Pack(2, (PyObject *)call.out, (PyObject *)call.lse);
+done:
+    attention_call_release(&call);
+    return result;
+}
+
+/*
+ * attention_backward(d_out, config, v, out, lse, key_padding_mask, causal,
+ * dropout_p, seed, needs) -> the 9 gradients of backward (ENGINE_GRADS
+ * order, the same rules), then dv (bit 9 of needs).
+ */
+static PyObject *py_attention_backward(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    attention_call call = {{{NULL}}};
+    PyArrayObject *grads[GR_COUNT + 1] = {NULL};
+    PyObject *result = NULL;
+    if (check_arity(nargs, 10, "attention_backward(d_out, config, v, out, lse, key_padding_mask, "
+                               "causal, dropout_p, seed, needs)") ||
+        parse_attention(&call, args, 1, 2, 5))
+        goto done;
+    const unsigned long needs = PyLong_AsUnsignedLongMask(args[9]);
+    if (needs == (unsigned long)-1 && PyErr_Occurred())
+        goto done;
+    const posenc_problem *p = &call.p;
+    const int typenum = call.typenum;
+    const npy_intp dims[4] = {(npy_intp)p->B, (npy_intp)p->H, (npy_intp)p->n, (npy_intp)call.att.dv};
+    if (!(call.d_out = as_float_array(args[0], typenum, "d_out")) ||
+        check_dims(call.d_out, "d_out", 4, dims) ||
+        !(call.out = as_float_array(args[3], typenum, "out")) || check_dims(call.out, "out", 4, dims) ||
+        !(call.lse = as_float_array(args[4], typenum, "lse")) || check_dims(call.lse, "lse", 3, dims))
+        goto done;
+    posenc_grads g;
+    if (new_grads(args[1], &call.a, (unsigned int)(needs & ((1u << GR_COUNT) - 1)), typenum,
+                  grads, &g))
+        goto done;
+    if ((needs >> GR_COUNT & 1) && !(grads[GR_COUNT] = new_result(4, PyArray_DIMS(call.v), typenum)))
+        goto done;
+    if (!run_attention(&call, &g, grads[GR_COUNT] ? PyArray_DATA(grads[GR_COUNT]) : NULL))
+        result = grads_tuple(grads, GR_COUNT + 1);
+done:
+    for (int t = 0; t <= GR_COUNT; ++t)
+        Py_XDECREF(grads[t]);
+    attention_call_release(&call);
+    return result;
+}
