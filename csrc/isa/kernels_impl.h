@@ -213,20 +213,18 @@ static void KNAME(posenc_row_mul)(void *dst_, const void *a_, const void *b_, si
 /*
  * Sums along the diagonals of a block (the scalar table's gradient, T5 and
  * the like): dst[j - r] += src[r * ld + j] for r < rows, j0 <= j < m, dst
- * indexed from j0 - (rows - 1).  A vector of dst is loaded once, gets every
- * row's diagonal slice in row order (a lane outside a row's keys adds 0)
- * and is stored once: a row at a time, each row's stores would be reloaded,
- * shifted by one element, by the next (a store-forwarding stall per row).
+ * indexed from j0 - (rows - 1).  Short rows: a vector of dst is loaded once
+ * per DIAGONAL_ROWS rows, gets each row's diagonal slice in row order (a
+ * lane outside a row's keys adds 0) and is stored once: a row at a time,
+ * each row's stores would be reloaded, shifted by one element, by the next
+ * (a store-forwarding stall per row).
  */
-static void KNAME(posenc_diagonal_sums)(void *dst_, const void *src_, size_t ld, size_t rows,
-                                        size_t j0, size_t m)
+/* The sums of short rows [0, rows), at most DIAGONAL_ROWS of them (see below). */
+static void KNAME(diagonal_sums_rows)(REAL *dst, const REAL *src, size_t ld, size_t rows,
+                                      size_t j0, size_t m)
 {
     /* GROUP vectors of dst at a time: independent chains of additions */
     enum { GROUP = 4 };
-    REAL *dst = (REAL *)dst_;
-    const REAL *src = (const REAL *)src_;
-    if (rows == 0 || j0 >= m)
-        return;
     const ptrdiff_t t_end = (ptrdiff_t)m, first = (ptrdiff_t)j0;
     for (ptrdiff_t t0 = first - (ptrdiff_t)(rows - 1); t0 < t_end; t0 += GROUP * VL) {
         VT acc[GROUP];
@@ -237,21 +235,36 @@ static void KNAME(posenc_diagonal_sums)(void *dst_, const void *src_, size_t ld,
             width[g] = t >= t_end ? 0 : t_end - t < VL ? (size_t)(t_end - t) : VL;
             acc[g] = width[g] == VL ? VLOAD(dst + t) : VLOAD_PART(dst + t, width[g]);
         }
-        /* rows r reach a lane of the group where first <= t0 + r + lane < m */
+        /* rows r reach a lane of the group where first <= t0 + r + lane < m; in
+         * [full_lo, full_hi) every lane of every vector of the group */
         const ptrdiff_t r_lo = first - t0 - (GROUP * VL - 1) > 0 ? first - t0 - (GROUP * VL - 1) : 0;
         const ptrdiff_t r_hi = t_end - t0 < (ptrdiff_t)rows ? t_end - t0 : (ptrdiff_t)rows;
-        for (ptrdiff_t r = r_lo; r < r_hi; ++r) {
+        ptrdiff_t full_lo = first - t0, full_hi = t_end - t0 - GROUP * VL + 1;
+        full_lo = full_lo < r_lo ? r_lo : full_lo > r_hi ? r_hi : full_lo;
+        full_hi = width[GROUP - 1] < VL || full_hi < full_lo ? full_lo : full_hi > r_hi ? r_hi : full_hi;
+#define DIAGONAL_EDGE_ROW(r)                                                                    \
+        do {                                                                                    \
+            _Pragma("GCC unroll 4")                                                             \
+            for (int g = 0; g < GROUP; ++g) {                                                   \
+                const ptrdiff_t j = t0 + g * VL + (r);   /* the key of lane 0 */                \
+                if (width[g] == 0 || j + VL <= first || j >= t_end)                             \
+                    continue;                                                                   \
+                const size_t lo = first > j ? (size_t)(first - j) : 0;                          \
+                const size_t hi = t_end - j < (ptrdiff_t)width[g] ? (size_t)(t_end - j) : width[g]; \
+                acc[g] = VADD(acc[g], VLOAD_RANGE(src + (r) * (ptrdiff_t)ld + j, lo, hi));      \
+            }                                                                                   \
+        } while (0)
+        for (ptrdiff_t r = r_lo; r < full_lo; ++r)
+            DIAGONAL_EDGE_ROW(r);
+        for (ptrdiff_t r = full_lo; r < full_hi; ++r) {
+            const REAL *row = src + r * (ptrdiff_t)ld + t0 + r;
 #pragma GCC unroll 4
-            for (int g = 0; g < GROUP; ++g) {
-                const ptrdiff_t j = t0 + g * VL + r;   /* the key of lane 0 */
-                if (width[g] == 0 || j + VL <= first || j >= t_end)
-                    continue;
-                const size_t lo = first > j ? (size_t)(first - j) : 0;
-                const size_t hi = t_end - j < (ptrdiff_t)width[g] ? (size_t)(t_end - j) : width[g];
-                const REAL *row = src + r * (ptrdiff_t)ld + j;
-                acc[g] = VADD(acc[g], VLOAD_RANGE(row, lo, hi));
-            }
+            for (int g = 0; g < GROUP; ++g)
+                acc[g] = VADD(acc[g], VLOAD(row + g * VL));
         }
+        for (ptrdiff_t r = full_hi; r < r_hi; ++r)
+            DIAGONAL_EDGE_ROW(r);
+#undef DIAGONAL_EDGE_ROW
 #pragma GCC unroll 4
         for (int g = 0; g < GROUP; ++g) {
             if (width[g] == VL)
@@ -261,6 +274,30 @@ static void KNAME(posenc_diagonal_sums)(void *dst_, const void *src_, size_t ld,
         }
     }
 }
+
+/* Rows a time: their slices of src stay in L1 while the vectors of dst sweep them. */
+#define DIAGONAL_ROWS 32
+
+static void KNAME(posenc_diagonal_sums)(void *dst_, const void *src_, size_t ld, size_t rows,
+                                        size_t j0, size_t m)
+{
+    REAL *dst = (REAL *)dst_;
+    const REAL *src = (const REAL *)src_;
+    if (j0 >= m)
+        return;
+    if (m - j0 >= 4 * VL) {
+        /* long rows: a row's stores retire long before the next row reloads
+         * them, and row by row needs no masks */
+        for (size_t r = 0; r < rows; ++r)
+            KNAME(row_apply)(POSENC_ADD, dst + j0 - r, src + r * ld + j0, 1, m - j0);
+        return;
+    }
+    for (size_t r0 = 0; r0 < rows; r0 += DIAGONAL_ROWS)
+        KNAME(diagonal_sums_rows)(dst - r0, src + r0 * ld, ld,
+                                  rows - r0 < DIAGONAL_ROWS ? rows - r0 : DIAGONAL_ROWS, j0, m);
+}
+
+#undef DIAGONAL_ROWS
 
 /*
  * A B panel from rows (BLIS's packing, the row-major case): dst[l * nr + c]
