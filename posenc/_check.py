@@ -1,4 +1,5 @@
-"""`python -m posenc check`: every method x every ISA x dtype against the reference.
+"""`python -m posenc check`: every method x every ISA x dtype, the logits and the
+fused attention, against the reference.
 
 Tolerances (also used by the test suite, see docs/validation.md):
 
@@ -12,6 +13,16 @@ Tolerances (also used by the test suite, see docs/validation.md):
   gradients).  This is the classical bound |fl(sum x) - sum x| <= gamma_depth
   sum |x| with a few rounding steps of slack; it grows with d and the
   magnitudes as the error itself does, so it cannot hide a wrong term.
+
+The fused attention (float32) propagates that bound: with e_i the largest
+logit bound of row i, P the probabilities and D the dropout scale,
+|d out_i| <= (2 e_i + (m + 8) eps32) sum_j P_ij D_ij |v_j| (a softmax turns an
+absolute logit error e into a relative probability error <= 2e); lse gets
+e_i + (m + 8) eps32.  The gradients: dS = P (D dP - delta) carries the
+error E = P (D |dO| |v|^T + |delta|) (2 e + (dv + 8) eps32), which the
+logits' backward carries on linearly, so the bound of a gradient is the
+logits' backward on |inputs| applied to (depth + 8) eps32 |dS| + E; dv's is
+(2 e + (m + 8) eps32) (P D)^T |dO|.  float64 is normwise 1e-12 throughout.
 """
 
 from __future__ import annotations
@@ -31,6 +42,7 @@ EPS32 = float(np.finfo(np.float32).eps)
 @dataclasses.dataclass
 class CheckRow:
     method: str
+    op: str             # "logits" or "attention"
     isa: str
     dtype: str
     fwd_abs: float
@@ -109,19 +121,130 @@ def check_one(method: str, dtype, *, B=2, H=3, n=33, m=17, d=16, shared=False, s
     return fwd_abs, fwd_rel, bwd_abs, bwd_rel, ok, ""
 
 
+ATTENTION_OPTIONS = dict(causal=True, query_offset=3, dropout_p=0.1, seed=5)
+
+
+def _attention_inputs(method, dtype, rng, B, H, n, m, d, shared):
+    args, kwargs = make_inputs(method, B, H, n, m, d, dtype=dtype, rng=rng, shared=shared)
+    v = rng.standard_normal((B, H, m, d + 3)).astype(dtype)        # dv != d
+    mask = np.zeros((B, m), dtype=bool)
+    mask[-1, m // 2:] = True                                        # padding
+    mask[0, :] = B > 1                                              # a fully masked batch row
+    return args, kwargs, v, mask
+
+
+def _attention_bounds(method, args64, kwargs64, v64, mask, d_out64, depth, m, dv):
+    """The float32 bounds of out, lse and every gradient (the module's docstring)."""
+    options = dict(ATTENTION_OPTIONS, key_padding_mask=mask)
+    abs_args, abs_kwargs = _abs_inputs(method, args64, kwargs64)
+    qo = options["query_offset"]
+    logits = reference.__dict__[method](*args64, **kwargs64, query_offset=qo)
+    logit_bound = (depth + 8) * EPS32 * reference.__dict__[method](*abs_args, **abs_kwargs,
+                                                                   query_offset=qo)
+    ref = reference.__dict__[method + "_attention"](*args64[:2], v64, *args64[2:], **kwargs64,
+                                                     **options)
+    masked = np.zeros(logits.shape, dtype=bool)
+    masked |= (np.arange(m)[None, :] > qo + np.arange(logits.shape[2])[:, None])[None, None]
+    masked |= mask[:, None, None, :]
+    with np.errstate(invalid="ignore", over="ignore"):
+        P = np.where(masked | np.isneginf(ref.lse)[..., None], 0.0,
+                     np.exp(logits - np.where(np.isneginf(ref.lse), 0.0, ref.lse)[..., None]))
+    D = reference.attention_dropout_mask(options["seed"], logits.shape,
+                                         options["dropout_p"]) / (1 - options["dropout_p"])
+    PD = P * D
+    e = np.where(masked, 0.0, logit_bound).max(axis=-1, initial=0.0)       # (B, H, n)
+    out_bound = (2 * e + (m + 8) * EPS32)[..., None] * np.einsum("bhij,bhjd->bhid", PD, np.abs(v64))
+    lse_bound = e + (m + 8) * EPS32 * np.maximum(np.abs(ref.lse), 1.0)
+    dP = np.einsum("bhid,bhjd->bhij", d_out64, v64)
+    delta = np.einsum("bhid,bhid->bhi", d_out64, ref.out)
+    d_s = P * (D * dP - delta[..., None])
+    error_s = (P * (D * np.einsum("bhid,bhjd->bhij", np.abs(d_out64), np.abs(v64))
+                    + np.abs(delta)[..., None]) * (2 * e + (dv + 8) * EPS32)[..., None])
+    grad_bounds = reference.__dict__[method + "_backward"](
+        (depth + m + 8) * EPS32 * np.abs(d_s) + error_s, *abs_args, **abs_kwargs, query_offset=qo)
+    v_bound = np.einsum("bhij,bhid->bhjd", (2 * e + (m + 8) * EPS32)[..., None] * PD,
+                        np.abs(d_out64))
+    return ref, out_bound, lse_bound, dict(grad_bounds._asdict(), v=v_bound)
+
+
+def _within(got, ref, bound, dtype):
+    """(max abs error, error measure, ok): normwise for float64, ratio to `bound` (the
+    float32 bound, also in a float64 call) for float32;
+    -inf where the reference has -inf (lse of a fully masked row) must match exactly."""
+    if got.shape != ref.shape:
+        return float("inf"), float("inf"), False
+    infinite = np.isinf(ref)
+    if not np.array_equal(np.isinf(got), infinite) or np.isnan(got).any():
+        return float("inf"), float("inf"), False
+    got, ref = np.where(infinite, 0.0, got), np.where(infinite, 0.0, ref)
+    if got.size == 0:
+        return 0.0, 0.0, True
+    diff = np.abs(got.astype(np.float64) - ref)
+    if np.dtype(dtype) == np.float64:
+        # normwise, against the larger of the result and its terms' magnitude (the
+        # bound / eps32): a gradient that cancels to ~0 by structure -- a softmax row's
+        # dS sums to zero, so a table row every key of a row reads gets ~0 -- is not
+        # measured against its own rounding noise
+        scale = max(float(np.abs(ref).max()), float(np.max(bound)) / EPS32)
+        rel = float(diff.max()) / scale if scale > 0 else float(diff.max())
+        return float(diff.max()), rel, rel <= F64_RTOL
+    ratio = float((diff / (bound + np.finfo(np.float32).tiny)).max())
+    return float(diff.max()), ratio, ratio <= 1.0
+
+
+def check_attention_one(method: str, dtype, *, B=2, H=3, n=33, m=17, d=16, shared=False, seed=0):
+    """The fused attention (causal, padding with a fully masked row, dropout,
+    query_offset, dv != d) of the active ISA against the reference."""
+    import posenc
+
+    rng = np.random.default_rng(seed)
+    args, kwargs, v, mask = _attention_inputs(method, dtype, rng, B, H, n, m, d, shared)
+    d_out = rng.standard_normal((B, H, n, v.shape[-1])).astype(dtype)
+    args64, kwargs64 = _as64(method, args, kwargs)
+    v64, d_out64 = v.astype(np.float64), d_out.astype(np.float64)
+    depth = d + dense_rank(method, args, kwargs)
+    ref, out_bound, lse_bound, grad_bounds = _attention_bounds(
+        method, args64, kwargs64, v64, mask, d_out64, depth, m, v.shape[-1])
+    options = dict(ATTENTION_OPTIONS, key_padding_mask=mask)
+    got = getattr(posenc, method + "_attention")(*args[:2], v, *args[2:], **kwargs, **options)
+    out_abs, out_rel, out_ok = _within(got.out, ref.out, out_bound, dtype)
+    _, lse_rel, lse_ok = _within(got.lse, ref.lse, lse_bound, dtype)
+    grads = getattr(posenc, method + "_attention_backward")(
+        d_out, *args[:2], v, *args[2:], got.out, got.lse, **kwargs, **options)
+    ref_grads = reference.__dict__[method + "_attention_backward"](
+        d_out64, *args64[:2], v64, *args64[2:], ref.out, ref.lse, **kwargs64, **options)
+    bwd_abs = bwd_rel = 0.0
+    bwd_ok = True
+    for field in ref_grads._fields:
+        g, r = getattr(grads, field), getattr(ref_grads, field)
+        if (g is None) != (r is None):
+            return out_abs, out_rel, float("inf"), float("inf"), False, f"{field} missing"
+        if g is None:
+            continue
+        a, rel, ok = _within(g, r, grad_bounds[field], dtype)
+        bwd_abs, bwd_rel, bwd_ok = max(bwd_abs, a), max(bwd_rel, rel), bwd_ok and ok
+    ok = out_ok and lse_ok and bwd_ok and got.out.dtype == np.dtype(dtype)
+    return out_abs, max(out_rel, lse_rel), bwd_abs, bwd_rel, ok, ""
+
+
+OPS = ("logits", "attention")
+
+
 def run_check(methods=METHODS, isas=None, dtypes=("float32", "float64"), progress=None,
-              **shape) -> list:
-    """A CheckRow per method x ISA x dtype; `progress(row)` after each, when given."""
+              ops=OPS, **shape) -> list:
+    """A CheckRow per method x op x ISA x dtype; `progress(row)` after each, when given."""
     isas = list(isas) if isas else list(_C.capabilities())
     previous = _C.get_isa()
     rows = []
     try:
         for method in methods:
-            for isa in isas:
-                _C.set_isa(isa)
-                for dtype in dtypes:
-                    result = check_one(method, np.dtype(dtype), **shape)
-                    rows.append(CheckRow(method, isa, dtype, *result))
+            for op in ops:
+                one = check_one if op == "logits" else check_attention_one
+                for isa in isas:
+                    _C.set_isa(isa)
+                    for dtype in dtypes:
+                        result = one(method, np.dtype(dtype), **shape)
+                        rows.append(CheckRow(method, op, isa, dtype, *result))
                     if progress is not None:
                         progress(rows[-1])
     finally:
@@ -129,13 +252,20 @@ def run_check(methods=METHODS, isas=None, dtypes=("float32", "float64"), progres
     return rows
 
 
+HEADER = ("method", "op", "isa", "dtype", "fwd max abs", "fwd err", "bwd max abs", "bwd err",
+          "result")
+
+
+def table_rows(rows) -> list:
+    """The rows as the table's cells (text and HTML show the same)."""
+    return [(r.method, r.op, r.isa, r.dtype, f"{r.fwd_abs:.2e}", f"{r.fwd_rel:.2e}",
+             f"{r.bwd_abs:.2e}", f"{r.bwd_rel:.2e}",
+             ("PASS" if r.ok else "FAIL") + (f" ({r.note})" if r.note else "")) for r in rows]
+
+
 def format_table(rows) -> str:
-    header = ("method", "isa", "dtype", "fwd max abs", "fwd err", "bwd max abs", "bwd err", "result")
-    lines = [header]
-    for r in rows:
-        lines.append((r.method, r.isa, r.dtype, f"{r.fwd_abs:.2e}", f"{r.fwd_rel:.2e}",
-                      f"{r.bwd_abs:.2e}", f"{r.bwd_rel:.2e}",
-                      ("PASS" if r.ok else "FAIL") + (f" ({r.note})" if r.note else "")))
+    header = HEADER
+    lines = [header] + table_rows(rows)
     widths = [max(len(str(line[c])) for line in lines) for c in range(len(header))]
     out = []
     for t, line in enumerate(lines):

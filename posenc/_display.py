@@ -150,7 +150,8 @@ class Progress:
 
 _LEGEND = ("err: float64 = max|posenc - reference| / max|reference| (limit {rtol:g}); "
            "float32 = max |posenc - reference| / bound, bound = (depth + 8) eps32 x "
-           "(method on |inputs|) (limit 1)")
+           "(method on |inputs|), carried through the softmax for the attention "
+           "(docs/validation.md) (limit 1)")
 
 
 class CheckResult:
@@ -174,7 +175,8 @@ class CheckResult:
         import posenc
 
         s = self.shape
-        return (f"posenc {posenc.__version__} check: every method x ISA x dtype against "
+        return (f"posenc {posenc.__version__} check: every method x ISA x dtype, logits and "
+                f"fused attention, against "
                 f"posenc.reference (B={s['B']} H={s['H']} n={s['n']} m={s['m']} d={s['d']}"
                 f"{' shared parameters' if s['shared'] else ''}, seed {s['seed']})")
 
@@ -182,7 +184,8 @@ class CheckResult:
     def summary(self) -> str:
         return (f"{len(self.rows) - len(self.failed)} passed, {len(self.failed)} failed "
                 f"({len(self.methods)} methods x {len(self.isas)} ISAs x {len(self.dtypes)} "
-                f"dtypes, forward and backward) in {self.seconds:.1f} s")
+                f"dtypes x logits and fused attention, forward and backward) in "
+                f"{self.seconds:.1f} s")
 
     def __repr__(self) -> str:
         from ._check import F64_RTOL, format_table
@@ -191,14 +194,10 @@ class CheckResult:
                           _LEGEND.format(rtol=F64_RTOL), self.summary))
 
     def _repr_html_(self) -> str:
-        from ._check import F64_RTOL
+        from ._check import F64_RTOL, HEADER, table_rows
 
-        header = ("method", "isa", "dtype", "fwd max abs", "fwd err", "bwd max abs", "bwd err",
-                  "result")
-        rows = [(r.method, r.isa, r.dtype, f"{r.fwd_abs:.2e}", f"{r.fwd_rel:.2e}",
-                 f"{r.bwd_abs:.2e}", f"{r.bwd_rel:.2e}",
-                 ("PASS" if r.ok else "FAIL") + (f" ({r.note})" if r.note else ""))
-                for r in self.rows]
+
+        header, rows = HEADER, table_rows(self.rows)
         styles = ["color:green" if r.ok else "color:red;font-weight:bold" for r in self.rows]
         return _html_table(header, rows, caption=self.header, styles=styles,
                            footer=f"{self.summary}. {_LEGEND.format(rtol=F64_RTOL)}")
@@ -232,7 +231,7 @@ def check(methods=None, isas=None, *, dtypes=("float32", "float64"), B: int = 2,
                              f"{', '.join(posenc.capabilities())}")
     shape = dict(B=B, H=H, n=n, m=m, d=d, shared=shared, seed=seed)
     start = time.perf_counter()
-    total = len(methods) * len(isas) * len(dtypes)
+    total = len(methods) * len(isas) * len(dtypes) * len(_check.OPS)
     with Progress(total, "posenc check", progress) as bar:
         rows = _check.run_check(methods, isas, dtypes, **shape,
                                 progress=lambda row: bar.update(f"{row.method} {row.isa}"))

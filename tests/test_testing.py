@@ -309,12 +309,12 @@ def test_info_is_the_command_line_text():
 
 def test_check_result():
     result = posenc.check(["t5", "diet_abs"], "scalar", n=9, m=7, d=5, progress=False)
-    assert result.passed and len(result.rows) == 4 and not result.failed
+    assert result.passed and len(result.rows) == 8 and not result.failed     # logits, attention
     text = repr(result)
     assert text.splitlines()[0].endswith("(B=2 H=3 n=9 m=7 d=5, seed 0)")
-    assert text.splitlines()[-1].startswith("4 passed, 0 failed (2 methods x 1 ISAs x 2 dtypes")
+    assert text.splitlines()[-1].startswith("8 passed, 0 failed (2 methods x 1 ISAs x 2 dtypes")
     page = result._repr_html_()
-    assert page.count("PASS") == 4 and "<caption" in page
+    assert page.count("PASS") == 8 and "<caption" in page
     with pytest.raises(ValueError, match="unknown method"):
         posenc.check("rope")
     with pytest.raises(ValueError, match="not available here"):

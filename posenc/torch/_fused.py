@@ -14,13 +14,8 @@ from __future__ import annotations
 from .._registry import METHODS, REGISTRY, SHAPES, attention_doc
 from .._signatures import define
 from . import native
-from .. import _methods
 from . import _fused_ops
 from ._common import on_c_kernels, require_tensors
-
-# TRANSITION: the fused C kernels are being written; until posenc._methods has
-# them, CPU tensors take the native formula too.
-_C_ATTENTION = hasattr(_methods, "attention_forward")
 
 __all__ = [method + "_attention" for method in METHODS]
 
@@ -37,7 +32,7 @@ def _fused(method: str):
         v, causal, key_padding_mask = attention[:3]
         require_tensors(spec.tensors + ("v", "key_padding_mask"),
                         tensors + (v, key_padding_mask), spec.optional | {"key_padding_mask"})
-        if on_c_kernels(tensors) and _C_ATTENTION:
+        if on_c_kernels(tensors):
             return _fused_ops.fused_attention(method, tensors, params, attention)
         return native.attention(method, tensors, params, attention)
 

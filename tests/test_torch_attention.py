@@ -1,0 +1,156 @@
+"""posenc.torch.<m>_attention: the fused C attention in autograd and its
+native formula, against posenc.reference (forward and every gradient), float64
+gradcheck, torch.compile(fullgraph=True) equal to eager, and the attention
+layer (causal, masks, KV cache) on the fused path."""
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import posenc.reference as ref  # noqa: E402
+import posenc.torch as pt  # noqa: E402
+from posenc._examples import float_inputs, make_inputs  # noqa: E402
+from posenc._registry import METHODS  # noqa: E402
+from posenc.torch import nn as pnn  # noqa: E402
+
+B, H, N, M, D, DV = 2, 2, 5, 6, 3, 4
+PATHS = ("c", "native")
+OPTIONS = dict(causal=True, query_offset=1, dropout_p=0.25, seed=11)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    import posenc
+    threads = posenc.get_num_threads(), torch.get_num_threads()
+    posenc.set_num_threads(1)
+    torch.set_num_threads(1)
+    yield
+    posenc.set_num_threads(threads[0])
+    torch.set_num_threads(threads[1])
+
+
+def _inputs(method, rng, dtype=torch.float64):
+    args, kwargs = make_inputs(method, B, H, N, M, D, rng=rng)
+    v = rng.standard_normal((B, H, M, DV))
+    mask = np.zeros((B, M), dtype=bool)
+    mask[1, -2:] = True
+    tensor = lambda x: torch.from_numpy(x).to(dtype) if x.dtype.kind == "f" else torch.from_numpy(x)
+    targs = [tensor(a).requires_grad_() for a in args]
+    tkw = {k: tensor(x).requires_grad_(x.dtype.kind == "f") if isinstance(x, np.ndarray) else x
+           for k, x in kwargs.items()}
+    tv = tensor(v).requires_grad_()
+    return (args, kwargs, v, mask), (targs, tkw, tv, torch.from_numpy(mask))
+
+
+def _run(path, method, targs, tkw, tv, tmask, **options):
+    with pt.use_native(path == "native"):
+        return getattr(pt, method + "_attention")(*targs[:2], tv, *targs[2:], **tkw,
+                                                  key_padding_mask=tmask, **options)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("method", METHODS)
+def test_matches_reference(method, path, dtype, rng):
+    (args, kwargs, v, mask), (targs, tkw, tv, tmask) = _inputs(method, rng, dtype)
+    got = _run(path, method, targs, tkw, tv, tmask, **OPTIONS)
+    want = getattr(ref, method + "_attention")(*args[:2], v, *args[2:], **kwargs,
+                                                key_padding_mask=mask, **OPTIONS)
+    tol = 1e-12 if dtype == torch.float64 else 3e-5
+    np.testing.assert_allclose(got.out.detach().numpy(), want.out, rtol=tol, atol=tol)
+    np.testing.assert_allclose(got.lse.detach().numpy(), want.lse, rtol=tol, atol=tol)
+    d_out = rng.standard_normal(want.out.shape)
+    floats = {**float_inputs(method, targs, tkw), "v": tv}
+    grads = torch.autograd.grad(got.out, list(floats.values()), torch.from_numpy(d_out).to(dtype))
+    want_grads = getattr(ref, method + "_attention_backward")(
+        d_out, *args[:2], v, *args[2:], want.out, want.lse, **kwargs, key_padding_mask=mask,
+        **OPTIONS)
+    for name, grad in zip(floats, grads):
+        np.testing.assert_allclose(grad.numpy(), getattr(want_grads, name), rtol=10 * tol,
+                                   atol=10 * tol, err_msg=f"{method} {path} {name}")
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_gradcheck_c_path(method, rng):
+    (_, _, _, _), (targs, tkw, tv, tmask) = _inputs(method, rng)
+    floats = {**float_inputs(method, targs, tkw), "v": tv}
+    names = list(floats)
+
+    def call(*values):
+        bound = dict(zip(names, values))
+        args = [bound[name] for name in names[:len(targs)]]     # the positional floats
+        kw = {k: bound.get(k, x) for k, x in tkw.items()}
+        return _run("c", method, args, kw, bound["v"], tmask, **OPTIONS).out
+
+    assert torch.autograd.gradcheck(call, tuple(floats.values()), eps=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("method", ["content", "t5", "deberta", "tupe"])
+def test_compile_fullgraph_equals_eager(method, rng):
+    (_, _, _, _), (targs, tkw, tv, tmask) = _inputs(method, rng)
+    options = dict(causal=True, dropout_p=0.0)
+
+    def f(q, k, v):
+        return getattr(pt, method + "_attention")(q, k, v, *targs[2:], **tkw,
+                                                  key_padding_mask=tmask, **options).out.sum()
+
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
+    q, k = targs[0].detach().requires_grad_(), targs[1].detach().requires_grad_()
+    v = tv.detach().requires_grad_()
+    eager = f(q, k, v)
+    eager_grads = torch.autograd.grad(eager, (q, k, v))
+    got = compiled(q, k, v)
+    got_grads = torch.autograd.grad(got, (q, k, v))
+    torch.testing.assert_close(got, eager, rtol=1e-12, atol=1e-12)
+    for a, b in zip(got_grads, eager_grads):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+ENCODINGS = {
+    "content": lambda: None, "t5": lambda: pnn.T5RelativeBias(H, 8, 16),
+    "shaw": lambda: pnn.ShawRelative(H, 4, 3), "m2": lambda: pnn.M2Relative(H, 3),
+    "m4": lambda: pnn.M4Relative(H, 4, 3), "m4m": lambda: pnn.M4MRelative(H, 4, 3),
+    "deberta": lambda: pnn.DebertaRelative(8, H, max_relative_positions=6),
+    "tupe": lambda: pnn.TUPE(8, H, 12, relative=True),
+    "diet_abs": lambda: pnn.DIETAbs(H, 12, 3, num_segments=2),
+    "diet_rel": lambda: pnn.DIETRel(H, 3, num_segments=2),
+}
+
+
+@pytest.mark.parametrize("name", list(ENCODINGS))
+def test_attention_layer_fused_cached_and_logits_paths_agree(name):
+    """The layer on the fused C path equals its logits path (masks, causal), and a
+    KV-cached decode, one token at a time, equals the full causal pass."""
+    torch.manual_seed(0)
+    layer = pnn.PositionalSelfAttention(8, H, ENCODINGS[name](), causal=True).double().eval()
+    x = torch.randn(2, 7, 8, dtype=torch.float64)
+    mask = torch.zeros(2, 7, dtype=torch.bool)
+    mask[1, -2:] = True
+    segments = torch.zeros(2, 7, dtype=torch.long)
+    segments[:, 4:] = 1
+    fused = layer(x, key_padding_mask=mask, segment_ids=segments)
+    layer.fused = False
+    plain = layer(x, key_padding_mask=mask, segment_ids=segments)
+    layer.fused = True
+    torch.testing.assert_close(fused, plain, rtol=1e-12, atol=1e-12)
+    outs, cache = [], None
+    for start, stop in ((0, 4), (4, 5), (5, 6), (6, 7)):
+        out, cache = layer(x[:, start:stop], key_padding_mask=mask[:, :stop],
+                           segment_ids=segments[:, start:stop], past_key_value=cache,
+                           use_cache=True)
+        outs.append(out)
+    torch.testing.assert_close(torch.cat(outs, 1), fused, rtol=1e-12, atol=1e-12)
+
+
+def test_attention_layer_masks_and_gradgradcheck():
+    torch.manual_seed(0)
+    layer = pnn.PositionalSelfAttention(8, H, pnn.T5RelativeBias(H, 8, 16)).double()
+    x = torch.randn(1, 5, 8, dtype=torch.float64, requires_grad=True)
+    additive = torch.randn(5, 5, dtype=torch.float64)
+    boolean = torch.rand(5, 5) > 0.7
+    boolean[:, 0] = False
+    for attn_mask in (additive, boolean):
+        out = layer(x, attn_mask=attn_mask)
+        assert out.shape == (1, 5, 8) and not torch.isnan(out).any()
+    assert torch.autograd.gradgradcheck(lambda x: layer(x, causal=True), (x,), atol=1e-5)
