@@ -412,24 +412,21 @@ static void KNAME(posenc_store_fence)(void)
 
 const posenc_kernels KNAME(posenc_kernels) = {
     .name = ISA_STRING,
-    .mr = MR,
-    .nr = NR,
-    .kc = KC,
-    .key_block = KEY_BLOCK,
-    .ukr = KNAME(posenc_ukr),
-    .nr_narrow = VL,
-    .ukr_narrow = KNAME(posenc_ukr_narrow),
-    .row_gather = KNAME(posenc_row_gather),
-    .row_scatter_add = KNAME(posenc_row_scatter_add),
-    .row_mul = KNAME(posenc_row_mul),
-    .diagonal_sums = KNAME(posenc_diagonal_sums),
+    /* the GEMMs: the microkernels with their blocks, and B's packing */
+    .mr = MR, .nr = NR, .nr_narrow = VL, .kc = KC,
+    .ukr = KNAME(posenc_ukr), .ukr_narrow = KNAME(posenc_ukr_narrow),
     .pack_rows = KNAME(posenc_pack_rows),
+    /* rows of the positional terms and their gradients */
+    .row_gather = KNAME(posenc_row_gather), .row_scatter_add = KNAME(posenc_row_scatter_add),
+    .row_mul = KNAME(posenc_row_mul), .diagonal_sums = KNAME(posenc_diagonal_sums),
+    /* the vector tables' tiles, keys in blocks */
+    .key_block = KEY_BLOCK,
     .tile_gather_key = KNAME(posenc_tile_gather_key),
     .tile_scatter_key = KNAME(posenc_tile_scatter_key),
     .tile_gather_query = KNAME(posenc_tile_gather_query),
+    /* the fused attention's softmax rows */
+    .row_max = KNAME(posenc_row_max), .row_exp = KNAME(posenc_row_exp),
     .store_fence = KNAME(posenc_store_fence),
-    .row_max = KNAME(posenc_row_max),
-    .row_exp = KNAME(posenc_row_exp),
 };
 
 #undef NR

@@ -1,0 +1,277 @@
+/*
+ * module_config.h -- posenc._C's reading of an EngineConfig
+ * (posenc/_engine.py) into a posenc_problem: each array converted once
+ * (aligned, native, C-contiguous: STYLE.md 6), shapes checked, then the one
+ * posenc_validate of a call, so the engine can never read out of bounds.
+ * Included by module.c (one translation unit: the binding).
+ */
+
+/*
+ * The fields of an EngineConfig (posenc/_engine.py), in its order: the
+ * binding reads any tuple of exactly CF_COUNT items positionally.
+ */
+enum {
+    CF_Q, CF_K, CF_PRODUCT, CF_SCALE, CF_POS_Q, CF_POS_K, CF_DENSE_SCALE, CF_TABLE, CF_TABLE_MAP,
+    CF_QUERY_TABLE, CF_QUERY_MAP, CF_KEY_TABLE, CF_KEY_MAP, CF_VECTOR_SCALE, CF_SEGMENT_Q,
+    CF_SEGMENT_K, CF_SEGMENT_TABLE, CF_THETA, CF_QUERY_OFFSET, CF_COUNT
+};
+
+static const char *const config_names[CF_COUNT] = {
+    "q", "k", "product", "scale", "pos_q", "pos_k", "dense_scale", "table", "table_map",
+    "query_table", "query_map", "key_table", "key_map", "vector_scale", "segment_q", "segment_k",
+    "segment_table", "theta", "query_offset"};
+
+/* Gradient outputs, in the order backward returns them (_engine.ENGINE_GRADS). */
+enum { GR_Q, GR_K, GR_POS_Q, GR_POS_K, GR_TABLE, GR_QUERY_TABLE, GR_KEY_TABLE, GR_SEGMENT_TABLE,
+       GR_THETA, GR_COUNT };
+
+/* The config field each gradient is shaped like. */
+static const int grad_source[GR_COUNT] = {CF_Q, CF_K, CF_POS_Q, CF_POS_K, CF_TABLE,
+                                          CF_QUERY_TABLE, CF_KEY_TABLE, CF_SEGMENT_TABLE, CF_THETA};
+
+/* Every array a call converts (one per config field), released on the one exit path. */
+typedef struct {
+    PyArrayObject *arr[CF_COUNT];
+} converted;
+
+static void release(converted *a)
+{
+    for (int t = 0; t < CF_COUNT; ++t)
+        Py_XDECREF(a->arr[t]);
+}
+
+/* An aligned, native-endian, C-contiguous array of `typenum` (STYLE.md 6):
+ * obj itself when it already is one (the common case, no call into NumPy's
+ * converter), else a copy.  NULL with an exception. */
+static PyArrayObject *as_float_array(PyObject *obj, int typenum, const char *name)
+{
+    if (!PyArray_Check(obj)) {
+        PyErr_Format(PyExc_TypeError, "%s must be a numpy.ndarray, got %s", name,
+                     Py_TYPE(obj)->tp_name);
+        return NULL;
+    }
+    PyArrayObject *arr = (PyArrayObject *)obj;
+    if (PyArray_TYPE(arr) != typenum) {
+        PyErr_Format(PyExc_TypeError, "%s must have dtype %s like q", name,
+                     typenum == NPY_FLOAT ? "float32" : "float64");
+        return NULL;
+    }
+    if (PyArray_ISCARRAY_RO(arr) && PyArray_ISNOTSWAPPED(arr)) {
+        Py_INCREF(obj);
+        return arr;
+    }
+    return (PyArrayObject *)PyArray_FROM_OTF(obj, typenum, NPY_ARRAY_IN_ARRAY);
+}
+
+/* Bucket maps and segment ids: any integer dtype, as int64 (the values are
+ * range-checked by posenc_validate). */
+static PyArrayObject *as_index_array(PyObject *obj, const char *name)
+{
+    if (!PyArray_Check(obj) || !PyArray_ISINTEGER((PyArrayObject *)obj)) {
+        PyErr_Format(PyExc_TypeError, "%s must be an integer numpy.ndarray", name);
+        return NULL;
+    }
+    PyArrayObject *arr = (PyArrayObject *)obj;
+    if (PyArray_TYPE(arr) == NPY_INT64 && PyArray_ISCARRAY_RO(arr) && PyArray_ISNOTSWAPPED(arr)) {
+        Py_INCREF(obj);
+        return arr;
+    }
+    return (PyArrayObject *)PyArray_FROM_OTF(obj, NPY_INT64, NPY_ARRAY_IN_ARRAY | NPY_ARRAY_FORCECAST);
+}
+
+/* arr has ndim dimensions, each equal to want[t] where want[t] >= 0. */
+static int check_dims(PyArrayObject *arr, const char *name, int ndim, const npy_intp *want)
+{
+    if (PyArray_NDIM(arr) == ndim) {
+        int t = 0;
+        while (t < ndim && (want[t] < 0 || PyArray_DIM(arr, t) == want[t]))
+            ++t;
+        if (t == ndim)
+            return 0;
+    }
+    PyErr_Format(PyExc_ValueError, "%s has an inconsistent shape (%d dimensions)", name,
+                 PyArray_NDIM(arr));
+    return -1;
+}
+
+/* query_offset: an int >= 0. */
+static int read_size(PyObject *config, int field, size_t *value)
+{
+    PyObject *obj = PyTuple_GET_ITEM(config, field);
+    if (!PyLong_Check(obj)) {
+        PyErr_Format(PyExc_TypeError, "%s must be an int", config_names[field]);
+        return -1;
+    }
+    const Py_ssize_t v = PyLong_AsSsize_t(obj);
+    if (v < 0) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_ValueError, "%s must be an int >= 0", config_names[field]);
+        return -1;
+    }
+    *value = (size_t)v;
+    return 0;
+}
+
+static int read_double(PyObject *config, int field, double *value)
+{
+    *value = PyFloat_AsDouble(PyTuple_GET_ITEM(config, field));
+    if (*value == -1.0 && PyErr_Occurred()) {
+        PyErr_Format(PyExc_TypeError, "%s must be a float", config_names[field]);
+        return -1;
+    }
+    return 0;
+}
+
+#define DATA(field) ((const void *)PyArray_DATA(a->arr[field]))
+#define DIM(field, t) ((size_t)PyArray_DIM(a->arr[field], (t)))
+
+/*
+ * Convert every field of `config` and fill the problem, then validate it:
+ * the one validation of a call.  0, or -1 with an exception.
+ */
+static int build_problem(PyObject *config, converted *a, posenc_problem *p)
+{
+    memset(p, 0, sizeof *p);
+    if (!PyTuple_Check(config) || PyTuple_GET_SIZE(config) != CF_COUNT) {
+        PyErr_Format(PyExc_TypeError, "config must be an EngineConfig (a tuple of %d items)",
+                     (int)CF_COUNT);
+        return -1;
+    }
+    PyObject *q = PyTuple_GET_ITEM(config, CF_Q);
+    if (!PyArray_Check(q)) {
+        PyErr_SetString(PyExc_TypeError, "q must be a numpy.ndarray");
+        return -1;
+    }
+    const int typenum = PyArray_TYPE((PyArrayObject *)q);
+    if (typenum != NPY_FLOAT && typenum != NPY_DOUBLE) {
+        PyErr_SetString(PyExc_TypeError, "q must have dtype float32 or float64");
+        return -1;
+    }
+    static const int index_fields[] = {CF_TABLE_MAP, CF_QUERY_MAP, CF_KEY_MAP, CF_SEGMENT_Q,
+                                       CF_SEGMENT_K};
+    static const int float_fields[] = {CF_Q, CF_K, CF_POS_Q, CF_POS_K, CF_TABLE, CF_QUERY_TABLE,
+                                       CF_KEY_TABLE, CF_SEGMENT_TABLE, CF_THETA};
+    for (size_t t = 0; t < sizeof float_fields / sizeof float_fields[0]; ++t) {
+        const int field = float_fields[t];
+        PyObject *obj = PyTuple_GET_ITEM(config, field);
+        if (obj != Py_None && !(a->arr[field] = as_float_array(obj, typenum, config_names[field])))
+            return -1;
+    }
+    for (size_t t = 0; t < sizeof index_fields / sizeof index_fields[0]; ++t) {
+        const int field = index_fields[t];
+        PyObject *obj = PyTuple_GET_ITEM(config, field);
+        if (obj != Py_None && !(a->arr[field] = as_index_array(obj, config_names[field])))
+            return -1;
+    }
+    int product = PyObject_IsTrue(PyTuple_GET_ITEM(config, CF_PRODUCT));
+    if (product < 0 || read_double(config, CF_SCALE, &p->scale) ||
+        read_double(config, CF_DENSE_SCALE, &p->dense_scale) ||
+        read_double(config, CF_VECTOR_SCALE, &p->vector_scale) ||
+        read_size(config, CF_QUERY_OFFSET, &p->query_offset))
+        return -1;
+    if (!a->arr[CF_K]) {
+        PyErr_SetString(PyExc_TypeError, "k is required");
+        return -1;
+    }
+
+    const npy_intp any = -1;
+    if (check_dims(a->arr[CF_Q], "q", 4, (npy_intp[]){any, any, any, any}))
+        return -1;
+    const npy_intp B = PyArray_DIM(a->arr[CF_Q], 0), H = PyArray_DIM(a->arr[CF_Q], 1);
+    const npy_intp n = PyArray_DIM(a->arr[CF_Q], 2), d = PyArray_DIM(a->arr[CF_Q], 3);
+    if (check_dims(a->arr[CF_K], "k", 4, (npy_intp[]){B, H, any, d}))
+        return -1;
+    const npy_intp m = PyArray_DIM(a->arr[CF_K], 2);
+    const npy_intp offsets = (n > 0 && m > 0) ? n + m - 1 : 0;
+    if (a->arr[CF_POS_Q] || a->arr[CF_POS_K]) {
+        if (!a->arr[CF_POS_Q] || !a->arr[CF_POS_K]) {
+            PyErr_SetString(PyExc_ValueError, "pos_q and pos_k come together");
+            return -1;
+        }
+        if (check_dims(a->arr[CF_POS_Q], "pos_q", 3, (npy_intp[]){any, n, any}))
+            return -1;
+        const npy_intp dp = PyArray_DIM(a->arr[CF_POS_Q], 2);
+        if (check_dims(a->arr[CF_POS_K], "pos_k", 3, (npy_intp[]){any, m, dp}))
+            return -1;
+        p->pos_q = DATA(CF_POS_Q);
+        p->pos_k = DATA(CF_POS_K);
+        p->pos_q_heads = DIM(CF_POS_Q, 0);
+        p->pos_k_heads = DIM(CF_POS_K, 0);
+        p->d_p = (size_t)dp;
+    }
+    /* tables with their maps */
+    static const struct { int table, map, ndim; } tables[3] = {
+        {CF_TABLE, CF_TABLE_MAP, 2}, {CF_QUERY_TABLE, CF_QUERY_MAP, 3}, {CF_KEY_TABLE, CF_KEY_MAP, 3}};
+    for (int t = 0; t < 3; ++t) {
+        const int table = tables[t].table, map = tables[t].map;
+        if (!a->arr[table])
+            continue;
+        if (!a->arr[map]) {
+            PyErr_Format(PyExc_ValueError, "%s needs %s", config_names[table], config_names[map]);
+            return -1;
+        }
+        if (check_dims(a->arr[table], config_names[table], tables[t].ndim, (npy_intp[]){any, any, d}) ||
+            check_dims(a->arr[map], config_names[map], 1, (npy_intp[]){offsets}))
+            return -1;
+    }
+    if (a->arr[CF_TABLE]) {
+        p->table = DATA(CF_TABLE);
+        p->table_heads = DIM(CF_TABLE, 0);
+        p->table_rows = DIM(CF_TABLE, 1);
+        p->table_map = (const int64_t *)DATA(CF_TABLE_MAP);
+    }
+    if (a->arr[CF_QUERY_TABLE]) {
+        p->query_table = DATA(CF_QUERY_TABLE);
+        p->query_table_heads = DIM(CF_QUERY_TABLE, 0);
+        p->query_table_rows = DIM(CF_QUERY_TABLE, 1);
+        p->query_map = (const int64_t *)DATA(CF_QUERY_MAP);
+    }
+    if (a->arr[CF_KEY_TABLE]) {
+        p->key_table = DATA(CF_KEY_TABLE);
+        p->key_table_heads = DIM(CF_KEY_TABLE, 0);
+        p->key_table_rows = DIM(CF_KEY_TABLE, 1);
+        p->key_map = (const int64_t *)DATA(CF_KEY_MAP);
+    }
+    if (a->arr[CF_SEGMENT_TABLE] || a->arr[CF_SEGMENT_Q] || a->arr[CF_SEGMENT_K]) {
+        if (!a->arr[CF_SEGMENT_TABLE] || !a->arr[CF_SEGMENT_Q] || !a->arr[CF_SEGMENT_K]) {
+            PyErr_SetString(PyExc_ValueError, "segment_q, segment_k and segment_table come together");
+            return -1;
+        }
+        if (check_dims(a->arr[CF_SEGMENT_TABLE], "segment_table", 3, (npy_intp[]){any, any, any}))
+            return -1;
+        const npy_intp S = PyArray_DIM(a->arr[CF_SEGMENT_TABLE], 1);
+        if (check_dims(a->arr[CF_SEGMENT_TABLE], "segment_table", 3, (npy_intp[]){any, S, S}) ||
+            check_dims(a->arr[CF_SEGMENT_Q], "segment_q", 2, (npy_intp[]){B, n}) ||
+            check_dims(a->arr[CF_SEGMENT_K], "segment_k", 2, (npy_intp[]){B, m}))
+            return -1;
+        p->segment_table = DATA(CF_SEGMENT_TABLE);
+        p->segment_q = (const int64_t *)DATA(CF_SEGMENT_Q);
+        p->segment_k = (const int64_t *)DATA(CF_SEGMENT_K);
+        p->segment_table_heads = DIM(CF_SEGMENT_TABLE, 0);
+        p->n_segments = (size_t)S;
+    }
+    if (a->arr[CF_THETA]) {
+        if (check_dims(a->arr[CF_THETA], "theta", 2, (npy_intp[]){any, 2}))
+            return -1;
+        p->theta = DATA(CF_THETA);
+        p->theta_heads = DIM(CF_THETA, 0);
+    }
+    p->dtype = typenum == NPY_FLOAT ? POSENC_F32 : POSENC_F64;
+    p->product = product;
+    p->B = (size_t)B;
+    p->H = (size_t)H;
+    p->n = (size_t)n;
+    p->m = (size_t)m;
+    p->d = (size_t)d;
+    p->q = DATA(CF_Q);
+    p->k = DATA(CF_K);
+    const char *why = NULL;
+    if (posenc_validate(p, &why) != POSENC_OK) {
+        PyErr_Format(PyExc_ValueError, "inconsistent problem: %s", why);
+        return -1;
+    }
+    return 0;
+}
+
+#undef DATA
+#undef DIM
