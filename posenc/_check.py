@@ -133,9 +133,15 @@ def _attention_inputs(method, dtype, rng, B, H, n, m, d, shared):
     return args, kwargs, v, mask
 
 
-def _attention_bounds(method, args64, kwargs64, v64, mask, d_out64, depth, m, dv):
-    """The float32 bounds of out, lse and every gradient (the module's docstring)."""
-    options = dict(ATTENTION_OPTIONS, key_padding_mask=mask)
+def attention_bounds(method, args64, kwargs64, v64, options: dict, d_out64=None):
+    """(reference Attention, out bound, lse bound, {field: gradient bound} or None):
+    the float32 bounds of the module's docstring, for the attention keywords
+    `options` (causal, key_padding_mask, query_offset, dropout_p, seed)."""
+    options = dict(dict(causal=False, key_padding_mask=None, query_offset=0, dropout_p=0.0,
+                        seed=0), **options)
+    mask = options["key_padding_mask"]
+    m, dv = v64.shape[2], v64.shape[3]
+    depth = args64[0].shape[-1] + dense_rank(method, args64, kwargs64)
     abs_args, abs_kwargs = _abs_inputs(method, args64, kwargs64)
     qo = options["query_offset"]
     logits = reference.__dict__[method](*args64, **kwargs64, query_offset=qo)
@@ -144,8 +150,10 @@ def _attention_bounds(method, args64, kwargs64, v64, mask, d_out64, depth, m, dv
     ref = reference.__dict__[method + "_attention"](*args64[:2], v64, *args64[2:], **kwargs64,
                                                      **options)
     masked = np.zeros(logits.shape, dtype=bool)
-    masked |= (np.arange(m)[None, :] > qo + np.arange(logits.shape[2])[:, None])[None, None]
-    masked |= mask[:, None, None, :]
+    if options["causal"]:
+        masked |= (np.arange(m)[None, :] > qo + np.arange(logits.shape[2])[:, None])[None, None]
+    if mask is not None:
+        masked |= mask[:, None, None, :]
     with np.errstate(invalid="ignore", over="ignore"):
         P = np.where(masked | np.isneginf(ref.lse)[..., None], 0.0,
                      np.exp(logits - np.where(np.isneginf(ref.lse), 0.0, ref.lse)[..., None]))
@@ -155,6 +163,8 @@ def _attention_bounds(method, args64, kwargs64, v64, mask, d_out64, depth, m, dv
     e = np.where(masked, 0.0, logit_bound).max(axis=-1, initial=0.0)       # (B, H, n)
     out_bound = (2 * e + (m + 8) * EPS32)[..., None] * np.einsum("bhij,bhjd->bhid", PD, np.abs(v64))
     lse_bound = e + (m + 8) * EPS32 * np.maximum(np.abs(ref.lse), 1.0)
+    if d_out64 is None:
+        return ref, out_bound, lse_bound, None
     dP = np.einsum("bhid,bhjd->bhij", d_out64, v64)
     delta = np.einsum("bhid,bhid->bhi", d_out64, ref.out)
     d_s = P * (D * dP - delta[..., None])
@@ -167,7 +177,7 @@ def _attention_bounds(method, args64, kwargs64, v64, mask, d_out64, depth, m, dv
     return ref, out_bound, lse_bound, dict(grad_bounds._asdict(), v=v_bound)
 
 
-def _within(got, ref, bound, dtype):
+def within(got, ref, bound, dtype):
     """(max abs error, error measure, ok): normwise for float64, ratio to `bound` (the
     float32 bound, also in a float64 call) for float32;
     -inf where the reference has -inf (lse of a fully masked row) must match exactly."""
@@ -202,13 +212,12 @@ def check_attention_one(method: str, dtype, *, B=2, H=3, n=33, m=17, d=16, share
     d_out = rng.standard_normal((B, H, n, v.shape[-1])).astype(dtype)
     args64, kwargs64 = _as64(method, args, kwargs)
     v64, d_out64 = v.astype(np.float64), d_out.astype(np.float64)
-    depth = d + dense_rank(method, args, kwargs)
-    ref, out_bound, lse_bound, grad_bounds = _attention_bounds(
-        method, args64, kwargs64, v64, mask, d_out64, depth, m, v.shape[-1])
     options = dict(ATTENTION_OPTIONS, key_padding_mask=mask)
+    ref, out_bound, lse_bound, grad_bounds = attention_bounds(method, args64, kwargs64, v64,
+                                                              options, d_out64)
     got = getattr(posenc, method + "_attention")(*args[:2], v, *args[2:], **kwargs, **options)
-    out_abs, out_rel, out_ok = _within(got.out, ref.out, out_bound, dtype)
-    _, lse_rel, lse_ok = _within(got.lse, ref.lse, lse_bound, dtype)
+    out_abs, out_rel, out_ok = within(got.out, ref.out, out_bound, dtype)
+    _, lse_rel, lse_ok = within(got.lse, ref.lse, lse_bound, dtype)
     grads = getattr(posenc, method + "_attention_backward")(
         d_out, *args[:2], v, *args[2:], got.out, got.lse, **kwargs, **options)
     ref_grads = reference.__dict__[method + "_attention_backward"](
@@ -221,7 +230,7 @@ def check_attention_one(method: str, dtype, *, B=2, H=3, n=33, m=17, d=16, share
             return out_abs, out_rel, float("inf"), float("inf"), False, f"{field} missing"
         if g is None:
             continue
-        a, rel, ok = _within(g, r, grad_bounds[field], dtype)
+        a, rel, ok = within(g, r, grad_bounds[field], dtype)
         bwd_abs, bwd_rel, bwd_ok = max(bwd_abs, a), max(bwd_rel, rel), bwd_ok and ok
     ok = out_ok and lse_ok and bwd_ok and got.out.dtype == np.dtype(dtype)
     return out_abs, max(out_rel, lse_rel), bwd_abs, bwd_rel, ok, ""

@@ -9,7 +9,10 @@ tolerances of ``python -m posenc check`` (docs/validation.md):
   segments, TUPE's bias and theta, ...);
 * :func:`assert_logits_close` -- your logits against ``posenc.reference.<m>``;
 * :func:`assert_grads_close` -- your gradients (a NumPy backward, or a
-  differentiable torch function) against ``posenc.reference.<m>_backward``.
+  differentiable torch function) against ``posenc.reference.<m>_backward``;
+* :func:`assert_attention_close` -- your attention output (and lse) against
+  ``posenc.reference.<m>_attention`` (SPEC §6: masks, dropout, query_offset),
+  the float32 bound carried through the softmax (docs/validation.md).
 
 The tolerance follows the dtype: float64 passes when the largest error is at
 most ``1e-12`` of the largest reference logit (normwise); float32 when every
@@ -35,11 +38,12 @@ import sys
 import numpy as np
 
 from . import reference
-from ._check import EPS32, F64_RTOL, _abs_inputs, _as64, compare
+from ._check import EPS32, F64_RTOL, _abs_inputs, _as64, attention_bounds, compare, within
 from ._examples import dense_rank, float_inputs, make_inputs, with_inputs
 from ._registry import GRAD_FIELDS, METHODS
 
-__all__ = ["Inputs", "random_inputs", "assert_logits_close", "assert_grads_close"]
+__all__ = ["Inputs", "random_inputs", "assert_logits_close", "assert_grads_close",
+           "assert_attention_close"]
 
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 _OPTIONS = tuple(name for name in inspect.signature(make_inputs).parameters
@@ -328,3 +332,55 @@ def assert_grads_close(fn, method: str, *args, **kwargs) -> None:
                       what=f"gradient {name!r} of {method} ({dtype}) differs from",
                       where=lambda index: f"{name}[{', '.join(map(str, index))}]",
                       against=f"posenc.reference.{method}_backward")
+
+
+_ATTENTION_KEYWORDS = ("causal", "key_padding_mask", "query_offset", "dropout_p", "seed")
+
+
+def assert_attention_close(actual, method: str, q, k, v, *args, **kwargs) -> None:
+    """Assert that ``actual`` equals ``posenc.reference.<method>_attention(q, k, v,
+    *args, **kwargs)``: the attention output ``(B, H, n, dv)``, or an
+    ``(out, lse)`` pair (a ``posenc.Attention``) to check lse too.
+
+    The inputs are as ``posenc.<method>_attention`` takes them (arrays or
+    tensors; ``causal``, ``key_padding_mask``, ``query_offset``, ``dropout_p``,
+    ``seed``).  float64: normwise ``1e-12``; float32: every entry within the
+    logits' bound carried through the softmax (docs/validation.md).  A
+    fully masked row must be 0 with lse ``-inf``.  AssertionError names the
+    worst ``(b, h, i, d)``, both values, the error and its bound.
+    """
+    __tracebackhide__ = True
+    _check_method(method)
+    options = {name: kwargs.pop(name) for name in _ATTENTION_KEYWORDS if name in kwargs}
+    if options.get("key_padding_mask") is not None:
+        options["key_padding_mask"] = _as_array(options["key_padding_mask"], "key_padding_mask")
+    args, kwargs = _numpy_call(method, (q, k) + args, kwargs)
+    v = _as_array(v, "v")
+    pair = isinstance(actual, tuple) and len(actual) == 2
+    got = _as_array(actual[0] if pair else actual, "actual")
+    dtype = _tolerance_dtype(method, args, kwargs, got)
+    args64, kwargs64 = _as64(method, args, kwargs)
+    ref, out_bound, lse_bound, _ = attention_bounds(method, args64, kwargs64,
+                                                    v.astype(np.float64), options)
+    checks = [("out", got, ref.out, out_bound)]
+    if pair:
+        checks.append(("lse", _as_array(actual[1], "lse"), ref.lse, lse_bound))
+    for name, value, expected, bound in checks:
+        if value.shape != expected.shape:
+            raise AssertionError(f"attention {name} of {method} has shape {value.shape}, "
+                                 f"posenc.reference.{method}_attention {expected.shape}")
+        _, measure, ok = within(value, expected, bound, dtype)
+        if ok:
+            continue
+        with np.errstate(invalid="ignore"):
+            error = np.abs(np.nan_to_num(value.astype(np.float64) - expected, nan=np.inf,
+                                         posinf=np.inf, neginf=np.inf))
+        error = np.where(np.isneginf(expected) & np.isneginf(value), 0.0, error)
+        index = np.unravel_index(np.argmax(error / (bound + np.finfo(np.float32).tiny)),
+                                 error.shape)
+        raise AssertionError(
+            f"attention {name} of {method} ({dtype}) differs from "
+            f"posenc.reference.{method}_attention at {tuple(int(i) for i in index)}: actual "
+            f"{value[index]:.10g}, reference {expected[index]:.10g}, error {error[index]:.3g}; "
+            f"error measure {measure:.3g} > 1 (float32: error / bound, bound {bound[index]:.3g}; "
+            f"float64: normwise / {F64_RTOL:g})")

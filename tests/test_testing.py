@@ -29,6 +29,7 @@ import pytest
 import posenc
 from posenc import reference
 from posenc._display import Progress
+from posenc import testing
 from posenc.testing import Inputs, assert_grads_close, assert_logits_close, random_inputs
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -330,3 +331,23 @@ def test_progress_without_tqdm(monkeypatch, capsys):
     with Progress(3, "steps") as bar:                    # captured output: not a terminal
         bar.update()
     assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("method", posenc.METHODS)
+def test_assert_attention_close(method, dtype):
+    """posenc's fused attention passes; a wrong dropout seed or a perturbed entry fails
+    with the entry (b, h, i, d) and the bound in the message."""
+    args, kwargs = testing.random_inputs(method, dtype=dtype)
+    q, k = args[0], args[1]
+    v = np.random.default_rng(5).standard_normal((2, 3, 5, 4)).astype(dtype)
+    mask = np.zeros((2, 5), dtype=bool)
+    mask[1, 3:] = True
+    options = dict(causal=True, key_padding_mask=mask, query_offset=2, dropout_p=0.2, seed=4)
+    got = getattr(posenc, method + "_attention")(q, k, v, *args[2:], **kwargs, **options)
+    testing.assert_attention_close(got, method, q, k, v, *args[2:], **kwargs, **options)
+    testing.assert_attention_close(got.out, method, q, k, v, *args[2:], **kwargs, **options)
+    wrong = getattr(posenc, method + "_attention")(q, k, v, *args[2:], **kwargs,
+                                                   **dict(options, seed=5))
+    with pytest.raises(AssertionError, match=r"differs from posenc.reference\..*_attention at \("):
+        testing.assert_attention_close(wrong.out, method, q, k, v, *args[2:], **kwargs, **options)
