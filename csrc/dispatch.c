@@ -127,7 +127,8 @@ const posenc_kernels *posenc_active_kernels(posenc_dtype dtype)
 int posenc_max_threads(void)
 {
 #ifdef _OPENMP
-    return omp_get_max_threads();
+    const int threads = omp_get_max_threads();
+    return threads < 1 ? 1 : threads > POSENC_MAX_THREADS ? POSENC_MAX_THREADS : threads;
 #else
     return 1;
 #endif

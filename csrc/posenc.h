@@ -233,7 +233,11 @@ int posenc_cpu_has(posenc_isa isa);
 const char *posenc_isa_name(posenc_isa isa);
 int posenc_isa_from_name(const char *name);   /* -1 if unknown */
 
-int posenc_max_threads(void);                 /* OpenMP's limit (OMP_NUM_THREADS or all cores), 1 without OpenMP */
+/* The most threads a call may ask for (posenc.MAX_THREADS; OMP_NUM_THREADS=100000 is clamped). */
+#define POSENC_MAX_THREADS 4096
+
+int posenc_max_threads(void);                 /* OpenMP's default (OMP_NUM_THREADS or all cores) in
+                                                 [1, POSENC_MAX_THREADS], 1 without OpenMP */
 
 /* Per-ISA kernel tables (defined in isa/<isa>.c when compiled). */
 extern const posenc_kernels posenc_kernels_f32_scalar, posenc_kernels_f64_scalar;

@@ -116,13 +116,17 @@ size_t posenc_mul_size(size_t count, size_t size);
  * thread: waking an OpenMP team costs tens of microseconds, more on busy cores. */
 #define POSENC_PARALLEL_MIN_WORK ((size_t)1 << 18)
 
+/* At most `team`: the largest team not above it whose threads can be
+ * created (threads.c), so that a parallel region never fails to start. */
+size_t posenc_team_startable(size_t team);
+
 /* The threads of a call: at most one per work item, and one for a small
- * problem whatever the thread count asked for. */
+ * problem whatever the thread count asked for; never more than can start. */
 static inline size_t posenc_team(size_t threads, size_t items, const posenc_problem *p)
 {
     if (posenc_mul_size(p->B * p->H * p->n, p->m * (p->d + 1)) < POSENC_PARALLEL_MIN_WORK)
         return 1;   /* a team's start and barrier cost more than the work */
-    return threads < items ? threads : items;
+    return posenc_team_startable(threads < items ? threads : items);
 }
 
 #ifdef _OPENMP
