@@ -95,11 +95,11 @@ def test_quick_run_reports_targets_and_table1(quick_run):
 
 def test_markdown_table_has_every_method(quick_run):
     _, text, _ = quick_run
-    headline = text.split("## Headline", 1)[1].split("## Issue 3 targets", 1)[0]
+    headline = text.split("## Headline", 1)[1].split("## Targets", 1)[0]
     rows = [line.split("|")[1].strip() for line in headline.splitlines()
             if line.startswith("| ") and not line.startswith("| method")]
     assert rows == list(posenc.METHODS)
-    for section in ("## Machine", "## Machine limits", "## What was run", "## Issue 3 targets",
+    for section in ("## Machine", "## Machine limits", "## What was run", "## Targets",
                     "## DIET Table 1", "## Peak memory", "## Scaling in n", "## All timings"):
         assert section in text
     assert "OPENBLAS_CORETYPE" in text

@@ -32,9 +32,9 @@ def _group(name: str) -> tuple:
     return tuple(m for m in METHODS if _bench(m).group == name)
 
 
-ADDITIVE = _group("additive")       # issue 3: within 1.15x of content
-HEAVY = _group("heavy")             # issue 3: >= 3x over eager
-MEMORY_METHODS = tuple(m for m in METHODS if _bench(m).memory)   # issue 3: peak < 2x the logits
+ADDITIVE = _group("additive")       # target: forward within 1.15x of content
+HEAVY = _group("heavy")             # target: >= 3x over eager
+MEMORY_METHODS = tuple(m for m in METHODS if _bench(m).memory)   # target: peak < 2x the logits
 
 
 def case_inputs(method: str, B: int, H: int, n: int, m: int, d: int, seed: int = 0):

@@ -1,6 +1,6 @@
 """The suite's command line (`python benchmarks/run.py`, `python -m posenc bench`):
 posenc against the peers a user would pick, and against the machine's limits
-(issue 5; issue 3's targets).
+(with the logits' speed and memory targets).
 
 For every method, forward and backward, float32: posenc at each thread count;
 PyTorch eager (posenc.torch.native, with torch's thread count set the same)

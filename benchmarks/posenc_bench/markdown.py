@@ -105,7 +105,7 @@ def summary_text(data) -> str:
         f"\nHeadline: B={B} H={H} n={n} m={m} d={d}, float32, median ms "
         "(speed-up = eager / posenc at the same thread count)",
         _table(header, rows),
-        "\nIssue 3 targets:", target_table(data),
+        "\nTargets:", target_table(data),
         "\nDIET Table 1 on this CPU (time relative to content, same implementation):",
         table1_markdown(data),
         *(["\nPer-call overhead at small sizes, 1 thread:", overhead[-1]] if overhead else [])])
@@ -335,7 +335,7 @@ def render(data) -> str:
         f"({max(conf['threads'])}); % FMA peak of posenc at {max(conf['threads'])} threads; "
         "fraction of the store floor of posenc's forward.",
         _table(header, rows),
-        "## Issue 3 targets",
+        "## Targets",
         f"At {_shape(conf['headline_shape'])}, {max(conf['threads'])} threads, medians. "
         "`info` rows are shown for comparison and carry no target.",
         target_table(data),

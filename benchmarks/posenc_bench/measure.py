@@ -224,7 +224,7 @@ def compile_first_call(torch, compiled, direction, args, kwargs, G, threads) -> 
 
 
 def torch_matmul_content(torch, d):
-    """The literal peer of issue 3: torch.matmul(q, k.transpose(-1, -2)) * s."""
+    """The literal content peer: torch.matmul(q, k.transpose(-1, -2)) * s."""
     scale = d ** -0.5
 
     def content(q, k):

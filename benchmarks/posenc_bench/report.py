@@ -1,5 +1,5 @@
 """The run's data as the report reads it: derived rates (GFLOP/s, fraction of
-the FMA peak, of the store-bandwidth floor), issue 3's targets, the DIET
+the FMA peak, of the store-bandwidth floor), the logits' targets, the DIET
 paper's Table 1 next to this CPU's figures, all in one JSON-ready dict.
 markdown.py and charts.py draw from that dict alone."""
 
@@ -83,7 +83,9 @@ def matched(results, method, impl, direction, threads, shape):
 
 
 def targets(results, memory, methods, shape, T, interleaved=None):
-    """Issue 3's targets at the headline shape and the largest thread count."""
+    """The logits' speed and memory targets (content vs torch.matmul, additive methods
+    vs content, heavy methods vs eager, peak memory vs the logits) at the headline
+    shape and the largest thread count."""
     rows = []
 
     def row(target, method, measured, required, ok, detail, info=False):

@@ -189,8 +189,5 @@ def _define(method: str):
     return forward_op, backward_op
 
 
-FORWARD = {}
-BACKWARD = {}
-for _method in REGISTRY:
-    FORWARD[_method], BACKWARD[_method] = _define(_method)
-del _method
+# torch.ops.posenc.<m>_attention and <m>_attention_backward for every method
+FORWARD, BACKWARD = (dict(zip(REGISTRY, ops)) for ops in zip(*map(_define, REGISTRY)))

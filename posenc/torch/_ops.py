@@ -194,11 +194,8 @@ def _define(method: str):
     return forward_op, backward_op
 
 
-FORWARD = {}
-BACKWARD = {}
-for _method in REGISTRY:
-    FORWARD[_method], BACKWARD[_method] = _define(_method)
-del _method
+# torch.ops.posenc.<m> and <m>_backward for every method of the registry
+FORWARD, BACKWARD = (dict(zip(REGISTRY, ops)) for ops in zip(*map(_define, REGISTRY)))
 
 
 def run(method: str, tensors: tuple, params: tuple):
