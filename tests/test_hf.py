@@ -1,0 +1,199 @@
+"""posenc.torch.hf: Hugging Face models patched onto posenc's fused attention
+give HF's numbers (logits, every parameter gradient, generate() with the
+cache), keep the same parameters, fall back on what they cannot serve, and
+unpatch exactly.  Tiny models with random weights, built from configs."""
+
+from __future__ import annotations
+
+import copy
+import warnings
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from transformers import T5Config, T5ForConditionalGeneration  # noqa: E402
+
+from posenc.torch import hf  # noqa: E402
+
+
+def t5_model(dtype=torch.float64, implementation="eager", seed=0):
+    torch.manual_seed(seed)
+    config = T5Config(vocab_size=40, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_decoder_layers=2,
+                      num_heads=4, relative_attention_num_buckets=8, relative_attention_max_distance=16,
+                      dropout_rate=0.1, decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)
+    config._attn_implementation = implementation
+    return T5ForConditionalGeneration(config).to(dtype).eval()
+
+
+def t5_batch(seed=1):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(2, 40, (3, 13), generator=g)
+    mask = torch.ones_like(ids)
+    mask[1, 9:] = 0                                   # padded sequences
+    mask[2, 4:] = 0
+    ids[mask == 0] = 0
+    labels = torch.randint(2, 40, (3, 20), generator=g)   # decoder longer than max_distance
+    return dict(input_ids=ids, attention_mask=mask, labels=labels)
+
+
+def logits_and_grads(model, batch):
+    model.zero_grad(set_to_none=True)
+    out = model(**batch)
+    (out.logits.square().mean() + out.loss).backward()
+    return out.logits.detach(), {name: p.grad.clone() for name, p in model.named_parameters()}
+
+
+def rel(a, b):
+    return ((a - b).abs().max() / b.abs().max().clamp_min(1e-300)).item()
+
+
+@pytest.fixture(autouse=True)
+def _no_fallback():
+    """A patched call that falls back warns: turn that into an error, so each
+    test proves posenc served it (the fallback tests catch it themselves)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="posenc.torch.hf")
+        hf._WARNED.clear()
+        yield
+        hf._WARNED.clear()
+
+
+@pytest.mark.parametrize("implementation", ["eager", "sdpa"])
+def test_t5_float64_logits_and_gradients(implementation):
+    model, batch = t5_model(implementation=implementation), t5_batch()
+    want_logits, want_grads = logits_and_grads(model, batch)
+    hf.patch(model)
+    assert model._posenc_patched == 2 + 2 * 2         # encoder self, decoder self + cross
+    got_logits, got_grads = logits_and_grads(model, batch)
+    assert rel(got_logits, want_logits) <= 1e-10
+    assert got_grads.keys() == want_grads.keys()
+    for name in want_grads:
+        assert rel(got_grads[name], want_grads[name]) <= 1e-10, name
+
+
+def test_t5_float32():
+    model, batch = t5_model(torch.float32, "sdpa"), t5_batch()
+    want_logits, want_grads = logits_and_grads(model, batch)
+    hf.patch(model)
+    got_logits, got_grads = logits_and_grads(model, batch)
+    assert rel(got_logits, want_logits) <= 1e-4
+    for name in want_grads:
+        assert rel(got_grads[name], want_grads[name]) <= 1e-4, name
+
+
+def test_t5_runs_posenc(monkeypatch):
+    """The patched layers really call the fused functions: every T5 self-attention
+    through t5_attention (2 encoder + 2 decoder layers), cross-attention through
+    content_attention."""
+    import posenc.torch as pt
+
+    calls = []
+    for name in ("t5_attention", "content_attention"):
+        original = getattr(pt, name)
+        monkeypatch.setattr(pt, name, lambda *a, _o=original, _n=name, **k: (calls.append(_n), _o(*a, **k))[1])
+    model = hf.patch(t5_model())
+    model(**t5_batch())
+    assert calls.count("t5_attention") == 4 and calls.count("content_attention") == 2
+
+
+def test_t5_parameters_are_shared():
+    model = t5_model()
+    before = [(name, id(p)) for name, p in model.named_parameters()]
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    hf.patch(model)
+    assert [(name, id(p)) for name, p in model.named_parameters()] == before
+    assert model.state_dict().keys() == state.keys()
+    # one optimizer step on the patched model moves the very parameters HF uses
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    model(**t5_batch()).loss.backward()
+    optimizer.step()
+    bias = model.encoder.block[0].layer[0].SelfAttention.relative_attention_bias.weight
+    assert not torch.equal(bias, state["encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight"])
+
+
+@pytest.mark.parametrize("implementation", ["eager", "sdpa"])
+def test_t5_generate_with_cache(implementation):
+    model, batch = t5_model(implementation=implementation), t5_batch()
+    kwargs = dict(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], max_new_tokens=32,
+                  min_new_tokens=32, do_sample=False, use_cache=True)
+    want = model.generate(**kwargs)
+    hf.patch(model)
+    got = model.generate(**kwargs)
+    assert got.shape == (3, 33)
+    assert torch.equal(got, want)
+
+
+def test_t5_cached_step_equals_full_pass():
+    """Decoding step by step with posenc's cache (query_offset = cached keys)
+    reproduces the logits of one full decoder pass, in float64."""
+    model, batch = hf.patch(t5_model()), t5_batch()
+    encoder = model.get_encoder()(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
+    dec = batch["labels"][:, :19]
+    full = model(encoder_outputs=encoder, attention_mask=batch["attention_mask"], decoder_input_ids=dec).logits
+    past, steps = None, []
+    for i in range(dec.shape[1]):
+        out = model(encoder_outputs=encoder, attention_mask=batch["attention_mask"],
+                    decoder_input_ids=dec[:, i:i + 1], past_key_values=past, use_cache=True)
+        past = out.past_key_values
+        steps.append(out.logits)
+    assert rel(torch.cat(steps, dim=1), full) <= 1e-10
+
+
+def test_t5_unpatch_is_exact():
+    model, batch = t5_model(), t5_batch()
+    before = model(**batch).logits
+    classes = [type(m) for m in model.modules()]
+    hf.unpatch(hf.patch(model))
+    assert [type(m) for m in model.modules()] == classes
+    assert not hf.is_patched(model)
+    assert torch.equal(model(**batch).logits, before)
+
+
+def test_t5_patch_is_idempotent_and_deepcopies():
+    model = hf.patch(hf.patch(t5_model()))
+    assert hf.is_patched(model)
+    twin = copy.deepcopy(model)
+    batch = t5_batch()
+    assert torch.equal(twin(**batch).logits, model(**batch).logits)
+
+
+def test_t5_output_attentions_falls_back_once():
+    model, batch = t5_model(), t5_batch()
+    want = model(**batch, output_attentions=True)
+    hf.patch(model)
+    with pytest.warns(RuntimeWarning, match="output_attentions") as record:
+        got = model(**batch, output_attentions=True)
+        model(**batch, output_attentions=True)
+    assert len([w for w in record if "output_attentions" in str(w.message)]) == 1
+    assert rel(got.logits, want.logits) <= 1e-10
+    assert len(got.encoder_attentions) == 2 and len(got.cross_attentions) == 2
+    for a, b in zip(got.encoder_attentions + got.decoder_attentions, want.encoder_attentions + want.decoder_attentions):
+        assert rel(a, b) <= 1e-10
+
+
+def test_t5_unusual_mask_falls_back():
+    """A decoder mask whose first key is padding leaves query row 0 with no key:
+    HF's number there is not posenc's zero row, so that call falls back."""
+    model, batch = t5_model(), t5_batch()
+    batch["decoder_attention_mask"] = torch.ones_like(batch["labels"])
+    batch["decoder_attention_mask"][0, 0] = 0
+    want = model(**batch).logits
+    hf.patch(model)
+    with pytest.warns(RuntimeWarning, match="all masked"):
+        got = model(**batch).logits
+    assert rel(got, want) <= 1e-10
+
+
+def test_t5_dropout_in_training_runs_posenc():
+    model, batch = hf.patch(t5_model()), t5_batch()
+    model.train()
+    torch.manual_seed(3)
+    a = model(**batch).logits
+    torch.manual_seed(3)
+    b = model(**batch).logits
+    torch.manual_seed(4)
+    c = model(**batch).logits
+    assert torch.equal(a, b) and not torch.equal(a, c)
+    model(**batch).loss.backward()
