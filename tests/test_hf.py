@@ -197,3 +197,120 @@ def test_t5_dropout_in_training_runs_posenc():
     c = model(**batch).logits
     assert torch.equal(a, b) and not torch.equal(a, c)
     model(**batch).loss.backward()
+
+
+def test_mt5_patched():
+    from transformers import MT5Config, MT5ForConditionalGeneration
+
+    torch.manual_seed(0)
+    config = MT5Config(vocab_size=40, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_decoder_layers=2,
+                       num_heads=4, relative_attention_num_buckets=8, relative_attention_max_distance=16,
+                       decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)
+    model, batch = MT5ForConditionalGeneration(config).double().eval(), t5_batch()
+    want_logits, want_grads = logits_and_grads(model, batch)
+    assert hf.patch(model)._posenc_patched == 6
+    got_logits, got_grads = logits_and_grads(model, batch)
+    assert rel(got_logits, want_logits) <= 1e-10
+    for name in want_grads:
+        assert rel(got_grads[name], want_grads[name]) <= 1e-10, name
+
+
+# ------------------------------------------------------------------ DeBERTa-v2
+
+DEBERTA_SETTINGS = [
+    dict(share_att_key=True, position_buckets=256, max_relative_positions=-1),   # DeBERTa-v3's
+    dict(share_att_key=False, position_buckets=-1, max_relative_positions=8),    # clipped, no log buckets
+    dict(share_att_key=True, position_buckets=4, max_relative_positions=16),     # log buckets in reach
+    dict(share_att_key=False, position_buckets=8, max_relative_positions=32),
+]
+
+
+def deberta_model(dtype=torch.float64, seed=0, **settings):
+    from transformers import DebertaV2Config, DebertaV2ForSequenceClassification
+
+    torch.manual_seed(seed)
+    config = DebertaV2Config(vocab_size=40, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                             intermediate_size=64, max_position_embeddings=512, relative_attention=True,
+                             pos_att_type=["p2c", "c2p"], norm_rel_ebd="layer_norm", num_labels=3,
+                             **settings)
+    return DebertaV2ForSequenceClassification(config).to(dtype).eval()
+
+
+def deberta_batch(seed=2):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(2, 40, (3, 21), generator=g)
+    mask = torch.ones_like(ids)
+    mask[1, 15:] = 0
+    mask[2, 4:] = 0
+    return dict(input_ids=ids, attention_mask=mask, labels=torch.tensor([0, 1, 2]))
+
+
+def deberta_logits_and_grads(model, batch):
+    model.zero_grad(set_to_none=True)
+    out = model(**batch)
+    (out.loss + out.logits.square().mean()).backward()
+    return out.logits.detach(), {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}
+
+
+def grad_close(got, want, bound):
+    """Relative to the gradient's largest entry, with a floor: pos_key_proj.bias
+    gets an analytically zero gradient (q_i·b is the same for every key j, and
+    the softmax cancels it), so both sides hold rounding noise of ~1e-22."""
+    return ((got - want).abs().max() / want.abs().max().clamp_min(1e-6)).item() <= bound
+
+
+@pytest.mark.parametrize("settings", DEBERTA_SETTINGS, ids=lambda s: "-".join(f"{v}" for v in s.values()))
+def test_deberta_float64_logits_and_gradients(settings):
+    model, batch = deberta_model(**settings), deberta_batch()
+    want_logits, want_grads = deberta_logits_and_grads(model, batch)
+    params = [id(p) for p in model.parameters()]
+    assert hf.patch(model)._posenc_patched == 2
+    assert [id(p) for p in model.parameters()] == params
+    got_logits, got_grads = deberta_logits_and_grads(model, batch)
+    assert rel(got_logits, want_logits) <= 1e-10
+    assert got_grads.keys() == want_grads.keys()
+    for name in want_grads:
+        assert grad_close(got_grads[name], want_grads[name], 1e-10), name
+
+
+def test_deberta_float32_and_unpatch():
+    model, batch = deberta_model(torch.float32, **DEBERTA_SETTINGS[0]), deberta_batch()
+    want_logits, want_grads = deberta_logits_and_grads(model, batch)
+    hf.patch(model)
+    got_logits, got_grads = deberta_logits_and_grads(model, batch)
+    assert rel(got_logits, want_logits) <= 1e-4
+    for name in want_grads:
+        assert grad_close(got_grads[name], want_grads[name], 1e-4), name
+    hf.unpatch(model)
+    assert not hf.is_patched(model)
+    assert torch.equal(deberta_logits_and_grads(model, batch)[0], want_logits)
+
+
+def test_deberta_runs_posenc(monkeypatch):
+    import posenc.torch as pt
+
+    calls = []
+    original = pt.deberta_attention
+    monkeypatch.setattr(pt, "deberta_attention", lambda *a, **k: (calls.append(k["scale"]), original(*a, **k))[1])
+    model = hf.patch(deberta_model(**DEBERTA_SETTINGS[0]))
+    model(**deberta_batch())
+    import posenc
+    assert calls == [posenc.deberta_hf_scale(8)] * 2     # HF's float32-rounded 1/sqrt(3d)
+
+
+def test_deberta_output_attentions_and_c2p_only_fall_back():
+    model, batch = deberta_model(**DEBERTA_SETTINGS[1]), deberta_batch()
+    want = model(**batch, output_attentions=True)
+    hf.patch(model)
+    with pytest.warns(RuntimeWarning, match="output_attentions"):
+        got = model(**batch, output_attentions=True)
+    assert rel(got.logits, want.logits) <= 1e-10 and len(got.attentions) == 2
+    model = deberta_model(**DEBERTA_SETTINGS[1])
+    model.config.pos_att_type = ["c2p"]
+    for layer in model.deberta.encoder.layer:
+        layer.attention.self.pos_att_type = ["c2p"]
+    want = model(**batch).logits
+    hf.patch(model)
+    with pytest.warns(RuntimeWarning, match="c2p"):
+        got = model(**batch).logits
+    assert torch.equal(got, want)

@@ -1,13 +1,21 @@
-"""posenc.torch.hf: run Hugging Face T5 attention on posenc's fused attention.
+"""posenc.torch.hf: run Hugging Face T5 and DeBERTa-v2 attention on posenc's fused attention.
 
 `patch(model)` swaps, in place, the class of every `T5Attention` module of a
-transformers 5.x model (T5, mT5, UMT5 and anything whose attention is a
-`T5Attention` or subclass) for a subclass whose `forward` computes HF's
+transformers 5.x model (T5, mT5's `MT5Attention`, a copy of it, and
+subclasses that keep its forward; UMT5 is not served) for a subclass whose `forward` computes HF's
 result with `posenc.torch.t5_attention` (self-attention: the relative bias
 of the layer that owns it, HF's buckets) or `posenc.torch.content_attention`
 (cross-attention, scale 1, no position bias), using the layer's own
 parameters (the same `Parameter` objects: state dicts, optimizers and tied
 weights are untouched).  `unpatch(model)` restores the original classes.
+
+DeBERTa-v2's `DisentangledSelfAttention` (c2p + p2c, `share_att_key`,
+`position_buckets` > 0 or -1, `max_relative_positions`) is patched the same
+way onto `posenc.torch.deberta_attention`, with HF's float32-rounded scale
+`posenc.deberta_hf_scale(head_dim)` so that the numbers match HF's (posenc's
+own default is the exact 1/sqrt(3d)); HF's mask is query x key padding, and a
+padded query row, all of whose scores HF fills with the dtype's minimum, gets
+HF's uniform average of the values.
 
 What the patched forward cannot serve exactly (attention weights requested,
 an attention mask that is not key padding plus the causal mask, query rows
@@ -211,10 +219,106 @@ def _t5_posenc(self, hidden_states, mask, key_value_states, position_bias, past_
     return self.o(out), returned, None
 
 
-def _patched_class(cls):
+def _deberta_forward(self, hidden_states, attention_mask, output_attentions=False, query_states=None,
+                     relative_pos=None, rel_embeddings=None):
+    try:
+        return _deberta_posenc(self, hidden_states, attention_mask, output_attentions, query_states,
+                               relative_pos, rel_embeddings)
+    except _Unsupported as why:
+        _warn_once(str(why))
+    return self._posenc_original_forward(hidden_states, attention_mask, output_attentions,
+                                         query_states=query_states, relative_pos=relative_pos,
+                                         rel_embeddings=rel_embeddings)
+
+
+def _deberta_posenc(self, hidden_states, attention_mask, output_attentions, query_states, relative_pos,
+                    rel_embeddings):
+    """HF's DisentangledSelfAttention (c2p + p2c) with posenc.torch.deberta_attention;
+    HF's float32-rounded scale (posenc.deberta_hf_scale)."""
+    from transformers.models.deberta_v2.modeling_deberta_v2 import build_relative_position
+
+    import posenc
+    import posenc.buckets
+    import posenc.torch as pt
+
+    if output_attentions or _collecting_attentions():
+        raise _Unsupported("attention weights requested (output_attentions)")
+    if query_states is not None:
+        raise _Unsupported("DeBERTa query_states (enhanced mask decoder)")
+    if not self.relative_attention or set(self.pos_att_type) != {"c2p", "p2c"}:
+        raise _Unsupported(f"DeBERTa pos_att_type {list(self.pos_att_type)} (posenc serves c2p+p2c)")
+    if hidden_states.dtype not in (torch.float32, torch.float64):
+        raise _Unsupported(f"dtype {hidden_states.dtype}")
+    if rel_embeddings is None:
+        raise _Unsupported("DeBERTa without rel_embeddings")
+    if self.position_buckets > 0 and self.max_relative_positions > 0:
+        try:
+            posenc.buckets.check_deberta_log(self.position_buckets, self.max_relative_positions)
+        except ValueError as error:
+            raise _Unsupported(f"DeBERTa log buckets posenc does not accept ({error})") from None
+    batch, n = hidden_states.shape[:2]
+    heads, d = self.num_attention_heads, self.attention_head_size
+    span = self.pos_ebd_size
+    if rel_embeddings.shape[0] < 2 * span:
+        raise _Unsupported("a relative embedding table shorter than 2 att_span")
+
+    heads_of = lambda x, rows: x.view(batch if rows is None else rows, -1, heads, d).transpose(1, 2)
+    query = heads_of(self.query_proj(hidden_states), None)
+    key = heads_of(self.key_proj(hidden_states), None)
+    value = heads_of(self.value_proj(hidden_states), None)
+
+    if relative_pos is not None:
+        standard = build_relative_position(query, key, bucket_size=self.position_buckets,
+                                           max_position=self.max_relative_positions)
+        got = relative_pos if relative_pos.dim() != 4 else relative_pos[:, 0]
+        if got.dim() == 2:
+            got = got[None]
+        if got.shape[-2:] != standard.shape[-2:] or not bool((got.to(torch.long) == standard).all()):
+            raise _Unsupported("a relative_pos other than DeBERTa's own")
+
+    # the mask: HF fills disallowed scores with the dtype's min; it must be
+    # query-valid x key-valid (DeBERTa's encoder mask); fully masked rows are uniform.
+    if attention_mask is None:
+        raise _Unsupported("DeBERTa without an attention mask")
+    allowed = attention_mask.bool()
+    if allowed.dim() == 3:
+        allowed = allowed[:, None]
+    if allowed.dim() != 4 or allowed.shape[1] != 1 or allowed.shape[0] not in (1, batch) \
+            or allowed.shape[2] != n or allowed.shape[3] != n:
+        raise _Unsupported("a DeBERTa attention mask of an unexpected shape")
+    allowed = allowed[:, 0].expand(batch, n, n)
+    query_valid, key_valid = allowed.any(dim=2), allowed.any(dim=1)
+    if not torch.equal(allowed, query_valid[:, :, None] & key_valid[:, None, :]):
+        raise _Unsupported("a DeBERTa attention mask that is not query x key padding")
+
+    rel = self.pos_dropout(rel_embeddings)[: 2 * span]
+    if self.share_att_key:
+        pos_key, pos_query = self.key_proj(rel), self.query_proj(rel)
+    else:
+        pos_key, pos_query = self.pos_key_proj(rel), self.pos_query_proj(rel)
+    pos_key = pos_key.view(2 * span, heads, d).transpose(0, 1)
+    pos_query = pos_query.view(2 * span, heads, d).transpose(0, 1)
+
+    dropout = float(self.dropout.p) if self.training else 0.0
+    seed = int(torch.randint(0, 2 ** 62, (1,)).item()) if dropout > 0 else 0
+    padding = ~key_valid
+    out = pt.deberta_attention(query, key, value, pos_key, pos_query, att_span=span,
+                               position_buckets=self.position_buckets,
+                               max_relative_positions=self.max_relative_positions,
+                               scale=posenc.deberta_hf_scale(d),
+                               key_padding_mask=padding if bool(padding.any()) else None,
+                               dropout_p=dropout, seed=seed).out
+    if not bool(query_valid.all()):
+        # HF: a row with every score at the dtype's min has a uniform softmax
+        # (in training HF also drops some of it: padded rows only, left undropped here)
+        out = torch.where(query_valid[:, None, :, None], out, value.mean(dim=2, keepdim=True))
+    return out.transpose(1, 2).reshape(batch, n, heads * d), None
+
+
+def _patched_class(cls, forward=None):
     if cls not in _SUBCLASSES:
         _SUBCLASSES[cls] = type("Posenc" + cls.__name__, (cls,), {
-            "forward": _t5_forward,
+            "forward": forward or _t5_forward,
             "_posenc_original_forward": cls.forward,
             "_posenc_original_class": cls,
             "__module__": __name__,
@@ -222,21 +326,50 @@ def _patched_class(cls):
     return _SUBCLASSES[cls]
 
 
+def _t5_classes():
+    """HF's T5 attention classes with T5Attention's code: T5 and mT5 (a copy of
+    it).  UMT5Attention differs (a bias in every layer) and is not served."""
+    from transformers.models.t5.modeling_t5 import T5Attention
+
+    classes = [T5Attention]
+    try:
+        from transformers.models.mt5.modeling_mt5 import MT5Attention
+        classes.append(MT5Attention)
+    except ImportError:  # pragma: no cover
+        pass
+    return classes
+
+
+def _deberta_class():
+    try:
+        from transformers.models.deberta_v2.modeling_deberta_v2 import DisentangledSelfAttention
+    except ImportError:  # pragma: no cover
+        return None
+    return DisentangledSelfAttention
+
+
 def patch(model):
     """Swap every T5Attention module of `model` (in place) for posenc's fused
     attention; returns `model`.  Parameters stay the same objects."""
-    from transformers.models.t5.modeling_t5 import T5Attention
-
     count = 0
     for module in model.modules():
         cls = type(module)
         if getattr(cls, "_posenc_original_class", None) is not None:
             continue
-        if isinstance(module, T5Attention):
-            if cls.forward is not T5Attention.forward:
+        base = next((b for b in _t5_classes() if isinstance(module, b)), None)
+        if base is not None:
+            if cls.forward is not base.forward:
                 _warn_once(f"{cls.__name__} overrides T5Attention.forward; left unpatched")
                 continue
             module.__class__ = _patched_class(cls)
+            count += 1
+            continue
+        deberta = _deberta_class()
+        if deberta is not None and isinstance(module, deberta):
+            if cls.forward is not deberta.forward:
+                _warn_once(f"{cls.__name__} overrides DisentangledSelfAttention.forward; left unpatched")
+                continue
+            module.__class__ = _patched_class(cls, _deberta_forward)
             count += 1
     model._posenc_patched = count
     return model
