@@ -314,3 +314,15 @@ def test_deberta_output_attentions_and_c2p_only_fall_back():
     with pytest.warns(RuntimeWarning, match="c2p"):
         got = model(**batch).logits
     assert torch.equal(got, want)
+
+
+def test_example_runs(monkeypatch, capsys):
+    """examples/hf_t5.py end to end, with a few steps."""
+    import pathlib
+    import runpy
+
+    path = pathlib.Path(__file__).resolve().parent.parent / "examples" / "hf_t5.py"
+    module = runpy.run_path(str(path), run_name="hf_t5_example")
+    module["main"](["--steps", "3"])
+    out = capsys.readouterr().out
+    assert "t5 generate()" in out and "deberta majority token" in out
