@@ -203,10 +203,13 @@ static void attention_release(attention_ctx *c)
     posenc_free(c->padding_runs);
 }
 
-/* The attention's context, with the logits' (no head block past row_block
- * rows: an n x m block per thread would defeat the point). */
+/* A head's dense block (forward_head_block: n x m per thread) only up to
+ * this size: past it the attention's scratch would grow as the logits. */
+#define ATTENTION_HEAD_BLOCK_BYTES ((size_t)4 << 20)
+
+/* The attention's context, with the logits'. */
 static int attention_prepare(attention_ctx *c, const posenc_problem *p, const posenc_attention *a,
-                             const posenc_kernels *kern, size_t row_block)
+                             const posenc_kernels *kern)
 {
     memset(c, 0, sizeof *c);
     c->p = p;
@@ -217,7 +220,8 @@ static int attention_prepare(attention_ctx *c, const posenc_problem *p, const po
     c->keep_scale = (REAL)(1.0 / (1.0 - a->dropout_p));
     int status = forward_prepare(&c->logits, p, kern, NULL);
     c->logits.stream = 0;
-    c->logits.head_blocks = c->logits.head_blocks && p->n <= row_block;
+    c->logits.head_blocks = c->logits.head_blocks &&
+                            posenc_mul_size(p->n * p->m, sizeof(REAL)) <= ATTENTION_HEAD_BLOCK_BYTES;
     if (status == POSENC_OK && attention_padding_runs(c))
         status = POSENC_ENOMEM;
     return status;
@@ -306,7 +310,7 @@ static int attention_forward(const posenc_problem *p, const posenc_attention *a,
     }
     const posenc_kernels *kern = posenc_active_kernels(REAL_DTYPE);
     attention_ctx c;
-    int status = attention_prepare(&c, p, a, kern, kern->mr);
+    int status = attention_prepare(&c, p, a, kern);
     if (status == POSENC_OK) {
         const size_t threads = (size_t)(num_threads > 0 ? num_threads : 1);
         const size_t tiles = (p->n + kern->mr - 1) / kern->mr;
@@ -397,7 +401,8 @@ static void attention_backward_block(const attention_grad_ctx *gc, forward_ws *f
              (ptrdiff_t)dv, 1, NULL);
 }
 
-static void attention_backward_unit(const void *gc_, attention_thread *t, size_t u)
+/* Item `item` of the backward: unit (b, h), head-major (a head's terms stay cached). */
+static void attention_backward_unit(const void *gc_, attention_thread *t, size_t item)
 {
     const attention_grad_ctx *gc = (const attention_grad_ctx *)gc_;
     forward_ws *fw = &t->logits;
@@ -406,7 +411,8 @@ static void attention_backward_unit(const void *gc_, attention_thread *t, size_t
     const attention_ctx *c = gc->a;
     const backward_ctx *g = gc->g;
     const posenc_problem *p = c->p;
-    const size_t n = p->n, m = p->m, dv = c->a->dv, h = u % p->H, dp = p->d_p;
+    const size_t h = item / p->B, u = item % p->B * p->H + h;
+    const size_t n = p->n, m = p->m, dv = c->a->dv, dp = p->d_p;
     const REAL *v_u = (const REAL *)c->a->v + u * m * dv;
     packed_b k_packed, vt_packed, product_keys;
     forward_unit_setup(&c->logits, fw, u / p->H, h, &k_packed);
@@ -451,7 +457,7 @@ static int attention_backward(const posenc_problem *p, const posenc_attention *a
     attention_grad_ctx gc = {&c, &g, (const REAL *)d_out, (const REAL *)out, (const REAL *)lse,
                              (REAL *)grad_v, NULL, NULL, 0};
     memset(&g, 0, sizeof g);
-    int status = attention_prepare(&c, p, a, kern, kern->kc);
+    int status = attention_prepare(&c, p, a, kern);
     if (status == POSENC_OK)
         status = backward_prepare(&g, p, kern, NULL, &logit_grads);
     const int dense = p->pos_q && (grads->pos_q || grads->pos_k);
