@@ -152,8 +152,6 @@ int posenc_forward_f32(const posenc_problem *p, void *out, int num_threads);
 int posenc_forward_f64(const posenc_problem *p, void *out, int num_threads);
 int posenc_backward_f32(const posenc_problem *p, const void *grad, const posenc_grads *g, int num_threads);
 int posenc_backward_f64(const posenc_problem *p, const void *grad, const posenc_grads *g, int num_threads);
-
-#endif /* POSENC_ENGINE_H */
 int posenc_attention_forward_f32(const posenc_problem *p, const posenc_attention *a, void *out,
                                  void *lse, int num_threads);
 int posenc_attention_forward_f64(const posenc_problem *p, const posenc_attention *a, void *out,
@@ -164,3 +162,5 @@ int posenc_attention_backward_f32(const posenc_problem *p, const posenc_attentio
 int posenc_attention_backward_f64(const posenc_problem *p, const posenc_attention *a,
                                   const void *d_out, const void *out, const void *lse,
                                   const posenc_grads *g, void *grad_v, int num_threads);
+
+#endif /* POSENC_ENGINE_H */
