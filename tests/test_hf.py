@@ -326,3 +326,36 @@ def test_example_runs(monkeypatch, capsys):
     module["main"](["--steps", "3"])
     out = capsys.readouterr().out
     assert "t5 generate()" in out and "deberta majority token" in out
+
+
+def _without_dropout(model):
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+        if isinstance(getattr(module, "dropout", None), float):     # T5Attention's probability
+            module.dropout = 0.0
+    return model
+
+
+@pytest.mark.parametrize("which", ["t5", "deberta"])
+def test_activation_checkpointing_in_training(which):
+    """train() with HF's activation checkpointing (the blocks re-run in the
+    backward; T5 hands its shared-bias marker through them)."""
+    if which == "t5":
+        model, batch, run = t5_model(), t5_batch(), logits_and_grads
+    else:
+        model, batch, run = deberta_model(**DEBERTA_SETTINGS[0]), deberta_batch(), deberta_logits_and_grads
+    _without_dropout(model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        if hasattr(model, "activation_checkpointing_enable"):
+            model.activation_checkpointing_enable()
+        else:  # pragma: no cover
+            model.gradient_checkpointing_enable()
+    model.train()
+    want_logits, want_grads = run(model, batch)
+    hf.patch(model)
+    got_logits, got_grads = run(model, batch)
+    assert rel(got_logits, want_logits) <= 1e-10
+    for name in want_grads:
+        assert grad_close(got_grads[name], want_grads[name], 1e-10), name
