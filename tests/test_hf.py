@@ -359,3 +359,14 @@ def test_activation_checkpointing_in_training(which):
     assert rel(got_logits, want_logits) <= 1e-10
     for name in want_grads:
         assert grad_close(got_grads[name], want_grads[name], 1e-10), name
+
+
+def test_patched_models_pickle(tmp_path):
+    """torch.save of a whole patched model loads back patched, with equal outputs."""
+    for model, batch in ((t5_model(), t5_batch()), (deberta_model(**DEBERTA_SETTINGS[0]), deberta_batch())):
+        hf.patch(model)
+        want = model(**batch).logits
+        torch.save(model, tmp_path / "model.pt")
+        loaded = torch.load(tmp_path / "model.pt", weights_only=False)
+        assert hf.is_patched(loaded)
+        assert torch.equal(loaded(**batch).logits, want)

@@ -326,6 +326,20 @@ def _patched_class(cls, forward=None):
     return _SUBCLASSES[cls]
 
 
+def __getattr__(name):
+    """The patched classes of HF's own attention classes by name
+    (PosencT5Attention, PosencMT5Attention, PosencDisentangledSelfAttention),
+    so that pickle (torch.save of a whole patched model) finds them."""
+    if name.startswith("Posenc"):
+        for cls in _t5_classes():
+            if "Posenc" + cls.__name__ == name:
+                return _patched_class(cls)
+        deberta = _deberta_class()
+        if deberta is not None and "Posenc" + deberta.__name__ == name:
+            return _patched_class(deberta, _deberta_forward)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 def _t5_classes():
     """HF's T5 attention classes with T5Attention's code: T5 and mT5 (a copy of
     it).  UMT5Attention differs (a bias in every layer) and is not served."""
