@@ -370,3 +370,16 @@ def test_patched_models_pickle(tmp_path):
         loaded = torch.load(tmp_path / "model.pt", weights_only=False)
         assert hf.is_patched(loaded)
         assert torch.equal(loaded(**batch).logits, want)
+
+
+def test_t5_static_cache_falls_back():
+    """A StaticCache (keys preallocated to the maximum length) is not served:
+    generate() with it runs HF's forward and gives HF's tokens."""
+    model, batch = t5_model(), t5_batch()
+    kwargs = dict(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], max_new_tokens=6,
+                  min_new_tokens=6, do_sample=False, cache_implementation="static")
+    want = model.generate(**kwargs)
+    hf.patch(model)
+    with pytest.warns(RuntimeWarning, match="StaticCache|Cache"):
+        got = model.generate(**kwargs)
+    assert torch.equal(got, want)

@@ -129,6 +129,17 @@ def _t5_forward(self, hidden_states, mask=None, key_value_states=None, position_
     return result
 
 
+def _dynamic_layer(cache, index) -> bool:
+    """Whether layer `index` of `cache` is a plain DynamicLayer (keys grow by
+    concatenation: after an update they are exactly the past and new keys)."""
+    from transformers.cache_utils import DynamicCache, DynamicLayer
+
+    layers = getattr(cache, "layers", None)
+    if layers is not None and index is not None and index < len(layers):
+        return type(layers[index]) is DynamicLayer
+    return type(cache) is DynamicCache
+
+
 def _t5_posenc(self, hidden_states, mask, key_value_states, position_bias, past_key_values, kwargs):
     from transformers.cache_utils import EncoderDecoderCache
 
@@ -158,6 +169,9 @@ def _t5_posenc(self, hidden_states, mask, key_value_states, position_bias, past_
         cache = past_key_values.cross_attention_cache if cross else past_key_values.self_attention_cache
     else:
         updated, cache = False, past_key_values
+
+    if cache is not None and not _dynamic_layer(cache, self.layer_idx):
+        raise _Unsupported(f"a {type(cache).__name__} (posenc serves DynamicCache)")
 
     query = self.q(hidden_states).view(batch, n, heads, dk).transpose(1, 2)
     if cross and past_key_values is not None and updated:
