@@ -7,7 +7,8 @@ drift from the code.
   alone, it first replays the page's earlier blocks.
 * A block whose fence says ``python no-run`` is skipped (kept for what needs a
   GPU or a long run).  A block that needs torch -- it names ``torch``, or
-  uses a name bound by such a block -- is skipped when torch is missing.
+  uses a name bound by such a block -- is skipped when torch is missing; a
+  block from the first that names transformers on, when transformers is.
 * A fence ``output`` right after a python block is what that block prints:
   the test compares it with the captured stdout (trailing spaces ignored).
 * ``bash`` and other blocks are not executed; the ``python -m posenc``
@@ -42,6 +43,7 @@ import posenc
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 HAVE_TORCH = importlib.util.find_spec("torch") is not None
+HAVE_TRANSFORMERS = importlib.util.find_spec("transformers") is not None
 FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})\s*([^`]*)$")
 
 
@@ -142,6 +144,9 @@ def skip_reason(blocks: list, index: int) -> str | None:
         return f"{block.name}: marked no-run"
     if not HAVE_TORCH and index in torch_blocks(blocks):
         return f"{block.name}: needs torch, which is not installed"
+    if not HAVE_TRANSFORMERS and any(re.search(r"\btransformers\b|posenc\.torch\.hf", b.code)
+                                     for b in blocks[:index + 1]):
+        return f"{block.name}: needs transformers (posenc[hf]), which is not installed"
     return None
 
 
