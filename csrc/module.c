@@ -344,11 +344,5 @@ PyMODINIT_FUNC PyInit__C(void)
         return NULL;
     posenc_dispatch_init();
     num_threads = posenc_max_threads();   /* OMP_NUM_THREADS, or every core */
-    PyObject *mod = PyModule_Create(&module);
-    /* the binding takes an EngineConfig (posenc/_engine.py) */
-    if (mod && PyModule_AddIntConstant(mod, "ENGINE_CONFIG_BINDING", 1) < 0) {
-        Py_DECREF(mod);
-        return NULL;
-    }
-    return mod;
+    return PyModule_Create(&module);
 }

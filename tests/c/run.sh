@@ -10,7 +10,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${POSENC_CTEST_DIR:-ctest-build}
 mkdir -p "$OUT"
-SRC="csrc/dispatch.c csrc/cpu.c csrc/engine/engine.c csrc/engine/engine_f32.c csrc/engine/engine_f64.c csrc/engine/runs.c csrc/engine/spans.c csrc/engine/alloc.c csrc/engine/threads.c csrc/engine/philox.c tests/c/test_engine.c"
+SRC="csrc/dispatch.c csrc/cpu.c csrc/engine/engine.c csrc/engine/engine_f32.c csrc/engine/engine_f64.c csrc/engine/runs.c csrc/engine/spans.c csrc/engine/alloc.c csrc/engine/threads.c csrc/engine/philox.c tests/c/harness.c tests/c/test_engine.c tests/c/test_attention.c"
 CFLAGS="-O2 -g -std=c11 -Wall -Wextra -Wno-unused-parameter -Wno-missing-field-initializers -Icsrc"
 
 build_x86() {  # $1 output, $2 extra flags, $3 "avx512" to include it

@@ -1,0 +1,234 @@
+/*
+ * harness.c -- the C tests' shared parts (harness.h).
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "harness.h"
+
+int failures, checks;
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+
+double urand(void)   /* uniform in [-1, 1) */
+{
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (double)(rng_state >> 11) / 9007199254740992.0 * 2.0 - 1.0;
+}
+
+const config configs[] = {
+    {"content", 0, 0, 0, 0, 0, 0, 0, 0},
+    {"shaw", 0, 0, 1, 0, 0, 0, 0, 0},
+    {"t5-like", 0, 1, 0, 0, 0, 0, 0, 2},
+    {"m2", 0, 1, 0, 0, 0, 0, 1, 0},
+    {"m4", 0, 0, 1, 1, 0, 0, 0, 0},
+    {"m4m", 0, 0, 1, 1, 0, 0, 1, 0},
+    {"deberta-like", 0, 0, 1, 1, 0, 0, 0, 1},
+    {"tupe", 1, 1, 0, 0, 0, 1, 0, 2},
+    {"diet_abs", 1, 0, 0, 0, 1, 0, 0, 0},
+    {"diet_rel", 0, 1, 0, 0, 1, 0, 0, 1},
+    {"everything", 1, 1, 1, 1, 1, 1, 0, 2},
+    {"tupe@offset", 1, 1, 0, 0, 0, 1, 0, 2, 2},
+    {"everything@offset", 1, 1, 1, 1, 1, 1, 0, 2, 1},
+    {"product-all", 0, 1, 1, 1, 0, 0, 1, 2},
+};
+
+const size_t config_count = sizeof configs / sizeof configs[0];
+
+double *fill(problem_data *pd, int slot, size_t len)
+{
+    pd->len[slot] = len;
+    pd->f64[slot] = malloc(sizeof(double) * (len ? len : 1));
+    pd->f32[slot] = malloc(sizeof(float) * (len ? len : 1));
+    for (size_t t = 0; t < len; ++t) {
+        pd->f64[slot][t] = (double)(float)urand();   /* exactly representable in float */
+        pd->f32[slot][t] = (float)pd->f64[slot][t];
+    }
+    return pd->f64[slot];
+}
+
+int64_t *make_map(int kind, size_t n, size_t m, size_t rows)
+{
+    const size_t offsets = n + m - 1;
+    int64_t *map = malloc(sizeof(int64_t) * offsets);
+    const ptrdiff_t t = (ptrdiff_t)(rows - 1) / 2;
+    for (size_t idx = 0; idx < offsets; ++idx) {
+        ptrdiff_t o = (ptrdiff_t)idx - (ptrdiff_t)(n - 1);
+        if (kind == 1)
+            o = -o;
+        if (kind == 2) {
+            map[idx] = (int64_t)((urand() + 1.0) * 0.5 * (double)rows);
+            if (map[idx] >= (int64_t)rows) map[idx] = (int64_t)rows - 1;
+            if (idx % 3) map[idx] = idx ? map[idx - 1] : map[idx];   /* some runs */
+            continue;
+        }
+        map[idx] = (o < -t ? -t : o > t ? t : o) + t;
+    }
+    return map;
+}
+
+void build(problem_data *pd, const config *c, size_t B, size_t H, size_t n, size_t m,
+                  size_t d, int shared)
+{
+    memset(pd, 0, sizeof *pd);
+    posenc_problem *p = &pd->p;
+    const size_t Hp = shared ? 1 : H, rows = 7, dp = 3, S = 3;
+    p->product = c->product;
+    p->query_offset = c->query_offset;
+    p->B = B; p->H = H; p->n = n; p->m = m; p->d = d;
+    p->scale = 0.37;
+    p->dense_scale = 0.8;
+    p->vector_scale = c->product ? 1.0 : 0.37;
+    fill(pd, X_Q, B * H * n * d);
+    fill(pd, X_K, B * H * m * d);
+    fill(pd, X_G, B * H * n * m);
+    if (c->dense) {
+        fill(pd, X_PQ, Hp * n * dp);
+        fill(pd, X_PK, H * m * dp);          /* pos_k per head, pos_q maybe shared */
+        p->pos_q_heads = Hp; p->pos_k_heads = H; p->d_p = dp;
+    }
+    if (c->table) {
+        fill(pd, X_TABLE, Hp * rows);
+        p->table_heads = Hp; p->table_rows = rows;
+        pd->maps[0] = make_map(c->map, n, m, rows);
+        p->table_map = pd->maps[0];
+    }
+    if (c->query_table) {
+        fill(pd, X_QUERY_TABLE, Hp * rows * d);
+        p->query_table_heads = Hp; p->query_table_rows = rows;
+        pd->maps[1] = make_map(c->map, n, m, rows);
+        p->query_map = pd->maps[1];
+    }
+    if (c->key_table) {
+        fill(pd, X_KEY_TABLE, H * rows * d);
+        p->key_table_heads = H; p->key_table_rows = rows;
+        pd->maps[2] = make_map(c->map == 2 ? 0 : c->map, n, m, rows);
+        p->key_map = pd->maps[2];
+    }
+    if (c->segments) {
+        fill(pd, X_SEGMENT_TABLE, Hp * S * S);
+        p->segment_table_heads = Hp; p->n_segments = S;
+        pd->segment_q = malloc(sizeof(int64_t) * (B * n + 1));
+        pd->segment_k = malloc(sizeof(int64_t) * (B * m + 1));
+        for (size_t t = 0; t < B * n; ++t) pd->segment_q[t] = (int64_t)((urand() + 1) * 1.5) % 3;
+        for (size_t t = 0; t < B * m; ++t) pd->segment_k[t] = (int64_t)(t * 3 / (B * m + 1)) % 3;
+        p->segment_q = pd->segment_q; p->segment_k = pd->segment_k;
+    }
+    if (c->theta) {
+        fill(pd, X_THETA, Hp * 2);
+        p->theta_heads = Hp;
+    }
+}
+
+void point(problem_data *pd, posenc_dtype dtype)
+{
+    posenc_problem *p = &pd->p;
+#define PTR(slot) (pd->len[slot] || pd->f64[slot] ? (dtype == POSENC_F32 ? (void *)pd->f32[slot] : (void *)pd->f64[slot]) : NULL)
+    p->dtype = dtype;
+    p->q = PTR(X_Q); p->k = PTR(X_K);
+    p->pos_q = PTR(X_PQ); p->pos_k = PTR(X_PK);
+    p->table = PTR(X_TABLE); p->query_table = PTR(X_QUERY_TABLE); p->key_table = PTR(X_KEY_TABLE);
+    p->segment_table = PTR(X_SEGMENT_TABLE); p->theta = PTR(X_THETA);
+#undef PTR
+}
+
+void release(problem_data *pd)
+{
+    for (int t = 0; t < MAX_ARRAYS; ++t) { free(pd->f64[t]); free(pd->f32[t]); }
+    for (int t = 0; t < 3; ++t) free(pd->maps[t]);
+    free(pd->segment_q);
+    free(pd->segment_k);
+}
+
+/* SPEC §3 written as loops, in double. */
+double naive_logit(const problem_data *pd, size_t b, size_t h, size_t i, size_t j)
+{
+    const posenc_problem *p = &pd->p;
+    const size_t n = p->n, m = p->m, d = p->d, H = p->H;
+    const double *q = pd->f64[X_Q] + ((b * H + h) * n + i) * d;
+    const double *k = pd->f64[X_K] + ((b * H + h) * m + j) * d;
+    const size_t o = j + n - 1 - i;
+    double qk = 0;
+    for (size_t l = 0; l < d; ++l) qk += q[l] * k[l];
+    double fq = 0, fk = 0, t = 0, pos = 0;
+    if (p->query_table) {
+        const double *a = pd->f64[X_QUERY_TABLE] + ((p->query_table_heads == 1 ? 0 : h) * p->query_table_rows + (size_t)p->query_map[o]) * d;
+        for (size_t l = 0; l < d; ++l) fq += q[l] * a[l];
+        fq *= p->vector_scale;
+    }
+    if (p->key_table) {
+        const double *a = pd->f64[X_KEY_TABLE] + ((p->key_table_heads == 1 ? 0 : h) * p->key_table_rows + (size_t)p->key_map[o]) * d;
+        for (size_t l = 0; l < d; ++l) fk += k[l] * a[l];
+        fk *= p->vector_scale;
+    }
+    if (p->table)
+        t = pd->f64[X_TABLE][(p->table_heads == 1 ? 0 : h) * p->table_rows + (size_t)p->table_map[o]];
+    if (p->product) {
+        double value = p->scale * qk;
+        if (p->table) value *= t;
+        if (p->query_table) value *= fq;
+        if (p->key_table) value *= fk;
+        return value;
+    }
+    pos = fq + fk + t;
+    if (p->pos_q) {
+        const double *pq = pd->f64[X_PQ] + ((p->pos_q_heads == 1 ? 0 : h) * n + i) * p->d_p;
+        const double *pk = pd->f64[X_PK] + ((p->pos_k_heads == 1 ? 0 : h) * m + j) * p->d_p;
+        double dot = 0;
+        for (size_t l = 0; l < p->d_p; ++l) dot += pq[l] * pk[l];
+        pos += p->dense_scale * dot;
+    }
+    if (p->segment_table) {
+        const size_t S = p->n_segments;
+        pos += pd->f64[X_SEGMENT_TABLE][(p->segment_table_heads == 1 ? 0 : h) * S * S +
+                              (size_t)p->segment_q[b * n + i] * S + (size_t)p->segment_k[b * m + j]];
+    }
+    if (p->theta) {
+        const double *theta = pd->f64[X_THETA] + (p->theta_heads == 1 ? 0 : h) * 2;
+        if (p->query_offset + i == 0) pos = theta[0];
+        else if (j == 0) pos = theta[1];
+    }
+    return p->scale * qk + pos;
+}
+
+double *widen(const void *src, size_t len, posenc_dtype dtype)
+{
+    double *dst = malloc(sizeof(double) * (len ? len : 1));
+    for (size_t t = 0; t < len; ++t)
+        dst[t] = dtype == POSENC_F32 ? (double)((const float *)src)[t] : ((const double *)src)[t];
+    return dst;
+}
+
+double max_abs(const double *x, size_t len)
+{
+    double v = 0;
+    for (size_t t = 0; t < len; ++t) v = fmax(v, fabs(x[t]));
+    return v;
+}
+
+void compare_above(const char *what, const double *a, const double *b, size_t len,
+                          double rtol, int bitwise, double floor)
+{
+    const double scale = fmax(max_abs(b, len), floor);
+    double worst = 0;
+    for (size_t t = 0; t < len; ++t) {
+        const double diff = fabs(a[t] - b[t]);
+        if (bitwise ? memcmp(&a[t], &b[t], sizeof(double)) != 0 : !(diff <= rtol * scale))
+            worst = fmax(worst, diff / scale + (diff != diff ? 1e300 : 0) + (bitwise ? 1 : 0));
+    }
+    EXPECT(worst == 0, "%s: relative error %.3g (tolerance %.3g%s)", what, worst, rtol,
+           bitwise ? ", bitwise" : "");
+}
+
+/* a and b equal within rtol times b's largest entry (bitwise: exactly) */
+void compare(const char *what, const double *a, const double *b, size_t len, double rtol,
+                    int bitwise)
+{
+    compare_above(what, a, b, len, rtol, bitwise, 1e-30);
+}
+
+
+const char *const grad_names[9] = {"q", "k", "pos_q", "pos_k", "table", "query_table", "key_table", "segment_table", "theta"};

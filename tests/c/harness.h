@@ -1,0 +1,70 @@
+/*
+ * harness.h -- what the C tests share: a seeded generator, the EXPECT
+ * counters, synthetic problems of every term kind (configs), the naive
+ * double-precision logits of SPEC.md, and tolerant comparisons.
+ */
+#ifndef POSENC_TEST_HARNESS_H
+#define POSENC_TEST_HARNESS_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include "posenc.h"
+
+extern int failures, checks;
+
+#define EXPECT(cond, ...)                         \
+    do {                                          \
+        ++checks;                                 \
+        if (!(cond)) {                            \
+            ++failures;                           \
+            fprintf(stderr, "FAIL: " __VA_ARGS__); \
+            fputc('\n', stderr);                  \
+        }                                         \
+    } while (0)
+
+typedef struct {
+    const char *name;
+    int dense, table, query_table, key_table, segments, theta, product;
+    int map;   /* 0 clipped j-i, 1 clipped i-j, 2 irregular */
+    size_t query_offset;   /* SPEC §1: moves TUPE's [CLS] row (the maps here are synthetic) */
+} config;
+
+extern const config configs[];
+extern const size_t config_count;
+
+enum { MAX_ARRAYS = 16 };
+
+/* The problem's inputs in double; f32 copies made on demand. */
+typedef struct {
+    posenc_problem p;
+    size_t len[MAX_ARRAYS];
+    double *f64[MAX_ARRAYS];
+    float *f32[MAX_ARRAYS];
+    int64_t *maps[3];
+    int64_t *segment_q, *segment_k;
+} problem_data;
+
+enum { X_Q, X_K, X_PQ, X_PK, X_TABLE, X_QUERY_TABLE, X_KEY_TABLE, X_SEGMENT_TABLE, X_THETA, X_G,
+       X_V, X_D_OUT, X_COUNT };
+
+double urand(void);   /* uniform in [-1, 1) */
+double *fill(problem_data *pd, int slot, size_t len);
+int64_t *make_map(int kind, size_t n, size_t m, size_t rows);
+void build(problem_data *pd, const config *c, size_t B, size_t H, size_t n, size_t m, size_t d,
+           int shared);
+void point(problem_data *pd, posenc_dtype dtype);
+void release(problem_data *pd);
+double naive_logit(const problem_data *pd, size_t b, size_t h, size_t i, size_t j);
+double *widen(const void *src, size_t len, posenc_dtype dtype);
+double max_abs(const double *x, size_t len);
+void compare_above(const char *what, const double *a, const double *b, size_t len, double rtol,
+                   int bitwise, double floor);
+void compare(const char *what, const double *a, const double *b, size_t len, double rtol,
+             int bitwise);
+extern const char *const grad_names[9];
+
+void test_philox(void);
+void test_attention(void);
+
+#endif /* POSENC_TEST_HARNESS_H */

@@ -1,0 +1,253 @@
+/*
+ * test_attention.c -- Philox-4x32-10 against Random123's known answers, and
+ * the fused attention (SPEC §6) against naive loops (see test_engine.c).
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "harness.h"
+#include "engine/philox.h"
+
+/* ---------------------------------------------------------------- Philox */
+
+void test_philox(void)
+{
+    /* Random123 kat_vectors, philox4x32_10 */
+    static const uint32_t counter[3][4] = {{0, 0, 0, 0},
+                                           {0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu},
+                                           {0x243f6a88u, 0x85a308d3u, 0x13198a2eu, 0x03707344u}};
+    static const uint32_t key[3][2] = {{0, 0}, {0xffffffffu, 0xffffffffu}, {0xa4093822u, 0x299f31d0u}};
+    static const uint32_t want[3][4] = {{0x6627e8d5u, 0xe169c58du, 0xbc57ac4cu, 0x9b00dbd8u},
+                                        {0x408f276du, 0x41c83b0eu, 0xa20bc7c6u, 0x6d5451fdu},
+                                        {0xd16cfe09u, 0x94fdccebu, 0x5001e420u, 0x24126ea1u}};
+    for (int t = 0; t < 3; ++t) {
+        uint32_t out[4];
+        posenc_philox4x32_10(counter[t], key[t], out);
+        EXPECT(memcmp(out, want[t], sizeof out) == 0, "philox known answer %d: %08x %08x %08x %08x",
+               t, out[0], out[1], out[2], out[3]);
+    }
+    /* a row's decisions are words j mod 4 of the blocks at counter (j / 4, i, h, b) */
+    uint8_t keep[7];
+    uint32_t words[4];
+    const uint64_t seed = 0x123456789abcdefull;
+    const uint32_t block[4] = {1, 5, 2, 3}, seed_key[2] = {(uint32_t)seed, (uint32_t)(seed >> 32)};
+    posenc_dropout_row(keep, 7, seed, 0x80000000u, 3, 2, 5);
+    posenc_philox4x32_10(block, seed_key, words);
+    for (int t = 0; t < 3; ++t)
+        EXPECT(keep[4 + t] == (words[t] >= 0x80000000u), "dropout row key %d", 4 + t);
+    EXPECT(posenc_dropout_threshold(0.0) == 0 && posenc_dropout_threshold(0.5) == 0x80000000u &&
+           posenc_dropout_threshold(0.1) == 429496729u, "dropout threshold");
+}
+
+/* ---------------------------------------------------------------- attention */
+
+typedef struct {
+    const char *name;
+    int causal, padding;
+    double dropout_p;
+} attention_case;
+
+static const attention_case attention_cases[] = {
+    {"plain", 0, 0, 0.0}, {"causal", 1, 0, 0.0}, {"padded", 0, 1, 0.0},
+    {"causal+padded+dropout", 1, 1, 0.3}, {"dropout", 0, 0, 0.5},
+};
+
+/* key j of batch row b is padding: the last third, and every key of batch row 1
+ * (a batch whose rows are all masked) */
+static int is_padding(size_t b, size_t j, size_t m) { return b == 1 || j * 3 >= 2 * m; }
+
+typedef struct {
+    double *out, *lse, *grad_v, *ds;   /* naive, in double */
+} attention_naive;
+
+/* SPEC §6 as loops over naive_logit, in double: out, lse, dv and dS (the
+ * gradient of the logits, for the logits' backward). */
+static void naive_attention(const problem_data *pd, const posenc_attention *a, attention_naive *r)
+{
+    const posenc_problem *p = &pd->p;
+    const size_t B = p->B, H = p->H, n = p->n, m = p->m, dv = a->dv;
+    const double *v = pd->f64[X_V], *d_out = pd->f64[X_D_OUT];
+    const uint32_t threshold = posenc_dropout_threshold(a->dropout_p);
+    double *P = malloc(sizeof(double) * (m + 1));
+    uint8_t *keep = malloc(m + 1);
+    r->out = calloc(B * H * n * dv + 1, sizeof(double));
+    r->lse = calloc(B * H * n + 1, sizeof(double));
+    r->grad_v = calloc(B * H * m * dv + 1, sizeof(double));
+    r->ds = calloc(B * H * n * m + 1, sizeof(double));
+    for (size_t b = 0; b < B; ++b)
+        for (size_t h = 0; h < H; ++h)
+            for (size_t i = 0; i < n; ++i) {
+                const size_t u = b * H + h, row = u * n + i;
+                double row_max = -INFINITY, sum = 0;
+                for (size_t j = 0; j < m; ++j) {
+                    const int masked = (a->causal && j > p->query_offset + i) ||
+                                       (a->key_padding_mask && a->key_padding_mask[b * m + j]);
+                    P[j] = masked ? -INFINITY : naive_logit(pd, b, h, i, j);
+                    row_max = fmax(row_max, P[j]);
+                }
+                if (row_max == -INFINITY) {
+                    r->lse[row] = -INFINITY;
+                    continue;   /* out, dv and dS rows 0 */
+                }
+                for (size_t j = 0; j < m; ++j)
+                    sum += P[j] = exp(P[j] - row_max);
+                r->lse[row] = row_max + log(sum);
+                posenc_dropout_row(keep, m, a->seed, threshold, b, h, i);
+                double delta = 0;
+                for (size_t j = 0; j < m; ++j) {
+                    P[j] /= sum;
+                    const double D = keep[j] ? 1.0 / (1.0 - a->dropout_p) : 0.0;
+                    for (size_t l = 0; l < dv; ++l) {
+                        r->out[row * dv + l] += P[j] * D * v[(u * m + j) * dv + l];
+                        r->grad_v[(u * m + j) * dv + l] += P[j] * D * d_out[row * dv + l];
+                    }
+                }
+                for (size_t l = 0; l < dv; ++l)
+                    delta += d_out[row * dv + l] * r->out[row * dv + l];
+                for (size_t j = 0; j < m; ++j) {
+                    const double D = keep[j] ? 1.0 / (1.0 - a->dropout_p) : 0.0;
+                    double dp = 0;
+                    for (size_t l = 0; l < dv; ++l)
+                        dp += d_out[row * dv + l] * v[(u * m + j) * dv + l];
+                    r->ds[row * m + j] = P[j] * (D * dp - delta);
+                }
+            }
+    free(P);
+    free(keep);
+}
+
+typedef struct {
+    double *out, *lse, *grad_v, *grads[9];
+} attention_result;
+
+static int run_attention(problem_data *pd, posenc_attention *a, posenc_dtype dtype, int threads,
+                         attention_result *r)
+{
+    const posenc_problem *p = &pd->p;
+    const size_t es = dtype == POSENC_F32 ? sizeof(float) : sizeof(double);
+    const size_t n_out = p->B * p->H * p->n * a->dv, n_lse = p->B * p->H * p->n;
+    const size_t n_v = p->B * p->H * p->m * a->dv;
+    const size_t lens[9] = {pd->len[X_Q], pd->len[X_K], pd->len[X_PQ], pd->len[X_PK], pd->len[X_TABLE],
+                            pd->len[X_QUERY_TABLE], pd->len[X_KEY_TABLE], pd->len[X_SEGMENT_TABLE], pd->len[X_THETA]};
+    const void *inputs[9] = {p->q, p->k, p->pos_q, p->pos_k, p->table, p->query_table, p->key_table,
+                             p->segment_table, p->theta};
+    void *out = malloc(es * (n_out + 1)), *lse = malloc(es * (n_lse + 1));
+    void *grad_v = malloc(es * (n_v + 1)), *g[9];
+    for (int t = 0; t < 9; ++t) g[t] = inputs[t] ? malloc(es * (lens[t] + 1)) : NULL;
+    posenc_grads grads = {g[0], g[1], g[2], g[3], g[4], g[5], g[6], g[7], g[8]};
+    a->v = dtype == POSENC_F32 ? (const void *)pd->f32[X_V] : (const void *)pd->f64[X_V];
+    const void *d_out = dtype == POSENC_F32 ? (const void *)pd->f32[X_D_OUT] : (const void *)pd->f64[X_D_OUT];
+    int status = posenc_attention_forward(p, a, out, lse, threads);
+    if (status == POSENC_OK)
+        status = posenc_attention_backward(p, a, d_out, out, lse, &grads, grad_v, threads);
+    r->out = widen(out, n_out, dtype);
+    r->lse = widen(lse, n_lse, dtype);
+    r->grad_v = widen(grad_v, n_v, dtype);
+    for (int t = 0; t < 9; ++t) {
+        r->grads[t] = g[t] ? widen(g[t], lens[t], dtype) : NULL;
+        free(g[t]);
+    }
+    free(out);
+    free(lse);
+    free(grad_v);
+    return status;
+}
+
+static void free_attention(attention_result *r)
+{
+    free(r->out); free(r->lse); free(r->grad_v);
+    for (int t = 0; t < 9; ++t) free(r->grads[t]);
+}
+
+/* lse compared with its -inf entries equal and the finite ones within rtol */
+static void compare_lse(const char *what, const double *a, const double *b, size_t len, double rtol,
+                        int bitwise)
+{
+    int bad = 0;
+    for (size_t t = 0; t < len; ++t) {
+        if (bitwise ? memcmp(&a[t], &b[t], sizeof(double)) != 0
+                    : (isinf(b[t]) ? a[t] != b[t] : !(fabs(a[t] - b[t]) <= rtol * fmax(1.0, fabs(b[t])))))
+            bad = 1;
+    }
+    EXPECT(!bad, "%s lse%s", what, bitwise ? " (bitwise)" : "");
+}
+
+void test_attention(void)
+{
+    const size_t sizes[][6] = {{1, 1, 1, 1, 1, 1}, {2, 3, 7, 5, 3, 4}, {1, 2, 17, 33, 9, 3},
+                               {2, 1, 33, 17, 16, 16}, {3, 2, 9, 9, 0, 2}, {2, 2, 70, 64, 16, 0},
+                               {2, 1, 300, 200, 8, 5}};
+    for (size_t c = 0; c < config_count; ++c)
+        for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; ++s)
+            for (size_t k = 0; k < sizeof attention_cases / sizeof attention_cases[0]; ++k) {
+                const size_t *z = sizes[s], dv = z[5];
+                const attention_case *ac = &attention_cases[k];
+                if ((c + s + k) % 2 || (z[2] >= 300 && c % 4))   /* half the combinations; */
+                    continue;                                    /* the large size for a few */
+                problem_data pd;
+                build(&pd, &configs[c], z[0], z[1], z[2], z[3], z[4], (int)(s + k) % 2);
+                fill(&pd, X_V, z[0] * z[1] * z[3] * dv);
+                fill(&pd, X_D_OUT, z[0] * z[1] * z[2] * dv);
+                uint8_t *mask = malloc(z[0] * z[3] + 1);
+                for (size_t t = 0; t < z[0] * z[3]; ++t)
+                    mask[t] = (uint8_t)is_padding(t / z[3], t % z[3], z[3]);
+                posenc_attention a = {NULL, dv, ac->padding ? mask : NULL, ac->causal,
+                                      ac->dropout_p, 0x9e3779b97f4a7c15ull + s};
+                point(&pd, POSENC_F64);
+                attention_naive naive;
+                naive_attention(&pd, &a, &naive);
+                /* the naive dS through the logits' backward (scalar, double) */
+                const size_t lens[9] = {pd.len[X_Q], pd.len[X_K], pd.len[X_PQ], pd.len[X_PK], pd.len[X_TABLE],
+                                        pd.len[X_QUERY_TABLE], pd.len[X_KEY_TABLE], pd.len[X_SEGMENT_TABLE], pd.len[X_THETA]};
+                const void *inputs[9] = {pd.p.q, pd.p.k, pd.p.pos_q, pd.p.pos_k, pd.p.table, pd.p.query_table,
+                                         pd.p.key_table, pd.p.segment_table, pd.p.theta};
+                double *want[9];
+                for (int t = 0; t < 9; ++t) want[t] = inputs[t] ? malloc(sizeof(double) * (lens[t] + 1)) : NULL;
+                posenc_grads wg = {want[0], want[1], want[2], want[3], want[4], want[5], want[6], want[7], want[8]};
+                posenc_set_isa(POSENC_ISA_SCALAR);
+                EXPECT(posenc_backward(&pd.p, naive.ds, &wg, 1) == POSENC_OK, "backward of dS");
+                for (int dt = 1; dt >= 0; --dt) {
+                    const posenc_dtype dtype = dt ? POSENC_F64 : POSENC_F32;
+                    const double rtol = dt ? 1e-11 : 1e-4;
+                    point(&pd, dtype);
+                    for (int isa = 0; isa < POSENC_ISA_COUNT; ++isa) {
+                        if (!posenc_isa_supported((posenc_isa)isa))
+                            continue;
+                        posenc_set_isa((posenc_isa)isa);
+                        attention_result one, two;
+                        char what[256];
+                        snprintf(what, sizeof what, "attention %s %s %s size#%zu %s", configs[c].name,
+                                 ac->name, dt ? "f64" : "f32", s, posenc_isa_name((posenc_isa)isa));
+                        EXPECT(run_attention(&pd, &a, dtype, 1, &one) == POSENC_OK, "%s status", what);
+                        EXPECT(run_attention(&pd, &a, dtype, 2, &two) == POSENC_OK, "%s status", what);
+                        const size_t n_out = z[0] * z[1] * z[2] * dv, n_lse = z[0] * z[1] * z[2];
+                        const size_t n_v = z[0] * z[1] * z[3] * dv;
+                        compare(what, one.out, naive.out, n_out, rtol, 0);
+                        compare(what, two.out, one.out, n_out, 0, 1);
+                        compare_lse(what, one.lse, naive.lse, n_lse, rtol, 0);
+                        compare_lse(what, two.lse, one.lse, n_lse, 0, 1);
+                        compare(what, one.grad_v, naive.grad_v, n_v, rtol, 0);
+                        compare(what, two.grad_v, one.grad_v, n_v, 0, 1);
+                        for (int t = 0; t < 9; ++t) {
+                            if (!want[t])
+                                continue;
+                            char grad_what[300];
+                            snprintf(grad_what, sizeof grad_what, "%s d%s", what, grad_names[t]);
+                            /* some vanish (a segment gradient through rows that sum to 0):
+                             * relative to at least 1 */
+                            compare_above(grad_what, one.grads[t], want[t], lens[t], rtol, 0, 1.0);
+                            compare(grad_what, two.grads[t], one.grads[t], lens[t], 0, 1);
+                        }
+                        free_attention(&one);
+                        free_attention(&two);
+                    }
+                }
+                for (int t = 0; t < 9; ++t) free(want[t]);
+                free(naive.out); free(naive.lse); free(naive.grad_v); free(naive.ds);
+                free(mask);
+                release(&pd);
+            }
+}
