@@ -10,6 +10,10 @@ before it multiplies (sum_j G_ij) q_i, where the reference adds the
 products G_ij q_i one by one, so an Inf meeting G's of both signs is +-Inf
 in one and NaN in the other -- both IEEE results of the same sum, grouped
 differently.  Finite outputs are compared with the usual tolerances.
+
+Scales past 1 (+-inf, 1e308, 3) give s (q.k + ...) as the reference
+computes it: the same masks and values, but for the table gradients summed
+along buckets before they are scaled (BUCKET_SUMMED).
 """
 
 import functools
@@ -77,7 +81,7 @@ def _reference(method, shape, dtype):
     return results
 
 
-def assert_same_pattern(got, want, what, dtype, exact=True):
+def assert_same_pattern(got, want, what, dtype, exact=True, tol=None):
     """NaN and Inf where the reference has them (exact), or at least non-finite
     where it is, +-Inf of the same sign where both are infinite; the finite
     values close."""
@@ -90,8 +94,8 @@ def assert_same_pattern(got, want, what, dtype, exact=True):
     both_inf = np.isinf(got) & np.isinf(want)
     np.testing.assert_array_equal(got[both_inf], want[both_inf], err_msg=f"{what}: Inf signs")
     finite = np.isfinite(want)
-    np.testing.assert_allclose(got[finite], want[finite], err_msg=f"{what}: finite values",
-                               **TOL[dtype])
+    np.testing.assert_allclose(got[finite].astype(np.float64), want[finite].astype(np.float64),
+                               err_msg=f"{what}: finite values", **(tol or TOL[dtype]))
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
@@ -110,6 +114,59 @@ def test_nan_and_inf_inputs(method, isa, dtype, shape):
             if getattr(grads, field) is not None:
                 assert_same_pattern(getattr(got, field), getattr(grads, field),
                                     f"{label}: d{field}", dtype, exact=special != special)
+
+
+# The table gradients the engine sums along a bucket's diagonals before it
+# scales them, (s sum_j G_ij) q_i, where the reference scales each product,
+# sum_j s G_ij q_i: with s = +-inf both are non-finite where reached (NaN or
+# +-Inf), with s = 1e308 a product may overflow in one and not in the other.
+BUCKET_SUMMED = {("shaw", "rel_k"), ("m4", "rel_k"), ("m4m", "rel_k"), ("m2", "rel"),
+                 ("deberta", "pos_key"), ("deberta", "pos_query")}
+SCALES = [np.inf, -np.inf, 1e308, 3.0]
+
+
+@functools.lru_cache(maxsize=None)
+def _scaled_reference(method, shape, dtype, scale):
+    args, kw = _inputs(method, shape, dtype)
+    G = np.random.default_rng(4).standard_normal(shape[:3] + (shape[3],)).astype(dtype)
+    kw = dict(kw, scale=scale)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return (args, kw, G, getattr(reference, method)(*args, **kw),
+                getattr(reference, method + "_backward")(G, *args, **kw))
+
+
+@pytest.mark.parametrize("scale", SCALES, ids=str)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("isa", ISAS, indirect=True)
+@pytest.mark.parametrize("method", posenc.METHODS)
+def test_scales_past_one(method, isa, dtype, scale):
+    """scale = +-inf, 1e308 (past float32: +-inf there) or 3: the result is
+    s (q.k + ...) as the reference computes it, not q.(s k) (whose s k_j
+    overflows, and whose sum of +-Inf is NaN).  The engine then sums every
+    term unscaled and scales after (forward_tile_exact, exact_content_grad)."""
+    for shape in SHAPES:
+        args, kw, G, forward, grads = _scaled_reference(method, shape, dtype, scale)
+        label = f"{method} [{isa}, {np.dtype(dtype).name}] scale={scale} {shape}"
+        tol = dict(TOL[dtype])
+        if np.isfinite(scale):
+            tol["atol"] *= scale
+        got = getattr(posenc, method)(*args, **kw)
+        assert_same_pattern(got, forward, f"{label}: forward", dtype, tol=tol)
+        got = getattr(posenc, method + "_backward")(G, *args, **kw)
+        for field in got._fields:
+            want = getattr(grads, field)
+            if want is None:
+                continue
+            what = f"{label}: d{field}"
+            if (method, field) not in BUCKET_SUMMED or scale == 3.0:
+                assert_same_pattern(getattr(got, field), want, what, dtype, tol=tol)
+            elif np.isinf(scale):
+                assert_same_pattern(getattr(got, field), want, what, dtype, exact=False, tol=tol)
+            else:
+                both = np.isfinite(getattr(got, field)) & np.isfinite(want)
+                np.testing.assert_allclose(getattr(got, field)[both].astype(np.float64),
+                                           want[both].astype(np.float64), err_msg=what, **tol)
 
 
 def test_a_table_row_no_query_reaches_stays_finite():

@@ -19,9 +19,12 @@
  */
 
 typedef struct {
-    const posenc_problem *p;
+    const posenc_problem *p;    /* the call's problem, or `unit` when exact_scale */
     const posenc_kernels *kern;
     const posenc_grads *g;
+    posenc_problem unit;        /* exact_scale: the problem with unit scales */
+    double scale, vector_scale, dense_scale;   /* the call's scales */
+    int exact_scale;            /* a scale is not tame: every sum unscaled, scaled after */
     const REAL *G;
     size_t m_pad, row_block, offsets;
     int masked;                 /* theta present: the [CLS] row and column 0 belong to it */
@@ -45,6 +48,7 @@ typedef struct {
     REAL *query_side;         /* Gq: n x query_buckets */
     REAL *key_side;           /* Gk: m x key_buckets */
     REAL *reach;              /* the buckets one row of Gq or Gk reaches (vector_table_exact) */
+    REAL *vector_grad;        /* exact_scale: X.table of a unit, max(n, m) x d */
     /* product mode (backward_product_impl.h) */
     REAL *k_pack, *content, *query_factor, *key_factor, *query_proj, *query_table_pack;
     REAL *key_proj, *key_table_pack, *key_tile_grad, *content_grad, *row_grad;
@@ -75,6 +79,8 @@ static size_t backward_ws_layout(const backward_ctx *c, backward_ws *w, REAL *me
     if (c->need_query_side) WS_TAKE(w, mem, at, query_side, n * c->query_buckets);
     if (c->need_key_side) WS_TAKE(w, mem, at, key_side, m * c->key_buckets);
     if (c->need_query_side || c->need_key_side) WS_TAKE(w, mem, at, reach, buckets);
+    if (c->exact_scale && (c->need_query_side || c->need_key_side))
+        WS_TAKE(w, mem, at, vector_grad, posenc_max(n, m) * d);
     if (p->product)
         backward_product_ws(c, w, mem, &at);
     if (p->pos_q && (c->g->pos_q || c->g->pos_k))
@@ -349,18 +355,51 @@ static void backward_unit_block(const backward_ctx *c, backward_ws *w, size_t u,
              (ptrdiff_t)d, 1, s, dk_u, (ptrdiff_t)d, blk0 > 0, NULL);
 }
 
+/*
+ * exact_scale: dx (rows x d, its content part s Gc.x' unscaled) scaled
+ * after its sums, in double, in the reference's order: s dx + vs X.table
+ * (sum), s (dx + X.table) (product); X.table in w->vector_grad, or none.
+ */
+static void exact_content_grad(const backward_ctx *c, REAL *dx, const REAL *vector_grad,
+                               size_t count)
+{
+    const double s = c->scale, vs = c->p->product ? 1 : c->vector_scale;
+    for (size_t t = 0; t < count; ++t) {
+        const double content = (double)dx[t];
+        if (!vector_grad)
+            dx[t] = (REAL)(s * content);
+        else if (c->p->product)
+            dx[t] = (REAL)(s * (content + (double)vector_grad[t]));
+        else
+            dx[t] = (REAL)(s * content + vs * (double)vector_grad[t]);
+    }
+}
+
 /* Unit u's end, once every row block is in: the gradients through the vector tables. */
 static void backward_unit_end(const backward_ctx *c, backward_ws *w, size_t u)
 {
     const posenc_problem *p = c->p;
     const posenc_grads *g = c->g;
     const size_t n = p->n, m = p->m, d = p->d, h = u % p->H;
-    if (c->need_query_side)
-        backward_vector_table(c, w, u, h, 0, (const REAL *)p->q + u * n * d,
-                              g->q ? (REAL *)g->q + u * n * d : NULL);
-    if (c->need_key_side)
-        backward_vector_table(c, w, u, h, 1, (const REAL *)p->k + u * m * d,
-                              g->k ? (REAL *)g->k + u * m * d : NULL);
+    for (int key_side = 0; key_side < 2; ++key_side) {
+        const size_t rows = key_side ? m : n;
+        const REAL *x = (const REAL *)(key_side ? p->k : p->q) + u * rows * d;
+        REAL *dx = key_side ? g->k : g->q;
+        dx = dx ? dx + u * rows * d : NULL;
+        const int side = key_side ? c->need_key_side : c->need_query_side;
+        if (!c->exact_scale) {
+            if (side)
+                backward_vector_table(c, w, u, h, key_side, x, dx);
+            continue;
+        }
+        /* the vector part apart, so that each part is scaled after its sums */
+        if (side && dx)
+            memset(w->vector_grad, 0, sizeof(REAL) * rows * d);
+        if (side)
+            backward_vector_table(c, w, u, h, key_side, x, dx ? w->vector_grad : NULL);
+        if (dx)
+            exact_content_grad(c, dx, side ? w->vector_grad : NULL, rows * d);
+    }
 }
 
 static void backward_unit(const backward_ctx *c, backward_ws *w, size_t u)
@@ -446,6 +485,36 @@ static void reduce_slots(REAL *out, size_t heads, size_t out_width, size_t at, c
         }
 }
 
+/*
+ * exact_scale: grad (heads x rows x width) times the scale its sums left
+ * out, in double.  With a map, only the rows a logit reads through it (the
+ * offsets j - i of theta-free rows and columns): the others are sums of no
+ * terms, 0 in the reference whatever the scale (not 0 * Inf).
+ */
+static void exact_scale_rows(const backward_ctx *c, REAL *grad, size_t heads, size_t rows,
+                             size_t width, const int64_t *map, double scale)
+{
+    if (!grad || scale == 1)
+        return;
+    const posenc_problem *p = c->p;
+    unsigned char *read = map ? (unsigned char *)posenc_alloc(rows, 1) : NULL;
+    if (read) {
+        memset(read, 0, rows);
+        /* o = j - i with j >= jb and i past the [CLS] row: map[o + n - 1] */
+        const size_t first = c->masked ? 1 : 0, last = p->n + p->m - 1 - (c->cls_row0 ? 1 : 0);
+        for (size_t t = first; t < last; ++t)
+            read[map[t]] = 1;
+    }
+    for (size_t h = 0; h < heads; ++h)
+        for (size_t r = 0; r < rows; ++r)
+            if (!read || read[r])
+                for (size_t e = 0; e < width; ++e) {
+                    REAL *x = grad + (h * rows + r) * width + e;
+                    *x = (REAL)(scale * (double)*x);
+                }
+    posenc_free(read);
+}
+
 /* Phase 3: every wanted table gradient from its slots, in a fixed order. */
 static void backward_reduce(const backward_ctx *c)
 {
@@ -476,6 +545,21 @@ static void backward_reduce(const backward_ctx *c)
     if (g->pos_k)
         reduce_slots((REAL *)g->pos_k, p->pos_k_heads, p->m * p->d_p, 0, c->pos_k_slots, 1, H,
                      p->m * p->d_p, NULL, 0);
+    if (c->exact_scale) {
+        /* the scale each gradient's sums left out: s for every factor of a
+         * product (each effective gradient holds s q.k), vs on the vector
+         * tables and ds on the dense factor of a sum */
+        const double s = c->scale, vs = p->product ? s : c->vector_scale;
+        exact_scale_rows(c, (REAL *)g->table, p->table_heads, p->table_rows, 1, p->table_map,
+                         p->product ? s : 1);
+        exact_scale_rows(c, (REAL *)g->query_table, p->query_table_heads, p->query_table_rows, d,
+                         p->query_map, vs);
+        if (g->key_table != g->query_table)
+            exact_scale_rows(c, (REAL *)g->key_table, p->key_table_heads, p->key_table_rows, d,
+                             p->key_map, vs);
+        exact_scale_rows(c, (REAL *)g->pos_q, p->pos_q_heads, p->n, p->d_p, NULL, c->dense_scale);
+        exact_scale_rows(c, (REAL *)g->pos_k, p->pos_k_heads, p->m, p->d_p, NULL, c->dense_scale);
+    }
 }
 
 /* Every wanted output zeroed: the gradients of an empty problem. */
@@ -532,6 +616,15 @@ static int backward_prepare(backward_ctx *c, const posenc_problem *p, const pose
     c->p = p;
     c->kern = kern;
     c->g = g;
+    c->scale = p->scale;
+    c->vector_scale = p->vector_scale;
+    c->dense_scale = p->dense_scale;
+    c->exact_scale = !scale_tame(p->scale) || (!p->product && !scale_tame(p->vector_scale)) ||
+                     !scale_tame(p->dense_scale);
+    if (c->exact_scale) {
+        c->unit = unit_scales(p);
+        c->p = &c->unit;
+    }
     c->G = G;
     c->offsets = offsets;
     c->m_pad = posenc_round_up(m, kern->nr);

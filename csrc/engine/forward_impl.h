@@ -14,8 +14,11 @@
 #define HEAD_BLOCK_BUDGET ((size_t)64 << 20)
 
 typedef struct {
-    const posenc_problem *p;
+    const posenc_problem *p;  /* the call's problem, or `unit` when exact_scale */
     const posenc_kernels *kern;
+    posenc_problem unit;      /* exact_scale: the problem with unit scales */
+    double scale, vector_scale, dense_scale;   /* the call's scales */
+    int exact_scale;          /* a scale is not tame: forward_tile_exact */
     size_t m_pad;             /* m rounded up to nr */
     int head_blocks;          /* dense/table/reset of a head precomputed in a head block */
     int batch_terms;          /* query table, key table or segments present */
@@ -40,6 +43,7 @@ typedef struct {
     REAL *pos_k_pack;         /* pos_k^T panels, d_p x m_pad (no head blocks) */
     REAL *segment_expanded;   /* segment_rows: row s = segment_table[h, s, segment_k[b, j]], S x m */
     const REAL **segment_row; /* segment_rows: the tile's rows of segment_expanded, mr pointers */
+    double *exact;            /* exact_scale: a tile's logits and batch-free terms, 2 x mr x m_pad */
     ptrdiff_t cached_head_block, cached_query_table, cached_pos_k;   /* heads held, or -1 */
 } forward_ws;
 
@@ -73,6 +77,8 @@ static size_t forward_ws_layout(const forward_ctx *c, forward_ws *w, REAL *mem)
         WS_TAKE(w, mem, at, segment_expanded, p->n_segments * p->m);
         WS_TAKE(w, mem, at, segment_row, (mr * sizeof(const REAL *) + sizeof(REAL) - 1) / sizeof(REAL));
     }
+    if (c->exact_scale)
+        WS_TAKE(w, mem, at, exact, 2 * mr * c->m_pad * (sizeof(double) / sizeof(REAL)));
     return posenc_round_up(at, POSENC_ALIGN / sizeof(REAL));
 }
 
@@ -95,6 +101,24 @@ static void forward_head_block(const forward_ctx *c, forward_ws *w, size_t h)
         term_reset(kern, w->head_block, m, (const REAL *)p->theta + head_of(p->theta_heads, h) * 2,
                    m, p->query_offset, n);
     w->cached_head_block = (ptrdiff_t)h;
+}
+
+/* The dense factor of rows [i0, i0 + rows) of head h into P (row r at P + r * ld):
+ * dense_scale pos_q.pos_k^T, pos_k packed once per head (cached). */
+static void forward_dense(const forward_ctx *c, forward_ws *w, size_t h, size_t i0, size_t rows,
+                          REAL *P, size_t ld)
+{
+    const posenc_problem *p = c->p;
+    const size_t n = p->n, m = p->m, dp = p->d_p;
+    const size_t hq = head_of(p->pos_q_heads, h), hk = head_of(p->pos_k_heads, h);
+    packed_b pb = packed_b_shape(c->kern, w->pos_k_pack, dp, m);
+    if (w->cached_pos_k != (ptrdiff_t)hk) {
+        pack_b(c->kern, &pb, w->pos_k_pack, (const REAL *)p->pos_k + hk * m * dp, 1,
+               (ptrdiff_t)dp, dp, m, (REAL)p->dense_scale);
+        w->cached_pos_k = (ptrdiff_t)hk;
+    }
+    gemm_packed(c->kern, &w->scratch, rows, (const REAL *)p->pos_q + (hq * n + i0) * dp,
+                (ptrdiff_t)dp, 1, &pb, P, (ptrdiff_t)ld, 0, NULL, 0, NULL, 0, NULL);
 }
 
 /*
@@ -125,17 +149,7 @@ static const REAL *forward_positional(const forward_ctx *c, forward_ws *w, size_
         op = combine_op;
     } else {
         if (p->pos_q) {
-            const size_t dp = p->d_p;
-            const size_t hq = head_of(p->pos_q_heads, h), hk = head_of(p->pos_k_heads, h);
-            packed_b pb = packed_b_shape(kern, w->pos_k_pack, dp, m);
-            if (w->cached_pos_k != (ptrdiff_t)hk) {
-                pack_b(kern, &pb, w->pos_k_pack, (const REAL *)p->pos_k + hk * m * dp, 1,
-                       (ptrdiff_t)dp, dp, m, (REAL)p->dense_scale);
-                w->cached_pos_k = (ptrdiff_t)hk;
-            }
-            gemm_packed(kern, &w->scratch, rows, (const REAL *)p->pos_q + (hq * n + i0) * dp,
-                        (ptrdiff_t)dp, 1, &pb, w->P, (ptrdiff_t)ld, 0, NULL, 0, NULL, 0,
-                        NULL);
+            forward_dense(c, w, h, i0, rows, w->P, ld);
             op = combine_op;
         }
         if (p->table) {
@@ -209,12 +223,129 @@ static void forward_unit_setup(const forward_ctx *c, forward_ws *w, size_t b, si
         forward_expand_segments(c, w, b, h);
 }
 
+/* X[r * cols + j] (op) factor P[r * ld + j], r < rows, j < cols, in double (op ADD or MUL). */
+static void exact_apply(int op, double *X, double factor, const REAL *P, size_t ld, size_t rows,
+                        size_t cols)
+{
+    for (size_t r = 0; r < rows; ++r)
+        for (size_t j = 0; j < cols; ++j) {
+            const double term = factor * (double)P[r * ld + j];
+            X[r * cols + j] = op == POSENC_MUL ? X[r * cols + j] * term : X[r * cols + j] + term;
+        }
+}
+
+static void exact_scale_by(double *X, double scale, size_t count)
+{
+    for (size_t t = 0; t < count; ++t)
+        X[t] *= scale;
+}
+
+/*
+ * forward_tile when a scale is not tame (scale = inf, 1e308, ...): every
+ * term computed unscaled (c->p has unit scales), then scaled and combined
+ * in double in the reference's order, so that the IEEE results are its:
+ *   sum:      s q.k + vs (query term + key term) + reset(ds dense + table) + segments,
+ *             as s (q.k + query term + key term) + ... when vs = s (Shaw, M4, DeBERTa)
+ *   product:  ((s q.k) table) (vs query term)) (vs key term)
+ */
+static void forward_tile_exact(const forward_ctx *c, forward_ws *w, size_t b, size_t h,
+                               const packed_b *k_packed, size_t i0, size_t rows, size_t cols,
+                               REAL *C, ptrdiff_t ldc)
+{
+    const posenc_problem *p = c->p;
+    const posenc_kernels *kern = c->kern;
+    const size_t n = p->n, m = p->m, d = p->d, ld = c->m_pad, count = rows * cols;
+    const REAL *q_u = (const REAL *)p->q + (b * p->H + h) * n * d;
+    const REAL *by_offset = p->table ? c->table_by_offset + head_of(p->table_heads, h) * (n + m - 1)
+                                     : NULL;
+    const int op = p->product ? POSENC_MUL : POSENC_ADD;
+    /* the vector terms go inside s (q.k + ...) when they share its scale */
+    const int inside = !p->product && c->vector_scale == c->scale;
+    double *X = w->exact, *V = w->exact + count;
+    REAL *P = w->P;
+    packed_b keys = *k_packed;
+    keys.N = cols;
+    gemm_packed(kern, &w->scratch, rows, q_u + i0 * d, (ptrdiff_t)d, 1, &keys, C, ldc, 0, NULL, 0,
+                NULL, 0, NULL);
+    for (size_t r = 0; r < rows; ++r)
+        for (size_t j = 0; j < cols; ++j)
+            X[r * cols + j] = (double)C[(ptrdiff_t)r * ldc + (ptrdiff_t)j];
+    if (!inside)
+        exact_scale_by(X, c->scale, count);
+    if (p->table && p->product) {
+        term_table(kern, POSENC_SET, P, ld, by_offset, n, m, i0, rows);
+        exact_apply(POSENC_MUL, X, 1, P, ld, rows, cols);
+    }
+    /* the vector terms: into X (product, or inside s), else vs (...) into V */
+    double *vector_sum = p->product || inside ? X : V;
+    const double vs = p->product || inside ? 1 : c->vector_scale;
+    if (vector_sum == V && (p->query_table || p->key_table))
+        memset(V, 0, sizeof(double) * count);
+    if (p->query_table) {
+        term_query_table(kern, &w->scratch, p, &c->query_runs, c->query_buckets,
+                         w->query_table_pack, &w->cached_query_table, w->query_proj, h, q_u,
+                         POSENC_SET, P, ld, i0, rows);
+        exact_apply(op, vector_sum, vs, P, ld, rows, cols);
+    }
+    if (p->key_table) {
+        term_key_table(kern, POSENC_SET, P, ld, p->key_map, c->key_runs.b_min, w->key_proj,
+                       c->key_buckets, n, m, i0, rows);
+        exact_apply(op, vector_sum, vs, P, ld, rows, cols);
+    }
+    if (p->product) {
+        /* done: ((s q.k) table) query term) key term */
+    } else {
+        if (inside)
+            exact_scale_by(X, c->scale, count);
+        else if (p->query_table || p->key_table)
+            for (size_t t = 0; t < count; ++t)
+                X[t] += V[t];
+        if (p->pos_q || p->table || p->theta) {   /* the batch-free terms, TUPE's v */
+            memset(V, 0, sizeof(double) * count);
+            if (p->pos_q) {
+                forward_dense(c, w, h, i0, rows, P, ld);
+                exact_apply(POSENC_ADD, V, c->dense_scale, P, ld, rows, cols);
+            }
+            if (p->table) {
+                term_table(kern, POSENC_SET, P, ld, by_offset, n, m, i0, rows);
+                exact_apply(POSENC_ADD, V, 1, P, ld, rows, cols);
+            }
+            if (p->theta) {   /* TUPE eq. (9), as term_reset */
+                const REAL *theta = (const REAL *)p->theta + head_of(p->theta_heads, h) * 2;
+                for (size_t r = 0; r < rows && cols > 0; ++r) {
+                    const int cls = p->query_offset + i0 + r == 0;
+                    for (size_t j = 0; j < (cls ? cols : 1); ++j)
+                        V[r * cols + j] = cls ? theta[0] : theta[1];
+                }
+            }
+            for (size_t t = 0; t < count; ++t)
+                X[t] += V[t];
+        }
+        if (p->segment_table) {
+            const posenc_segment_runs *sr = &c->segment_runs;
+            const size_t S = p->n_segments;
+            term_segments(kern, POSENC_SET, P, ld, sr->runs + sr->start[b],
+                          sr->start[b + 1] - sr->start[b], p->segment_q + b * n,
+                          (const REAL *)p->segment_table + head_of(p->segment_table_heads, h) * S * S,
+                          S, i0, rows);
+            exact_apply(POSENC_ADD, X, 1, P, ld, rows, cols);
+        }
+    }
+    for (size_t r = 0; r < rows; ++r)
+        for (size_t j = 0; j < cols; ++j)
+            C[(ptrdiff_t)r * ldc + (ptrdiff_t)j] = (REAL)X[r * cols + j];
+}
+
 /* The logits of rows [i0, i0 + rows) (rows <= mr) of unit (b, h), keys
  * [0, cols), into C (row r at C + r * ldc); forward_unit_setup ran for the unit. */
 static void forward_tile(const forward_ctx *c, forward_ws *w, size_t b, size_t h,
                          const packed_b *k_packed, size_t i0, size_t rows, size_t cols, REAL *C,
                          ptrdiff_t ldc)
 {
+    if (c->exact_scale) {
+        forward_tile_exact(c, w, b, h, k_packed, i0, rows, cols, C, ldc);
+        return;
+    }
     const posenc_problem *p = c->p;
     const size_t n = p->n, m = p->m, d = p->d;
     const REAL *q_u = (const REAL *)p->q + (b * p->H + h) * n * d;
@@ -253,18 +384,28 @@ static int forward_prepare(forward_ctx *c, const posenc_problem *p, const posenc
     memset(c, 0, sizeof *c);
     c->p = p;
     c->kern = kern;
+    c->scale = p->scale;
+    c->vector_scale = p->vector_scale;
+    c->dense_scale = p->dense_scale;
+    c->exact_scale = !scale_tame(p->scale) || (!p->product && !scale_tame(p->vector_scale)) ||
+                     !scale_tame(p->dense_scale);
+    if (c->exact_scale) {
+        c->unit = unit_scales(p);
+        c->p = &c->unit;
+    }
     c->m_pad = posenc_round_up(posenc_max(m, 1), kern->nr);
     /* Segments ride on the epilogue's second source unless a reset must
      * override them (sum mode only: product mode has no segments). */
-    c->segment_rows = p->segment_table && !p->theta && !p->product;
+    c->segment_rows = p->segment_table && !p->theta && !p->product && !c->exact_scale;
     c->batch_terms = p->query_table || p->key_table || (p->segment_table && !c->segment_rows);
-    c->head_blocks = p->pos_q && p->B > 1 &&
+    c->head_blocks = p->pos_q && p->B > 1 && !c->exact_scale &&
                      posenc_mul_size(n * m, sizeof(REAL)) <= HEAD_BLOCK_BUDGET;
     c->toeplitz_only = p->table && !p->pos_q && !c->batch_terms && !p->theta;
     /* Logits much larger than the caches go straight to memory: non-temporal
      * stores skip the read-for-ownership of every line.  Needs 64-byte rows. */
     c->stream = ((uintptr_t)out % POSENC_ALIGN) == 0 && (m * sizeof(REAL)) % POSENC_ALIGN == 0 &&
-                posenc_mul_size(p->B * p->H * n, m * sizeof(REAL)) >= POSENC_STREAM_BYTES;
+                posenc_mul_size(p->B * p->H * n, m * sizeof(REAL)) >= POSENC_STREAM_BYTES &&
+                !c->exact_scale;
     if (p->table && !(c->table_by_offset = table_by_offset(p, offsets)))
         return POSENC_ENOMEM;
     if (p->query_table) {

@@ -11,6 +11,31 @@
 /* The head of a parameter whose head axis has `heads` entries (H or 1). */
 static inline size_t head_of(size_t heads, size_t h) { return heads == 1 ? 0 : h; }
 
+/*
+ * Whether a scale may ride on an operand before the sums (s k^T packed, vs
+ * on a table, ds on pos_k) and still give the reference's IEEE results,
+ * s (q.k): finite, at most 1 in magnitude (s k_j never overflows) and not
+ * lost in REAL (a nonzero that rounds to 0 would turn an Inf into NaN).
+ * Otherwise the terms are computed unscaled and scaled after their sums
+ * (forward_tile_exact, backward_unit_end, backward_reduce).
+ */
+static inline int scale_tame(double s)
+{
+    return s >= -1 && s <= 1 && (s == 0 || (REAL)s != 0);
+}
+
+/* A copy of the problem with unit scales, for a call whose scales are not
+ * all tame (the product mode's vector_scale, 1 for every method, stays on
+ * its factors). */
+static inline posenc_problem unit_scales(const posenc_problem *p)
+{
+    posenc_problem unit = *p;
+    unit.scale = unit.dense_scale = 1;
+    if (!p->product)
+        unit.vector_scale = 1;
+    return unit;
+}
+
 /* table[h, map(j - i)] from its values along the offsets, by_offset[o + n - 1]. */
 static void term_table(const posenc_kernels *kern, int op, REAL *P, size_t ldp,
                        const REAL *by_offset, size_t n, size_t m, size_t i0, size_t rows)
