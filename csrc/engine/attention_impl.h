@@ -313,9 +313,8 @@ static int attention_forward(const posenc_problem *p, const posenc_attention *a,
     int status = attention_prepare(&c, p, a, kern);
     if (status == POSENC_OK) {
         const size_t threads = (size_t)(num_threads > 0 ? num_threads : 1);
-        const size_t tiles = (p->n + kern->mr - 1) / kern->mr;
-        const size_t wanted = BH >= threads ? 1 : posenc_min((threads + BH - 1) / BH, tiles);
-        attention_forward_call call = {&c, out, lse, 0, (tiles + wanted - 1) / wanted * kern->mr};
+        attention_forward_call call = {&c, out, lse, 0,
+                                       posenc_rows_per_item(BH, p->n, kern->mr, threads)};
         call.chunks = (p->n + call.rows_per_chunk - 1) / call.rows_per_chunk;
         status = attention_run(&c, NULL, num_threads, BH * call.chunks, attention_forward_item,
                                &call);

@@ -53,31 +53,32 @@ int posenc_validate(const posenc_problem *p, const char **why)
     return reason ? POSENC_EINVAL : POSENC_OK;
 }
 
+/* The engine of p's dtype. */
+static const posenc_engine *engine_of(const posenc_problem *p)
+{
+    return p->dtype == POSENC_F32 ? &posenc_engine_f32 : &posenc_engine_f64;
+}
+
 int posenc_forward(const posenc_problem *p, void *out, int num_threads)
 {
-    return p->dtype == POSENC_F32 ? posenc_forward_f32(p, out, num_threads)
-                                  : posenc_forward_f64(p, out, num_threads);
+    return engine_of(p)->forward(p, out, num_threads);
 }
 
 int posenc_backward(const posenc_problem *p, const void *grad, const posenc_grads *g,
                     int num_threads)
 {
-    return p->dtype == POSENC_F32 ? posenc_backward_f32(p, grad, g, num_threads)
-                                  : posenc_backward_f64(p, grad, g, num_threads);
+    return engine_of(p)->backward(p, grad, g, num_threads);
 }
 
 int posenc_attention_forward(const posenc_problem *p, const posenc_attention *a, void *out,
                              void *lse, int num_threads)
 {
-    return p->dtype == POSENC_F32 ? posenc_attention_forward_f32(p, a, out, lse, num_threads)
-                                  : posenc_attention_forward_f64(p, a, out, lse, num_threads);
+    return engine_of(p)->attention_forward(p, a, out, lse, num_threads);
 }
 
 int posenc_attention_backward(const posenc_problem *p, const posenc_attention *a,
                               const void *d_out, const void *out, const void *lse,
                               const posenc_grads *g, void *grad_v, int num_threads)
 {
-    return p->dtype == POSENC_F32
-               ? posenc_attention_backward_f32(p, a, d_out, out, lse, g, grad_v, num_threads)
-               : posenc_attention_backward_f64(p, a, d_out, out, lse, g, grad_v, num_threads);
+    return engine_of(p)->attention_backward(p, a, d_out, out, lse, g, grad_v, num_threads);
 }

@@ -129,6 +129,17 @@ static inline size_t posenc_team(size_t threads, size_t items, const posenc_prob
     return posenc_team_startable(threads < items ? threads : items);
 }
 
+/* The rows of a work item: units of n rows are split into chunks of whole
+ * tiles of mr rows when there are fewer units than threads (n when not). */
+static inline size_t posenc_rows_per_item(size_t units, size_t n, size_t mr, size_t threads)
+{
+    const size_t tiles = (n + mr - 1) / mr;
+    size_t chunks = units >= threads ? 1 : (threads + units - 1) / units;
+    if (chunks > tiles)
+        chunks = tiles;
+    return (tiles + chunks - 1) / chunks * mr;
+}
+
 #ifdef _OPENMP
 #include <omp.h>
 static inline int posenc_thread_id(void) { return omp_get_thread_num(); }
@@ -147,20 +158,19 @@ static inline size_t posenc_round_up(size_t x, size_t to) { return (x + to - 1) 
 static inline size_t posenc_min(size_t a, size_t b) { return a < b ? a : b; }
 static inline size_t posenc_max(size_t a, size_t b) { return a > b ? a : b; }
 
-/* Entry points of the dtype-specialised engines (engine_f32.c, engine_f64.c). */
-int posenc_forward_f32(const posenc_problem *p, void *out, int num_threads);
-int posenc_forward_f64(const posenc_problem *p, void *out, int num_threads);
-int posenc_backward_f32(const posenc_problem *p, const void *grad, const posenc_grads *g, int num_threads);
-int posenc_backward_f64(const posenc_problem *p, const void *grad, const posenc_grads *g, int num_threads);
-int posenc_attention_forward_f32(const posenc_problem *p, const posenc_attention *a, void *out,
-                                 void *lse, int num_threads);
-int posenc_attention_forward_f64(const posenc_problem *p, const posenc_attention *a, void *out,
-                                 void *lse, int num_threads);
-int posenc_attention_backward_f32(const posenc_problem *p, const posenc_attention *a,
-                                  const void *d_out, const void *out, const void *lse,
-                                  const posenc_grads *g, void *grad_v, int num_threads);
-int posenc_attention_backward_f64(const posenc_problem *p, const posenc_attention *a,
-                                  const void *d_out, const void *out, const void *lse,
-                                  const posenc_grads *g, void *grad_v, int num_threads);
+/* The engine of one dtype (engine_f32.c, engine_f64.c): its entry points,
+ * with the signatures of posenc_forward and company in posenc.h. */
+typedef struct {
+    int (*forward)(const posenc_problem *p, void *out, int num_threads);
+    int (*backward)(const posenc_problem *p, const void *grad, const posenc_grads *g,
+                    int num_threads);
+    int (*attention_forward)(const posenc_problem *p, const posenc_attention *a, void *out,
+                             void *lse, int num_threads);
+    int (*attention_backward)(const posenc_problem *p, const posenc_attention *a,
+                              const void *d_out, const void *out, const void *lse,
+                              const posenc_grads *g, void *grad_v, int num_threads);
+} posenc_engine;
+
+extern const posenc_engine posenc_engine_f32, posenc_engine_f64;
 
 #endif /* POSENC_ENGINE_H */

@@ -464,16 +464,13 @@ static int forward(const posenc_problem *p, void *out, int num_threads)
     const size_t BH = p->B * p->H;
     if (BH == 0 || p->n == 0 || p->m == 0)
         return POSENC_OK;
-    const posenc_kernels *kern = posenc_active_kernels(REAL_DTYPE);
+    const size_t threads = (size_t)(num_threads > 0 ? num_threads : 1);
     forward_ctx c;
-    int status = forward_prepare(&c, p, kern, out);
+    int status = forward_prepare(&c, p, posenc_active_kernels(REAL_DTYPE), out);
     if (status == POSENC_OK) {
-        const size_t threads = (size_t)(num_threads > 0 ? num_threads : 1);
-        const size_t tiles = (p->n + kern->mr - 1) / kern->mr;
-        size_t chunks = BH >= threads ? 1 : posenc_min((threads + BH - 1) / BH, tiles);
-        const size_t tiles_per_chunk = (tiles + chunks - 1) / chunks;
-        chunks = (tiles + tiles_per_chunk - 1) / tiles_per_chunk;
-        forward_work work = {&c, BH * chunks, chunks, tiles_per_chunk * kern->mr, (REAL *)out};
+        const size_t rows = posenc_rows_per_item(BH, p->n, c.kern->mr, threads);
+        const size_t chunks = (p->n + rows - 1) / rows;
+        forward_work work = {&c, BH * chunks, chunks, rows, (REAL *)out};
         status = posenc_run_team(posenc_team(threads, work.items, p),
                                  forward_ws_layout(&c, NULL, NULL) * sizeof(REAL), forward_team,
                                  &work);
