@@ -19,12 +19,11 @@
  */
 
 typedef struct {
-    const posenc_problem *p;    /* the call's problem, or `unit` when exact_scale */
+    const posenc_problem *p;    /* the call's problem, or scales.unit: every sum unscaled,
+                                   scaled after (exact_content_grad, exact_scale_rows) */
     const posenc_kernels *kern;
     const posenc_grads *g;
-    posenc_problem unit;        /* exact_scale: the problem with unit scales */
-    double scale, vector_scale, dense_scale;   /* the call's scales */
-    int exact_scale;            /* a scale is not tame: every sum unscaled, scaled after */
+    call_scales scales;
     const REAL *G;
     size_t m_pad, row_block, offsets;
     int masked;                 /* theta present: the [CLS] row and column 0 belong to it */
@@ -48,7 +47,7 @@ typedef struct {
     REAL *query_side;         /* Gq: n x query_buckets */
     REAL *key_side;           /* Gk: m x key_buckets */
     REAL *reach;              /* the buckets one row of Gq or Gk reaches (vector_table_exact) */
-    REAL *vector_grad;        /* exact_scale: X.table of a unit, max(n, m) x d */
+    REAL *vector_grad;        /* scales.exact: X.table of a unit, max(n, m) x d */
     /* product mode (backward_product_impl.h) */
     REAL *k_pack, *content, *query_factor, *key_factor, *query_proj, *query_table_pack;
     REAL *key_proj, *key_table_pack, *key_tile_grad, *content_grad, *row_grad;
@@ -79,7 +78,7 @@ static size_t backward_ws_layout(const backward_ctx *c, backward_ws *w, REAL *me
     if (c->need_query_side) WS_TAKE(w, mem, at, query_side, n * c->query_buckets);
     if (c->need_key_side) WS_TAKE(w, mem, at, key_side, m * c->key_buckets);
     if (c->need_query_side || c->need_key_side) WS_TAKE(w, mem, at, reach, buckets);
-    if (c->exact_scale && (c->need_query_side || c->need_key_side))
+    if (c->scales.exact && (c->need_query_side || c->need_key_side))
         WS_TAKE(w, mem, at, vector_grad, posenc_max(n, m) * d);
     if (p->product)
         backward_product_ws(c, w, mem, &at);
@@ -356,14 +355,14 @@ static void backward_unit_block(const backward_ctx *c, backward_ws *w, size_t u,
 }
 
 /*
- * exact_scale: dx (rows x d, its content part s Gc.x' unscaled) scaled
+ * scales.exact: dx (rows x d, its content part s Gc.x' unscaled) scaled
  * after its sums, in double, in the reference's order: s dx + vs X.table
  * (sum), s (dx + X.table) (product); X.table in w->vector_grad, or none.
  */
 static void exact_content_grad(const backward_ctx *c, REAL *dx, const REAL *vector_grad,
                                size_t count)
 {
-    const double s = c->scale, vs = c->p->product ? 1 : c->vector_scale;
+    const double s = c->scales.scale, vs = c->p->product ? 1 : c->scales.vector_scale;
     for (size_t t = 0; t < count; ++t) {
         const double content = (double)dx[t];
         if (!vector_grad)
@@ -387,7 +386,7 @@ static void backward_unit_end(const backward_ctx *c, backward_ws *w, size_t u)
         REAL *dx = key_side ? g->k : g->q;
         dx = dx ? dx + u * rows * d : NULL;
         const int side = key_side ? c->need_key_side : c->need_query_side;
-        if (!c->exact_scale) {
+        if (!c->scales.exact) {
             if (side)
                 backward_vector_table(c, w, u, h, key_side, x, dx);
             continue;
@@ -486,7 +485,7 @@ static void reduce_slots(REAL *out, size_t heads, size_t out_width, size_t at, c
 }
 
 /*
- * exact_scale: grad (heads x rows x width) times the scale its sums left
+ * scales.exact: grad (heads x rows x width) times the scale its sums left
  * out, in double.  With a map, only the rows a logit reads through it (the
  * offsets j - i of theta-free rows and columns): the others are sums of no
  * terms, 0 in the reference whatever the scale (not 0 * Inf).
@@ -545,11 +544,11 @@ static void backward_reduce(const backward_ctx *c)
     if (g->pos_k)
         reduce_slots((REAL *)g->pos_k, p->pos_k_heads, p->m * p->d_p, 0, c->pos_k_slots, 1, H,
                      p->m * p->d_p, NULL, 0);
-    if (c->exact_scale) {
+    if (c->scales.exact) {
         /* the scale each gradient's sums left out: s for every factor of a
          * product (each effective gradient holds s q.k), vs on the vector
          * tables and ds on the dense factor of a sum */
-        const double s = c->scale, vs = p->product ? s : c->vector_scale;
+        const double s = c->scales.scale, vs = p->product ? s : c->scales.vector_scale;
         exact_scale_rows(c, (REAL *)g->table, p->table_heads, p->table_rows, 1, p->table_map,
                          p->product ? s : 1);
         exact_scale_rows(c, (REAL *)g->query_table, p->query_table_heads, p->query_table_rows, d,
@@ -557,8 +556,8 @@ static void backward_reduce(const backward_ctx *c)
         if (g->key_table != g->query_table)
             exact_scale_rows(c, (REAL *)g->key_table, p->key_table_heads, p->key_table_rows, d,
                              p->key_map, vs);
-        exact_scale_rows(c, (REAL *)g->pos_q, p->pos_q_heads, p->n, p->d_p, NULL, c->dense_scale);
-        exact_scale_rows(c, (REAL *)g->pos_k, p->pos_k_heads, p->m, p->d_p, NULL, c->dense_scale);
+        exact_scale_rows(c, (REAL *)g->pos_q, p->pos_q_heads, p->n, p->d_p, NULL, c->scales.dense_scale);
+        exact_scale_rows(c, (REAL *)g->pos_k, p->pos_k_heads, p->m, p->d_p, NULL, c->scales.dense_scale);
     }
 }
 
@@ -613,18 +612,9 @@ static int backward_prepare(backward_ctx *c, const posenc_problem *p, const pose
 {
     const size_t n = p->n, m = p->m, BH = p->B * p->H, offsets = n + m - 1;
     memset(c, 0, sizeof *c);
-    c->p = p;
+    c->p = call_scales_init(&c->scales, p);
     c->kern = kern;
     c->g = g;
-    c->scale = p->scale;
-    c->vector_scale = p->vector_scale;
-    c->dense_scale = p->dense_scale;
-    c->exact_scale = !scale_tame(p->scale) || (!p->product && !scale_tame(p->vector_scale)) ||
-                     !scale_tame(p->dense_scale);
-    if (c->exact_scale) {
-        c->unit = unit_scales(p);
-        c->p = &c->unit;
-    }
     c->G = G;
     c->offsets = offsets;
     c->m_pad = posenc_round_up(m, kern->nr);

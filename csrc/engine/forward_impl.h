@@ -14,11 +14,9 @@
 #define HEAD_BLOCK_BUDGET ((size_t)64 << 20)
 
 typedef struct {
-    const posenc_problem *p;  /* the call's problem, or `unit` when exact_scale */
+    const posenc_problem *p;  /* the call's problem, or scales.unit (forward_tile_exact) */
     const posenc_kernels *kern;
-    posenc_problem unit;      /* exact_scale: the problem with unit scales */
-    double scale, vector_scale, dense_scale;   /* the call's scales */
-    int exact_scale;          /* a scale is not tame: forward_tile_exact */
+    call_scales scales;
     size_t m_pad;             /* m rounded up to nr */
     int head_blocks;          /* dense/table/reset of a head precomputed in a head block */
     int batch_terms;          /* query table, key table or segments present */
@@ -43,7 +41,7 @@ typedef struct {
     REAL *pos_k_pack;         /* pos_k^T panels, d_p x m_pad (no head blocks) */
     REAL *segment_expanded;   /* segment_rows: row s = segment_table[h, s, segment_k[b, j]], S x m */
     const REAL **segment_row; /* segment_rows: the tile's rows of segment_expanded, mr pointers */
-    double *exact;            /* exact_scale: a tile's logits and batch-free terms, 2 x mr x m_pad */
+    double *exact;            /* scales.exact: a tile's logits and batch-free terms, 2 x mr x m_pad */
     ptrdiff_t cached_head_block, cached_query_table, cached_pos_k;   /* heads held, or -1 */
 } forward_ws;
 
@@ -77,7 +75,7 @@ static size_t forward_ws_layout(const forward_ctx *c, forward_ws *w, REAL *mem)
         WS_TAKE(w, mem, at, segment_expanded, p->n_segments * p->m);
         WS_TAKE(w, mem, at, segment_row, (mr * sizeof(const REAL *) + sizeof(REAL) - 1) / sizeof(REAL));
     }
-    if (c->exact_scale)
+    if (c->scales.exact)
         WS_TAKE(w, mem, at, exact, 2 * mr * c->m_pad * (sizeof(double) / sizeof(REAL)));
     return posenc_round_up(at, POSENC_ALIGN / sizeof(REAL));
 }
@@ -260,7 +258,7 @@ static void forward_tile_exact(const forward_ctx *c, forward_ws *w, size_t b, si
                                      : NULL;
     const int op = p->product ? POSENC_MUL : POSENC_ADD;
     /* the vector terms go inside s (q.k + ...) when they share its scale */
-    const int inside = !p->product && c->vector_scale == c->scale;
+    const int inside = !p->product && c->scales.vector_scale == c->scales.scale;
     double *X = w->exact, *V = w->exact + count;
     REAL *P = w->P;
     packed_b keys = *k_packed;
@@ -271,14 +269,14 @@ static void forward_tile_exact(const forward_ctx *c, forward_ws *w, size_t b, si
         for (size_t j = 0; j < cols; ++j)
             X[r * cols + j] = (double)C[(ptrdiff_t)r * ldc + (ptrdiff_t)j];
     if (!inside)
-        exact_scale_by(X, c->scale, count);
+        exact_scale_by(X, c->scales.scale, count);
     if (p->table && p->product) {
         term_table(kern, POSENC_SET, P, ld, by_offset, n, m, i0, rows);
         exact_apply(POSENC_MUL, X, 1, P, ld, rows, cols);
     }
     /* the vector terms: into X (product, or inside s), else vs (...) into V */
     double *vector_sum = p->product || inside ? X : V;
-    const double vs = p->product || inside ? 1 : c->vector_scale;
+    const double vs = p->product || inside ? 1 : c->scales.vector_scale;
     if (vector_sum == V && (p->query_table || p->key_table))
         memset(V, 0, sizeof(double) * count);
     if (p->query_table) {
@@ -296,7 +294,7 @@ static void forward_tile_exact(const forward_ctx *c, forward_ws *w, size_t b, si
         /* done: ((s q.k) table) query term) key term */
     } else {
         if (inside)
-            exact_scale_by(X, c->scale, count);
+            exact_scale_by(X, c->scales.scale, count);
         else if (p->query_table || p->key_table)
             for (size_t t = 0; t < count; ++t)
                 X[t] += V[t];
@@ -304,7 +302,7 @@ static void forward_tile_exact(const forward_ctx *c, forward_ws *w, size_t b, si
             memset(V, 0, sizeof(double) * count);
             if (p->pos_q) {
                 forward_dense(c, w, h, i0, rows, P, ld);
-                exact_apply(POSENC_ADD, V, c->dense_scale, P, ld, rows, cols);
+                exact_apply(POSENC_ADD, V, c->scales.dense_scale, P, ld, rows, cols);
             }
             if (p->table) {
                 term_table(kern, POSENC_SET, P, ld, by_offset, n, m, i0, rows);
@@ -342,7 +340,7 @@ static void forward_tile(const forward_ctx *c, forward_ws *w, size_t b, size_t h
                          const packed_b *k_packed, size_t i0, size_t rows, size_t cols, REAL *C,
                          ptrdiff_t ldc)
 {
-    if (c->exact_scale) {
+    if (c->scales.exact) {
         forward_tile_exact(c, w, b, h, k_packed, i0, rows, cols, C, ldc);
         return;
     }
@@ -382,30 +380,21 @@ static int forward_prepare(forward_ctx *c, const posenc_problem *p, const posenc
 {
     const size_t n = p->n, m = p->m, offsets = n + m - 1;
     memset(c, 0, sizeof *c);
-    c->p = p;
+    c->p = call_scales_init(&c->scales, p);
     c->kern = kern;
-    c->scale = p->scale;
-    c->vector_scale = p->vector_scale;
-    c->dense_scale = p->dense_scale;
-    c->exact_scale = !scale_tame(p->scale) || (!p->product && !scale_tame(p->vector_scale)) ||
-                     !scale_tame(p->dense_scale);
-    if (c->exact_scale) {
-        c->unit = unit_scales(p);
-        c->p = &c->unit;
-    }
     c->m_pad = posenc_round_up(posenc_max(m, 1), kern->nr);
     /* Segments ride on the epilogue's second source unless a reset must
      * override them (sum mode only: product mode has no segments). */
-    c->segment_rows = p->segment_table && !p->theta && !p->product && !c->exact_scale;
+    c->segment_rows = p->segment_table && !p->theta && !p->product && !c->scales.exact;
     c->batch_terms = p->query_table || p->key_table || (p->segment_table && !c->segment_rows);
-    c->head_blocks = p->pos_q && p->B > 1 && !c->exact_scale &&
+    c->head_blocks = p->pos_q && p->B > 1 && !c->scales.exact &&
                      posenc_mul_size(n * m, sizeof(REAL)) <= HEAD_BLOCK_BUDGET;
     c->toeplitz_only = p->table && !p->pos_q && !c->batch_terms && !p->theta;
     /* Logits much larger than the caches go straight to memory: non-temporal
      * stores skip the read-for-ownership of every line.  Needs 64-byte rows. */
     c->stream = ((uintptr_t)out % POSENC_ALIGN) == 0 && (m * sizeof(REAL)) % POSENC_ALIGN == 0 &&
                 posenc_mul_size(p->B * p->H * n, m * sizeof(REAL)) >= POSENC_STREAM_BYTES &&
-                !c->exact_scale;
+                !c->scales.exact;
     if (p->table && !(c->table_by_offset = table_by_offset(p, offsets)))
         return POSENC_ENOMEM;
     if (p->query_table) {

@@ -24,16 +24,30 @@ static inline int scale_tame(double s)
     return s >= -1 && s <= 1 && (s == 0 || (REAL)s != 0);
 }
 
-/* A copy of the problem with unit scales, for a call whose scales are not
- * all tame (the product mode's vector_scale, 1 for every method, stays on
- * its factors). */
-static inline posenc_problem unit_scales(const posenc_problem *p)
+/* A call's scales, and the problem the engine computes with. */
+typedef struct {
+    double scale, vector_scale, dense_scale;   /* the call's */
+    int exact;              /* not all tame: computed unscaled (`unit`), scaled after the sums */
+    posenc_problem unit;    /* exact: the problem with unit scales */
+} call_scales;
+
+/* s from p; returns the problem to compute with: p, or s->unit (unit scales;
+ * the product mode's vector_scale, 1 for every method, stays on its factors)
+ * when a scale is not tame.  s must outlive the returned problem. */
+static inline const posenc_problem *call_scales_init(call_scales *s, const posenc_problem *p)
 {
-    posenc_problem unit = *p;
-    unit.scale = unit.dense_scale = 1;
+    s->scale = p->scale;
+    s->vector_scale = p->vector_scale;
+    s->dense_scale = p->dense_scale;
+    s->exact = !scale_tame(p->scale) || (!p->product && !scale_tame(p->vector_scale)) ||
+               !scale_tame(p->dense_scale);
+    if (!s->exact)
+        return p;
+    s->unit = *p;
+    s->unit.scale = s->unit.dense_scale = 1;
     if (!p->product)
-        unit.vector_scale = 1;
-    return unit;
+        s->unit.vector_scale = 1;
+    return &s->unit;
 }
 
 /* table[h, map(j - i)] from its values along the offsets, by_offset[o + n - 1]. */
