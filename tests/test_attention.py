@@ -139,6 +139,14 @@ def test_content_awkward_sizes(posenc_isa, size, dtype, rng):
             assert_attention_matches_reference("content", args, kwargs, v, rng, causal=causal)
 
 
+@pytest.mark.parametrize("method", METHODS)
+def test_scales_past_one(method, rng):
+    """A scale past 1 takes the engine's exact path (every sum unscaled, scaled after)."""
+    args, kwargs, v = _inputs(method, 7, 9, 4, 3, rng)
+    kwargs["scale"] = 3.0
+    assert_attention_matches_reference(method, args, kwargs, v, rng, causal=True, dropout_p=0.2)
+
+
 # ------------------------------------------------------------ masks
 
 @pytest.mark.parametrize("method", METHODS)

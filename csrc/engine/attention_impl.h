@@ -27,7 +27,7 @@ typedef struct {
     const posenc_problem *p;
     const posenc_attention *a;
     const posenc_kernels *kern;
-    forward_ctx logits;          /* the logits' tiles (no head blocks past a row block, no streaming) */
+    forward_ctx logits;          /* the logits' tiles (small head blocks only, no streaming) */
     int dropout;
     uint32_t threshold;          /* a Philox word at least this keeps its probability */
     REAL keep_scale;             /* 1 / (1 - dropout_p) */
@@ -74,7 +74,8 @@ static size_t attention_ws_layout(const attention_ctx *c, int backward, size_t r
     return posenc_round_up(at, POSENC_ALIGN / sizeof(REAL));
 }
 
-/* The keys row i of a block (or tile) starting at row i0 with `cols` computed keys can see. */
+/* The keys row i sees of the `cols` its block computed: all, or under `causal` those up to its
+ * position query_offset + i. */
 static size_t attention_visible(const attention_ctx *c, size_t i, size_t cols)
 {
     return c->a->causal ? posenc_min(cols, c->p->query_offset + i + 1) : cols;
@@ -423,12 +424,13 @@ static void attention_backward_unit(const void *gc_, attention_thread *t, size_t
         backward_unit_begin(g, bw, u, &product_keys);
     for (size_t blk0 = 0; blk0 < n; blk0 += g->row_block) {
         const size_t rows = posenc_min(g->row_block, n - blk0);
+        const size_t cols = attention_columns(c, blk0, rows);
         attention_backward_block(gc, fw, w, &k_packed, &vt_packed, u, blk0, rows);
         if (!gc->need_ds)
             continue;
-        backward_unit_block(g, bw, u, &product_keys, blk0, rows, w->grad);
+        backward_unit_block(g, bw, u, &product_keys, blk0, rows, w->grad, cols);
         if (gc->pos_q_slots || gc->pos_k_slots)   /* after the unit block: it zeroes theta's entries */
-            backward_dense_block(g, bw, h, w->grad, blk0, rows,
+            backward_dense_block(g, bw, h, w->grad, blk0, rows, cols,
                                  gc->pos_q_slots ? gc->pos_q_slots + u * n * dp : NULL,
                                  gc->pos_k_slots ? gc->pos_k_slots + u * m * dp : NULL);
     }
@@ -459,6 +461,8 @@ static int attention_backward(const posenc_problem *p, const posenc_attention *a
     int status = attention_prepare(&c, p, a, kern);
     if (status == POSENC_OK)
         status = backward_prepare(&g, p, kern, NULL, &logit_grads);
+    if (a->causal)   /* finer row blocks: a block computes the keys its last row sees */
+        g.row_block = posenc_max(kern->mr, g.row_block / 4);
     const int dense = p->pos_q && (grads->pos_q || grads->pos_k);
     if (status == POSENC_OK &&
         (zeroed_slots(&gc.pos_q_slots, dense && grads->pos_q, posenc_mul_size(BH, p->n * p->d_p)) ||
@@ -478,6 +482,12 @@ static int attention_backward(const posenc_problem *p, const posenc_attention *a
     if (grads->pos_k && gc.pos_k_slots)
         reduce_slots((REAL *)grads->pos_k, p->pos_k_heads, p->m * p->d_p, 0, gc.pos_k_slots,
                      p->B, p->H, p->m * p->d_p, NULL, 0);
+    if (g.scales.exact) {   /* the dense scale the unit problem's sums left out (backward_reduce) */
+        exact_scale_rows(&g, (REAL *)grads->pos_q, p->pos_q_heads, p->n, p->d_p, NULL,
+                         g.scales.dense_scale);
+        exact_scale_rows(&g, (REAL *)grads->pos_k, p->pos_k_heads, p->m, p->d_p, NULL,
+                         g.scales.dense_scale);
+    }
 
 done:
     posenc_free(gc.pos_q_slots);

@@ -321,10 +321,11 @@ static void backward_unit_begin(const backward_ctx *c, backward_ws *w, size_t u,
 }
 
 /* Rows [blk0, blk0 + rows_blk) of unit u (rows_blk <= row_block) from
- * their rows of G: row i at G_blk + (i - blk0) m. */
+ * their rows of G: row i at G_blk + (i - blk0) m, zero past column cols
+ * (m, or the keys a causal block sees: never fewer than a previous block's). */
 static void backward_unit_block(const backward_ctx *c, backward_ws *w, size_t u,
                                 const packed_b *k_packed, size_t blk0, size_t rows_blk,
-                                const REAL *G_blk)
+                                const REAL *G_blk, size_t cols)
 {
     const posenc_problem *p = c->p;
     const posenc_kernels *kern = c->kern;
@@ -346,12 +347,17 @@ static void backward_unit_block(const backward_ctx *c, backward_ws *w, size_t u,
     } else {
         backward_sum_block(c, w, u, b, blk0, rows_blk, G_blk);
     }
+    /* the GEMMs through Gc over its first cols keys only (causal attention:
+     * the rest of the block's rows are 0) */
     if (dq_u && c->need_content)
-        gemm(kern, &w->scratch, w->b_pack, rows_blk, d, m, Gc, (ptrdiff_t)ldg, 1, k_u,
+        gemm(kern, &w->scratch, w->b_pack, rows_blk, d, cols, Gc, (ptrdiff_t)ldg, 1, k_u,
              (ptrdiff_t)d, 1, s, dq_u + blk0 * d, (ptrdiff_t)d, 0, NULL);
-    if (dk_u && c->need_content)
-        gemm(kern, &w->scratch, w->b_pack, m, d, rows_blk, Gc, 1, (ptrdiff_t)ldg, q_u + blk0 * d,
-             (ptrdiff_t)d, 1, s, dk_u, (ptrdiff_t)d, blk0 > 0, NULL);
+    if (dk_u && c->need_content) {
+        if (blk0 == 0)   /* keys no block reaches yet: cols grows with blk0 */
+            memset(dk_u + cols * d, 0, sizeof(REAL) * (m - cols) * d);
+        gemm(kern, &w->scratch, w->b_pack, cols, d, rows_blk, Gc, 1, (ptrdiff_t)ldg,
+             q_u + blk0 * d, (ptrdiff_t)d, 1, s, dk_u, (ptrdiff_t)d, blk0 > 0, NULL);
+    }
 }
 
 /*
@@ -408,7 +414,7 @@ static void backward_unit(const backward_ctx *c, backward_ws *w, size_t u)
     backward_unit_begin(c, w, u, &k_packed);
     for (size_t blk0 = 0; blk0 < n; blk0 += c->row_block)
         backward_unit_block(c, w, u, &k_packed, blk0, posenc_min(c->row_block, n - blk0),
-                            c->G + (u * n + blk0) * m);
+                            c->G + (u * n + blk0) * m, m);
     backward_unit_end(c, w, u);
 }
 
@@ -417,9 +423,11 @@ static void backward_unit(const backward_ctx *c, backward_ws *w, size_t u)
  * S of head h (row r at S + r m; its [CLS] row and column 0 are zeroed in
  * place: they belong to theta): slot_q's rows = ds S.pos_k, slot_k (+)= ds
  * S^T.pos_q's rows (accumulating past the first block); either may be NULL.
+ * S is zero past column cols (as in backward_unit_block).
  */
 static void backward_dense_block(const backward_ctx *c, backward_ws *w, size_t h, REAL *S,
-                                 size_t blk0, size_t rows, REAL *slot_q, REAL *slot_k)
+                                 size_t blk0, size_t rows, size_t cols, REAL *slot_q,
+                                 REAL *slot_k)
 {
     const posenc_problem *p = c->p;
     const size_t n = p->n, m = p->m, dp = p->d_p;
@@ -434,11 +442,14 @@ static void backward_dense_block(const backward_ctx *c, backward_ws *w, size_t h
         }
     }
     if (slot_q)
-        gemm(c->kern, &w->scratch, w->b_pack, rows, dp, m, S, (ptrdiff_t)m, 1, pos_k,
+        gemm(c->kern, &w->scratch, w->b_pack, rows, dp, cols, S, (ptrdiff_t)m, 1, pos_k,
              (ptrdiff_t)dp, 1, ds, slot_q + blk0 * dp, (ptrdiff_t)dp, 0, NULL);
-    if (slot_k)
-        gemm(c->kern, &w->scratch, w->b_pack, m, dp, rows, S, 1, (ptrdiff_t)m, pos_q + blk0 * dp,
-             (ptrdiff_t)dp, 1, ds, slot_k, (ptrdiff_t)dp, blk0 > 0, NULL);
+    if (slot_k) {
+        if (blk0 == 0)
+            memset(slot_k + cols * dp, 0, sizeof(REAL) * (m - cols) * dp);
+        gemm(c->kern, &w->scratch, w->b_pack, cols, dp, rows, S, 1, (ptrdiff_t)m,
+             pos_q + blk0 * dp, (ptrdiff_t)dp, 1, ds, slot_k, (ptrdiff_t)dp, blk0 > 0, NULL);
+    }
 }
 
 /* Phase 2: the dense factor's gradients of head h, block by block of S_h. */
@@ -457,7 +468,7 @@ static void backward_dense_head(const backward_ctx *c, backward_ws *w, size_t h)
             for (size_t r = 0; r < rows; ++r)
                 kern->row_gather(b == 0 ? POSENC_SET : POSENC_ADD, S + r * m, G_blk + r * m, 1, m);
         }
-        backward_dense_block(c, w, h, S, blk0, rows, slot_q, slot_k);
+        backward_dense_block(c, w, h, S, blk0, rows, m, slot_q, slot_k);
     }
 }
 
