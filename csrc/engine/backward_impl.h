@@ -1,7 +1,9 @@
 /*
  * backward_impl.h -- gradients of sum(G * A) for one dtype (REAL, set by
- * engine_<dtype>.c).  The product mode's factors are in
- * backward_product_impl.h.
+ * engine_<dtype>.c): the phases and a unit's flow.  In their own files: the
+ * gradients through the vector tables (backward_vectors_impl.h), the
+ * product mode's factors (backward_product_impl.h), the slots and their
+ * reduction (backward_slots_impl.h).
  *
  * Phase 1, parallel over (b, h) units, each owned by one thread:
  *   dq = s Gc.k (+ Gq.query_table),  dk = s Gc^T.q (+ Gk.key_table),
@@ -60,6 +62,17 @@ static void backward_product_tile(const backward_ctx *c, backward_ws *w, size_t 
                                   size_t h, const packed_b *k_packed, size_t blk0, size_t i0,
                                   size_t rows, const REAL *G_blk);
 static void backward_product_ws(const backward_ctx *c, backward_ws *w, REAL *mem, size_t *at);
+/* backward_vectors_impl.h: the gradients through the vector tables */
+static void backward_vector_table(const backward_ctx *c, backward_ws *w, size_t u, size_t h,
+                                  int key_side, const REAL *x, REAL *dx);
+static void exact_content_grad(const backward_ctx *c, REAL *dx, const REAL *vector_grad,
+                               size_t count);
+/* backward_slots_impl.h: the call's slots, prepared, reduced, released */
+static int backward_prepare(backward_ctx *c, const posenc_problem *p, const posenc_kernels *kern,
+                            const REAL *G, const posenc_grads *g);
+static void backward_reduce(const backward_ctx *c);
+static void backward_zero(const posenc_problem *p, const posenc_grads *g);
+static void backward_release(backward_ctx *c);
 
 static size_t backward_ws_layout(const backward_ctx *c, backward_ws *w, REAL *mem)
 {
@@ -194,114 +207,6 @@ static void backward_sum_block(const backward_ctx *c, backward_ws *w, size_t u, 
                          G_blk, m, n, m, blk0, rows, c->masked ? 1 : 0, c->cls_row0);
 }
 
-/* Whether x[0 .. count) are all finite: x - x is 0 for a finite x, NaN for
- * Inf or NaN (16 sums side by side, so that the compiler vectorizes them). */
-static int all_finite(const REAL *x, size_t count)
-{
-    REAL acc[16] = {0};
-    size_t t = 0;
-    for (; t + 16 <= count; t += 16)
-        for (int k = 0; k < 16; ++k)
-            acc[k] += x[t + k] - x[t + k];
-    for (; t < count; ++t)
-        acc[0] += x[t] - x[t];
-    REAL sum = 0;
-    for (int k = 0; k < 16; ++k)
-        sum += acc[k];
-    return sum == 0;
-}
-
-/*
- * reach[r] = 1 for the buckets that row x of a bucket matrix reaches, else 0:
- * query side, query x with keys [jb, m) (none for the [CLS] row); key side,
- * key x (none below jb) with queries from 0 (1 past the [CLS] row).
- */
-static void bucket_reach(const backward_ctx *c, int key_side, size_t x, REAL *reach)
-{
-    const posenc_runs *runs = key_side ? &c->key_runs : &c->query_runs;
-    const ptrdiff_t n = (ptrdiff_t)c->p->n, m = (ptrdiff_t)c->p->m, jb = c->masked ? 1 : 0;
-    const ptrdiff_t i_lo = c->cls_row0 ? 1 : 0, at = (ptrdiff_t)x;
-    memset(reach, 0, sizeof(REAL) * posenc_runs_buckets(runs));
-    /* the offsets o = j - i of the row, [o_lo, o_hi) */
-    ptrdiff_t o_lo = key_side ? at - (n - 1) : jb - at, o_hi = key_side ? at - i_lo + 1 : m - at;
-    if ((key_side && at < jb) || (!key_side && at < i_lo))
-        o_hi = o_lo;
-    ptrdiff_t os, oe, bs;
-    for (size_t t = posenc_runs_seek(runs, o_lo);
-         t < runs->count && posenc_run_span(&runs->runs[t], 0, o_lo, o_hi, &os, &oe, &bs); ++t) {
-        const ptrdiff_t step = runs->runs[t].step, count = step ? oe - os : 1;
-        for (ptrdiff_t k = 0; k < count; ++k)
-            reach[bs + step * k - runs->b_min] = 1;
-    }
-}
-
-/*
- * backward_vector_table's GEMMs without their products of exact zeros: row
- * x of X times only the table rows it reaches (dx), or into only those slot
- * rows (slot).  For a table (dx) or an x (slot) holding Inf or NaN, where
- * 0 * Inf would put a NaN into gradients that do not depend on it.
- */
-static void vector_table_exact(const backward_ctx *c, backward_ws *w, int key_side,
-                               const REAL *X, size_t buckets, const REAL *table, const REAL *x,
-                               REAL vs, REAL *dx, REAL *slot)
-{
-    const size_t d = c->p->d, rows = key_side ? c->p->m : c->p->n;
-    if (slot)
-        memset(slot, 0, sizeof(REAL) * buckets * d);
-    for (size_t row = 0; row < rows; ++row) {
-        bucket_reach(c, key_side, row, w->reach);
-        for (size_t r = 0; r < buckets; ++r) {
-            if (w->reach[r] == 0)
-                continue;
-            const REAL coef = X[row * buckets + r];
-            if (dx)
-                for (size_t l = 0; l < d; ++l)
-                    dx[row * d + l] += coef * (vs * table[r * d + l]);
-            if (slot)
-                for (size_t l = 0; l < d; ++l)
-                    slot[r * d + l] += coef * (vs * x[row * d + l]);
-        }
-    }
-}
-
-/*
- * The gradients through a vector table (key_side 0: the query side, x = q;
- * 1: the key side, x = k) from the unit's bucket matrix X (rows x buckets):
- * dx += vs X.table and the table's slot = vs X^T.x, each GEMM skipping the
- * blocks where X is zero.  X is zero outside each row's buckets, so with
- * an Inf or NaN in the GEMM's other operand (the table for dx, x for the
- * slot) the products go row by row over the buckets reached
- * (vector_table_exact): NaN and Inf reach exactly what depends on them.
- */
-static void backward_vector_table(const backward_ctx *c, backward_ws *w, size_t u, size_t h,
-                                  int key_side, const REAL *x, REAL *dx)
-{
-    const posenc_problem *p = c->p;
-    const posenc_kernels *kern = c->kern;
-    const size_t d = p->d, rows = key_side ? p->m : p->n;
-    const size_t buckets = key_side ? c->key_buckets : c->query_buckets;
-    const REAL vs = (REAL)p->vector_scale;
-    const REAL *X = key_side ? w->key_side : w->query_side;
-    const posenc_spans *spans = key_side ? &c->key_spans : &c->query_spans;
-    const size_t heads = key_side ? p->key_table_heads : p->query_table_heads;
-    const size_t first_row = head_of(heads, h) * (key_side ? p->key_table_rows : p->query_table_rows) +
-                             (size_t)(key_side ? c->key_runs.b_min : c->query_runs.b_min);
-    const REAL *table = (const REAL *)(key_side ? p->key_table : p->query_table) + first_row * d;
-    REAL *slots = key_side ? c->key_table_slots : c->query_table_slots;
-    REAL *slot = slots ? slots + u * buckets * d : NULL;
-    const int exact_dx = dx && !all_finite(table, buckets * d);
-    const int exact_slot = slot && !all_finite(x, rows * d);
-    if (dx && !exact_dx)
-        gemm(kern, &w->scratch, w->b_pack, rows, d, buckets, X, (ptrdiff_t)buckets, 1, table,
-             (ptrdiff_t)d, 1, vs, dx, (ptrdiff_t)d, 1, spans->by_row);
-    if (slot && !exact_slot)
-        gemm(kern, &w->scratch, w->b_pack, buckets, d, rows, X, 1, (ptrdiff_t)buckets, x,
-             (ptrdiff_t)d, 1, vs, slot, (ptrdiff_t)d, 0, spans->by_bucket);
-    if (exact_dx || exact_slot)
-        vector_table_exact(c, w, key_side, X, buckets, table, x, vs, exact_dx ? dx : NULL,
-                           exact_slot ? slot : NULL);
-}
-
 /* Unit u's start: its bucket matrices zeroed; in product mode s k^T packed
  * into k_packed and the key-side projections. */
 static void backward_unit_begin(const backward_ctx *c, backward_ws *w, size_t u,
@@ -357,26 +262,6 @@ static void backward_unit_block(const backward_ctx *c, backward_ws *w, size_t u,
             memset(dk_u + cols * d, 0, sizeof(REAL) * (m - cols) * d);
         gemm(kern, &w->scratch, w->b_pack, cols, d, rows_blk, Gc, 1, (ptrdiff_t)ldg,
              q_u + blk0 * d, (ptrdiff_t)d, 1, s, dk_u, (ptrdiff_t)d, blk0 > 0, NULL);
-    }
-}
-
-/*
- * scales.exact: dx (rows x d, its content part s Gc.x' unscaled) scaled
- * after its sums, in double, in the reference's order: s dx + vs X.table
- * (sum), s (dx + X.table) (product); X.table in w->vector_grad, or none.
- */
-static void exact_content_grad(const backward_ctx *c, REAL *dx, const REAL *vector_grad,
-                               size_t count)
-{
-    const double s = c->scales.scale, vs = c->p->product ? 1 : c->scales.vector_scale;
-    for (size_t t = 0; t < count; ++t) {
-        const double content = (double)dx[t];
-        if (!vector_grad)
-            dx[t] = (REAL)(s * content);
-        else if (c->p->product)
-            dx[t] = (REAL)(s * (content + (double)vector_grad[t]));
-        else
-            dx[t] = (REAL)(s * content + vs * (double)vector_grad[t]);
     }
 }
 
@@ -470,205 +355,6 @@ static void backward_dense_head(const backward_ctx *c, backward_ws *w, size_t h)
         }
         backward_dense_block(c, w, h, S, blk0, rows, m, slot_q, slot_k);
     }
-}
-
-/*
- * out[head_of(h)][at + t] += slots[b * H + h][t], t < width, in (h, b)
- * order (a head of out has out_width elements), out zeroed first unless
- * `accumulate`; index (or NULL: the identity) maps t to its element of out.
- */
-static void reduce_slots(REAL *out, size_t heads, size_t out_width, size_t at, const REAL *slots,
-                         size_t B, size_t H, size_t width, const int64_t *index, int accumulate)
-{
-    if (!accumulate)
-        memset(out, 0, sizeof(REAL) * heads * out_width);
-    for (size_t h = 0; h < H; ++h)
-        for (size_t b = 0; b < B; ++b) {
-            const REAL *slot = slots + (b * H + h) * width;
-            REAL *dst = out + head_of(heads, h) * out_width + at;
-            if (index)
-                for (size_t t = 0; t < width; ++t)
-                    dst[index[t]] += slot[t];
-            else
-                for (size_t t = 0; t < width; ++t)
-                    dst[t] += slot[t];
-        }
-}
-
-/*
- * scales.exact: grad (heads x rows x width) times the scale its sums left
- * out, in double.  With a map, only the rows a logit reads through it (the
- * offsets j - i of theta-free rows and columns): the others are sums of no
- * terms, 0 in the reference whatever the scale (not 0 * Inf).
- */
-static void exact_scale_rows(const backward_ctx *c, REAL *grad, size_t heads, size_t rows,
-                             size_t width, const int64_t *map, double scale)
-{
-    if (!grad || scale == 1)
-        return;
-    const posenc_problem *p = c->p;
-    unsigned char *read = map ? (unsigned char *)posenc_alloc(rows, 1) : NULL;
-    if (read) {
-        memset(read, 0, rows);
-        /* o = j - i with j >= jb and i past the [CLS] row: map[o + n - 1] */
-        const size_t first = c->masked ? 1 : 0, last = p->n + p->m - 1 - (c->cls_row0 ? 1 : 0);
-        for (size_t t = first; t < last; ++t)
-            read[map[t]] = 1;
-    }
-    for (size_t h = 0; h < heads; ++h)
-        for (size_t r = 0; r < rows; ++r)
-            if (!read || read[r])
-                for (size_t e = 0; e < width; ++e) {
-                    REAL *x = grad + (h * rows + r) * width + e;
-                    *x = (REAL)(scale * (double)*x);
-                }
-    posenc_free(read);
-}
-
-/* Phase 3: every wanted table gradient from its slots, in a fixed order. */
-static void backward_reduce(const backward_ctx *c)
-{
-    const posenc_problem *p = c->p;
-    const posenc_grads *g = c->g;
-    const size_t B = p->B, H = p->H, d = p->d, SS = p->n_segments * p->n_segments;
-    if (g->table)
-        reduce_slots((REAL *)g->table, p->table_heads, p->table_rows, 0, c->offset_slots, B, H,
-                     c->offsets, p->table_map, 0);
-    /* a vector table's slots cover the buckets its map uses: rows b_min.. */
-    if (g->query_table)
-        reduce_slots((REAL *)g->query_table, p->query_table_heads, p->query_table_rows * d,
-                     (size_t)c->query_runs.b_min * d, c->query_table_slots, B, H,
-                     c->query_buckets * d, NULL, 0);
-    if (g->key_table)   /* one table on both sides: the key side adds to the query side's sums */
-        reduce_slots((REAL *)g->key_table, p->key_table_heads, p->key_table_rows * d,
-                     (size_t)c->key_runs.b_min * d, c->key_table_slots, B, H, c->key_buckets * d,
-                     NULL, g->key_table == g->query_table);
-    if (g->segment_table)
-        reduce_slots((REAL *)g->segment_table, p->segment_table_heads, SS, 0, c->segment_slots, B,
-                     H, SS, NULL, 0);
-    if (g->theta)
-        reduce_slots((REAL *)g->theta, p->theta_heads, 2, 0, c->theta_slots, B, H, 2, NULL, 0);
-    /* the dense slots are per head already: one batch row */
-    if (g->pos_q)
-        reduce_slots((REAL *)g->pos_q, p->pos_q_heads, p->n * p->d_p, 0, c->pos_q_slots, 1, H,
-                     p->n * p->d_p, NULL, 0);
-    if (g->pos_k)
-        reduce_slots((REAL *)g->pos_k, p->pos_k_heads, p->m * p->d_p, 0, c->pos_k_slots, 1, H,
-                     p->m * p->d_p, NULL, 0);
-    if (c->scales.exact) {
-        /* the scale each gradient's sums left out: s for every factor of a
-         * product (each effective gradient holds s q.k), vs on the vector
-         * tables and ds on the dense factor of a sum */
-        const double s = c->scales.scale, vs = p->product ? s : c->scales.vector_scale;
-        exact_scale_rows(c, (REAL *)g->table, p->table_heads, p->table_rows, 1, p->table_map,
-                         p->product ? s : 1);
-        exact_scale_rows(c, (REAL *)g->query_table, p->query_table_heads, p->query_table_rows, d,
-                         p->query_map, vs);
-        if (g->key_table != g->query_table)
-            exact_scale_rows(c, (REAL *)g->key_table, p->key_table_heads, p->key_table_rows, d,
-                             p->key_map, vs);
-        exact_scale_rows(c, (REAL *)g->pos_q, p->pos_q_heads, p->n, p->d_p, NULL, c->scales.dense_scale);
-        exact_scale_rows(c, (REAL *)g->pos_k, p->pos_k_heads, p->m, p->d_p, NULL, c->scales.dense_scale);
-    }
-}
-
-/* Every wanted output zeroed: the gradients of an empty problem. */
-static void backward_zero(const posenc_problem *p, const posenc_grads *g)
-{
-    const size_t BH = p->B * p->H;
-    const struct { void *ptr; size_t count; } outs[] = {
-        {g->q, BH * p->n * p->d},
-        {g->k, BH * p->m * p->d},
-        {g->pos_q, p->pos_q_heads * p->n * p->d_p},
-        {g->pos_k, p->pos_k_heads * p->m * p->d_p},
-        {g->table, p->table_heads * p->table_rows},
-        {g->query_table, p->query_table_heads * p->query_table_rows * p->d},
-        {g->key_table, p->key_table_heads * p->key_table_rows * p->d},
-        {g->segment_table, p->segment_table_heads * p->n_segments * p->n_segments},
-        {g->theta, p->theta_heads * 2},
-    };
-    for (size_t t = 0; t < sizeof outs / sizeof outs[0]; ++t)
-        if (outs[t].ptr && outs[t].count)
-            memset(outs[t].ptr, 0, sizeof(REAL) * outs[t].count);
-}
-
-static void backward_release(backward_ctx *c)
-{
-    posenc_free(c->table_by_offset);
-    posenc_runs_free(&c->query_runs);
-    posenc_runs_free(&c->key_runs);
-    posenc_spans_free(&c->query_spans);
-    posenc_spans_free(&c->key_spans);
-    posenc_segment_runs_free(&c->segment_runs);
-    REAL *slots[] = {c->offset_slots, c->segment_slots, c->theta_slots, c->query_table_slots,
-                     c->key_table_slots, c->pos_q_slots, c->pos_k_slots};
-    for (size_t t = 0; t < sizeof slots / sizeof slots[0]; ++t)
-        posenc_free(slots[t]);
-}
-
-/* A zeroed slot array of `count` elements when wanted; 0, or -1 out of memory. */
-static int zeroed_slots(REAL **slots, int wanted, size_t count)
-{
-    if (!wanted)
-        return 0;
-    *slots = (REAL *)posenc_alloc(count, sizeof(REAL));
-    if (!*slots)
-        return -1;
-    memset(*slots, 0, sizeof(REAL) * count);
-    return 0;
-}
-
-static int backward_prepare(backward_ctx *c, const posenc_problem *p, const posenc_kernels *kern,
-                            const REAL *G, const posenc_grads *g)
-{
-    const size_t n = p->n, m = p->m, BH = p->B * p->H, offsets = n + m - 1;
-    memset(c, 0, sizeof *c);
-    c->p = call_scales_init(&c->scales, p);
-    c->kern = kern;
-    c->g = g;
-    c->G = G;
-    c->offsets = offsets;
-    c->m_pad = posenc_round_up(m, kern->nr);
-    c->row_block = kern->kc;   /* a row block's dk update is one packed depth: see backward_unit */
-    c->masked = p->theta != NULL;
-    c->cls_row0 = c->masked && p->query_offset == 0;
-    c->need_content = g->q || g->k;
-    c->need_query_side = p->query_table && (g->q || g->query_table);
-    c->need_key_side = p->key_table && (g->k || g->key_table);
-    c->need_offsets = p->table && g->table;
-    if (p->table && p->product && !(c->table_by_offset = table_by_offset(p, offsets)))
-        return POSENC_ENOMEM;
-    if (p->query_table) {
-        if (posenc_runs_build(&c->query_runs, p->query_map, -(ptrdiff_t)(n - 1), offsets))
-            return POSENC_ENOMEM;
-        c->query_buckets = posenc_runs_buckets(&c->query_runs);
-        if (c->need_query_side && posenc_spans_build(&c->query_spans, &c->query_runs, p->query_map,
-                                                     n, m, 0, c->masked ? 1 : 0, kern->mr))
-            return POSENC_ENOMEM;
-    }
-    if (p->key_table) {
-        if (posenc_runs_build(&c->key_runs, p->key_map, -(ptrdiff_t)(n - 1), offsets))
-            return POSENC_ENOMEM;
-        c->key_buckets = posenc_runs_buckets(&c->key_runs);
-        if (c->need_key_side &&
-            posenc_spans_build(&c->key_spans, &c->key_runs, p->key_map, n, m, 1, 0, kern->mr))
-            return POSENC_ENOMEM;
-    }
-    if (p->segment_table && g->segment_table &&
-        posenc_segment_runs_build(&c->segment_runs, p->segment_k, p->B, m))
-        return POSENC_ENOMEM;
-    const size_t SS = p->n_segments * p->n_segments, dp = p->d_p;
-    if (zeroed_slots(&c->offset_slots, c->need_offsets, posenc_mul_size(BH, offsets)) ||
-        zeroed_slots(&c->segment_slots, p->segment_table && g->segment_table, posenc_mul_size(BH, SS)) ||
-        zeroed_slots(&c->theta_slots, p->theta && g->theta, BH * 2) ||
-        zeroed_slots(&c->query_table_slots, p->query_table && g->query_table,
-                     posenc_mul_size(BH, c->query_buckets * p->d)) ||
-        zeroed_slots(&c->key_table_slots, p->key_table && g->key_table,
-                     posenc_mul_size(BH, c->key_buckets * p->d)) ||
-        zeroed_slots(&c->pos_q_slots, p->pos_q && g->pos_q, posenc_mul_size(p->H, n * dp)) ||
-        zeroed_slots(&c->pos_k_slots, p->pos_q && g->pos_k, posenc_mul_size(p->H, m * dp)))
-        return POSENC_ENOMEM;
-    return POSENC_OK;
 }
 
 /* One thread's part of phases 1 and 2 (posenc_run_team; arg: the context). */

@@ -13,5 +13,7 @@
 #include "terms_impl.h"             /* the positional terms of a row tile */
 #include "forward_impl.h"           /* logits */
 #include "backward_impl.h"          /* gradients */
+#include "backward_vectors_impl.h"  /* gradients through the vector tables */
 #include "backward_product_impl.h"  /* gradients' product-mode factors */
+#include "backward_slots_impl.h"    /* the backward's slots and their reduction */
 #include "attention_impl.h"         /* the fused attention, forward and backward */

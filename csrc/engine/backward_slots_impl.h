@@ -1,0 +1,206 @@
+/*
+ * backward_slots_impl.h -- a backward call's per-unit slots, for one dtype:
+ * allocated and zeroed (backward_prepare), summed into the outputs in a
+ * fixed (h, b) order (backward_reduce: the gradients are bitwise identical
+ * for any number of threads), released; and the zero gradients of an empty
+ * problem.  Types and phases in backward_impl.h.
+ */
+
+/*
+ * out[head_of(h)][at + t] += slots[b * H + h][t], t < width, in (h, b)
+ * order (a head of out has out_width elements), out zeroed first unless
+ * `accumulate`; index (or NULL: the identity) maps t to its element of out.
+ */
+static void reduce_slots(REAL *out, size_t heads, size_t out_width, size_t at, const REAL *slots,
+                         size_t B, size_t H, size_t width, const int64_t *index, int accumulate)
+{
+    if (!accumulate)
+        memset(out, 0, sizeof(REAL) * heads * out_width);
+    for (size_t h = 0; h < H; ++h)
+        for (size_t b = 0; b < B; ++b) {
+            const REAL *slot = slots + (b * H + h) * width;
+            REAL *dst = out + head_of(heads, h) * out_width + at;
+            if (index)
+                for (size_t t = 0; t < width; ++t)
+                    dst[index[t]] += slot[t];
+            else
+                for (size_t t = 0; t < width; ++t)
+                    dst[t] += slot[t];
+        }
+}
+
+/*
+ * scales.exact: grad (heads x rows x width) times the scale its sums left
+ * out, in double.  With a map, only the rows a logit reads through it (the
+ * offsets j - i of theta-free rows and columns): the others are sums of no
+ * terms, 0 in the reference whatever the scale (not 0 * Inf).
+ */
+static void exact_scale_rows(const backward_ctx *c, REAL *grad, size_t heads, size_t rows,
+                             size_t width, const int64_t *map, double scale)
+{
+    if (!grad || scale == 1)
+        return;
+    const posenc_problem *p = c->p;
+    unsigned char *read = map ? (unsigned char *)posenc_alloc(rows, 1) : NULL;
+    if (read) {
+        memset(read, 0, rows);
+        /* o = j - i with j >= jb and i past the [CLS] row: map[o + n - 1] */
+        const size_t first = c->masked ? 1 : 0, last = p->n + p->m - 1 - (c->cls_row0 ? 1 : 0);
+        for (size_t t = first; t < last; ++t)
+            read[map[t]] = 1;
+    }
+    for (size_t h = 0; h < heads; ++h)
+        for (size_t r = 0; r < rows; ++r)
+            if (!read || read[r])
+                for (size_t e = 0; e < width; ++e) {
+                    REAL *x = grad + (h * rows + r) * width + e;
+                    *x = (REAL)(scale * (double)*x);
+                }
+    posenc_free(read);
+}
+
+/* Phase 3: every wanted table gradient from its slots, in a fixed order. */
+static void backward_reduce(const backward_ctx *c)
+{
+    const posenc_problem *p = c->p;
+    const posenc_grads *g = c->g;
+    const size_t B = p->B, H = p->H, d = p->d, SS = p->n_segments * p->n_segments;
+    if (g->table)
+        reduce_slots((REAL *)g->table, p->table_heads, p->table_rows, 0, c->offset_slots, B, H,
+                     c->offsets, p->table_map, 0);
+    /* a vector table's slots cover the buckets its map uses: rows b_min.. */
+    if (g->query_table)
+        reduce_slots((REAL *)g->query_table, p->query_table_heads, p->query_table_rows * d,
+                     (size_t)c->query_runs.b_min * d, c->query_table_slots, B, H,
+                     c->query_buckets * d, NULL, 0);
+    if (g->key_table)   /* one table on both sides: the key side adds to the query side's sums */
+        reduce_slots((REAL *)g->key_table, p->key_table_heads, p->key_table_rows * d,
+                     (size_t)c->key_runs.b_min * d, c->key_table_slots, B, H, c->key_buckets * d,
+                     NULL, g->key_table == g->query_table);
+    if (g->segment_table)
+        reduce_slots((REAL *)g->segment_table, p->segment_table_heads, SS, 0, c->segment_slots, B,
+                     H, SS, NULL, 0);
+    if (g->theta)
+        reduce_slots((REAL *)g->theta, p->theta_heads, 2, 0, c->theta_slots, B, H, 2, NULL, 0);
+    /* the dense slots are per head already: one batch row */
+    if (g->pos_q)
+        reduce_slots((REAL *)g->pos_q, p->pos_q_heads, p->n * p->d_p, 0, c->pos_q_slots, 1, H,
+                     p->n * p->d_p, NULL, 0);
+    if (g->pos_k)
+        reduce_slots((REAL *)g->pos_k, p->pos_k_heads, p->m * p->d_p, 0, c->pos_k_slots, 1, H,
+                     p->m * p->d_p, NULL, 0);
+    if (c->scales.exact) {
+        /* the scale each gradient's sums left out: s for every factor of a
+         * product (each effective gradient holds s q.k), vs on the vector
+         * tables and ds on the dense factor of a sum */
+        const double s = c->scales.scale, vs = p->product ? s : c->scales.vector_scale;
+        exact_scale_rows(c, (REAL *)g->table, p->table_heads, p->table_rows, 1, p->table_map,
+                         p->product ? s : 1);
+        exact_scale_rows(c, (REAL *)g->query_table, p->query_table_heads, p->query_table_rows, d,
+                         p->query_map, vs);
+        if (g->key_table != g->query_table)
+            exact_scale_rows(c, (REAL *)g->key_table, p->key_table_heads, p->key_table_rows, d,
+                             p->key_map, vs);
+        exact_scale_rows(c, (REAL *)g->pos_q, p->pos_q_heads, p->n, p->d_p, NULL, c->scales.dense_scale);
+        exact_scale_rows(c, (REAL *)g->pos_k, p->pos_k_heads, p->m, p->d_p, NULL, c->scales.dense_scale);
+    }
+}
+
+/* Every wanted output zeroed: the gradients of an empty problem. */
+static void backward_zero(const posenc_problem *p, const posenc_grads *g)
+{
+    const size_t BH = p->B * p->H;
+    const struct { void *ptr; size_t count; } outs[] = {
+        {g->q, BH * p->n * p->d},
+        {g->k, BH * p->m * p->d},
+        {g->pos_q, p->pos_q_heads * p->n * p->d_p},
+        {g->pos_k, p->pos_k_heads * p->m * p->d_p},
+        {g->table, p->table_heads * p->table_rows},
+        {g->query_table, p->query_table_heads * p->query_table_rows * p->d},
+        {g->key_table, p->key_table_heads * p->key_table_rows * p->d},
+        {g->segment_table, p->segment_table_heads * p->n_segments * p->n_segments},
+        {g->theta, p->theta_heads * 2},
+    };
+    for (size_t t = 0; t < sizeof outs / sizeof outs[0]; ++t)
+        if (outs[t].ptr && outs[t].count)
+            memset(outs[t].ptr, 0, sizeof(REAL) * outs[t].count);
+}
+
+static void backward_release(backward_ctx *c)
+{
+    posenc_free(c->table_by_offset);
+    posenc_runs_free(&c->query_runs);
+    posenc_runs_free(&c->key_runs);
+    posenc_spans_free(&c->query_spans);
+    posenc_spans_free(&c->key_spans);
+    posenc_segment_runs_free(&c->segment_runs);
+    REAL *slots[] = {c->offset_slots, c->segment_slots, c->theta_slots, c->query_table_slots,
+                     c->key_table_slots, c->pos_q_slots, c->pos_k_slots};
+    for (size_t t = 0; t < sizeof slots / sizeof slots[0]; ++t)
+        posenc_free(slots[t]);
+}
+
+/* A zeroed slot array of `count` elements when wanted; 0, or -1 out of memory. */
+static int zeroed_slots(REAL **slots, int wanted, size_t count)
+{
+    if (!wanted)
+        return 0;
+    *slots = (REAL *)posenc_alloc(count, sizeof(REAL));
+    if (!*slots)
+        return -1;
+    memset(*slots, 0, sizeof(REAL) * count);
+    return 0;
+}
+
+static int backward_prepare(backward_ctx *c, const posenc_problem *p, const posenc_kernels *kern,
+                            const REAL *G, const posenc_grads *g)
+{
+    const size_t n = p->n, m = p->m, BH = p->B * p->H, offsets = n + m - 1;
+    memset(c, 0, sizeof *c);
+    c->p = call_scales_init(&c->scales, p);
+    c->kern = kern;
+    c->g = g;
+    c->G = G;
+    c->offsets = offsets;
+    c->m_pad = posenc_round_up(m, kern->nr);
+    c->row_block = kern->kc;   /* a row block's dk update is one packed depth: see backward_unit */
+    c->masked = p->theta != NULL;
+    c->cls_row0 = c->masked && p->query_offset == 0;
+    c->need_content = g->q || g->k;
+    c->need_query_side = p->query_table && (g->q || g->query_table);
+    c->need_key_side = p->key_table && (g->k || g->key_table);
+    c->need_offsets = p->table && g->table;
+    if (p->table && p->product && !(c->table_by_offset = table_by_offset(p, offsets)))
+        return POSENC_ENOMEM;
+    if (p->query_table) {
+        if (posenc_runs_build(&c->query_runs, p->query_map, -(ptrdiff_t)(n - 1), offsets))
+            return POSENC_ENOMEM;
+        c->query_buckets = posenc_runs_buckets(&c->query_runs);
+        if (c->need_query_side && posenc_spans_build(&c->query_spans, &c->query_runs, p->query_map,
+                                                     n, m, 0, c->masked ? 1 : 0, kern->mr))
+            return POSENC_ENOMEM;
+    }
+    if (p->key_table) {
+        if (posenc_runs_build(&c->key_runs, p->key_map, -(ptrdiff_t)(n - 1), offsets))
+            return POSENC_ENOMEM;
+        c->key_buckets = posenc_runs_buckets(&c->key_runs);
+        if (c->need_key_side &&
+            posenc_spans_build(&c->key_spans, &c->key_runs, p->key_map, n, m, 1, 0, kern->mr))
+            return POSENC_ENOMEM;
+    }
+    if (p->segment_table && g->segment_table &&
+        posenc_segment_runs_build(&c->segment_runs, p->segment_k, p->B, m))
+        return POSENC_ENOMEM;
+    const size_t SS = p->n_segments * p->n_segments, dp = p->d_p;
+    if (zeroed_slots(&c->offset_slots, c->need_offsets, posenc_mul_size(BH, offsets)) ||
+        zeroed_slots(&c->segment_slots, p->segment_table && g->segment_table, posenc_mul_size(BH, SS)) ||
+        zeroed_slots(&c->theta_slots, p->theta && g->theta, BH * 2) ||
+        zeroed_slots(&c->query_table_slots, p->query_table && g->query_table,
+                     posenc_mul_size(BH, c->query_buckets * p->d)) ||
+        zeroed_slots(&c->key_table_slots, p->key_table && g->key_table,
+                     posenc_mul_size(BH, c->key_buckets * p->d)) ||
+        zeroed_slots(&c->pos_q_slots, p->pos_q && g->pos_q, posenc_mul_size(p->H, n * dp)) ||
+        zeroed_slots(&c->pos_k_slots, p->pos_q && g->pos_k, posenc_mul_size(p->H, m * dp)))
+        return POSENC_ENOMEM;
+    return POSENC_OK;
+}

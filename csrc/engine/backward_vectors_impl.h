@@ -1,0 +1,134 @@
+/*
+ * backward_vectors_impl.h -- the gradients through the vector tables (Shaw,
+ * M4, M4M, DeBERTa) of one unit, for one dtype: the GEMMs through the
+ * bucket matrices, and where an input is not finite the IEEE-exact
+ * fallbacks.  Types and the unit's flow in backward_impl.h.
+ */
+
+/* Whether x[0 .. count) are all finite: x - x is 0 for a finite x, NaN for
+ * Inf or NaN (16 sums side by side, so that the compiler vectorizes them). */
+static int all_finite(const REAL *x, size_t count)
+{
+    REAL acc[16] = {0};
+    size_t t = 0;
+    for (; t + 16 <= count; t += 16)
+        for (int k = 0; k < 16; ++k)
+            acc[k] += x[t + k] - x[t + k];
+    for (; t < count; ++t)
+        acc[0] += x[t] - x[t];
+    REAL sum = 0;
+    for (int k = 0; k < 16; ++k)
+        sum += acc[k];
+    return sum == 0;
+}
+
+/*
+ * reach[r] = 1 for the buckets that row x of a bucket matrix reaches, else 0:
+ * query side, query x with keys [jb, m) (none for the [CLS] row); key side,
+ * key x (none below jb) with queries from 0 (1 past the [CLS] row).
+ */
+static void bucket_reach(const backward_ctx *c, int key_side, size_t x, REAL *reach)
+{
+    const posenc_runs *runs = key_side ? &c->key_runs : &c->query_runs;
+    const ptrdiff_t n = (ptrdiff_t)c->p->n, m = (ptrdiff_t)c->p->m, jb = c->masked ? 1 : 0;
+    const ptrdiff_t i_lo = c->cls_row0 ? 1 : 0, at = (ptrdiff_t)x;
+    memset(reach, 0, sizeof(REAL) * posenc_runs_buckets(runs));
+    /* the offsets o = j - i of the row, [o_lo, o_hi) */
+    ptrdiff_t o_lo = key_side ? at - (n - 1) : jb - at, o_hi = key_side ? at - i_lo + 1 : m - at;
+    if ((key_side && at < jb) || (!key_side && at < i_lo))
+        o_hi = o_lo;
+    ptrdiff_t os, oe, bs;
+    for (size_t t = posenc_runs_seek(runs, o_lo);
+         t < runs->count && posenc_run_span(&runs->runs[t], 0, o_lo, o_hi, &os, &oe, &bs); ++t) {
+        const ptrdiff_t step = runs->runs[t].step, count = step ? oe - os : 1;
+        for (ptrdiff_t k = 0; k < count; ++k)
+            reach[bs + step * k - runs->b_min] = 1;
+    }
+}
+
+/*
+ * backward_vector_table's GEMMs without their products of exact zeros: row
+ * x of X times only the table rows it reaches (dx), or into only those slot
+ * rows (slot).  For a table (dx) or an x (slot) holding Inf or NaN, where
+ * 0 * Inf would put a NaN into gradients that do not depend on it.
+ */
+static void vector_table_exact(const backward_ctx *c, backward_ws *w, int key_side,
+                               const REAL *X, size_t buckets, const REAL *table, const REAL *x,
+                               REAL vs, REAL *dx, REAL *slot)
+{
+    const size_t d = c->p->d, rows = key_side ? c->p->m : c->p->n;
+    if (slot)
+        memset(slot, 0, sizeof(REAL) * buckets * d);
+    for (size_t row = 0; row < rows; ++row) {
+        bucket_reach(c, key_side, row, w->reach);
+        for (size_t r = 0; r < buckets; ++r) {
+            if (w->reach[r] == 0)
+                continue;
+            const REAL coef = X[row * buckets + r];
+            if (dx)
+                for (size_t l = 0; l < d; ++l)
+                    dx[row * d + l] += coef * (vs * table[r * d + l]);
+            if (slot)
+                for (size_t l = 0; l < d; ++l)
+                    slot[r * d + l] += coef * (vs * x[row * d + l]);
+        }
+    }
+}
+
+/*
+ * The gradients through a vector table (key_side 0: the query side, x = q;
+ * 1: the key side, x = k) from the unit's bucket matrix X (rows x buckets):
+ * dx += vs X.table and the table's slot = vs X^T.x, each GEMM skipping the
+ * blocks where X is zero.  X is zero outside each row's buckets, so with
+ * an Inf or NaN in the GEMM's other operand (the table for dx, x for the
+ * slot) the products go row by row over the buckets reached
+ * (vector_table_exact): NaN and Inf reach exactly what depends on them.
+ */
+static void backward_vector_table(const backward_ctx *c, backward_ws *w, size_t u, size_t h,
+                                  int key_side, const REAL *x, REAL *dx)
+{
+    const posenc_problem *p = c->p;
+    const posenc_kernels *kern = c->kern;
+    const size_t d = p->d, rows = key_side ? p->m : p->n;
+    const size_t buckets = key_side ? c->key_buckets : c->query_buckets;
+    const REAL vs = (REAL)p->vector_scale;
+    const REAL *X = key_side ? w->key_side : w->query_side;
+    const posenc_spans *spans = key_side ? &c->key_spans : &c->query_spans;
+    const size_t heads = key_side ? p->key_table_heads : p->query_table_heads;
+    const size_t first_row = head_of(heads, h) * (key_side ? p->key_table_rows : p->query_table_rows) +
+                             (size_t)(key_side ? c->key_runs.b_min : c->query_runs.b_min);
+    const REAL *table = (const REAL *)(key_side ? p->key_table : p->query_table) + first_row * d;
+    REAL *slots = key_side ? c->key_table_slots : c->query_table_slots;
+    REAL *slot = slots ? slots + u * buckets * d : NULL;
+    const int exact_dx = dx && !all_finite(table, buckets * d);
+    const int exact_slot = slot && !all_finite(x, rows * d);
+    if (dx && !exact_dx)
+        gemm(kern, &w->scratch, w->b_pack, rows, d, buckets, X, (ptrdiff_t)buckets, 1, table,
+             (ptrdiff_t)d, 1, vs, dx, (ptrdiff_t)d, 1, spans->by_row);
+    if (slot && !exact_slot)
+        gemm(kern, &w->scratch, w->b_pack, buckets, d, rows, X, 1, (ptrdiff_t)buckets, x,
+             (ptrdiff_t)d, 1, vs, slot, (ptrdiff_t)d, 0, spans->by_bucket);
+    if (exact_dx || exact_slot)
+        vector_table_exact(c, w, key_side, X, buckets, table, x, vs, exact_dx ? dx : NULL,
+                           exact_slot ? slot : NULL);
+}
+
+/*
+ * scales.exact: dx (rows x d, its content part s Gc.x' unscaled) scaled
+ * after its sums, in double, in the reference's order: s dx + vs X.table
+ * (sum), s (dx + X.table) (product); X.table in w->vector_grad, or none.
+ */
+static void exact_content_grad(const backward_ctx *c, REAL *dx, const REAL *vector_grad,
+                               size_t count)
+{
+    const double s = c->scales.scale, vs = c->p->product ? 1 : c->scales.vector_scale;
+    for (size_t t = 0; t < count; ++t) {
+        const double content = (double)dx[t];
+        if (!vector_grad)
+            dx[t] = (REAL)(s * content);
+        else if (c->p->product)
+            dx[t] = (REAL)(s * (content + (double)vector_grad[t]));
+        else
+            dx[t] = (REAL)(s * content + vs * (double)vector_grad[t]);
+    }
+}
