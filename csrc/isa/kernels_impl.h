@@ -116,8 +116,8 @@ static inline VT KNAME(vload_range)(const REAL *p, size_t lo, size_t hi)
 #define ROW_STORE_TAIL(p, v) VSTORE_PART((p), (v), tail)
 
 /* dst[j] op= s[j] (unit) or s[0] (not unit); inlined where unit is a constant. */
-static inline void KNAME(row_apply)(int op, REAL *restrict dst, const REAL *restrict s, int unit,
-                                    size_t len)
+static inline void KNAME(row_apply_from)(int op, REAL *restrict dst, const REAL *restrict s,
+                                         int unit, size_t len)
 {
     const VT value = unit ? VZERO() : VBCAST(s[0]);
 #define ROW_SOURCE(j, LOAD) (unit ? LOAD(s + (j)) : value)
@@ -134,6 +134,22 @@ static inline void KNAME(row_apply)(int op, REAL *restrict dst, const REAL *rest
 #undef ROW_SET
 #undef ROW_ADD
 #undef ROW_MUL
+}
+
+/* row_apply_from, a long row's stores aligned to the vector (a store across
+ * two cache lines costs two): its first lanes up to the boundary apart. */
+static inline void KNAME(row_apply)(int op, REAL *restrict dst, const REAL *restrict s, int unit,
+                                    size_t len)
+{
+    const size_t bytes = VL * sizeof(REAL);
+    const size_t head = (bytes - (uintptr_t)dst % bytes) % bytes / sizeof(REAL);
+    if (len >= 4 * VL && head) {
+        KNAME(row_apply_from)(op, dst, s, unit, head);
+        dst += head;
+        s += unit ? head : 0;
+        len -= head;
+    }
+    KNAME(row_apply_from)(op, dst, s, unit, len);
 }
 
 /* dst[j] op= src[j * stride].  Unit and zero strides are the hot cases. */

@@ -43,7 +43,11 @@ static void UKR_NAME(size_t kc, const void *a_, ptrdiff_t lda, const void *b_, v
                 acc[r][v] = VFMA(ar, bv[v], acc[r][v]);                 \
         }                                                               \
     }
-    if (flags & POSENC_UKR_A_ROWS) {
+    if ((flags & POSENC_UKR_A_ROWS) && rows == MR) {
+        /* a full tile apart (rows a fixed stride apart: one moving pointer and
+         * MR offsets in registers, where clamped pointers would spill) */
+        UKR_LOOP(a[(ptrdiff_t)r * lda + (ptrdiff_t)l])
+    } else if (flags & POSENC_UKR_A_ROWS) {
         /* rows past `rows` repeat the last one: read, computed, never stored */
         const REAL *a_row[MR];
 #pragma GCC unroll 16
@@ -76,13 +80,27 @@ static void UKR_NAME(size_t kc, const void *a_, ptrdiff_t lda, const void *b_, v
     ((flags & POSENC_UKR_STREAM) ? VSTREAM((p), (x)) : VSTORE((p), (x)))
 #define UKR_PART_LOAD(p) VLOAD_PART((p), cols - col)
 #define UKR_PART_STORE(p, x) VSTORE_PART((p), (x), cols - col)
+#define UKR_ROW_POINTERS                                                 \
+        REAL *crow = c + r * ldc;                                        \
+        const REAL *prow = p ? p + r * ldp : NULL;                       \
+        const REAL *qrow = (flags & POSENC_UKR_ADD_ROWS) ? (const REAL *)add_rows[r] : NULL
+    if (rows == MR && cols == UKR_NR) {   /* a full tile: no bounds to test */
+#pragma GCC unroll 16
+        for (int r = 0; r < MR; ++r) {
+            UKR_ROW_POINTERS;
+#pragma GCC unroll 8
+            for (int v = 0; v < UKR_NRV; ++v) {
+                const size_t col = (size_t)v * VL;
+                UKR_EPILOGUE(VLOAD, UKR_FULL_STORE);
+            }
+        }
+        return;
+    }
 #pragma GCC unroll 16
     for (int r = 0; r < MR; ++r) {
         if ((size_t)r >= rows)
             break;
-        REAL *crow = c + r * ldc;
-        const REAL *prow = p ? p + r * ldp : NULL;
-        const REAL *qrow = (flags & POSENC_UKR_ADD_ROWS) ? (const REAL *)add_rows[r] : NULL;
+        UKR_ROW_POINTERS;
 #pragma GCC unroll 8
         for (int v = 0; v < UKR_NRV; ++v) {
             const size_t col = (size_t)v * VL;
@@ -92,6 +110,7 @@ static void UKR_NAME(size_t kc, const void *a_, ptrdiff_t lda, const void *b_, v
                 UKR_EPILOGUE(UKR_PART_LOAD, UKR_PART_STORE);
         }
     }
+#undef UKR_ROW_POINTERS
 #undef UKR_EPILOGUE
 #undef UKR_FULL_STORE
 #undef UKR_PART_LOAD
