@@ -2,6 +2,7 @@
 and what was expected, whatever the namespace; odd but valid inputs that
 must work (unsigned segment ids, torch.func transforms, any-case ISA names)."""
 
+import os
 import subprocess
 import sys
 
@@ -133,7 +134,7 @@ def test_plot_without_matplotlib_is_one_line(tmp_path):
     (blocker / "__init__.py").write_text("raise ImportError('matplotlib is blocked for this test')\n")
     result = subprocess.run([sys.executable, "-m", "posenc", "plot", "--method", "t5",
                              "--random-params", "-o", str(tmp_path / "x.png")], capture_output=True, text=True,
-                            env={"PYTHONPATH": str(tmp_path), "PATH": ""}, timeout=120)
+                            env={**os.environ, "PYTHONPATH": str(tmp_path)}, timeout=120)
     assert result.returncode == 2, result.stderr
     assert result.stderr.strip().count("\n") == 0, result.stderr
     assert 'pip install "posenc[plot]"' in result.stderr
