@@ -1,4 +1,4 @@
-"""Shared fixtures: a seeded random generator.
+"""Shared fixtures: a seeded random generator; one posenc and one torch thread.
 
 The seed comes from the environment variable POSENC_TEST_SEED (default 0) and
 is shown in the header of every run and in the report of every failing test
@@ -29,6 +29,22 @@ def rng(request):
     does not change the numbers another test draws."""
     test_key = zlib.crc32(request.node.nodeid.encode())
     return np.random.default_rng([SEED, test_key])
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """One posenc and one torch thread for a module of tiny problems
+    (`pytestmark = pytest.mark.usefixtures("one_thread")`).  On a machine whose
+    cores are shared, every OpenMP parallel region ends at a barrier that waits
+    for a descheduled thread, which turns microseconds into milliseconds per call."""
+    import posenc
+    import torch
+    threads = posenc.get_num_threads(), torch.get_num_threads()
+    posenc.set_num_threads(1)
+    torch.set_num_threads(1)
+    yield
+    posenc.set_num_threads(threads[0])
+    torch.set_num_threads(threads[1])
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -87,18 +87,7 @@ def _case_list():
     ]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """The problems here are tiny: one posenc and one torch thread.  On a
-    machine whose cores are shared, every OpenMP parallel region ends at a
-    barrier that waits for a descheduled thread, which turns microseconds into
-    milliseconds per call."""
-    threads = posenc.get_num_threads(), torch.get_num_threads()
-    posenc.set_num_threads(1)
-    torch.set_num_threads(1)
-    yield
-    posenc.set_num_threads(threads[0])
-    torch.set_num_threads(threads[1])
+pytestmark = pytest.mark.usefixtures("one_thread")   # tiny problems (conftest.py)
 
 
 CASES = _case_list()
@@ -133,9 +122,9 @@ def to_numpy(kwargs: dict) -> dict:
 
 # ------------------------------------------------------------------ gradients
 
-@pytest.mark.parametrize("path", PATHS)
-@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
-def test_gradcheck(case, path, rng):
+def gradient_call(case, path: str, rng):
+    """A function of the case's float tensors (in order) calling the method by
+    `path`, and those tensors: what gradcheck and gradgradcheck take."""
     _, keyword, floats = make_call(case, rng)
     names = list(floats)
 
@@ -145,23 +134,22 @@ def test_gradcheck(case, path, rng):
         kwargs = {**keyword, **{name: bound[name] for name in case.keyword}}
         return run(path, case.method, *args, **kwargs)
 
-    assert torch.autograd.gradcheck(call, tuple(floats.values()), eps=1e-6, atol=1e-7)
+    return call, tuple(floats.values())
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
+def test_gradcheck(case, path, rng):
+    call, floats = gradient_call(case, path, rng)
+    assert torch.autograd.gradcheck(call, floats, eps=1e-6, atol=1e-7)
 
 
 @pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
 def test_gradgradcheck(case, rng):
     """Second derivatives through the C op (create_graph routes the backward
     through the native formula) are right: gradgradcheck in float64."""
-    _, keyword, floats = make_call(case, rng)
-    names = list(floats)
-
-    def call(*values):
-        bound = dict(zip(names, values))
-        args = [bound[name] for name in case.positional]
-        kwargs = {**keyword, **{name: bound[name] for name in case.keyword}}
-        return run("c", case.method, *args, **kwargs)
-
-    assert torch.autograd.gradgradcheck(call, tuple(floats.values()), eps=1e-6, atol=1e-6)
+    call, floats = gradient_call(case, "c", rng)
+    assert torch.autograd.gradgradcheck(call, floats, eps=1e-6, atol=1e-6)
 
 
 def test_gradient_penalty_keeps_its_second_order_term():

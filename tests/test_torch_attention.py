@@ -19,15 +19,7 @@ PATHS = ("c", "native")
 OPTIONS = dict(causal=True, query_offset=1, dropout_p=0.25, seed=11)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    import posenc
-    threads = posenc.get_num_threads(), torch.get_num_threads()
-    posenc.set_num_threads(1)
-    torch.set_num_threads(1)
-    yield
-    posenc.set_num_threads(threads[0])
-    torch.set_num_threads(threads[1])
+pytestmark = pytest.mark.usefixtures("one_thread")   # tiny problems (conftest.py)
 
 
 def _inputs(method, rng, dtype=torch.float64):
