@@ -16,7 +16,7 @@ loss is the mean over its own tokens, then the mean over sequences), the
 shards are equal, and dropout is off: the mean of the ranks' shard means is
 then the mean over the global batch.
 
-    python examples/ddp.py [--model t5|deberta] [--steps 5] [--world-size 2]
+    python examples/ddp.py [--model t5|deberta|both] [--steps 5] [--world-size 2]
     torchrun --nproc-per-node 2 examples/ddp.py [--model t5|deberta] [--steps 5]
 
 The script starts its processes itself (torch.multiprocessing, spawn, gloo
@@ -140,10 +140,10 @@ def _sum_gradients(_state, bucket):
     return work.get_future().then(lambda future: future.value()[0])
 
 
-def train(args, rank: int = 0, world: int = 1, sync: str = "mean") -> dict:
-    """Train one model for args.steps steps on shard `rank` of `world`;
+def train(args, name: str, rank: int = 0, world: int = 1, sync: str = "mean") -> dict:
+    """Train model `name` for args.steps steps on shard `rank` of `world`;
     world == 1 is the single-process run on whole global batches."""
-    model = build_model(args.model)
+    model = build_model(name)
     wrapped = model
     if world > 1 and sync != "none":
         wrapped = DistributedDataParallel(model)
@@ -151,7 +151,7 @@ def train(args, rank: int = 0, world: int = 1, sync: str = "mean") -> dict:
             wrapped.register_comm_hook(None, _sum_gradients)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     losses, nodes = [], 0
-    for step, batch in enumerate(global_batches(args.model, args.steps, args.batch)):
+    for batch in global_batches(name, args.steps, args.batch):
         loss = example_mean_loss(wrapped, shard(batch, rank, world))
         nodes = nodes or fused_attention_nodes(loss)
         optimizer.zero_grad(set_to_none=True)
@@ -172,40 +172,52 @@ def worker(rank: int, world: int, args, init_method: str = "env://") -> None:
     warnings.filterwarnings("error", message="posenc.torch.hf")   # a fallback to HF's code is an error here
     dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=120))
+    reports, apart = {}, []
     try:
-        report = {"model": args.model, "steps": args.steps, "world_size": world, "batch": args.batch,
-                  "runs": {}}
-        for sync in args.sync:
-            start = time.perf_counter()
-            run = train(args, rank, world, sync)
-            seconds = time.perf_counter() - start
-            gathered = [torch.empty_like(run["parameters"]) for _ in range(world)]
-            dist.all_gather(gathered, run["parameters"])
-            report["runs"][sync] = dict(
-                losses=run["losses"], seconds=seconds, fused_nodes=run["fused_nodes"], patched=run["patched"],
-                ranks_identical=all(torch.equal(p, gathered[0]) for p in gathered),
-                max_rank_difference=max((p - gathered[0]).abs().max().item() for p in gathered))
+        for name in args.models:
+            report = _train_and_compare(args, name, rank, world)
+            if "mean" in report["runs"] and not report["runs"]["mean"]["ranks_identical"]:
+                apart.append(name)
             if rank == 0:
-                report["runs"][sync]["parameters"] = run["parameters"]
-        if rank == 0:
-            _compare_to_single_process(args, report)
+                _compare_to_single_process(args, report)
+                reports[name] = report
+        if rank == 0 and args.report:
+            with open(args.report, "w", encoding="utf-8") as handle:
+                json.dump(reports, handle, indent=1)
     finally:
         dist.destroy_process_group()
+    if apart:                                              # every rank knows (all_gather), every rank fails
+        raise RuntimeError(f"DDP ranks ended with different parameters: {apart}")
+
+
+def _train_and_compare(args, name: str, rank: int, world: int) -> dict:
+    """Every --sync run of model `name`, the ranks' parameters compared."""
+    report = {"model": name, "steps": args.steps, "world_size": world, "batch": args.batch, "runs": {}}
+    for sync in args.sync:
+        start = time.perf_counter()
+        run = train(args, name, rank, world, sync)
+        seconds = time.perf_counter() - start
+        gathered = [torch.empty_like(run["parameters"]) for _ in range(world)]
+        dist.all_gather(gathered, run["parameters"])
+        report["runs"][sync] = dict(
+            losses=run["losses"], seconds=seconds, fused_nodes=run["fused_nodes"], patched=run["patched"],
+            ranks_identical=all(torch.equal(p, gathered[0]) for p in gathered),
+            max_rank_difference=max((p - gathered[0]).abs().max().item() for p in gathered),
+            parameters=run["parameters"])
+    return report
 
 
 def _compare_to_single_process(args, report: dict) -> None:
     start = time.perf_counter()
-    single = train(args)
+    single = train(args, report["model"])
     report["single"] = dict(losses=single["losses"], seconds=time.perf_counter() - start,
                             parameter_scale=single["parameters"].abs().max().item())
     for sync, run in report["runs"].items():
         difference = run.pop("parameters") - single["parameters"]
         run["max_difference_vs_single"] = difference.abs().max().item()
-    report["initial_distance"] = (single["parameters"] - flat_parameters(build_model(args.model))).abs().max().item()
+    initial = flat_parameters(build_model(report["model"]))
+    report["initial_distance"] = (single["parameters"] - initial).abs().max().item()
     print_report(report)
-    if args.report:
-        with open(args.report, "w", encoding="utf-8") as handle:
-            json.dump(report, handle, indent=1)
 
 
 def print_report(report: dict) -> None:
@@ -234,7 +246,8 @@ def free_port() -> int:
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", choices=("t5", "deberta"), default="t5")
+    parser.add_argument("--model", choices=("t5", "deberta", "both"), default="t5",
+                        help="both: t5, then deberta, in the same processes")
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--world-size", type=int, default=2,
                         help="processes to spawn (ignored under torchrun, which sets WORLD_SIZE)")
@@ -249,6 +262,7 @@ def parse_args(argv=None):
     unknown = [s for s in args.sync if s not in SYNCS]
     if unknown or not args.sync:
         parser.error(f"--sync: one or more of {', '.join(SYNCS)}")
+    args.models = ["t5", "deberta"] if args.model == "both" else [args.model]
     return args
 
 
