@@ -6,9 +6,10 @@
  */
 #include <math.h>
 
-/* max_j x[j], j < len; -inf when len is 0 or every x[j] is -inf.  The NaN
- * lanes of the vector part and NaN elements of the tail are passed over (a
- * NaN in a row makes its sum, lse and out NaN anyway). */
+/* max_j x[j], j < len; -inf when len is 0 or every x[j] is -inf; never NaN.
+ * A NaN element is passed over, though in the vector part its lane's
+ * maximum restarts after it (a NaN makes the row's sum, lse and out NaN
+ * whatever the shift). */
 static double KNAME(posenc_row_max)(const void *x_, size_t len)
 {
     const REAL *x = (const REAL *)x_;
