@@ -7,7 +7,9 @@ SHIFT places back (its loss stays at log(vocab)); every positional encoding
 can.  For each encoding the script trains the same model on CPU with the C
 kernels (posenc.torch's custom ops), prints the loss at the start and the
 end, then times training steps with the C kernels and with the torch-native
-formulas (posenc.torch.use_native) on the same model.
+formulas (posenc.torch.use_native) on the same model: each step on its own,
+the two alternating, the median step of each (with one thread, by the CPU
+time of the process, which other processes on shared cores do not inflate).
 
     python examples/train_tiny.py            # all encodings, well under a minute in all
     python examples/train_tiny.py --quick    # smoke run: a few steps each
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import statistics
 import sys
 import time
 
@@ -87,36 +90,56 @@ def batch(generator, size: int, seq_len: int):
     return tokens, targets
 
 
-def train(model, steps: int, batch_size: int, seq_len: int, seed: int):
+def trainer(model, batch_size: int, seq_len: int, seed: int):
+    """A function that runs one training step (a fresh batch, Adam) and returns its loss."""
     generator = torch.Generator().manual_seed(seed)
     optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
     loss_fn = nn.CrossEntropyLoss(ignore_index=-100)
-    losses = []
-    for _ in range(steps):
+
+    def step() -> float:
         tokens, targets = batch(generator, batch_size, seq_len)
         loss = loss_fn(model(tokens).reshape(-1, VOCAB), targets.reshape(-1))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
-        losses.append(loss.item())
-    return losses
+        return loss.item()
+
+    return step
 
 
-def seconds_per_step(model, steps: int, batch_size: int, seq_len: int, repeats: int = 3):
+def train(model, steps: int, batch_size: int, seq_len: int, seed: int):
+    step = trainer(model, batch_size, seq_len, seed)
+    return [step() for _ in range(steps)]
+
+
+def step_clock():
+    """The clock of a step: with one torch and one posenc thread, the process's
+    CPU time (what the step costs; on cores shared with other processes the
+    wall clock would also count the time they ran), else the wall clock."""
+    if torch.get_num_threads() == 1 and posenc.get_num_threads() == 1:
+        return time.process_time
+    return time.perf_counter
+
+
+def seconds_per_step(model, steps: int, batch_size: int, seq_len: int, repeats: int = 10):
     """Seconds per training step with the C ops and with the native formulas:
-    blocks of `steps` steps, the two backends interleaved, best block of each."""
-    backends = (False, True)                                  # native: no, yes
-    best = dict.fromkeys(backends, math.inf)
-    for native in backends:                                   # warm-up
+    every step timed on its own (step_clock), the two backends alternating
+    every `steps` steps, `repeats` times; the median step of each."""
+    clock = step_clock()
+    step = trainer(model, batch_size, seq_len, seed=1)
+    times = {False: [], True: []}                             # native: no, yes
+    for native in times:                                      # warm-up
         with pt.use_native(native):
-            train(model, 2, batch_size, seq_len, seed=1)
-    for repeat in range(repeats):
-        for native in backends:
+            for _ in range(2):
+                step()
+    for _ in range(repeats):
+        for native, spent in times.items():
             with pt.use_native(native):
-                start = time.perf_counter()
-                train(model, steps, batch_size, seq_len, seed=2 + repeat)
-                best[native] = min(best[native], (time.perf_counter() - start) / steps)
-    return best[False], best[True]
+                for _ in range(steps):
+                    start = clock()
+                    step()
+                    spent.append(clock() - start)
+    return statistics.median(times[False]), statistics.median(times[True])
 
 
 def main(argv=None) -> int:
@@ -132,7 +155,7 @@ def main(argv=None) -> int:
         torch.set_num_threads(args.threads)
         posenc.set_num_threads(args.threads)
     steps = args.steps or (4 if args.quick else 300)
-    timing_steps = 2 if args.quick else 10
+    timing_steps, timing_repeats = (2, 1) if args.quick else (10, 10)
     batch_size, seq_len = (4, 8) if args.quick else (32, 24)
 
     print(f"task: copy the token {SHIFT} places back; vocab {VOCAB} (chance loss "
@@ -150,14 +173,16 @@ def main(argv=None) -> int:
         start = sum(losses[:window]) / window
         end = sum(losses[-window:]) / window
         c_time, native_time = seconds_per_step(model, timing_steps, batch_size, seq_len,
-                                               repeats=1 if args.quick else 3)
+                                               repeats=timing_repeats)
         print(f"{name:34s} {start:10.3f} {end:9.3f}  {c_time:12.4f} {native_time:13.4f} "
               f"{native_time / c_time:8.2f}", flush=True)
         if not name.startswith("content") and end > 0.25 * start:
             failed.append(name)
+    clock = "CPU time of the process" if step_clock() is time.process_time else "wall clock"
     print("s/step: one training step (forward, backward, Adam) of the whole model, the encoding's "
           "logits by the posenc C ops\nor by the torch-native formulas (posenc.torch.use_native); "
-          f"best of {1 if args.quick else 3} blocks of {timing_steps} steps.")
+          f"the median of {timing_repeats * timing_steps} steps each ({clock}), the two "
+          f"alternating every {timing_steps} steps.")
     if failed and not args.quick:
         print(f"did not learn the task: {', '.join(failed)}")
         return 1

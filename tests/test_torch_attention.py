@@ -99,6 +99,42 @@ def test_compile_fullgraph_equals_eager(method, rng):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("method", ["shaw", "tupe"])
+def test_strided_inputs_equal_contiguous(method, rng):
+    """q, k, v as (B, H, n, d) views of (B, n, H, d) buffers (a layer's projections)
+    and a strided d_out: the C path's out, lse and every gradient are bitwise those
+    of the same values laid out C-contiguous (the op copies them once, for both
+    directions)."""
+    (_, _, _, _), (targs, tkw, tv, tmask) = _inputs(method, rng)
+    views = [t.detach().transpose(1, 2).contiguous().transpose(1, 2).requires_grad_()
+             for t in (targs[0], targs[1], tv)]
+    dense = [t.detach().contiguous().requires_grad_() for t in views]
+    assert not any(t.is_contiguous() for t in views) and all(t.is_contiguous() for t in dense)
+    parameters = list(float_inputs(method, targs, tkw).values())[2:]
+    d_out = torch.from_numpy(rng.standard_normal((B, N, H, DV))).transpose(1, 2)
+    results = []
+    for (q, k, v), grad in ((views, d_out), (dense, d_out.contiguous())):
+        got = _run("c", method, [q, k, *targs[2:]], tkw, v, tmask, **OPTIONS)
+        results.append((got.out, got.lse,
+                        *torch.autograd.grad(got.out, [q, k, v, *parameters], grad)))
+    for got, want in zip(*results):
+        assert torch.equal(got, want)
+
+
+def test_to_c_array():
+    from posenc.torch._common import to_c_array
+    x = torch.arange(24.0).view(2, 3, 4)
+    same = to_c_array("q", x)
+    assert np.shares_memory(same, x.numpy())
+    strided = x.transpose(1, 2)
+    copy = to_c_array("q", strided)
+    assert copy.flags.c_contiguous and not np.shares_memory(copy, x.numpy())
+    np.testing.assert_array_equal(copy, strided.numpy())
+    np.testing.assert_array_equal(to_c_array("q", strided.neg()), -strided.numpy())
+    with pytest.raises(TypeError, match="q must have dtype float32 or float64"):
+        to_c_array("q", torch.zeros(2, dtype=torch.bfloat16).t())
+
+
 ENCODINGS = {
     "content": lambda: None, "t5": lambda: pnn.T5RelativeBias(H, 8, 16),
     "shaw": lambda: pnn.ShawRelative(H, 4, 3), "m2": lambda: pnn.M2Relative(H, 3),

@@ -3,7 +3,11 @@
  * (the fused attention's softmax rows), for the ISA its file is compiled
  * for: included by isa/avx512.c, isa/avx2.c and isa/neon.c (the scalar ISA
  * has no hook: libm's exp).  VEXP(v) and VMAX(a, b) pick the float or the
- * double version by the vector's type.
+ * double version by the vector's type, as do VMAX_NUMBERS(a, b) (lane by
+ * lane, a NaN lane counted as -inf) and VMAX_LANES(v) (the largest lane
+ * that is not NaN, -inf when there is none), which let a row's maximum
+ * take its tail as one more full vector and end in a few steps, not in a
+ * chain of VL scalar comparisons.
  *
  * exp(x) = 2^n exp(r), n = round(x log2 e), r = x - n ln 2 in two parts
  * (Cody-Waite; ln2_hi has trailing zero bits, so n ln2_hi is exact), exp(r)
@@ -42,6 +46,14 @@
 #define EXP_VF64 __m512d
 #define EXP_MAX_F32 _mm512_max_ps
 #define EXP_MAX_F64 _mm512_max_pd
+#define EXP_SET_F32 _mm512_set1_ps
+#define EXP_SET_F64 _mm512_set1_pd
+#define EXP_EQ_F32(a, b) _mm512_cmp_ps_mask((a), (b), _CMP_EQ_OQ)
+#define EXP_EQ_F64(a, b) _mm512_cmp_pd_mask((a), (b), _CMP_EQ_OQ)
+#define EXP_SELECT_F32(mask, a, b) _mm512_mask_blend_ps((mask), (b), (a))
+#define EXP_SELECT_F64(mask, a, b) _mm512_mask_blend_pd((mask), (b), (a))
+#define EXP_HMAX_F32 _mm512_reduce_max_ps
+#define EXP_HMAX_F64 _mm512_reduce_max_pd
 
 /* AVX-512: scalef builds 2^n itself, with the underflow to 0 and the
  * overflow to inf, so only the argument is clamped (NaN passes: max and min
@@ -81,6 +93,28 @@ static inline __m512d posenc_vexp_f64(__m512d x)
 #define EXP_VF64 __m256d
 #define EXP_MAX_F32 _mm256_max_ps
 #define EXP_MAX_F64 _mm256_max_pd
+#define EXP_SET_F32 _mm256_set1_ps
+#define EXP_SET_F64 _mm256_set1_pd
+#define EXP_EQ_F32(a, b) _mm256_cmp_ps((a), (b), _CMP_EQ_OQ)
+#define EXP_EQ_F64(a, b) _mm256_cmp_pd((a), (b), _CMP_EQ_OQ)
+#define EXP_SELECT_F32(mask, a, b) _mm256_blendv_ps((b), (a), (mask))
+#define EXP_SELECT_F64(mask, a, b) _mm256_blendv_pd((b), (a), (mask))
+#define EXP_HMAX_F32 posenc_hmax_ps256
+#define EXP_HMAX_F64 posenc_hmax_pd256
+
+/* the largest lane (no NaN lanes): halves, then quarters, then the pair */
+static inline float posenc_hmax_ps256(__m256 v)
+{
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+}
+
+static inline double posenc_hmax_pd256(__m256d v)
+{
+    const __m128d m = _mm_max_pd(_mm256_castpd256_pd128(v), _mm256_extractf128_pd(v, 1));
+    return _mm_cvtsd_f64(_mm_max_sd(m, _mm_unpackhi_pd(m, m)));
+}
 
 /* AVX2: 2^n from n's bits (vector_exp_impl.h) */
 static inline __m256 posenc_pow2_ps256(__m256 n)
@@ -140,6 +174,14 @@ static inline __m256d posenc_pow2_pd256(__m256d n)
 #define EXP_VF64 float64x2_t
 #define EXP_MAX_F32 vmaxq_f32
 #define EXP_MAX_F64 vmaxq_f64
+#define EXP_SET_F32 vdupq_n_f32
+#define EXP_SET_F64 vdupq_n_f64
+#define EXP_EQ_F32 vceqq_f32
+#define EXP_EQ_F64 vceqq_f64
+#define EXP_SELECT_F32 vbslq_f32
+#define EXP_SELECT_F64 vbslq_f64
+#define EXP_HMAX_F32 vmaxvq_f32
+#define EXP_HMAX_F64 vmaxvq_f64
 
 /* NEON: as AVX2 (2^n from n's bits); vmaxq/vminq propagate NaN. */
 static inline float32x4_t posenc_pow2_f32x4(float32x4_t n)
@@ -194,7 +236,33 @@ static inline float64x2_t posenc_pow2_f64x2(float64x2_t n)
 #ifdef EXP_VF32   /* the ISA's float and double vectors */
 static inline EXP_VF32 posenc_vmax_f32(EXP_VF32 a, EXP_VF32 b) { return EXP_MAX_F32(a, b); }
 static inline EXP_VF64 posenc_vmax_f64(EXP_VF64 a, EXP_VF64 b) { return EXP_MAX_F64(a, b); }
+
+/* v with its NaN lanes set to -inf (a lane equals itself unless it is NaN) */
+static inline EXP_VF32 posenc_numbers_f32(EXP_VF32 v)
+{
+    EXP_VF32 minus_inf = EXP_SET_F32(-__builtin_inff());
+    return EXP_SELECT_F32(EXP_EQ_F32(v, v), v, minus_inf);
+}
+static inline EXP_VF64 posenc_numbers_f64(EXP_VF64 v)
+{
+    EXP_VF64 minus_inf = EXP_SET_F64(-__builtin_inf());
+    return EXP_SELECT_F64(EXP_EQ_F64(v, v), v, minus_inf);
+}
+static inline EXP_VF32 posenc_vmax_numbers_f32(EXP_VF32 a, EXP_VF32 b)
+{
+    return EXP_MAX_F32(posenc_numbers_f32(a), posenc_numbers_f32(b));
+}
+static inline EXP_VF64 posenc_vmax_numbers_f64(EXP_VF64 a, EXP_VF64 b)
+{
+    return EXP_MAX_F64(posenc_numbers_f64(a), posenc_numbers_f64(b));
+}
+static inline float posenc_vmax_lanes_f32(EXP_VF32 v) { return EXP_HMAX_F32(posenc_numbers_f32(v)); }
+static inline double posenc_vmax_lanes_f64(EXP_VF64 v) { return EXP_HMAX_F64(posenc_numbers_f64(v)); }
+
 #define VEXP(v) _Generic((v), EXP_VF32: posenc_vexp_f32, EXP_VF64: posenc_vexp_f64)(v)
 #define VMAX(a, b) _Generic((a), EXP_VF32: posenc_vmax_f32, EXP_VF64: posenc_vmax_f64)((a), (b))
+#define VMAX_NUMBERS(a, b) \
+    _Generic((a), EXP_VF32: posenc_vmax_numbers_f32, EXP_VF64: posenc_vmax_numbers_f64)((a), (b))
+#define VMAX_LANES(v) _Generic((v), EXP_VF32: posenc_vmax_lanes_f32, EXP_VF64: posenc_vmax_lanes_f64)(v)
 #endif
 #endif /* POSENC_VECTOR_EXP_H */

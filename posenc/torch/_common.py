@@ -2,6 +2,7 @@
 
 * `to_numpy`: a zero-copy NumPy view of a CPU tensor (any strides), or a
   TypeError naming the argument when NumPy has no such dtype;
+  `to_c_array`: the same of a C-contiguous tensor (a strided one copied by torch);
 * `validate`: the checkers of `posenc._checks` run on stand-in arrays of the
   tensors' shapes and dtypes, so every namespace raises the same exception for
   the same bad input (SPEC §5) whatever the device;
@@ -119,6 +120,22 @@ def to_numpy(name: str, tensor: torch.Tensor) -> np.ndarray:
     if tensor.is_conj():
         tensor = tensor.resolve_conj()
     return tensor.numpy()
+
+
+def to_c_array(name: str, tensor: torch.Tensor) -> np.ndarray:
+    """`to_numpy` of the tensor, copied to C-contiguous first when it is not.
+
+    The C kernels read C-contiguous arrays and copy any other at every call:
+    an op that keeps its arrays for its backward (the fused attention's q, k,
+    v: strided views of the projections in a layer) copies once here instead
+    of once per C call, and torch's copy of a small strided tensor costs less
+    than NumPy's.  The values are the tensor's exactly.
+    """
+    if tensor.dtype not in _NUMPY_DTYPES:
+        return to_numpy(name, tensor)      # its TypeError
+    if not tensor.is_contiguous():
+        tensor = tensor.detach().contiguous()
+    return to_numpy(name, tensor)
 
 
 def _stand_in(name: str, tensor: torch.Tensor, half_as: np.dtype | None):

@@ -15,16 +15,19 @@ from .. import _checks, _methods
 from .._attention import ATTENTION_GRAD_TYPES, Attention, check_attention
 from .._registry import REGISTRY
 from . import native
-from ._common import to_numpy
+from ._common import to_c_array
 from ._ops import PARAMS
 
 
 def _call(method, tensors, params, v, causal, key_padding_mask, dropout_p, seed):
+    """The checked call, its arrays C-contiguous (to_c_array): the eager backward
+    reuses it, so strided q, k, v are copied once per step, not once per C call."""
     spec = REGISTRY[method]
-    arrays = tuple(None if t is None else to_numpy(name, t) for name, t in zip(spec.tensors, tensors))
+    arrays = tuple(None if t is None else to_c_array(name, t)
+                   for name, t in zip(spec.tensors, tensors))
     problem = _checks.check(spec, arrays, tuple(params), None)
-    mask = None if key_padding_mask is None else to_numpy("key_padding_mask", key_padding_mask)
-    return check_attention(problem, to_numpy("v", v), causal, mask, dropout_p, seed)
+    mask = None if key_padding_mask is None else to_c_array("key_padding_mask", key_padding_mask)
+    return check_attention(problem, to_c_array("v", v), causal, mask, dropout_p, seed)
 
 
 class _FusedAttention(torch.autograd.Function):
@@ -59,7 +62,7 @@ class _FusedAttention(torch.autograd.Function):
             grads = _native_gradients(ctx, d_out, v, tensors, wanted)
         else:
             grads = [None if g is None else torch.from_numpy(g) for g in _methods.attention_backward(
-                ctx.call, to_numpy("d_out", d_out), out.numpy(), lse.numpy(), wanted)]
+                ctx.call, to_c_array("d_out", d_out), out.numpy(), lse.numpy(), wanted)]
         for bit, (name, grad) in enumerate(zip(fields, grads)):
             if wanted >> bit & 1:
                 result[3 if name == "v" else 4 + position[name]] = grad
@@ -138,7 +141,7 @@ def _define(method: str):
         rest = (v,) + tuple(tensors) + tuple(args[3 + count:])
         v, tensors, values, (causal, mask, dropout_p, seed) = split(rest)
         call = _call(method, tensors, values, v, causal, mask, dropout_p, seed)
-        grads = _methods.attention_backward(call, to_numpy("d_out", d_out), out.numpy(),
+        grads = _methods.attention_backward(call, to_c_array("d_out", d_out), out.numpy(),
                                             lse.numpy(), needs)
         return [d_out.new_empty(0) if g is None else torch.from_numpy(g) for g in grads]
 

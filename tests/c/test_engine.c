@@ -207,6 +207,7 @@ int main(void)
     }
     test_shared_table();
     test_philox();
+    test_softmax_rows();
     test_attention();
     printf("%d checks, %d failures\n", checks, failures);
     return failures ? 1 : 0;
