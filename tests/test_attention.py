@@ -175,6 +175,36 @@ def test_fully_masked_rows_ignore_nan_logits(rng):
     assert np.isfinite(got.lse[0]).all() and np.all(np.isneginf(got.lse[1]))
 
 
+@pytest.mark.parametrize("method", ["content", "t5"])
+def test_nan_logit_alone_in_its_row_stays_nan(posenc_isa, method, rng):
+    """A row whose only unmasked logit is NaN (causal row 0 with a NaN in q) is
+    NaN, out, lse and the gradients through it, as the reference's -- not a
+    fully masked row of zeros (the row maximum passes a NaN over).  dq and dv
+    have the reference's NaNs exactly; the other gradients a subset of them
+    (the reference's dS row is NaN on the keys the row has masked too: its
+    softmax row is; the kernel's is 0 there) and dk the NaN of the key the
+    row sees."""
+    args, kwargs, v = _inputs(method, 5, 5, 4, 3, rng)
+    args[0][0, 1, 0, 0] = np.nan
+    got = _forward(posenc, method, args, kwargs, v, causal=True)
+    want = _forward(reference, method, args, kwargs, v, causal=True)
+    for name in ("out", "lse"):
+        g, w = getattr(got, name), getattr(want, name)
+        np.testing.assert_array_equal(np.isnan(g), np.isnan(w), err_msg=name)
+        assert np.isnan(w).any(), name
+    d_out = rng.standard_normal(got.out.shape)
+    grads = _backward(posenc, method, d_out, args, kwargs, v, got, causal=True)
+    want_grads = _backward(reference, method, d_out, args, kwargs, v, want, causal=True)
+    for field in want_grads._fields:
+        g, w = getattr(grads, field), getattr(want_grads, field)
+        if w is None:
+            continue
+        if field in ("q", "v"):
+            np.testing.assert_array_equal(np.isnan(g), np.isnan(w), err_msg=field)
+        assert not (np.isnan(g) & ~np.isnan(w)).any(), f"{field}: NaN where the reference is finite"
+    assert np.isnan(grads.k[0, 1, 0]).any() and np.isnan(grads.q[0, 1, 0]).any()
+
+
 def test_causal_rows_see_only_their_past(rng):
     """Changing key j changes only the rows that see it: i >= j - query_offset."""
     args, kwargs, v = _inputs("t5", 6, 9, 4, 2, rng)

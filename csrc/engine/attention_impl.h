@@ -110,11 +110,21 @@ static void attention_drop_row(const attention_ctx *c, attention_ws *w, size_t b
         w->drop_row[j] = w->keep[j] ? c->keep_scale : (REAL)0;
 }
 
+/* Whether x[j], j < len, holds a NaN. */
+static int attention_has_nan(const REAL *x, size_t len)
+{
+    for (size_t j = 0; j < len; ++j)
+        if (x[j] != x[j])
+            return 1;
+    return 0;
+}
+
 /*
  * Softmax of the logits row x of query i (keys [0, cols) computed, the
  * first `visible` unmasked by causality): x becomes exp(x - max) D over the
  * visible keys and 0 past them; returns 1 / sum (the row's scale, 0 for a
- * row whose keys are all masked: then x is all 0) and writes its lse.
+ * row whose keys are all masked: then x is all 0; NaN, and x NaN, for a
+ * row whose only unmasked logits are NaN) and writes its lse.
  */
 static REAL attention_softmax_row(const attention_ctx *c, attention_ws *w, REAL *x, size_t b,
                                   size_t h, size_t i, size_t cols, REAL *lse)
@@ -122,10 +132,12 @@ static REAL attention_softmax_row(const attention_ctx *c, attention_ws *w, REAL 
     const size_t visible = attention_visible(c, i, cols);
     attention_pad(c, x, b, visible);
     const double row_max = c->kern->row_max(x, visible);
-    if (row_max == -INFINITY) {
-        memset(x, 0, sizeof(REAL) * cols);
-        *lse = (REAL)-INFINITY;
-        return 0;
+    if (row_max == -INFINITY) {   /* every key masked, or NaN among masked keys (row_max passes NaN over) */
+        const REAL fill = attention_has_nan(x, visible) ? (REAL)NAN : (REAL)0;
+        for (size_t j = 0; j < cols; ++j)
+            x[j] = j < visible ? fill : (REAL)0;
+        *lse = fill == 0 ? (REAL)-INFINITY : fill;   /* a NaN row: out and lse NaN, as the reference's */
+        return fill;
     }
     const double sum = c->kern->row_exp(x, visible, row_max);
     *lse = (REAL)(row_max + log(sum));
