@@ -139,6 +139,18 @@ def test_content_awkward_sizes(posenc_isa, size, dtype, rng):
             assert_attention_matches_reference("content", args, kwargs, v, rng, causal=causal)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("method", METHODS)
+def test_causal_over_several_row_blocks(posenc_isa, method, dtype, rng):
+    """Causal with n past the backward's row block (256 rows in float32, 128 in float64): each
+    block and each tile of rows or keys in it computes only the keys it sees, the later blocks
+    starting past key 0 of their tiles' rows (dk, dV), with n > m, n < m and query_offset > 0."""
+    for n, m, query_offset in ((300, 270, 0), (270, 300, 0), (280, 300, 13), (290, 40, 5)):
+        args, kwargs, v = _inputs(method, n, m, 5, 3, rng, dtype=dtype, B=1, H=2)
+        assert_attention_matches_reference(method, args, kwargs, v, rng, causal=True,
+                                           query_offset=query_offset)
+
+
 @pytest.mark.parametrize("method", METHODS)
 def test_scales_past_one(method, rng):
     """A scale past 1 takes the engine's exact path (every sum unscaled, scaled after)."""

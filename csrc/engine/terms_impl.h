@@ -4,8 +4,9 @@
  * forward and the product-mode backward.
  *
  * Each builder applies one term to the rows [i0, i0 + rows) of a row block
- * P (row r at P + r * ldp, columns j in [0, m)) with `op`: SET for the
- * first term, then ADD (sum) or MUL (product).
+ * P (row r at P + r * ldp, columns j in [0, cols): cols = m, or the keys a
+ * causal tile sees) with `op`: SET for the first term, then ADD (sum) or
+ * MUL (product).
  */
 
 /* The head of a parameter whose head axis has `heads` entries (H or 1). */
@@ -109,15 +110,16 @@ static void key_projections(const posenc_kernels *kern, const gemm_scratch *g,
 }
 
 /*
- * The query-side term of a row tile: proj = q[rows] . (vector_scale
- * query_table[h])^T over the buckets the map uses (the table packed once
- * per head, cached: *cached_head is the head table_pack holds), then
- * gathered into P with op.
+ * The query-side term of a row tile, keys [0, cols): proj = q[rows] .
+ * (vector_scale query_table[h])^T over the buckets the map uses (the table
+ * packed once per head, cached: *cached_head is the head table_pack holds),
+ * then gathered into P with op.
  */
 static void term_query_table(const posenc_kernels *kern, const gemm_scratch *g,
                              const posenc_problem *p, const posenc_runs *runs, size_t buckets,
                              REAL *table_pack, ptrdiff_t *cached_head, REAL *proj, size_t h,
-                             const REAL *q_u, int op, REAL *P, size_t ldp, size_t i0, size_t rows)
+                             const REAL *q_u, int op, REAL *P, size_t ldp, size_t i0, size_t rows,
+                             size_t cols)
 {
     const size_t d = p->d, ld = posenc_round_up(buckets, kern->nr);
     const size_t ht = head_of(p->query_table_heads, h);
@@ -132,27 +134,28 @@ static void term_query_table(const posenc_kernels *kern, const gemm_scratch *g,
                 0, NULL, 0, NULL, 0, NULL);
     if (posenc_runs_short(runs, p->n + p->m - 1))
         kern->tile_gather_query(op, P, ldp, p->query_map + (p->n - 1 - i0), runs->b_min, proj, ld,
-                                p->m, rows);
+                                cols, rows);
     else
-        term_query_table_runs(kern, op, P, ldp, runs, proj, ld, p->m, i0, rows);
+        term_query_table_runs(kern, op, P, ldp, runs, proj, ld, cols, i0, rows);
 }
 
-/* segment_table[h, segment_q[b, i], segment_k[b, j]]: one broadcast per key segment run. */
+/* segment_table[h, segment_q[b, i], segment_k[b, j]], j < cols: one broadcast per key
+ * segment run. */
 static void term_segments(const posenc_kernels *kern, int op, REAL *P, size_t ldp,
                           const posenc_segment_run *runs, size_t n_runs,
                           const int64_t *segment_q_b, const REAL *table_h, size_t S, size_t i0,
-                          size_t rows)
+                          size_t rows, size_t cols)
 {
     for (size_t r = 0; r < rows; ++r) {
         const REAL *table_row = table_h + (size_t)segment_q_b[i0 + r] * S;
-        for (size_t t = 0; t < n_runs; ++t)
+        for (size_t t = 0; t < n_runs && runs[t].j_begin < cols; ++t)
             kern->row_gather(op, P + r * ldp + runs[t].j_begin, table_row + runs[t].segment, 0,
-                             runs[t].j_end - runs[t].j_begin);
+                             posenc_min(runs[t].j_end, cols) - runs[t].j_begin);
     }
 }
 
-/* TUPE eq. (9): theta[0] on the [CLS] row (position 0), theta[1] on column 0
- * of the other rows; row r of P is the query at position position0 + r. */
+/* TUPE eq. (9): theta[0] on the [CLS] row (position 0, keys [0, m)), theta[1]
+ * on column 0 of the other rows; row r of P is the query at position position0 + r. */
 static void term_reset(const posenc_kernels *kern, REAL *P, size_t ldp, const REAL *theta_h,
                        size_t m, size_t position0, size_t rows)
 {
