@@ -369,8 +369,9 @@ typedef struct {
  * [0, width), 0 where masked) recomputed from the logits and lse, P D
  * (dropped, with dropout), and their D (dO.V^T - delta) P, the gradient dS
  * of their logits (grad, when need_ds); dV += (P D)^T.dO.  width: m, or
- * under `causal` the cols keys the block sees (m in product mode, whose
- * backward reads whole rows), with `limits` the tiles' (NULL: no causality).
+ * under `causal` (limits: the block's, NULL without) the keys the row's
+ * tile sees and a tile of keys past them (m in product mode, whose backward
+ * reads whole rows).
  */
 static void attention_backward_block(const attention_grad_ctx *gc, forward_ws *fw,
                                      attention_ws *w, const packed_b *k_packed,
@@ -381,7 +382,6 @@ static void attention_backward_block(const attention_grad_ctx *gc, forward_ws *f
     const posenc_problem *p = c->p;
     const posenc_kernels *kern = c->kern;
     const size_t n = p->n, m = p->m, dv = c->a->dv, b = u / p->H, h = u % p->H, mr = kern->mr;
-    const size_t width = p->product ? m : cols;
     const REAL *d_out_blk = gc->d_out + (u * n + blk0) * dv;
     const REAL *out_blk = gc->out + (u * n + blk0) * dv;
     const REAL *lse_blk = gc->lse + u * n + blk0;
@@ -400,6 +400,9 @@ static void attention_backward_block(const attention_grad_ctx *gc, forward_ws *f
     }
     for (size_t r = 0; r < rows; ++r) {
         const size_t i = blk0 + r, visible = attention_visible(c, i, cols);
+        /* dV and dk read a row up to the end of each tile of mr keys it reaches */
+        const size_t width = p->product || !limits ? (p->product ? m : cols)
+                                                   : posenc_min(cols, limits->row_keys[2 * (r / mr) + 1] + mr);
         REAL *P = w->scores + r * m, *dS = w->grad + r * m;
         REAL *PD = c->dropout ? w->dropped + r * m : P;
         attention_pad(c, P, b, visible);

@@ -177,10 +177,20 @@ static void backward_row_positional(const backward_ctx *c, backward_ws *w, size_
     }
 }
 
+/*
+ * Where a causal block's rows of G may be nonzero, as gemm_packed's k_range
+ * (NULL: everywhere in [0, cols)): per tile of mr rows of the block, the
+ * keys it sees (row_keys); per tile of mr keys, the block's rows that see
+ * it (key_rows, rows counted from the block's first).
+ */
+typedef struct {
+    const size_t *row_keys, *key_rows;
+} block_limits;
+
 /* Sum mode: the positional gradients of rows [blk0, blk0 + rows) straight from G (keys
  * [0, cols)). */
-static void backward_sum_block(const backward_ctx *c, backward_ws *w, size_t u, size_t b,
-                               size_t blk0, size_t rows, const REAL *G_blk, size_t cols)
+static void backward_sum_rows(const backward_ctx *c, backward_ws *w, size_t u, size_t b,
+                              size_t blk0, size_t rows, const REAL *G_blk, size_t cols)
 {
     const posenc_problem *p = c->p;
     const posenc_kernels *kern = c->kern;
@@ -210,6 +220,18 @@ static void backward_sum_block(const backward_ctx *c, backward_ws *w, size_t u, 
                          G_blk, m, n, cols, blk0, rows, c->masked ? 1 : 0, c->cls_row0);
 }
 
+/* backward_sum_rows over a block: at once, or with `limits` tile by tile of mr rows over
+ * the keys each tile sees (the same sums in the same order, less their zeros). */
+static void backward_sum_block(const backward_ctx *c, backward_ws *w, size_t u, size_t b,
+                               size_t blk0, size_t rows, const REAL *G_blk, size_t cols,
+                               const block_limits *limits)
+{
+    const size_t step = limits ? c->kern->mr : rows;
+    for (size_t t0 = 0; t0 < rows; t0 += step)
+        backward_sum_rows(c, w, u, b, blk0 + t0, posenc_min(step, rows - t0),
+                          G_blk + t0 * c->p->m, limits ? limits->row_keys[2 * (t0 / step) + 1] : cols);
+}
+
 /* Unit u's start: its bucket matrices zeroed; in product mode s k^T packed
  * into k_packed and the key-side projections. */
 static void backward_unit_begin(const backward_ctx *c, backward_ws *w, size_t u,
@@ -228,20 +250,11 @@ static void backward_unit_begin(const backward_ctx *c, backward_ws *w, size_t u,
     }
 }
 
-/*
- * Where a causal block's rows of G may be nonzero, as gemm_packed's k_range
- * (NULL: everywhere in [0, cols)): per tile of mr rows of the block, the
- * keys it sees (row_keys); per tile of mr keys, the block's rows that see
- * it (key_rows, rows counted from the block's first).
- */
-typedef struct {
-    const size_t *row_keys, *key_rows;
-} block_limits;
-
 /* Rows [blk0, blk0 + rows_blk) of unit u (rows_blk <= row_block) from
  * their rows of G: row i at G_blk + (i - blk0) m, zero past column cols
- * (m, or the keys a causal block sees: never fewer than a previous block's;
- * sum mode only reads them) and outside `limits` (NULL: no other zeros). */
+ * (m, or the keys a causal block sees: never fewer than a previous block's)
+ * and outside `limits` (NULL: no other zeros); the sum mode reads only the
+ * keys of cols, or of limits' tiles of rows, the product mode whole rows. */
 static void backward_unit_block(const backward_ctx *c, backward_ws *w, size_t u,
                                 const packed_b *k_packed, size_t blk0, size_t rows_blk,
                                 const REAL *G_blk, size_t cols, const block_limits *limits)
@@ -264,7 +277,7 @@ static void backward_unit_block(const backward_ctx *c, backward_ws *w, size_t u,
         Gc = w->content_grad;
         ldg = c->m_pad;
     } else {
-        backward_sum_block(c, w, u, b, blk0, rows_blk, G_blk, cols);
+        backward_sum_block(c, w, u, b, blk0, rows_blk, G_blk, cols, limits);
     }
     /* the GEMMs through Gc over its first cols keys only (causal attention:
      * the rest of the block's rows are 0), and within them over `limits` */
