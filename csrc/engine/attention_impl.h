@@ -233,6 +233,31 @@ static void attention_release(attention_ctx *c)
     posenc_free(c->padding_runs);
 }
 
+/* The largest offset j - i of a nonzero probability: m - 1, or under `causal` the query offset. */
+static ptrdiff_t attention_last_offset(const posenc_problem *p, const posenc_attention *a)
+{
+    return (ptrdiff_t)(a->causal ? posenc_min(p->m - 1, p->query_offset) : p->m - 1);
+}
+
+/* Under `causal`, the key projections' buckets the tiles read: those of the offsets j - i up to
+ * a tile's last row's (query_offset + mr - 1), not the whole map's. */
+static void attention_key_reach(attention_ctx *c)
+{
+    const posenc_problem *p = c->p;
+    const forward_ctx *f = &c->logits;
+    if (!c->a->causal || !p->key_table)
+        return;
+    const size_t last = p->n - 1 + posenc_min(p->m - 1, p->query_offset + c->kern->mr - 1);
+    ptrdiff_t lo = f->key_runs.b_max, hi = f->key_runs.b_min;
+    for (size_t t = 0; t <= last; ++t) {
+        const ptrdiff_t bucket = (ptrdiff_t)p->key_map[t];
+        lo = bucket < lo ? bucket : lo;
+        hi = bucket > hi ? bucket : hi;
+    }
+    c->logits.key_reach[0] = (size_t)(lo - f->key_runs.b_min);
+    c->logits.key_reach[1] = (size_t)(hi - f->key_runs.b_min + 1);
+}
+
 /* A head's dense block (forward_head_block: n x m per thread) only up to
  * this size: past it the attention's scratch would grow as the logits. */
 #define ATTENTION_HEAD_BLOCK_BYTES ((size_t)4 << 20)
@@ -254,6 +279,8 @@ static int attention_prepare(attention_ctx *c, const posenc_problem *p, const po
                             posenc_mul_size(p->n * p->m, sizeof(REAL)) <= ATTENTION_HEAD_BLOCK_BYTES;
     if (status == POSENC_OK && attention_padding_runs(c))
         status = POSENC_ENOMEM;
+    if (status == POSENC_OK)
+        attention_key_reach(c);
     return status;
 }
 
@@ -504,7 +531,7 @@ static int attention_backward(const posenc_problem *p, const posenc_attention *a
     memset(&g, 0, sizeof g);
     int status = attention_prepare(&c, p, a, kern);
     if (status == POSENC_OK)
-        status = backward_prepare(&g, p, kern, NULL, &logit_grads);
+        status = backward_prepare(&g, p, kern, NULL, &logit_grads, attention_last_offset(p, a));
     const int dense = p->pos_q && (grads->pos_q || grads->pos_k);
     if (status == POSENC_OK &&
         (zeroed_slots(&gc.pos_q_slots, dense && grads->pos_q, posenc_mul_size(BH, p->n * p->d_p)) ||

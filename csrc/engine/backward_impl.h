@@ -69,7 +69,7 @@ static void exact_content_grad(const backward_ctx *c, REAL *dx, const REAL *vect
                                size_t count);
 /* backward_slots_impl.h: the call's slots, prepared, reduced, released */
 static int backward_prepare(backward_ctx *c, const posenc_problem *p, const posenc_kernels *kern,
-                            const REAL *G, const posenc_grads *g);
+                            const REAL *G, const posenc_grads *g, ptrdiff_t o_max);
 static void backward_reduce(const backward_ctx *c);
 static void backward_zero(const posenc_problem *p, const posenc_grads *g);
 static void backward_release(backward_ctx *c);
@@ -245,8 +245,8 @@ static void backward_unit_begin(const backward_ctx *c, backward_ws *w, size_t u,
     if (p->product) {
         pack_b(c->kern, k_packed, w->k_pack, k_u, 1, (ptrdiff_t)d, d, m, (REAL)p->scale);
         if (p->key_table)
-            key_projections(c->kern, &w->scratch, p, c->key_runs.b_min, c->key_buckets,
-                            w->key_table_pack, w->key_proj, h, k_u);
+            key_projections(c->kern, &w->scratch, p, c->key_runs.b_min, c->key_buckets, 0,
+                            c->key_buckets, w->key_table_pack, w->key_proj, h, k_u);
     }
 }
 
@@ -420,7 +420,8 @@ static int backward(const posenc_problem *p, const void *grad, const posenc_grad
         return POSENC_OK;
     }
     backward_ctx c;
-    int status = backward_prepare(&c, p, posenc_active_kernels(REAL_DTYPE), (const REAL *)grad, g);
+    int status = backward_prepare(&c, p, posenc_active_kernels(REAL_DTYPE), (const REAL *)grad, g,
+                                  (ptrdiff_t)p->m - 1);
     if (status == POSENC_OK)
         status = posenc_run_team(posenc_team((size_t)(num_threads > 0 ? num_threads : 1), BH, p),
                                  backward_ws_layout(&c, NULL, NULL) * sizeof(REAL), backward_team,

@@ -27,6 +27,8 @@ typedef struct {
     posenc_runs query_runs, key_runs;
     posenc_segment_runs segment_runs;
     size_t query_buckets, key_buckets;   /* buckets the maps use */
+    size_t key_reach[2];      /* the key projections' buckets the tiles read: [0, key_buckets), or
+                                 under a causal attention those of its offsets (from b_min) */
 } forward_ctx;
 
 typedef struct {
@@ -218,8 +220,8 @@ static void forward_unit_setup(const forward_ctx *c, forward_ws *w, size_t b, si
         forward_head_block(c, w, h);
     pack_b(kern, k_packed, w->k_pack, k_u, 1, (ptrdiff_t)d, d, m, (REAL)p->scale);
     if (p->key_table)
-        key_projections(kern, &w->scratch, p, c->key_runs.b_min, c->key_buckets,
-                        w->key_table_pack, w->key_proj, h, k_u);
+        key_projections(kern, &w->scratch, p, c->key_runs.b_min, c->key_buckets, c->key_reach[0],
+                        c->key_reach[1], w->key_table_pack, w->key_proj, h, k_u);
     if (c->segment_rows)
         forward_expand_segments(c, w, b, h);
 }
@@ -409,6 +411,7 @@ static int forward_prepare(forward_ctx *c, const posenc_problem *p, const posenc
         if (posenc_runs_build(&c->key_runs, p->key_map, -(ptrdiff_t)(n - 1), offsets))
             return POSENC_ENOMEM;
         c->key_buckets = posenc_runs_buckets(&c->key_runs);
+        c->key_reach[1] = c->key_buckets;
     }
     if (p->segment_table && posenc_segment_runs_build(&c->segment_runs, p->segment_k, p->B, m))
         return POSENC_ENOMEM;

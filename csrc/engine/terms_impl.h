@@ -95,17 +95,18 @@ static void term_key_table(const posenc_kernels *kern, int op, REAL *P, size_t l
 /*
  * The key-side projections of unit (b, h): proj = k . (vector_scale
  * key_table[h])^T over the buckets the map uses, m x buckets, the table
- * packed into table_pack.
+ * packed into table_pack; only its columns [lo, hi) (the buckets the tiles
+ * read: all, or those a causal attention's keys reach).
  */
 static void key_projections(const posenc_kernels *kern, const gemm_scratch *g,
-                            const posenc_problem *p, ptrdiff_t b_min, size_t buckets,
-                            REAL *table_pack, REAL *proj, size_t h, const REAL *k_u)
+                            const posenc_problem *p, ptrdiff_t b_min, size_t buckets, size_t lo,
+                            size_t hi, REAL *table_pack, REAL *proj, size_t h, const REAL *k_u)
 {
     const size_t d = p->d, ht = head_of(p->key_table_heads, h);
-    const REAL *table = (const REAL *)p->key_table + (ht * p->key_table_rows + (size_t)b_min) * d;
+    const REAL *table = (const REAL *)p->key_table + (ht * p->key_table_rows + (size_t)b_min + lo) * d;
     packed_b pb;
-    pack_b(kern, &pb, table_pack, table, 1, (ptrdiff_t)d, d, buckets, (REAL)p->vector_scale);
-    gemm_packed(kern, g, p->m, k_u, (ptrdiff_t)d, 1, &pb, proj, (ptrdiff_t)buckets, 0,
+    pack_b(kern, &pb, table_pack, table, 1, (ptrdiff_t)d, d, hi - lo, (REAL)p->vector_scale);
+    gemm_packed(kern, g, p->m, k_u, (ptrdiff_t)d, 1, &pb, proj + lo, (ptrdiff_t)buckets, 0,
                 NULL, 0, NULL, 0, NULL);
 }
 
