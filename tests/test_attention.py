@@ -282,6 +282,22 @@ def test_one_and_two_threads_are_bitwise_equal(method, threads, rng):
             assert np.array_equal(one, two, equal_nan=True), name
 
 
+@pytest.mark.parametrize("method", METHODS)
+def test_one_unit_causal_split_over_threads(method, threads, rng):
+    """One unit and two threads: the forward splits its rows into chunks of equal causal work
+    (not equal rows); bitwise what one thread computes, and the reference's values."""
+    args, kwargs, v = _inputs(method, 150, 140, 16, 9, rng, dtype=np.float32, B=1, H=1)
+    attention = {"causal": True, "query_offset": 3}
+    results = []
+    for count in (1, 2):
+        threads(count)
+        got = _forward(posenc, method, args, kwargs, v, **attention)
+        results.append((got.out, got.lse))
+    for name, one, two in zip(("out", "lse"), *results):
+        assert np.array_equal(one, two, equal_nan=True), name
+    assert_attention_matches_reference(method, args, kwargs, v, rng, **attention)
+
+
 # ------------------------------------------------------- layouts, out=
 
 @pytest.mark.parametrize("method", ["content", "deberta", "tupe"])

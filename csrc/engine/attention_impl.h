@@ -335,21 +335,49 @@ static int attention_run(const attention_ctx *c, const backward_ctx *g, int num_
                            attention_team, &team);
 }
 
-/* The forward's items: units, each split into row chunks when units are fewer than threads. */
+/* The forward's items: units, each split into row chunks when units are fewer than threads
+ * (chunk t: rows [start[t], start[t + 1]), or rows_per_chunk rows each when start is NULL). */
 typedef struct {
     const attention_ctx *c;
     REAL *out, *lse;
     size_t chunks, rows_per_chunk;
+    size_t *start;
 } attention_forward_call;
 
 static void attention_forward_item(const void *call_, attention_thread *t, size_t item)
 {
     const attention_forward_call *call = (const attention_forward_call *)call_;
     const posenc_problem *p = call->c->p;
-    const size_t unit = item / call->chunks, r0 = item % call->chunks * call->rows_per_chunk;
+    const size_t unit = item / call->chunks, chunk = item % call->chunks;
+    const size_t r0 = call->start ? call->start[chunk] : chunk * call->rows_per_chunk;
+    const size_t r1 = call->start ? call->start[chunk + 1] : posenc_min(p->n, r0 + call->rows_per_chunk);
     const size_t h = unit / p->B, b = unit % p->B;   /* head-major: a head's terms stay cached */
-    attention_forward_unit(call->c, &t->logits, &t->attention, b, h, r0,
-                           posenc_min(p->n, r0 + call->rows_per_chunk), call->out, call->lse);
+    attention_forward_unit(call->c, &t->logits, &t->attention, b, h, r0, r1, call->out, call->lse);
+}
+
+/* Under `causal` a tile's cost grows with the keys it sees: the chunks of a unit (call->start,
+ * chunks + 1 first rows, whole tiles) split its tiles' keys evenly rather than its rows.
+ * 0, or -1 out of memory. */
+static int attention_causal_chunks(const attention_ctx *c, attention_forward_call *call)
+{
+    const size_t n = c->p->n, mr = c->kern->mr, chunks = call->chunks;
+    if (!c->a->causal || chunks < 2)
+        return 0;
+    if (!(call->start = (size_t *)posenc_alloc(chunks + 1, sizeof(size_t))))
+        return -1;
+    double total = 0, done = 0;
+    for (size_t i0 = 0; i0 < n; i0 += mr)
+        total += (double)attention_columns(c, i0, posenc_min(mr, n - i0));
+    size_t k = 1;
+    call->start[0] = 0;
+    for (size_t i0 = 0; i0 < n && k < chunks; i0 += mr) {
+        done += (double)attention_columns(c, i0, posenc_min(mr, n - i0));
+        while (k < chunks && done * (double)chunks >= total * (double)k)
+            call->start[k++] = posenc_min(n, i0 + mr);
+    }
+    while (k <= chunks)
+        call->start[k++] = n;
+    return 0;
 }
 
 static int attention_forward(const posenc_problem *p, const posenc_attention *a, void *out_,
@@ -371,10 +399,14 @@ static int attention_forward(const posenc_problem *p, const posenc_attention *a,
     if (status == POSENC_OK) {
         const size_t threads = (size_t)(num_threads > 0 ? num_threads : 1);
         attention_forward_call call = {&c, out, lse, 0,
-                                       posenc_rows_per_item(BH, p->n, kern->mr, threads)};
+                                       posenc_rows_per_item(BH, p->n, kern->mr, threads), NULL};
         call.chunks = (p->n + call.rows_per_chunk - 1) / call.rows_per_chunk;
-        status = attention_run(&c, NULL, num_threads, BH * call.chunks, attention_forward_item,
-                               &call);
+        if (attention_causal_chunks(&c, &call))
+            status = POSENC_ENOMEM;
+        else
+            status = attention_run(&c, NULL, num_threads, BH * call.chunks, attention_forward_item,
+                                   &call);
+        posenc_free(call.start);
     }
     attention_release(&c);
     return status;
