@@ -229,6 +229,7 @@ static int attention_padding_runs(attention_ctx *c)
 static void attention_release(attention_ctx *c)
 {
     forward_release(&c->logits);
+    posenc_free(c->logits.query_reach);
     posenc_free(c->padding_start);
     posenc_free(c->padding_runs);
 }
@@ -258,6 +259,31 @@ static void attention_key_reach(attention_ctx *c)
     c->logits.key_reach[1] = (size_t)(hi - f->key_runs.b_min + 1);
 }
 
+/* Under `causal`, the query table's buckets a tile reads (forward_ctx's query_reach): a tile
+ * ending at row t sees the offsets -t .. query_offset + mr - 1.  0, or -1 out of memory. */
+static int attention_query_reach(attention_ctx *c)
+{
+    const posenc_problem *p = c->p;
+    forward_ctx *f = &c->logits;
+    if (!c->a->causal || !p->query_table)
+        return 0;
+    const size_t n = p->n, last = n - 1 + posenc_min(p->m - 1, p->query_offset + c->kern->mr - 1);
+    if (!(f->query_reach = (size_t *)posenc_alloc(2 * n, sizeof(size_t))))
+        return -1;
+    ptrdiff_t lo = f->query_runs.b_max, hi = f->query_runs.b_min;
+    for (size_t t = n - 1; t <= last; ++t) {   /* offsets 0 .. */
+        lo = p->query_map[t] < lo ? p->query_map[t] : lo;
+        hi = p->query_map[t] > hi ? p->query_map[t] : hi;
+    }
+    for (size_t t = 0; t < n; ++t) {           /* and -t */
+        lo = p->query_map[n - 1 - t] < lo ? p->query_map[n - 1 - t] : lo;
+        hi = p->query_map[n - 1 - t] > hi ? p->query_map[n - 1 - t] : hi;
+        f->query_reach[2 * t] = (size_t)(lo - f->query_runs.b_min);
+        f->query_reach[2 * t + 1] = (size_t)(hi - f->query_runs.b_min + 1);
+    }
+    return 0;
+}
+
 /* A head's dense block (forward_head_block: n x m per thread) only up to
  * this size: past it the attention's scratch would grow as the logits. */
 #define ATTENTION_HEAD_BLOCK_BYTES ((size_t)4 << 20)
@@ -281,6 +307,8 @@ static int attention_prepare(attention_ctx *c, const posenc_problem *p, const po
         status = POSENC_ENOMEM;
     if (status == POSENC_OK)
         attention_key_reach(c);
+    if (status == POSENC_OK && attention_query_reach(c))
+        status = POSENC_ENOMEM;
     return status;
 }
 

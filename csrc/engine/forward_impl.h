@@ -29,6 +29,8 @@ typedef struct {
     size_t query_buckets, key_buckets;   /* buckets the maps use */
     size_t key_reach[2];      /* the key projections' buckets the tiles read: [0, key_buckets), or
                                  under a causal attention those of its offsets (from b_min) */
+    size_t *query_reach;      /* NULL, or a causal attention's: the query table's buckets [2 t,
+                                 2 t + 1) of the offsets -t .. query_offset + mr - 1 (from b_min) */
 } forward_ctx;
 
 typedef struct {
@@ -80,6 +82,12 @@ static size_t forward_ws_layout(const forward_ctx *c, forward_ws *w, REAL *mem)
     if (c->scales.exact)
         WS_TAKE(w, mem, at, exact, 2 * mr * c->m_pad * (sizeof(double) / sizeof(REAL)));
     return posenc_round_up(at, POSENC_ALIGN / sizeof(REAL));
+}
+
+/* The query table's buckets a tile of rows [i0, i0 + rows) reads, or NULL (all). */
+static const size_t *forward_query_reach(const forward_ctx *c, size_t i0, size_t rows)
+{
+    return c->query_reach ? c->query_reach + 2 * (i0 + rows - 1) : NULL;
 }
 
 /* The head block of head h: reset(dense_scale pos_q.pos_k^T + table), TUPE's batch-free terms. */
@@ -164,7 +172,7 @@ static const REAL *forward_positional(const forward_ctx *c, forward_ws *w, size_
     if (p->query_table) {
         term_query_table(kern, &w->scratch, p, &c->query_runs, c->query_buckets,
                          w->query_table_pack, &w->cached_query_table, w->query_proj, h, q_u, op,
-                         w->P, ld, i0, rows, cols);
+                         w->P, ld, i0, rows, cols, forward_query_reach(c, i0, rows));
         op = combine_op;
     }
     if (p->key_table) {
@@ -287,7 +295,7 @@ static void forward_tile_exact(const forward_ctx *c, forward_ws *w, size_t b, si
     if (p->query_table) {
         term_query_table(kern, &w->scratch, p, &c->query_runs, c->query_buckets,
                          w->query_table_pack, &w->cached_query_table, w->query_proj, h, q_u,
-                         POSENC_SET, P, ld, i0, rows, cols);
+                         POSENC_SET, P, ld, i0, rows, cols, forward_query_reach(c, i0, rows));
         exact_apply(op, vector_sum, vs, P, ld, rows, cols);
     }
     if (p->key_table) {

@@ -114,13 +114,15 @@ static void key_projections(const posenc_kernels *kern, const gemm_scratch *g,
  * The query-side term of a row tile, keys [0, cols): proj = q[rows] .
  * (vector_scale query_table[h])^T over the buckets the map uses (the table
  * packed once per head, cached: *cached_head is the head table_pack holds),
- * then gathered into P with op.
+ * then gathered into P with op.  reach (or NULL: all): the buckets [reach[0],
+ * reach[1]) (from b_min) the tile's offsets use, the only columns of proj
+ * computed when the packed table is one block deep (d <= kc).
  */
 static void term_query_table(const posenc_kernels *kern, const gemm_scratch *g,
                              const posenc_problem *p, const posenc_runs *runs, size_t buckets,
                              REAL *table_pack, ptrdiff_t *cached_head, REAL *proj, size_t h,
                              const REAL *q_u, int op, REAL *P, size_t ldp, size_t i0, size_t rows,
-                             size_t cols)
+                             size_t cols, const size_t *reach)
 {
     const size_t d = p->d, ld = posenc_round_up(buckets, kern->nr);
     const size_t ht = head_of(p->query_table_heads, h);
@@ -131,7 +133,13 @@ static void term_query_table(const posenc_kernels *kern, const gemm_scratch *g,
         pack_b(kern, &pb, table_pack, table, 1, (ptrdiff_t)d, d, buckets, (REAL)p->vector_scale);
         *cached_head = (ptrdiff_t)ht;
     }
-    gemm_packed(kern, g, rows, q_u + i0 * d, (ptrdiff_t)d, 1, &pb, proj, (ptrdiff_t)ld,
+    size_t first = 0;   /* the first column of proj computed: a panel's */
+    if (reach && d <= kern->kc && reach[0] < reach[1]) {
+        first = reach[0] / pb.nr * pb.nr;
+        pb.data += first * d;   /* panel first / nr of the one block of depth d */
+        pb.N = reach[1] - first;
+    }
+    gemm_packed(kern, g, rows, q_u + i0 * d, (ptrdiff_t)d, 1, &pb, proj + first, (ptrdiff_t)ld,
                 0, NULL, 0, NULL, 0, NULL);
     if (posenc_runs_short(runs, p->n + p->m - 1))
         kern->tile_gather_query(op, P, ldp, p->query_map + (p->n - 1 - i0), runs->b_min, proj, ld,
