@@ -139,6 +139,18 @@ def test_content_awkward_sizes(posenc_isa, size, dtype, rng):
             assert_attention_matches_reference("content", args, kwargs, v, rng, causal=causal)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("method", METHODS)
+def test_causal_over_several_row_blocks(posenc_isa, method, dtype, rng):
+    """Causal with n past the backward's row block (256 rows in float32, 128 in float64): each
+    block and each tile of rows or keys in it computes only the keys it sees, the later blocks
+    starting past key 0 of their tiles' rows (dk, dV), with n > m, n < m and query_offset > 0."""
+    for n, m, query_offset in ((300, 270, 0), (270, 300, 0), (280, 300, 13), (290, 40, 5)):
+        args, kwargs, v = _inputs(method, n, m, 5, 3, rng, dtype=dtype, B=1, H=2)
+        assert_attention_matches_reference(method, args, kwargs, v, rng, causal=True,
+                                           query_offset=query_offset)
+
+
 @pytest.mark.parametrize("method", METHODS)
 def test_scales_past_one(method, rng):
     """A scale past 1 takes the engine's exact path (every sum unscaled, scaled after)."""
@@ -298,6 +310,22 @@ def test_one_and_two_threads_are_bitwise_equal(method, threads, rng):
     for name, one, two in zip(("out", "lse") + grads._fields, *results):
         if one is not None:
             assert np.array_equal(one, two, equal_nan=True), name
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_one_unit_causal_split_over_threads(method, threads, rng):
+    """One unit and two threads: the forward splits its rows into chunks of equal causal work
+    (not equal rows); bitwise what one thread computes, and the reference's values."""
+    args, kwargs, v = _inputs(method, 150, 140, 16, 9, rng, dtype=np.float32, B=1, H=1)
+    attention = {"causal": True, "query_offset": 3}
+    results = []
+    for count in (1, 2):
+        threads(count)
+        got = _forward(posenc, method, args, kwargs, v, **attention)
+        results.append((got.out, got.lse))
+    for name, one, two in zip(("out", "lse"), *results):
+        assert np.array_equal(one, two, equal_nan=True), name
+    assert_attention_matches_reference(method, args, kwargs, v, rng, **attention)
 
 
 # ------------------------------------------------------- layouts, out=

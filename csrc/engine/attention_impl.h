@@ -15,6 +15,9 @@
  * dS = P (dP - rowsum(dO out)), and dS handed to the logits' backward
  * (backward_unit_block) for dq, dk and every table / segment / reset slot;
  * the dense factor's gradients go to per-unit slots (backward_dense_block).
+ * With `causal` a block's rows hold its first `cols` keys only, and every
+ * GEMM skips, tile by tile, the keys a tile of rows cannot see (the logits,
+ * dO.V^T, dq) or the rows that cannot see a tile of keys (dV, dk).
  * Scratch per thread is O(row_block m): never O(n m) or O(B H n m).
  * Slots are reduced in a fixed order: results are bitwise identical for
  * any thread count.
@@ -44,6 +47,8 @@ typedef struct {
     REAL *row_scale;     /* forward: 1 / sum of each row of a tile */
     REAL *drop_row;      /* dropout: D of one row, 0 or keep_scale, m */
     uint8_t *keep;       /* dropout: the keep decisions of one row, m */
+    size_t *row_keys;    /* causal backward: per tile of mr rows of a block, its keys (k_range) */
+    size_t *key_rows;    /* causal backward: per tile of mr keys, the block's rows that see it */
 } attention_ws;
 
 /* The attention's part of a thread's workspace (elements); carved into w when w != NULL. */
@@ -62,6 +67,11 @@ static size_t attention_ws_layout(const attention_ctx *c, int backward, size_t r
             WS_TAKE(w, mem, at, dropped, row_block * m);
         WS_TAKE(w, mem, at, v_pack, packed_b_size(dv, m, nr));
         WS_TAKE(w, mem, at, d_out_pack, packed_b_size(row_block, dv, nr));
+        if (c->a->causal) {
+            const size_t mr = c->kern->mr, bytes = 2 * sizeof(size_t);
+            WS_TAKE(w, mem, at, row_keys, ((row_block + mr - 1) / mr * bytes + sizeof(REAL) - 1) / sizeof(REAL));
+            WS_TAKE(w, mem, at, key_rows, ((m + mr - 1) / mr * bytes + sizeof(REAL) - 1) / sizeof(REAL));
+        }
     } else {
         WS_TAKE(w, mem, at, scores, c->kern->mr * c->logits.m_pad);
         WS_TAKE(w, mem, at, v_pack, packed_b_size(m, dv, nr));
@@ -86,6 +96,25 @@ static size_t attention_visible(const attention_ctx *c, size_t i, size_t cols)
 static size_t attention_columns(const attention_ctx *c, size_t i0, size_t rows)
 {
     return c->a->causal ? posenc_min(c->p->m, c->p->query_offset + i0 + rows) : c->p->m;
+}
+
+/* The limits of a causal block of rows [blk0, blk0 + rows) seeing keys [0, cols)
+ * (block_limits): in w's row_keys and key_rows. */
+static block_limits attention_block_limits(const attention_ctx *c, attention_ws *w, size_t blk0,
+                                           size_t rows, size_t cols)
+{
+    const size_t mr = c->kern->mr, offset = c->p->query_offset + blk0;
+    for (size_t t = 0; t * mr < rows; ++t) {
+        w->row_keys[2 * t] = 0;
+        w->row_keys[2 * t + 1] = attention_columns(c, blk0 + t * mr, posenc_min(mr, rows - t * mr));
+    }
+    for (size_t t = 0; t * mr < cols; ++t) {   /* key j is seen by the rows at offset + r >= j */
+        const size_t j0 = t * mr;
+        w->key_rows[2 * t] = j0 > offset ? posenc_min(rows, j0 - offset) : 0;
+        w->key_rows[2 * t + 1] = rows;
+    }
+    block_limits limits = {w->row_keys, w->key_rows};
+    return limits;
 }
 
 /* Row x (keys [0, len)) of batch row b with its padded keys set to -inf. */
@@ -212,8 +241,59 @@ static int attention_padding_runs(attention_ctx *c)
 static void attention_release(attention_ctx *c)
 {
     forward_release(&c->logits);
+    posenc_free(c->logits.query_reach);
     posenc_free(c->padding_start);
     posenc_free(c->padding_runs);
+}
+
+/* The largest offset j - i of a nonzero probability: m - 1, or under `causal` the query offset. */
+static ptrdiff_t attention_last_offset(const posenc_problem *p, const posenc_attention *a)
+{
+    return (ptrdiff_t)(a->causal ? posenc_min(p->m - 1, p->query_offset) : p->m - 1);
+}
+
+/* Under `causal`, the key projections' buckets the tiles read: those of the offsets j - i up to
+ * a tile's last row's (query_offset + mr - 1), not the whole map's. */
+static void attention_key_reach(attention_ctx *c)
+{
+    const posenc_problem *p = c->p;
+    const forward_ctx *f = &c->logits;
+    if (!c->a->causal || !p->key_table)
+        return;
+    const size_t last = p->n - 1 + posenc_min(p->m - 1, p->query_offset + c->kern->mr - 1);
+    ptrdiff_t lo = f->key_runs.b_max, hi = f->key_runs.b_min;
+    for (size_t t = 0; t <= last; ++t) {
+        const ptrdiff_t bucket = (ptrdiff_t)p->key_map[t];
+        lo = bucket < lo ? bucket : lo;
+        hi = bucket > hi ? bucket : hi;
+    }
+    c->logits.key_reach[0] = (size_t)(lo - f->key_runs.b_min);
+    c->logits.key_reach[1] = (size_t)(hi - f->key_runs.b_min + 1);
+}
+
+/* Under `causal`, the query table's buckets a tile reads (forward_ctx's query_reach): a tile
+ * ending at row t sees the offsets -t .. query_offset + mr - 1.  0, or -1 out of memory. */
+static int attention_query_reach(attention_ctx *c)
+{
+    const posenc_problem *p = c->p;
+    forward_ctx *f = &c->logits;
+    if (!c->a->causal || !p->query_table)
+        return 0;
+    const size_t n = p->n, last = n - 1 + posenc_min(p->m - 1, p->query_offset + c->kern->mr - 1);
+    if (!(f->query_reach = (size_t *)posenc_alloc(2 * n, sizeof(size_t))))
+        return -1;
+    ptrdiff_t lo = f->query_runs.b_max, hi = f->query_runs.b_min;
+    for (size_t t = n - 1; t <= last; ++t) {   /* offsets 0 .. */
+        lo = p->query_map[t] < lo ? p->query_map[t] : lo;
+        hi = p->query_map[t] > hi ? p->query_map[t] : hi;
+    }
+    for (size_t t = 0; t < n; ++t) {           /* and -t */
+        lo = p->query_map[n - 1 - t] < lo ? p->query_map[n - 1 - t] : lo;
+        hi = p->query_map[n - 1 - t] > hi ? p->query_map[n - 1 - t] : hi;
+        f->query_reach[2 * t] = (size_t)(lo - f->query_runs.b_min);
+        f->query_reach[2 * t + 1] = (size_t)(hi - f->query_runs.b_min + 1);
+    }
+    return 0;
 }
 
 /* A head's dense block (forward_head_block: n x m per thread) only up to
@@ -236,6 +316,10 @@ static int attention_prepare(attention_ctx *c, const posenc_problem *p, const po
     c->logits.head_blocks = c->logits.head_blocks &&
                             posenc_mul_size(p->n * p->m, sizeof(REAL)) <= ATTENTION_HEAD_BLOCK_BYTES;
     if (status == POSENC_OK && attention_padding_runs(c))
+        status = POSENC_ENOMEM;
+    if (status == POSENC_OK)
+        attention_key_reach(c);
+    if (status == POSENC_OK && attention_query_reach(c))
         status = POSENC_ENOMEM;
     return status;
 }
@@ -291,21 +375,49 @@ static int attention_run(const attention_ctx *c, const backward_ctx *g, int num_
                            attention_team, &team);
 }
 
-/* The forward's items: units, each split into row chunks when units are fewer than threads. */
+/* The forward's items: units, each split into row chunks when units are fewer than threads
+ * (chunk t: rows [start[t], start[t + 1]), or rows_per_chunk rows each when start is NULL). */
 typedef struct {
     const attention_ctx *c;
     REAL *out, *lse;
     size_t chunks, rows_per_chunk;
+    size_t *start;
 } attention_forward_call;
 
 static void attention_forward_item(const void *call_, attention_thread *t, size_t item)
 {
     const attention_forward_call *call = (const attention_forward_call *)call_;
     const posenc_problem *p = call->c->p;
-    const size_t unit = item / call->chunks, r0 = item % call->chunks * call->rows_per_chunk;
+    const size_t unit = item / call->chunks, chunk = item % call->chunks;
+    const size_t r0 = call->start ? call->start[chunk] : chunk * call->rows_per_chunk;
+    const size_t r1 = call->start ? call->start[chunk + 1] : posenc_min(p->n, r0 + call->rows_per_chunk);
     const size_t h = unit / p->B, b = unit % p->B;   /* head-major: a head's terms stay cached */
-    attention_forward_unit(call->c, &t->logits, &t->attention, b, h, r0,
-                           posenc_min(p->n, r0 + call->rows_per_chunk), call->out, call->lse);
+    attention_forward_unit(call->c, &t->logits, &t->attention, b, h, r0, r1, call->out, call->lse);
+}
+
+/* Under `causal` a tile's cost grows with the keys it sees: the chunks of a unit (call->start,
+ * chunks + 1 first rows, whole tiles) split its tiles' keys evenly rather than its rows.
+ * 0, or -1 out of memory. */
+static int attention_causal_chunks(const attention_ctx *c, attention_forward_call *call)
+{
+    const size_t n = c->p->n, mr = c->kern->mr, chunks = call->chunks;
+    if (!c->a->causal || chunks < 2)
+        return 0;
+    if (!(call->start = (size_t *)posenc_alloc(chunks + 1, sizeof(size_t))))
+        return -1;
+    double total = 0, done = 0;
+    for (size_t i0 = 0; i0 < n; i0 += mr)
+        total += (double)attention_columns(c, i0, posenc_min(mr, n - i0));
+    size_t k = 1;
+    call->start[0] = 0;
+    for (size_t i0 = 0; i0 < n && k < chunks; i0 += mr) {
+        done += (double)attention_columns(c, i0, posenc_min(mr, n - i0));
+        while (k < chunks && done * (double)chunks >= total * (double)k)
+            call->start[k++] = posenc_min(n, i0 + mr);
+    }
+    while (k <= chunks)
+        call->start[k++] = n;
+    return 0;
 }
 
 static int attention_forward(const posenc_problem *p, const posenc_attention *a, void *out_,
@@ -327,10 +439,14 @@ static int attention_forward(const posenc_problem *p, const posenc_attention *a,
     if (status == POSENC_OK) {
         const size_t threads = (size_t)(num_threads > 0 ? num_threads : 1);
         attention_forward_call call = {&c, out, lse, 0,
-                                       posenc_rows_per_item(BH, p->n, kern->mr, threads)};
+                                       posenc_rows_per_item(BH, p->n, kern->mr, threads), NULL};
         call.chunks = (p->n + call.rows_per_chunk - 1) / call.rows_per_chunk;
-        status = attention_run(&c, NULL, num_threads, BH * call.chunks, attention_forward_item,
-                               &call);
+        if (attention_causal_chunks(&c, &call))
+            status = POSENC_ENOMEM;
+        else
+            status = attention_run(&c, NULL, num_threads, BH * call.chunks, attention_forward_item,
+                                   &call);
+        posenc_free(call.start);
     }
     attention_release(&c);
     return status;
@@ -349,49 +465,58 @@ typedef struct {
 
 /*
  * Rows [blk0, blk0 + rows) of unit u: their probabilities P (scores, keys
- * [0, m), 0 where masked) recomputed from the logits and lse, P D (dropped,
- * with dropout), and their D (dO.V^T - delta) P, the gradient dS of their
- * logits (grad, when need_ds); dV += (P D)^T.dO.
+ * [0, width), 0 where masked) recomputed from the logits and lse, P D
+ * (dropped, with dropout), and their D (dO.V^T - delta) P, the gradient dS
+ * of their logits (grad, when need_ds); dV += (P D)^T.dO.  width: m, or
+ * under `causal` (limits: the block's, NULL without) the keys the row's
+ * tile sees and a tile of keys past them (m in product mode, whose backward
+ * reads whole rows).
  */
 static void attention_backward_block(const attention_grad_ctx *gc, forward_ws *fw,
                                      attention_ws *w, const packed_b *k_packed,
                                      const packed_b *vt_packed, size_t u, size_t blk0,
-                                     size_t rows)
+                                     size_t rows, size_t cols, const block_limits *limits)
 {
     const attention_ctx *c = gc->a;
     const posenc_problem *p = c->p;
     const posenc_kernels *kern = c->kern;
-    const size_t n = p->n, m = p->m, dv = c->a->dv, b = u / p->H, h = u % p->H;
-    const size_t cols = attention_columns(c, blk0, rows);
+    const size_t n = p->n, m = p->m, dv = c->a->dv, b = u / p->H, h = u % p->H, mr = kern->mr;
     const REAL *d_out_blk = gc->d_out + (u * n + blk0) * dv;
     const REAL *out_blk = gc->out + (u * n + blk0) * dv;
     const REAL *lse_blk = gc->lse + u * n + blk0;
-    for (size_t i0 = blk0; i0 < blk0 + rows; i0 += kern->mr)
-        forward_tile(&c->logits, fw, b, h, k_packed, i0, posenc_min(kern->mr, blk0 + rows - i0),
-                     cols, w->scores + (i0 - blk0) * m, (ptrdiff_t)m);
-    if (gc->need_ds && dv) {   /* dO.V^T over the keys the block sees */
-        packed_b values = *vt_packed;
-        values.N = cols;
-        gemm_packed(kern, &fw->scratch, rows, d_out_blk, (ptrdiff_t)dv, 1, &values, w->grad,
-                    (ptrdiff_t)m, 0, NULL, 0, NULL, 0, NULL);
+    for (size_t i0 = blk0; i0 < blk0 + rows; i0 += mr) {   /* a tile's logits and dO.V^T: its keys */
+        const size_t tile = posenc_min(mr, blk0 + rows - i0);
+        const size_t tile_cols = limits ? limits->row_keys[2 * ((i0 - blk0) / mr) + 1] : cols;
+        forward_tile(&c->logits, fw, b, h, k_packed, i0, tile, tile_cols,
+                     w->scores + (i0 - blk0) * m, (ptrdiff_t)m);
+        if (gc->need_ds && dv) {
+            packed_b values = *vt_packed;
+            values.N = tile_cols;
+            gemm_packed(kern, &fw->scratch, tile, d_out_blk + (i0 - blk0) * dv, (ptrdiff_t)dv, 1,
+                        &values, w->grad + (i0 - blk0) * m, (ptrdiff_t)m, 0, NULL, 0, NULL, 0,
+                        NULL);
+        }
     }
     for (size_t r = 0; r < rows; ++r) {
         const size_t i = blk0 + r, visible = attention_visible(c, i, cols);
+        /* dV and dk read a row up to the end of each tile of mr keys it reaches */
+        const size_t width = p->product || !limits ? (p->product ? m : cols)
+                                                   : posenc_min(cols, limits->row_keys[2 * (r / mr) + 1] + mr);
         REAL *P = w->scores + r * m, *dS = w->grad + r * m;
         REAL *PD = c->dropout ? w->dropped + r * m : P;
         attention_pad(c, P, b, visible);
         if (lse_blk[r] == -INFINITY) {   /* every key masked: no gradient */
-            memset(P, 0, sizeof(REAL) * m);
-            memset(PD, 0, sizeof(REAL) * m);
-            memset(dS, 0, sizeof(REAL) * m);
+            memset(P, 0, sizeof(REAL) * width);
+            memset(PD, 0, sizeof(REAL) * width);
+            memset(dS, 0, sizeof(REAL) * width);
             continue;
         }
         kern->row_exp(P, visible, (double)lse_blk[r]);
-        memset(P + visible, 0, sizeof(REAL) * (m - visible));
+        memset(P + visible, 0, sizeof(REAL) * (width - visible));
         if (c->dropout) {
             attention_drop_row(c, w, b, h, i, visible);
             kern->row_mul(PD, P, w->drop_row, visible);
-            memset(PD + visible, 0, sizeof(REAL) * (m - visible));
+            memset(PD + visible, 0, sizeof(REAL) * (width - visible));
         }
         if (!gc->need_ds)
             continue;
@@ -405,12 +530,12 @@ static void attention_backward_block(const attention_grad_ctx *gc, forward_ws *f
             kern->row_gather(POSENC_MUL, dS, w->drop_row, 1, visible);
         kern->row_gather(POSENC_ADD, dS, &minus_delta, 0, visible);
         kern->row_gather(POSENC_MUL, dS, P, 1, visible);
-        memset(dS + visible, 0, sizeof(REAL) * (m - visible));
+        memset(dS + visible, 0, sizeof(REAL) * (width - visible));
     }
-    if (gc->grad_v && dv)   /* dV += (P D)^T.dO over the keys the block sees */
+    if (gc->grad_v && dv)   /* dV += (P D)^T.dO over the keys the block sees, and their rows */
         gemm(kern, &fw->scratch, w->d_out_pack, cols, dv, rows, c->dropout ? w->dropped : w->scores,
              1, (ptrdiff_t)m, d_out_blk, (ptrdiff_t)dv, 1, 1, gc->grad_v + u * m * dv,
-             (ptrdiff_t)dv, 1, NULL);
+             (ptrdiff_t)dv, 1, limits ? limits->key_rows : NULL);
 }
 
 /* Item `item` of the backward: unit (b, h), head-major (a head's terms stay cached). */
@@ -437,14 +562,20 @@ static void attention_backward_unit(const void *gc_, attention_thread *t, size_t
     for (size_t blk0 = 0; blk0 < n; blk0 += g->row_block) {
         const size_t rows = posenc_min(g->row_block, n - blk0);
         const size_t cols = attention_columns(c, blk0, rows);
-        attention_backward_block(gc, fw, w, &k_packed, &vt_packed, u, blk0, rows);
+        block_limits causal_limits;
+        const block_limits *limits = NULL;
+        if (c->a->causal) {
+            causal_limits = attention_block_limits(c, w, blk0, rows, cols);
+            limits = &causal_limits;
+        }
+        attention_backward_block(gc, fw, w, &k_packed, &vt_packed, u, blk0, rows, cols, limits);
         if (!gc->need_ds)
             continue;
-        backward_unit_block(g, bw, u, &product_keys, blk0, rows, w->grad, cols);
+        backward_unit_block(g, bw, u, &product_keys, blk0, rows, w->grad, cols, limits);
         if (gc->pos_q_slots || gc->pos_k_slots)   /* after the unit block: it zeroes theta's entries */
             backward_dense_block(g, bw, h, w->grad, blk0, rows, cols,
                                  gc->pos_q_slots ? gc->pos_q_slots + u * n * dp : NULL,
-                                 gc->pos_k_slots ? gc->pos_k_slots + u * m * dp : NULL);
+                                 gc->pos_k_slots ? gc->pos_k_slots + u * m * dp : NULL, limits);
     }
     if (gc->need_ds)
         backward_unit_end(g, bw, u);
@@ -472,9 +603,7 @@ static int attention_backward(const posenc_problem *p, const posenc_attention *a
     memset(&g, 0, sizeof g);
     int status = attention_prepare(&c, p, a, kern);
     if (status == POSENC_OK)
-        status = backward_prepare(&g, p, kern, NULL, &logit_grads);
-    if (a->causal)   /* finer row blocks: a block computes the keys its last row sees */
-        g.row_block = posenc_max(kern->mr, g.row_block / 4);
+        status = backward_prepare(&g, p, kern, NULL, &logit_grads, attention_last_offset(p, a));
     const int dense = p->pos_q && (grads->pos_q || grads->pos_k);
     if (status == POSENC_OK &&
         (zeroed_slots(&gc.pos_q_slots, dense && grads->pos_q, posenc_mul_size(BH, p->n * p->d_p)) ||

@@ -69,7 +69,7 @@ static void exact_content_grad(const backward_ctx *c, REAL *dx, const REAL *vect
                                size_t count);
 /* backward_slots_impl.h: the call's slots, prepared, reduced, released */
 static int backward_prepare(backward_ctx *c, const posenc_problem *p, const posenc_kernels *kern,
-                            const REAL *G, const posenc_grads *g);
+                            const REAL *G, const posenc_grads *g, ptrdiff_t o_max);
 static void backward_reduce(const backward_ctx *c);
 static void backward_zero(const posenc_problem *p, const posenc_grads *g);
 static void backward_release(backward_ctx *c);
@@ -150,8 +150,10 @@ typedef struct {
     const REAL *for_query_table, *for_table, *for_segments;   /* the key side goes tile by tile */
 } row_grads;
 
+/* The positional gradients of row i from its effective gradients, keys [0, cols) (m, or
+ * those a causal block sees: 0 past them). */
 static void backward_row_positional(const backward_ctx *c, backward_ws *w, size_t u, size_t b,
-                                    size_t i, const row_grads *rg)
+                                    size_t i, const row_grads *rg, size_t cols)
 {
     const posenc_problem *p = c->p;
     const posenc_kernels *kern = c->kern;
@@ -159,25 +161,36 @@ static void backward_row_positional(const backward_ctx *c, backward_ws *w, size_
     const ptrdiff_t jb = c->masked ? 1 : 0;   /* column 0 belongs to theta */
     if (c->need_query_side && rg->for_query_table)
         scatter_query_side(kern, &c->query_runs, w->query_side + i * c->query_buckets,
-                           rg->for_query_table, (ptrdiff_t)i, jb, (ptrdiff_t)m);
+                           rg->for_query_table, (ptrdiff_t)i, jb, (ptrdiff_t)cols);
     if (c->need_offsets && rg->for_table)
         kern->diagonal_sums(c->offset_slots + u * c->offsets + (n - 1 - i), rg->for_table, m, 1,
-                            (size_t)jb, m);
+                            (size_t)jb, cols);
     if (p->segment_table && c->g->segment_table && rg->for_segments) {
         const size_t S = p->n_segments;
         REAL *slot = c->segment_slots + u * S * S + (size_t)p->segment_q[b * n + i] * S;
         for (size_t t = c->segment_runs.start[b]; t < c->segment_runs.start[b + 1]; ++t) {
             const posenc_segment_run *run = &c->segment_runs.runs[t];
-            const size_t js = posenc_max(run->j_begin, (size_t)jb);
-            if (js < run->j_end)
-                kern->row_scatter_add(slot + run->segment, 0, rg->for_segments + js, run->j_end - js);
+            const size_t js = posenc_max(run->j_begin, (size_t)jb), je = posenc_min(run->j_end, cols);
+            if (js < je)
+                kern->row_scatter_add(slot + run->segment, 0, rg->for_segments + js, je - js);
         }
     }
 }
 
-/* Sum mode: the positional gradients of rows [blk0, blk0 + rows) straight from G. */
-static void backward_sum_block(const backward_ctx *c, backward_ws *w, size_t u, size_t b,
-                               size_t blk0, size_t rows, const REAL *G_blk)
+/*
+ * Where a causal block's rows of G may be nonzero, as gemm_packed's k_range
+ * (NULL: everywhere in [0, cols)): per tile of mr rows of the block, the
+ * keys it sees (row_keys); per tile of mr keys, the block's rows that see
+ * it (key_rows, rows counted from the block's first).
+ */
+typedef struct {
+    const size_t *row_keys, *key_rows;
+} block_limits;
+
+/* Sum mode: the positional gradients of rows [blk0, blk0 + rows) straight from G (keys
+ * [0, cols)). */
+static void backward_sum_rows(const backward_ctx *c, backward_ws *w, size_t u, size_t b,
+                              size_t blk0, size_t rows, const REAL *G_blk, size_t cols)
 {
     const posenc_problem *p = c->p;
     const posenc_kernels *kern = c->kern;
@@ -188,7 +201,7 @@ static void backward_sum_block(const backward_ctx *c, backward_ws *w, size_t u, 
         if (c->masked && c->g->theta) {
             REAL *theta_slot = c->theta_slots + u * 2;
             if (c->cls_row0 && i == 0)
-                kern->row_scatter_add(theta_slot, 0, g_row, m);
+                kern->row_scatter_add(theta_slot, 0, g_row, cols);
             else
                 theta_slot[1] += g_row[0];
         }
@@ -196,15 +209,27 @@ static void backward_sum_block(const backward_ctx *c, backward_ws *w, size_t u, 
             continue;      /* the [CLS] row belongs to theta */
         row_grads rg = {g_row, NULL, g_row};   /* the table's below, the block at once */
         if (per_row)
-            backward_row_positional(c, w, u, b, i, &rg);
+            backward_row_positional(c, w, u, b, i, &rg, cols);
     }
     const size_t skip = c->cls_row0 && blk0 == 0;   /* the [CLS] row */
     if (c->need_offsets && rows > skip)
         kern->diagonal_sums(c->offset_slots + u * c->offsets + (n - 1 - (blk0 + skip)),
-                            G_blk + skip * m, m, rows - skip, c->masked ? 1 : 0, m);
+                            G_blk + skip * m, m, rows - skip, c->masked ? 1 : 0, cols);
     if (c->need_key_side)
         scatter_key_side(kern, w->key_side, c->key_buckets, p->key_map, c->key_runs.b_min,
-                         G_blk, m, n, m, blk0, rows, c->masked ? 1 : 0, c->cls_row0);
+                         G_blk, m, n, cols, blk0, rows, c->masked ? 1 : 0, c->cls_row0);
+}
+
+/* backward_sum_rows over a block: at once, or with `limits` tile by tile of mr rows over
+ * the keys each tile sees (the same sums in the same order, less their zeros). */
+static void backward_sum_block(const backward_ctx *c, backward_ws *w, size_t u, size_t b,
+                               size_t blk0, size_t rows, const REAL *G_blk, size_t cols,
+                               const block_limits *limits)
+{
+    const size_t step = limits ? c->kern->mr : rows;
+    for (size_t t0 = 0; t0 < rows; t0 += step)
+        backward_sum_rows(c, w, u, b, blk0 + t0, posenc_min(step, rows - t0),
+                          G_blk + t0 * c->p->m, limits ? limits->row_keys[2 * (t0 / step) + 1] : cols);
 }
 
 /* Unit u's start: its bucket matrices zeroed; in product mode s k^T packed
@@ -220,17 +245,19 @@ static void backward_unit_begin(const backward_ctx *c, backward_ws *w, size_t u,
     if (p->product) {
         pack_b(c->kern, k_packed, w->k_pack, k_u, 1, (ptrdiff_t)d, d, m, (REAL)p->scale);
         if (p->key_table)
-            key_projections(c->kern, &w->scratch, p, c->key_runs.b_min, c->key_buckets,
-                            w->key_table_pack, w->key_proj, h, k_u);
+            key_projections(c->kern, &w->scratch, p, c->key_runs.b_min, c->key_buckets, 0,
+                            c->key_buckets, w->key_table_pack, w->key_proj, h, k_u);
     }
 }
 
 /* Rows [blk0, blk0 + rows_blk) of unit u (rows_blk <= row_block) from
  * their rows of G: row i at G_blk + (i - blk0) m, zero past column cols
- * (m, or the keys a causal block sees: never fewer than a previous block's). */
+ * (m, or the keys a causal block sees: never fewer than a previous block's)
+ * and outside `limits` (NULL: no other zeros); the sum mode reads only the
+ * keys of cols, or of limits' tiles of rows, the product mode whole rows. */
 static void backward_unit_block(const backward_ctx *c, backward_ws *w, size_t u,
                                 const packed_b *k_packed, size_t blk0, size_t rows_blk,
-                                const REAL *G_blk, size_t cols)
+                                const REAL *G_blk, size_t cols, const block_limits *limits)
 {
     const posenc_problem *p = c->p;
     const posenc_kernels *kern = c->kern;
@@ -250,18 +277,20 @@ static void backward_unit_block(const backward_ctx *c, backward_ws *w, size_t u,
         Gc = w->content_grad;
         ldg = c->m_pad;
     } else {
-        backward_sum_block(c, w, u, b, blk0, rows_blk, G_blk);
+        backward_sum_block(c, w, u, b, blk0, rows_blk, G_blk, cols, limits);
     }
     /* the GEMMs through Gc over its first cols keys only (causal attention:
-     * the rest of the block's rows are 0) */
+     * the rest of the block's rows are 0), and within them over `limits` */
     if (dq_u && c->need_content)
         gemm(kern, &w->scratch, w->b_pack, rows_blk, d, cols, Gc, (ptrdiff_t)ldg, 1, k_u,
-             (ptrdiff_t)d, 1, s, dq_u + blk0 * d, (ptrdiff_t)d, 0, NULL);
+             (ptrdiff_t)d, 1, s, dq_u + blk0 * d, (ptrdiff_t)d, 0,
+             limits ? limits->row_keys : NULL);
     if (dk_u && c->need_content) {
         if (blk0 == 0)   /* keys no block reaches yet: cols grows with blk0 */
             memset(dk_u + cols * d, 0, sizeof(REAL) * (m - cols) * d);
         gemm(kern, &w->scratch, w->b_pack, cols, d, rows_blk, Gc, 1, (ptrdiff_t)ldg,
-             q_u + blk0 * d, (ptrdiff_t)d, 1, s, dk_u, (ptrdiff_t)d, blk0 > 0, NULL);
+             q_u + blk0 * d, (ptrdiff_t)d, 1, s, dk_u, (ptrdiff_t)d, blk0 > 0,
+             limits ? limits->key_rows : NULL);
     }
 }
 
@@ -299,7 +328,7 @@ static void backward_unit(const backward_ctx *c, backward_ws *w, size_t u)
     backward_unit_begin(c, w, u, &k_packed);
     for (size_t blk0 = 0; blk0 < n; blk0 += c->row_block)
         backward_unit_block(c, w, u, &k_packed, blk0, posenc_min(c->row_block, n - blk0),
-                            c->G + (u * n + blk0) * m, m);
+                            c->G + (u * n + blk0) * m, m, NULL);
     backward_unit_end(c, w, u);
 }
 
@@ -308,11 +337,11 @@ static void backward_unit(const backward_ctx *c, backward_ws *w, size_t u)
  * S of head h (row r at S + r m; its [CLS] row and column 0 are zeroed in
  * place: they belong to theta): slot_q's rows = ds S.pos_k, slot_k (+)= ds
  * S^T.pos_q's rows (accumulating past the first block); either may be NULL.
- * S is zero past column cols (as in backward_unit_block).
+ * S is zero past column cols and outside `limits` (as in backward_unit_block).
  */
 static void backward_dense_block(const backward_ctx *c, backward_ws *w, size_t h, REAL *S,
                                  size_t blk0, size_t rows, size_t cols, REAL *slot_q,
-                                 REAL *slot_k)
+                                 REAL *slot_k, const block_limits *limits)
 {
     const posenc_problem *p = c->p;
     const size_t n = p->n, m = p->m, dp = p->d_p;
@@ -322,18 +351,20 @@ static void backward_dense_block(const backward_ctx *c, backward_ws *w, size_t h
     if (c->masked) {
         for (size_t r = 0; r < rows; ++r) {
             if (c->cls_row0 && blk0 + r == 0)
-                memset(S, 0, sizeof(REAL) * m);
+                memset(S, 0, sizeof(REAL) * cols);
             S[r * m] = 0;
         }
     }
     if (slot_q)
         gemm(c->kern, &w->scratch, w->b_pack, rows, dp, cols, S, (ptrdiff_t)m, 1, pos_k,
-             (ptrdiff_t)dp, 1, ds, slot_q + blk0 * dp, (ptrdiff_t)dp, 0, NULL);
+             (ptrdiff_t)dp, 1, ds, slot_q + blk0 * dp, (ptrdiff_t)dp, 0,
+             limits ? limits->row_keys : NULL);
     if (slot_k) {
         if (blk0 == 0)
             memset(slot_k + cols * dp, 0, sizeof(REAL) * (m - cols) * dp);
         gemm(c->kern, &w->scratch, w->b_pack, cols, dp, rows, S, 1, (ptrdiff_t)m,
-             pos_q + blk0 * dp, (ptrdiff_t)dp, 1, ds, slot_k, (ptrdiff_t)dp, blk0 > 0, NULL);
+             pos_q + blk0 * dp, (ptrdiff_t)dp, 1, ds, slot_k, (ptrdiff_t)dp, blk0 > 0,
+             limits ? limits->key_rows : NULL);
     }
 }
 
@@ -353,7 +384,7 @@ static void backward_dense_head(const backward_ctx *c, backward_ws *w, size_t h)
             for (size_t r = 0; r < rows; ++r)
                 kern->row_gather(b == 0 ? POSENC_SET : POSENC_ADD, S + r * m, G_blk + r * m, 1, m);
         }
-        backward_dense_block(c, w, h, S, blk0, rows, m, slot_q, slot_k);
+        backward_dense_block(c, w, h, S, blk0, rows, m, slot_q, slot_k, NULL);
     }
 }
 
@@ -389,7 +420,8 @@ static int backward(const posenc_problem *p, const void *grad, const posenc_grad
         return POSENC_OK;
     }
     backward_ctx c;
-    int status = backward_prepare(&c, p, posenc_active_kernels(REAL_DTYPE), (const REAL *)grad, g);
+    int status = backward_prepare(&c, p, posenc_active_kernels(REAL_DTYPE), (const REAL *)grad, g,
+                                  (ptrdiff_t)p->m - 1);
     if (status == POSENC_OK)
         status = posenc_run_team(posenc_team((size_t)(num_threads > 0 ? num_threads : 1), BH, p),
                                  backward_ws_layout(&c, NULL, NULL) * sizeof(REAL), backward_team,

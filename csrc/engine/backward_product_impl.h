@@ -48,7 +48,7 @@ static void backward_product_tile(const backward_ctx *c, backward_ws *w, size_t 
     if (p->query_table)
         term_query_table(kern, &w->scratch, p, &c->query_runs, c->query_buckets,
                          w->query_table_pack, &w->cached_query_table, w->query_proj, h, q_u,
-                         POSENC_SET, w->query_factor, ld, i0, rows);
+                         POSENC_SET, w->query_factor, ld, i0, rows, m, NULL);
     if (p->key_table)
         term_key_table(kern, POSENC_SET, w->key_factor, ld, p->key_map, c->key_runs.b_min,
                        w->key_proj, c->key_buckets, n, m, i0, rows);
@@ -90,7 +90,7 @@ static void backward_product_tile(const backward_ctx *c, backward_ws *w, size_t 
                 row_grads rg = {NULL, NULL, NULL};
                 if (kind[x] == FACTOR_TABLE) rg.for_table = eff;
                 else rg.for_query_table = eff;
-                backward_row_positional(c, w, u, b, i, &rg);
+                backward_row_positional(c, w, u, b, i, &rg, m);
             }
         }
     }

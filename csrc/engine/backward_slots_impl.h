@@ -152,8 +152,10 @@ static int zeroed_slots(REAL **slots, int wanted, size_t count)
     return 0;
 }
 
+/* The call's context; o_max: the largest offset j - i where G may be nonzero (m - 1, or a
+ * causal attention's query_offset), past which the spans take the bucket matrices as zero. */
 static int backward_prepare(backward_ctx *c, const posenc_problem *p, const posenc_kernels *kern,
-                            const REAL *G, const posenc_grads *g)
+                            const REAL *G, const posenc_grads *g, ptrdiff_t o_max)
 {
     const size_t n = p->n, m = p->m, BH = p->B * p->H, offsets = n + m - 1;
     memset(c, 0, sizeof *c);
@@ -177,7 +179,7 @@ static int backward_prepare(backward_ctx *c, const posenc_problem *p, const pose
             return POSENC_ENOMEM;
         c->query_buckets = posenc_runs_buckets(&c->query_runs);
         if (c->need_query_side && posenc_spans_build(&c->query_spans, &c->query_runs, p->query_map,
-                                                     n, m, 0, c->masked ? 1 : 0, kern->mr))
+                                                     n, m, 0, c->masked ? 1 : 0, kern->mr, o_max))
             return POSENC_ENOMEM;
     }
     if (p->key_table) {
@@ -185,7 +187,7 @@ static int backward_prepare(backward_ctx *c, const posenc_problem *p, const pose
             return POSENC_ENOMEM;
         c->key_buckets = posenc_runs_buckets(&c->key_runs);
         if (c->need_key_side &&
-            posenc_spans_build(&c->key_spans, &c->key_runs, p->key_map, n, m, 1, 0, kern->mr))
+            posenc_spans_build(&c->key_spans, &c->key_runs, p->key_map, n, m, 1, 0, kern->mr, o_max))
             return POSENC_ENOMEM;
     }
     if (p->segment_table && g->segment_table &&

@@ -92,7 +92,8 @@ void posenc_segment_runs_free(posenc_segment_runs *s);
  * and X^T.Y (over rows) skip the blocks outside these spans: for each tile
  * of `tile` output rows, [begin, end) of the reduction index beyond which
  * the tile's entries of X are zero, so the skipped terms are products with
- * exact zeros.  Spans are supersets, computed once per call.
+ * exact zeros.  Spans are supersets, computed once per call; offsets past
+ * o_max (m - 1, or a causal attention's query_offset) are taken as zero.
  */
 typedef struct {
     size_t *by_row;      /* 2 per tile of rows: the buckets they reach */
@@ -100,7 +101,7 @@ typedef struct {
 } posenc_spans;
 
 int posenc_spans_build(posenc_spans *s, const posenc_runs *runs, const int64_t *map, size_t n,
-                       size_t m, int key_side, size_t jb, size_t tile);
+                       size_t m, int key_side, size_t jb, size_t tile, ptrdiff_t o_max);
 void posenc_spans_free(posenc_spans *s);
 
 /* 64-byte aligned allocation; NULL on failure or overflow. */

@@ -27,6 +27,10 @@ typedef struct {
     posenc_runs query_runs, key_runs;
     posenc_segment_runs segment_runs;
     size_t query_buckets, key_buckets;   /* buckets the maps use */
+    size_t key_reach[2];      /* the key projections' buckets the tiles read: [0, key_buckets), or
+                                 under a causal attention those of its offsets (from b_min) */
+    size_t *query_reach;      /* NULL, or a causal attention's: the query table's buckets [2 t,
+                                 2 t + 1) of the offsets -t .. query_offset + mr - 1 (from b_min) */
 } forward_ctx;
 
 typedef struct {
@@ -80,6 +84,12 @@ static size_t forward_ws_layout(const forward_ctx *c, forward_ws *w, REAL *mem)
     return posenc_round_up(at, POSENC_ALIGN / sizeof(REAL));
 }
 
+/* The query table's buckets a tile of rows [i0, i0 + rows) reads, or NULL (all). */
+static const size_t *forward_query_reach(const forward_ctx *c, size_t i0, size_t rows)
+{
+    return c->query_reach ? c->query_reach + 2 * (i0 + rows - 1) : NULL;
+}
+
 /* The head block of head h: reset(dense_scale pos_q.pos_k^T + table), TUPE's batch-free terms. */
 static void forward_head_block(const forward_ctx *c, forward_ws *w, size_t h)
 {
@@ -101,10 +111,10 @@ static void forward_head_block(const forward_ctx *c, forward_ws *w, size_t h)
     w->cached_head_block = (ptrdiff_t)h;
 }
 
-/* The dense factor of rows [i0, i0 + rows) of head h into P (row r at P + r * ld):
- * dense_scale pos_q.pos_k^T, pos_k packed once per head (cached). */
+/* The dense factor of rows [i0, i0 + rows) of head h, keys [0, cols), into P (row r at
+ * P + r * ld): dense_scale pos_q.pos_k^T, pos_k packed once per head (cached). */
 static void forward_dense(const forward_ctx *c, forward_ws *w, size_t h, size_t i0, size_t rows,
-                          REAL *P, size_t ld)
+                          size_t cols, REAL *P, size_t ld)
 {
     const posenc_problem *p = c->p;
     const size_t n = p->n, m = p->m, dp = p->d_p;
@@ -115,16 +125,18 @@ static void forward_dense(const forward_ctx *c, forward_ws *w, size_t h, size_t 
                (ptrdiff_t)dp, dp, m, (REAL)p->dense_scale);
         w->cached_pos_k = (ptrdiff_t)hk;
     }
+    pb.N = cols;   /* the first cols columns of the packed panels */
     gemm_packed(c->kern, &w->scratch, rows, (const REAL *)p->pos_q + (hq * n + i0) * dp,
                 (ptrdiff_t)dp, 1, &pb, P, (ptrdiff_t)ld, 0, NULL, 0, NULL, 0, NULL);
 }
 
 /*
- * The positional rows of tile [i0, i0 + rows) of unit (b, h): returns the
- * block P (row r at *P + r * *ldp), or NULL when there is none.
+ * The positional rows of tile [i0, i0 + rows) of unit (b, h), keys [0, cols):
+ * returns the block P (row r at *P + r * *ldp), or NULL when there is none.
  */
 static const REAL *forward_positional(const forward_ctx *c, forward_ws *w, size_t b, size_t h,
-                                      const REAL *q_u, size_t i0, size_t rows, ptrdiff_t *ldp)
+                                      const REAL *q_u, size_t i0, size_t rows, size_t cols,
+                                      ptrdiff_t *ldp)
 {
     const posenc_problem *p = c->p;
     const posenc_kernels *kern = c->kern;
@@ -143,28 +155,29 @@ static const REAL *forward_positional(const forward_ctx *c, forward_ws *w, size_
     }
     if (c->head_blocks) {
         for (size_t r = 0; r < rows; ++r)
-            kern->row_gather(POSENC_SET, w->P + r * ld, w->head_block + (i0 + r) * m, 1, m);
+            kern->row_gather(POSENC_SET, w->P + r * ld, w->head_block + (i0 + r) * m, 1, cols);
         op = combine_op;
     } else {
         if (p->pos_q) {
-            forward_dense(c, w, h, i0, rows, w->P, ld);
+            forward_dense(c, w, h, i0, rows, cols, w->P, ld);
             op = combine_op;
         }
         if (p->table) {
             term_table(kern, op, w->P, ld,
-                       c->table_by_offset + head_of(p->table_heads, h) * (n + m - 1), n, m, i0, rows);
+                       c->table_by_offset + head_of(p->table_heads, h) * (n + m - 1), n, cols, i0,
+                       rows);
             op = combine_op;
         }
     }
     if (p->query_table) {
         term_query_table(kern, &w->scratch, p, &c->query_runs, c->query_buckets,
                          w->query_table_pack, &w->cached_query_table, w->query_proj, h, q_u, op,
-                         w->P, ld, i0, rows);
+                         w->P, ld, i0, rows, cols, forward_query_reach(c, i0, rows));
         op = combine_op;
     }
     if (p->key_table) {
         term_key_table(kern, op, w->P, ld, p->key_map, c->key_runs.b_min, w->key_proj,
-                       c->key_buckets, n, m, i0, rows);
+                       c->key_buckets, n, cols, i0, rows);
         op = combine_op;
     }
     if (p->segment_table && !c->segment_rows) {
@@ -173,13 +186,13 @@ static const REAL *forward_positional(const forward_ctx *c, forward_ws *w, size_
         term_segments(kern, op, w->P, ld, sr->runs + sr->start[b], sr->start[b + 1] - sr->start[b],
                       p->segment_q + b * n,
                       (const REAL *)p->segment_table + head_of(p->segment_table_heads, h) * S * S,
-                      S, i0, rows);
+                      S, i0, rows, cols);
         op = combine_op;
     }
     if (op == POSENC_SET)
         return NULL; /* content only */
     if (p->theta)
-        term_reset(kern, w->P, ld, (const REAL *)p->theta + head_of(p->theta_heads, h) * 2, m,
+        term_reset(kern, w->P, ld, (const REAL *)p->theta + head_of(p->theta_heads, h) * 2, cols,
                    p->query_offset + i0, rows);
     *ldp = (ptrdiff_t)ld;
     return w->P;
@@ -196,7 +209,7 @@ static void forward_expand_segments(const forward_ctx *c, forward_ws *w, size_t 
     for (size_t s = 0; s < S; ++s) {
         const int64_t segment = (int64_t)s;
         term_segments(c->kern, POSENC_SET, w->segment_expanded + s * m, m, sr->runs + sr->start[b],
-                      sr->start[b + 1] - sr->start[b], &segment, table, S, 0, 1);
+                      sr->start[b + 1] - sr->start[b], &segment, table, S, 0, 1, m);
     }
 }
 
@@ -215,8 +228,8 @@ static void forward_unit_setup(const forward_ctx *c, forward_ws *w, size_t b, si
         forward_head_block(c, w, h);
     pack_b(kern, k_packed, w->k_pack, k_u, 1, (ptrdiff_t)d, d, m, (REAL)p->scale);
     if (p->key_table)
-        key_projections(kern, &w->scratch, p, c->key_runs.b_min, c->key_buckets,
-                        w->key_table_pack, w->key_proj, h, k_u);
+        key_projections(kern, &w->scratch, p, c->key_runs.b_min, c->key_buckets, c->key_reach[0],
+                        c->key_reach[1], w->key_table_pack, w->key_proj, h, k_u);
     if (c->segment_rows)
         forward_expand_segments(c, w, b, h);
 }
@@ -271,7 +284,7 @@ static void forward_tile_exact(const forward_ctx *c, forward_ws *w, size_t b, si
     if (!inside)
         exact_scale_by(X, c->scales.scale, count);
     if (p->table && p->product) {
-        term_table(kern, POSENC_SET, P, ld, by_offset, n, m, i0, rows);
+        term_table(kern, POSENC_SET, P, ld, by_offset, n, cols, i0, rows);
         exact_apply(POSENC_MUL, X, 1, P, ld, rows, cols);
     }
     /* the vector terms: into X (product, or inside s), else vs (...) into V */
@@ -282,12 +295,12 @@ static void forward_tile_exact(const forward_ctx *c, forward_ws *w, size_t b, si
     if (p->query_table) {
         term_query_table(kern, &w->scratch, p, &c->query_runs, c->query_buckets,
                          w->query_table_pack, &w->cached_query_table, w->query_proj, h, q_u,
-                         POSENC_SET, P, ld, i0, rows);
+                         POSENC_SET, P, ld, i0, rows, cols, forward_query_reach(c, i0, rows));
         exact_apply(op, vector_sum, vs, P, ld, rows, cols);
     }
     if (p->key_table) {
         term_key_table(kern, POSENC_SET, P, ld, p->key_map, c->key_runs.b_min, w->key_proj,
-                       c->key_buckets, n, m, i0, rows);
+                       c->key_buckets, n, cols, i0, rows);
         exact_apply(op, vector_sum, vs, P, ld, rows, cols);
     }
     if (p->product) {
@@ -301,11 +314,11 @@ static void forward_tile_exact(const forward_ctx *c, forward_ws *w, size_t b, si
         if (p->pos_q || p->table || p->theta) {   /* the batch-free terms, TUPE's v */
             memset(V, 0, sizeof(double) * count);
             if (p->pos_q) {
-                forward_dense(c, w, h, i0, rows, P, ld);
+                forward_dense(c, w, h, i0, rows, cols, P, ld);
                 exact_apply(POSENC_ADD, V, c->scales.dense_scale, P, ld, rows, cols);
             }
             if (p->table) {
-                term_table(kern, POSENC_SET, P, ld, by_offset, n, m, i0, rows);
+                term_table(kern, POSENC_SET, P, ld, by_offset, n, cols, i0, rows);
                 exact_apply(POSENC_ADD, V, 1, P, ld, rows, cols);
             }
             if (p->theta) {   /* TUPE eq. (9), as term_reset */
@@ -325,7 +338,7 @@ static void forward_tile_exact(const forward_ctx *c, forward_ws *w, size_t b, si
             term_segments(kern, POSENC_SET, P, ld, sr->runs + sr->start[b],
                           sr->start[b + 1] - sr->start[b], p->segment_q + b * n,
                           (const REAL *)p->segment_table + head_of(p->segment_table_heads, h) * S * S,
-                          S, i0, rows);
+                          S, i0, rows, cols);
             exact_apply(POSENC_ADD, X, 1, P, ld, rows, cols);
         }
     }
@@ -348,7 +361,7 @@ static void forward_tile(const forward_ctx *c, forward_ws *w, size_t b, size_t h
     const size_t n = p->n, m = p->m, d = p->d;
     const REAL *q_u = (const REAL *)p->q + (b * p->H + h) * n * d;
     ptrdiff_t ldp = 0;
-    const REAL *P = forward_positional(c, w, b, h, q_u, i0, rows, &ldp);
+    const REAL *P = forward_positional(c, w, b, h, q_u, i0, rows, cols, &ldp);
     int flags = (P ? (p->product ? POSENC_UKR_MUL_P : POSENC_UKR_ADD_P) : 0) |
                 (c->stream ? POSENC_UKR_STREAM : 0);
     if (c->segment_rows) {
@@ -406,6 +419,7 @@ static int forward_prepare(forward_ctx *c, const posenc_problem *p, const posenc
         if (posenc_runs_build(&c->key_runs, p->key_map, -(ptrdiff_t)(n - 1), offsets))
             return POSENC_ENOMEM;
         c->key_buckets = posenc_runs_buckets(&c->key_runs);
+        c->key_reach[1] = c->key_buckets;
     }
     if (p->segment_table && posenc_segment_runs_build(&c->segment_runs, p->segment_k, p->B, m))
         return POSENC_ENOMEM;

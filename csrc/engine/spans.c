@@ -9,15 +9,17 @@
 /*
  * Row x of the bucket matrix reaches the offsets [a + sigma x, b + sigma x]:
  * query side sigma = -1, a = jb, b = m - 1; key side sigma = +1,
- * a = -(n - 1), b = 0.  Offsets run over [-(n - 1), m - 1], map[o + n - 1].
+ * a = -(n - 1), b = 0.  Offsets run over [-(n - 1), m - 1], map[o + n - 1],
+ * and stop at o_max (a causal attention's G is zero past j - i = query_offset).
  */
 int posenc_spans_build(posenc_spans *s, const posenc_runs *runs, const int64_t *map, size_t n,
-                       size_t m, int key_side, size_t jb, size_t tile)
+                       size_t m, int key_side, size_t jb, size_t tile, ptrdiff_t o_max)
 {
     memset(s, 0, sizeof *s);
     const ptrdiff_t rows = (ptrdiff_t)(key_side ? m : n);
-    const ptrdiff_t o_first = -(ptrdiff_t)(n - 1), o_last = (ptrdiff_t)m - 1;
-    const ptrdiff_t a = key_side ? o_first : (ptrdiff_t)jb, b = key_side ? 0 : o_last;
+    const ptrdiff_t o_first = -(ptrdiff_t)(n - 1);
+    const ptrdiff_t o_last = o_max < (ptrdiff_t)m - 1 ? o_max : (ptrdiff_t)m - 1;
+    const ptrdiff_t a = key_side ? o_first : (ptrdiff_t)jb, b = key_side ? 0 : (ptrdiff_t)m - 1;
     const size_t R = (size_t)(runs->b_max - runs->b_min + 1);
     const size_t row_tiles = ((size_t)rows + tile - 1) / tile, bucket_tiles = (R + tile - 1) / tile;
     ptrdiff_t *o_lo = (ptrdiff_t *)posenc_alloc(R, sizeof(ptrdiff_t));

@@ -4,8 +4,9 @@
  * forward and the product-mode backward.
  *
  * Each builder applies one term to the rows [i0, i0 + rows) of a row block
- * P (row r at P + r * ldp, columns j in [0, m)) with `op`: SET for the
- * first term, then ADD (sum) or MUL (product).
+ * P (row r at P + r * ldp, columns j in [0, cols): cols = m, or the keys a
+ * causal tile sees) with `op`: SET for the first term, then ADD (sum) or
+ * MUL (product).
  */
 
 /* The head of a parameter whose head axis has `heads` entries (H or 1). */
@@ -94,30 +95,34 @@ static void term_key_table(const posenc_kernels *kern, int op, REAL *P, size_t l
 /*
  * The key-side projections of unit (b, h): proj = k . (vector_scale
  * key_table[h])^T over the buckets the map uses, m x buckets, the table
- * packed into table_pack.
+ * packed into table_pack; only its columns [lo, hi) (the buckets the tiles
+ * read: all, or those a causal attention's keys reach).
  */
 static void key_projections(const posenc_kernels *kern, const gemm_scratch *g,
-                            const posenc_problem *p, ptrdiff_t b_min, size_t buckets,
-                            REAL *table_pack, REAL *proj, size_t h, const REAL *k_u)
+                            const posenc_problem *p, ptrdiff_t b_min, size_t buckets, size_t lo,
+                            size_t hi, REAL *table_pack, REAL *proj, size_t h, const REAL *k_u)
 {
     const size_t d = p->d, ht = head_of(p->key_table_heads, h);
-    const REAL *table = (const REAL *)p->key_table + (ht * p->key_table_rows + (size_t)b_min) * d;
+    const REAL *table = (const REAL *)p->key_table + (ht * p->key_table_rows + (size_t)b_min + lo) * d;
     packed_b pb;
-    pack_b(kern, &pb, table_pack, table, 1, (ptrdiff_t)d, d, buckets, (REAL)p->vector_scale);
-    gemm_packed(kern, g, p->m, k_u, (ptrdiff_t)d, 1, &pb, proj, (ptrdiff_t)buckets, 0,
+    pack_b(kern, &pb, table_pack, table, 1, (ptrdiff_t)d, d, hi - lo, (REAL)p->vector_scale);
+    gemm_packed(kern, g, p->m, k_u, (ptrdiff_t)d, 1, &pb, proj + lo, (ptrdiff_t)buckets, 0,
                 NULL, 0, NULL, 0, NULL);
 }
 
 /*
- * The query-side term of a row tile: proj = q[rows] . (vector_scale
- * query_table[h])^T over the buckets the map uses (the table packed once
- * per head, cached: *cached_head is the head table_pack holds), then
- * gathered into P with op.
+ * The query-side term of a row tile, keys [0, cols): proj = q[rows] .
+ * (vector_scale query_table[h])^T over the buckets the map uses (the table
+ * packed once per head, cached: *cached_head is the head table_pack holds),
+ * then gathered into P with op.  reach (or NULL: all): the buckets [reach[0],
+ * reach[1]) (from b_min) the tile's offsets use, the only columns of proj
+ * computed when the packed table is one block deep (d <= kc).
  */
 static void term_query_table(const posenc_kernels *kern, const gemm_scratch *g,
                              const posenc_problem *p, const posenc_runs *runs, size_t buckets,
                              REAL *table_pack, ptrdiff_t *cached_head, REAL *proj, size_t h,
-                             const REAL *q_u, int op, REAL *P, size_t ldp, size_t i0, size_t rows)
+                             const REAL *q_u, int op, REAL *P, size_t ldp, size_t i0, size_t rows,
+                             size_t cols, const size_t *reach)
 {
     const size_t d = p->d, ld = posenc_round_up(buckets, kern->nr);
     const size_t ht = head_of(p->query_table_heads, h);
@@ -128,31 +133,38 @@ static void term_query_table(const posenc_kernels *kern, const gemm_scratch *g,
         pack_b(kern, &pb, table_pack, table, 1, (ptrdiff_t)d, d, buckets, (REAL)p->vector_scale);
         *cached_head = (ptrdiff_t)ht;
     }
-    gemm_packed(kern, g, rows, q_u + i0 * d, (ptrdiff_t)d, 1, &pb, proj, (ptrdiff_t)ld,
+    size_t first = 0;   /* the first column of proj computed: a panel's */
+    if (reach && d <= kern->kc && reach[0] < reach[1]) {
+        first = reach[0] / pb.nr * pb.nr;
+        pb.data += first * d;   /* panel first / nr of the one block of depth d */
+        pb.N = reach[1] - first;
+    }
+    gemm_packed(kern, g, rows, q_u + i0 * d, (ptrdiff_t)d, 1, &pb, proj + first, (ptrdiff_t)ld,
                 0, NULL, 0, NULL, 0, NULL);
     if (posenc_runs_short(runs, p->n + p->m - 1))
         kern->tile_gather_query(op, P, ldp, p->query_map + (p->n - 1 - i0), runs->b_min, proj, ld,
-                                p->m, rows);
+                                cols, rows);
     else
-        term_query_table_runs(kern, op, P, ldp, runs, proj, ld, p->m, i0, rows);
+        term_query_table_runs(kern, op, P, ldp, runs, proj, ld, cols, i0, rows);
 }
 
-/* segment_table[h, segment_q[b, i], segment_k[b, j]]: one broadcast per key segment run. */
+/* segment_table[h, segment_q[b, i], segment_k[b, j]], j < cols: one broadcast per key
+ * segment run. */
 static void term_segments(const posenc_kernels *kern, int op, REAL *P, size_t ldp,
                           const posenc_segment_run *runs, size_t n_runs,
                           const int64_t *segment_q_b, const REAL *table_h, size_t S, size_t i0,
-                          size_t rows)
+                          size_t rows, size_t cols)
 {
     for (size_t r = 0; r < rows; ++r) {
         const REAL *table_row = table_h + (size_t)segment_q_b[i0 + r] * S;
-        for (size_t t = 0; t < n_runs; ++t)
+        for (size_t t = 0; t < n_runs && runs[t].j_begin < cols; ++t)
             kern->row_gather(op, P + r * ldp + runs[t].j_begin, table_row + runs[t].segment, 0,
-                             runs[t].j_end - runs[t].j_begin);
+                             posenc_min(runs[t].j_end, cols) - runs[t].j_begin);
     }
 }
 
-/* TUPE eq. (9): theta[0] on the [CLS] row (position 0), theta[1] on column 0
- * of the other rows; row r of P is the query at position position0 + r. */
+/* TUPE eq. (9): theta[0] on the [CLS] row (position 0, keys [0, m)), theta[1]
+ * on column 0 of the other rows; row r of P is the query at position position0 + r. */
 static void term_reset(const posenc_kernels *kern, REAL *P, size_t ldp, const REAL *theta_h,
                        size_t m, size_t position0, size_t rows)
 {
