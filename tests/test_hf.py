@@ -1,7 +1,9 @@
 """posenc.torch.hf: Hugging Face models patched onto posenc's fused attention
 give HF's numbers (logits, every parameter gradient, generate() with the
 cache), keep the same parameters, fall back on what they cannot serve, and
-unpatch exactly.  Tiny models with random weights, built from configs."""
+unpatch exactly.  Tiny models with random weights, built from configs.  The
+T5 tests run T5 and UMT5 (its own attention class, a bias in every layer);
+the first of them mT5 too."""
 
 from __future__ import annotations
 
@@ -13,18 +15,35 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from transformers import T5Config, T5ForConditionalGeneration  # noqa: E402
+import transformers  # noqa: E402
 
 from posenc.torch import hf  # noqa: E402
 
+FAMILIES = {"t5": "T5", "mt5": "MT5", "umt5": "UMT5"}     # HF's class prefix
+T5_FAMILIES = ["t5", "umt5"]
 
-def t5_model(dtype=torch.float64, implementation="eager", seed=0):
+
+def t5_model(dtype=torch.float64, implementation="eager", seed=0, family="t5"):
     torch.manual_seed(seed)
-    config = T5Config(vocab_size=40, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_decoder_layers=2,
-                      num_heads=4, relative_attention_num_buckets=8, relative_attention_max_distance=16,
-                      dropout_rate=0.1, decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)
+    prefix = FAMILIES[family]
+    config = getattr(transformers, prefix + "Config")(
+        vocab_size=40, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_decoder_layers=2, num_heads=4,
+        relative_attention_num_buckets=8, relative_attention_max_distance=16, dropout_rate=0.1,
+        decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)
     config._attn_implementation = implementation
-    return T5ForConditionalGeneration(config).to(dtype).eval()
+    return getattr(transformers, prefix + "ForConditionalGeneration")(config).to(dtype).eval()
+
+
+def self_attention_biases(model):
+    """The relative_attention_bias weight of each self-attention layer's bias
+    owner, encoder then decoder: T5's first layer's for every layer, UMT5's own."""
+    found = []
+    for stack in (model.encoder, model.decoder):
+        for block in stack.block:
+            layer = block.layer[0].SelfAttention
+            owner = layer if layer.has_relative_attention_bias else stack.block[0].layer[0].SelfAttention
+            found.append(owner.relative_attention_bias.weight)
+    return found
 
 
 def t5_batch(seed=1):
@@ -60,9 +79,10 @@ def _no_fallback():
         hf._WARNED.clear()
 
 
+@pytest.mark.parametrize("family", list(FAMILIES))
 @pytest.mark.parametrize("implementation", ["eager", "sdpa"])
-def test_t5_float64_logits_and_gradients(implementation):
-    model, batch = t5_model(implementation=implementation), t5_batch()
+def test_t5_float64_logits_and_gradients(implementation, family):
+    model, batch = t5_model(implementation=implementation, family=family), t5_batch()
     want_logits, want_grads = logits_and_grads(model, batch)
     hf.patch(model)
     assert model._posenc_patched == 2 + 2 * 2         # encoder self, decoder self + cross
@@ -73,8 +93,9 @@ def test_t5_float64_logits_and_gradients(implementation):
         assert rel(got_grads[name], want_grads[name]) <= 1e-10, name
 
 
-def test_t5_float32():
-    model, batch = t5_model(torch.float32, "sdpa"), t5_batch()
+@pytest.mark.parametrize("family", T5_FAMILIES)
+def test_t5_float32(family):
+    model, batch = t5_model(torch.float32, "sdpa", family=family), t5_batch()
     want_logits, want_grads = logits_and_grads(model, batch)
     hf.patch(model)
     got_logits, got_grads = logits_and_grads(model, batch)
@@ -83,23 +104,30 @@ def test_t5_float32():
         assert rel(got_grads[name], want_grads[name]) <= 1e-4, name
 
 
-def test_t5_runs_posenc(monkeypatch):
+@pytest.mark.parametrize("family", T5_FAMILIES)
+def test_t5_runs_posenc(monkeypatch, family):
     """The patched layers really call the fused functions: every T5 self-attention
-    through t5_attention (2 encoder + 2 decoder layers), cross-attention through
-    content_attention."""
+    through t5_attention (2 encoder + 2 decoder layers) with its bias owner's
+    table (T5: the first layer's, UMT5: the layer's own), cross-attention
+    through content_attention."""
     import posenc.torch as pt
 
-    calls = []
+    calls, tables = [], []
     for name in ("t5_attention", "content_attention"):
         original = getattr(pt, name)
         monkeypatch.setattr(pt, name, lambda *a, _o=original, _n=name, **k: (calls.append(_n), _o(*a, **k))[1])
-    model = hf.patch(t5_model())
+    t5_attention = pt.t5_attention
+    monkeypatch.setattr(pt, "t5_attention", lambda *a, **k: (tables.append(a[3].data_ptr()), t5_attention(*a, **k))[1])
+    model = hf.patch(t5_model(family=family))
     model(**t5_batch())
     assert calls.count("t5_attention") == 4 and calls.count("content_attention") == 2
+    assert tables == [w.data_ptr() for w in self_attention_biases(model)]
+    assert len(set(tables)) == (4 if family == "umt5" else 2)
 
 
-def test_t5_parameters_are_shared():
-    model = t5_model()
+@pytest.mark.parametrize("family", T5_FAMILIES)
+def test_t5_parameters_are_shared(family):
+    model = t5_model(family=family)
     before = [(name, id(p)) for name, p in model.named_parameters()]
     state = {k: v.clone() for k, v in model.state_dict().items()}
     hf.patch(model)
@@ -109,13 +137,16 @@ def test_t5_parameters_are_shared():
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     model(**t5_batch()).loss.backward()
     optimizer.step()
-    bias = model.encoder.block[0].layer[0].SelfAttention.relative_attention_bias.weight
-    assert not torch.equal(bias, state["encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight"])
+    tables = [name for name in state if "relative_attention_bias" in name]
+    assert len(tables) == (4 if family == "umt5" else 2)
+    for name in tables:
+        assert not torch.equal(model.state_dict()[name], state[name]), name
 
 
+@pytest.mark.parametrize("family", T5_FAMILIES)
 @pytest.mark.parametrize("implementation", ["eager", "sdpa"])
-def test_t5_generate_with_cache(implementation):
-    model, batch = t5_model(implementation=implementation), t5_batch()
+def test_t5_generate_with_cache(implementation, family):
+    model, batch = t5_model(implementation=implementation, family=family), t5_batch()
     kwargs = dict(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], max_new_tokens=32,
                   min_new_tokens=32, do_sample=False, use_cache=True)
     want = model.generate(**kwargs)
@@ -125,10 +156,11 @@ def test_t5_generate_with_cache(implementation):
     assert torch.equal(got, want)
 
 
-def test_t5_cached_step_equals_full_pass():
+@pytest.mark.parametrize("family", T5_FAMILIES)
+def test_t5_cached_step_equals_full_pass(family):
     """Decoding step by step with posenc's cache (query_offset = cached keys)
     reproduces the logits of one full decoder pass, in float64."""
-    model, batch = hf.patch(t5_model()), t5_batch()
+    model, batch = hf.patch(t5_model(family=family)), t5_batch()
     encoder = model.get_encoder()(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
     dec = batch["labels"][:, :19]
     full = model(encoder_outputs=encoder, attention_mask=batch["attention_mask"], decoder_input_ids=dec).logits
@@ -141,8 +173,9 @@ def test_t5_cached_step_equals_full_pass():
     assert rel(torch.cat(steps, dim=1), full) <= 1e-10
 
 
-def test_t5_unpatch_is_exact():
-    model, batch = t5_model(), t5_batch()
+@pytest.mark.parametrize("family", T5_FAMILIES)
+def test_t5_unpatch_is_exact(family):
+    model, batch = t5_model(family=family), t5_batch()
     before = model(**batch).logits
     classes = [type(m) for m in model.modules()]
     hf.unpatch(hf.patch(model))
@@ -159,8 +192,9 @@ def test_t5_patch_is_idempotent_and_deepcopies():
     assert torch.equal(twin(**batch).logits, model(**batch).logits)
 
 
-def test_t5_output_attentions_falls_back_once():
-    model, batch = t5_model(), t5_batch()
+@pytest.mark.parametrize("family", T5_FAMILIES)
+def test_t5_output_attentions_falls_back_once(family):
+    model, batch = t5_model(family=family), t5_batch()
     want = model(**batch, output_attentions=True)
     hf.patch(model)
     with pytest.warns(RuntimeWarning, match="output_attentions") as record:
@@ -173,10 +207,11 @@ def test_t5_output_attentions_falls_back_once():
         assert rel(a, b) <= 1e-10
 
 
-def test_t5_unusual_mask_falls_back():
+@pytest.mark.parametrize("family", T5_FAMILIES)
+def test_t5_unusual_mask_falls_back(family):
     """A decoder mask whose first key is padding leaves query row 0 with no key:
     HF's number there is not posenc's zero row, so that call falls back."""
-    model, batch = t5_model(), t5_batch()
+    model, batch = t5_model(family=family), t5_batch()
     batch["decoder_attention_mask"] = torch.ones_like(batch["labels"])
     batch["decoder_attention_mask"][0, 0] = 0
     want = model(**batch).logits
@@ -186,8 +221,9 @@ def test_t5_unusual_mask_falls_back():
     assert rel(got, want) <= 1e-10
 
 
-def test_t5_dropout_in_training_runs_posenc():
-    model, batch = hf.patch(t5_model()), t5_batch()
+@pytest.mark.parametrize("family", T5_FAMILIES)
+def test_t5_dropout_in_training_runs_posenc(family):
+    model, batch = hf.patch(t5_model(family=family)), t5_batch()
     model.train()
     torch.manual_seed(3)
     a = model(**batch).logits
@@ -197,22 +233,6 @@ def test_t5_dropout_in_training_runs_posenc():
     c = model(**batch).logits
     assert torch.equal(a, b) and not torch.equal(a, c)
     model(**batch).loss.backward()
-
-
-def test_mt5_patched():
-    from transformers import MT5Config, MT5ForConditionalGeneration
-
-    torch.manual_seed(0)
-    config = MT5Config(vocab_size=40, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_decoder_layers=2,
-                       num_heads=4, relative_attention_num_buckets=8, relative_attention_max_distance=16,
-                       decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)
-    model, batch = MT5ForConditionalGeneration(config).double().eval(), t5_batch()
-    want_logits, want_grads = logits_and_grads(model, batch)
-    assert hf.patch(model)._posenc_patched == 6
-    got_logits, got_grads = logits_and_grads(model, batch)
-    assert rel(got_logits, want_logits) <= 1e-10
-    for name in want_grads:
-        assert rel(got_grads[name], want_grads[name]) <= 1e-10, name
 
 
 # ------------------------------------------------------------------ DeBERTa-v2
@@ -337,12 +357,12 @@ def _without_dropout(model):
     return model
 
 
-@pytest.mark.parametrize("which", ["t5", "deberta"])
+@pytest.mark.parametrize("which", ["t5", "umt5", "deberta"])
 def test_activation_checkpointing_in_training(which):
     """train() with HF's activation checkpointing (the blocks re-run in the
     backward; T5 hands its shared-bias marker through them)."""
-    if which == "t5":
-        model, batch, run = t5_model(), t5_batch(), logits_and_grads
+    if which in T5_FAMILIES:
+        model, batch, run = t5_model(family=which), t5_batch(), logits_and_grads
     else:
         model, batch, run = deberta_model(**DEBERTA_SETTINGS[0]), deberta_batch(), deberta_logits_and_grads
     _without_dropout(model)
@@ -363,7 +383,8 @@ def test_activation_checkpointing_in_training(which):
 
 def test_patched_models_pickle(tmp_path):
     """torch.save of a whole patched model loads back patched, with equal outputs."""
-    for model, batch in ((t5_model(), t5_batch()), (deberta_model(**DEBERTA_SETTINGS[0]), deberta_batch())):
+    for model, batch in ((t5_model(), t5_batch()), (t5_model(family="umt5"), t5_batch()),
+                         (deberta_model(**DEBERTA_SETTINGS[0]), deberta_batch())):
         hf.patch(model)
         want = model(**batch).logits
         torch.save(model, tmp_path / "model.pt")
@@ -372,10 +393,11 @@ def test_patched_models_pickle(tmp_path):
         assert torch.equal(loaded(**batch).logits, want)
 
 
-def test_t5_static_cache_falls_back():
+@pytest.mark.parametrize("family", T5_FAMILIES)
+def test_t5_static_cache_falls_back(family):
     """A StaticCache (keys preallocated to the maximum length) is not served:
     generate() with it runs HF's forward and gives HF's tokens."""
-    model, batch = t5_model(), t5_batch()
+    model, batch = t5_model(family=family), t5_batch()
     kwargs = dict(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], max_new_tokens=6,
                   min_new_tokens=6, do_sample=False, cache_implementation="static")
     want = model.generate(**kwargs)

@@ -1,13 +1,16 @@
-"""posenc.torch.hf: run Hugging Face T5 and DeBERTa-v2 attention on posenc's fused attention.
+"""posenc.torch.hf: run Hugging Face T5, UMT5 and DeBERTa-v2 attention on posenc's fused attention.
 
 `patch(model)` swaps, in place, the class of every `T5Attention` module of a
 transformers 5.x model (T5, mT5's `MT5Attention`, a copy of it, and
-subclasses that keep its forward; UMT5 is not served) for a subclass whose `forward` computes HF's
+subclasses that keep its forward) for a subclass whose `forward` computes HF's
 result with `posenc.torch.t5_attention` (self-attention: the relative bias
 of the layer that owns it, HF's buckets) or `posenc.torch.content_attention`
 (cross-attention, scale 1, no position bias), using the layer's own
 parameters (the same `Parameter` objects: state dicts, optimizers and tied
 weights are untouched).  `unpatch(model)` restores the original classes.
+UMT5's `UMT5Attention` (a class of its own, with T5's attributes and a
+relative bias in every self-attention layer) runs the same code, each layer
+with its own bias.
 
 DeBERTa-v2's `DisentangledSelfAttention` (c2p + p2c, `share_att_key`,
 `position_buckets` > 0 or -1, `max_relative_positions`) is patched the same
@@ -27,6 +30,7 @@ lazily: importing this module does not need it.
 
 from __future__ import annotations
 
+import importlib
 import warnings
 
 import torch
@@ -141,6 +145,59 @@ def _dynamic_layer(cache, index) -> bool:
 
 
 def _t5_posenc(self, hidden_states, mask, key_value_states, position_bias, past_key_values, kwargs):
+    """T5Attention.forward's (out, position_bias, weights): the relative bias of the
+    layer that owns it (this layer, or the first one's, handed along as a
+    _SharedT5Bias in place of HF's (1, H, n, m) tensor)."""
+    if position_bias is not None and not isinstance(position_bias, _SharedT5Bias):
+        raise _Unsupported("a position_bias tensor from an unpatched layer")
+
+    def bias_owner(past):
+        if isinstance(position_bias, _SharedT5Bias):
+            return position_bias.owner, position_bias
+        if self.has_relative_attention_bias:
+            return self, _SharedT5Bias(self, past)
+        return None, None
+
+    out, returned = _t5_family_attention(self, hidden_states, mask, key_value_states, past_key_values,
+                                         kwargs, bias_owner)
+    return out, returned, None
+
+
+def _umt5_forward(self, hidden_states, encoder_hidden_states=None, past_key_values=None, attention_mask=None,
+                  **kwargs):
+    try:
+        return _umt5_posenc(self, hidden_states, encoder_hidden_states, past_key_values, attention_mask, kwargs)
+    except _Unsupported as why:
+        _warn_once(str(why))
+    return self._posenc_original_forward(hidden_states, encoder_hidden_states=encoder_hidden_states,
+                                         past_key_values=past_key_values, attention_mask=attention_mask,
+                                         **kwargs)
+
+
+def _umt5_posenc(self, hidden_states, encoder_hidden_states, past_key_values, attention_mask, kwargs):
+    """UMT5Attention.forward's (out, weights): T5's attention with a relative bias
+    in every self-attention layer (none shared, none handed along) and none in
+    cross-attention; HF's scaling is 1 as in T5."""
+    if float(self.scaling) != 1.0:
+        raise _Unsupported(f"a UMT5 scaling of {self.scaling} (posenc serves UMT5's 1)")
+    if encoder_hidden_states is not None and self.has_relative_attention_bias:
+        raise _Unsupported("a UMT5 cross-attention layer with a relative bias")
+
+    def bias_owner(past):
+        return (self if self.has_relative_attention_bias else None), None
+
+    out, _ = _t5_family_attention(self, hidden_states, attention_mask, encoder_hidden_states, past_key_values,
+                                  kwargs, bias_owner)
+    return out, None
+
+
+def _t5_family_attention(self, hidden_states, mask, key_value_states, past_key_values, kwargs, bias_owner):
+    """The attention of a T5-style layer (T5Attention's or UMT5Attention's
+    attributes: q, k, v, o, n_heads, key_value_proj_dim, is_causal, dropout,
+    layer_idx, config) on posenc: self-attention through t5_attention with the
+    bias of `bias_owner(past)[0]` (content_attention where it is None), and
+    cross-attention through content_attention, both with scale 1, HF's masks
+    and HF's cache.  Returns (self.o(out), bias_owner(past)[1])."""
     from transformers.cache_utils import EncoderDecoderCache
 
     import posenc.torch as pt
@@ -153,8 +210,6 @@ def _t5_posenc(self, hidden_states, mask, key_value_states, position_bias, past_
     implementation = getattr(self.config, "_attn_implementation", None) or "eager"
     if implementation not in ("eager", "sdpa"):
         raise _Unsupported(f"attention implementation {implementation!r}")
-    if position_bias is not None and not isinstance(position_bias, _SharedT5Bias):
-        raise _Unsupported("a position_bias tensor from an unpatched layer")
     if hidden_states.dtype not in (torch.float32, torch.float64):
         raise _Unsupported(f"dtype {hidden_states.dtype}")
 
@@ -211,14 +266,7 @@ def _t5_posenc(self, hidden_states, mask, key_value_states, position_bias, past_
     if cross:
         out = pt.content_attention(query, key, value, scale=1.0, **common).out
     else:
-        if isinstance(position_bias, _SharedT5Bias):
-            owner = position_bias.owner
-            returned = position_bias
-        elif self.has_relative_attention_bias:
-            owner = self
-            returned = _SharedT5Bias(self, past)
-        else:
-            owner = None
+        owner, returned = bias_owner(past)
         if owner is None:
             out = pt.content_attention(query, key, value, scale=1.0, **common).out
         else:
@@ -230,7 +278,7 @@ def _t5_posenc(self, hidden_states, mask, key_value_states, position_bias, past_
                                   bidirectional=not owner.is_decoder, scale=1.0,
                                   query_offset=offset, **{k: v for k, v in common.items() if k != "query_offset"}).out
     out = out.transpose(1, 2).reshape(batch, n, heads * dk)
-    return self.o(out), returned, None
+    return self.o(out), returned
 
 
 def _deberta_forward(self, hidden_states, attention_mask, output_attentions=False, query_states=None,
@@ -329,10 +377,10 @@ def _deberta_posenc(self, hidden_states, attention_mask, output_attentions, quer
     return out.transpose(1, 2).reshape(batch, n, heads * d), None
 
 
-def _patched_class(cls, forward=None):
+def _patched_class(cls, forward):
     if cls not in _SUBCLASSES:
         _SUBCLASSES[cls] = type("Posenc" + cls.__name__, (cls,), {
-            "forward": forward or _t5_forward,
+            "forward": forward,
             "_posenc_original_forward": cls.forward,
             "_posenc_original_class": cls,
             "__module__": __name__,
@@ -342,63 +390,54 @@ def _patched_class(cls, forward=None):
 
 def __getattr__(name):
     """The patched classes of HF's own attention classes by name
-    (PosencT5Attention, PosencMT5Attention, PosencDisentangledSelfAttention),
-    so that pickle (torch.save of a whole patched model) finds them."""
+    (PosencT5Attention, PosencMT5Attention, PosencUMT5Attention,
+    PosencDisentangledSelfAttention), so that pickle (torch.save of a whole
+    patched model) finds them."""
     if name.startswith("Posenc"):
-        for cls in _t5_classes():
+        for cls, forward in _served():
             if "Posenc" + cls.__name__ == name:
-                return _patched_class(cls)
-        deberta = _deberta_class()
-        if deberta is not None and "Posenc" + deberta.__name__ == name:
-            return _patched_class(deberta, _deberta_forward)
+                return _patched_class(cls, forward)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def _t5_classes():
-    """HF's T5 attention classes with T5Attention's code: T5 and mT5 (a copy of
-    it).  UMT5Attention differs (a bias in every layer) and is not served."""
+def _served():
+    """(HF attention class, the patched forward) for each class served: T5 and
+    mT5 (a copy of T5Attention), UMT5 (a class of its own: a bias in every
+    self-attention layer) and DeBERTa-v2; those this transformers lacks are
+    left out."""
     from transformers.models.t5.modeling_t5 import T5Attention
 
-    classes = [T5Attention]
-    try:
-        from transformers.models.mt5.modeling_mt5 import MT5Attention
-        classes.append(MT5Attention)
-    except ImportError:  # pragma: no cover
-        pass
-    return classes
-
-
-def _deberta_class():
-    try:
-        from transformers.models.deberta_v2.modeling_deberta_v2 import DisentangledSelfAttention
-    except ImportError:  # pragma: no cover
-        return None
-    return DisentangledSelfAttention
+    served = [(T5Attention, _t5_forward)]
+    for module, name, forward in (("mt5.modeling_mt5", "MT5Attention", _t5_forward),
+                                  ("umt5.modeling_umt5", "UMT5Attention", _umt5_forward),
+                                  ("deberta_v2.modeling_deberta_v2", "DisentangledSelfAttention",
+                                   _deberta_forward)):
+        try:
+            served.append((getattr(importlib.import_module("transformers.models." + module), name), forward))
+        except (ImportError, AttributeError):  # pragma: no cover - other transformers versions
+            pass
+    return served
 
 
 def patch(model):
-    """Swap every T5Attention module of `model` (in place) for posenc's fused
-    attention; returns `model`.  Parameters stay the same objects."""
+    """Swap every served attention module of `model` (T5, mT5, UMT5, DeBERTa-v2;
+    in place) for posenc's fused attention; returns `model`.  Parameters stay
+    the same objects."""
     count = 0
+    served = _served()
     for module in model.modules():
         cls = type(module)
         if getattr(cls, "_posenc_original_class", None) is not None:
             continue
-        base = next((b for b in _t5_classes() if isinstance(module, b)), None)
-        if base is not None:
+        for base, forward in served:
+            if not isinstance(module, base):
+                continue
             if cls.forward is not base.forward:
-                _warn_once(f"{cls.__name__} overrides T5Attention.forward; left unpatched")
-                continue
-            module.__class__ = _patched_class(cls)
-            count += 1
-            continue
-        deberta = _deberta_class()
-        if deberta is not None and isinstance(module, deberta):
-            if cls.forward is not deberta.forward:
-                _warn_once(f"{cls.__name__} overrides DisentangledSelfAttention.forward; left unpatched")
-                continue
-            module.__class__ = _patched_class(cls, _deberta_forward)
-            count += 1
+                _warn_once(f"{cls.__name__} overrides {base.__name__}.forward; left unpatched")
+            else:
+                module.__class__ = _patched_class(cls, forward)
+                count += 1
+            break
     model._posenc_patched = count
     return model
 

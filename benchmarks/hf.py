@@ -1,0 +1,488 @@
+#!/usr/bin/env python
+"""Hugging Face models patched onto posenc (posenc.torch.hf) against HF's own attention.
+
+    python benchmarks/hf.py [--quick] [--out DIR] [--threads 2] [--repeats 3] [--repeats-long 2]
+                            [--note TEXT]
+
+One run, float32, 2 threads (torch and posenc), random weights from configs (no downloads):
+
+* T5-small shape (d_model 512, 8 heads, d_kv 64, d_ff 2048, 6 + 6 layers, vocab 32128,
+  32 buckets up to 128), T5ForConditionalGeneration in train() mode (dropout 0.1):
+  a training step (forward + backward of the loss with labels) at batch 8, encoder 512
+  tokens (two of the eight padded to 384), decoder 512 tokens; and, in eval() mode,
+  greedy generate() of 64 new tokens with HF's cache from the same encoder batch.
+* DeBERTa-v3-base shape (12 layers, hidden 768, 12 heads, d_ff 3072, vocab 128100,
+  position_buckets 256, relative_attention, c2p|p2c, share_att_key, LayerNorm eps 1e-7),
+  DebertaV2ForSequenceClassification in train() mode: a training step at batch 8 x 512.
+
+Each against HF's attn_implementation "eager" and "sdpa" (where HF refuses one for a
+model, the output says so): "posenc" is the same HF model with HF's default
+implementation, patched by posenc.torch.hf.patch.  Every case runs in a process of
+its own (model, inputs, a tiny warm-up step), and the cases of a model take turns,
+step by step (the order rotating every round), so that a loaded machine slows all
+alike.  A case's first step is a warm-up (reported apart); then --repeats timed
+T5 training steps, --repeats-long timed generate() calls and DeBERTa training steps
+(the long ones): median, min and max.  Peak memory: the largest over a case's steps
+of its process's VmHWM (reset before each step) above the RSS it had once the model,
+its inputs and a warm-up at tiny size existed.  Targets (issue 15): the patched T5 training step >= 2x faster
+than the best HF implementation and its peak memory <= 0.5x the lowest HF peak;
+DeBERTa's training step >= 2x.  Results: <out>/hf-<date>.json and .md
+(--quick: tiny shapes, seconds; out defaults to benchmarks/results/tmp).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MARK = "@@posenc-hf "         # a worker's protocol lines on stdout start with this
+IMPLEMENTATIONS = ("posenc", "eager", "sdpa")
+
+T5_SMALL = dict(vocab_size=32128, d_model=512, d_kv=64, d_ff=2048, num_layers=6, num_decoder_layers=6,
+                num_heads=8, relative_attention_num_buckets=32, relative_attention_max_distance=128,
+                dropout_rate=0.1, decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)
+DEBERTA_V3_BASE = dict(vocab_size=128100, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
+                       intermediate_size=3072, max_position_embeddings=512, relative_attention=True,
+                       position_buckets=256, max_relative_positions=-1, norm_rel_ebd="layer_norm",
+                       share_att_key=True, pos_att_type=["p2c", "c2p"], layer_norm_eps=1e-7,
+                       position_biased_input=False, type_vocab_size=0, num_labels=2)
+SHAPES = {
+    "t5": dict(config=T5_SMALL, batch=8, encoder=512, decoder=512, new_tokens=64),
+    "deberta": dict(config=DEBERTA_V3_BASE, batch=8, encoder=512),
+}
+QUICK_SHAPES = {
+    "t5": dict(config=dict(T5_SMALL, vocab_size=64, d_model=32, d_kv=8, d_ff=64, num_layers=2,
+                           num_decoder_layers=2, num_heads=4, relative_attention_num_buckets=8,
+                           relative_attention_max_distance=16),
+               batch=2, encoder=24, decoder=16, new_tokens=4),
+    "deberta": dict(config=dict(DEBERTA_V3_BASE, vocab_size=64, hidden_size=32, num_hidden_layers=2,
+                                num_attention_heads=4, intermediate_size=64),
+                    batch=2, encoder=24),
+}
+TITLES = {"t5": "T5-small shape, T5ForConditionalGeneration",
+          "deberta": "DeBERTa-v3-base shape, DebertaV2ForSequenceClassification"}
+
+
+# ------------------------------------------------------------------ the worker (one case)
+
+def _model_class(name):
+    import transformers
+
+    return ((transformers.T5Config, transformers.T5ForConditionalGeneration) if name == "t5" else
+            (transformers.DebertaV2Config, transformers.DebertaV2ForSequenceClassification))
+
+
+def _build(name, shape, implementation, seed=0):
+    """The model with `implementation` ("posenc": HF's default, patched), or the
+    implementation HF runs when it refuses that one (the caller checks)."""
+    import torch
+    from posenc.torch import hf
+
+    config_class, model_class = _model_class(name)
+    torch.manual_seed(seed)
+    config = config_class(**shape["config"])
+    chosen = None if implementation == "posenc" else implementation
+    model = model_class._from_config(config, attn_implementation=chosen)
+    if implementation == "posenc":
+        hf.patch(model)
+    return model
+
+
+def _inputs(name, shape, batch, length, decoder, seed=1):
+    """Token ids, an attention mask padding the last quarter of a quarter of the
+    batch's sequences (at least one), and labels (T5: `decoder` tokens)."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    vocab = shape["config"]["vocab_size"]
+    ids = torch.randint(2, vocab, (batch, length), generator=g)
+    mask = torch.ones_like(ids)
+    mask[batch - max(1, batch // 4):, length - length // 4:] = 0
+    ids[mask == 0] = 0
+    if name == "t5":
+        labels = torch.randint(2, vocab, (batch, decoder), generator=g)
+    else:
+        labels = torch.randint(0, shape["config"]["num_labels"], (batch,), generator=g)
+    return dict(input_ids=ids, attention_mask=mask, labels=labels)
+
+
+def _train_step(model, batch) -> float:
+    import time as _time
+
+    model.train()
+    model.zero_grad(set_to_none=True)
+    start = _time.perf_counter()
+    model(**batch).loss.backward()
+    seconds = _time.perf_counter() - start
+    model.zero_grad(set_to_none=True)
+    return seconds
+
+
+def _give_back_memory() -> None:
+    """Return freed heap to the system (glibc's malloc_trim), so that a case
+    waiting for its turn holds its model and inputs, not its last step's peak."""
+    import ctypes
+    import gc
+
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+def _generate(model, batch, new_tokens):
+    import time as _time
+
+    model.eval()
+    start = _time.perf_counter()
+    tokens = model.generate(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                            max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
+                            use_cache=True)
+    return _time.perf_counter() - start, tokens
+
+
+def _send(message: dict) -> None:
+    sys.stdout.write(MARK + json.dumps(message) + "\n")
+    sys.stdout.flush()
+
+
+def worker(spec: dict) -> None:
+    """One case in its own process: build, warm up at a tiny size, then answer
+    "train" / "generate" / "quit" lines on stdin with the step's seconds and its
+    peak memory above the model and inputs (VmHWM reset before each step where
+    Linux allows it; else the peak so far)."""
+    import torch
+
+    import posenc
+    from posenc.torch import hf
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))        # the suite's posenc_bench
+    from posenc_bench.worker import _current_rss_bytes, _maxrss_bytes, _reset_peak
+
+    torch.set_num_threads(spec["threads"])
+    posenc.set_num_threads(spec["threads"])
+    name, implementation = spec["model"], spec["implementation"]
+    shape = dict((QUICK_SHAPES if spec["quick"] else SHAPES)[name], batch=spec["batch"])
+    model = _build(name, shape, implementation)
+    batch = _inputs(name, shape, shape["batch"], shape["encoder"], shape.get("decoder"))
+    small = _inputs(name, shape, 2, 16, 4)
+    _train_step(model, small)
+    if name == "t5":
+        _generate(model, small, 2)
+    resets = _reset_peak()
+    base = (_current_rss_bytes() if resets else None) or _maxrss_bytes()
+    _send({"ready": True, "runs": model.config._attn_implementation,
+           "patched_modules": getattr(model, "_posenc_patched", 0), "patched": hf.is_patched(model),
+           "base_bytes": base, "peak_resets": resets})
+    for line in sys.stdin:
+        command = line.strip()
+        _reset_peak()
+        if command == "train":
+            reply = {"s": _train_step(model, batch)}
+        elif command == "generate":
+            seconds, tokens = _generate(model, batch, shape["new_tokens"])
+            reply = {"s": seconds, "tokens": tokens.tolist()}
+        else:
+            break
+        reply["peak_bytes"] = _maxrss_bytes() - base
+        _give_back_memory()
+        _send(reply)
+
+
+# ------------------------------------------------------------------ the parent
+
+class Case:
+    """A running worker process for (model, implementation)."""
+
+    def __init__(self, model: str, implementation: str, quick: bool, threads: int, batch: int):
+        self.implementation = implementation
+        self.stderr = tempfile.TemporaryFile(mode="w+")
+        spec = dict(model=model, implementation=implementation, quick=quick, threads=threads, batch=batch)
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
+        self.process = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--worker", json.dumps(spec)],
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr,
+                                        text=True, env=env)
+        self.ready = None
+
+    def read(self) -> dict:
+        for line in self.process.stdout:
+            if line.startswith(MARK):
+                return json.loads(line[len(MARK):])
+        self.process.wait()
+        self.stderr.seek(0)
+        tail = [line for line in self.stderr.read().strip().splitlines() if line.strip()]
+        raise RuntimeError(f"worker exited with status {self.process.returncode}: "
+                           + (tail[-1][:300] if tail else "no message"))
+
+    def ask(self, command: str) -> dict:
+        self.process.stdin.write(command + "\n")
+        self.process.stdin.flush()
+        return self.read()
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            try:
+                self.process.stdin.write("quit\n")
+                self.process.stdin.close()
+            except (BrokenPipeError, OSError):
+                pass
+            self.process.wait(timeout=120)
+        self.stderr.close()
+
+
+def _summary(times: list) -> dict:
+    return {"warmup_s": times[0], "times_s": times[1:], "median_s": statistics.median(times[1:]),
+            "min_s": min(times[1:]), "max_s": max(times[1:])}
+
+
+def _refusal(name: str, implementation: str):
+    """Why HF will not run `implementation` for this model, or None."""
+    if implementation == "posenc":
+        return None
+    shape = QUICK_SHAPES[name]
+    try:
+        model = _build(name, shape, implementation)
+    except (ValueError, ImportError) as error:
+        return f"HF refuses attn_implementation={implementation!r}: {str(error).split('. ')[0][:200]}"
+    runs = model.config._attn_implementation
+    if runs != implementation:
+        return f"HF runs {runs!r} when asked for {implementation!r} ({type(model).__name__})"
+    return None
+
+
+def _rounds(cases: list, command: str, repeats: int, log) -> tuple:
+    """A warm-up and `repeats` timed rounds of `command`, each case one step per
+    round, the order rotating; ({implementation: [replies]}, {implementation:
+    error}) where a case's process died (killed for memory, say): the others go on."""
+    replies, errors = {case.implementation: [] for case in cases}, {}
+    for round_ in range(1 + repeats):
+        alive = [case for case in cases if case.implementation not in errors]
+        shift = round_ % max(1, len(alive))
+        for case in alive[shift:] + alive[:shift]:
+            try:
+                reply = case.ask(command)
+            except (RuntimeError, BrokenPipeError) as error:
+                errors[case.implementation] = f"{command}: {error}"
+                log(f"  {command} {case.implementation}: {error}")
+                continue
+            replies[case.implementation].append(reply)
+            log(f"  {command} {case.implementation:6s} {'warm-up' if round_ == 0 else f'step {round_}'}: "
+                f"{reply['s']:.2f} s, peak {reply['peak_bytes'] / 2**20:.0f} MiB")
+    return {k: v for k, v in replies.items() if k not in errors}, errors
+
+
+def run_model(name: str, args, log) -> dict:
+    shape = (QUICK_SHAPES if args.quick else SHAPES)[name]
+    if name == "deberta" and args.deberta_batch:
+        shape = dict(shape, batch=args.deberta_batch)
+    result = {"shape": {k: v for k, v in shape.items() if k != "config"}, "config": shape["config"],
+              "repeats": {}, "refused": {}, "cases": {}}
+    implementations = []
+    for implementation in IMPLEMENTATIONS:
+        why = _refusal(name, implementation)
+        if why:
+            result["refused"][implementation] = why
+            log(f"{name}: {why}")
+        else:
+            implementations.append(implementation)
+    cases = [Case(name, implementation, args.quick, args.threads, shape["batch"])
+             for implementation in implementations]
+    try:
+        running = []
+        for case in cases:
+            try:
+                case.ready = case.read()
+                running.append(case)
+                result["cases"][case.implementation] = {"runs": case.ready["runs"],
+                                                        "patched_modules": case.ready["patched_modules"]}
+            except RuntimeError as error:
+                result["cases"][case.implementation] = {"error": str(error)}
+                log(f"{name} {case.implementation}: {error}")
+        commands = (["generate"] if name == "t5" else []) + ["train"]
+        for command in commands:
+            repeats = args.repeats if (name, command) == ("t5", "train") else args.repeats_long
+            result["repeats"][command] = repeats
+            log(f"{TITLES[name]}: {command}")
+            replies, errors = _rounds(running, command, repeats, log)
+            for implementation, error in errors.items():
+                result["cases"][implementation]["error"] = error
+            running = [case for case in running if case.implementation not in errors]
+            for implementation, got in replies.items():
+                entry = _summary([r["s"] for r in got])
+                entry["peak_bytes"] = max(r["peak_bytes"] for r in got)
+                entry["step_peaks_bytes"] = [r["peak_bytes"] for r in got]
+                if command == "generate":
+                    entry["tokens"] = got[-1]["tokens"]
+                result["cases"][implementation][command] = entry
+    finally:
+        for case in cases:
+            case.close()
+    if name == "t5":
+        reference = result["cases"].get("eager", {}).get("generate", {}).get("tokens")
+        for entry in result["cases"].values():
+            if "generate" in entry and reference is not None:
+                entry["generate"]["same_tokens_as_eager"] = entry["generate"].pop("tokens") == reference
+    return result
+
+
+def targets(results: dict) -> list:
+    """Issue 15's targets with the measured ratios: [{name, ratio, target, verdict, ...}]."""
+    found = []
+
+    def hf_cases(name, command):
+        cases = results["models"].get(name, {}).get("cases", {})
+        return ({k: v[command] for k, v in cases.items() if k != "posenc" and command in v},
+                cases.get("posenc", {}).get(command))
+
+    for name, label in (("t5", "T5"), ("deberta", "DeBERTa")):
+        peers, ours = hf_cases(name, "train")
+        if not peers or not ours:
+            continue
+        best = min(peers, key=lambda k: peers[k]["median_s"])
+        ratio = peers[best]["median_s"] / ours["median_s"]
+        found.append(dict(name=f"{label} training step: HF {best} (the fastest HF) ÷ posenc time",
+                          ratio=ratio, target=">= 2x", verdict="PASS" if ratio >= 2 else "SHORT"))
+        lowest = min(peers, key=lambda k: peers[k]["peak_bytes"])
+        ratio = ours["peak_bytes"] / peers[lowest]["peak_bytes"]
+        found.append(dict(name=f"{label} training step peak memory: posenc ÷ HF {lowest} (the lowest HF)",
+                          ratio=ratio, target="<= 0.5x" if name == "t5" else None,
+                          verdict=("PASS" if ratio <= 0.5 else "SHORT") if name == "t5" else "info"))
+    peers, ours = hf_cases("t5", "generate")
+    if peers and ours:
+        best = min(peers, key=lambda k: peers[k]["median_s"])
+        found.append(dict(name=f"T5 generate(): HF {best} (the fastest HF) ÷ posenc time",
+                          ratio=peers[best]["median_s"] / ours["median_s"], target=None, verdict="info"))
+    return found
+
+
+def markdown(results: dict) -> str:
+    machine = results["machine"]
+    lines = [f"# Hugging Face models on posenc (posenc.torch.hf) against HF's attention, float32, "
+             f"{machine['threads']} threads", "",
+             f"{results['date']}; posenc {machine['posenc']} ({machine['isa']}), torch {machine['torch']}, "
+             f"transformers {machine['transformers']}, {machine['cpu']} ({machine['cores']} cores). "
+             f"Load average {results['load_before']} before, {results['load_after']} after; "
+             f"{results['minutes']:.1f} min.", ""]
+    if results.get("note"):
+        lines += [f"**{results['note']}**", ""]
+    if results["quick"]:
+        lines += ["**--quick: tiny shapes, the figures mean nothing.**", ""]
+    lines += ["Seconds per step: median (min–max) of the timed steps after one warm-up step; the cases "
+              "of a model take turns step by step. Peak: the largest over the case's steps of its own "
+              "process's VmHWM (reset before each step) above its RSS with the model, inputs and a tiny "
+              "warm-up done.", ""]
+    for name, model in results["models"].items():
+        shape = model["shape"]
+        lines += [f"## {TITLES[name]}", "",
+                  "Shape: " + ", ".join(f"{k} {v}" for k, v in shape.items()) + "; timed steps per case "
+                  "after a warm-up: " + ", ".join(f"{k} {v}" for k, v in model["repeats"].items()) + ".", ""]
+        for implementation, why in model["refused"].items():
+            lines += [f"* {implementation}: {why}"]
+        if model["refused"]:
+            lines.append("")
+        for command in ("train", "generate"):
+            rows = {k: v[command] for k, v in model["cases"].items() if command in v}
+            if not rows:
+                continue
+            title = "training step (forward + backward)" if command == "train" else "generate()"
+            lines += [f"{title}:", "", "| implementation | HF runs | s (min–max) | warm-up s | peak MiB "
+                      "| time ÷ posenc's |" + (" same tokens as eager |" if command == "generate" else ""),
+                      "|---|---|---|---|---|---|" + ("---|" if command == "generate" else "")]
+            ours = rows.get("posenc")
+            for implementation, entry in rows.items():
+                case = model["cases"][implementation]
+                runs = case["runs"] + (f", patched ({case['patched_modules']} modules)"
+                                       if implementation == "posenc" else "")
+                ratio = f"{entry['median_s'] / ours['median_s']:.2f}×" if ours else "—"
+                line = (f"| {implementation} | {runs} | {entry['median_s']:.2f} ({entry['min_s']:.2f}–"
+                        f"{entry['max_s']:.2f}) | {entry['warmup_s']:.2f} | {entry['peak_bytes'] / 2**20:.0f} "
+                        f"| {ratio} |")
+                if command == "generate":
+                    line += f" {'yes' if entry.get('same_tokens_as_eager') else 'no'} |"
+                lines.append(line)
+            lines.append("")
+        for implementation, case in model["cases"].items():
+            if "error" in case:
+                lines += [f"* {implementation} failed: {case['error']}", ""]
+    lines += ["## Targets (issue 15), measured in this run", ""]
+    for target in results["targets"]:
+        if target["target"] is None:
+            lines.append(f"* {target['name']}: {target['ratio']:.2f}× (no target)")
+        else:
+            lines.append(f"* {target['name']}: **{target['ratio']:.2f}×** (target {target['target']}): "
+                         f"**{target['verdict']}**")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="tiny shapes: checks that it runs")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=3, help="timed T5 training steps per case (after a warm-up)")
+    parser.add_argument("--repeats-long", type=int, default=2,
+                        help="timed steps per case of the long ones: T5 generate() and the DeBERTa training step")
+    parser.add_argument("--deberta-batch", type=int, default=None,
+                        help="DeBERTa's batch (default 8): smaller where memory or time forces it")
+    parser.add_argument("--models", nargs="+", default=list(SHAPES), choices=list(SHAPES))
+    parser.add_argument("--note", default="", help="a line printed beside the figures (e.g. the machine's load)")
+    parser.add_argument("--out", default=None, help="default benchmarks/results (--quick: benchmarks/results/tmp)")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.worker:
+        worker(json.loads(args.worker))
+        return 0
+    sys.path.insert(0, ROOT)
+    import torch
+    import transformers
+
+    import posenc
+
+    log = lambda text: print(text, flush=True)
+    began = time.perf_counter()
+    results = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+               "quick": args.quick, "note": args.note,
+               "machine": {"python": platform.python_version(), "torch": torch.__version__,
+                           "transformers": transformers.__version__, "posenc": posenc.__version__,
+                           "isa": posenc.get_isa(), "threads": args.threads, "cores": os.cpu_count(),
+                           "cpu": _cpu_name()},
+               "load_before": [round(x, 2) for x in os.getloadavg()], "models": {}}
+    for name in args.models:
+        results["models"][name] = run_model(name, args, log)
+    results["load_after"] = [round(x, 2) for x in os.getloadavg()]
+    results["minutes"] = (time.perf_counter() - began) / 60
+    results["targets"] = targets(results)
+    out = args.out or os.path.join(ROOT, "benchmarks", "results", "tmp" if args.quick else "")
+    os.makedirs(out, exist_ok=True)
+    stem = os.path.join(out, "hf-" + datetime.date.today().isoformat() + ("-quick" if args.quick else ""))
+    with open(stem + ".json", "w") as f:
+        json.dump(results, f, indent=1)
+    text = markdown(results)
+    with open(stem + ".md", "w") as f:
+        f.write(text)
+    print(text)
+    print(f"wrote {stem}.json, .md")
+    return 0
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as info:
+            for line in info:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

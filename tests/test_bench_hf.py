@@ -1,0 +1,71 @@
+"""Smoke test of benchmarks/hf.py (HF models patched onto posenc against HF's
+attention): its --quick mode runs every case in a worker process of its own,
+writes its JSON and Markdown, states HF's refusals and issue 15's targets.  No
+timing is asserted: the figures of a quick run on a shared machine mean nothing."""
+
+import json
+import runpy
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "hf.py"
+if not SCRIPT.is_file():
+    pytest.skip("needs the source tree (benchmarks/hf.py)", allow_module_level=True)
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("hf-bench")
+    module = runpy.run_path(str(SCRIPT), run_name="hf_bench")
+    assert module["main"](["--quick", "--out", str(out)]) == 0
+    (json_path,), (md_path,) = sorted(out.glob("hf-*.json")), sorted(out.glob("hf-*.md"))
+    return module, json.loads(json_path.read_text()), md_path.read_text()
+
+
+def test_every_case_is_timed_and_measured(quick_run):
+    _, data, _ = quick_run
+    assert data["quick"] is True and data["machine"]["threads"] == 2
+    t5, deberta = data["models"]["t5"], data["models"]["deberta"]
+    assert set(t5["cases"]) == {"posenc", "eager", "sdpa"}          # HF runs sdpa for T5
+    assert set(deberta["cases"]) | set(deberta["refused"]) == {"posenc", "eager", "sdpa"}
+    for model, commands in ((t5, ("train", "generate")), (deberta, ("train",))):
+        for implementation, case in model["cases"].items():
+            assert "error" not in case, case
+            for command in commands:
+                entry = case[command]
+                assert len(entry["times_s"]) == model["repeats"][command] >= 1
+                assert entry["min_s"] <= entry["median_s"] <= entry["max_s"] and entry["warmup_s"] > 0
+                assert entry["peak_bytes"] >= 0
+    # the patched cases run posenc on every attention module; the others do not
+    assert t5["cases"]["posenc"]["patched_modules"] == 6 and deberta["cases"]["posenc"]["patched_modules"] == 2
+    assert t5["cases"]["eager"]["patched_modules"] == 0 and t5["cases"]["sdpa"]["runs"] == "sdpa"
+    # float32 greedy tokens of a tiny model: the same as HF eager's
+    assert all(case["generate"]["same_tokens_as_eager"] for case in t5["cases"].values())
+
+
+def test_targets_and_page(quick_run):
+    _, data, text = quick_run
+    names = [t["name"] for t in data["targets"]]
+    assert any(n.startswith("T5 training step:") for n in names)
+    assert any(n.startswith("T5 training step peak memory") for n in names)
+    assert any(n.startswith("DeBERTa training step:") for n in names)
+    for target in data["targets"]:
+        assert target["ratio"] > 0
+        assert target["verdict"] in (("PASS", "SHORT") if target["target"] else ("info",))
+    assert "## Targets (issue 15)" in text and "--quick: tiny shapes" in text
+    for reason in data["models"]["deberta"]["refused"].values():
+        assert reason in text
+
+
+def test_a_failing_worker_is_reported(quick_run, tmp_path):
+    """A worker that dies (here: asked for a model that does not exist) becomes
+    an error with its last line of stderr, not a hang or a silent gap."""
+    module, _, _ = quick_run
+    case = module["Case"]("nonexistent", "eager", True, 1, 2)
+    with pytest.raises(RuntimeError, match="worker exited with status"):
+        case.read()
+    case.close()
