@@ -154,8 +154,13 @@ def _peak_worker(spec: dict) -> dict:
     args, kwargs, v, d_out = _inputs(torch, spec["method"], spec["B"], spec["H"], spec["n"], spec["d"])
     call = _variants(torch, spec["method"], args, kwargs, v)[spec["variant"]]
     base = _vm_hwm()
-    call().backward(d_out)
-    return {"peak_bytes": (_vm_hwm() - base) * 1024}
+    out = call()
+    out.backward(d_out)
+    peak = (_vm_hwm() - base) * 1024
+    # what any implementation returns: out and the gradient of every input
+    leaves = [x for x in (*args, *kwargs.values(), v) if isinstance(x, torch.Tensor) and x.grad is not None]
+    results = out.untyped_storage().nbytes() + sum(x.grad.untyped_storage().nbytes() for x in leaves)
+    return {"peak_bytes": peak, "result_bytes": results}
 
 
 def _vm_hwm() -> int:
@@ -263,15 +268,23 @@ def markdown(results: dict) -> str:
         for direction in ("fwd", "fwd+bwd"):
             ratio = row[direction]["median_ms"] / results["methods"][method]["fused"][direction]["median_ms"]
             lines.append(f"* {method} causal ÷ non-causal {direction}: {ratio:.2f}× (target ≤ 0.6×)")
-    lines += ["", "Peak memory of forward+backward (VmHWM above the inputs, a process per case):", "",
-              "| case | n | peak MiB | ÷ (B, H, n, m) float32 logits |", "|---|---|---|---|"]
+    lines += ["", "Peak memory of forward+backward (VmHWM above the inputs, a process per case; "
+              "the results are out and the gradients of q, k, v and the parameters, which every "
+              "implementation returns; the workspace is the peak above them):", "",
+              "| case | n | peak MiB | ÷ (B, H, n, m) float32 logits | results MiB | workspace MiB "
+              "| workspace ÷ logits |", "|---|---|---|---|---|---|---|"]
     for name, entry in results["memory"].items():
         logits = shape["B"] * shape["H"] * entry["n"] ** 2 * 4
         if "peak_bytes" in entry:
-            lines.append(f"| {name} | {entry['n']} | {entry['peak_bytes'] / 2**20:.0f} | "
-                         f"{entry['peak_bytes'] / logits:.1%} |")
+            line = (f"| {name} | {entry['n']} | {entry['peak_bytes'] / 2**20:.0f} | "
+                    f"{entry['peak_bytes'] / logits:.1%} |")
+            if "result_bytes" in entry:
+                workspace = max(entry["peak_bytes"] - entry["result_bytes"], 0)
+                line += (f" {entry['result_bytes'] / 2**20:.0f} | {workspace / 2**20:.0f} | "
+                         f"{workspace / logits:.1%} |")
+            lines.append(line + (" | | |" if "result_bytes" not in entry else ""))
         else:
-            lines.append(f"| {name} | {entry['n']} | {entry.get('error', '?')} | |")
+            lines.append(f"| {name} | {entry['n']} | {entry.get('error', '?')} | | | | |")
     lines += ["", "Scaling, B=1 H=12, forward+backward:", "",
               "| n | method | variant | ms (min–max) | peak MiB |", "|---|---|---|---|---|"]
     for e in results["scaling"]:
