@@ -68,6 +68,21 @@ def rel(a, b):
     return ((a - b).abs().max() / b.abs().max().clamp_min(1e-300)).item()
 
 
+def grad_close(got, want, bound):
+    """Relative to the gradient's largest entry, with a floor: pos_key_proj.bias
+    gets an analytically zero gradient (q_i·b is the same for every key j, and
+    the softmax cancels it), so both sides hold rounding noise of ~1e-22."""
+    return ((got - want).abs().max() / want.abs().max().clamp_min(1e-6)).item() <= bound
+
+
+def assert_same_logits_and_grads(got, want, bound):
+    """(logits, gradients by name) of the patched model against HF's, relative error <= bound."""
+    assert rel(got[0], want[0]) <= bound
+    assert got[1].keys() == want[1].keys()
+    for name in want[1]:
+        assert grad_close(got[1][name], want[1][name], bound), name
+
+
 @pytest.fixture(autouse=True)
 def _no_fallback():
     """A patched call that falls back warns: turn that into an error, so each
@@ -83,25 +98,18 @@ def _no_fallback():
 @pytest.mark.parametrize("implementation", ["eager", "sdpa"])
 def test_t5_float64_logits_and_gradients(implementation, family):
     model, batch = t5_model(implementation=implementation, family=family), t5_batch()
-    want_logits, want_grads = logits_and_grads(model, batch)
+    want = logits_and_grads(model, batch)
     hf.patch(model)
     assert model._posenc_patched == 2 + 2 * 2         # encoder self, decoder self + cross
-    got_logits, got_grads = logits_and_grads(model, batch)
-    assert rel(got_logits, want_logits) <= 1e-10
-    assert got_grads.keys() == want_grads.keys()
-    for name in want_grads:
-        assert rel(got_grads[name], want_grads[name]) <= 1e-10, name
+    assert_same_logits_and_grads(logits_and_grads(model, batch), want, 1e-10)
 
 
 @pytest.mark.parametrize("family", T5_FAMILIES)
 def test_t5_float32(family):
     model, batch = t5_model(torch.float32, "sdpa", family=family), t5_batch()
-    want_logits, want_grads = logits_and_grads(model, batch)
+    want = logits_and_grads(model, batch)
     hf.patch(model)
-    got_logits, got_grads = logits_and_grads(model, batch)
-    assert rel(got_logits, want_logits) <= 1e-4
-    for name in want_grads:
-        assert rel(got_grads[name], want_grads[name]) <= 1e-4, name
+    assert_same_logits_and_grads(logits_and_grads(model, batch), want, 1e-4)
 
 
 @pytest.mark.parametrize("family", T5_FAMILIES)
@@ -272,38 +280,24 @@ def deberta_logits_and_grads(model, batch):
     return out.logits.detach(), {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}
 
 
-def grad_close(got, want, bound):
-    """Relative to the gradient's largest entry, with a floor: pos_key_proj.bias
-    gets an analytically zero gradient (q_i·b is the same for every key j, and
-    the softmax cancels it), so both sides hold rounding noise of ~1e-22."""
-    return ((got - want).abs().max() / want.abs().max().clamp_min(1e-6)).item() <= bound
-
-
 @pytest.mark.parametrize("settings", DEBERTA_SETTINGS, ids=lambda s: "-".join(f"{v}" for v in s.values()))
 def test_deberta_float64_logits_and_gradients(settings):
     model, batch = deberta_model(**settings), deberta_batch()
-    want_logits, want_grads = deberta_logits_and_grads(model, batch)
+    want = deberta_logits_and_grads(model, batch)
     params = [id(p) for p in model.parameters()]
     assert hf.patch(model)._posenc_patched == 2
     assert [id(p) for p in model.parameters()] == params
-    got_logits, got_grads = deberta_logits_and_grads(model, batch)
-    assert rel(got_logits, want_logits) <= 1e-10
-    assert got_grads.keys() == want_grads.keys()
-    for name in want_grads:
-        assert grad_close(got_grads[name], want_grads[name], 1e-10), name
+    assert_same_logits_and_grads(deberta_logits_and_grads(model, batch), want, 1e-10)
 
 
 def test_deberta_float32_and_unpatch():
     model, batch = deberta_model(torch.float32, **DEBERTA_SETTINGS[0]), deberta_batch()
-    want_logits, want_grads = deberta_logits_and_grads(model, batch)
+    want = deberta_logits_and_grads(model, batch)
     hf.patch(model)
-    got_logits, got_grads = deberta_logits_and_grads(model, batch)
-    assert rel(got_logits, want_logits) <= 1e-4
-    for name in want_grads:
-        assert grad_close(got_grads[name], want_grads[name], 1e-4), name
+    assert_same_logits_and_grads(deberta_logits_and_grads(model, batch), want, 1e-4)
     hf.unpatch(model)
     assert not hf.is_patched(model)
-    assert torch.equal(deberta_logits_and_grads(model, batch)[0], want_logits)
+    assert torch.equal(deberta_logits_and_grads(model, batch)[0], want[0])
 
 
 def test_deberta_runs_posenc(monkeypatch):
@@ -373,12 +367,9 @@ def test_activation_checkpointing_in_training(which):
         else:  # pragma: no cover
             model.gradient_checkpointing_enable()
     model.train()
-    want_logits, want_grads = run(model, batch)
+    want = run(model, batch)
     hf.patch(model)
-    got_logits, got_grads = run(model, batch)
-    assert rel(got_logits, want_logits) <= 1e-10
-    for name in want_grads:
-        assert grad_close(got_grads[name], want_grads[name], 1e-10), name
+    assert_same_logits_and_grads(run(model, batch), want, 1e-10)
 
 
 def test_patched_models_pickle(tmp_path):
