@@ -19,17 +19,26 @@ import sys
 import numpy as np
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
+from setuptools.errors import CompileError
 
 MACHINE = platform.machine().lower()
 X86 = MACHINE in ("x86_64", "amd64", "i686", "i386")
 ARM64 = MACHINE in ("aarch64", "arm64")
 
+AVX512_FLAGS = ["-mavx512f", "-mavx512vl", "-mavx512dq", "-mavx2", "-mfma"]
+
 # isa: (flags, define when compiled, platforms)
 ISAS = {
     "scalar": ([], None, True),
-    "avx2": (["-mavx2", "-mfma"], "POSENC_HAVE_AVX2", X86),
-    "avx512": (["-mavx512f", "-mavx512vl", "-mavx512dq", "-mavx2", "-mfma"], "POSENC_HAVE_AVX512", X86),
+    "avx2": (["-mavx2", "-mfma", "-mf16c"], "POSENC_HAVE_AVX2", X86),
+    "avx512": (AVX512_FLAGS, "POSENC_HAVE_AVX512", X86),
     "neon": ([], "POSENC_HAVE_NEON", ARM64),
+}
+
+# Extensions of an ISA, in the engine only (csrc/isa/<name>.c), built where
+# the compiler takes their flags: without them the ISA's own kernels serve.
+ISA_EXTENSIONS = {
+    "avx512bf16": (AVX512_FLAGS + ["-mavx512bw", "-mavx512bf16"], "POSENC_HAVE_AVX512BF16", X86),
 }
 
 COMMON_FLAGS = ["-O3", "-std=c11", "-Wall", "-Wextra", "-fno-strict-aliasing",
@@ -48,13 +57,20 @@ class BuildExt(build_ext):
     def build_extension(self, ext):
         objects = []
         defines = list(ext.define_macros)
-        for isa, (flags, define, enabled) in ISAS.items():
+        for isa, (flags, define, enabled) in ext.isas.items():
             if not enabled:
                 continue
-            objects += self.compiler.compile(
-                [f"csrc/{ext.isa_dir}/{isa}.c"], output_dir=self.build_temp,
-                include_dirs=ext.include_dirs, extra_postargs=COMMON_FLAGS + flags,
-                depends=ext.depends)
+            try:
+                objects += self.compiler.compile(
+                    [f"csrc/{ext.isa_dir}/{isa}.c"], output_dir=self.build_temp,
+                    include_dirs=ext.include_dirs, extra_postargs=COMMON_FLAGS + flags,
+                    depends=ext.depends)
+            except CompileError:
+                if isa in ISAS:
+                    raise
+                print(f"posenc: {isa} not built (the compiler refuses {' '.join(flags)})",
+                      file=sys.stderr)
+                continue
             if define:
                 defines.append((define, "1"))
         ext.extra_objects = objects
@@ -68,7 +84,7 @@ if SANITIZE:
     link_flags += ["-fsanitize=address,undefined"]
 
 
-def extension(name, sources, isa_dir):
+def extension(name, sources, isa_dir, isas=ISAS):
     ext = Extension(
         name, sources=sources,
         include_dirs=[np.get_include(), "csrc"],
@@ -79,6 +95,7 @@ def extension(name, sources, isa_dir):
         depends=sorted(glob.glob("csrc/**/*.[ch]", recursive=True)),
     )
     ext.isa_dir = isa_dir
+    ext.isas = isas
     return ext
 
 
@@ -87,7 +104,8 @@ ENGINE = ["csrc/engine/" + name for name in (
 
 setup(
     ext_modules=[
-        extension("posenc._C", ["csrc/module.c", "csrc/dispatch.c", "csrc/cpu.c"] + ENGINE, "isa"),
+        extension("posenc._C", ["csrc/module.c", "csrc/dispatch.c", "csrc/cpu.c"] + ENGINE, "isa",
+                  {**ISAS, **ISA_EXTENSIONS}),
         extension("posenc._machine", ["csrc/machine/module.c", "csrc/machine/measure.c",
                                       "csrc/cpu.c"], "machine"),
     ],

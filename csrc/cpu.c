@@ -30,12 +30,14 @@ static unsigned long long read_xcr0(void)
     return ((unsigned long long)edx << 32) | eax;
 }
 
-static void detect_x86(int *has)
+/* has[isa], and *bf16 for AVX512-BF16 (+ AVX512-BW) on top of avx512. */
+static void detect_x86(int *has, int *bf16)
 {
     unsigned int eax, ebx, ecx, edx;
     if (!__get_cpuid(1, &eax, &ebx, &ecx, &edx))
         return;
     const int osxsave = (ecx >> 27) & 1, avx = (ecx >> 28) & 1, fma = (ecx >> 12) & 1;
+    const int f16c = (ecx >> 29) & 1;
     if (!osxsave || !avx)
         return;
     const unsigned long long xcr0 = read_xcr0();
@@ -44,18 +46,25 @@ static void detect_x86(int *has)
     if (__get_cpuid_max(0, NULL) < 7)
         return;
     __cpuid_count(7, 0, eax, ebx, ecx, edx);
+    const unsigned int subleaves = eax;
     const int avx2 = (ebx >> 5) & 1;
     const int avx512f = (ebx >> 16) & 1, avx512dq = (ebx >> 17) & 1, avx512vl = (ebx >> 31) & 1;
-    has[POSENC_ISA_AVX2] = os_ymm && avx2 && fma;
+    const int avx512bw = (ebx >> 30) & 1;
+    /* F16C (float16 conversions) came before AVX2 on every CPU that has both */
+    has[POSENC_ISA_AVX2] = os_ymm && avx2 && fma && f16c;
     has[POSENC_ISA_AVX512] = os_ymm && os_zmm && avx512f && avx512dq && avx512vl && fma;
+    if (subleaves >= 1) {
+        __cpuid_count(7, 1, eax, ebx, ecx, edx);
+        *bf16 = has[POSENC_ISA_AVX512] && avx512bw && ((eax >> 5) & 1);
+    }
 }
 #endif
 
-static void detect(int *has)
+static void detect(int *has, int *bf16)
 {
     has[POSENC_ISA_SCALAR] = 1;
 #ifdef POSENC_X86
-    detect_x86(has);
+    detect_x86(has, bf16);
 #endif
 #if defined(__aarch64__)
 #if defined(__linux__)
@@ -66,16 +75,28 @@ static void detect(int *has)
 #endif
 }
 
-int posenc_cpu_has(posenc_isa isa)
+/* Detected on first use; every caller asks first from its module's
+ * initialisation, under the import lock, so no two threads race here. */
+static int has_isa[POSENC_ISA_COUNT], has_avx512bf16, detected;
+
+static void detect_once(void)
 {
-    /* Detected on first use; every caller asks first from its module's
-     * initialisation, under the import lock, so no two threads race here. */
-    static int has[POSENC_ISA_COUNT], detected;
     if (!detected) {
-        detect(has);
+        detect(has_isa, &has_avx512bf16);
         detected = 1;
     }
-    return isa >= 0 && isa < POSENC_ISA_COUNT && has[isa];
+}
+
+int posenc_cpu_has(posenc_isa isa)
+{
+    detect_once();
+    return isa >= 0 && isa < POSENC_ISA_COUNT && has_isa[isa];
+}
+
+int posenc_cpu_has_avx512bf16(void)
+{
+    detect_once();
+    return has_avx512bf16;
 }
 
 const char *posenc_isa_name(posenc_isa isa)

@@ -74,6 +74,54 @@ static void fill_table(posenc_kernels *dst, posenc_isa isa, posenc_dtype dtype)
     if (over->row_exp) dst->row_exp = over->row_exp;
 }
 
+/* The conversions (posenc_convert): composed[isa] like the kernels, scalar first. */
+static posenc_convert composed_convert[POSENC_ISA_COUNT];
+
+static const posenc_convert *compiled_convert(posenc_isa isa)
+{
+    switch (isa) {
+    case POSENC_ISA_SCALAR:
+        return &posenc_convert_scalar;
+#ifdef POSENC_HAVE_AVX2
+    case POSENC_ISA_AVX2:
+        return &posenc_convert_avx2;
+#endif
+#ifdef POSENC_HAVE_AVX512
+    case POSENC_ISA_AVX512:
+        return &posenc_convert_avx512;
+#endif
+#ifdef POSENC_HAVE_NEON
+    case POSENC_ISA_NEON:
+        return &posenc_convert_neon;
+#endif
+    default:
+        return NULL;
+    }
+}
+
+/* The entries `over` has replace dst's. */
+static void override_convert(posenc_convert *dst, const posenc_convert *over)
+{
+    dst->name = over->name;
+    if (over->bf16_to_f32) dst->bf16_to_f32 = over->bf16_to_f32;
+    if (over->f32_to_bf16) dst->f32_to_bf16 = over->f32_to_bf16;
+    if (over->f16_to_f32) dst->f16_to_f32 = over->f16_to_f32;
+    if (over->f32_to_f16) dst->f32_to_f16 = over->f32_to_f16;
+}
+
+/* Scalar, the ISA's, then on avx512 AVX512-BF16's where the CPU has it. */
+static void fill_convert(posenc_convert *dst, posenc_isa isa)
+{
+    const posenc_convert *over = compiled_convert(isa);
+    *dst = posenc_convert_scalar;
+    if (over && over != &posenc_convert_scalar)
+        override_convert(dst, over);
+#ifdef POSENC_HAVE_AVX512BF16
+    if (isa == POSENC_ISA_AVX512 && posenc_cpu_has_avx512bf16())
+        override_convert(dst, &posenc_convert_avx512bf16);
+#endif
+}
+
 void posenc_dispatch_init(void)
 {
     if (initialized)
@@ -83,6 +131,7 @@ void posenc_dispatch_init(void)
         if (supported[isa]) {
             fill_table(&composed[isa][POSENC_F32], (posenc_isa)isa, POSENC_F32);
             fill_table(&composed[isa][POSENC_F64], (posenc_isa)isa, POSENC_F64);
+            fill_convert(&composed_convert[isa], (posenc_isa)isa);
         }
     }
     /* Best available: avx512 > avx2 > neon > scalar. */
@@ -122,6 +171,16 @@ const posenc_kernels *posenc_kernels_for(posenc_isa isa, posenc_dtype dtype)
 const posenc_kernels *posenc_active_kernels(posenc_dtype dtype)
 {
     return &composed[posenc_get_isa()][dtype];
+}
+
+const posenc_convert *posenc_convert_for(posenc_isa isa)
+{
+    return posenc_isa_supported(isa) ? &composed_convert[isa] : NULL;
+}
+
+const posenc_convert *posenc_active_convert(void)
+{
+    return &composed_convert[posenc_get_isa()];
 }
 
 int posenc_max_threads(void)

@@ -217,6 +217,34 @@ typedef struct {
     double (*row_exp)(void *x, size_t len, double shift);
 } posenc_kernels;
 
+/*
+ * Rows of conversions between float and the 16-bit floats, bfloat16 and
+ * IEEE binary16 (float16), held as their bit patterns (uint16_t); the
+ * foundation of the low-precision dtypes (docs/low_precision.md).  One
+ * table per ISA; every ISA gives the scalar one's bits exactly:
+ *
+ *   widening (bf16 or f16 -> float): exact; a float16 NaN keeps its sign
+ *     and payload and becomes quiet; a bfloat16 NaN is its bits << 16.
+ *   narrowing (float -> bf16 or f16): round to nearest, ties to even, on
+ *     the bits (no MXCSR/FPCR flush applies); subnormal results kept;
+ *     float16 overflows to +-inf from 65520 up; a NaN keeps its sign and
+ *     leading payload bits and becomes quiet (never an infinity).
+ *
+ * dst[j] = convert(src[j]), j < len; dst and src do not overlap.
+ */
+typedef struct {
+    const char *name;
+    void (*bf16_to_f32)(float *dst, const uint16_t *src, size_t len);
+    void (*f32_to_bf16)(uint16_t *dst, const float *src, size_t len);
+    void (*f16_to_f32)(float *dst, const uint16_t *src, size_t len);
+    void (*f32_to_f16)(uint16_t *dst, const float *src, size_t len);
+} posenc_convert;
+
+/* Filled by dispatch.c: scalar first, then the ISA's entries (and, on
+ * avx512, AVX512-BF16's where the CPU has it); NULL where not supported. */
+const posenc_convert *posenc_convert_for(posenc_isa isa);
+const posenc_convert *posenc_active_convert(void);
+
 /* Filled by dispatch.c: kernels[isa][dtype], NULL where not compiled/supported. */
 const posenc_kernels *posenc_kernels_for(posenc_isa isa, posenc_dtype dtype);
 const posenc_kernels *posenc_active_kernels(posenc_dtype dtype);
@@ -232,6 +260,9 @@ int posenc_set_isa(posenc_isa isa);           /* 0 ok, -1 unsupported */
 int posenc_cpu_has(posenc_isa isa);
 const char *posenc_isa_name(posenc_isa isa);
 int posenc_isa_from_name(const char *name);   /* -1 if unknown */
+/* AVX512-BF16 (CPUID.(EAX=7,ECX=1):EAX bit 5) on top of the avx512 ISA's
+ * CPU and OS support: the extension a build may add to avx512's kernels. */
+int posenc_cpu_has_avx512bf16(void);
 
 /* The most threads a call may ask for (posenc.MAX_THREADS; OMP_NUM_THREADS=100000 is clamped). */
 #define POSENC_MAX_THREADS 4096
@@ -244,6 +275,9 @@ extern const posenc_kernels posenc_kernels_f32_scalar, posenc_kernels_f64_scalar
 extern const posenc_kernels posenc_kernels_f32_avx2, posenc_kernels_f64_avx2;
 extern const posenc_kernels posenc_kernels_f32_avx512, posenc_kernels_f64_avx512;
 extern const posenc_kernels posenc_kernels_f32_neon, posenc_kernels_f64_neon;
+/* Per-ISA conversion tables (isa/<isa>.c; avx512bf16.c: avx512's with AVX512-BF16). */
+extern const posenc_convert posenc_convert_scalar, posenc_convert_avx2, posenc_convert_avx512,
+    posenc_convert_avx512bf16, posenc_convert_neon;
 
 #ifdef __cplusplus
 }

@@ -91,4 +91,14 @@ KEY_ROW_FUNCTIONS(double, f64, __m512d, _mm512_i64gather_pd, _mm512_i64scatter_p
 #define VECTOR_TEMPLATE "kernels_impl.h"
 #include "vectors_avx512.h"
 
+/* The conversions (convert_impl.h); isa/avx512bf16.c replaces the bfloat16
+ * rounding where the CPU has AVX512-BF16. */
+#include "convert_avx512.h"
+#define CONVERT_ISA avx512
+#define BF16_TO_F32 bf16_to_f32_avx512
+#define F32_TO_BF16 f32_to_bf16_avx512
+#define F16_TO_F32 f16_to_f32_avx512
+#define F32_TO_F16 f32_to_f16_avx512
+#include "convert_impl.h"
+
 #endif /* AVX-512 */

@@ -67,5 +67,6 @@ extern const char *const grad_names[9];
 void test_philox(void);
 void test_softmax_rows(void);
 void test_attention(void);
+void test_convert(void);
 
 #endif /* POSENC_TEST_HARNESS_H */

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Build and run the C engine test (tests/c/test_engine.c) without Python:
+# Build and run the C engine test (tests/c/test_engine.c, with test_attention.c and
+# test_convert.c) without Python:
 #   tests/c/run.sh native     this machine's ISAs (x86: scalar, avx2, avx512)
 #   tests/c/run.sh neon       cross-compiled for aarch64, run under qemu-aarch64
 #   tests/c/run.sh valgrind   native build (scalar + avx2: valgrind has no AVX-512) under memcheck
@@ -10,17 +11,24 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${POSENC_CTEST_DIR:-ctest-build}
 mkdir -p "$OUT"
-SRC="csrc/dispatch.c csrc/cpu.c csrc/engine/engine.c csrc/engine/engine_f32.c csrc/engine/engine_f64.c csrc/engine/runs.c csrc/engine/spans.c csrc/engine/alloc.c csrc/engine/threads.c csrc/engine/philox.c tests/c/harness.c tests/c/test_engine.c tests/c/test_attention.c"
+SRC="csrc/dispatch.c csrc/cpu.c csrc/engine/engine.c csrc/engine/engine_f32.c csrc/engine/engine_f64.c csrc/engine/runs.c csrc/engine/spans.c csrc/engine/alloc.c csrc/engine/threads.c csrc/engine/philox.c tests/c/harness.c tests/c/test_engine.c tests/c/test_attention.c tests/c/test_convert.c"
 CFLAGS="-O2 -g -std=c11 -Wall -Wextra -Wno-unused-parameter -Wno-missing-field-initializers -Icsrc"
 
-build_x86() {  # $1 output, $2 extra flags, $3 "avx512" to include it
+AVX512="-mavx512f -mavx512vl -mavx512dq -mavx2 -mfma"   # setup.py's ISAS and ISA_EXTENSIONS
+
+build_x86() {  # $1 output, $2 extra flags, $3 "avx512" to include it (and AVX512-BF16 if gcc takes it)
   local out=$1 extra=$2 objs="" defs="-DPOSENC_HAVE_AVX2"
   gcc $CFLAGS $extra -c csrc/isa/scalar.c -o "$OUT/scalar.o"
-  gcc $CFLAGS $extra -mavx2 -mfma -c csrc/isa/avx2.c -o "$OUT/avx2.o"
+  gcc $CFLAGS $extra -mavx2 -mfma -mf16c -c csrc/isa/avx2.c -o "$OUT/avx2.o"
   objs="$OUT/scalar.o $OUT/avx2.o"
   if [ "${3:-}" = avx512 ]; then
-    gcc $CFLAGS $extra -mavx512f -mavx512vl -mavx512dq -mavx2 -mfma -c csrc/isa/avx512.c -o "$OUT/avx512.o"
+    gcc $CFLAGS $extra $AVX512 -c csrc/isa/avx512.c -o "$OUT/avx512.o"
     objs="$objs $OUT/avx512.o"; defs="$defs -DPOSENC_HAVE_AVX512"
+    if gcc $CFLAGS $extra $AVX512 -mavx512bw -mavx512bf16 -c csrc/isa/avx512bf16.c -o "$OUT/avx512bf16.o"; then
+      objs="$objs $OUT/avx512bf16.o"; defs="$defs -DPOSENC_HAVE_AVX512BF16"
+    else
+      echo "avx512bf16: gcc refuses -mavx512bf16, built without it"
+    fi
   fi
   gcc $CFLAGS $extra $defs -fopenmp $SRC $objs -lm -o "$out"
 }

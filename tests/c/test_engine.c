@@ -16,6 +16,9 @@
  *      dropout's keep decisions, matmuls), and every other gradient equals
  *      the logits' backward (checked by 1-3) of the naive dS; every ISA and
  *      dtype equals it within a tolerance, 1 and 2 threads bitwise.
+ *   6. The conversions between float and bfloat16 / float16 (test_convert.c):
+ *      the scalar ones against the formats' definitions, every ISA's bit for
+ *      bit against the scalar ones.
  *
  * Build and run: tests/c/run.sh (native, cross to aarch64 + qemu, valgrind).
  */
@@ -209,6 +212,7 @@ int main(void)
     test_philox();
     test_softmax_rows();
     test_attention();
+    test_convert();
     printf("%d checks, %d failures\n", checks, failures);
     return failures ? 1 : 0;
 }
