@@ -252,21 +252,23 @@ static ptrdiff_t attention_last_offset(const posenc_problem *p, const posenc_att
     return (ptrdiff_t)(a->causal ? posenc_min(p->m - 1, p->query_offset) : p->m - 1);
 }
 
-/* Under `causal`, the key projections' buckets the tiles read: those of the offsets j - i up to
- * a tile's last row's (query_offset + mr - 1), not the whole map's. */
-static void attention_key_reach(attention_ctx *c)
+/* Under `causal`, the last map index t = n - 1 + (j - i) a tile reads: the offset of a tile's
+ * last row, query_offset + mr - 1, at most m - 1. */
+static size_t attention_reach_last(const attention_ctx *c)
 {
     const posenc_problem *p = c->p;
+    return p->n - 1 + posenc_min(p->m - 1, p->query_offset + c->kern->mr - 1);
+}
+
+/* Under `causal`, the key projections' buckets the tiles read: those of the offsets j - i up to
+ * a tile's last row's (attention_reach_last), not the whole map's. */
+static void attention_key_reach(attention_ctx *c)
+{
     const forward_ctx *f = &c->logits;
-    if (!c->a->causal || !p->key_table)
+    if (!c->a->causal || !c->p->key_table)
         return;
-    const size_t last = p->n - 1 + posenc_min(p->m - 1, p->query_offset + c->kern->mr - 1);
     ptrdiff_t lo = f->key_runs.b_max, hi = f->key_runs.b_min;
-    for (size_t t = 0; t <= last; ++t) {
-        const ptrdiff_t bucket = (ptrdiff_t)p->key_map[t];
-        lo = bucket < lo ? bucket : lo;
-        hi = bucket > hi ? bucket : hi;
-    }
+    posenc_map_extent(c->p->key_map, 0, attention_reach_last(c) + 1, &lo, &hi);
     c->logits.key_reach[0] = (size_t)(lo - f->key_runs.b_min);
     c->logits.key_reach[1] = (size_t)(hi - f->key_runs.b_min + 1);
 }
@@ -279,17 +281,13 @@ static int attention_query_reach(attention_ctx *c)
     forward_ctx *f = &c->logits;
     if (!c->a->causal || !p->query_table)
         return 0;
-    const size_t n = p->n, last = n - 1 + posenc_min(p->m - 1, p->query_offset + c->kern->mr - 1);
+    const size_t n = p->n;
     if (!(f->query_reach = (size_t *)posenc_alloc(2 * n, sizeof(size_t))))
         return -1;
     ptrdiff_t lo = f->query_runs.b_max, hi = f->query_runs.b_min;
-    for (size_t t = n - 1; t <= last; ++t) {   /* offsets 0 .. */
-        lo = p->query_map[t] < lo ? p->query_map[t] : lo;
-        hi = p->query_map[t] > hi ? p->query_map[t] : hi;
-    }
-    for (size_t t = 0; t < n; ++t) {           /* and -t */
-        lo = p->query_map[n - 1 - t] < lo ? p->query_map[n - 1 - t] : lo;
-        hi = p->query_map[n - 1 - t] > hi ? p->query_map[n - 1 - t] : hi;
+    posenc_map_extent(p->query_map, n - 1, attention_reach_last(c) + 1, &lo, &hi);   /* offsets 0 .. */
+    for (size_t t = 0; t < n; ++t) {                                                  /* and -t */
+        posenc_map_extent(p->query_map, n - 1 - t, n - t, &lo, &hi);
         f->query_reach[2 * t] = (size_t)(lo - f->query_runs.b_min);
         f->query_reach[2 * t + 1] = (size_t)(hi - f->query_runs.b_min + 1);
     }

@@ -32,6 +32,17 @@ static inline size_t posenc_runs_buckets(const posenc_runs *r)
     return (size_t)(r->b_max - r->b_min + 1);
 }
 
+/* Widens [*lo, *hi] to hold the buckets map[t], t in [t0, t1). */
+static inline void posenc_map_extent(const int64_t *map, size_t t0, size_t t1, ptrdiff_t *lo,
+                                     ptrdiff_t *hi)
+{
+    for (size_t t = t0; t < t1; ++t) {
+        const ptrdiff_t bucket = (ptrdiff_t)map[t];
+        if (bucket < *lo) *lo = bucket;
+        if (bucket > *hi) *hi = bucket;
+    }
+}
+
 /* map[t] is the bucket of offset o_first + t, t < len (len >= 1). */
 int posenc_runs_build(posenc_runs *r, const int64_t *map, ptrdiff_t o_first, size_t len);
 void posenc_runs_free(posenc_runs *r);

@@ -48,11 +48,8 @@ int posenc_spans_build(posenc_spans *s, const posenc_runs *runs, const int64_t *
         if (lo < o_first) lo = o_first;
         if (hi > o_last) hi = o_last;
         ptrdiff_t b_lo = runs->b_max + 1, b_hi = runs->b_min - 1;
-        for (ptrdiff_t o = lo; o <= hi; ++o) {
-            const ptrdiff_t bucket = (ptrdiff_t)map[o - o_first];
-            if (bucket < b_lo) b_lo = bucket;
-            if (bucket > b_hi) b_hi = bucket;
-        }
+        if (lo <= hi)
+            posenc_map_extent(map, (size_t)(lo - o_first), (size_t)(hi - o_first + 1), &b_lo, &b_hi);
         const int empty = b_lo > b_hi;
         s->by_row[2 * t] = empty ? 0 : (size_t)(b_lo - runs->b_min);
         s->by_row[2 * t + 1] = empty ? 0 : (size_t)(b_hi - runs->b_min + 1);

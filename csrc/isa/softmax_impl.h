@@ -9,7 +9,8 @@
 /* max_j x[j], j < len; -inf when len is 0 or every x[j] is -inf; never NaN.
  * A NaN element is passed over, though in the vector part its lane's
  * maximum restarts after it (a NaN makes the row's sum, lse and out NaN
- * whatever the shift). */
+ * whatever the shift; a -inf maximum beside a NaN is the caller's case:
+ * attention_softmax_row checks such a row for NaN). */
 static double KNAME(posenc_row_max)(const void *x_, size_t len)
 {
     const REAL *x = (const REAL *)x_;
