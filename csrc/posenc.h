@@ -31,7 +31,14 @@
 extern "C" {
 #endif
 
-typedef enum { POSENC_F32 = 0, POSENC_F64 = 1 } posenc_dtype;
+/*
+ * The storage type of a problem's float arrays (maps and ids are int64).
+ * POSENC_BF16 and POSENC_F16 (bfloat16, IEEE binary16; their bit patterns,
+ * uint16_t) compute in float32 (docs/low_precision.md): products and sums in
+ * float32, one rounding to nearest even where a result is stored; the
+ * attention's lse is float32 for them (float for F32, double for F64).
+ */
+typedef enum { POSENC_F32 = 0, POSENC_F64 = 1, POSENC_BF16 = 2, POSENC_F16 = 3 } posenc_dtype;
 
 enum {
     POSENC_OK = 0,
