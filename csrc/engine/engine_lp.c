@@ -7,17 +7,19 @@
  * inputs))) bit for bit, on every ISA.  lse is float32 both ways.
  *
  * Memory: a float32 copy of the inputs, O(inputs) (the logits backward's
- * G is an input: twice its 16-bit bytes); the logits forward narrows in
+ * G is an input: twice its 16-bit bytes).  The logits forward runs in
  * chunks of batch rows (or of heads of one batch row) of at most
- * POSENC_LP_CHUNK_BYTES of float32 logits, so it holds no float32 copy of the
- * whole (B, H, n, m).  The attention's results are O(n).
+ * POSENC_LP_CHUNK_BYTES of float32 logits, widening q and k a chunk at a
+ * time: no float32 copy of the whole (B, H, n, m) or of q and k, and a
+ * chunk's logits are still in the caches when they are narrowed.  The
+ * attention's results are O(n).
  */
 #include "engine.h"
 
 /* Float32 logits held at once by the forward (one chunk); the C tests
  * build with a small one so that every way of chunking runs. */
 #ifndef POSENC_LP_CHUNK_BYTES
-#define POSENC_LP_CHUNK_BYTES ((size_t)64 << 20)
+#define POSENC_LP_CHUNK_BYTES ((size_t)4 << 20)
 #endif
 /* Elements per work item of a conversion: a few L2-sized pieces. */
 #define LP_BLOCK ((size_t)1 << 15)
@@ -66,7 +68,7 @@ static void lp_convert_team_fn(void *arg, void *ws)
     for (ptrdiff_t t = 0; t < total; ++t) {
         size_t r = 0;
         while (job->blocks[r + 1] <= (size_t)t)
-        ++r;
+            ++r;
         const size_t t0 = ((size_t)t - job->blocks[r]) * LP_BLOCK;
         lp_convert_block(job, r, t0, posenc_min(LP_BLOCK, job->rows[r].len - t0));
     }
@@ -137,14 +139,21 @@ static size_t lp_take(lp_arena *a, size_t len)
 /*
  * The float32 problem of p: each present array of p widened into the arena
  * (one region per buffer: M4's one table on both sides stays one buffer).
- * With a->base NULL it only takes the regions (LP_PASSES' sizing pass).
+ * With a->base NULL it only takes the regions (the sizing pass).  With
+ * qk_units > 0, q and k get regions of that many (b, h) units and are not
+ * queued: the caller widens them a chunk at a time.
  */
-static void lp_problem(const posenc_problem *p, posenc_problem *p32, lp_arena *a, lp_job *job)
+static void lp_problem(const posenc_problem *p, posenc_problem *p32, lp_arena *a, lp_job *job,
+                       size_t qk_units)
 {
     const void *const *at[A_COUNT];
     size_t len[A_COUNT];
     size_t where[A_COUNT];
     problem_arrays(p, at, len);
+    if (qk_units) {
+        len[A_Q] = qk_units * p->n * p->d;
+        len[A_K] = qk_units * p->m * p->d;
+    }
     *p32 = *p;
     p32->dtype = POSENC_F32;
     const void *const *at32[A_COUNT];
@@ -152,46 +161,46 @@ static void lp_problem(const posenc_problem *p, posenc_problem *p32, lp_arena *a
     problem_arrays(p32, at32, len32);
     for (int t = 0; t < A_COUNT; ++t) {
         if (!*at[t])
-        continue;
+            continue;
         int shared = -1;
         for (int u = 0; u < t; ++u)
-        if (*at[u] == *at[t] && len[u] == len[t])
-            shared = u;
+            if (*at[u] == *at[t] && len[u] == len[t])
+                shared = u;
         where[t] = shared >= 0 ? where[shared] : lp_take(a, len[t]);
         if (!a->base)
-        continue;
+            continue;
         *(const void **)at32[t] = a->base + where[t];
-        if (shared < 0)
-        lp_job_add(job, *at[t], a->base + where[t], len[t]);
+        if (shared < 0 && !(qk_units && (t == A_Q || t == A_K)))
+            lp_job_add(job, *at[t], a->base + where[t], len[t]);
     }
 }
 
 /* The float32 gradient slots of g (same sharing rule: one buffer, one region). */
 static void lp_grads(const posenc_problem *p, const posenc_grads *g, posenc_grads *g32,
-                 lp_arena *a, lp_job *narrow)
+                     lp_arena *a, lp_job *narrow)
 {
     const void *const *at[A_COUNT];
     size_t len[A_COUNT], where[A_COUNT];
     problem_arrays(p, at, len);
     void *const out[A_COUNT] = {g->q, g->k, g->pos_q, g->pos_k, g->table, g->query_table,
-                            g->key_table, g->segment_table, g->theta};
+                                g->key_table, g->segment_table, g->theta};
     void **out32[A_COUNT] = {&g32->q, &g32->k, &g32->pos_q, &g32->pos_k, &g32->table,
-                         &g32->query_table, &g32->key_table, &g32->segment_table,
-                         &g32->theta};
+                             &g32->query_table, &g32->key_table, &g32->segment_table,
+                             &g32->theta};
     for (int t = 0; t < A_COUNT; ++t) {
         *out32[t] = NULL;
         if (!out[t])
-        continue;
+            continue;
         int shared = -1;
         for (int u = 0; u < t; ++u)
-        if (out[u] == out[t])
-            shared = u;
+            if (out[u] == out[t])
+                shared = u;
         where[t] = shared >= 0 ? where[shared] : lp_take(a, len[t]);
         if (!a->base)
-        continue;
+            continue;
         *out32[t] = a->base + where[t];
         if (shared < 0)
-        lp_job_add(narrow, a->base + where[t], out[t], len[t]);
+            lp_job_add(narrow, a->base + where[t], out[t], len[t]);
     }
 }
 
@@ -206,15 +215,12 @@ static int lp_arena_alloc(lp_arena *a)
 
 /* The sub-problem of batch rows [b0, b0 + nb) and heads [h0, h0 + nh) of a
  * float32 problem (nb == 1 when nh < H): the per-head arrays of H heads
- * start at h0, shared ones stay. */
+ * start at h0, shared ones stay; q and k are the caller's to set. */
 static posenc_problem lp_slice(const posenc_problem *p, size_t b0, size_t nb, size_t h0, size_t nh)
 {
     posenc_problem s = *p;
-    const size_t unit0 = b0 * p->H + h0;
     s.B = nb;
     s.H = nh;
-    s.q = (const float *)p->q + unit0 * p->n * p->d;
-    s.k = (const float *)p->k + unit0 * p->m * p->d;
     if (p->segment_q) {
         s.segment_q = p->segment_q + b0 * p->n;
         s.segment_k = p->segment_k + b0 * p->m;
@@ -258,23 +264,36 @@ static int lp_forward(const posenc_problem *p, void *out, int num_threads)
     int rc = POSENC_OK;
     for (int pass = 0; pass < 2 && rc == POSENC_OK; ++pass) {
         a.used = 0;
-        lp_problem(p, &p32, &a, &widen);
+        lp_problem(p, &p32, &a, &widen, nb * nh);
         chunk = lp_take(&a, nb * nh * row);
         if (pass == 0)
-        rc = lp_arena_alloc(&a);
+            rc = lp_arena_alloc(&a);
     }
     if (rc == POSENC_OK)
         rc = lp_job_run(&widen, num_threads);
-    uint16_t *const dst = (uint16_t *)out;
+    /* chunk by chunk: its q and k widened into their regions, its float32
+     * logits (small enough to stay in the caches) narrowed into out */
+    float *const q32 = (float *)p32.q, *const k32 = (float *)p32.k;
     for (size_t b0 = 0; rc == POSENC_OK && b0 < p->B; b0 += nb)
         for (size_t h0 = 0; rc == POSENC_OK && h0 < p->H; h0 += nh) {
-        const size_t bs = posenc_min(nb, p->B - b0), hs = posenc_min(nh, p->H - h0);
-        const posenc_problem s = lp_slice(&p32, b0, bs, h0, hs);
-        rc = posenc_engine_f32.forward(&s, a.base + chunk, num_threads);
-        narrow.count = 0;
-        lp_job_add(&narrow, a.base + chunk, dst + (b0 * p->H + h0) * row, bs * hs * row);
-        if (rc == POSENC_OK)
-            rc = lp_job_run(&narrow, num_threads);
+            const size_t bs = posenc_min(nb, p->B - b0), hs = posenc_min(nh, p->H - h0);
+            const size_t unit0 = b0 * p->H + h0, units = bs * hs;
+            widen.count = 0;
+            lp_job_add(&widen, (const uint16_t *)p->q + unit0 * p->n * p->d, q32,
+                       units * p->n * p->d);
+            if (k32 != q32)   /* k is q: one region (lp_problem) */
+                lp_job_add(&widen, (const uint16_t *)p->k + unit0 * p->m * p->d, k32,
+                           units * p->m * p->d);
+            rc = lp_job_run(&widen, num_threads);
+            posenc_problem s = lp_slice(&p32, b0, bs, h0, hs);
+            s.q = q32;
+            s.k = k32;
+            if (rc == POSENC_OK)
+                rc = posenc_engine_f32.forward(&s, a.base + chunk, num_threads);
+            narrow.count = 0;
+            lp_job_add(&narrow, a.base + chunk, (uint16_t *)out + unit0 * row, units * row);
+            if (rc == POSENC_OK)
+                rc = lp_job_run(&narrow, num_threads);
         }
     posenc_free(a.base);
     return rc;
@@ -294,11 +313,11 @@ static int lp_backward(const posenc_problem *p, const void *grad, const posenc_g
     int rc = POSENC_OK;
     for (int pass = 0; pass < 2 && rc == POSENC_OK; ++pass) {
         a.used = 0;
-        lp_problem(p, &p32, &a, &widen);
+        lp_problem(p, &p32, &a, &widen, 0);
         at_grad = lp_take(&a, logits);
         lp_grads(p, g, &g32, &a, &narrow);
         if (pass == 0)
-        rc = lp_arena_alloc(&a);
+            rc = lp_arena_alloc(&a);
     }
     if (rc == POSENC_OK) {
         lp_job_add(&widen, grad, a.base + at_grad, logits);
@@ -326,11 +345,11 @@ static int lp_attention_forward(const posenc_problem *p, const posenc_attention 
     int rc = POSENC_OK;
     for (int pass = 0; pass < 2 && rc == POSENC_OK; ++pass) {
         a.used = 0;
-        lp_problem(p, &p32, &a, &widen);
+        lp_problem(p, &p32, &a, &widen, 0);
         at_v = lp_take(&a, values);
         at_out = lp_take(&a, outs);
         if (pass == 0)
-        rc = lp_arena_alloc(&a);
+            rc = lp_arena_alloc(&a);
     }
     if (rc == POSENC_OK) {
         lp_job_add(&widen, att->v, a.base + at_v, values);
@@ -362,21 +381,21 @@ static int lp_attention_backward(const posenc_problem *p, const posenc_attention
     int rc = POSENC_OK;
     for (int pass = 0; pass < 2 && rc == POSENC_OK; ++pass) {
         a.used = 0;
-        lp_problem(p, &p32, &a, &widen);
+        lp_problem(p, &p32, &a, &widen, 0);
         at_v = lp_take(&a, values);
         at_d_out = lp_take(&a, outs);
         at_out = lp_take(&a, outs);
         at_grad_v = grad_v ? lp_take(&a, values) : 0;
         lp_grads(p, g, &g32, &a, &narrow);
         if (pass == 0)
-        rc = lp_arena_alloc(&a);
+            rc = lp_arena_alloc(&a);
     }
     if (rc == POSENC_OK) {
         lp_job_add(&widen, att->v, a.base + at_v, values);
         lp_job_add(&widen, d_out, a.base + at_d_out, outs);
         lp_job_add(&widen, out, a.base + at_out, outs);
         if (grad_v)
-        lp_job_add(&narrow, a.base + at_grad_v, grad_v, values);
+            lp_job_add(&narrow, a.base + at_grad_v, grad_v, values);
         a32.v = a.base + at_v;
         rc = lp_job_run(&widen, num_threads);
     }
