@@ -213,31 +213,51 @@ static int lp_arena_alloc(lp_arena *a)
 
 /* ----------------------------------------------------------- entry points */
 
+/* The heads field of parameter array t (A_POS_Q ... A_THETA) of p, and in
+ * *per_head its elements per head. */
+static size_t *param_heads(posenc_problem *p, int t, size_t *per_head)
+{
+    switch (t) {
+    case A_POS_Q: *per_head = p->n * p->d_p; return &p->pos_q_heads;
+    case A_POS_K: *per_head = p->m * p->d_p; return &p->pos_k_heads;
+    case A_TABLE: *per_head = p->table_rows; return &p->table_heads;
+    case A_QUERY_TABLE: *per_head = p->query_table_rows * p->d; return &p->query_table_heads;
+    case A_KEY_TABLE: *per_head = p->key_table_rows * p->d; return &p->key_table_heads;
+    case A_SEGMENT_TABLE: *per_head = p->n_segments * p->n_segments; return &p->segment_table_heads;
+    default: *per_head = 2; return &p->theta_heads;
+    }
+}
+
+/* Parameter t of p is per head (H heads, sliced with them), not shared. */
+static int param_sliced(const posenc_problem *p, int t)
+{
+    size_t per_head;
+    return *param_heads((posenc_problem *)p, t, &per_head) == p->H;
+}
+
 /* The sub-problem of batch rows [b0, b0 + nb) and heads [h0, h0 + nh) of a
  * float32 problem (nb == 1 when nh < H): the per-head arrays of H heads
  * start at h0, shared ones stay; q and k are the caller's to set. */
 static posenc_problem lp_slice(const posenc_problem *p, size_t b0, size_t nb, size_t h0, size_t nh)
 {
     posenc_problem s = *p;
+    const void *const *at[A_COUNT];
+    size_t len[A_COUNT];
+    problem_arrays(&s, at, len);
     s.B = nb;
     s.H = nh;
     if (p->segment_q) {
         s.segment_q = p->segment_q + b0 * p->n;
         s.segment_k = p->segment_k + b0 * p->m;
     }
-#define LP_HEADS(field, heads, per_head)                                                 \
-    if (p->field && p->heads == p->H) {                                                  \
-        s.field = (const float *)p->field + h0 * (per_head);                              \
-        s.heads = nh;                                                                    \
+    for (int t = A_POS_Q; t < A_COUNT; ++t) {
+        size_t per_head;
+        size_t *heads = param_heads(&s, t, &per_head);
+        if (*at[t] && param_sliced(p, t)) {
+            *(const void **)at[t] = (const float *)*at[t] + h0 * per_head;
+            *heads = nh;
+        }
     }
-    LP_HEADS(pos_q, pos_q_heads, p->n * p->d_p)
-    LP_HEADS(pos_k, pos_k_heads, p->m * p->d_p)
-    LP_HEADS(table, table_heads, p->table_rows)
-    LP_HEADS(query_table, query_table_heads, p->query_table_rows * p->d)
-    LP_HEADS(key_table, key_table_heads, p->key_table_rows * p->d)
-    LP_HEADS(segment_table, segment_table_heads, p->n_segments * p->n_segments)
-    LP_HEADS(theta, theta_heads, 2)
-#undef LP_HEADS
     return s;
 }
 
@@ -299,34 +319,118 @@ static int lp_forward(const posenc_problem *p, void *out, int num_threads)
     return rc;
 }
 
+/*
+ * The logits backward, in the forward's chunks: a chunk's q, k and G are
+ * widened into cache-sized regions, its dq and dk narrowed out, and the
+ * parameters' float32 gradients of the chunks summed in chunk order
+ * (copied from the first chunk that reaches them, so a one-chunk problem
+ * is the float32 engine's bit for bit).  With several chunks the parameter
+ * gradients are sums of the same float32 terms as the float32 engine's in
+ * another association: equal to rounding, deterministic for any thread
+ * count.
+ */
 static int lp_backward(const posenc_problem *p, const void *grad, const posenc_grads *g,
-                   int num_threads)
+                       int num_threads)
 {
     posenc_problem p32;
-    posenc_grads g32;
+    posenc_grads sums, part;                        /* parameters: whole and one chunk's */
+    const posenc_grads params = {NULL, NULL, g->pos_q, g->pos_k, g->table, g->query_table,
+                                 g->key_table, g->segment_table, g->theta};
     lp_arena a = {0, NULL};
-    lp_job widen, narrow;
+    lp_job widen, narrow, narrow_sums, unused;
     lp_job_init(&widen, p, 1);
     lp_job_init(&narrow, p, 0);
-    const size_t logits = p->B * p->H * p->n * p->m;
-    size_t at_grad = 0;
+    lp_job_init(&narrow_sums, p, 0);
+    lp_job_init(&unused, p, 0);
+    const size_t row = p->n * p->m;
+    const size_t per_batch = p->H * row, budget = POSENC_LP_CHUNK_BYTES / sizeof(float);
+    size_t nb = 1, nh = p->H, at_g = 0, at_dq = 0, at_dk = 0;
+    if (row && per_batch <= budget)
+        nb = posenc_max(1, posenc_min(p->B, budget / per_batch));
+    else if (row)
+        nh = posenc_max(1, posenc_min(p->H, budget / row));
+    const size_t units = nb * nh;
     int rc = POSENC_OK;
     for (int pass = 0; pass < 2 && rc == POSENC_OK; ++pass) {
         a.used = 0;
-        lp_problem(p, &p32, &a, &widen, 0);
-        at_grad = lp_take(&a, logits);
-        lp_grads(p, g, &g32, &a, &narrow);
+        lp_problem(p, &p32, &a, &widen, units);
+        at_g = lp_take(&a, units * row);
+        at_dq = lp_take(&a, units * p->n * p->d);
+        at_dk = lp_take(&a, units * p->m * p->d);
+        lp_grads(p, &params, &sums, &a, &narrow_sums);
+        lp_grads(p, &params, &part, &a, &unused);
         if (pass == 0)
             rc = lp_arena_alloc(&a);
     }
-    if (rc == POSENC_OK) {
-        lp_job_add(&widen, grad, a.base + at_grad, logits);
+    if (rc == POSENC_OK)
         rc = lp_job_run(&widen, num_threads);
-    }
+    float *const q32 = (float *)p32.q, *const k32 = (float *)p32.k;
+    void *const sum_at[A_COUNT] = {NULL, NULL, sums.pos_q, sums.pos_k, sums.table,
+                                   sums.query_table, sums.key_table, sums.segment_table,
+                                   sums.theta};
+    void *const part_at[A_COUNT] = {NULL, NULL, part.pos_q, part.pos_k, part.table,
+                                    part.query_table, part.key_table, part.segment_table,
+                                    part.theta};
+    const void *const *at[A_COUNT];
+    size_t len[A_COUNT];
+    problem_arrays(p, at, len);
+    for (size_t b0 = 0; rc == POSENC_OK && b0 < p->B; b0 += nb)
+        for (size_t h0 = 0; rc == POSENC_OK && h0 < p->H; h0 += nh) {
+            const size_t bs = posenc_min(nb, p->B - b0), hs = posenc_min(nh, p->H - h0);
+            const size_t unit0 = b0 * p->H + h0, n_units = bs * hs;
+            widen.count = 0;
+            lp_job_add(&widen, (const uint16_t *)p->q + unit0 * p->n * p->d, q32,
+                       n_units * p->n * p->d);
+            if (k32 != q32)
+                lp_job_add(&widen, (const uint16_t *)p->k + unit0 * p->m * p->d, k32,
+                           n_units * p->m * p->d);
+            lp_job_add(&widen, (const uint16_t *)grad + unit0 * row, a.base + at_g, n_units * row);
+            rc = lp_job_run(&widen, num_threads);
+            posenc_problem s = lp_slice(&p32, b0, bs, h0, hs);
+            s.q = q32;
+            s.k = k32;
+            posenc_grads gs = part;
+            gs.q = g->q ? a.base + at_dq : NULL;
+            gs.k = g->k ? a.base + at_dk : NULL;
+            void **gs_at[A_COUNT] = {NULL, NULL, &gs.pos_q, &gs.pos_k, &gs.table,
+                                     &gs.query_table, &gs.key_table, &gs.segment_table,
+                                     &gs.theta};
+            for (int t = A_POS_Q; t < A_COUNT; ++t) {
+                size_t per_head;
+                param_heads(&p32, t, &per_head);
+                if (part_at[t] && param_sliced(p, t))
+                    *gs_at[t] = (float *)part_at[t] + h0 * per_head;
+            }
+            if (rc == POSENC_OK)
+                rc = posenc_engine_f32.backward(&s, a.base + at_g, &gs, num_threads);
+            narrow.count = 0;
+            lp_job_add(&narrow, gs.q, (uint16_t *)g->q + unit0 * p->n * p->d, n_units * p->n * p->d);
+            lp_job_add(&narrow, gs.k, (uint16_t *)g->k + unit0 * p->m * p->d, n_units * p->m * p->d);
+            if (rc == POSENC_OK)
+                rc = lp_job_run(&narrow, num_threads);
+            /* this chunk's parameter gradients into the sums (one region once) */
+            for (int t = A_POS_Q; rc == POSENC_OK && t < A_COUNT; ++t) {
+                int seen = 0;
+                for (int u = A_POS_Q; u < t; ++u)
+                    seen |= part_at[u] && part_at[u] == part_at[t];
+                if (!part_at[t] || seen)
+                    continue;
+                size_t per_head, first = b0 == 0 && h0 == 0, count = len[t];
+                param_heads(&p32, t, &per_head);
+                float *sum = (float *)sum_at[t];
+                const float *add = (const float *)part_at[t];
+                if (param_sliced(p, t)) {
+                    first = b0 == 0;
+                    sum += h0 * per_head;
+                    add += h0 * per_head;
+                    count = hs * per_head;
+                }
+                for (size_t e = 0; e < count; ++e)
+                    sum[e] = first ? add[e] : sum[e] + add[e];
+            }
+        }
     if (rc == POSENC_OK)
-        rc = posenc_engine_f32.backward(&p32, a.base + at_grad, &g32, num_threads);
-    if (rc == POSENC_OK)
-        rc = lp_job_run(&narrow, num_threads);
+        rc = lp_job_run(&narrow_sums, num_threads);
     posenc_free(a.base);
     return rc;
 }
