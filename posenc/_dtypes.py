@@ -60,7 +60,8 @@ def narrow(values, dtype) -> np.ndarray:
     keeps 16 bits beyond bfloat16's, so the second rounding is the only one."""
     dtype = np.dtype(dtype)
     if dtype != BFLOAT16 or BFLOAT16 is None:
-        return np.ascontiguousarray(values, dtype=dtype)
+        with np.errstate(over="ignore"):          # float16 overflows to +-inf, as IEEE says
+            return np.ascontiguousarray(values, dtype=dtype)
     wide = np.asarray(values, dtype=np.float64)
     with np.errstate(over="ignore", invalid="ignore"):
         single = wide.astype(np.float32)
