@@ -1,6 +1,7 @@
 /*
  * engine.c -- the engine's entry points: validation (posenc_validate, run
- * once by the caller) and the dispatch to the dtype-specialised engines.
+ * once by the caller) and the dispatch to the dtype-specialised engines
+ * (engine_lp.c serves bfloat16 and float16 through the float32 one).
  */
 #include "engine.h"
 
@@ -19,7 +20,8 @@ int posenc_validate(const posenc_problem *p, const char **why)
 {
     const char *reason = NULL;
     const size_t offsets = (p->n && p->m) ? p->n + p->m - 1 : 0;
-    if (p->dtype != POSENC_F32 && p->dtype != POSENC_F64)
+    if (p->dtype != POSENC_F32 && p->dtype != POSENC_F64 && p->dtype != POSENC_BF16 &&
+        p->dtype != POSENC_F16)
         reason = "unknown dtype";
     else if (!p->q || !p->k)
         reason = "q and k are required";
@@ -56,7 +58,9 @@ int posenc_validate(const posenc_problem *p, const char **why)
 /* The engine of p's dtype. */
 static const posenc_engine *engine_of(const posenc_problem *p)
 {
-    return p->dtype == POSENC_F32 ? &posenc_engine_f32 : &posenc_engine_f64;
+    return p->dtype == POSENC_F32   ? &posenc_engine_f32
+           : p->dtype == POSENC_F64 ? &posenc_engine_f64
+                                    : &posenc_engine_lp;
 }
 
 int posenc_forward(const posenc_problem *p, void *out, int num_threads)

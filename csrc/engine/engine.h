@@ -170,7 +170,8 @@ static inline size_t posenc_round_up(size_t x, size_t to) { return (x + to - 1) 
 static inline size_t posenc_min(size_t a, size_t b) { return a < b ? a : b; }
 static inline size_t posenc_max(size_t a, size_t b) { return a > b ? a : b; }
 
-/* The engine of one dtype (engine_f32.c, engine_f64.c): its entry points,
+/* The engine of one dtype (engine_f32.c, engine_f64.c; engine_lp.c for
+ * bfloat16 and float16): its entry points,
  * with the signatures of posenc_forward and company in posenc.h. */
 typedef struct {
     int (*forward)(const posenc_problem *p, void *out, int num_threads);
@@ -183,6 +184,6 @@ typedef struct {
                               const posenc_grads *g, void *grad_v, int num_threads);
 } posenc_engine;
 
-extern const posenc_engine posenc_engine_f32, posenc_engine_f64;
+extern const posenc_engine posenc_engine_f32, posenc_engine_f64, posenc_engine_lp;
 
 #endif /* POSENC_ENGINE_H */

@@ -19,6 +19,8 @@
  *   6. The conversions between float and bfloat16 / float16 (test_convert.c):
  *      the scalar ones against the formats' definitions, every ISA's bit for
  *      bit against the scalar ones.
+ *   7. The bfloat16 / float16 engine (test_lp.c): every result is the
+ *      float32 engine's on the widened inputs, narrowed once, bit for bit.
  *
  * Build and run: tests/c/run.sh (native, cross to aarch64 + qemu, valgrind).
  */
@@ -213,6 +215,7 @@ int main(void)
     test_softmax_rows();
     test_attention();
     test_convert();
+    test_lp();
     printf("%d checks, %d failures\n", checks, failures);
     return failures ? 1 : 0;
 }

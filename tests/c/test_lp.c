@@ -1,0 +1,232 @@
+/*
+ * test_lp.c -- the bfloat16 and float16 engine (engine_lp.c) against its
+ * definition: every result is narrow(float32 engine(widen(inputs))) bit for
+ * bit, on every ISA, for logits, their gradients and the fused attention
+ * (lse float32, equal to the float32 engine's), and 1 and 2 threads give
+ * the same bits.  Built with a small POSENC_LP_CHUNK_BYTES (run.sh), so the
+ * forward's chunks of batch rows and of heads both run.  The values' error
+ * against the exact logits is the Python tests' business (the reference
+ * and the bound of docs/validation.md).
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "harness.h"
+
+static const int input_slots[] = {X_Q, X_K, X_PQ, X_PK, X_TABLE, X_QUERY_TABLE, X_KEY_TABLE,
+                                  X_SEGMENT_TABLE, X_THETA};
+#define INPUTS 9
+
+/* One problem's arrays in a 16-bit dtype and their exact float32 widening. */
+typedef struct {
+    uint16_t *lp[X_COUNT];
+    float *wide[X_COUNT];
+    posenc_problem p_lp, p_wide;
+} lp_data;
+
+static void narrow_row(posenc_dtype dt, uint16_t *dst, const float *src, size_t len)
+{
+    (dt == POSENC_BF16 ? posenc_convert_scalar.f32_to_bf16 : posenc_convert_scalar.f32_to_f16)(
+        dst, src, len);
+}
+
+static void widen_row(posenc_dtype dt, float *dst, const uint16_t *src, size_t len)
+{
+    (dt == POSENC_BF16 ? posenc_convert_scalar.bf16_to_f32 : posenc_convert_scalar.f16_to_f32)(
+        dst, src, len);
+}
+
+static void lp_make(lp_data *x, problem_data *pd, posenc_dtype dt)
+{
+    point(pd, POSENC_F32);
+    for (int s = 0; s < X_COUNT; ++s) {
+        x->lp[s] = NULL;
+        x->wide[s] = NULL;
+        if (!pd->f64[s])
+            continue;
+        const size_t len = pd->len[s];
+        x->lp[s] = malloc(sizeof(uint16_t) * (len + 1));
+        x->wide[s] = malloc(sizeof(float) * (len + 1));
+        narrow_row(dt, x->lp[s], pd->f32[s], len);
+        widen_row(dt, x->wide[s], x->lp[s], len);
+    }
+    x->p_lp = x->p_wide = pd->p;
+    x->p_lp.dtype = dt;
+    const void **lp_at[INPUTS] = {&x->p_lp.q, &x->p_lp.k, &x->p_lp.pos_q, &x->p_lp.pos_k,
+                                  &x->p_lp.table, &x->p_lp.query_table, &x->p_lp.key_table,
+                                  &x->p_lp.segment_table, &x->p_lp.theta};
+    const void **wide_at[INPUTS] = {&x->p_wide.q, &x->p_wide.k, &x->p_wide.pos_q,
+                                    &x->p_wide.pos_k, &x->p_wide.table,
+                                    &x->p_wide.query_table, &x->p_wide.key_table,
+                                    &x->p_wide.segment_table, &x->p_wide.theta};
+    for (int t = 0; t < INPUTS; ++t) {
+        *lp_at[t] = *lp_at[t] ? x->lp[input_slots[t]] : NULL;
+        *wide_at[t] = *wide_at[t] ? x->wide[input_slots[t]] : NULL;
+    }
+}
+
+static void lp_free(lp_data *x)
+{
+    for (int s = 0; s < X_COUNT; ++s) {
+        free(x->lp[s]);
+        free(x->wide[s]);
+    }
+}
+
+/* got (16-bit) == narrow(want (float32)), bit for bit */
+static void expect_narrowed(const char *what, posenc_dtype dt, const uint16_t *got,
+                            const float *want, size_t len)
+{
+    uint16_t *n = malloc(sizeof(uint16_t) * (len + 1));
+    narrow_row(dt, n, want, len);
+    size_t bad = len;
+    for (size_t t = 0; t < len && bad == len; ++t)
+        if (got[t] != n[t])
+            bad = t;
+    EXPECT(bad == len, "%s: element %zu is 0x%04x, narrow(float32) 0x%04x", what, bad,
+           bad < len ? got[bad] : 0, bad < len ? n[bad] : 0);
+    free(n);
+}
+
+/* Gradient buffers for the wanted inputs (every present one), 16-bit and float32. */
+typedef struct {
+    uint16_t *lp[INPUTS];
+    float *wide[INPUTS];
+    posenc_grads g_lp, g_wide;
+} lp_grads;
+
+static void grads_make(lp_grads *g, const problem_data *pd, const lp_data *x)
+{
+    for (int t = 0; t < INPUTS; ++t) {
+        const int s = input_slots[t];
+        const size_t len = x->lp[s] ? pd->len[s] : 0;
+        g->lp[t] = x->lp[s] ? calloc(len + 1, sizeof(uint16_t)) : NULL;
+        g->wide[t] = x->lp[s] ? calloc(len + 1, sizeof(float)) : NULL;
+    }
+    g->g_lp = (posenc_grads){g->lp[0], g->lp[1], g->lp[2], g->lp[3], g->lp[4],
+                             g->lp[5], g->lp[6], g->lp[7], g->lp[8]};
+    g->g_wide = (posenc_grads){g->wide[0], g->wide[1], g->wide[2], g->wide[3], g->wide[4],
+                               g->wide[5], g->wide[6], g->wide[7], g->wide[8]};
+}
+
+static void grads_expect(const char *what, posenc_dtype dt, const lp_grads *g,
+                         const problem_data *pd)
+{
+    for (int t = 0; t < INPUTS; ++t) {
+        if (!g->lp[t])
+            continue;
+        char name[300];
+        snprintf(name, sizeof name, "%s d%s", what, grad_names[t]);
+        expect_narrowed(name, dt, g->lp[t], g->wide[t], pd->len[input_slots[t]]);
+    }
+}
+
+static void grads_free(lp_grads *g)
+{
+    for (int t = 0; t < INPUTS; ++t) {
+        free(g->lp[t]);
+        free(g->wide[t]);
+    }
+}
+
+static void check_logits(const char *what, posenc_dtype dt, problem_data *pd, lp_data *x,
+                         int threads)
+{
+    const posenc_problem *p = &pd->p;
+    const size_t len = p->B * p->H * p->n * p->m;
+    uint16_t *out = malloc(sizeof(uint16_t) * (len + 1));
+    float *want = malloc(sizeof(float) * (len + 1));
+    EXPECT(posenc_forward(&x->p_lp, out, threads) == POSENC_OK, "%s forward status", what);
+    EXPECT(posenc_forward(&x->p_wide, want, threads) == POSENC_OK, "%s f32 forward", what);
+    expect_narrowed(what, dt, out, want, len);
+    lp_grads g;
+    grads_make(&g, pd, x);
+    EXPECT(posenc_backward(&x->p_lp, x->lp[X_G], &g.g_lp, threads) == POSENC_OK,
+           "%s backward status", what);
+    EXPECT(posenc_backward(&x->p_wide, x->wide[X_G], &g.g_wide, threads) == POSENC_OK,
+           "%s f32 backward", what);
+    grads_expect(what, dt, &g, pd);
+    grads_free(&g);
+    free(out);
+    free(want);
+}
+
+static void check_attention(const char *what, posenc_dtype dt, problem_data *pd, lp_data *x,
+                            const posenc_attention *a, int threads)
+{
+    const posenc_problem *p = &pd->p;
+    const size_t n_out = p->B * p->H * p->n * a->dv, n_lse = p->B * p->H * p->n;
+    const size_t n_v = p->B * p->H * p->m * a->dv;
+    posenc_attention a_lp = *a, a_wide = *a;
+    a_lp.v = x->lp[X_V];
+    a_wide.v = x->wide[X_V];
+    uint16_t *out = malloc(sizeof(uint16_t) * (n_out + 1));
+    uint16_t *grad_v = malloc(sizeof(uint16_t) * (n_v + 1));
+    float *want_out = malloc(sizeof(float) * (n_out + 1));
+    float *want_grad_v = malloc(sizeof(float) * (n_v + 1));
+    float *lse = malloc(sizeof(float) * (n_lse + 1)), *want_lse = malloc(sizeof(float) * (n_lse + 1));
+    EXPECT(posenc_attention_forward(&x->p_lp, &a_lp, out, lse, threads) == POSENC_OK,
+           "%s attention status", what);
+    EXPECT(posenc_attention_forward(&x->p_wide, &a_wide, want_out, want_lse, threads) == POSENC_OK,
+           "%s f32 attention", what);
+    expect_narrowed(what, dt, out, want_out, n_out);
+    EXPECT(memcmp(lse, want_lse, sizeof(float) * n_lse) == 0, "%s lse (float32) bitwise", what);
+    /* the backward from the 16-bit out, as a caller has it; the float32
+     * engine gets its widening */
+    widen_row(dt, want_out, out, n_out);
+    lp_grads g;
+    grads_make(&g, pd, x);
+    EXPECT(posenc_attention_backward(&x->p_lp, &a_lp, x->lp[X_D_OUT], out, lse, &g.g_lp, grad_v,
+                                     threads) == POSENC_OK,
+           "%s attention backward status", what);
+    EXPECT(posenc_attention_backward(&x->p_wide, &a_wide, x->wide[X_D_OUT], want_out, want_lse,
+                                     &g.g_wide, want_grad_v, threads) == POSENC_OK,
+           "%s f32 attention backward", what);
+    char name[300];
+    snprintf(name, sizeof name, "%s dv", what);
+    expect_narrowed(name, dt, grad_v, want_grad_v, n_v);
+    grads_expect(what, dt, &g, pd);
+    grads_free(&g);
+    free(out); free(grad_v); free(want_out); free(want_grad_v); free(lse); free(want_lse);
+}
+
+void test_lp(void)
+{
+    const size_t sizes[][6] = {{1, 1, 1, 1, 1, 1}, {2, 3, 7, 5, 3, 4}, {3, 2, 17, 33, 9, 3},
+                               {2, 1, 33, 17, 16, 16}, {2, 2, 70, 64, 16, 0}};
+    const posenc_dtype dtypes[2] = {POSENC_BF16, POSENC_F16};
+    for (size_t c = 0; c < config_count; ++c)
+        for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; ++s) {
+            const size_t *z = sizes[s], dv = z[5];
+            problem_data pd;
+            build(&pd, &configs[c], z[0], z[1], z[2], z[3], z[4], (int)(c + s) % 2);
+            fill(&pd, X_V, z[0] * z[1] * z[3] * dv);
+            fill(&pd, X_D_OUT, z[0] * z[1] * z[2] * dv);
+            uint8_t *mask = malloc(z[0] * z[3] + 1);
+            for (size_t t = 0; t < z[0] * z[3]; ++t)   /* batch row 1 all padding */
+                mask[t] = (uint8_t)(t / z[3] == 1 || (t % z[3]) * 3 >= 2 * z[3]);
+            const posenc_attention a = {NULL, dv, (c + s) % 2 ? mask : NULL, (int)(c % 2),
+                                        s == 2 ? 0.25 : 0.0, 0x5eed0000ull + s};
+            for (int k = 0; k < 2; ++k) {
+                lp_data x;
+                lp_make(&x, &pd, dtypes[k]);
+                for (int isa = 0; isa < POSENC_ISA_COUNT; ++isa) {
+                    if (!posenc_isa_supported((posenc_isa)isa))
+                        continue;
+                    posenc_set_isa((posenc_isa)isa);
+                    for (int threads = 1; threads <= 2; ++threads) {
+                        char what[256];
+                        snprintf(what, sizeof what, "lp %s %s size#%zu %s %d thread(s)",
+                                 configs[c].name, k ? "f16" : "bf16", s,
+                                 posenc_isa_name((posenc_isa)isa), threads);
+                        check_logits(what, dtypes[k], &pd, &x, threads);
+                        check_attention(what, dtypes[k], &pd, &x, &a, threads);
+                    }
+                }
+                lp_free(&x);
+            }
+            free(mask);
+            release(&pd);
+        }
+}
