@@ -23,7 +23,7 @@ import threading
 import numpy as np
 import torch
 
-from .. import _checks
+from .. import _checks, _dtypes
 from .._attention import check_attention
 from .._registry import INDEX_TENSORS, REGISTRY, diagonal_map
 
@@ -113,25 +113,20 @@ def require_tensors(names, values, optional=()) -> None:
                 "the tensors of one call must share one device")
 
 
-FLOAT_EXPECTED = "dtype float32, float64, bfloat16 or float16"
-
-
 def _numpy_dtype(name: str, dtype: torch.dtype) -> np.dtype:
     """The NumPy dtype the C kernels see for a tensor dtype, or a TypeError naming
     the argument: bfloat16 is `ml_dtypes.bfloat16` (the optional extra ``bf16``)."""
     if dtype in _NUMPY_DTYPES:
         return np.dtype(_NUMPY_DTYPES[dtype])
     if dtype == torch.bfloat16:
-        try:
-            import ml_dtypes
-        except ImportError:
+        if _dtypes.BFLOAT16 is None:
             raise TypeError(
                 f"{name} has dtype torch.bfloat16: the C kernels read it as an "
                 "ml_dtypes.bfloat16 array, and ml_dtypes is not installed (pip install "
                 "'posenc[bf16]'; or posenc.torch.use_native(True) for the torch-native "
-                "formulas)") from None
-        return np.dtype(ml_dtypes.bfloat16)
-    expected = "an integer dtype" if name in INDEX_TENSORS else FLOAT_EXPECTED
+                "formulas)")
+        return _dtypes.BFLOAT16
+    expected = "an integer dtype" if name in INDEX_TENSORS else f"dtype {_dtypes.TEXT}"
     raise TypeError(f"{name} must have {expected}, got {dtype}")
 
 
