@@ -11,7 +11,8 @@ through the custom ops, and CPU autocast.
 * ``torch.autocast("cpu", ...)`` around a ``PositionalSelfAttention``: forward
   and backward against the float32 layer; float32 parameters get float32
   gradients; the custom ops called directly follow the region's dtype.
-* ``torch.compile(fullgraph=True)`` of a bf16 op equals eager bit for bit.
+* ``torch.compile(fullgraph=True)`` of bf16 ops, and of an autocast region,
+  equals eager bit for bit.  (Hugging Face models: tests/test_hf.py.)
 """
 
 import numpy as np
@@ -271,6 +272,26 @@ def test_compile_bf16_equals_eager(rng):
              for lg, at in results]
     for eager, compiled_grad in zip(*grads):
         assert compiled_grad.dtype == torch.bfloat16
+        assert torch.equal(eager, compiled_grad)
+
+
+def test_compile_under_autocast_equals_eager():
+    """An autocast region inside a compiled function: the ops' casts are traced."""
+    torch.manual_seed(0)
+    q, k = (torch.randn(2, 3, 9, 5, requires_grad=True) for _ in range(2))
+    bias = torch.randn(3, 32, requires_grad=True)
+
+    def scores(q, k, bias):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return pt.t5(q, k, bias)
+
+    compiled = torch.compile(scores, fullgraph=True, backend="aot_eager")
+    results = [fn(q, k, bias) for fn in (scores, compiled)]
+    assert results[0].dtype == results[1].dtype == torch.bfloat16
+    assert torch.equal(*results)
+    grads = [torch.autograd.grad(r.float().square().sum(), (q, k, bias)) for r in results]
+    for eager, compiled_grad in zip(*grads):
+        assert compiled_grad.dtype == torch.float32
         assert torch.equal(eager, compiled_grad)
 
 

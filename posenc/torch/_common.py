@@ -179,15 +179,23 @@ def _stand_in(name: str, tensor: torch.Tensor, half_as: np.dtype | None):
 
 # ------------------------------------------------------------------ autocast
 
+def _cpu_autocast_dtype():
+    """CPU autocast's dtype while it is on, else None (torch 2.4 names the device;
+    torch 2.1-2.3 has the CPU-only functions)."""
+    if hasattr(torch, "get_autocast_dtype"):
+        return torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else None
+    return torch.get_autocast_cpu_dtype() if torch.is_autocast_cpu_enabled() else None
+
+
 def autocast_inputs(values) -> tuple:
     """Under CPU autocast, the floating-point CPU tensors among `values` cast to
     autocast's dtype (``torch.get_autocast_dtype("cpu")``: bfloat16 or float16),
     float64 kept, as autocast's own lower-precision ops (matmul, linear) do; the
     casts are differentiable, so float32 parameters get float32 gradients.
     Other values (ints, bools, None, integer and bool tensors) are unchanged."""
-    if not torch.is_autocast_enabled("cpu"):
+    dtype = _cpu_autocast_dtype()
+    if dtype is None:
         return tuple(values)
-    dtype = torch.get_autocast_dtype("cpu")
     return tuple(value.to(dtype) if isinstance(value, torch.Tensor) and value.is_floating_point()
                  and value.dtype != torch.float64 and value.device.type == "cpu" else value
                  for value in values)
