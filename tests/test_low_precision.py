@@ -262,6 +262,20 @@ def test_float16_result_in_a_result_block():
     np.testing.assert_array_equal(_bits(got[0, 0]), _bits(want.astype(np.float16)))
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_out_of_the_16_bit_dtype(dtype, rng):
+    """out= of q's 16-bit dtype is written and returned, for the logits and the attention."""
+    lp = _dtypes.by_name(dtype)
+    q, k, v = (rng.standard_normal((2, 3, 5, 4)).astype(lp) for _ in range(3))
+    out = np.empty((2, 3, 5, 5), lp)
+    assert posenc.content(q, k, out=out) is out
+    np.testing.assert_array_equal(_bits(out), _bits(posenc.content(q, k)))
+    out = np.empty((2, 3, 5, 4), lp)
+    got = posenc.content_attention(q, k, v, out=out)
+    assert got.out is out and got.lse.dtype == np.float32
+    np.testing.assert_array_equal(_bits(out), _bits(posenc.content_attention(q, k, v).out))
+
+
 # ------------------------------------------------------------------ errors
 
 def _mixed_cases():
