@@ -16,6 +16,7 @@
 
 #include "posenc.h"
 
+#include <limits.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -81,7 +82,7 @@ static PyObject *py_forward(PyObject *self, PyObject *const *args, Py_ssize_t na
     if (check_arity(nargs, 2, "forward(config, out)") || build_problem(args[0], &a, &p))
         goto fail;
     const npy_intp dims[4] = {(npy_intp)p.B, (npy_intp)p.H, (npy_intp)p.n, (npy_intp)p.m};
-    const int typenum = p.dtype == POSENC_F32 ? NPY_FLOAT : NPY_DOUBLE;
+    const int typenum = typenum_of(p.dtype);
     if (!(result = result_or_out(args[1], 4, dims, typenum, "(B, H, n, m)")))
         goto fail;
     int status;
@@ -172,7 +173,7 @@ static PyObject *py_backward(PyObject *self, PyObject *const *args, Py_ssize_t n
     unsigned int needs = (unsigned int)(needs_value & ((1u << GR_COUNT) - 1));
     if (build_problem(args[1], &a, &p))
         goto fail;
-    const int typenum = p.dtype == POSENC_F32 ? NPY_FLOAT : NPY_DOUBLE;
+    const int typenum = typenum_of(p.dtype);
     if (args[0] == Py_None || !(G = as_float_array(args[0], typenum, "G")))
         goto fail_g;
     if (check_dims(G, "G", 4, (npy_intp[]){(npy_intp)p.B, (npy_intp)p.H, (npy_intp)p.n, (npy_intp)p.m}))
@@ -327,6 +328,9 @@ static PyMethodDef methods[] = {
     {"set_num_threads", py_set_num_threads, METH_O, "Threads of every kernel call."},
     {"get_num_threads", py_get_num_threads, METH_NOARGS, "Threads of every kernel call."},
     {"build_info", py_build_info, METH_NOARGS, "Compiler, OpenMP and compiled ISAs."},
+    {"_set_bfloat16", py_set_bfloat16, METH_O,
+     "_set_bfloat16(num): the NumPy type number of ml_dtypes.bfloat16 (posenc sets it at\n"
+     "import when ml_dtypes is installed)."},
     {"set_result_cache", py_set_result_cache, METH_O,
      "Bytes of freed large results kept for reuse (0: none)."},
     {"result_cache_info", py_result_cache_info, METH_NOARGS,

@@ -40,6 +40,90 @@ static void release(converted *a)
         Py_XDECREF(a->arr[t]);
 }
 
+/*
+ * The float dtypes of a problem.  float16 is NumPy's NPY_HALF; bfloat16 is
+ * ml_dtypes' user-defined NumPy dtype, whose type number NumPy assigns when
+ * ml_dtypes registers it: posenc's Python side passes it in
+ * (_C._set_bfloat16) when ml_dtypes imports, so -1 here means "no bfloat16
+ * arrays can exist".  Both are 16-bit storage (posenc.h POSENC_BF16,
+ * POSENC_F16); lse stays float32 for them.
+ */
+static int bfloat16_typenum = -1;
+
+#define FLOAT_DTYPES_TEXT "float32, float64, bfloat16 (with ml_dtypes installed) or float16"
+
+/* The posenc_dtype of an array type number; -1 when it is not one of the four. */
+static int dtype_of(int typenum)
+{
+    if (typenum == NPY_FLOAT)
+        return POSENC_F32;
+    if (typenum == NPY_DOUBLE)
+        return POSENC_F64;
+    if (typenum == NPY_HALF)
+        return POSENC_F16;
+    if (typenum == bfloat16_typenum && typenum >= 0)
+        return POSENC_BF16;
+    return -1;
+}
+
+/* The array type number of a posenc_dtype (the inverse of dtype_of). */
+static int typenum_of(posenc_dtype dtype)
+{
+    switch (dtype) {
+    case POSENC_F32: return NPY_FLOAT;
+    case POSENC_F64: return NPY_DOUBLE;
+    case POSENC_F16: return NPY_HALF;
+    default: return bfloat16_typenum;
+    }
+}
+
+/* The dtype's name, and its item size in bytes. */
+static const char *typenum_name(int typenum)
+{
+    static const char *const names[] = {"float32", "float64", "bfloat16", "float16"};
+    const int dtype = dtype_of(typenum);
+    return dtype < 0 ? "?" : names[dtype];
+}
+
+static size_t typenum_itemsize(int typenum)
+{
+    const int dtype = dtype_of(typenum);
+    return dtype == POSENC_F64 ? sizeof(double) : dtype == POSENC_F32 ? sizeof(float) : 2;
+}
+
+/* The type number of lse: float32 for the 16-bit dtypes, else the problem's. */
+static int lse_typenum(posenc_dtype dtype)
+{
+    return dtype == POSENC_F64 ? NPY_DOUBLE : NPY_FLOAT;
+}
+
+/* _set_bfloat16(num): ml_dtypes.bfloat16's NumPy type number (a registered
+ * dtype of 2 bytes named bfloat16), called by posenc/__init__.py. */
+static PyObject *py_set_bfloat16(PyObject *self, PyObject *arg)
+{
+    const long num = PyLong_AsLong(arg);
+    if (num == -1 && PyErr_Occurred())
+        return NULL;
+    PyArray_Descr *descr = num >= NPY_USERDEF && num <= INT_MAX ? PyArray_DescrFromType((int)num)
+                                                                     : NULL;
+    if (!descr) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_ValueError, "%ld is not a registered NumPy user dtype", num);
+        return NULL;
+    }
+    const char *name = descr->typeobj->tp_name;
+    const size_t length = strlen(name);
+    const int ok = PyDataType_ELSIZE(descr) == 2 && length >= 8 &&
+                   strcmp(name + length - 8, "bfloat16") == 0;
+    Py_DECREF(descr);
+    if (!ok) {
+        PyErr_Format(PyExc_ValueError, "NumPy dtype %ld is not a 2-byte bfloat16", num);
+        return NULL;
+    }
+    bfloat16_typenum = (int)num;
+    Py_RETURN_NONE;
+}
+
 /* An aligned, native-endian, C-contiguous array of `typenum` (STYLE.md 6):
  * obj itself when it already is one (the common case, no call into NumPy's
  * converter), else a copy.  NULL with an exception. */
@@ -52,8 +136,8 @@ static PyArrayObject *as_float_array(PyObject *obj, int typenum, const char *nam
     }
     PyArrayObject *arr = (PyArrayObject *)obj;
     if (PyArray_TYPE(arr) != typenum) {
-        PyErr_Format(PyExc_TypeError, "%s must have dtype %s like q", name,
-                     typenum == NPY_FLOAT ? "float32" : "float64");
+        PyErr_Format(PyExc_TypeError, "%s must have dtype %s (from q's), got %R", name,
+                     typenum_name(typenum), (PyObject *)PyArray_DESCR(arr));
         return NULL;
     }
     if (PyArray_ISCARRAY_RO(arr) && PyArray_ISNOTSWAPPED(arr)) {
@@ -143,8 +227,9 @@ static int build_problem(PyObject *config, converted *a, posenc_problem *p)
         return -1;
     }
     const int typenum = PyArray_TYPE((PyArrayObject *)q);
-    if (typenum != NPY_FLOAT && typenum != NPY_DOUBLE) {
-        PyErr_SetString(PyExc_TypeError, "q must have dtype float32 or float64");
+    const int dtype = dtype_of(typenum);
+    if (dtype < 0) {
+        PyErr_SetString(PyExc_TypeError, "q must have dtype " FLOAT_DTYPES_TEXT);
         return -1;
     }
     static const int index_fields[] = {CF_TABLE_MAP, CF_QUERY_MAP, CF_KEY_MAP, CF_SEGMENT_Q,
@@ -256,7 +341,7 @@ static int build_problem(PyObject *config, converted *a, posenc_problem *p)
         p->theta = DATA(CF_THETA);
         p->theta_heads = DIM(CF_THETA, 0);
     }
-    p->dtype = typenum == NPY_FLOAT ? POSENC_F32 : POSENC_F64;
+    p->dtype = (posenc_dtype)dtype;
     p->product = product;
     p->B = (size_t)B;
     p->H = (size_t)H;

@@ -130,7 +130,7 @@ static void raise_result_memory(int ndim, const npy_intp *dims, int typenum, siz
         PyTuple_SET_ITEM(shape, t, PyLong_FromSsize_t(dims[t]));
     if (!shape)
         return;
-    const char *dtype = typenum == NPY_FLOAT ? "float32" : "float64";
+    const char *dtype = typenum_name(typenum);
     if (bytes > (size_t)NPY_MAX_INTP)
         PyErr_Format(PyExc_MemoryError,
                      "the result of shape %R (%s) does not fit in memory: more than %zd bytes",
@@ -148,7 +148,7 @@ static void raise_result_memory(int ndim, const npy_intp *dims, int typenum, siz
  */
 static PyArrayObject *new_result(int ndim, const npy_intp *dims, int typenum)
 {
-    const size_t itemsize = typenum == NPY_FLOAT ? sizeof(float) : sizeof(double);
+    const size_t itemsize = typenum_itemsize(typenum);
     const size_t too_large = (size_t)NPY_MAX_INTP + 1;
     size_t bytes = itemsize;
     int empty = 0;

@@ -25,7 +25,7 @@ except ImportError as exc:   # a source checkout without the built extension
         f"({__path__[0]}). Install with `pip install -e .` (or `pip install .` and run from "
         "another directory), or build in place with `python setup.py build_ext --inplace`."
     ) from exc
-from . import _checks, _methods, buckets
+from . import _checks, _dtypes, _methods, buckets
 from ._attention import (ATTENTION_GRAD_TYPES, Attention, attention_dropout_mask, check_attention,
                          check_attention_grad, check_attention_out)
 from ._display import check, info
@@ -34,6 +34,9 @@ from ._registry import (GRAD_FIELDS, GRAD_TYPES, METHODS, REGISTRY, attention_ba
 from ._signatures import define
 
 __version__ = "0.1.0"
+
+if _dtypes.BFLOAT16 is not None:      # ml_dtypes registered bfloat16: tell the binding its number
+    _C._set_bfloat16(_dtypes.BFLOAT16.num)
 
 
 def capabilities() -> list:

@@ -17,8 +17,8 @@ def cmd_check(args) -> int:
     import posenc
 
     try:
-        result = posenc.check(args.methods, args.isa, B=args.B, H=args.H, n=args.n, m=args.m,
-                              d=args.d, shared=args.shared, seed=args.seed)
+        result = posenc.check(args.methods, args.isa, dtypes=args.dtypes, B=args.B, H=args.H,
+                              n=args.n, m=args.m, d=args.d, shared=args.shared, seed=args.seed)
     except ValueError as error:     # an unknown method, an ISA this CPU lacks
         print(error, file=sys.stderr)
         return 2
@@ -113,6 +113,8 @@ def main(argv=None) -> int:
     check = sub.add_parser("check", help="every method x ISA x dtype against the reference")
     check.add_argument("--methods", nargs="+", metavar="METHOD", help="methods to check (default all)")
     check.add_argument("--isa", nargs="+", metavar="ISA", help="ISAs to check (default all available)")
+    check.add_argument("--dtypes", nargs="+", metavar="DTYPE",
+                       help="float32 float64 bfloat16 float16 (default all; bfloat16 with ml_dtypes)")
     check.add_argument("--B", type=int, default=2)
     check.add_argument("--H", type=int, default=3)
     check.add_argument("--n", type=int, default=33)

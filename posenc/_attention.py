@@ -19,6 +19,7 @@ from collections import namedtuple
 import numpy as np
 
 from ._checks import check_bool, check_rank, check_shape, check_writable_out, require_ndarray
+from ._dtypes import lse_dtype
 from ._registry import GRAD_FIELDS, REGISTRY, grad_class_name
 
 Attention = namedtuple("Attention", ("out", "lse"))
@@ -134,15 +135,19 @@ def check_attention_out(out, call: AttentionCall) -> None:
 
 
 def check_attention_grad(d_out, out, lse, call: AttentionCall) -> None:
-    """d_out and out (B, H, n, dv), lse (B, H, n), all of q's dtype."""
+    """d_out and out (B, H, n, dv) of q's dtype, lse (B, H, n) of the forward's lse
+    dtype (q's; float32 for bfloat16 and float16)."""
     p = call.problem
-    for name, value, shape, layout in (
-            ("d_out", d_out, (p.B, p.H, p.n, call.dv), "(B, H, n, dv)"),
-            ("out", out, (p.B, p.H, p.n, call.dv), "(B, H, n, dv)"),
-            ("lse", lse, (p.B, p.H, p.n), "(B, H, n)")):
+    for name, value, shape, layout, dtype in (
+            ("d_out", d_out, (p.B, p.H, p.n, call.dv), "(B, H, n, dv)", p.dtype),
+            ("out", out, (p.B, p.H, p.n, call.dv), "(B, H, n, dv)", p.dtype),
+            ("lse", lse, (p.B, p.H, p.n), "(B, H, n)", lse_dtype(p.dtype))):
         require_ndarray(name, value)
-        if value.dtype != p.dtype:
-            raise TypeError(f"{name} has dtype {value.dtype} but q has dtype {p.dtype}")
+        if value.dtype != dtype:
+            if dtype == p.dtype:
+                raise TypeError(f"{name} has dtype {value.dtype} but q has dtype {p.dtype}")
+            raise TypeError(f"{name} must have dtype {dtype} (the forward's lse for q of dtype "
+                            f"{p.dtype}), got {value.dtype}")
         check_shape(name, value, shape, layout)
 
 

@@ -23,6 +23,13 @@ error E = P (D |dO| |v|^T + |delta|) (2 e + (dv + 8) eps32), which the
 logits' backward carries on linearly, so the bound of a gradient is the
 logits' backward on |inputs| applied to (depth + 8) eps32 |dS| + E; dv's is
 (2 e + (m + 8) eps32) (P D)^T |dO|.  float64 is normwise 1e-12 throughout.
+
+bfloat16 and float16 (docs/low_precision.md): the engine computes in float32
+and rounds each result once, so with u = 2^-8 (bfloat16) or 2^-11 (float16)
+and E32 the float32 bound above, |got - ref| <= u |ref| + (1 + u) E32, plus
+2^-25 for float16 (its subnormals' absolute rounding error); a float16 result
+may be +-inf where |ref| + E32 reaches 65520 (where float16 overflows).
+lse stays float32, with its float32 bound.
 """
 
 from __future__ import annotations
@@ -31,7 +38,7 @@ import dataclasses
 
 import numpy as np
 
-from . import _C, reference
+from . import _C, _dtypes, reference
 from ._examples import METHODS, dense_rank, float_inputs, make_inputs, with_inputs
 from ._registry import GRAD_FIELDS
 
@@ -68,21 +75,49 @@ def compare(got: np.ndarray, ref: np.ndarray, magnitude: np.ndarray | None, dept
     """(max abs error, error measure, within tolerance) for one array.
 
     The measure is normwise relative for float64 and the largest ratio of
-    the error to its float32 bound for float32 (<= 1 passes).
+    the error to its element-wise bound (`bound`) otherwise (<= 1 passes).
     """
     if got.shape != ref.shape:
         return float("inf"), float("inf"), False
     if got.size == 0:
         return 0.0, 0.0, True
-    diff = np.abs(got.astype(np.float64) - ref)
-    abs_err = float(diff.max())
+    got = got.astype(np.float64)
+    with np.errstate(invalid="ignore"):
+        diff = np.abs(got - ref)
     if np.dtype(dtype) == np.float64:
+        abs_err = float(diff.max())
         scale = float(np.abs(ref).max())
         rel = abs_err / scale if scale > 0 else abs_err
         return abs_err, rel, rel <= F64_RTOL
-    bound = (depth + 8) * EPS32 * magnitude + np.finfo(np.float32).tiny
-    ratio = float((diff / bound).max())
-    return abs_err, ratio, ratio <= 1.0
+    bound32 = (depth + 8) * EPS32 * magnitude
+    tolerance = bound(ref, bound32, dtype)
+    diff = np.where(overflow_allowed(got, ref, bound32, dtype), 0.0, diff)
+    ratio = float((diff / tolerance).max())
+    return float(diff.max()), ratio, ratio <= 1.0
+
+
+def bound(ref: np.ndarray, bound32: np.ndarray, dtype) -> np.ndarray:
+    """The element-wise bound of a result of `dtype` whose float32 computation is
+    within `bound32` of `ref`: bound32 itself for float32; for bfloat16 and
+    float16, one more rounding: u |ref| + (1 + u) bound32 (+ 2^-25 for float16's
+    subnormals).  float32's smallest normal is added so an exact 0 passes."""
+    name = np.dtype(dtype).name
+    tiny = np.finfo(np.float32).tiny
+    if name not in _dtypes.UNIT_ROUNDOFF:
+        return bound32 + tiny
+    u = _dtypes.UNIT_ROUNDOFF[name]
+    extra = _dtypes.FLOAT16_SUBNORMAL_ERROR if name == "float16" else 0.0
+    return u * np.abs(ref) + (1 + u) * bound32 + extra + tiny
+
+
+def overflow_allowed(got: np.ndarray, ref: np.ndarray, bound32: np.ndarray, dtype) -> np.ndarray:
+    """float16 entries that are +-inf (the sign of ref) where |ref| is within the
+    float32 bound `bound32` of 65520, where float16 overflows: the float32 result
+    may be on either side of it, so both are right."""
+    if np.dtype(dtype).name != "float16":
+        return np.zeros(got.shape, dtype=bool)
+    return (np.isinf(got) & (np.sign(got) == np.sign(ref)) &
+            (np.abs(ref) + bound32 >= _dtypes.FLOAT16_OVERFLOW))
 
 
 def check_one(method: str, dtype, *, B=2, H=3, n=33, m=17, d=16, shared=False, seed=0):
@@ -177,12 +212,14 @@ def attention_bounds(method, args64, kwargs64, v64, options: dict, d_out64=None)
     return ref, out_bound, lse_bound, dict(grad_bounds._asdict(), v=v_bound)
 
 
-def within(got, ref, bound, dtype):
-    """(max abs error, error measure, ok): normwise for float64, ratio to `bound` (the
-    float32 bound, also in a float64 call) for float32;
+def within(got, ref, bound32, dtype):
+    """(max abs error, error measure, ok): normwise for float64, ratio to the
+    float32 bound `bound32` (also given in a float64 call) for float32, to
+    `bound(ref, bound32, dtype)` for bfloat16 and float16;
     -inf where the reference has -inf (lse of a fully masked row) must match exactly."""
     if got.shape != ref.shape:
         return float("inf"), float("inf"), False
+    got = got.astype(np.float64)
     infinite = np.isinf(ref)
     if not np.array_equal(np.isinf(got), infinite) or np.isnan(got).any():
         return float("inf"), float("inf"), False
@@ -195,10 +232,10 @@ def within(got, ref, bound, dtype):
         # bound / eps32): a gradient that cancels to ~0 by structure -- a softmax row's
         # dS sums to zero, so a table row every key of a row reads gets ~0 -- is not
         # measured against its own rounding noise
-        scale = max(float(np.abs(ref).max()), float(np.max(bound)) / EPS32)
+        scale = max(float(np.abs(ref).max()), float(np.max(bound32)) / EPS32)
         rel = float(diff.max()) / scale if scale > 0 else float(diff.max())
         return float(diff.max()), rel, rel <= F64_RTOL
-    ratio = float((diff / (bound + np.finfo(np.float32).tiny)).max())
+    ratio = float((diff / bound(ref, bound32, dtype)).max())
     return float(diff.max()), ratio, ratio <= 1.0
 
 
@@ -217,11 +254,15 @@ def check_attention_one(method: str, dtype, *, B=2, H=3, n=33, m=17, d=16, share
                                                               options, d_out64)
     got = getattr(posenc, method + "_attention")(*args[:2], v, *args[2:], **kwargs, **options)
     out_abs, out_rel, out_ok = within(got.out, ref.out, out_bound, dtype)
-    _, lse_rel, lse_ok = within(got.lse, ref.lse, lse_bound, dtype)
+    _, lse_rel, lse_ok = within(got.lse, ref.lse, lse_bound, _dtypes.lse_dtype(dtype))
     grads = getattr(posenc, method + "_attention_backward")(
         d_out, *args[:2], v, *args[2:], got.out, got.lse, **kwargs, **options)
+    # 16-bit: out was rounded to q's dtype (an error of u |out|, far above the float32
+    # bound's), and the backward is a function of the out and lse it is given
+    saved = (got.out.astype(np.float64), got.lse.astype(np.float64)) \
+        if _dtypes.is_low_precision(dtype) else (ref.out, ref.lse)
     ref_grads = reference.__dict__[method + "_attention_backward"](
-        d_out64, *args64[:2], v64, *args64[2:], ref.out, ref.lse, **kwargs64, **options)
+        d_out64, *args64[:2], v64, *args64[2:], *saved, **kwargs64, **options)
     bwd_abs = bwd_rel = 0.0
     bwd_ok = True
     for field in ref_grads._fields:
@@ -232,15 +273,19 @@ def check_attention_one(method: str, dtype, *, B=2, H=3, n=33, m=17, d=16, share
             continue
         a, rel, ok = within(g, r, grad_bounds[field], dtype)
         bwd_abs, bwd_rel, bwd_ok = max(bwd_abs, a), max(bwd_rel, rel), bwd_ok and ok
-    ok = out_ok and lse_ok and bwd_ok and got.out.dtype == np.dtype(dtype)
+    ok = (out_ok and lse_ok and bwd_ok and got.out.dtype == np.dtype(dtype) and
+          got.lse.dtype == _dtypes.lse_dtype(dtype))
     return out_abs, max(out_rel, lse_rel), bwd_abs, bwd_rel, ok, ""
 
 
 OPS = ("logits", "attention")
 
 
-def run_check(methods=METHODS, isas=None, dtypes=("float32", "float64"), progress=None,
-              ops=OPS, **shape) -> list:
+DTYPES = tuple(dtype.name for dtype in _dtypes.FLOAT_DTYPES)   # bfloat16 with ml_dtypes
+
+
+def run_check(methods=METHODS, isas=None, dtypes=DTYPES, progress=None, ops=OPS,
+              **shape) -> list:
     """A CheckRow per method x op x ISA x dtype; `progress(row)` after each, when given."""
     isas = list(isas) if isas else list(_C.capabilities())
     previous = _C.get_isa()
@@ -252,7 +297,7 @@ def run_check(methods=METHODS, isas=None, dtypes=("float32", "float64"), progres
                 for isa in isas:
                     _C.set_isa(isa)
                     for dtype in dtypes:
-                        result = one(method, np.dtype(dtype), **shape)
+                        result = one(method, _dtypes.by_name(dtype), **shape)
                         rows.append(CheckRow(method, op, isa, dtype, *result))
                     if progress is not None:
                         progress(rows[-1])

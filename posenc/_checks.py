@@ -17,10 +17,10 @@ import numbers
 
 import numpy as np
 
+from ._dtypes import FLOAT_DTYPES, LOW_PRECISION
+from ._dtypes import TEXT as FLOAT_DTYPES_TEXT
 from ._registry import INDEX_TENSORS, MAPS, REGISTRY, Dense, Reset, Segments, Table
 from ._signatures import define
-
-FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
 
 class Problem:
@@ -70,8 +70,8 @@ def require_ndarray(name: str, value) -> np.ndarray:
 
 
 def check_floats(named) -> np.dtype:
-    """Every given float argument (a dict, or (name, value) pairs) is float32 or
-    float64, all the same dtype."""
+    """Every given float argument (a dict, or (name, value) pairs) has one of
+    posenc's float dtypes (posenc._dtypes), all the same dtype."""
     dtype = None
     first = None
     for name, value in (named.items() if isinstance(named, dict) else named):
@@ -80,9 +80,7 @@ def check_floats(named) -> np.dtype:
         if value.__class__ is not np.ndarray:
             require_ndarray(name, value)
         if value.dtype not in FLOAT_DTYPES:
-            raise TypeError(
-                f"{name} must have dtype float32 or float64, got {value.dtype}"
-            )
+            raise TypeError(f"{name} must have dtype {FLOAT_DTYPES_TEXT}, got {value.dtype}")
         if dtype is None:
             dtype, first = value.dtype, name
         elif value.dtype != dtype:
@@ -233,7 +231,7 @@ def check_writable_out(out: np.ndarray, inputs: dict) -> None:
 def check_grad(G, problem: Problem) -> np.ndarray:
     require_ndarray("G", G)
     if G.dtype not in FLOAT_DTYPES:
-        raise TypeError(f"G must have dtype float32 or float64, got {G.dtype}")
+        raise TypeError(f"G must have dtype {FLOAT_DTYPES_TEXT}, got {G.dtype}")
     if G.dtype != problem.dtype:
         raise TypeError(
             f"G has dtype {G.dtype} but q has dtype {problem.dtype}: float inputs "
@@ -254,7 +252,7 @@ def _begin(method, q, k, floats: dict) -> Problem:
 
 
 _PARAM_MINIMUM = {"att_span": 1}
-_F32, _F64 = FLOAT_DTYPES
+_F32, _F64 = FLOAT_DTYPES[:2]
 
 
 @functools.lru_cache(maxsize=1024)
@@ -309,7 +307,8 @@ def check(spec, tensors: tuple, params: tuple, out) -> Problem:
             if value.__class__ is not np.ndarray:
                 require_ndarray(name, value)
             value_dtype = value.dtype
-            if dtype is None and (value_dtype is _F64 or value_dtype is _F32):
+            if dtype is None and (value_dtype is _F64 or value_dtype is _F32 or
+                                  value_dtype in LOW_PRECISION):
                 dtype = value_dtype
             elif value_dtype is not dtype:
                 dtype = False

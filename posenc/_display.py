@@ -151,7 +151,8 @@ class Progress:
 _LEGEND = ("err: float64 = max|posenc - reference| / max|reference| (limit {rtol:g}); "
            "float32 = max |posenc - reference| / bound, bound = (depth + 8) eps32 x "
            "(method on |inputs|), carried through the softmax for the attention "
-           "(docs/validation.md) (limit 1)")
+           "(docs/validation.md) (limit 1); bfloat16, float16: the float32 bound E32 and "
+           "one rounding, u |reference| + (1 + u) E32, u = 2^-8, 2^-11 (limit 1)")
 
 
 class CheckResult:
@@ -203,21 +204,23 @@ class CheckResult:
                            footer=f"{self.summary}. {_LEGEND.format(rtol=F64_RTOL)}")
 
 
-def check(methods=None, isas=None, *, dtypes=("float32", "float64"), B: int = 2, H: int = 3,
+def check(methods=None, isas=None, *, dtypes=None, B: int = 2, H: int = 3,
           n: int = 33, m: int = 17, d: int = 16, shared: bool = False, seed: int = 0,
           progress: bool | None = None) -> CheckResult:
     """Every method x ISA x dtype, forward and backward, against
     posenc.reference: ``python -m posenc check`` as a function.
 
     ``methods``, ``isas``: names (a str or a list; default all, all usable);
-    ValueError for an unknown method or an ISA this CPU lacks.  The sizes,
+    ValueError for an unknown method or an ISA this CPU lacks.  ``dtypes``:
+    names, default float32, float64, bfloat16 (when ml_dtypes is installed)
+    and float16.  The sizes,
     ``shared`` (head axis 1) and ``seed`` are those of the command.  Returns a
     :class:`CheckResult`: ``.passed``, ``.rows``, ``.failed``; its repr is
     the command's output, an HTML table in a notebook.  ``progress``: a bar
     while it runs (default: in a terminal or a notebook).
     """
     import posenc
-    from posenc import _check
+    from posenc import _check, _dtypes
 
     methods = [methods] if isinstance(methods, str) else list(methods or posenc.METHODS)
     isas = [isas] if isinstance(isas, str) else list(isas or posenc.capabilities())
@@ -229,6 +232,9 @@ def check(methods=None, isas=None, *, dtypes=("float32", "float64"), B: int = 2,
         if isa not in posenc.capabilities():
             raise ValueError(f"ISA {isa!r} is not available here; available: "
                              f"{', '.join(posenc.capabilities())}")
+    dtypes = [dtypes] if isinstance(dtypes, str) else list(dtypes or _check.DTYPES)
+    for dtype in dtypes:
+        _dtypes.by_name(dtype)          # ValueError for an unknown one, or bfloat16 without ml_dtypes
     shape = dict(B=B, H=H, n=n, m=m, d=d, shared=shared, seed=seed)
     start = time.perf_counter()
     total = len(methods) * len(isas) * len(dtypes) * len(_check.OPS)

@@ -30,7 +30,7 @@ from __future__ import annotations
 from collections import namedtuple
 
 EngineConfig = namedtuple("EngineConfig", (
-    "q", "k",                     # (B, H, n, d), (B, H, m, d), float32 or float64, any strides
+    "q", "k",                     # (B, H, n, d), (B, H, m, d), any float dtype, any strides
     "product",                    # bool: A = s q.k * factors (M2, M4M) instead of a sum
     "scale",                      # float: s of the content term
     "pos_q", "pos_k",             # dense factor (H|1, n, d_p), (H|1, m, d_p) or None

@@ -396,7 +396,7 @@ GRAD_TYPES = {method: namedtuple(grad_class_name(method), fields)
 SHAPES = """
 Shapes: q (B, H, n, d), k (B, H, m, d); result A (B, H, n, m), A[b, h, i, j]
 is how query i attends to key j before the softmax.  Float inputs share one
-dtype (float32 or float64); inputs may have any strides.  Every positional
+dtype (float32, float64, bfloat16 or float16); inputs may have any strides.  Every positional
 parameter has a leading head axis of size H or 1 (shared by all heads).
 """
 

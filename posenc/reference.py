@@ -8,8 +8,9 @@ are independent and one can cross-check the other.  Nothing here is clever:
 * every positional term is materialised -- the (n, m) grid of offsets, its
   bucket rows from `posenc.buckets`, the gathered (H, n, m[, d]) relative
   tensor -- and contracted with `numpy.einsum`;
-* the arithmetic is done in float64 and the result cast to the input dtype
-  (float32 in, float32 out), a new C-contiguous array or `out=`;
+* the arithmetic is done in float64 and the result rounded once to the input
+  dtype (float32 in, float32 out; bfloat16 and float16 alike, the attention's
+  lse float32 for those), a new C-contiguous array or `out=`;
 * every `<name>_backward(G, ...)` is a hand-written gradient of
   `sum(G * <name>(...))` (no autograd), with the derivative of each term
   written next to it.  A parameter with head axis 1 is used as if tiled to H
@@ -31,6 +32,7 @@ import math
 import numpy as np
 
 from . import _checks, buckets
+from ._dtypes import lse_dtype, narrow
 from ._attention import (ATTENTION_GRAD_TYPES, Attention, attention_dropout_mask, check_attention,
                          check_attention_grad, check_attention_out)
 from ._registry import (GRAD_FIELDS, GRAD_TYPES, REGISTRY, attention_backward_doc, attention_doc,
@@ -555,11 +557,11 @@ def _attention_forward(call):
     p = call.problem
     P, lse = _probabilities(call)
     out = np.einsum("bhij,bhjd->bhid", P * _dropout_scale(call), _wide(call.v))
-    result = np.ascontiguousarray(out, dtype=p.dtype)
+    result = narrow(out, p.dtype)
     if p.out is not None:
         p.out[...] = result
         result = p.out
-    return Attention(result, np.ascontiguousarray(lse, dtype=p.dtype))
+    return Attention(result, np.ascontiguousarray(lse, dtype=lse_dtype(p.dtype)))
 
 
 def _attention_backward(call, d_out, out, lse):
@@ -577,7 +579,7 @@ def _attention_backward(call, d_out, out, lse):
     fields = ATTENTION_GRAD_TYPES[p.method]._fields
     return ATTENTION_GRAD_TYPES[p.method](**{
         name: None if grads.get(name) is None
-        else np.ascontiguousarray(grads[name], dtype=p.dtype) for name in fields})
+        else narrow(grads[name], p.dtype) for name in fields})
 
 
 def _attention_call(spec, tensors, params, attention):
@@ -617,7 +619,7 @@ def _logits(problem) -> np.ndarray:
     """The float64 logits of the problem's method, cast to the input dtype:
     a new C-contiguous array or `out`."""
     values = globals()[f"_{problem.method}_logits"](problem)
-    result = np.ascontiguousarray(values, dtype=problem.dtype)
+    result = narrow(values, problem.dtype)
     if problem.out is not None:
         problem.out[...] = result
         return problem.out
@@ -629,7 +631,7 @@ def _gradients(problem, G):
     values = globals()[f"_{problem.method}_grads"](problem, _wide(_checks.check_grad(G, problem)))
     return GRAD_TYPES[problem.method](**{
         name: None if values.get(name) is None
-        else np.ascontiguousarray(values[name], dtype=problem.dtype)
+        else narrow(values[name], problem.dtype)
         for name in GRAD_FIELDS[problem.method]})
 
 

@@ -16,9 +16,14 @@ tolerances of ``python -m posenc check`` (docs/validation.md):
 
 The tolerance follows the dtype: float64 passes when the largest error is at
 most ``1e-12`` of the largest reference logit (normwise); float32 when every
-entry is within ``(depth + 8) eps32 M``, where ``M`` is the method evaluated
-on the absolute values of its inputs and ``depth`` the length of the longest
-sum (``d + d_p`` for logits, ``n + m + d + d_p`` for gradients).  A failure
+entry is within ``E32 = (depth + 8) eps32 M``, where ``M`` is the method
+evaluated on the absolute values of its inputs and ``depth`` the length of
+the longest sum (``d + d_p`` for logits, ``n + m + d + d_p`` for gradients);
+bfloat16 and float16 (float32 arithmetic, one rounding at the end) when every
+entry is within ``u |reference| + (1 + u) E32`` with ``u = 2^-8`` and
+``2^-11`` (``+ 2^-25`` for float16's subnormals; a float16 ``+-inf`` is right
+where ``|reference| + E32`` reaches 65520).  The reference is always the
+float64 one on the given inputs.  A failure
 raises AssertionError naming the worst entry, both values, its error and the
 tolerance.  NumPy arrays and torch tensors (any device: copied to the CPU)
 are accepted; torch is never imported by this module.
@@ -37,15 +42,16 @@ import sys
 
 import numpy as np
 
-from . import reference
-from ._check import EPS32, F64_RTOL, _abs_inputs, _as64, attention_bounds, compare, within
+from . import _dtypes, reference
+from ._check import (EPS32, F64_RTOL, _abs_inputs, _as64, attention_bounds, bound, compare,
+                     overflow_allowed, within)
 from ._examples import dense_rank, float_inputs, make_inputs, with_inputs
 from ._registry import GRAD_FIELDS, METHODS
 
 __all__ = ["Inputs", "random_inputs", "assert_logits_close", "assert_grads_close",
            "assert_attention_close"]
 
-_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
+_FLOATS = _dtypes.FLOAT_DTYPES
 _OPTIONS = tuple(name for name in inspect.signature(make_inputs).parameters
                  if name not in ("method", "B", "H", "n", "m", "d", "dtype", "rng"))
 
@@ -98,7 +104,8 @@ def random_inputs(method: str, B: int = 2, H: int = 3, n: int = 7, m: int = 5, d
     ``q (B, H, n, d)``, ``k (B, H, m, d)`` and every parameter of the method
     standard normal (the tables of the product methods around 1), drawn from
     ``numpy.random.default_rng(seed)`` (an int, a sequence of ints or a
-    Generator).  ``dtype`` is float32 or float64 for every float input.
+    Generator).  ``dtype`` is float32, float64, bfloat16 (``ml_dtypes.bfloat16``)
+    or float16, for every float input.
     The optional terms are given (TUPE's ``bias`` and ``theta``, DIET's
     segments, DeBERTa's log buckets) and the sizes reach the clipping.
     ``options``: ``shared`` (head axis 1 for every positional parameter),
@@ -109,7 +116,7 @@ def random_inputs(method: str, B: int = 2, H: int = 3, n: int = 7, m: int = 5, d
     """
     _check_method(method)
     if np.dtype(dtype) not in _FLOATS:
-        raise TypeError(f"dtype must be float32 or float64, got {np.dtype(dtype)}")
+        raise TypeError(f"dtype must be {_dtypes.TEXT}, got {np.dtype(dtype)}")
     unknown = sorted(set(options) - set(_OPTIONS))
     if unknown:
         raise TypeError(f"unknown option(s) {', '.join(unknown)}; expected {', '.join(_OPTIONS)}")
@@ -131,12 +138,18 @@ def _is_tensor(value) -> bool:
 
 
 def _as_array(value, what: str) -> np.ndarray:
-    """A NumPy array of `value` (a torch tensor is detached and copied to the CPU)."""
+    """A NumPy array of `value` (a torch tensor is detached and copied to the CPU;
+    torch.bfloat16 as ml_dtypes.bfloat16, the same bits)."""
     if _is_tensor(value):
-        if value.is_floating_point() and value.element_size() < 4:
-            raise TypeError(f"{what}: {value.dtype} is not supported; the tolerances are derived "
-                            "for float32 and float64 (docs/validation.md)")
-        value = value.detach().cpu().resolve_conj().resolve_neg().numpy()
+        value = value.detach().cpu().resolve_conj().resolve_neg()
+        if str(value.dtype) == "torch.bfloat16":
+            if _dtypes.BFLOAT16 is None:
+                raise TypeError(f"{what}: torch.bfloat16 needs ml_dtypes for NumPy "
+                                "(pip install 'posenc[bf16]')")
+            import torch
+
+            return value.view(torch.int16).numpy().view(_dtypes.BFLOAT16)
+        value = value.numpy()
     return np.asarray(value)
 
 
@@ -152,14 +165,18 @@ def _numpy_call(method: str, args, kwargs) -> tuple:
 
 
 def _tolerance_dtype(method: str, args, kwargs, *results) -> np.dtype:
-    """float32 if the inputs or a result are float32, else float64."""
+    """The least precise float dtype of the inputs and results: bfloat16, float16,
+    float32, float64 in that order."""
     dtypes = [v.dtype for v in float_inputs(method, args, kwargs).values()]
     dtypes += [r.dtype for r in results]
     for dtype in dtypes:
         if dtype.kind == "f" and dtype not in _FLOATS:
-            raise TypeError(f"{dtype} is not supported; the tolerances are derived for float32 "
-                            "and float64 (docs/validation.md)")
-    return np.dtype(np.float32) if np.dtype(np.float32) in dtypes else np.dtype(np.float64)
+            raise TypeError(f"{dtype} is not supported; the tolerances are derived for "
+                            f"{_dtypes.TEXT} (docs/validation.md)")
+    for coarse in (_dtypes.BFLOAT16, _dtypes.FLOAT16, _dtypes.FLOAT32):
+        if coarse is not None and coarse in dtypes:
+            return coarse
+    return np.dtype(np.float64)
 
 
 def _depth(method: str, args, kwargs, grads: bool) -> tuple:
@@ -185,8 +202,11 @@ def _assert_close(actual: np.ndarray, expected: np.ndarray, magnitude, depth: tu
     if expected.size == 0:
         return
     raw = actual.astype(np.float64)
-    # NaN and Inf propagate as IEEE says (SPEC §5): equal non-finite entries agree
+    # NaN and Inf propagate as IEEE says (SPEC §5): equal non-finite entries agree;
+    # a float16 +-inf where the reference is finite is compare()'s (overflow near 65520)
     special = ~(np.isfinite(raw) & np.isfinite(expected))
+    if dtype == _dtypes.FLOAT16:
+        special &= ~(np.isinf(raw) & np.isfinite(expected))
     bad_special = special & ~((raw == expected) | (np.isnan(raw) & np.isnan(expected)))
     got, wanted = np.where(special, 0.0, raw), np.where(special, 0.0, expected)
     if magnitude is not None:
@@ -194,15 +214,24 @@ def _assert_close(actual: np.ndarray, expected: np.ndarray, magnitude, depth: tu
     _, _, ok = compare(got, wanted, magnitude, depth[0], dtype)
     if ok and not bad_special.any():
         return
-    error = np.where(bad_special, np.inf, np.abs(got - wanted))
+    bound32 = None if magnitude is None else (depth[0] + 8) * EPS32 * magnitude
+    with np.errstate(invalid="ignore"):
+        error = np.where(bad_special, np.inf, np.abs(got - wanted))
+    if dtype == _dtypes.FLOAT16:
+        error = np.where(overflow_allowed(got, wanted, bound32, dtype), 0.0, error)
     if dtype == np.float64:
         largest = float(np.abs(wanted).max())
         tolerance = np.full(error.shape, F64_RTOL * (largest or 1.0))   # as compare()
         rule = f"float64, normwise: {F64_RTOL:g} x max|reference| = {F64_RTOL:g} x {largest:.6g}"
-    else:
-        tolerance = (depth[0] + 8) * EPS32 * magnitude + np.finfo(np.float32).tiny
+    elif dtype == np.float32:
+        tolerance = bound(wanted, bound32, dtype)
         rule = (f"float32, element-wise: (depth + 8) eps32 x M, depth = {depth[1]}, "
                 "M = the method on |inputs|")
+    else:
+        tolerance = bound(wanted, bound32, dtype)
+        rule = (f"{dtype}, element-wise: u |reference| + (1 + u) E32, u = "
+                f"2^{int(np.log2(_dtypes.UNIT_ROUNDOFF[dtype.name]))}, E32 = (depth + 8) eps32 "
+                f"x M, depth = {depth[1]}, M = the method on |inputs|")
     outside = error > tolerance
     index = np.unravel_index(np.argmax(error / tolerance), error.shape)
     raise AssertionError(
@@ -232,7 +261,7 @@ def assert_logits_close(actual, method: str, *args, **kwargs) -> None:
     formula = getattr(reference, method)
     expected = formula(*args64, **kwargs64)
     magnitude = None
-    if dtype == np.float32:
+    if dtype != np.float64:
         abs_args, abs_kwargs = _abs_inputs(method, args64, kwargs64)
         magnitude = formula(*abs_args, **abs_kwargs)
     _assert_close(got, expected, magnitude, _depth(method, args, kwargs, grads=False), dtype,
@@ -345,7 +374,8 @@ def assert_attention_close(actual, method: str, q, k, v, *args, **kwargs) -> Non
     The inputs are as ``posenc.<method>_attention`` takes them (arrays or
     tensors; ``causal``, ``key_padding_mask``, ``query_offset``, ``dropout_p``,
     ``seed``).  float64: normwise ``1e-12``; float32: every entry within the
-    logits' bound carried through the softmax (docs/validation.md).  A
+    logits' bound carried through the softmax (docs/validation.md); bfloat16
+    and float16: that bound and one rounding of out (lse is float32).  A
     fully masked row must be 0 with lse ``-inf``.  AssertionError names the
     worst ``(b, h, i, d)``, both values, the error and its bound.
     """
@@ -362,25 +392,27 @@ def assert_attention_close(actual, method: str, q, k, v, *args, **kwargs) -> Non
     args64, kwargs64 = _as64(method, args, kwargs)
     ref, out_bound, lse_bound, _ = attention_bounds(method, args64, kwargs64,
                                                     v.astype(np.float64), options)
-    checks = [("out", got, ref.out, out_bound)]
+    checks = [("out", got, ref.out, out_bound, dtype)]
     if pair:
-        checks.append(("lse", _as_array(actual[1], "lse"), ref.lse, lse_bound))
-    for name, value, expected, bound in checks:
+        checks.append(("lse", _as_array(actual[1], "lse"), ref.lse, lse_bound,
+                       _dtypes.lse_dtype(dtype)))
+    for name, value, expected, bound32, value_dtype in checks:
         if value.shape != expected.shape:
             raise AssertionError(f"attention {name} of {method} has shape {value.shape}, "
                                  f"posenc.reference.{method}_attention {expected.shape}")
-        _, measure, ok = within(value, expected, bound, dtype)
+        _, measure, ok = within(value, expected, bound32, value_dtype)
         if ok:
             continue
+        tolerance = bound(expected, bound32, value_dtype)
+        value = value.astype(np.float64)
         with np.errstate(invalid="ignore"):
-            error = np.abs(np.nan_to_num(value.astype(np.float64) - expected, nan=np.inf,
-                                         posinf=np.inf, neginf=np.inf))
+            error = np.abs(np.nan_to_num(value - expected, nan=np.inf, posinf=np.inf,
+                                         neginf=np.inf))
         error = np.where(np.isneginf(expected) & np.isneginf(value), 0.0, error)
-        index = np.unravel_index(np.argmax(error / (bound + np.finfo(np.float32).tiny)),
-                                 error.shape)
+        index = np.unravel_index(np.argmax(error / tolerance), error.shape)
         raise AssertionError(
-            f"attention {name} of {method} ({dtype}) differs from "
+            f"attention {name} of {method} ({value_dtype}) differs from "
             f"posenc.reference.{method}_attention at {tuple(int(i) for i in index)}: actual "
             f"{value[index]:.10g}, reference {expected[index]:.10g}, error {error[index]:.3g}; "
-            f"error measure {measure:.3g} > 1 (float32: error / bound, bound {bound[index]:.3g}; "
+            f"error measure {measure:.3g} > 1 (error / bound, bound {tolerance[index]:.3g}; "
             f"float64: normwise / {F64_RTOL:g})")

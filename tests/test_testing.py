@@ -65,8 +65,9 @@ def test_random_inputs_options_and_errors():
     assert args[2].shape == (1, 7, 2) and "segment_table" not in kwargs
     with pytest.raises(TypeError, match="unknown option.*segment"):
         random_inputs("diet_rel", segment=2)
-    with pytest.raises(TypeError, match="float32 or float64"):
-        random_inputs("t5", dtype=np.float16)
+    with pytest.raises(TypeError, match="float32, float64, bfloat16"):
+        random_inputs("t5", dtype=np.int32)
+    assert all(a.dtype == np.float16 for a in random_inputs("t5", dtype=np.float16).floats.values())
     with pytest.raises(ValueError, match="unknown method 'rope'"):
         random_inputs("rope")
 
@@ -155,10 +156,16 @@ def test_wrong_shape_fails():
         assert_logits_close(posenc.t5(*args, **kwargs).transpose(0, 1, 3, 2), "t5", *args, **kwargs)
 
 
-def test_half_precision_is_refused():
-    args, kwargs = random_inputs("content")
-    with pytest.raises(TypeError, match="float16 is not supported"):
-        assert_logits_close(posenc.content(*args).astype(np.float16), "content", *args)
+def test_half_precision_has_its_bound():
+    """float16 (and bfloat16) results are held to u |reference| + (1 + u) E32: posenc's
+    pass, one 2^-9 too large fails (u = 2^-11); other float dtypes are refused."""
+    args, _ = random_inputs("content", dtype=np.float16)
+    got = posenc.content(*args)
+    assert_logits_close(got, "content", *args)
+    with fails(r"logits of content \(float16\).*u \|reference\| \+ \(1 \+ u\) E32, u = 2\^-11"):
+        assert_logits_close(got * np.float16(1 + 2 ** -9), "content", *args)
+    with pytest.raises(TypeError, match="float128 is not supported"):
+        assert_logits_close(got.astype(np.longdouble), "content", *args)
 
 
 def _t5_backward_with(change):
@@ -208,7 +215,7 @@ def test_torch_wrong_gradient_and_detached_input():
     with fails("fn returned a tensor without a gradient"):
         assert_grads_close(lambda *a, **kw: pt.t5(*a, **kw).detach(), "t5",
                            *inputs.args, **inputs.kwargs)
-    with pytest.raises(TypeError, match="torch.float16 is not supported"):
+    with fails(r"logits of t5 \(float16\)"):     # a torch.float16 result has float16's bound
         assert_logits_close(torch.zeros(2, 3, 7, 5, dtype=torch.float16), "t5",
                             *inputs.args, **inputs.kwargs)
 
@@ -309,13 +316,22 @@ def test_info_is_the_command_line_text():
 
 
 def test_check_result():
+    from posenc._check import DTYPES
+
     result = posenc.check(["t5", "diet_abs"], "scalar", n=9, m=7, d=5, progress=False)
-    assert result.passed and len(result.rows) == 8 and not result.failed     # logits, attention
+    rows = 2 * 2 * len(DTYPES)                           # methods x (logits, attention) x dtypes
+    assert result.passed and len(result.rows) == rows and not result.failed
+    assert {row.dtype for row in result.rows} == set(DTYPES) >= {"float32", "float64", "float16"}
     text = repr(result)
     assert text.splitlines()[0].endswith("(B=2 H=3 n=9 m=7 d=5, seed 0)")
-    assert text.splitlines()[-1].startswith("8 passed, 0 failed (2 methods x 1 ISAs x 2 dtypes")
+    assert text.splitlines()[-1].startswith(
+        f"{rows} passed, 0 failed (2 methods x 1 ISAs x {len(DTYPES)} dtypes")
     page = result._repr_html_()
-    assert page.count("PASS") == 8 and "<caption" in page
+    assert page.count("PASS") == rows and "<caption" in page
+    only = posenc.check("t5", "scalar", dtypes="float16", progress=False)
+    assert [row.dtype for row in only.rows] == ["float16", "float16"] and only.passed
+    with pytest.raises(ValueError, match="unknown dtype 'float8'"):
+        posenc.check("t5", dtypes=["float8"])
     with pytest.raises(ValueError, match="unknown method"):
         posenc.check("rope")
     with pytest.raises(ValueError, match="not available here"):

@@ -1,0 +1,72 @@
+"""The float dtypes posenc takes (docs/low_precision.md): float32, float64, and
+the 16-bit storage types bfloat16 (``ml_dtypes.bfloat16``, when ml_dtypes is
+installed: NumPy has no bfloat16 of its own) and float16 (``np.float16``).
+
+A call's float inputs share one dtype; its results (logits, the attention's
+out, gradients) come back in it, except the attention's ``lse``, which is
+float32 for the 16-bit types.  ``narrow`` rounds float64 values once to a
+dtype (the reference's results).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+try:
+    import ml_dtypes
+except ImportError:           # float16 still works; bfloat16 arrays cannot exist
+    ml_dtypes = None
+
+FLOAT32, FLOAT64, FLOAT16 = np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.float16)
+BFLOAT16 = np.dtype(ml_dtypes.bfloat16) if ml_dtypes is not None else None
+
+# The 16-bit storage types available here, and every float dtype.
+LOW_PRECISION = tuple(t for t in (BFLOAT16, FLOAT16) if t is not None)
+FLOAT_DTYPES = (FLOAT32, FLOAT64) + LOW_PRECISION
+TEXT = "float32, float64, bfloat16 (with ml_dtypes installed) or float16"
+
+# Unit roundoff of each 16-bit type's one rounding (docs/validation.md).
+UNIT_ROUNDOFF = {"bfloat16": 2.0 ** -8, "float16": 2.0 ** -11}
+FLOAT16_MAX_FINITE = 65504.0
+FLOAT16_OVERFLOW = 65520.0          # the smallest magnitude that rounds to +-inf
+FLOAT16_SUBNORMAL_ERROR = 2.0 ** -25   # half the spacing of float16 below 2^-14
+
+
+def by_name(name: str) -> np.dtype:
+    """A float dtype from its name; ValueError naming what exists here."""
+    for dtype in FLOAT_DTYPES:
+        if dtype.name == name:
+            return dtype
+    if name == "bfloat16":
+        raise ValueError("bfloat16 needs ml_dtypes (pip install 'posenc[bf16]')")
+    raise ValueError(f"unknown dtype {name!r}; expected one of "
+                     f"{', '.join(t.name for t in FLOAT_DTYPES)}")
+
+
+def is_low_precision(dtype) -> bool:
+    return dtype is not None and np.dtype(dtype).name in UNIT_ROUNDOFF
+
+
+def lse_dtype(dtype: np.dtype) -> np.dtype:
+    """The dtype of the attention's lse for inputs of `dtype`."""
+    return FLOAT32 if is_low_precision(dtype) else np.dtype(dtype)
+
+
+def narrow(values, dtype) -> np.ndarray:
+    """`values` (float64) as a new C-contiguous array of `dtype`, rounded once to
+    nearest even.  ml_dtypes casts float64 to bfloat16 through float32 (two
+    roundings: 1 + 2^-8 + 2^-30 becomes 1, not 1 + 2^-7); here float64 goes to
+    float32 rounded to odd (truncated, the last bit set when inexact), which
+    keeps 16 bits beyond bfloat16's, so the second rounding is the only one."""
+    dtype = np.dtype(dtype)
+    if dtype != BFLOAT16 or BFLOAT16 is None:
+        with np.errstate(over="ignore"):          # float16 overflows to +-inf, as IEEE says
+            return np.ascontiguousarray(values, dtype=dtype)
+    wide = np.asarray(values, dtype=np.float64)
+    with np.errstate(over="ignore", invalid="ignore"):
+        single = wide.astype(np.float32)
+        inexact = np.isfinite(wide) & (single.astype(np.float64) != wide)
+        toward_zero = np.where(inexact & (np.abs(single.astype(np.float64)) > np.abs(wide)),
+                               np.nextafter(single, np.float32(0)), single)
+    bits = toward_zero.view(np.uint32) | inexact.astype(np.uint32)
+    return np.ascontiguousarray(bits.view(np.float32).astype(BFLOAT16))

@@ -1,0 +1,362 @@
+"""bfloat16 and float16 through the public NumPy API (issue 16, docs/low_precision.md).
+
+Every method x ISA of this CPU (posenc's pytest plugin: posenc_isa) x {bfloat16,
+float16}: the logits forward and backward, the fused attention forward and
+backward (causal, a padding mask with a fully masked batch row, query_offset,
+dropout, dv != d), on awkward sizes (n != m, sizes 1, 3, 17, 33), with shared
+(head axis 1) parameters and non-contiguous inputs.  Two checks each:
+
+* the design, exactly: a 16-bit result is narrow(float32 posenc on the widened
+  inputs), bit for bit, and lse is float32 and equal to the float32 run's;
+* the bound of docs/validation.md against the float64 reference on the same
+  (widened) inputs: |posenc - reference| <= u |reference| + (1 + u) E32
+  (u = 2^-8, 2^-11; + 2^-25 for float16), E32 the float32 bound
+  (posenc._check.compare / within, which `python -m posenc check` uses).
+
+Also: float16 overflow to +-inf at 65520 (and not below), the reference's one
+rounding from float64, a result large enough for the result-block cache,
+mixed dtypes refused with the dtypes named, and posenc without ml_dtypes
+(float16 only).  bfloat16 cases are skipped when ml_dtypes is not installed.
+"""
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import posenc
+from posenc import _C, _check, _dtypes, reference
+from posenc._examples import float_inputs, make_inputs, with_inputs
+from posenc._registry import METHODS
+
+BF16 = pytest.param("bfloat16", marks=pytest.mark.skipif(
+    _dtypes.BFLOAT16 is None, reason="bfloat16 needs ml_dtypes (pip install 'posenc[bf16]')"))
+DTYPES = [BF16, "float16"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """One thread: tiny problems on a shared machine (threads are tested in tests/c)."""
+    previous = posenc.get_num_threads()
+    posenc.set_num_threads(1)
+    yield
+    posenc.set_num_threads(previous)
+
+
+# ------------------------------------------------------------------ helpers
+
+def _cast(method, args, kwargs, dtype):
+    """The call with every float input converted to `dtype` (exact when widening)."""
+    floats = float_inputs(method, args, kwargs)
+    return with_inputs(method, args, kwargs, {k: v.astype(dtype) for k, v in floats.items()})
+
+
+def _strided(method, args, kwargs):
+    """The same values as views with a stride of 2 items along the last axis."""
+    floats = float_inputs(method, args, kwargs)
+    return with_inputs(method, args, kwargs,
+                       {k: np.repeat(v, 2, axis=-1)[..., ::2] for k, v in floats.items()})
+
+
+def _inputs(method, dtype, n, m, d, rng, *, shared=False, strided=False, B=2, H=3):
+    args, kwargs = make_inputs(method, B, H, n, m, d, dtype=np.float64, rng=rng, shared=shared)
+    args, kwargs = _cast(method, args, kwargs, _dtypes.by_name(dtype))
+    return _strided(method, args, kwargs) if strided else (args, kwargs)
+
+
+def _bits(array) -> np.ndarray:
+    return np.ascontiguousarray(array).view(np.uint16)
+
+
+def assert_narrowed(got, wide32, dtype, what):
+    """got (16-bit) is wide32 (the float32 run) rounded once to nearest even."""
+    assert got.dtype == _dtypes.by_name(dtype), f"{what}: dtype {got.dtype}"
+    assert wide32.dtype == np.float32
+    want = wide32.astype(got.dtype)
+    same = _bits(got) == _bits(want)
+    assert same.all(), (f"{what}: {int((~same).sum())} of {same.size} entries are not "
+                        f"narrow(float32 posenc); first at {np.argwhere(~same)[0]}")
+
+
+def assert_within(ratio, what):
+    assert ratio <= 1.0, f"{what}: error / bound = {ratio:.3g} > 1"
+
+
+SIZES = [  # n, m, d, options
+    (3, 17, 33, dict()),
+    (17, 1, 3, dict(query_offset=2)),
+    (33, 17, 16, dict(shared=True, strided=True)),
+]
+
+
+# ------------------------------------------------------------------ logits
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"n{s[0]}-m{s[1]}-d{s[2]}")
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("method", METHODS)
+def test_logits_forward_backward(posenc_isa, method, dtype, size, rng):
+    n, m, d, options = size
+    options = dict(options)
+    query_offset = options.pop("query_offset", 0)
+    args, kwargs = _inputs(method, dtype, n, m, d, rng, **options)
+    kwargs["query_offset"] = query_offset
+    args32, kwargs32 = _cast(method, args, kwargs, np.float32)
+    args64, kwargs64 = _cast(method, args, kwargs, np.float64)
+    abs_args, abs_kwargs = _check._abs_inputs(method, args64, kwargs64)
+    d_p = _check.dense_rank(method, args, kwargs)
+
+    got = getattr(posenc, method)(*args, **kwargs)
+    assert_narrowed(got, getattr(posenc, method)(*args32, **kwargs32), dtype, "logits")
+    formula = getattr(reference, method)
+    _, ratio, _ = _check.compare(got, formula(*args64, **kwargs64),
+                                 formula(*abs_args, **abs_kwargs), d + d_p, dtype)
+    assert_within(ratio, "logits")
+
+    G = rng.standard_normal(got.shape).astype(got.dtype)
+    G32, G64 = G.astype(np.float32), G.astype(np.float64)
+    grads = getattr(posenc, method + "_backward")(G, *args, **kwargs)
+    grads32 = getattr(posenc, method + "_backward")(G32, *args32, **kwargs32)
+    backward = getattr(reference, method + "_backward")
+    want = backward(G64, *args64, **kwargs64)
+    magnitude = backward(np.abs(G64), *abs_args, **abs_kwargs)
+    for field in grads._fields:
+        if getattr(want, field) is None:
+            continue
+        assert_narrowed(getattr(grads, field), getattr(grads32, field), dtype, field)
+        _, ratio, _ = _check.compare(getattr(grads, field), getattr(want, field),
+                                     getattr(magnitude, field), n + m + d + d_p, dtype)
+        assert_within(ratio, field)
+
+
+# ------------------------------------------------------------------ attention
+
+ATTENTION_CASES = {  # n, m, d, dv, options (padding: a fully masked batch row and a padded tail)
+    "causal-padding-dropout": (17, 33, 3, 5, dict(causal=True, query_offset=3, dropout_p=0.1,
+                                                   seed=7, padding=True)),
+    "decode-step": (1, 17, 16, 1, dict(causal=True, query_offset=16)),
+    "n>m-shared-strided": (33, 3, 1, 17, dict(padding=True, shared=True, strided=True)),
+}
+
+
+def _attention(namespace, method, args, kwargs, v, options):
+    return getattr(namespace, method + "_attention")(*args[:2], v, *args[2:], **kwargs, **options)
+
+
+def _attention_backward(namespace, method, d_out, args, kwargs, v, saved, options):
+    return getattr(namespace, method + "_attention_backward")(
+        d_out, *args[:2], v, *args[2:], *saved, **kwargs, **options)
+
+
+@pytest.mark.parametrize("case", ATTENTION_CASES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("method", METHODS)
+def test_attention_forward_backward(posenc_isa, method, dtype, case, rng):
+    n, m, d, dv, options = ATTENTION_CASES[case]
+    options = dict(options)
+    layout = {key: options.pop(key) for key in ("shared", "strided") if key in options}
+    B = 2
+    args, kwargs = _inputs(method, dtype, n, m, d, rng, B=B, **layout)
+    lp = _dtypes.by_name(dtype)
+    v = rng.standard_normal((B, 3, m, dv)).astype(lp)
+    if options.pop("padding", False):
+        mask = np.zeros((B, m), dtype=bool)
+        mask[0, :] = True                  # every key of batch row 0 is padding
+        mask[1, m // 2 + 1:] = True
+        options["key_padding_mask"] = mask
+    if layout.get("strided"):
+        v = np.repeat(v, 2, axis=-1)[..., ::2]
+    args32, kwargs32 = _cast(method, args, kwargs, np.float32)
+    args64, kwargs64 = _cast(method, args, kwargs, np.float64)
+
+    got = _attention(posenc, method, args, kwargs, v, options)
+    wide = _attention(posenc, method, args32, kwargs32, v.astype(np.float32), options)
+    assert_narrowed(got.out, wide.out, dtype, "out")
+    assert got.lse.dtype == np.float32
+    np.testing.assert_array_equal(got.lse, wide.lse)
+    if "key_padding_mask" in options:
+        assert np.isneginf(got.lse[0]).all() and not _bits(got.out[0]).any()
+
+    d_out = rng.standard_normal(got.out.shape).astype(lp)
+    ref, out_bound, lse_bound, grad_bounds = _check.attention_bounds(
+        method, args64, kwargs64, v.astype(np.float64), options, d_out.astype(np.float64))
+    assert_within(_check.within(got.out, ref.out, out_bound, lp)[1], "out")
+    assert_within(_check.within(got.lse, ref.lse, lse_bound, np.float32)[1], "lse")
+
+    grads = _attention_backward(posenc, method, d_out, args, kwargs, v, got, options)
+    grads32 = _attention_backward(posenc, method, d_out.astype(np.float32), args32, kwargs32,
+                                  v.astype(np.float32), (got.out.astype(np.float32), got.lse),
+                                  options)
+    # the backward is a function of the out (rounded to 16 bits) and lse it is given
+    want = _attention_backward(reference, method, d_out.astype(np.float64), args64, kwargs64,
+                               v.astype(np.float64), (got.out.astype(np.float64),
+                                                      got.lse.astype(np.float64)), options)
+    for field in want._fields:
+        if getattr(want, field) is None:
+            continue
+        assert_narrowed(getattr(grads, field), getattr(grads32, field), dtype, field)
+        assert_within(_check.within(getattr(grads, field), getattr(want, field),
+                                    grad_bounds[field], lp)[1], field)
+
+
+# ------------------------------------------------------------------ edges
+
+def test_float16_overflows_to_inf_at_65520(posenc_isa):
+    """Logits of +-65504 and 65519 stay finite (65519 rounds to 65504); 65520 and
+    beyond are +-inf, in posenc and in the reference, and the check's bound
+    accepts them."""
+    q = np.ones((1, 1, 1, 2), np.float16)
+    k = np.array([[65504, 0], [-65504, 0], [65504, 15], [65504, 16], [-65504, -16], [256, 0]],
+                 np.float16).reshape(1, 1, 6, 2)
+    scale = 1.0                                 # the logit is exactly k_j0 + k_j1
+    got = posenc.content(q, k, scale=scale)
+    want = [65504, -65504, 65504, np.inf, -np.inf, 256]
+    np.testing.assert_array_equal(got.astype(np.float64)[0, 0, 0], want)
+    np.testing.assert_array_equal(reference.content(q, k, scale=scale).astype(np.float64)[0, 0, 0],
+                                  want)
+    exact = reference.content(q.astype(np.float64), k.astype(np.float64), scale=scale)
+    magnitude = reference.content(np.abs(q).astype(np.float64), np.abs(k).astype(np.float64),
+                                  scale=scale)
+    assert _check.compare(got, exact, magnitude, 2, np.float16)[2]
+    wrong = got.copy()
+    wrong[0, 0, 0, 3] = -np.inf                               # the wrong sign
+    assert not _check.compare(wrong, exact, magnitude, 2, np.float16)[2]
+    wrong[0, 0, 0, 3] = np.inf
+    wrong[0, 0, 0, 0] = np.inf                                # 65504 is not near 65520
+    assert not _check.compare(wrong, exact, magnitude, 2, np.float16)[2]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_reference_rounds_once_from_float64(dtype):
+    """reference(16-bit inputs) = its float64 result rounded once: the logit
+    1 + 2^-8 + 2^-30 is 1 + 2^-7 in bfloat16 (through float32 it would tie to
+    1), 1 + 2^-11 + 2^-21 is 1 + 2^-10 in float16."""
+    lp = _dtypes.by_name(dtype)
+    half_ulp, sticky = (2.0 ** -8, 2.0 ** -29) if dtype == "bfloat16" else (2.0 ** -11, 2.0 ** -20)
+    q = np.array([2.0, 2 * half_ulp, sticky, 0.0]).reshape(1, 1, 1, 4).astype(lp)
+    k = np.array([1.0, 1.0, 1.0, 0.0]).reshape(1, 1, 1, 4).astype(lp)  # scale 1/sqrt(4)
+    got = reference.content(q, k)
+    assert got.dtype == lp and float(got[0, 0, 0, 0]) == 1 + 2 * half_ulp
+    x = np.array([1 + 2.0 ** -8 + 2.0 ** -30, -(1 + 2.0 ** -8), 3.5e38, 1e-45, -1e-40, np.inf])
+    if dtype == "bfloat16":
+        np.testing.assert_array_equal(_dtypes.narrow(x, lp).astype(np.float64),
+                                      [1 + 2.0 ** -7, -1.0, np.inf, 0.0, -2.0 ** -133, np.inf])
+    G = np.ones((1, 1, 1, 1), lp)
+    grads = reference.content_backward(G, q, k)
+    want = reference.content_backward(G.astype(np.float64), q.astype(np.float64),
+                                      k.astype(np.float64))
+    np.testing.assert_array_equal(_bits(grads.q), _bits(_dtypes.narrow(want.q, lp)))
+
+
+def test_float16_result_in_a_result_block():
+    """A float16 result of 33.6 MB lives in a cached block (module_results.h) with
+    2-byte items; d = 1 makes every logit an exact float32 product, so the
+    result is NumPy's outer product rounded once."""
+    n = 4100
+    rng = np.random.default_rng(3)
+    q = rng.standard_normal((1, 1, n, 1)).astype(np.float16)
+    k = rng.standard_normal((1, 1, n, 1)).astype(np.float16)
+    got = posenc.content(q, k)
+    assert type(got.base).__name__ == "ResultBlock" and got.dtype == np.float16
+    want = np.multiply.outer(q[0, 0, :, 0].astype(np.float64), k[0, 0, :, 0].astype(np.float64))
+    np.testing.assert_array_equal(_bits(got[0, 0]), _bits(want.astype(np.float16)))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_out_of_the_16_bit_dtype(dtype, rng):
+    """out= of q's 16-bit dtype is written and returned, for the logits and the attention."""
+    lp = _dtypes.by_name(dtype)
+    q, k, v = (rng.standard_normal((2, 3, 5, 4)).astype(lp) for _ in range(3))
+    out = np.empty((2, 3, 5, 5), lp)
+    assert posenc.content(q, k, out=out) is out
+    np.testing.assert_array_equal(_bits(out), _bits(posenc.content(q, k)))
+    out = np.empty((2, 3, 5, 4), lp)
+    got = posenc.content_attention(q, k, v, out=out)
+    assert got.out is out and got.lse.dtype == np.float32
+    np.testing.assert_array_equal(_bits(out), _bits(posenc.content_attention(q, k, v).out))
+
+
+# ------------------------------------------------------------------ errors
+
+def _mixed_cases():
+    rng = np.random.default_rng(0)
+    f16 = rng.standard_normal((1, 2, 3, 4)).astype(np.float16)
+    table16 = rng.standard_normal((2, 9)).astype(np.float16)
+    cases = [
+        ("k float32, q float16", lambda: posenc.content(f16, f16.astype(np.float32)),
+         ["k has dtype float32", "q has dtype float16"]),
+        ("table float32", lambda: posenc.t5(f16, f16, table16.astype(np.float32), num_buckets=9),
+         ["bias has dtype float32", "float16"]),
+        ("G float32", lambda: posenc.content_backward(np.zeros((1, 2, 3, 3), np.float32), f16, f16),
+         ["G has dtype float32", "q has dtype float16"]),
+        ("int q", lambda: posenc.content(f16.astype(np.int16), f16),
+         ["q must have dtype float32, float64, bfloat16 (with ml_dtypes installed) or float16",
+          "int16"]),
+        ("out float32", lambda: posenc.content(f16, f16, out=np.zeros((1, 2, 3, 3), np.float32)),
+         ["out must have dtype float16"]),
+        ("lse float16", lambda: posenc.content_attention_backward(
+            f16, f16, f16, f16, f16, np.zeros((1, 2, 3), np.float16)),
+         ["lse must have dtype float32", "float16"]),
+        ("v float32", lambda: posenc.content_attention(f16, f16, f16.astype(np.float32)),
+         ["v has dtype float32", "q has dtype float16"]),
+        ("binding: k float32", lambda: _C.forward(posenc._methods.configure(posenc._checks.check(
+            posenc._registry.REGISTRY["content"], (f16, f16), (None, 0), None))._replace(
+                k=f16.astype(np.float32)), None),
+         ["k must have dtype float16", "float32"]),
+    ]
+    if _dtypes.BFLOAT16 is not None:
+        bf16 = f16.astype(_dtypes.BFLOAT16)
+        cases += [
+            ("k float16, q bfloat16", lambda: posenc.content(bf16, f16),
+             ["k has dtype float16", "q has dtype bfloat16"]),
+            ("binding: k bfloat16, q float16", lambda: _C.forward(
+                posenc._methods.configure(posenc._checks.check(
+                    posenc._registry.REGISTRY["content"], (f16, f16), (None, 0), None))._replace(
+                        k=bf16), None),
+             ["k must have dtype float16", "bfloat16"]),
+        ]
+    return cases
+
+
+@pytest.mark.parametrize("case", _mixed_cases(), ids=lambda case: case[0])
+def test_mixed_dtypes_are_refused(case):
+    _, call, fragments = case
+    with pytest.raises(TypeError) as raised:
+        call()
+    for fragment in fragments:
+        assert fragment in str(raised.value), (fragment, str(raised.value))
+
+
+def test_binding_refuses_a_dtype_that_is_not_bfloat16():
+    with pytest.raises(ValueError, match="not a registered NumPy user dtype"):
+        _C._set_bfloat16(np.dtype(np.float16).num)
+
+
+def test_without_ml_dtypes_float16_works_and_bfloat16_is_named():
+    """posenc imported with ml_dtypes hidden: float16 runs and checks, bfloat16 is
+    named as needing ml_dtypes."""
+    code = """
+import sys
+sys.modules["ml_dtypes"] = None             # import ml_dtypes raises ImportError
+import numpy as np, posenc
+from posenc import _check, _dtypes
+assert _dtypes.BFLOAT16 is None and _check.DTYPES == ("float32", "float64", "float16")
+q = np.ones((1, 1, 2, 4), np.float16)
+assert posenc.content(q, q).dtype == np.float16
+try:
+    posenc.check("content", dtypes=["bfloat16"])
+except ValueError as error:
+    assert "ml_dtypes" in str(error), error
+else:
+    raise AssertionError("bfloat16 without ml_dtypes was accepted")
+try:
+    posenc.content(q.view(np.uint16), q)
+except TypeError as error:
+    assert "bfloat16 (with ml_dtypes installed)" in str(error), error
+result = posenc.check("content", dtypes=["float16"])
+assert result.passed, result
+print("ok")
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
