@@ -1,0 +1,225 @@
+#!/usr/bin/env python
+"""bfloat16 and float16 through posenc's C kernels against float32 (issue 16).
+
+    python benchmarks/low_precision.py [--quick] [--out DIR] [--methods ...] [--threads 2]
+
+At the headline shape B=8, H=12, n=m=512, d=dv=64, one process, the peers
+measured in the same run:
+
+* the machine's peaks: float32 FMA and bfloat16 dot products (VDPBF16PS,
+  where the CPU has AVX512-BF16), posenc._machine;
+* content logits: posenc float32 / bfloat16 / float16 (into a preallocated
+  out=), torch.matmul(q, kᵀ) in float32 and bfloat16 (out=), as GFLOP/s
+  (2·B·H·n·m·d / time) and as a fraction of the peak of their dtype;
+* every method: logits forward and backward, fused attention forward and
+  forward+backward, float32 against bfloat16 and float16 (time ratio).
+
+Timings: median and spread (min, max) of repeated calls after a warm-up.
+Results: <out>/low-precision-<date>.json and .md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import sys
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+HEADLINE = dict(B=8, H=12, n=512, d=64)
+LOW = ("bfloat16", "float16")
+
+
+def _dtype(name):
+    if name == "bfloat16":
+        import ml_dtypes
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(name)
+
+
+def _cast(x, dtype):
+    return x.astype(dtype) if isinstance(x, np.ndarray) and x.dtype.kind == "f" else x
+
+
+def _stats(m):
+    return {"median_s": m["median_s"], "min_s": m["min_s"], "max_s": max(m["times_s"]),
+            "repeats": m["repeats"]}
+
+
+def measure_peaks(threads, seconds):
+    from posenc import _machine
+    peaks = {}
+    for dtype in ("float32", "bfloat16"):
+        try:
+            rate = _machine.measure_fma("avx512", dtype, threads, seconds)
+        except ValueError:          # no avx512 on this CPU/build
+            rate = -1.0
+        peaks[dtype] = rate if rate > 0 else None
+    return peaks
+
+
+def measure_content(torch, shape, threads, timing):
+    """GFLOP/s of the content logits: posenc per dtype, torch.matmul per dtype."""
+    import posenc
+    from posenc_bench.cases import case_inputs
+    from posenc_bench.measure import measure, _timed
+
+    B, H, n, d = shape["B"], shape["H"], shape["n"], shape["d"]
+    flops = 2.0 * B * H * n * n * d
+    (q, k), kwargs = case_inputs("content", B, H, n, n, d)
+    posenc.set_num_threads(threads)
+    rows = []
+    for name in ("float32",) + LOW:
+        dt = _dtype(name)
+        qd, kd = q.astype(dt), k.astype(dt)
+        out = np.empty((B, H, n, n), dtype=dt)
+        m = measure(_timed(lambda: posenc.content(qd, kd, out=out, **kwargs)), **timing)
+        rows.append({"impl": "posenc", "dtype": name, **_stats(m), "gflops": flops / m["median_s"] / 1e9})
+    if torch is not None:
+        torch.set_num_threads(threads)
+        for name, tdt in (("float32", torch.float32), ("bfloat16", torch.bfloat16)):
+            qt = torch.from_numpy(q).to(tdt)
+            kt = torch.from_numpy(k).to(tdt).transpose(-1, -2)
+            out = torch.empty((B, H, n, n), dtype=tdt)
+            with torch.no_grad():
+                m = measure(_timed(lambda: torch.matmul(qt, kt, out=out)), **timing)
+            rows.append({"impl": "torch.matmul", "dtype": name, **_stats(m),
+                         "gflops": flops / m["median_s"] / 1e9})
+    return rows
+
+
+def measure_method(method, shape, threads, timing):
+    """Seconds of each direction, per dtype, for one method (NumPy API)."""
+    import posenc
+    from posenc_bench.cases import case_inputs, upstream_gradient
+    from posenc_bench.measure import measure, _timed
+
+    B, H, n, d = shape["B"], shape["H"], shape["n"], shape["d"]
+    args, kwargs = case_inputs(method, B, H, n, n, d)
+    rng = np.random.default_rng(7)
+    v = rng.standard_normal((B, H, n, d), dtype=np.float32)
+    d_out = rng.standard_normal((B, H, n, d), dtype=np.float32)
+    G = upstream_gradient(B, H, n, n)
+    posenc.set_num_threads(threads)
+    logits = getattr(posenc, method)
+    backward = getattr(posenc, method + "_backward")
+    attention = getattr(posenc, method + "_attention")
+    attention_backward = getattr(posenc, method + "_attention_backward")
+    result = {}
+    for name in ("float32",) + LOW:
+        dt = _dtype(name)
+        a = [_cast(x, dt) for x in args]
+        kw = {key: _cast(x, dt) for key, x in kwargs.items()}
+        vd, dod, Gd = v.astype(dt), d_out.astype(dt), G.astype(dt)
+        out = np.empty((B, H, n, n), dtype=dt)
+        q, k, rest = a[0], a[1], a[2:]
+        fwd = attention(q, k, vd, *rest, **kw)
+
+        def attention_step():
+            o, lse = attention(q, k, vd, *rest, **kw)
+            return attention_backward(dod, q, k, vd, *rest, o, lse, **kw)
+
+        result[name] = {
+            "logits_fwd": _stats(measure(_timed(lambda: logits(*a, out=out, **kw)), **timing)),
+            "logits_bwd": _stats(measure(_timed(lambda: backward(Gd, *a, **kw)), **timing)),
+            "attention_fwd": _stats(measure(_timed(lambda: attention(q, k, vd, *rest, **kw)),
+                                            **timing)),
+            "attention_fwd_bwd": _stats(measure(_timed(attention_step), **timing)),
+        }
+        del fwd
+    return result
+
+
+DIRECTIONS = ("logits_fwd", "logits_bwd", "attention_fwd", "attention_fwd_bwd")
+
+
+def _ms(s):
+    return f"{s * 1e3:.1f}"
+
+
+def _spread(r):
+    return f"{_ms(r['median_s'])} ({_ms(r['min_s'])}–{_ms(r['max_s'])})"
+
+
+def render(data) -> str:
+    shape = data["shape"]
+    peaks = data["peaks"]
+    lines = [f"# bfloat16 / float16 through posenc ({data['date']})", "",
+             f"{data['machine']}; {data['threads']} threads; B={shape['B']}, H={shape['H']}, "
+             f"n=m={shape['n']}, d=dv={shape['d']}; median (min–max) ms of repeated calls.", ""]
+    peak_text = ", ".join(f"{k} {v / 1e9:.0f} GFLOP/s" if v else f"{k} not measurable"
+                          for k, v in peaks.items())
+    lines += [f"Measured peaks ({data['threads']} threads): {peak_text}.", "",
+              "## Content logits", "",
+              "| implementation | dtype | ms | GFLOP/s | of its dtype's peak |", "|---|---|---|---|---|"]
+    for r in data["content"]:
+        peak = peaks.get("bfloat16" if r["dtype"] == "bfloat16" else "float32")
+        frac = f"{r['gflops'] * 1e9 / peak:.0%}" if peak and r["dtype"] != "float16" else "—"
+        lines.append(f"| {r['impl']} | {r['dtype']} | {_spread(r)} | {r['gflops']:.0f} | {frac} |")
+    by = {(r["impl"], r["dtype"]): r["gflops"] for r in data["content"]}
+    if ("posenc", "bfloat16") in by:
+        lines += ["", f"posenc bf16 ÷ posenc float32 throughput: "
+                  f"{by[('posenc', 'bfloat16')] / by[('posenc', 'float32')]:.2f}× (target ≥ 1.6×)"]
+        if ("torch.matmul", "bfloat16") in by:
+            lines.append(f"posenc bf16 ÷ torch bf16 matmul: "
+                         f"{by[('posenc', 'bfloat16')] / by[('torch.matmul', 'bfloat16')]:.2f}× (target ≥ 2×)")
+    lines += ["", "## Every method: float32 time ÷ low-precision time (target ≥ 1.5×)", "",
+              "| method | direction | float32 ms | bfloat16 ms | f32 ÷ bf16 | float16 ms | f32 ÷ f16 |",
+              "|---|---|---|---|---|---|---|"]
+    for method, res in data["methods"].items():
+        for direction in DIRECTIONS:
+            f32, bf, fp = (res[k][direction] for k in ("float32",) + LOW)
+            lines.append(f"| {method} | {direction} | {_spread(f32)} | {_spread(bf)} | "
+                         f"{f32['median_s'] / bf['median_s']:.2f} | {_spread(fp)} | "
+                         f"{f32['median_s'] / fp['median_s']:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    import posenc
+    from posenc._registry import METHODS
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="B=2, fewer calls (a smoke run)")
+    parser.add_argument("--out", default=os.path.join(HERE, "results"))
+    parser.add_argument("--methods", nargs="*", default=list(METHODS))
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--no-torch", action="store_true")
+    args = parser.parse_args(argv)
+    shape = dict(HEADLINE, B=2) if args.quick else dict(HEADLINE)
+    timing = dict(repeats=3, max_seconds=1.0) if args.quick else dict(repeats=9, max_seconds=8.0)
+    torch = None
+    if not args.no_torch:
+        try:
+            import torch
+        except ImportError:
+            print("torch is not installed: torch.matmul not measured")
+    print("peaks ...", flush=True)
+    data = {"date": datetime.date.today().isoformat(), "threads": args.threads, "shape": shape,
+            "machine": f"{platform.processor() or platform.machine()}, posenc ISA {posenc.get_isa()}",
+            "peaks": measure_peaks(args.threads, 0.2 if args.quick else 1.0)}
+    print("content logits ...", flush=True)
+    data["content"] = measure_content(torch, shape, args.threads, timing)
+    data["methods"] = {}
+    for method in args.methods:
+        print(f"{method} ...", flush=True)
+        data["methods"][method] = measure_method(method, shape, args.threads, timing)
+    text = render(data)
+    print(text)
+    os.makedirs(args.out, exist_ok=True)
+    base = os.path.join(args.out, f"low-precision-{data['date']}{'-quick' if args.quick else ''}")
+    with open(base + ".json", "w") as f:
+        json.dump(data, f, indent=1)
+    with open(base + ".md", "w") as f:
+        f.write(text)
+    print(f"wrote {base}.json and .md")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
