@@ -213,6 +213,7 @@ int main(void)
     test_softmax_rows();
     test_attention();
     test_convert();
+    test_bf16dot();
     printf("%d checks, %d failures\n", checks, failures);
     return failures ? 1 : 0;
 }
