@@ -17,12 +17,26 @@
 /* vcvtneps2bf16 rounds to nearest even and quiets NaNs as the reference
  * does, but flushes subnormal inputs to zero: a block holding one is
  * rounded by integers instead (convert_avx512.h). */
-static inline __m256i bf16_narrow_avx512bf16(__m512 x)
+static inline __mmask16 subnormal_lanes(__m512 x)
 {
     const __m512i u = _mm512_castps_si512(x);
-    const __mmask16 subnormal = _mm512_testn_epi32_mask(u, _mm512_set1_epi32(0x7f800000)) &
-                                _mm512_test_epi32_mask(u, _mm512_set1_epi32(0x007fffff));
-    return subnormal ? _mm512_cvtepi32_epi16(bf16_round_avx512(u)) : (__m256i)_mm512_cvtneps_pbh(x);
+    return _mm512_testn_epi32_mask(u, _mm512_set1_epi32(0x7f800000)) &
+           _mm512_test_epi32_mask(u, _mm512_set1_epi32(0x007fffff));
+}
+
+static inline __m256i bf16_narrow_avx512bf16(__m512 x)
+{
+    return subnormal_lanes(x) ? _mm512_cvtepi32_epi16(bf16_round_avx512(_mm512_castps_si512(x)))
+                              : (__m256i)_mm512_cvtneps_pbh(x);
+}
+
+/* The same on 32 lanes, lo's then hi's, by one vcvtne2ps2bf16. */
+static inline __m512i bf16_narrow2_avx512bf16(__m512 lo, __m512 hi)
+{
+    if (subnormal_lanes(lo) | subnormal_lanes(hi))
+        return _mm512_inserti64x4(_mm512_castsi256_si512(bf16_narrow_avx512bf16(lo)),
+                                  bf16_narrow_avx512bf16(hi), 1);
+    return (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
 }
 
 static inline void f32_to_bf16_avx512bf16(uint16_t *d, const float *s)
@@ -37,10 +51,12 @@ static inline void f32_to_bf16_avx512bf16(uint16_t *d, const float *s)
 /* ------------------------------------------------- the bfloat16 content GEMM */
 
 /* Register tile MR x 2 vectors of 16 float32 lanes: 24 accumulators, 2 B
- * vectors, the broadcasts from memory, of the 32 zmm registers. */
+ * vectors, the broadcasts from memory, of the 32 zmm registers; a row of
+ * the tile is 32 bfloat16, one 64-byte store. */
 #define MR 12
 #define NRV 2
 #define NR (NRV * 16)
+_Static_assert(NRV == 2, "the epilogue narrows a row of two vectors at once");
 
 /* A pair of bfloat16 (elements l, l + 1 of a row: l in the low half, as
  * vdpbf16ps pairs them) broadcast to every 32-bit lane. */
@@ -103,26 +119,29 @@ static void bf16_ukr_avx512bf16(size_t kc, const uint16_t *a, ptrdiff_t lda, con
     }
 #undef BF16_STEP
 
-    /* The epilogue in float32, then one rounding to bfloat16; a partial
-     * vector goes through the same operations on its first lanes. */
+    /* The epilogue in float32, then one rounding to bfloat16 of each row's
+     * 32 lanes (a partial row: the same operations on its first lanes). */
     const __m512 s = _mm512_set1_ps(scale);
     const int add = (flags & POSENC_UKR_ADD_P) != 0, mul = !add && (flags & POSENC_UKR_MUL_P);
-    for (size_t r = 0; r < rows && r < MR; ++r) {
-#pragma GCC unroll 4
-        for (int v = 0; v < NRV; ++v) {
-            const size_t col = (size_t)v * 16;
-            if (col >= cols)
-                break;
-            const __mmask16 lanes =
-                cols - col >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (cols - col)) - 1);
-            __m512 x = _mm512_mul_ps(acc[r][v], s);
-            if (add || mul) {
-                const __m512 pv = _mm512_maskz_loadu_ps(lanes, p + (ptrdiff_t)r * ldp + (ptrdiff_t)col);
-                x = add ? _mm512_add_ps(x, pv) : _mm512_mul_ps(x, pv);
-            }
-            _mm256_mask_storeu_epi16(c + (ptrdiff_t)r * ldc + (ptrdiff_t)col, lanes,
-                                     bf16_narrow_avx512bf16(x));
+    const __mmask32 lanes = cols >= NR ? ~(__mmask32)0 : (((__mmask32)1 << cols) - 1);
+    const __mmask16 lanes_lo = (__mmask16)lanes, lanes_hi = (__mmask16)(lanes >> 16);
+#pragma GCC unroll 16
+    for (int r = 0; r < MR; ++r) {
+        if ((size_t)r >= rows)
+            break;
+        __m512 lo = _mm512_mul_ps(acc[r][0], s), hi = _mm512_mul_ps(acc[r][1], s);
+        if (add || mul) {
+            const float *prow = p + (ptrdiff_t)r * ldp;
+            const __m512 p_lo = _mm512_maskz_loadu_ps(lanes_lo, prow);
+            const __m512 p_hi = _mm512_maskz_loadu_ps(lanes_hi, prow + 16);
+            lo = add ? _mm512_add_ps(lo, p_lo) : _mm512_mul_ps(lo, p_lo);
+            hi = add ? _mm512_add_ps(hi, p_hi) : _mm512_mul_ps(hi, p_hi);
         }
+        uint16_t *crow = c + (ptrdiff_t)r * ldc;
+        if (cols >= NR)
+            _mm512_storeu_si512(crow, bf16_narrow2_avx512bf16(lo, hi));
+        else
+            _mm512_mask_storeu_epi16(crow, lanes, bf16_narrow2_avx512bf16(lo, hi));
     }
 }
 
