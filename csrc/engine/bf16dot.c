@@ -18,6 +18,7 @@ typedef struct {
     const posenc_problem *p;
     const posenc_bf16_kernels *kern;
     float scale;
+    int stream;              /* POSENC_UKR_STREAM: the logits go straight to memory */
     size_t items, chunks, rows_per_chunk;
     size_t panel_elements;   /* one pair panel: round_up(d, 2) x nr */
     uint16_t *out;
@@ -58,8 +59,10 @@ static void bf16dot_team(void *arg, void *ws)
             for (size_t j0 = 0; j0 < m; j0 += nr)
                 kern->ukr(d, q_u + i0 * d, (ptrdiff_t)d, k_pack + (j0 / nr) * w->panel_elements,
                           out_u + i0 * m + j0, (ptrdiff_t)m, posenc_min(mr, r1 - i0),
-                          posenc_min(nr, m - j0), w->scale, NULL, 0, 0);
+                          posenc_min(nr, m - j0), w->scale, NULL, 0, w->stream);
     }
+    if (w->stream)
+        posenc_active_kernels(POSENC_F32)->store_fence();
 }
 
 int posenc_bf16_content_forward(const posenc_problem *p, void *out, int num_threads)
@@ -73,8 +76,14 @@ int posenc_bf16_content_forward(const posenc_problem *p, void *out, int num_thre
     const size_t threads = (size_t)(num_threads > 0 ? num_threads : 1);
     const size_t rows = posenc_rows_per_item(BH, p->n, kern->mr, threads);
     const size_t chunks = (p->n + rows - 1) / rows;
-    bf16dot_work work = {p, kern, (float)p->scale, BH * chunks, chunks, rows,
-                         posenc_round_up(p->d, 2) * kern->nr, (uint16_t *)out};
+    /* as the float engine's forward: logits much larger than the caches are
+     * written with non-temporal stores (no read for ownership of their lines),
+     * which need 64-byte aligned rows */
+    const int stream = (uintptr_t)out % POSENC_ALIGN == 0 &&
+                       (p->m * sizeof(uint16_t)) % POSENC_ALIGN == 0 &&
+                       posenc_mul_size(BH * p->n, p->m * sizeof(uint16_t)) >= POSENC_STREAM_BYTES;
+    bf16dot_work work = {p, kern, (float)p->scale, stream ? POSENC_UKR_STREAM : 0, BH * chunks,
+                         chunks, rows, posenc_round_up(p->d, 2) * kern->nr, (uint16_t *)out};
     const size_t panels = posenc_round_up(p->m, kern->nr) / kern->nr;
     const size_t ws_bytes = posenc_mul_size(posenc_mul_size(panels, work.panel_elements),
                                             sizeof(uint16_t));

@@ -138,7 +138,9 @@ static void bf16_ukr_avx512bf16(size_t kc, const uint16_t *a, ptrdiff_t lda, con
             hi = add ? _mm512_add_ps(hi, p_hi) : _mm512_mul_ps(hi, p_hi);
         }
         uint16_t *crow = c + (ptrdiff_t)r * ldc;
-        if (cols >= NR)
+        if (cols >= NR && (flags & POSENC_UKR_STREAM))
+            _mm512_stream_si512((__m512i *)crow, bf16_narrow2_avx512bf16(lo, hi));
+        else if (cols >= NR)
             _mm512_storeu_si512(crow, bf16_narrow2_avx512bf16(lo, hi));
         else
             _mm512_mask_storeu_epi16(crow, lanes, bf16_narrow2_avx512bf16(lo, hi));

@@ -14,8 +14,10 @@
  *   5. IEEE special values: Inf and NaN inputs give the reference's NaN or
  *      Inf; subnormal bfloat16 results are kept.
  *   6. 1, 2 and 3 threads bitwise equal (units, then row chunks).
+ *   7. Logits large enough to be streamed (non-temporal stores) as the others.
  * Without AVX512-BF16 (CPU or compiler) only 1 runs, with a message.
  */
+#define _POSIX_C_SOURCE 200809L
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -315,6 +317,29 @@ static void test_threads(void)
     }
 }
 
+/* 7: logits of POSENC_STREAM_BYTES and more, 64-byte aligned rows: written by
+ * non-temporal stores, bitwise as the same call into a misaligned buffer. */
+static void test_stream(void)
+{
+    const size_t n = 4096, m = 4096, d = 3, logits = n * m;
+    uint16_t *q = random_bf16(n * d), *k = random_bf16(m * d);
+    void *aligned = NULL, *shifted = NULL;
+    EXPECT(posix_memalign(&aligned, 64, sizeof(uint16_t) * logits) == 0 &&
+               posix_memalign(&shifted, 64, sizeof(uint16_t) * (logits + 1)) == 0,
+           "bf16dot: allocation");
+    if (!aligned || !shifted) {
+        free(aligned), free(shifted), free(q), free(k);
+        return;
+    }
+    posenc_problem p = content_problem(1, 1, n, m, d, 0.5, q, k);
+    EXPECT(sizeof(uint16_t) * logits >= POSENC_STREAM_BYTES, "bf16dot: a streamed size");
+    EXPECT(posenc_bf16_content_forward(&p, aligned, 2) == POSENC_OK &&
+               posenc_bf16_content_forward(&p, (uint16_t *)shifted + 1, 2) == POSENC_OK &&
+               memcmp(aligned, (uint16_t *)shifted + 1, sizeof(uint16_t) * logits) == 0,
+           "bf16dot: streamed logits bitwise as stored ones");
+    free(aligned), free(shifted), free(q), free(k);
+}
+
 void test_bf16dot(void)
 {
     const posenc_isa isa = posenc_get_isa();
@@ -336,5 +361,6 @@ void test_bf16dot(void)
     test_epilogue(kern);
     test_special();
     test_threads();
+    test_stream();
     posenc_set_isa(isa);
 }
