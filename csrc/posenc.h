@@ -263,7 +263,9 @@ typedef struct {
  *   flushed to zero, Intel SDM); then a float32 multiply by scale; with
  *   POSENC_UKR_ADD_P (or MUL_P) in flags a float32 P added (multiplied);
  *   rounded once to nearest even as posenc_convert's f32_to_bf16 (subnormal
- *   results kept); stored for r < rows, c < cols only.
+ *   results kept); stored for r < rows, c < cols only, with POSENC_UKR_STREAM
+ *   (rows of c 64-byte aligned) by non-temporal stores where cols = nr,
+ *   which the caller orders with posenc_kernels.store_fence.
  */
 typedef struct {
     const char *name;

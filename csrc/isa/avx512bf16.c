@@ -78,11 +78,9 @@ static void bf16_ukr_avx512bf16(size_t kc, const uint16_t *a, ptrdiff_t lda, con
                                 const float *p, ptrdiff_t ldp, int flags)
 {
     __m512 acc[MR][NRV];
-#pragma GCC unroll 16
-    for (int r = 0; r < MR; ++r)
-#pragma GCC unroll 4
-        for (int v = 0; v < NRV; ++v)
-            acc[r][v] = _mm512_setzero_ps();
+#pragma GCC unroll 32
+    for (int t = 0; t < MR * NRV; ++t)
+        acc[t / NRV][t % NRV] = _mm512_setzero_ps();
 
     const size_t pairs = kc / 2;
     /* one step: the pair panel row t of B against the broadcasts A_AT(r) */
