@@ -73,6 +73,8 @@ static inline __m512bh last_bcast(const uint16_t *at)
     return (__m512bh)_mm512_set1_epi32((int)*at);
 }
 
+/* posenc_bf16_kernels.ukr (posenc.h): the depth in pairs, an odd one ending
+ * on a pair of (last element, 0). */
 static void bf16_ukr_avx512bf16(size_t kc, const uint16_t *a, ptrdiff_t lda, const uint16_t *b,
                                 uint16_t *c, ptrdiff_t ldc, size_t rows, size_t cols, float scale,
                                 const float *p, ptrdiff_t ldp, int flags)
