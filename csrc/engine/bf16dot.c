@@ -3,9 +3,9 @@
  * posenc_bf16_kernels (isa/avx512bf16.c): per (b, h) unit, k packed once
  * into pair panels in the thread's workspace, then each row tile of q (read
  * in place) against every panel, the microkernel scaling by s and rounding
- * to bfloat16 as it stores.  Work items and their split over threads as the
- * float engine's forward (forward_impl.h): units, cut into row chunks when
- * there are fewer units than threads.
+ * to bfloat16 as it stores.  Work items as the float engine's forward
+ * (forward_impl.h): units, cut into row chunks when there are fewer units
+ * than threads.
  */
 #include "bf16dot.h"
 
@@ -42,7 +42,11 @@ static void bf16dot_team(void *arg, void *ws)
     const size_t n = p->n, m = p->m, d = p->d, mr = kern->mr, nr = kern->nr;
     uint16_t *k_pack = (uint16_t *)ws;
     size_t packed = SIZE_MAX;   /* the unit whose keys k_pack holds */
-#pragma omp for schedule(static)
+    /* items handed out one at a time: a unit is some 100 us of work, next to
+     * which the hand-out costs nothing, and a thread whose core is shared
+     * with another process takes fewer of them (the values do not depend on
+     * which thread computes an item) */
+#pragma omp for schedule(dynamic, 1)
     for (ptrdiff_t item = 0; item < (ptrdiff_t)w->items; ++item) {
         const size_t unit = (size_t)item / w->chunks, chunk = (size_t)item % w->chunks;
         const size_t r0 = chunk * w->rows_per_chunk, r1 = posenc_min(n, r0 + w->rows_per_chunk);
