@@ -265,7 +265,7 @@ typedef struct {
  *   rounded once to nearest even as posenc_convert's f32_to_bf16 (subnormal
  *   results kept); stored for r < rows, c < cols only, with POSENC_UKR_STREAM
  *   (rows of c 64-byte aligned) by non-temporal stores where cols = nr,
- *   which the caller orders with posenc_kernels.store_fence.
+ *   which the caller orders with store_fence.
  */
 typedef struct {
     const char *name;
@@ -274,6 +274,8 @@ typedef struct {
                 ptrdiff_t ldc, size_t rows, size_t cols, float scale, const float *p,
                 ptrdiff_t ldp, int flags);
     void (*pack)(uint16_t *dst, const uint16_t *src, ptrdiff_t rs, size_t kc, size_t cols);
+    /* orders the microkernel's non-temporal stores before later loads/stores */
+    void (*store_fence)(void);
 } posenc_bf16_kernels;
 
 /* isa/avx512bf16.c, where compiled (POSENC_HAVE_AVX512BF16). */

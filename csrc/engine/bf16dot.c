@@ -66,7 +66,7 @@ static void bf16dot_team(void *arg, void *ws)
                           posenc_min(nr, m - j0), w->scale, NULL, 0, w->stream);
     }
     if (w->stream)
-        posenc_active_kernels(POSENC_F32)->store_fence();
+        kern->store_fence();
 }
 
 int posenc_bf16_content_forward(const posenc_problem *p, void *out, int num_threads)

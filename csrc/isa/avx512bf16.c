@@ -203,8 +203,10 @@ static void bf16_pack_avx512bf16(uint16_t *dst, const uint16_t *src, ptrdiff_t r
     }
 }
 
+static void bf16_store_fence_avx512bf16(void) { _mm_sfence(); }
+
 const posenc_bf16_kernels posenc_bf16_kernels_avx512bf16 = {
-    "avx512bf16", MR, NR, bf16_ukr_avx512bf16, bf16_pack_avx512bf16,
+    "avx512bf16", MR, NR, bf16_ukr_avx512bf16, bf16_pack_avx512bf16, bf16_store_fence_avx512bf16,
 };
 
 #endif /* AVX512-BF16 */
