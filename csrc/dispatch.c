@@ -183,6 +183,15 @@ const posenc_convert *posenc_active_convert(void)
     return &composed_convert[posenc_get_isa()];
 }
 
+const posenc_bf16_kernels *posenc_active_bf16_kernels(void)
+{
+#ifdef POSENC_HAVE_AVX512BF16
+    if (posenc_get_isa() == POSENC_ISA_AVX512 && posenc_cpu_has_avx512bf16())
+        return &posenc_bf16_kernels_avx512bf16;
+#endif
+    return NULL;
+}
+
 int posenc_max_threads(void)
 {
 #ifdef _OPENMP

@@ -251,6 +251,44 @@ typedef struct {
     void (*f32_to_f16)(uint16_t *dst, const float *src, size_t len);
 } posenc_convert;
 
+/*
+ * The bfloat16 content GEMM of AVX512-BF16 (vdpbf16ps, docs/low_precision.md
+ * §1 design (b)): C = narrow(s A.B^T [+ or * P]) in bfloat16 from bfloat16
+ * A rows and a packed bfloat16 B, float32 accumulators.
+ *
+ * pack: one B panel from `cols` (<= nr) rows of B (row c at src + c * rs,
+ *   kc elements each) in pairs along the depth:
+ *   dst[(l / 2) * 2 nr + 2 c + l % 2] = src[c * rs + l], l < kc, c < cols;
+ *   zero for c >= cols and for l = kc when kc is odd (round_up(kc, 2) x nr).
+ * ukr: the mr x nr tile C[r, c] = narrow(s sum_l a[r * lda + l] b(l, c)
+ *   [op P[r * ldp + c]]), l < kc (any kc, 0 included), A rows read in place
+ *   (never past a[r * lda + kc - 1], nor rows >= rows); the sums in float32
+ *   by vdpbf16ps (bfloat16 subnormal inputs and float32 subnormal partial sums
+ *   flushed to zero, Intel SDM); then a float32 multiply by scale; with
+ *   POSENC_UKR_ADD_P (or MUL_P) in flags a float32 P added (multiplied);
+ *   rounded once to nearest even as posenc_convert's f32_to_bf16 (subnormal
+ *   results kept); stored for r < rows, c < cols only, with POSENC_UKR_STREAM
+ *   (rows of c 64-byte aligned) by non-temporal stores where cols = nr,
+ *   which the caller orders with store_fence.
+ */
+typedef struct {
+    const char *name;
+    size_t mr, nr;
+    void (*ukr)(size_t kc, const uint16_t *a, ptrdiff_t lda, const uint16_t *b, uint16_t *c,
+                ptrdiff_t ldc, size_t rows, size_t cols, float scale, const float *p,
+                ptrdiff_t ldp, int flags);
+    void (*pack)(uint16_t *dst, const uint16_t *src, ptrdiff_t rs, size_t kc, size_t cols);
+    /* orders the microkernel's non-temporal stores before later loads/stores */
+    void (*store_fence)(void);
+} posenc_bf16_kernels;
+
+/* isa/avx512bf16.c, where compiled (POSENC_HAVE_AVX512BF16). */
+extern const posenc_bf16_kernels posenc_bf16_kernels_avx512bf16;
+
+/* dispatch.c: the bfloat16 GEMM when it is compiled, the CPU has
+ * AVX512-BF16 and the active ISA is avx512; NULL otherwise. */
+const posenc_bf16_kernels *posenc_active_bf16_kernels(void);
+
 /* Filled by dispatch.c: scalar first, then the ISA's entries (and, on
  * avx512, AVX512-BF16's where the CPU has it); NULL where not supported. */
 const posenc_convert *posenc_convert_for(posenc_isa isa);

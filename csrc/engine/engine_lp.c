@@ -4,7 +4,10 @@
  * float arrays of a problem are widened to float32 (exactly), the float32
  * engine runs on them, and every result is narrowed once, to nearest even,
  * into the caller's 16-bit array: a result is narrow(float32 engine(widen(
- * inputs))) bit for bit, on every ISA.  lse is float32 both ways.
+ * inputs))) bit for bit, on every ISA.  lse is float32 both ways.  The one
+ * exception: bfloat16 content logits on avx512 with AVX512-BF16 go to
+ * design (b), posenc_bf16_content_forward (bf16dot.c: vdpbf16ps products,
+ * within the same bound but summed in another order).
  *
  * Memory: every entry point runs in chunks of (b, h) units (lp_chunks):
  * the float32 arena holds the widened parameters and one chunk's per-unit
@@ -15,6 +18,8 @@
 #include "engine.h"
 
 #include <stdatomic.h>
+
+#include "bf16dot.h"
 
 /* The float32 bytes of one chunk's per-unit arrays.  The logits' (n m per
  * unit, converted at memory speed) are small enough to stay in the caches
@@ -474,6 +479,10 @@ static int lp_chunks(lp_kind kind, const posenc_problem *p, lp_stream *st, const
 
 static int lp_forward(const posenc_problem *p, void *out, int num_threads)
 {
+    /* bfloat16 content logits on vdpbf16ps where the CPU has it (design (b)) */
+    const int fast = posenc_bf16_content_forward(p, out, num_threads);
+    if (fast >= 0)
+        return fast;
     lp_stream st[S_COUNT] = {{0}};
     st[S_Q] = (lp_stream){p->q, NULL, p->n * p->d, 0};
     st[S_K] = (lp_stream){p->k, NULL, p->m * p->d, 0};

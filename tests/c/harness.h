@@ -69,5 +69,6 @@ void test_softmax_rows(void);
 void test_attention(void);
 void test_convert(void);
 void test_lp(void);
+void test_bf16dot(void);
 
 #endif /* POSENC_TEST_HARNESS_H */

@@ -216,6 +216,7 @@ int main(void)
     test_attention();
     test_convert();
     test_lp();
+    test_bf16dot();
     printf("%d checks, %d failures\n", checks, failures);
     return failures ? 1 : 0;
 }
