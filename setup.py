@@ -35,8 +35,9 @@ ISAS = {
     "neon": ([], "POSENC_HAVE_NEON", ARM64),
 }
 
-# Extensions of an ISA, in the engine only (csrc/isa/<name>.c), built where
-# the compiler takes their flags: without them the ISA's own kernels serve.
+# Extensions of an ISA (csrc/isa/<name>.c in the engine, csrc/machine/<name>.c
+# in the benchmarks' probes), built where the compiler takes their flags:
+# without them the ISA's own kernels serve.
 ISA_EXTENSIONS = {
     "avx512bf16": (AVX512_FLAGS + ["-mavx512bw", "-mavx512bf16"], "POSENC_HAVE_AVX512BF16", X86),
 }
@@ -107,7 +108,7 @@ setup(
         extension("posenc._C", ["csrc/module.c", "csrc/dispatch.c", "csrc/cpu.c"] + ENGINE, "isa",
                   {**ISAS, **ISA_EXTENSIONS}),
         extension("posenc._machine", ["csrc/machine/module.c", "csrc/machine/measure.c",
-                                      "csrc/cpu.c"], "machine"),
+                                      "csrc/cpu.c"], "machine", {**ISAS, **ISA_EXTENSIONS}),
     ],
     cmdclass={"build_ext": BuildExt},
 )

@@ -113,6 +113,10 @@ typedef struct {
     int causal;                       /* mask the keys j > query_offset + i */
     double dropout_p;                 /* in [0, 1) */
     uint64_t seed;                    /* of the dropout's Philox-4x32-10 (engine/philox.h) */
+    /* the problem's units are (batch_offset + b, head_offset + h) of a larger
+     * one, for the dropout's keys: 0 for a whole problem (engine_lp.c's
+     * chunks set them) */
+    size_t batch_offset, head_offset;
 } posenc_attention;
 
 /*

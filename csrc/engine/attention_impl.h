@@ -134,7 +134,8 @@ static void attention_pad(const attention_ctx *c, REAL *x, size_t b, size_t len)
 static void attention_drop_row(const attention_ctx *c, attention_ws *w, size_t b, size_t h,
                                size_t i, size_t len)
 {
-    posenc_dropout_row(w->keep, len, c->a->seed, c->threshold, b, h, i);
+    posenc_dropout_row(w->keep, len, c->a->seed, c->threshold, c->a->batch_offset + b,
+                       c->a->head_offset + h, i);
     for (size_t j = 0; j < len; ++j)
         w->drop_row[j] = w->keep[j] ? c->keep_scale : (REAL)0;
 }

@@ -7,17 +7,19 @@
  * inputs))) bit for bit, on every ISA.  lse is float32 both ways.
  *
  * Memory: a float32 copy of the inputs, O(inputs) (the logits backward's
- * G is an input: twice its 16-bit bytes); the logits forward narrows in
+ * G is an input: twice its 16-bit bytes).  The logits forward runs in
  * chunks of batch rows (or of heads of one batch row) of at most
- * POSENC_LP_CHUNK_BYTES of float32 logits, so it holds no float32 copy of the
- * whole (B, H, n, m).  The attention's results are O(n).
+ * POSENC_LP_CHUNK_BYTES of float32 logits, widening q and k a chunk at a
+ * time: no float32 copy of the whole (B, H, n, m) or of q and k, and a
+ * chunk's logits are still in the caches when they are narrowed.  The
+ * attention's results are O(n).
  */
 #include "engine.h"
 
 /* Float32 logits held at once by the forward (one chunk); the C tests
  * build with a small one so that every way of chunking runs. */
 #ifndef POSENC_LP_CHUNK_BYTES
-#define POSENC_LP_CHUNK_BYTES ((size_t)64 << 20)
+#define POSENC_LP_CHUNK_BYTES ((size_t)4 << 20)
 #endif
 /* Elements per work item of a conversion: a few L2-sized pieces. */
 #define LP_BLOCK ((size_t)1 << 15)
@@ -66,7 +68,7 @@ static void lp_convert_team_fn(void *arg, void *ws)
     for (ptrdiff_t t = 0; t < total; ++t) {
         size_t r = 0;
         while (job->blocks[r + 1] <= (size_t)t)
-        ++r;
+            ++r;
         const size_t t0 = ((size_t)t - job->blocks[r]) * LP_BLOCK;
         lp_convert_block(job, r, t0, posenc_min(LP_BLOCK, job->rows[r].len - t0));
     }
@@ -135,9 +137,10 @@ static size_t lp_take(lp_arena *a, size_t len)
 }
 
 /*
- * The float32 problem of p: each present array of p widened into the arena
- * (one region per buffer: M4's one table on both sides stays one buffer).
- * With a->base NULL it only takes the regions (LP_PASSES' sizing pass).
+ * The float32 problem of p: each present parameter array of p (all but q
+ * and k, which are widened a chunk at a time) widened into the arena (one
+ * region per buffer: M4's one table on both sides stays one buffer).  With
+ * a->base NULL it only takes the regions (the sizing pass).
  */
 static void lp_problem(const posenc_problem *p, posenc_problem *p32, lp_arena *a, lp_job *job)
 {
@@ -150,48 +153,48 @@ static void lp_problem(const posenc_problem *p, posenc_problem *p32, lp_arena *a
     const void *const *at32[A_COUNT];
     size_t len32[A_COUNT];
     problem_arrays(p32, at32, len32);
-    for (int t = 0; t < A_COUNT; ++t) {
+    for (int t = A_POS_Q; t < A_COUNT; ++t) {
         if (!*at[t])
-        continue;
+            continue;
         int shared = -1;
-        for (int u = 0; u < t; ++u)
-        if (*at[u] == *at[t] && len[u] == len[t])
-            shared = u;
+        for (int u = A_POS_Q; u < t; ++u)
+            if (*at[u] == *at[t] && len[u] == len[t])
+                shared = u;
         where[t] = shared >= 0 ? where[shared] : lp_take(a, len[t]);
         if (!a->base)
-        continue;
+            continue;
         *(const void **)at32[t] = a->base + where[t];
         if (shared < 0)
-        lp_job_add(job, *at[t], a->base + where[t], len[t]);
+            lp_job_add(job, *at[t], a->base + where[t], len[t]);
     }
 }
 
 /* The float32 gradient slots of g (same sharing rule: one buffer, one region). */
 static void lp_grads(const posenc_problem *p, const posenc_grads *g, posenc_grads *g32,
-                 lp_arena *a, lp_job *narrow)
+                     lp_arena *a, lp_job *narrow)
 {
     const void *const *at[A_COUNT];
     size_t len[A_COUNT], where[A_COUNT];
     problem_arrays(p, at, len);
     void *const out[A_COUNT] = {g->q, g->k, g->pos_q, g->pos_k, g->table, g->query_table,
-                            g->key_table, g->segment_table, g->theta};
+                                g->key_table, g->segment_table, g->theta};
     void **out32[A_COUNT] = {&g32->q, &g32->k, &g32->pos_q, &g32->pos_k, &g32->table,
-                         &g32->query_table, &g32->key_table, &g32->segment_table,
-                         &g32->theta};
+                             &g32->query_table, &g32->key_table, &g32->segment_table,
+                             &g32->theta};
     for (int t = 0; t < A_COUNT; ++t) {
         *out32[t] = NULL;
         if (!out[t])
-        continue;
+            continue;
         int shared = -1;
         for (int u = 0; u < t; ++u)
-        if (out[u] == out[t])
-            shared = u;
+            if (out[u] == out[t])
+                shared = u;
         where[t] = shared >= 0 ? where[shared] : lp_take(a, len[t]);
         if (!a->base)
-        continue;
+            continue;
         *out32[t] = a->base + where[t];
         if (shared < 0)
-        lp_job_add(narrow, a->base + where[t], out[t], len[t]);
+            lp_job_add(narrow, a->base + where[t], out[t], len[t]);
     }
 }
 
@@ -204,191 +207,279 @@ static int lp_arena_alloc(lp_arena *a)
 
 /* ----------------------------------------------------------- entry points */
 
+/* The heads field of parameter array t (A_POS_Q ... A_THETA) of p, and in
+ * *per_head its elements per head. */
+static size_t *param_heads(posenc_problem *p, int t, size_t *per_head)
+{
+    switch (t) {
+    case A_POS_Q: *per_head = p->n * p->d_p; return &p->pos_q_heads;
+    case A_POS_K: *per_head = p->m * p->d_p; return &p->pos_k_heads;
+    case A_TABLE: *per_head = p->table_rows; return &p->table_heads;
+    case A_QUERY_TABLE: *per_head = p->query_table_rows * p->d; return &p->query_table_heads;
+    case A_KEY_TABLE: *per_head = p->key_table_rows * p->d; return &p->key_table_heads;
+    case A_SEGMENT_TABLE: *per_head = p->n_segments * p->n_segments; return &p->segment_table_heads;
+    default: *per_head = 2; return &p->theta_heads;
+    }
+}
+
+/* Parameter t of p is per head (H heads, sliced with them), not shared. */
+static int param_sliced(const posenc_problem *p, int t)
+{
+    size_t per_head;
+    return *param_heads((posenc_problem *)p, t, &per_head) == p->H;
+}
+
 /* The sub-problem of batch rows [b0, b0 + nb) and heads [h0, h0 + nh) of a
  * float32 problem (nb == 1 when nh < H): the per-head arrays of H heads
- * start at h0, shared ones stay. */
+ * start at h0, shared ones stay; q and k are the caller's to set. */
 static posenc_problem lp_slice(const posenc_problem *p, size_t b0, size_t nb, size_t h0, size_t nh)
 {
     posenc_problem s = *p;
-    const size_t unit0 = b0 * p->H + h0;
+    const void *const *at[A_COUNT];
+    size_t len[A_COUNT];
+    problem_arrays(&s, at, len);
     s.B = nb;
     s.H = nh;
-    s.q = (const float *)p->q + unit0 * p->n * p->d;
-    s.k = (const float *)p->k + unit0 * p->m * p->d;
     if (p->segment_q) {
         s.segment_q = p->segment_q + b0 * p->n;
         s.segment_k = p->segment_k + b0 * p->m;
     }
-#define LP_HEADS(field, heads, per_head)                                                 \
-    if (p->field && p->heads == p->H) {                                                  \
-        s.field = (const float *)p->field + h0 * (per_head);                              \
-        s.heads = nh;                                                                    \
+    for (int t = A_POS_Q; t < A_COUNT; ++t) {
+        size_t per_head;
+        size_t *heads = param_heads(&s, t, &per_head);
+        if (*at[t] && param_sliced(p, t)) {
+            *(const void **)at[t] = (const float *)*at[t] + h0 * per_head;
+            *heads = nh;
+        }
     }
-    LP_HEADS(pos_q, pos_q_heads, p->n * p->d_p)
-    LP_HEADS(pos_k, pos_k_heads, p->m * p->d_p)
-    LP_HEADS(table, table_heads, p->table_rows)
-    LP_HEADS(query_table, query_table_heads, p->query_table_rows * p->d)
-    LP_HEADS(key_table, key_table_heads, p->key_table_rows * p->d)
-    LP_HEADS(segment_table, segment_table_heads, p->n_segments * p->n_segments)
-    LP_HEADS(theta, theta_heads, 2)
-#undef LP_HEADS
     return s;
 }
 
+/* ------------------------------------------------------- chunked calls */
+
 /*
- * Each entry point lays out its float32 arena twice with the same calls:
- * pass 0 sizes it (a.base NULL: nothing is written or queued), then it is
- * allocated, and pass 1 places the arrays and queues their conversions.
+ * Every entry point runs in chunks of (b, h) units: nb batch rows of all
+ * heads, or nh heads of one batch row when one row is too large; a chunk's
+ * per-unit arrays (q, k, v, G, d_out, out; the results) are widened into
+ * float32 regions of the arena sized for one chunk, at most about
+ * POSENC_LP_CHUNK_BYTES, so they stay in the caches between the widening,
+ * the float32 engine and the narrowing, and nothing of O(B H n m) or of the
+ * inputs' size is allocated.  Per-unit results are the float32 engine's on
+ * the chunk, narrowed (the float32 engine's results do not depend on how
+ * the units are grouped); the parameters' gradients are float32 sums over
+ * the chunks in chunk order (the first chunk's copied), narrowed at the end:
+ * a one-chunk problem gives the float32 engine's bits, a larger one the same
+ * float32 terms in another association (equal to rounding, deterministic
+ * for any thread count).
  */
+enum { S_Q, S_K, S_V, S_G, S_D_OUT, S_OUT_IN, S_RESULT, S_DQ, S_DK, S_DV, S_COUNT };
+#define S_FIRST_OUTPUT S_RESULT
+
+typedef enum { LP_LOGITS, LP_LOGITS_BACKWARD, LP_ATTENTION, LP_ATTENTION_BACKWARD } lp_kind;
+
+typedef struct {
+    const void *src;     /* inputs: 16-bit (B, H, ...) */
+    void *dst;           /* outputs: 16-bit (B, H, ...) */
+    size_t per_unit;     /* elements per (b, h) */
+    size_t at;           /* the chunk's float32 region in the arena */
+} lp_stream;
+
+static int lp_chunks(lp_kind kind, const posenc_problem *p, lp_stream *st, const posenc_grads *g,
+                     const posenc_attention *att, void *lse, const void *lse_in, int num_threads)
+{
+    posenc_problem p32;
+    posenc_grads sums, part;                    /* parameters' gradients: all, one chunk's */
+    const posenc_grads params = {NULL, NULL, g ? g->pos_q : NULL, g ? g->pos_k : NULL,
+                                 g ? g->table : NULL, g ? g->query_table : NULL,
+                                 g ? g->key_table : NULL, g ? g->segment_table : NULL,
+                                 g ? g->theta : NULL};
+    lp_arena a = {0, NULL};
+    lp_job widen, narrow, narrow_sums, unused;
+    lp_job_init(&widen, p, 1);
+    lp_job_init(&narrow, p, 0);
+    lp_job_init(&narrow_sums, p, 0);
+    lp_job_init(&unused, p, 0);
+    /* the chunk: as many units as fit the budget, whole batch rows if one fits */
+    size_t unit = 0, shared_with[S_COUNT];
+    for (int t = 0; t < S_COUNT; ++t) {
+        shared_with[t] = (size_t)t;
+        for (int u = 0; u < t && t < S_FIRST_OUTPUT; ++u)   /* k is q: one region */
+            if (st[t].src && st[u].src == st[t].src && st[u].per_unit == st[t].per_unit)
+                shared_with[t] = (size_t)u;
+        if ((st[t].src || st[t].dst) && shared_with[t] == (size_t)t)
+            unit += st[t].per_unit;
+    }
+    const size_t budget = POSENC_LP_CHUNK_BYTES / sizeof(float);
+    size_t nb = 1, nh = p->H;
+    if (unit && p->H * unit <= budget)
+        nb = posenc_max(1, posenc_min(p->B, budget / (p->H * unit)));
+    else if (unit)
+        nh = posenc_max(1, posenc_min(p->H, budget / unit));
+    /* the arena: sized, allocated, then placed (the same calls twice) */
+    int rc = POSENC_OK;
+    for (int pass = 0; pass < 2 && rc == POSENC_OK; ++pass) {
+        a.used = 0;
+        lp_problem(p, &p32, &a, &widen);
+        for (int t = 0; t < S_COUNT; ++t)
+            st[t].at = shared_with[t] != (size_t)t ? st[shared_with[t]].at
+                       : st[t].src || st[t].dst  ? lp_take(&a, nb * nh * st[t].per_unit)
+                                                 : 0;
+        lp_grads(p, &params, &sums, &a, &narrow_sums);
+        lp_grads(p, &params, &part, &a, &unused);
+        if (pass == 0)
+            rc = lp_arena_alloc(&a);
+    }
+    if (rc == POSENC_OK)
+        rc = lp_job_run(&widen, num_threads);   /* the parameters */
+    void *const sum_at[A_COUNT] = {NULL, NULL, sums.pos_q, sums.pos_k, sums.table,
+                                   sums.query_table, sums.key_table, sums.segment_table,
+                                   sums.theta};
+    void *const part_at[A_COUNT] = {NULL, NULL, part.pos_q, part.pos_k, part.table,
+                                    part.query_table, part.key_table, part.segment_table,
+                                    part.theta};
+    const void *const *at[A_COUNT];
+    size_t len[A_COUNT];
+    problem_arrays(p, at, len);
+#define REGION(t) (st[t].src || st[t].dst ? (void *)(a.base + st[t].at) : NULL)
+    for (size_t b0 = 0; rc == POSENC_OK && b0 < p->B; b0 += nb)
+        for (size_t h0 = 0; rc == POSENC_OK && h0 < p->H; h0 += nh) {
+            const size_t bs = posenc_min(nb, p->B - b0), hs = posenc_min(nh, p->H - h0);
+            const size_t unit0 = b0 * p->H + h0, units = bs * hs;
+            widen.count = 0;
+            for (int t = 0; t < S_FIRST_OUTPUT; ++t)
+                if (shared_with[t] == (size_t)t)
+                    lp_job_add(&widen, (const uint16_t *)st[t].src + unit0 * st[t].per_unit,
+                               REGION(t), units * st[t].per_unit);
+            rc = lp_job_run(&widen, num_threads);
+            posenc_problem s = lp_slice(&p32, b0, bs, h0, hs);
+            s.q = REGION(S_Q);
+            s.k = REGION(S_K);
+            posenc_grads gs = part;
+            gs.q = g && g->q ? REGION(S_DQ) : NULL;
+            gs.k = g && g->k ? REGION(S_DK) : NULL;
+            void **gs_at[A_COUNT] = {NULL, NULL, &gs.pos_q, &gs.pos_k, &gs.table,
+                                     &gs.query_table, &gs.key_table, &gs.segment_table,
+                                     &gs.theta};
+            for (int t = A_POS_Q; t < A_COUNT; ++t) {
+                size_t per_head;
+                param_heads(&p32, t, &per_head);
+                if (part_at[t] && param_sliced(p, t))
+                    *gs_at[t] = (float *)part_at[t] + h0 * per_head;
+            }
+            posenc_attention a32;
+            if (att) {
+                a32 = *att;
+                a32.v = REGION(S_V);
+                a32.key_padding_mask = att->key_padding_mask ? att->key_padding_mask + b0 * p->m
+                                                             : NULL;
+                a32.batch_offset = att->batch_offset + b0;   /* the dropout's (b, h) */
+                a32.head_offset = att->head_offset + h0;
+            }
+            if (rc == POSENC_OK) {
+                switch (kind) {
+                case LP_LOGITS:
+                    rc = posenc_engine_f32.forward(&s, REGION(S_RESULT), num_threads);
+                    break;
+                case LP_LOGITS_BACKWARD:
+                    rc = posenc_engine_f32.backward(&s, REGION(S_G), &gs, num_threads);
+                    break;
+                case LP_ATTENTION:
+                    rc = posenc_engine_f32.attention_forward(&s, &a32, REGION(S_RESULT),
+                                                             (float *)lse + unit0 * p->n,
+                                                             num_threads);
+                    break;
+                case LP_ATTENTION_BACKWARD:
+                    rc = posenc_engine_f32.attention_backward(
+                        &s, &a32, REGION(S_D_OUT), REGION(S_OUT_IN),
+                        (const float *)lse_in + unit0 * p->n, &gs, REGION(S_DV), num_threads);
+                    break;
+                }
+            }
+            narrow.count = 0;
+            for (int t = S_FIRST_OUTPUT; t < S_COUNT; ++t)
+                if (st[t].dst)
+                    lp_job_add(&narrow, REGION(t), (uint16_t *)st[t].dst + unit0 * st[t].per_unit,
+                               units * st[t].per_unit);
+            if (rc == POSENC_OK)
+                rc = lp_job_run(&narrow, num_threads);
+            /* this chunk's parameter gradients into the sums (a shared region once) */
+            for (int t = A_POS_Q; rc == POSENC_OK && t < A_COUNT; ++t) {
+                int seen = 0;
+                for (int u = A_POS_Q; u < t; ++u)
+                    seen |= part_at[u] && part_at[u] == part_at[t];
+                if (!part_at[t] || seen)
+                    continue;
+                size_t per_head, count = len[t];
+                int first = b0 == 0 && h0 == 0;
+                param_heads(&p32, t, &per_head);
+                float *sum = (float *)sum_at[t];
+                const float *add = (const float *)part_at[t];
+                if (param_sliced(p, t)) {
+                    first = b0 == 0;
+                    sum += h0 * per_head;
+                    add += h0 * per_head;
+                    count = hs * per_head;
+                }
+                for (size_t e = 0; e < count; ++e)
+                    sum[e] = first ? add[e] : sum[e] + add[e];
+            }
+        }
+#undef REGION
+    if (rc == POSENC_OK)
+        rc = lp_job_run(&narrow_sums, num_threads);
+    posenc_free(a.base);
+    return rc;
+}
+
+/* ----------------------------------------------------------- entry points */
 
 static int lp_forward(const posenc_problem *p, void *out, int num_threads)
 {
-    posenc_problem p32;
-    lp_arena a = {0, NULL};
-    lp_job widen, narrow;
-    lp_job_init(&widen, p, 1);
-    lp_job_init(&narrow, p, 0);
-    const size_t row = p->n * p->m;                   /* logits of one (b, h) */
-    const size_t per_batch = p->H * row, budget = POSENC_LP_CHUNK_BYTES / sizeof(float);
-    size_t nb = 1, nh = p->H, chunk = 0;
-    if (row && per_batch <= budget)
-        nb = posenc_max(1, posenc_min(p->B, budget / per_batch));
-    else if (row)
-        nh = posenc_max(1, posenc_min(p->H, budget / row));
-    int rc = POSENC_OK;
-    for (int pass = 0; pass < 2 && rc == POSENC_OK; ++pass) {
-        a.used = 0;
-        lp_problem(p, &p32, &a, &widen);
-        chunk = lp_take(&a, nb * nh * row);
-        if (pass == 0)
-        rc = lp_arena_alloc(&a);
-    }
-    if (rc == POSENC_OK)
-        rc = lp_job_run(&widen, num_threads);
-    uint16_t *const dst = (uint16_t *)out;
-    for (size_t b0 = 0; rc == POSENC_OK && b0 < p->B; b0 += nb)
-        for (size_t h0 = 0; rc == POSENC_OK && h0 < p->H; h0 += nh) {
-        const size_t bs = posenc_min(nb, p->B - b0), hs = posenc_min(nh, p->H - h0);
-        const posenc_problem s = lp_slice(&p32, b0, bs, h0, hs);
-        rc = posenc_engine_f32.forward(&s, a.base + chunk, num_threads);
-        narrow.count = 0;
-        lp_job_add(&narrow, a.base + chunk, dst + (b0 * p->H + h0) * row, bs * hs * row);
-        if (rc == POSENC_OK)
-            rc = lp_job_run(&narrow, num_threads);
-        }
-    posenc_free(a.base);
-    return rc;
+    lp_stream st[S_COUNT] = {{0}};
+    st[S_Q] = (lp_stream){p->q, NULL, p->n * p->d, 0};
+    st[S_K] = (lp_stream){p->k, NULL, p->m * p->d, 0};
+    st[S_RESULT] = (lp_stream){NULL, out, p->n * p->m, 0};
+    return lp_chunks(LP_LOGITS, p, st, NULL, NULL, NULL, NULL, num_threads);
 }
 
 static int lp_backward(const posenc_problem *p, const void *grad, const posenc_grads *g,
-                   int num_threads)
+                       int num_threads)
 {
-    posenc_problem p32;
-    posenc_grads g32;
-    lp_arena a = {0, NULL};
-    lp_job widen, narrow;
-    lp_job_init(&widen, p, 1);
-    lp_job_init(&narrow, p, 0);
-    const size_t logits = p->B * p->H * p->n * p->m;
-    size_t at_grad = 0;
-    int rc = POSENC_OK;
-    for (int pass = 0; pass < 2 && rc == POSENC_OK; ++pass) {
-        a.used = 0;
-        lp_problem(p, &p32, &a, &widen);
-        at_grad = lp_take(&a, logits);
-        lp_grads(p, g, &g32, &a, &narrow);
-        if (pass == 0)
-        rc = lp_arena_alloc(&a);
-    }
-    if (rc == POSENC_OK) {
-        lp_job_add(&widen, grad, a.base + at_grad, logits);
-        rc = lp_job_run(&widen, num_threads);
-    }
-    if (rc == POSENC_OK)
-        rc = posenc_engine_f32.backward(&p32, a.base + at_grad, &g32, num_threads);
-    if (rc == POSENC_OK)
-        rc = lp_job_run(&narrow, num_threads);
-    posenc_free(a.base);
-    return rc;
+    lp_stream st[S_COUNT] = {{0}};
+    st[S_Q] = (lp_stream){p->q, NULL, p->n * p->d, 0};
+    st[S_K] = (lp_stream){p->k, NULL, p->m * p->d, 0};
+    st[S_G] = (lp_stream){grad, NULL, p->n * p->m, 0};
+    st[S_DQ] = (lp_stream){NULL, g->q, p->n * p->d, 0};
+    st[S_DK] = (lp_stream){NULL, g->k, p->m * p->d, 0};
+    return lp_chunks(LP_LOGITS_BACKWARD, p, st, g, NULL, NULL, NULL, num_threads);
 }
 
 static int lp_attention_forward(const posenc_problem *p, const posenc_attention *att, void *out,
-                            void *lse, int num_threads)
+                                void *lse, int num_threads)
 {
-    posenc_problem p32;
-    posenc_attention a32 = *att;
-    lp_arena a = {0, NULL};
-    lp_job widen, narrow;
-    lp_job_init(&widen, p, 1);
-    lp_job_init(&narrow, p, 0);
-    const size_t values = p->B * p->H * p->m * att->dv, outs = p->B * p->H * p->n * att->dv;
-    size_t at_v = 0, at_out = 0;
-    int rc = POSENC_OK;
-    for (int pass = 0; pass < 2 && rc == POSENC_OK; ++pass) {
-        a.used = 0;
-        lp_problem(p, &p32, &a, &widen);
-        at_v = lp_take(&a, values);
-        at_out = lp_take(&a, outs);
-        if (pass == 0)
-        rc = lp_arena_alloc(&a);
-    }
-    if (rc == POSENC_OK) {
-        lp_job_add(&widen, att->v, a.base + at_v, values);
-        lp_job_add(&narrow, a.base + at_out, out, outs);
-        a32.v = a.base + at_v;
-        rc = lp_job_run(&widen, num_threads);
-    }
-    if (rc == POSENC_OK)
-        rc = posenc_engine_f32.attention_forward(&p32, &a32, a.base + at_out, lse, num_threads);
-    if (rc == POSENC_OK)
-        rc = lp_job_run(&narrow, num_threads);
-    posenc_free(a.base);
-    return rc;
+    lp_stream st[S_COUNT] = {{0}};
+    st[S_Q] = (lp_stream){p->q, NULL, p->n * p->d, 0};
+    st[S_K] = (lp_stream){p->k, NULL, p->m * p->d, 0};
+    st[S_V] = (lp_stream){att->v, NULL, p->m * att->dv, 0};
+    st[S_RESULT] = (lp_stream){NULL, out, p->n * att->dv, 0};
+    return lp_chunks(LP_ATTENTION, p, st, NULL, att, lse, NULL, num_threads);
 }
 
 static int lp_attention_backward(const posenc_problem *p, const posenc_attention *att,
-                             const void *d_out, const void *out, const void *lse,
-                             const posenc_grads *g, void *grad_v, int num_threads)
+                                 const void *d_out, const void *out, const void *lse,
+                                 const posenc_grads *g, void *grad_v, int num_threads)
 {
-    posenc_problem p32;
-    posenc_grads g32;
-    posenc_attention a32 = *att;
-    lp_arena a = {0, NULL};
-    lp_job widen, narrow;
-    lp_job_init(&widen, p, 1);
-    lp_job_init(&narrow, p, 0);
-    const size_t values = p->B * p->H * p->m * att->dv, outs = p->B * p->H * p->n * att->dv;
-    size_t at_v = 0, at_d_out = 0, at_out = 0, at_grad_v = 0;
-    int rc = POSENC_OK;
-    for (int pass = 0; pass < 2 && rc == POSENC_OK; ++pass) {
-        a.used = 0;
-        lp_problem(p, &p32, &a, &widen);
-        at_v = lp_take(&a, values);
-        at_d_out = lp_take(&a, outs);
-        at_out = lp_take(&a, outs);
-        at_grad_v = grad_v ? lp_take(&a, values) : 0;
-        lp_grads(p, g, &g32, &a, &narrow);
-        if (pass == 0)
-        rc = lp_arena_alloc(&a);
-    }
-    if (rc == POSENC_OK) {
-        lp_job_add(&widen, att->v, a.base + at_v, values);
-        lp_job_add(&widen, d_out, a.base + at_d_out, outs);
-        lp_job_add(&widen, out, a.base + at_out, outs);
-        if (grad_v)
-        lp_job_add(&narrow, a.base + at_grad_v, grad_v, values);
-        a32.v = a.base + at_v;
-        rc = lp_job_run(&widen, num_threads);
-    }
-    if (rc == POSENC_OK)
-        rc = posenc_engine_f32.attention_backward(&p32, &a32, a.base + at_d_out, a.base + at_out,
-                                              lse, &g32, grad_v ? a.base + at_grad_v : NULL,
-                                              num_threads);
-    if (rc == POSENC_OK)
-        rc = lp_job_run(&narrow, num_threads);
-    posenc_free(a.base);
-    return rc;
+    lp_stream st[S_COUNT] = {{0}};
+    st[S_Q] = (lp_stream){p->q, NULL, p->n * p->d, 0};
+    st[S_K] = (lp_stream){p->k, NULL, p->m * p->d, 0};
+    st[S_V] = (lp_stream){att->v, NULL, p->m * att->dv, 0};
+    st[S_D_OUT] = (lp_stream){d_out, NULL, p->n * att->dv, 0};
+    st[S_OUT_IN] = (lp_stream){out, NULL, p->n * att->dv, 0};
+    st[S_DQ] = (lp_stream){NULL, g->q, p->n * p->d, 0};
+    st[S_DK] = (lp_stream){NULL, g->k, p->m * p->d, 0};
+    st[S_DV] = (lp_stream){NULL, grad_v, p->m * att->dv, 0};
+    return lp_chunks(LP_ATTENTION_BACKWARD, p, st, g, att, NULL, lse, num_threads);
 }
 
 const posenc_engine posenc_engine_lp = {lp_forward, lp_backward, lp_attention_forward,
-                                    lp_attention_backward};
+                                        lp_attention_backward};

@@ -22,8 +22,11 @@ extern const posenc_machine_loops posenc_machine_f32_scalar, posenc_machine_f64_
 extern const posenc_machine_loops posenc_machine_f32_avx2, posenc_machine_f64_avx2;
 extern const posenc_machine_loops posenc_machine_f32_avx512, posenc_machine_f64_avx512;
 extern const posenc_machine_loops posenc_machine_f32_neon, posenc_machine_f64_neon;
+/* bfloat16 dot products (VDPBF16PS), float32 accumulators; no stream_zero. */
+extern const posenc_machine_loops posenc_machine_bf16_avx512bf16;
 
-/* The loops of an ISA this build compiled and the CPU runs, else NULL. */
+/* The loops of an ISA this build compiled and the CPU runs, else NULL;
+ * POSENC_BF16: the bf16 dot-product loop, on avx512 with AVX512-BF16 only. */
 const posenc_machine_loops *posenc_machine_loops_for(posenc_isa isa, posenc_dtype dtype);
 
 /* FLOP/s of the ISA's FMA loop on `threads` threads, each running about

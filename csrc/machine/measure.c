@@ -18,6 +18,13 @@ const posenc_machine_loops *posenc_machine_loops_for(posenc_isa isa, posenc_dtyp
 {
     if (!posenc_cpu_has(isa))
         return NULL;
+    if (dtype == POSENC_BF16) {
+#ifdef POSENC_HAVE_AVX512BF16
+        if (isa == POSENC_ISA_AVX512 && posenc_cpu_has_avx512bf16())
+            return &posenc_machine_bf16_avx512bf16;
+#endif
+        return NULL;
+    }
     const int f32 = dtype == POSENC_F32;
     switch (isa) {
     case POSENC_ISA_SCALAR:

@@ -13,6 +13,7 @@ static int dtype_from_name(const char *name)
 {
     if (strcmp(name, "float32") == 0) return POSENC_F32;
     if (strcmp(name, "float64") == 0) return POSENC_F64;
+    if (strcmp(name, "bfloat16") == 0) return POSENC_BF16;   /* avx512 with AVX512-BF16 only */
     return -1;
 }
 
