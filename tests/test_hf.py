@@ -396,3 +396,57 @@ def test_t5_static_cache_falls_back(family):
     with pytest.warns(RuntimeWarning, match="StaticCache|Cache"):
         got = model.generate(**kwargs)
     assert torch.equal(got, want)
+
+
+def _served_by_posenc(monkeypatch):
+    """Count the patched layers' calls of the fused ops, by the dtype of q."""
+    import posenc.torch as pt
+
+    dtypes = []
+    for name in ("t5_attention", "content_attention", "deberta_attention"):
+        original = getattr(pt, name)
+        monkeypatch.setattr(pt, name, lambda *a, _o=original, **k: (dtypes.append(a[0].dtype),
+                                                                    _o(*a, **k))[1])
+    return dtypes
+
+
+def _worst(got, want):
+    """The largest relative error of the logits and of any gradient against the
+    float32 run (gradients as grad_close measures them)."""
+    logits = rel(got[0].float(), want[0])
+    grads = max(((got[1][k].float() - want[1][k]).abs().max() / want[1][k].abs().max()
+                 .clamp_min(1e-6)).item() for k in want[1])
+    return logits, grads
+
+
+@pytest.mark.parametrize("precision", ["autocast-bf16", "bf16", "fp16"])
+@pytest.mark.parametrize("which", ["t5", "umt5", "deberta"])
+def test_low_precision(monkeypatch, which, precision):
+    """Mixed precision (CPU autocast to bfloat16 on a float32 model) and models cast
+    to bfloat16 or float16 run on posenc's C kernels in 16 bits (no fallback:
+    the autouse fixture turns one into an error), and are as close to the float32
+    model as HF's own run in that precision: the patched model's largest relative
+    error (logits; every gradient) within twice HF's plus 4 u.  Under autocast the
+    float32 parameters get float32 gradients."""
+    if which in T5_FAMILIES:
+        model, batch, run = t5_model(torch.float32, "sdpa", family=which), t5_batch(), logits_and_grads
+    else:
+        model, batch, run = (deberta_model(torch.float32, **DEBERTA_SETTINGS[0]), deberta_batch(),
+                             deberta_logits_and_grads)
+    want = run(model, batch)
+    dtype = torch.float16 if precision == "fp16" else torch.bfloat16
+    u = 2.0 ** -11 if dtype == torch.float16 else 2.0 ** -8
+    autocast = torch.autocast("cpu", dtype=dtype, enabled=precision.startswith("autocast"))
+    if not precision.startswith("autocast"):
+        model = model.to(dtype)
+    with autocast:
+        theirs = run(model, batch)
+    dtypes = _served_by_posenc(monkeypatch)
+    hf.patch(model)
+    with autocast:
+        ours = run(model, batch)
+    assert dtypes and set(dtypes) == {dtype}
+    params = {g.dtype for g in ours[1].values()}
+    assert params == ({torch.float32} if precision.startswith("autocast") else {dtype})
+    for got, limit in zip(_worst(ours, want), _worst(theirs, want)):
+        assert got <= 2 * limit + 4 * u, (got, limit)

@@ -315,15 +315,18 @@ def test_bucket_maps_at_length(rng):
                                    rtol=1e-12, atol=1e-12, err_msg=method)
 
 
-def test_half_precision_native_only():
-    q = torch.randn(1, 2, 5, 4, dtype=torch.bfloat16)
-    bias = torch.randn(2, 32, dtype=torch.bfloat16)
-    with pytest.raises(TypeError, match="float32 or float64"):
-        run("c", "t5", q, q, bias)
-    got = run("native", "t5", q, q, bias)
-    want = run("native", "t5", q.float(), q.float(), bias.float())
-    assert got.dtype == torch.bfloat16
-    torch.testing.assert_close(got.float(), want, rtol=0.05, atol=0.1)
+def test_half_precision_both_paths():
+    """bfloat16 and float16 on the C kernels (issue 16) and on the native formula;
+    tests/test_torch_low_precision.py checks the C path's bounds."""
+    for dtype in (torch.bfloat16, torch.float16):
+        q = torch.randn(1, 2, 5, 4, dtype=dtype)
+        bias = torch.randn(2, 32, dtype=dtype)
+        want = run("native", "t5", q.float(), q.float(), bias.float())
+        c_path = dtype == torch.float16 or importlib.util.find_spec("ml_dtypes") is not None
+        for path in ("c", "native") if c_path else ("native",):
+            got = run(path, "t5", q, q, bias)
+            assert got.dtype == dtype
+            torch.testing.assert_close(got.float(), want, rtol=0.05, atol=0.1)
 
 
 _BAD_CALLS = [

@@ -6,21 +6,31 @@
  * into the caller's 16-bit array: a result is narrow(float32 engine(widen(
  * inputs))) bit for bit, on every ISA.  lse is float32 both ways.
  *
- * Memory: a float32 copy of the inputs, O(inputs) (the logits backward's
- * G is an input: twice its 16-bit bytes).  The logits forward runs in
- * chunks of batch rows (or of heads of one batch row) of at most
- * POSENC_LP_CHUNK_BYTES of float32 logits, widening q and k a chunk at a
- * time: no float32 copy of the whole (B, H, n, m) or of q and k, and a
- * chunk's logits are still in the caches when they are narrowed.  The
- * attention's results are O(n).
+ * Memory: every entry point runs in chunks of (b, h) units (lp_chunks):
+ * the float32 arena holds the widened parameters and one chunk's per-unit
+ * arrays, never a float32 copy of the logits, G or the inputs.  The arena
+ * of the last call is kept for the next (lp_arena_alloc): fresh pages would
+ * cost a page fault each, more than the conversions.
  */
 #include "engine.h"
 
-/* Float32 logits held at once by the forward (one chunk); the C tests
- * build with a small one so that every way of chunking runs. */
+#include <stdatomic.h>
+
+/* The float32 bytes of one chunk's per-unit arrays.  The logits' (n m per
+ * unit, converted at memory speed) are small enough to stay in the caches
+ * from the float32 engine to the narrowing; the attention's (O(n d) per
+ * unit against O(n m d) work) are larger, so that a call has few chunks:
+ * each chunk costs parallel regions, whose barriers a loaded machine makes
+ * dear.  The C tests build with small ones so that every way of chunking
+ * runs. */
 #ifndef POSENC_LP_CHUNK_BYTES
 #define POSENC_LP_CHUNK_BYTES ((size_t)4 << 20)
 #endif
+#ifndef POSENC_LP_ATTENTION_CHUNK_BYTES
+#define POSENC_LP_ATTENTION_CHUNK_BYTES ((size_t)32 << 20)
+#endif
+/* The largest arena kept between calls. */
+#define LP_KEEP_BYTES ((size_t)64 << 20)
 /* Elements per work item of a conversion: a few L2-sized pieces. */
 #define LP_BLOCK ((size_t)1 << 15)
 
@@ -198,11 +208,39 @@ static void lp_grads(const posenc_problem *p, const posenc_grads *g, posenc_grad
     }
 }
 
-/* Allocates the arena once sized (a->used floats); POSENC_ENOMEM if not. */
+/*
+ * The arena kept from the last call (at most LP_KEEP_BYTES): its first
+ * LP_HEADER floats hold its capacity in floats, the arena follows.  Taken
+ * and given back by atomic exchanges, so concurrent calls each have their
+ * own (a second one allocates).
+ */
+#define LP_HEADER (POSENC_ALIGN / sizeof(float))
+static _Atomic(float *) lp_kept;
+
+/* The arena once sized (a->used floats): the kept one if large enough,
+ * else a new one; POSENC_ENOMEM if it cannot be had. */
 static int lp_arena_alloc(lp_arena *a)
 {
-    a->base = (float *)posenc_alloc(a->used ? a->used : 1, sizeof(float));
-    return a->base ? POSENC_OK : POSENC_ENOMEM;
+    float *block = atomic_exchange(&lp_kept, NULL);
+    if (block && *(size_t *)block < a->used) {
+        posenc_free(block);
+        block = NULL;
+    }
+    if (!block && (block = (float *)posenc_alloc(LP_HEADER + a->used, sizeof(float))))
+        *(size_t *)block = a->used;
+    a->base = block ? block + LP_HEADER : NULL;
+    return block ? POSENC_OK : POSENC_ENOMEM;
+}
+
+/* The arena back: kept for the next call if small enough, else freed. */
+static void lp_arena_free(lp_arena *a)
+{
+    if (!a->base)
+        return;
+    float *block = a->base - LP_HEADER;
+    if (*(size_t *)block * sizeof(float) <= LP_KEEP_BYTES)
+        block = atomic_exchange(&lp_kept, block);
+    posenc_free(block);
 }
 
 /* ----------------------------------------------------------- entry points */
@@ -262,9 +300,8 @@ static posenc_problem lp_slice(const posenc_problem *p, size_t b0, size_t nb, si
  * heads, or nh heads of one batch row when one row is too large; a chunk's
  * per-unit arrays (q, k, v, G, d_out, out; the results) are widened into
  * float32 regions of the arena sized for one chunk, at most about
- * POSENC_LP_CHUNK_BYTES, so they stay in the caches between the widening,
- * the float32 engine and the narrowing, and nothing of O(B H n m) or of the
- * inputs' size is allocated.  Per-unit results are the float32 engine's on
+ * POSENC_LP_CHUNK_BYTES (the logits) or POSENC_LP_ATTENTION_CHUNK_BYTES,
+ * and nothing of O(B H n m) or of the inputs' size is allocated.  Per-unit results are the float32 engine's on
  * the chunk, narrowed (the float32 engine's results do not depend on how
  * the units are grouped); the parameters' gradients are float32 sums over
  * the chunks in chunk order (the first chunk's copied), narrowed at the end:
@@ -309,7 +346,9 @@ static int lp_chunks(lp_kind kind, const posenc_problem *p, lp_stream *st, const
         if ((st[t].src || st[t].dst) && shared_with[t] == (size_t)t)
             unit += st[t].per_unit;
     }
-    const size_t budget = POSENC_LP_CHUNK_BYTES / sizeof(float);
+    const size_t budget = (kind == LP_LOGITS || kind == LP_LOGITS_BACKWARD
+                               ? POSENC_LP_CHUNK_BYTES
+                               : POSENC_LP_ATTENTION_CHUNK_BYTES) / sizeof(float);
     size_t nb = 1, nh = p->H;
     if (unit && p->H * unit <= budget)
         nb = posenc_max(1, posenc_min(p->B, budget / (p->H * unit)));
@@ -427,7 +466,7 @@ static int lp_chunks(lp_kind kind, const posenc_problem *p, lp_stream *st, const
 #undef REGION
     if (rc == POSENC_OK)
         rc = lp_job_run(&narrow_sums, num_threads);
-    posenc_free(a.base);
+    lp_arena_free(&a);
     return rc;
 }
 

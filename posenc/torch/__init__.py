@@ -4,7 +4,8 @@
 (tensors instead of arrays, integer tensors for segment ids, no ``out=``) and
 returns the logits ``A`` (B, H, n, m), differentiable in every float input.
 
-* CPU tensors run the C kernels through the custom ops ``torch.ops.posenc.<name>``
+* CPU tensors (float32, float64, bfloat16, float16; CPU autocast casts float32
+  inputs to its dtype) run the C kernels through the custom ops ``torch.ops.posenc.<name>``
   (``torch.library.custom_op`` + ``register_autograd`` + ``register_fake``): the
   tensors are viewed as NumPy arrays without a copy, and the backward is one C
   call computing only the gradients autograd needs.  The ops work eagerly and

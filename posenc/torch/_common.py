@@ -1,8 +1,11 @@
 """Shared by the C ops and the native formulas of posenc.torch.
 
-* `to_numpy`: a zero-copy NumPy view of a CPU tensor (any strides), or a
-  TypeError naming the argument when NumPy has no such dtype;
-  `to_c_array`: the same of a C-contiguous tensor (a strided one copied by torch);
+* `to_numpy`: a zero-copy NumPy view of a CPU tensor (any strides; bfloat16
+  as an `ml_dtypes.bfloat16` array), or a TypeError naming the argument when
+  NumPy has no such dtype; `to_c_array`: the same of a C-contiguous tensor (a
+  strided one copied by torch); `to_tensor`: back, without a copy;
+* `autocast_inputs`: a C-kernel call's float tensors in CPU autocast's dtype,
+  and `register_autocast`, the same rule on the custom ops themselves;
 * `validate`: the checkers of `posenc._checks` run on stand-in arrays of the
   tensors' shapes and dtypes, so every namespace raises the same exception for
   the same bad input (SPEC §5) whatever the device;
@@ -20,7 +23,7 @@ import threading
 import numpy as np
 import torch
 
-from .. import _checks
+from .. import _checks, _dtypes
 from .._attention import check_attention
 from .._registry import INDEX_TENSORS, REGISTRY, diagonal_map
 
@@ -31,8 +34,9 @@ _NUMPY_DTYPES = {
     torch.uint64: np.uint64, torch.bool: np.bool_, torch.complex64: np.complex64,
     torch.complex128: np.complex128,
 }
-# Half precision is outside the contract of the C kernels (SPEC §1), but the
-# native formulas run it on accelerators, where it is the common case.
+# The low-precision dtypes: the C kernels take them (issue 16: products and
+# softmax statistics in float32, results rounded once to the input's dtype;
+# bfloat16 needs ml_dtypes), the native formulas on any device.
 HALF_DTYPES = (torch.float16, torch.bfloat16)
 INT_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8, torch.uint16,
               torch.uint32, torch.uint64)
@@ -109,17 +113,43 @@ def require_tensors(names, values, optional=()) -> None:
                 "the tensors of one call must share one device")
 
 
+def _numpy_dtype(name: str, dtype: torch.dtype) -> np.dtype:
+    """The NumPy dtype the C kernels see for a tensor dtype, or a TypeError naming
+    the argument: bfloat16 is `ml_dtypes.bfloat16` (the optional extra ``bf16``)."""
+    if dtype in _NUMPY_DTYPES:
+        return np.dtype(_NUMPY_DTYPES[dtype])
+    if dtype == torch.bfloat16:
+        if _dtypes.BFLOAT16 is None:
+            raise TypeError(
+                f"{name} has dtype torch.bfloat16: the C kernels read it as an "
+                "ml_dtypes.bfloat16 array, and ml_dtypes is not installed (pip install "
+                "'posenc[bf16]'; or posenc.torch.use_native(True) for the torch-native "
+                "formulas)")
+        return _dtypes.BFLOAT16
+    expected = "an integer dtype" if name in INDEX_TENSORS else f"dtype {_dtypes.TEXT}"
+    raise TypeError(f"{name} must have {expected}, got {dtype}")
+
+
 def to_numpy(name: str, tensor: torch.Tensor) -> np.ndarray:
-    """A NumPy view of a CPU tensor, sharing its memory and strides."""
-    if tensor.dtype not in _NUMPY_DTYPES:
-        expected = "an integer dtype" if name in INDEX_TENSORS else "dtype float32 or float64"
-        raise TypeError(f"{name} must have {expected}, got {tensor.dtype}")
+    """A NumPy view of a CPU tensor, sharing its memory and strides (a bfloat16
+    tensor's bits viewed as int16, then as ml_dtypes.bfloat16)."""
+    dtype = _numpy_dtype(name, tensor.dtype)
     tensor = tensor.detach()
     if tensor.is_neg():
         tensor = tensor.resolve_neg()
     if tensor.is_conj():
         tensor = tensor.resolve_conj()
+    if tensor.dtype == torch.bfloat16:
+        return tensor.view(torch.int16).numpy().view(dtype)
     return tensor.numpy()
+
+
+def to_tensor(array: np.ndarray) -> torch.Tensor:
+    """`torch.from_numpy`, an ml_dtypes.bfloat16 array as a torch.bfloat16 tensor
+    (both without a copy)."""
+    if array.dtype.name == "bfloat16" and array.dtype.itemsize == 2:
+        return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(array)
 
 
 def to_c_array(name: str, tensor: torch.Tensor) -> np.ndarray:
@@ -131,24 +161,62 @@ def to_c_array(name: str, tensor: torch.Tensor) -> np.ndarray:
     of once per C call, and torch's copy of a small strided tensor costs less
     than NumPy's.  The values are the tensor's exactly.
     """
-    if tensor.dtype not in _NUMPY_DTYPES:
-        return to_numpy(name, tensor)      # its TypeError
+    _numpy_dtype(name, tensor.dtype)      # its TypeError before any copy
     if not tensor.is_contiguous():
         tensor = tensor.detach().contiguous()
     return to_numpy(name, tensor)
 
 
 def _stand_in(name: str, tensor: torch.Tensor, half_as: np.dtype | None):
-    """A read-only array of the tensor's shape and dtype that owns one element."""
+    """A read-only array of the tensor's shape and dtype that owns one element
+    (a float16/bfloat16 tensor's dtype replaced by `half_as` when given)."""
     if tensor.dtype in HALF_DTYPES and half_as is not None:
         dtype = half_as
-    elif tensor.dtype in _NUMPY_DTYPES:
-        dtype = _NUMPY_DTYPES[tensor.dtype]
     else:
-        hint = (" (the C kernels take float32/float64; posenc.torch.use_native(True) runs "
-                "half precision through the torch-native formulas)") if tensor.dtype in HALF_DTYPES else ""
-        raise TypeError(f"{name} must have dtype float32 or float64, got {tensor.dtype}{hint}")
+        dtype = _numpy_dtype(name, tensor.dtype)
     return np.broadcast_to(np.zeros((), dtype=dtype), tuple(int(s) for s in tensor.shape))
+
+
+# ------------------------------------------------------------------ autocast
+
+def _cpu_autocast_dtype():
+    """CPU autocast's dtype while it is on, else None (torch 2.4 names the device;
+    torch 2.1-2.3 has the CPU-only functions)."""
+    if hasattr(torch, "get_autocast_dtype"):
+        return torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else None
+    return torch.get_autocast_cpu_dtype() if torch.is_autocast_cpu_enabled() else None
+
+
+def autocast_inputs(values) -> tuple:
+    """Under CPU autocast, the floating-point CPU tensors among `values` cast to
+    autocast's dtype (``torch.get_autocast_dtype("cpu")``: bfloat16 or float16),
+    float64 kept, as autocast's own lower-precision ops (matmul, linear) do; the
+    casts are differentiable, so float32 parameters get float32 gradients.
+    Other values (ints, bools, None, integer and bool tensors) are unchanged."""
+    dtype = _cpu_autocast_dtype()
+    if dtype is None:
+        return tuple(values)
+    return tuple(value.to(dtype) if isinstance(value, torch.Tensor) and value.is_floating_point()
+                 and value.dtype != torch.float64 and value.device.type == "cpu" else value
+                 for value in values)
+
+
+_AUTOCAST_LIBRARY = torch.library.Library("posenc", "IMPL")
+
+
+def register_autocast(name: str) -> None:
+    """CPU autocast on the custom op ``torch.ops.posenc.<name>`` called directly:
+    its float inputs cast by `autocast_inputs`, then the op with autocast off.
+    (torch.library.register_autocast casts to one dtype fixed at registration;
+    this follows the autocast region's dtype, float16 as well as bfloat16.)"""
+    overload = getattr(torch.ops.posenc, name).default
+
+    def kernel(*args):
+        args = autocast_inputs(args)
+        with torch.autocast("cpu", enabled=False):
+            return overload(*args)
+
+    _AUTOCAST_LIBRARY.impl(name, kernel, "AutocastCPU")
 
 
 def validate(method: str, tensors: dict, params: dict, *, allow_half: bool = False):

@@ -15,7 +15,8 @@ from .. import _checks, _methods
 from .._attention import ATTENTION_GRAD_TYPES, Attention, check_attention
 from .._registry import REGISTRY
 from . import native
-from ._common import to_c_array
+from ._common import (HALF_DTYPES, autocast_inputs, register_autocast, to_c_array, to_numpy,
+                      to_tensor)
 from ._ops import PARAMS
 
 
@@ -36,8 +37,7 @@ class _FusedAttention(torch.autograd.Function):
     def forward(ctx, method, params, options, v, *tensors):
         causal, key_padding_mask, dropout_p, seed = options
         call = _call(method, tensors, params, v, causal, key_padding_mask, dropout_p, seed)
-        out, lse = _methods.attention_forward(call)
-        out, lse = torch.from_numpy(out), torch.from_numpy(lse)
+        out, lse = (to_tensor(a) for a in _methods.attention_forward(call))
         ctx.method, ctx.params, ctx.options, ctx.call = method, params, options, call
         ctx.save_for_backward(v, out, lse, *tensors)
         ctx.mark_non_differentiable(lse)
@@ -61,8 +61,8 @@ class _FusedAttention(torch.autograd.Function):
         if torch.is_grad_enabled():             # create_graph: a differentiable backward
             grads = _native_gradients(ctx, d_out, v, tensors, wanted)
         else:
-            grads = [None if g is None else torch.from_numpy(g) for g in _methods.attention_backward(
-                ctx.call, to_c_array("d_out", d_out), out.numpy(), lse.numpy(), wanted)]
+            grads = [None if g is None else to_tensor(g) for g in _methods.attention_backward(
+                ctx.call, to_c_array("d_out", d_out), to_numpy("out", out), lse.numpy(), wanted)]
         for bit, (name, grad) in enumerate(zip(fields, grads)):
             if wanted >> bit & 1:
                 result[3 if name == "v" else 4 + position[name]] = grad
@@ -85,8 +85,10 @@ def _native_gradients(ctx, d_out, v, tensors, wanted: int) -> list:
 
 def fused_attention(method: str, tensors: tuple, params: tuple, attention: tuple) -> Attention:
     """The fused C attention: the custom op under torch.compile (traceable), the
-    autograd.Function in eager mode (less per-call overhead)."""
+    autograd.Function in eager mode (less per-call overhead); under CPU autocast
+    q, k, v and the float parameters are first cast to its dtype, as `run` does."""
     v, causal, key_padding_mask, dropout_p, seed = attention
+    v, *tensors = autocast_inputs((v, *tensors))
     if torch.compiler.is_compiling():
         signed_seed = seed - _SEED_WRAP if seed >= 1 << 63 else seed    # the schema's int64
         out, lse = FORWARD[method](v, *tensors, *params, causal, key_padding_mask, dropout_p,
@@ -132,7 +134,7 @@ def _define(method: str):
         v, tensors, values, (causal, mask, dropout_p, seed) = split(args)
         out, lse = _methods.attention_forward(_call(method, tensors, values, v, causal, mask,
                                                     dropout_p, seed))
-        return torch.from_numpy(out), torch.from_numpy(lse)
+        return to_tensor(out), to_tensor(lse)
 
     def backward(d_out, *args):
         *args, needs = args
@@ -141,9 +143,9 @@ def _define(method: str):
         rest = (v,) + tuple(tensors) + tuple(args[3 + count:])
         v, tensors, values, (causal, mask, dropout_p, seed) = split(rest)
         call = _call(method, tensors, values, v, causal, mask, dropout_p, seed)
-        grads = _methods.attention_backward(call, to_c_array("d_out", d_out), out.numpy(),
+        grads = _methods.attention_backward(call, to_c_array("d_out", d_out), to_numpy("out", out),
                                             lse.numpy(), needs)
-        return [d_out.new_empty(0) if g is None else torch.from_numpy(g) for g in grads]
+        return [d_out.new_empty(0) if g is None else to_tensor(g) for g in grads]
 
     forward_op = torch.library.custom_op(f"posenc::{method}_attention", forward, mutates_args=(),
                                          device_types="cpu", schema=_schema(method, False))
@@ -155,8 +157,9 @@ def _define(method: str):
     def _(*args):
         v, tensors = args[0], args[1:1 + count]
         q = tensors[0]
+        lse_dtype = torch.float32 if q.dtype in HALF_DTYPES else q.dtype     # lse stays float32
         return (q.new_empty((q.shape[0], q.shape[1], q.shape[2], v.shape[3])),
-                q.new_empty((q.shape[0], q.shape[1], q.shape[2])))
+                q.new_empty((q.shape[0], q.shape[1], q.shape[2]), dtype=lse_dtype))
 
     @backward_op.register_fake
     def _(d_out, *args):
@@ -189,6 +192,7 @@ def _define(method: str):
         return tuple(result)
 
     forward_op.register_autograd(gradients, setup_context=setup_context)
+    register_autocast(f"{method}_attention")
     return forward_op, backward_op
 
 

@@ -26,7 +26,7 @@ import torch
 
 from .. import _checks, _methods
 from .._registry import GRAD_FIELDS, PARAM_KINDS, REGISTRY
-from ._common import to_numpy, validate
+from ._common import autocast_inputs, register_autocast, to_numpy, to_tensor, validate
 
 _OP_KIND = {"int": "int", "bool": "bool", "scale": "float?"}
 # Non-tensor arguments of each op, (name, schema type), in signature order.
@@ -59,7 +59,7 @@ def _gradient_tensors(grads, positions, count: int) -> list:
     result = [None] * count
     for position, value in zip(positions, grads):
         if value is not None:
-            result[position] = torch.from_numpy(value)
+            result[position] = to_tensor(value)
     return result
 
 
@@ -72,7 +72,7 @@ class _Logits(torch.autograd.Function):
         config = _methods.configure(problem)
         ctx.method, ctx.params, ctx.problem, ctx.config = method, params, problem, config
         ctx.save_for_backward(*tensors)      # autograd's check that no input changed since
-        return torch.from_numpy(_methods.forward(problem, config))
+        return to_tensor(_methods.forward(problem, config))
 
     @staticmethod
     def backward(ctx, grad):
@@ -135,7 +135,7 @@ def _define(method: str):
 
     def forward(*args):
         problem = _problem(method, *_split(method, args))
-        return torch.from_numpy(_methods.forward(problem))
+        return to_tensor(_methods.forward(problem))
 
     def backward(G, *args):
         *args, needs = args
@@ -143,7 +143,7 @@ def _define(method: str):
         grad = _checks.check_grad(to_numpy("G", G), problem)
         grads = _methods.backward(problem, grad, needs)
         # a field not asked for is an empty tensor: the schema has no optional outputs
-        return [G.new_empty(0) if value is None else torch.from_numpy(value) for value in grads]
+        return [G.new_empty(0) if value is None else to_tensor(value) for value in grads]
 
     forward_op = torch.library.custom_op(
         f"posenc::{method}", forward, mutates_args=(), device_types="cpu",
@@ -190,6 +190,7 @@ def _define(method: str):
         return tuple(result)
 
     forward_op.register_autograd(gradients, setup_context=setup_context)
+    register_autocast(method)
     assert len(fields) == len(positions)
     return forward_op, backward_op
 
@@ -201,7 +202,10 @@ FORWARD, BACKWARD = (dict(zip(REGISTRY, ops)) for ops in zip(*map(_define, REGIS
 def run(method: str, tensors: tuple, params: tuple):
     """The C kernels' logits: the custom op under torch.compile (traceable, no
     graph break), the autograd.Function in eager mode (same results, less
-    per-call overhead)."""
+    per-call overhead).  Under CPU autocast the float tensors are first cast to
+    its dtype (`autocast_inputs`: the eager Function does not pass through the
+    op's autocast kernel)."""
+    tensors = autocast_inputs(tensors)
     if torch.compiler.is_compiling():
         return FORWARD[method](*tensors, *params)
     return _Logits.apply(method, params, *tensors)

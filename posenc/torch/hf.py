@@ -72,6 +72,8 @@ def _collecting_attentions() -> bool:
     return bool(collected) and ("attentions" in collected or "cross_attentions" in collected)
 
 
+# the dtypes posenc's ops take (bfloat16 and float16 through the C kernels on CPU)
+_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 _ALLOWED_KWARGS = {"output_attentions", "output_hidden_states", "use_cache", "cache_position",
                    "return_dict", "position_ids"}
 
@@ -210,7 +212,7 @@ def _t5_family_attention(self, hidden_states, mask, key_value_states, past_key_v
     implementation = getattr(self.config, "_attn_implementation", None) or "eager"
     if implementation not in ("eager", "sdpa"):
         raise _Unsupported(f"attention implementation {implementation!r}")
-    if hidden_states.dtype not in (torch.float32, torch.float64):
+    if hidden_states.dtype not in _DTYPES:
         raise _Unsupported(f"dtype {hidden_states.dtype}")
 
     batch, n = hidden_states.shape[:2]
@@ -309,7 +311,7 @@ def _deberta_posenc(self, hidden_states, attention_mask, output_attentions, quer
         raise _Unsupported("DeBERTa query_states (enhanced mask decoder)")
     if not self.relative_attention or set(self.pos_att_type) != {"c2p", "p2c"}:
         raise _Unsupported(f"DeBERTa pos_att_type {list(self.pos_att_type)} (posenc serves c2p+p2c)")
-    if hidden_states.dtype not in (torch.float32, torch.float64):
+    if hidden_states.dtype not in _DTYPES:
         raise _Unsupported(f"dtype {hidden_states.dtype}")
     if rel_embeddings is None:
         raise _Unsupported("DeBERTa without rel_embeddings")

@@ -14,7 +14,7 @@ public implementation of its method:
   ``torch.gather`` (HuggingFace ``DisentangledSelfAttention.disentangled_attention_bias``).
 
 Same names and arguments as `posenc.<name>` (no ``out=``).  Half precision
-(float16, bfloat16) is accepted here, unlike the C kernels.  Segment ids are
+(float16, bfloat16) is accepted here on any device (and needs no ml_dtypes).  Segment ids are
 range-checked on CPU only (a check on an accelerator would synchronise it).
 """
 
