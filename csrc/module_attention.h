@@ -106,7 +106,8 @@ static PyObject *py_attention_forward(PyObject *self, PyObject *const *args, Py_
     const posenc_problem *p = &call.p;
     const npy_intp dims[4] = {(npy_intp)p->B, (npy_intp)p->H, (npy_intp)p->n, (npy_intp)call.att.dv};
     if ((call.out = result_or_out(args[6], 4, dims, call.typenum, "(B, H, n, dv)")) &&
-        (call.lse = new_result(3, dims, lse_typenum(p->dtype))) && !run_attention(&call, NULL, NULL))
+        (call.lse = new_result(3, dims, lse_typenum(p->dtype))) &&
+        !run_attention(&call, NULL, NULL))
         result = PyTuple_Pack(2, (PyObject *)call.out, (PyObject *)call.lse);
 done:
     attention_call_release(&call);
@@ -136,7 +137,8 @@ static PyObject *py_attention_backward(PyObject *self, PyObject *const *args, Py
     if (!(call.d_out = as_float_array(args[0], typenum, "d_out")) ||
         check_dims(call.d_out, "d_out", 4, dims) ||
         !(call.out = as_float_array(args[3], typenum, "out")) || check_dims(call.out, "out", 4, dims) ||
-        !(call.lse = as_float_array(args[4], lse_typenum(p->dtype), "lse")) || check_dims(call.lse, "lse", 3, dims))
+        !(call.lse = as_float_array(args[4], lse_typenum(p->dtype), "lse")) ||
+        check_dims(call.lse, "lse", 3, dims))
         goto done;
     posenc_grads g;
     if (new_grads(args[1], &call.a, (unsigned int)(needs & ((1u << GR_COUNT) - 1)), typenum,

@@ -256,10 +256,18 @@ def test_float16_result_in_a_result_block():
     rng = np.random.default_rng(3)
     q = rng.standard_normal((1, 1, n, 1)).astype(np.float16)
     k = rng.standard_normal((1, 1, n, 1)).astype(np.float16)
-    got = posenc.content(q, k)
-    assert type(got.base).__name__ == "ResultBlock" and got.dtype == np.float16
-    want = np.multiply.outer(q[0, 0, :, 0].astype(np.float64), k[0, 0, :, 0].astype(np.float64))
-    np.testing.assert_array_equal(_bits(got[0, 0]), _bits(want.astype(np.float16)))
+    budget = posenc.get_result_cache()
+    try:
+        got = posenc.content(q, k)
+        assert type(got.base).__name__ == "ResultBlock" and got.dtype == np.float16
+        want = np.multiply.outer(q[0, 0, :, 0].astype(np.float64),
+                                 k[0, 0, :, 0].astype(np.float64))
+        np.testing.assert_array_equal(_bits(got[0, 0]), _bits(want.astype(np.float16)))
+        del got
+        assert _C.result_cache_info()["blocks"] >= 1          # the block went back to the cache
+    finally:
+        posenc.set_result_cache(0)           # empty, as later tests of the cache expect it
+        posenc.set_result_cache(budget)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -107,7 +107,9 @@ def test_notebook_runs(name, kernel_specs, tmp_path, monkeypatch):
     text = _text(notebook)
     if name == "quickstart.ipynb":
         pages = "".join(_outputs(notebook, "text/html"))
-        rows = 2 * 2 * len(posenc.capabilities())      # dtypes x (logits, fused attention) x ISAs
+        from posenc._check import DTYPES
+
+        rows = len(DTYPES) * 2 * len(posenc.capabilities())  # dtypes x (logits, attention) x ISAs
         assert "isa active" in pages and pages.count("PASS") == rows
         assert "logits of t5 (float64) differ from posenc.reference.t5 at (b, h, i, j)" in text
         assert "my_t5_backward agrees" in text and "posenc.torch.t5's gradients agree" in text

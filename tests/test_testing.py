@@ -197,6 +197,30 @@ def test_gradients_by_dict_or_plain_tuple():
 
 
 @needs_torch
+def test_torch_half_tensors_have_their_bound():
+    """torch.float16 and torch.bfloat16 results and inputs are read with their bits
+    (bfloat16 as ml_dtypes.bfloat16) and held to their dtype's bound."""
+    import torch
+
+    from posenc._dtypes import BFLOAT16
+
+    args, _ = random_inputs("content", dtype=np.float16)
+    assert_logits_close(torch.from_numpy(posenc.content(*args)), "content",
+                        *map(torch.from_numpy, args))
+    if BFLOAT16 is None:
+        return
+    args = [a.astype(BFLOAT16) for a in args]
+
+    def tensor(array):
+        return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
+
+    got = tensor(posenc.content(*args))
+    assert_logits_close(got, "content", *map(tensor, args))
+    with fails(r"logits of content \(bfloat16\).*u = 2\^-8"):
+        assert_logits_close(got * 1.02, "content", *map(tensor, args))
+
+
+@needs_torch
 def test_torch_wrong_gradient_and_detached_input():
     import torch
 
