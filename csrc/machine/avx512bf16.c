@@ -10,25 +10,12 @@
 #if defined(__AVX512F__) && defined(__AVX512BF16__)
 #include <immintrin.h>
 
-/* 16 independent accumulator chains, as the FMA loop (machine_impl.h). */
-static double bf16_dot_peak(size_t iterations)
-{
-    __m512 acc[16];
-    const __m512bh x = (__m512bh)_mm512_set1_epi16(0x3f80);   /* 1.0 */
-    const __m512bh y = (__m512bh)_mm512_set1_epi16(0x3380);   /* 2^-24 */
-#pragma GCC unroll 16
-    for (int t = 0; t < 16; ++t)
-        acc[t] = _mm512_set1_ps((float)t);
-    for (size_t it = 0; it < iterations; ++it) {
-#pragma GCC unroll 16
-        for (int t = 0; t < 16; ++t)
-            acc[t] = _mm512_dpbf16_ps(acc[t], x, y);
-    }
-    __m512 total = acc[0];
-    for (int t = 1; t < 16; ++t)
-        total = _mm512_add_ps(total, acc[t]);
-    return (double)_mm512_reduce_add_ps(total);
-}
+/* acc + the products of 1.0 and 2^-24 (bfloat16 0x3f80, 0x3380), pairwise */
+#define BF16_INIT(t) _mm512_set1_ps((float)(t))
+#define BF16_STEP(acc)                                                         \
+    _mm512_dpbf16_ps(acc, (__m512bh)_mm512_set1_epi16(0x3f80),                 \
+                     (__m512bh)_mm512_set1_epi16(0x3380))
+POSENC_PEAK_LOOP(bf16_dot_peak, __m512, BF16_INIT, BF16_STEP, _mm512_add_ps, _mm512_reduce_add_ps)
 
 const posenc_machine_loops posenc_machine_bf16_avx512bf16 = {
     .fma_peak = bf16_dot_peak,

@@ -8,6 +8,30 @@
 
 #include "../posenc.h"
 
+/*
+ * A peak loop `name(iterations)`: 16 independent accumulator chains (enough
+ * to cover an FMA's latency x ports on every target: 4 cycles x 2 ports on
+ * recent x86 needs 8) of `VT` vectors, each set to init(t) and stepped by
+ * step(acc) per iteration; returns their sum, a value the compiler cannot
+ * drop.  The FMA loops (machine_impl.h) and the bfloat16 dot products
+ * (avx512bf16.c) are this loop with their own step.
+ */
+#define POSENC_PEAK_LOOP(name, VT, init, step, add, reduce)    \
+    static double name(size_t iterations)                      \
+    {                                                          \
+        VT acc[16];                                            \
+        _Pragma("GCC unroll 16") for (int t = 0; t < 16; ++t)  \
+            acc[t] = init(t);                                  \
+        for (size_t it = 0; it < iterations; ++it) {           \
+            _Pragma("GCC unroll 16") for (int t = 0; t < 16; ++t) \
+                acc[t] = step(acc[t]);                         \
+        }                                                      \
+        VT total = acc[0];                                     \
+        for (int t = 1; t < 16; ++t)                           \
+            total = add(total, acc[t]);                        \
+        return (double)reduce(total);                          \
+    }
+
 /* The loops one ISA provides for one dtype (machine_impl.h). */
 typedef struct {
     /* an FMA-throughput loop: returns a value the compiler cannot drop */

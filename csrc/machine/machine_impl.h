@@ -4,25 +4,11 @@
  * as its VECTOR_TEMPLATE; the macros are listed in isa/kernels_impl.h).
  */
 
-/* 16 independent accumulator chains: enough to cover FMA latency x ports
- * on every target (4 cycles x 2 ports on recent x86 needs 8). */
-static double KNAME(posenc_fma_peak)(size_t iterations)
-{
-    VT acc[16];
-    const VT x = VBCAST((REAL)0.999999), y = VBCAST((REAL)1e-7);
-#pragma GCC unroll 16
-    for (int t = 0; t < 16; ++t)
-        acc[t] = VBCAST((REAL)t);
-    for (size_t it = 0; it < iterations; ++it) {
-#pragma GCC unroll 16
-        for (int t = 0; t < 16; ++t)
-            acc[t] = VFMA(acc[t], x, y);
-    }
-    VT total = acc[0];
-    for (int t = 1; t < 16; ++t)
-        total = VADD(total, acc[t]);
-    return (double)VREDUCE(total);
-}
+#define PEAK_INIT(t) VBCAST((REAL)(t))
+#define PEAK_STEP(acc) VFMA(acc, VBCAST((REAL)0.999999), VBCAST((REAL)1e-7))
+POSENC_PEAK_LOOP(KNAME(posenc_fma_peak), VT, PEAK_INIT, PEAK_STEP, VADD, VREDUCE)
+#undef PEAK_INIT
+#undef PEAK_STEP
 
 static void KNAME(posenc_stream_zero)(void *dst_, size_t bytes)
 {
