@@ -229,6 +229,13 @@ static PyObject *isa_list(int (*keep)(posenc_isa))
     return list;
 }
 
+/* Whether bfloat16 content logits run on vdpbf16ps now (docs/low_precision.md
+ * design (b): the active ISA avx512 on a CPU and build with AVX512-BF16). */
+static PyObject *py_bf16_dot(PyObject *self, PyObject *unused)
+{
+    return PyBool_FromLong(posenc_active_bf16_kernels() != NULL);
+}
+
 static PyObject *py_capabilities(PyObject *self, PyObject *unused)
 {
     return isa_list(posenc_isa_supported);
@@ -322,6 +329,8 @@ static PyMethodDef methods[] = {
      "needs)\n\nThe 9 gradients of backward, then dv (bit 9 of needs).  Private: use the\n"
      "posenc package."},
     {"capabilities", py_capabilities, METH_NOARGS, "ISAs this CPU and OS support, compiled in."},
+    {"bf16_dot", py_bf16_dot, METH_NOARGS,
+     "Whether bfloat16 content logits run on vdpbf16ps (AVX512-BF16) under the active ISA."},
     {"compiled_isas", py_compiled_isas, METH_NOARGS, "ISAs compiled into this build."},
     {"get_isa", py_get_isa, METH_NOARGS, "The ISA whose kernels run."},
     {"set_isa", py_set_isa, METH_O, "Select the ISA by name (ValueError if unsupported)."},

@@ -7,7 +7,9 @@ dropout, dv != d), on awkward sizes (n != m, sizes 1, 3, 17, 33), with shared
 (head axis 1) parameters and non-contiguous inputs.  Two checks each:
 
 * the design, exactly: a 16-bit result is narrow(float32 posenc on the widened
-  inputs), bit for bit, and lse is float32 and equal to the float32 run's;
+  inputs), bit for bit, and lse is float32 and equal to the float32 run's
+  (but for the bfloat16 content logits on vdpbf16ps, posenc._C.bf16_dot(),
+  design (b): the bound only);
 * the bound of docs/validation.md against the float64 reference on the same
   (widened) inputs: |posenc - reference| <= u |reference| + (1 + u) E32
   (u = 2^-8, 2^-11; + 2^-25 for float16), E32 the float32 bound
@@ -107,7 +109,9 @@ def test_logits_forward_backward(posenc_isa, method, dtype, size, rng):
     d_p = _check.dense_rank(method, args, kwargs)
 
     got = getattr(posenc, method)(*args, **kwargs)
-    assert_narrowed(got, getattr(posenc, method)(*args32, **kwargs32), dtype, "logits")
+    if not (method == "content" and dtype == "bfloat16" and _C.bf16_dot()):
+        assert_narrowed(got, getattr(posenc, method)(*args32, **kwargs32), dtype, "logits")
+    # else vdpbf16ps sums in its own order (design (b)): the bound below holds it
     formula = getattr(reference, method)
     _, ratio, _ = _check.compare(got, formula(*args64, **kwargs64),
                                  formula(*abs_args, **abs_kwargs), d + d_p, dtype)
