@@ -18,6 +18,7 @@
 #include "engine.h"
 
 #include <stdatomic.h>
+#include <string.h>
 
 #include "bf16dot.h"
 
@@ -41,10 +42,13 @@
 
 /* ------------------------------------------------------------ conversion */
 
+/* `segments` runs of `len` elements, src and dst `*_stride` elements apart:
+ * converted (16-bit <-> float32) or, with `copy`, float32 copied (lse). */
 typedef struct {
     const void *src;
     void *dst;
-    size_t len;
+    size_t len, segments, src_stride, dst_stride;
+    int copy;
 } lp_row;
 
 #define LP_MAX_ROWS 16
@@ -58,18 +62,22 @@ typedef struct {
     size_t blocks[LP_MAX_ROWS + 1];   /* prefix sums of each row's blocks */
 } lp_job;
 
-static void lp_convert_block(const lp_job *job, size_t r, size_t t0, size_t len)
+/* Block k of row r: LP_BLOCK elements (fewer at a segment's end). */
+static void lp_convert_block(const lp_job *job, size_t r, size_t k)
 {
     const lp_row *row = &job->rows[r];
-    if (job->to_f32) {
-        float *dst = (float *)row->dst + t0;
-        const uint16_t *src = (const uint16_t *)row->src + t0;
-        (job->bf16 ? job->cv->bf16_to_f32 : job->cv->f16_to_f32)(dst, src, len);
-    } else {
-        uint16_t *dst = (uint16_t *)row->dst + t0;
-        const float *src = (const float *)row->src + t0;
-        (job->bf16 ? job->cv->f32_to_bf16 : job->cv->f32_to_f16)(dst, src, len);
-    }
+    const size_t per_segment = (row->len + LP_BLOCK - 1) / LP_BLOCK;
+    const size_t segment = k / per_segment, t0 = k % per_segment * LP_BLOCK;
+    const size_t len = posenc_min(LP_BLOCK, row->len - t0);
+    const size_t from = segment * row->src_stride + t0, to = segment * row->dst_stride + t0;
+    if (row->copy)
+        memcpy((float *)row->dst + to, (const float *)row->src + from, len * sizeof(float));
+    else if (job->to_f32)
+        (job->bf16 ? job->cv->bf16_to_f32 : job->cv->f16_to_f32)(
+            (float *)row->dst + to, (const uint16_t *)row->src + from, len);
+    else
+        (job->bf16 ? job->cv->f32_to_bf16 : job->cv->f32_to_f16)(
+            (uint16_t *)row->dst + to, (const float *)row->src + from, len);
 }
 
 static void lp_convert_team_fn(void *arg, void *ws)
@@ -84,8 +92,7 @@ static void lp_convert_team_fn(void *arg, void *ws)
         size_t r = 0;
         while (job->blocks[r + 1] <= (size_t)t)
             ++r;
-        const size_t t0 = ((size_t)t - job->blocks[r]) * LP_BLOCK;
-        lp_convert_block(job, r, t0, posenc_min(LP_BLOCK, job->rows[r].len - t0));
+        lp_convert_block(job, r, (size_t)t - job->blocks[r]);
     }
 }
 
@@ -98,13 +105,20 @@ static void lp_job_init(lp_job *job, const posenc_problem *p, int to_f32)
     job->blocks[0] = 0;
 }
 
+static void lp_job_add_rows(lp_job *job, lp_row row)
+{
+    if (!row.src || !row.dst || !row.len || !row.segments)
+        return;
+    job->rows[job->count] = row;
+    job->blocks[job->count + 1] =
+        job->blocks[job->count] + row.segments * ((row.len + LP_BLOCK - 1) / LP_BLOCK);
+    ++job->count;
+}
+
+/* One contiguous array of len elements. */
 static void lp_job_add(lp_job *job, const void *src, void *dst, size_t len)
 {
-    if (!src || !dst || !len)
-        return;
-    job->rows[job->count] = (lp_row){src, dst, len};
-    job->blocks[job->count + 1] = job->blocks[job->count] + (len + LP_BLOCK - 1) / LP_BLOCK;
-    ++job->count;
+    lp_job_add_rows(job, (lp_row){src, dst, len, 1, 0, 0, 0});
 }
 
 static int lp_job_run(const lp_job *job, int num_threads)
@@ -248,7 +262,7 @@ static void lp_arena_free(lp_arena *a)
     posenc_free(block);
 }
 
-/* ----------------------------------------------------------- entry points */
+/* ----------------------------------------------------------- sub-problems */
 
 /* The heads field of parameter array t (A_POS_Q ... A_THETA) of p, and in
  * *per_head its elements per head. */
@@ -273,8 +287,8 @@ static int param_sliced(const posenc_problem *p, int t)
 }
 
 /* The sub-problem of batch rows [b0, b0 + nb) and heads [h0, h0 + nh) of a
- * float32 problem (nb == 1 when nh < H): the per-head arrays of H heads
- * start at h0, shared ones stay; q and k are the caller's to set. */
+ * float32 problem: the per-head arrays of H heads start at h0, shared ones
+ * stay; q and k (gathered by the caller) are the caller's to set. */
 static posenc_problem lp_slice(const posenc_problem *p, size_t b0, size_t nb, size_t h0, size_t nh)
 {
     posenc_problem s = *p;
@@ -301,33 +315,55 @@ static posenc_problem lp_slice(const posenc_problem *p, size_t b0, size_t nb, si
 /* ------------------------------------------------------- chunked calls */
 
 /*
- * Every entry point runs in chunks of (b, h) units: nb batch rows of all
- * heads, or nh heads of one batch row when one row is too large; a chunk's
- * per-unit arrays (q, k, v, G, d_out, out; the results) are widened into
- * float32 regions of the arena sized for one chunk, at most about
+ * Every entry point runs in chunks of (b, h) units, batch rows [b0, b0 + nb)
+ * x heads [h0, h0 + nh): all batch rows of a few heads where they fit the
+ * budget (so the float32 engine's per-head blocks, TUPE's and DIET-ABS's
+ * batch-free terms, serve all of them, as in a float32 call), else whole
+ * batch rows, else heads of one batch row.  A chunk's per-unit arrays (q, k,
+ * v, G, d_out, out, lse; the results) are gathered, widened, into float32
+ * regions of the arena sized for one chunk, at most about
  * POSENC_LP_CHUNK_BYTES (the logits) or POSENC_LP_ATTENTION_CHUNK_BYTES,
- * and nothing of O(B H n m) or of the inputs' size is allocated.  Per-unit results are the float32 engine's on
- * the chunk, narrowed (the float32 engine's results do not depend on how
- * the units are grouped); the parameters' gradients are float32 sums over
- * the chunks in chunk order (the first chunk's copied), narrowed at the end:
- * a one-chunk problem gives the float32 engine's bits, a larger one the same
- * float32 terms in another association (equal to rounding, deterministic
- * for any thread count).
+ * and the results scattered back, narrowed: nothing of O(B H n m) or of the
+ * inputs' size is allocated.  Per-unit results are the float32 engine's on
+ * the chunk (they do not depend on how the units are grouped); the
+ * parameters' gradients are float32 sums over the chunks in chunk order
+ * (the first chunk's copied), narrowed at the end: a one-chunk problem gives
+ * the float32 engine's bits, a larger one the same float32 terms in another
+ * association (equal to rounding, deterministic for any thread count).
  */
-enum { S_Q, S_K, S_V, S_G, S_D_OUT, S_OUT_IN, S_RESULT, S_DQ, S_DK, S_DV, S_COUNT };
+enum { S_Q, S_K, S_V, S_G, S_D_OUT, S_OUT_IN, S_LSE_IN, S_RESULT, S_LSE, S_DQ, S_DK, S_DV,
+       S_COUNT };
 #define S_FIRST_OUTPUT S_RESULT
 
 typedef enum { LP_LOGITS, LP_LOGITS_BACKWARD, LP_ATTENTION, LP_ATTENTION_BACKWARD } lp_kind;
 
 typedef struct {
-    const void *src;     /* inputs: 16-bit (B, H, ...) */
-    void *dst;           /* outputs: 16-bit (B, H, ...) */
+    const void *src;     /* inputs: (B, H, ...), 16-bit (float32 with copy) */
+    void *dst;           /* outputs: the same */
     size_t per_unit;     /* elements per (b, h) */
+    int copy;            /* float32 both sides (lse) */
     size_t at;           /* the chunk's float32 region in the arena */
 } lp_stream;
 
+/* The chunk's shape: nb batch rows x nh heads of at most `budget` floats. */
+static void lp_plan(const posenc_problem *p, size_t unit, size_t budget, size_t *nb, size_t *nh)
+{
+    *nb = p->B;
+    *nh = p->H;
+    if (!unit || p->B * p->H * unit <= budget)
+        return;
+    if (p->B * unit <= budget) {
+        *nh = budget / (p->B * unit);
+    } else if (p->H * unit <= budget) {
+        *nb = budget / (p->H * unit);
+    } else {
+        *nb = 1;
+        *nh = posenc_max(1, budget / unit);
+    }
+}
+
 static int lp_chunks(lp_kind kind, const posenc_problem *p, lp_stream *st, const posenc_grads *g,
-                     const posenc_attention *att, void *lse, const void *lse_in, int num_threads)
+                     const posenc_attention *att, int num_threads)
 {
     posenc_problem p32;
     posenc_grads sums, part;                    /* parameters' gradients: all, one chunk's */
@@ -341,7 +377,6 @@ static int lp_chunks(lp_kind kind, const posenc_problem *p, lp_stream *st, const
     lp_job_init(&narrow, p, 0);
     lp_job_init(&narrow_sums, p, 0);
     lp_job_init(&unused, p, 0);
-    /* the chunk: as many units as fit the budget, whole batch rows if one fits */
     size_t unit = 0, shared_with[S_COUNT];
     for (int t = 0; t < S_COUNT; ++t) {
         shared_with[t] = (size_t)t;
@@ -351,14 +386,12 @@ static int lp_chunks(lp_kind kind, const posenc_problem *p, lp_stream *st, const
         if ((st[t].src || st[t].dst) && shared_with[t] == (size_t)t)
             unit += st[t].per_unit;
     }
-    const size_t budget = (kind == LP_LOGITS || kind == LP_LOGITS_BACKWARD
-                               ? POSENC_LP_CHUNK_BYTES
-                               : POSENC_LP_ATTENTION_CHUNK_BYTES) / sizeof(float);
-    size_t nb = 1, nh = p->H;
-    if (unit && p->H * unit <= budget)
-        nb = posenc_max(1, posenc_min(p->B, budget / (p->H * unit)));
-    else if (unit)
-        nh = posenc_max(1, posenc_min(p->H, budget / unit));
+    size_t nb, nh;
+    lp_plan(p, unit,
+            (kind == LP_LOGITS || kind == LP_LOGITS_BACKWARD ? POSENC_LP_CHUNK_BYTES
+                                                             : POSENC_LP_ATTENTION_CHUNK_BYTES) /
+                sizeof(float),
+            &nb, &nh);
     /* the arena: sized, allocated, then placed (the same calls twice) */
     int rc = POSENC_OK;
     for (int pass = 0; pass < 2 && rc == POSENC_OK; ++pass) {
@@ -385,15 +418,22 @@ static int lp_chunks(lp_kind kind, const posenc_problem *p, lp_stream *st, const
     size_t len[A_COUNT];
     problem_arrays(p, at, len);
 #define REGION(t) (st[t].src || st[t].dst ? (void *)(a.base + st[t].at) : NULL)
-    for (size_t b0 = 0; rc == POSENC_OK && b0 < p->B; b0 += nb)
-        for (size_t h0 = 0; rc == POSENC_OK && h0 < p->H; h0 += nh) {
+    for (size_t h0 = 0; rc == POSENC_OK && h0 < p->H; h0 += nh)
+        for (size_t b0 = 0; rc == POSENC_OK && b0 < p->B; b0 += nb) {
             const size_t bs = posenc_min(nb, p->B - b0), hs = posenc_min(nh, p->H - h0);
-            const size_t unit0 = b0 * p->H + h0, units = bs * hs;
+            const size_t unit0 = b0 * p->H + h0;
+            /* stream t's units of the chunk: bs runs of hs units, H units apart */
+#define CHUNK_ROWS(t, outside, region, outward)                                                   \
+    (lp_row){outward ? region : (const char *)(outside) + unit0 * st[t].per_unit * elem,         \
+             outward ? (void *)((char *)(outside) + unit0 * st[t].per_unit * elem) : region,     \
+             hs * st[t].per_unit, bs, outward ? hs * st[t].per_unit : p->H * st[t].per_unit,     \
+             outward ? p->H * st[t].per_unit : hs * st[t].per_unit, st[t].copy}
             widen.count = 0;
             for (int t = 0; t < S_FIRST_OUTPUT; ++t)
-                if (shared_with[t] == (size_t)t)
-                    lp_job_add(&widen, (const uint16_t *)st[t].src + unit0 * st[t].per_unit,
-                               REGION(t), units * st[t].per_unit);
+                if (shared_with[t] == (size_t)t) {
+                    const size_t elem = st[t].copy ? sizeof(float) : sizeof(uint16_t);
+                    lp_job_add_rows(&widen, CHUNK_ROWS(t, st[t].src, REGION(t), 0));
+                }
             rc = lp_job_run(&widen, num_threads);
             posenc_problem s = lp_slice(&p32, b0, bs, h0, hs);
             s.q = REGION(S_Q);
@@ -429,21 +469,22 @@ static int lp_chunks(lp_kind kind, const posenc_problem *p, lp_stream *st, const
                     break;
                 case LP_ATTENTION:
                     rc = posenc_engine_f32.attention_forward(&s, &a32, REGION(S_RESULT),
-                                                             (float *)lse + unit0 * p->n,
-                                                             num_threads);
+                                                             REGION(S_LSE), num_threads);
                     break;
                 case LP_ATTENTION_BACKWARD:
-                    rc = posenc_engine_f32.attention_backward(
-                        &s, &a32, REGION(S_D_OUT), REGION(S_OUT_IN),
-                        (const float *)lse_in + unit0 * p->n, &gs, REGION(S_DV), num_threads);
+                    rc = posenc_engine_f32.attention_backward(&s, &a32, REGION(S_D_OUT),
+                                                              REGION(S_OUT_IN), REGION(S_LSE_IN),
+                                                              &gs, REGION(S_DV), num_threads);
                     break;
                 }
             }
             narrow.count = 0;
             for (int t = S_FIRST_OUTPUT; t < S_COUNT; ++t)
-                if (st[t].dst)
-                    lp_job_add(&narrow, REGION(t), (uint16_t *)st[t].dst + unit0 * st[t].per_unit,
-                               units * st[t].per_unit);
+                if (st[t].dst) {
+                    const size_t elem = st[t].copy ? sizeof(float) : sizeof(uint16_t);
+                    lp_job_add_rows(&narrow, CHUNK_ROWS(t, st[t].dst, REGION(t), 1));
+                }
+#undef CHUNK_ROWS
             if (rc == POSENC_OK)
                 rc = lp_job_run(&narrow, num_threads);
             /* this chunk's parameter gradients into the sums (a shared region once) */
@@ -484,33 +525,34 @@ static int lp_forward(const posenc_problem *p, void *out, int num_threads)
     if (fast >= 0)
         return fast;
     lp_stream st[S_COUNT] = {{0}};
-    st[S_Q] = (lp_stream){p->q, NULL, p->n * p->d, 0};
-    st[S_K] = (lp_stream){p->k, NULL, p->m * p->d, 0};
-    st[S_RESULT] = (lp_stream){NULL, out, p->n * p->m, 0};
-    return lp_chunks(LP_LOGITS, p, st, NULL, NULL, NULL, NULL, num_threads);
+    st[S_Q] = (lp_stream){p->q, NULL, p->n * p->d, 0, 0};
+    st[S_K] = (lp_stream){p->k, NULL, p->m * p->d, 0, 0};
+    st[S_RESULT] = (lp_stream){NULL, out, p->n * p->m, 0, 0};
+    return lp_chunks(LP_LOGITS, p, st, NULL, NULL, num_threads);
 }
 
 static int lp_backward(const posenc_problem *p, const void *grad, const posenc_grads *g,
                        int num_threads)
 {
     lp_stream st[S_COUNT] = {{0}};
-    st[S_Q] = (lp_stream){p->q, NULL, p->n * p->d, 0};
-    st[S_K] = (lp_stream){p->k, NULL, p->m * p->d, 0};
-    st[S_G] = (lp_stream){grad, NULL, p->n * p->m, 0};
-    st[S_DQ] = (lp_stream){NULL, g->q, p->n * p->d, 0};
-    st[S_DK] = (lp_stream){NULL, g->k, p->m * p->d, 0};
-    return lp_chunks(LP_LOGITS_BACKWARD, p, st, g, NULL, NULL, NULL, num_threads);
+    st[S_Q] = (lp_stream){p->q, NULL, p->n * p->d, 0, 0};
+    st[S_K] = (lp_stream){p->k, NULL, p->m * p->d, 0, 0};
+    st[S_G] = (lp_stream){grad, NULL, p->n * p->m, 0, 0};
+    st[S_DQ] = (lp_stream){NULL, g->q, p->n * p->d, 0, 0};
+    st[S_DK] = (lp_stream){NULL, g->k, p->m * p->d, 0, 0};
+    return lp_chunks(LP_LOGITS_BACKWARD, p, st, g, NULL, num_threads);
 }
 
 static int lp_attention_forward(const posenc_problem *p, const posenc_attention *att, void *out,
                                 void *lse, int num_threads)
 {
     lp_stream st[S_COUNT] = {{0}};
-    st[S_Q] = (lp_stream){p->q, NULL, p->n * p->d, 0};
-    st[S_K] = (lp_stream){p->k, NULL, p->m * p->d, 0};
-    st[S_V] = (lp_stream){att->v, NULL, p->m * att->dv, 0};
-    st[S_RESULT] = (lp_stream){NULL, out, p->n * att->dv, 0};
-    return lp_chunks(LP_ATTENTION, p, st, NULL, att, lse, NULL, num_threads);
+    st[S_Q] = (lp_stream){p->q, NULL, p->n * p->d, 0, 0};
+    st[S_K] = (lp_stream){p->k, NULL, p->m * p->d, 0, 0};
+    st[S_V] = (lp_stream){att->v, NULL, p->m * att->dv, 0, 0};
+    st[S_RESULT] = (lp_stream){NULL, out, p->n * att->dv, 0, 0};
+    st[S_LSE] = (lp_stream){NULL, lse, p->n, 1, 0};
+    return lp_chunks(LP_ATTENTION, p, st, NULL, att, num_threads);
 }
 
 static int lp_attention_backward(const posenc_problem *p, const posenc_attention *att,
@@ -518,15 +560,16 @@ static int lp_attention_backward(const posenc_problem *p, const posenc_attention
                                  const posenc_grads *g, void *grad_v, int num_threads)
 {
     lp_stream st[S_COUNT] = {{0}};
-    st[S_Q] = (lp_stream){p->q, NULL, p->n * p->d, 0};
-    st[S_K] = (lp_stream){p->k, NULL, p->m * p->d, 0};
-    st[S_V] = (lp_stream){att->v, NULL, p->m * att->dv, 0};
-    st[S_D_OUT] = (lp_stream){d_out, NULL, p->n * att->dv, 0};
-    st[S_OUT_IN] = (lp_stream){out, NULL, p->n * att->dv, 0};
-    st[S_DQ] = (lp_stream){NULL, g->q, p->n * p->d, 0};
-    st[S_DK] = (lp_stream){NULL, g->k, p->m * p->d, 0};
-    st[S_DV] = (lp_stream){NULL, grad_v, p->m * att->dv, 0};
-    return lp_chunks(LP_ATTENTION_BACKWARD, p, st, g, att, NULL, lse, num_threads);
+    st[S_Q] = (lp_stream){p->q, NULL, p->n * p->d, 0, 0};
+    st[S_K] = (lp_stream){p->k, NULL, p->m * p->d, 0, 0};
+    st[S_V] = (lp_stream){att->v, NULL, p->m * att->dv, 0, 0};
+    st[S_D_OUT] = (lp_stream){d_out, NULL, p->n * att->dv, 0, 0};
+    st[S_OUT_IN] = (lp_stream){out, NULL, p->n * att->dv, 0, 0};
+    st[S_DQ] = (lp_stream){NULL, g->q, p->n * p->d, 0, 0};
+    st[S_DK] = (lp_stream){NULL, g->k, p->m * p->d, 0, 0};
+    st[S_DV] = (lp_stream){NULL, grad_v, p->m * att->dv, 0, 0};
+    st[S_LSE_IN] = (lp_stream){lse, NULL, p->n, 1, 0};
+    return lp_chunks(LP_ATTENTION_BACKWARD, p, st, g, att, num_threads);
 }
 
 const posenc_engine posenc_engine_lp = {lp_forward, lp_backward, lp_attention_forward,
