@@ -216,3 +216,24 @@ def test_posenc_bench_without_a_suite_says_where_it_is(tmp_path):
     assert result.returncode == 2
     assert result.stdout == "" and len(result.stderr.strip().splitlines()) == 1
     assert "benchmarks/run.py" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_low_precision_benchmark_runs(tmp_path):
+    """benchmarks/low_precision.py (issue 16) end to end at its quick size:
+    every table row it promises, with positive timings and the dtypes asked."""
+    pytest.importorskip("ml_dtypes")
+    import low_precision   # benchmarks/ is on sys.path (SUITE, above)
+
+    assert low_precision.main(["--quick", "--no-torch", "--methods", "content", "t5",
+                               "--out", str(tmp_path)]) == 0
+    (json_file,) = tmp_path.glob("low-precision-*-quick.json")
+    data = json.loads(json_file.read_text())
+    assert {(r["impl"], r["dtype"]) for r in data["content"]} == {
+        ("posenc", "float32"), ("posenc", "bfloat16"), ("posenc", "float16")}
+    assert all(r["gflops"] > 0 for r in data["content"])
+    for method in ("content", "t5"):
+        for dtype in ("float32", "bfloat16", "float16"):
+            for direction in low_precision.DIRECTIONS:
+                assert data["methods"][method][dtype][direction]["median_s"] > 0
+    text = (tmp_path / json_file.name.replace(".json", ".md")).read_text()
+    assert "target ≥ 1.6×" in text and text.count("| t5 |") == len(low_precision.DIRECTIONS)
