@@ -15,7 +15,8 @@ dropout, dv != d), on awkward sizes (n != m, sizes 1, 3, 17, 33), with shared
   (u = 2^-8, 2^-11; + 2^-25 for float16), E32 the float32 bound
   (posenc._check.compare / within, which `python -m posenc check` uses).
 
-Also: float16 overflow to +-inf at 65520 (and not below), the reference's one
+Also: float16 overflow to +-inf at 65520 (and not below; the attention's out and
+dv at the edge of the range), the reference's one
 rounding from float64, a result large enough for the result-block cache,
 mixed dtypes refused with the dtypes named, and posenc without ml_dtypes
 (float16 only).  bfloat16 cases are skipped when ml_dtypes is not installed.
@@ -228,6 +229,26 @@ def test_float16_overflows_to_inf_at_65520(posenc_isa):
     wrong[0, 0, 0, 3] = np.inf
     wrong[0, 0, 0, 0] = np.inf                                # 65504 is not near 65520
     assert not _check.compare(wrong, exact, magnitude, 2, np.float16)[2]
+
+
+def test_float16_attention_at_the_edge_of_its_range(posenc_isa):
+    """The attention's results overflow only where their exact value does: with
+    q = k = 0 every row averages the 2 keys, so out = mean(v) = 65504 exactly
+    (finite: a mean never exceeds its values), and dv_j = sum_i P_ij d_out_i =
+    8 * 0.5 * 30000 = 120000 > 65520 is +inf; dS = P (dP - delta) is exactly 0
+    (delta_i = d_out_i . out_i = dP_ij), so dq and dk are 0, not NaN."""
+    q = np.zeros((1, 1, 8, 2), np.float16)
+    k = np.zeros((1, 1, 2, 2), np.float16)
+    v = np.full((1, 1, 2, 1), 65504, np.float16)
+    d_out = np.full((1, 1, 8, 1), 30000, np.float16)
+    out, lse = posenc.content_attention(q, k, v)
+    assert out.dtype == np.float16 and lse.dtype == np.float32
+    np.testing.assert_array_equal(out.astype(np.float64), 65504.0)
+    np.testing.assert_allclose(lse, np.log(2.0), rtol=1e-6)
+    grads = posenc.content_attention_backward(d_out, q, k, v, out, lse)
+    np.testing.assert_array_equal(grads.v.astype(np.float64), np.inf)
+    np.testing.assert_array_equal(grads.q.astype(np.float64), 0.0)
+    np.testing.assert_array_equal(grads.k.astype(np.float64), 0.0)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
