@@ -4,10 +4,12 @@
  * float arrays of a problem are widened to float32 (exactly), the float32
  * engine runs on them, and every result is narrowed once, to nearest even,
  * into the caller's 16-bit array: a result is narrow(float32 engine(widen(
- * inputs))) bit for bit, on every ISA.  lse is float32 both ways.  The one
- * exception: bfloat16 content logits on avx512 with AVX512-BF16 go to
- * design (b), posenc_bf16_content_forward (bf16dot.c: vdpbf16ps products,
- * within the same bound but summed in another order).
+ * inputs))) bit for bit, on every ISA.  lse is float32 both ways.  Two
+ * exceptions: the parameters' gradients of a problem of several chunks
+ * (lp_chunks: float32 sums over the chunks), and the bfloat16 content logits
+ * on avx512 with AVX512-BF16, which go to design (b),
+ * posenc_bf16_content_forward (bf16dot.c: vdpbf16ps products, within the
+ * same bound but summed in another order).
  *
  * Memory: every entry point runs in chunks of (b, h) units (lp_chunks):
  * the float32 arena holds the widened parameters and one chunk's per-unit
@@ -154,6 +156,15 @@ static void problem_arrays(const posenc_problem *p, const void *const **at, size
     at[A_THETA] = &p->theta, len[A_THETA] = p->theta_heads * 2;
 }
 
+/* The fields of g in problem_arrays' order (A_Q ... A_THETA). */
+static void grad_slots(posenc_grads *g, void **slot[A_COUNT])
+{
+    slot[A_Q] = &g->q, slot[A_K] = &g->k, slot[A_POS_Q] = &g->pos_q, slot[A_POS_K] = &g->pos_k;
+    slot[A_TABLE] = &g->table, slot[A_QUERY_TABLE] = &g->query_table;
+    slot[A_KEY_TABLE] = &g->key_table, slot[A_SEGMENT_TABLE] = &g->segment_table;
+    slot[A_THETA] = &g->theta;
+}
+
 /* A float32 arena of regions, each 64-byte aligned. */
 typedef struct {
     size_t used;      /* floats */
@@ -200,32 +211,31 @@ static void lp_problem(const posenc_problem *p, posenc_problem *p32, lp_arena *a
     }
 }
 
-/* The float32 gradient slots of g (same sharing rule: one buffer, one region). */
-static void lp_grads(const posenc_problem *p, const posenc_grads *g, posenc_grads *g32,
-                     lp_arena *a, lp_job *narrow)
+/* The float32 gradient slots of g (same sharing rule: one buffer, one
+ * region), their narrowing into g queued on `narrow` unless NULL. */
+static void lp_grads(const posenc_problem *p, posenc_grads g, posenc_grads *g32, lp_arena *a,
+                     lp_job *narrow)
 {
     const void *const *at[A_COUNT];
     size_t len[A_COUNT], where[A_COUNT];
+    void **out[A_COUNT], **out32[A_COUNT];
     problem_arrays(p, at, len);
-    void *const out[A_COUNT] = {g->q, g->k, g->pos_q, g->pos_k, g->table, g->query_table,
-                                g->key_table, g->segment_table, g->theta};
-    void **out32[A_COUNT] = {&g32->q, &g32->k, &g32->pos_q, &g32->pos_k, &g32->table,
-                             &g32->query_table, &g32->key_table, &g32->segment_table,
-                             &g32->theta};
+    grad_slots(&g, out);
+    grad_slots(g32, out32);
     for (int t = 0; t < A_COUNT; ++t) {
         *out32[t] = NULL;
-        if (!out[t])
+        if (!*out[t])
             continue;
         int shared = -1;
         for (int u = 0; u < t; ++u)
-            if (out[u] == out[t])
+            if (*out[u] == *out[t])
                 shared = u;
         where[t] = shared >= 0 ? where[shared] : lp_take(a, len[t]);
         if (!a->base)
             continue;
         *out32[t] = a->base + where[t];
-        if (shared < 0)
-            lp_job_add(narrow, a->base + where[t], out[t], len[t]);
+        if (shared < 0 && narrow)
+            lp_job_add(narrow, a->base + where[t], *out[t], len[t]);
     }
 }
 
@@ -364,21 +374,33 @@ static void lp_plan(const posenc_problem *p, size_t unit, size_t budget, size_t 
     }
 }
 
+/* Stream st's units of the chunk at unit0 (bs runs of hs units, H units
+ * apart in the caller's array) and its region (the runs back to back):
+ * gathered from the caller's array, or scattered into it when `outward`. */
+static lp_row chunk_rows(const lp_stream *st, void *region, size_t unit0, size_t bs, size_t hs,
+                         size_t H, int outward)
+{
+    const size_t elem = st->copy ? sizeof(float) : sizeof(uint16_t);
+    const size_t run = hs * st->per_unit, stride = H * st->per_unit;
+    if (outward)
+        return (lp_row){region, (char *)st->dst + unit0 * st->per_unit * elem, run, bs, run,
+                        stride, st->copy};
+    return (lp_row){(const char *)st->src + unit0 * st->per_unit * elem, region, run, bs, stride,
+                    run, st->copy};
+}
+
 static int lp_chunks(lp_kind kind, const posenc_problem *p, lp_stream *st, const posenc_grads *g,
                      const posenc_attention *att, int num_threads)
 {
     posenc_problem p32;
     posenc_grads sums, part;                    /* parameters' gradients: all, one chunk's */
-    const posenc_grads params = {NULL, NULL, g ? g->pos_q : NULL, g ? g->pos_k : NULL,
-                                 g ? g->table : NULL, g ? g->query_table : NULL,
-                                 g ? g->key_table : NULL, g ? g->segment_table : NULL,
-                                 g ? g->theta : NULL};
+    posenc_grads params = g ? *g : (posenc_grads){NULL};
+    params.q = params.k = NULL;                 /* dq, dk: streams */
     lp_arena a = {0, NULL};
-    lp_job widen, narrow, narrow_sums, unused;
+    lp_job widen, narrow, narrow_sums;
     lp_job_init(&widen, p, 1);
     lp_job_init(&narrow, p, 0);
     lp_job_init(&narrow_sums, p, 0);
-    lp_job_init(&unused, p, 0);
     size_t unit = 0, shared_with[S_COUNT];
     for (int t = 0; t < S_COUNT; ++t) {
         shared_with[t] = (size_t)t;
@@ -403,19 +425,16 @@ static int lp_chunks(lp_kind kind, const posenc_problem *p, lp_stream *st, const
             st[t].at = shared_with[t] != (size_t)t ? st[shared_with[t]].at
                        : st[t].src || st[t].dst  ? lp_take(&a, nb * nh * st[t].per_unit)
                                                  : 0;
-        lp_grads(p, &params, &sums, &a, &narrow_sums);
-        lp_grads(p, &params, &part, &a, &unused);
+        lp_grads(p, params, &sums, &a, &narrow_sums);
+        lp_grads(p, params, &part, &a, NULL);
         if (pass == 0)
             rc = lp_arena_alloc(&a);
     }
     if (rc == POSENC_OK)
         rc = lp_job_run(&widen, num_threads);   /* the parameters */
-    void *const sum_at[A_COUNT] = {NULL, NULL, sums.pos_q, sums.pos_k, sums.table,
-                                   sums.query_table, sums.key_table, sums.segment_table,
-                                   sums.theta};
-    void *const part_at[A_COUNT] = {NULL, NULL, part.pos_q, part.pos_k, part.table,
-                                    part.query_table, part.key_table, part.segment_table,
-                                    part.theta};
+    void **sum_at[A_COUNT], **part_at[A_COUNT];
+    grad_slots(&sums, sum_at);
+    grad_slots(&part, part_at);
     const void *const *at[A_COUNT];
     size_t len[A_COUNT];
     problem_arrays(p, at, len);
@@ -424,18 +443,10 @@ static int lp_chunks(lp_kind kind, const posenc_problem *p, lp_stream *st, const
         for (size_t b0 = 0; rc == POSENC_OK && b0 < p->B; b0 += nb) {
             const size_t bs = posenc_min(nb, p->B - b0), hs = posenc_min(nh, p->H - h0);
             const size_t unit0 = b0 * p->H + h0;
-            /* stream t's units of the chunk: bs runs of hs units, H units apart */
-#define CHUNK_ROWS(t, outside, region, outward)                                                   \
-    (lp_row){outward ? region : (const char *)(outside) + unit0 * st[t].per_unit * elem,         \
-             outward ? (void *)((char *)(outside) + unit0 * st[t].per_unit * elem) : region,     \
-             hs * st[t].per_unit, bs, outward ? hs * st[t].per_unit : p->H * st[t].per_unit,     \
-             outward ? p->H * st[t].per_unit : hs * st[t].per_unit, st[t].copy}
             widen.count = 0;
             for (int t = 0; t < S_FIRST_OUTPUT; ++t)
-                if (shared_with[t] == (size_t)t) {
-                    const size_t elem = st[t].copy ? sizeof(float) : sizeof(uint16_t);
-                    lp_job_add_rows(&widen, CHUNK_ROWS(t, st[t].src, REGION(t), 0));
-                }
+                if (st[t].src && shared_with[t] == (size_t)t)
+                    lp_job_add_rows(&widen, chunk_rows(&st[t], REGION(t), unit0, bs, hs, p->H, 0));
             rc = lp_job_run(&widen, num_threads);
             posenc_problem s = lp_slice(&p32, b0, bs, h0, hs);
             s.q = REGION(S_Q);
@@ -443,14 +454,13 @@ static int lp_chunks(lp_kind kind, const posenc_problem *p, lp_stream *st, const
             posenc_grads gs = part;
             gs.q = g && g->q ? REGION(S_DQ) : NULL;
             gs.k = g && g->k ? REGION(S_DK) : NULL;
-            void **gs_at[A_COUNT] = {NULL, NULL, &gs.pos_q, &gs.pos_k, &gs.table,
-                                     &gs.query_table, &gs.key_table, &gs.segment_table,
-                                     &gs.theta};
+            void **gs_at[A_COUNT];
+            grad_slots(&gs, gs_at);
             for (int t = A_POS_Q; t < A_COUNT; ++t) {
                 size_t per_head;
                 param_heads(&p32, t, &per_head);
-                if (part_at[t] && param_sliced(p, t))
-                    *gs_at[t] = (float *)part_at[t] + h0 * per_head;
+                if (*part_at[t] && param_sliced(p, t))
+                    *gs_at[t] = (float *)*part_at[t] + h0 * per_head;
             }
             posenc_attention a32;
             if (att) {
@@ -482,25 +492,22 @@ static int lp_chunks(lp_kind kind, const posenc_problem *p, lp_stream *st, const
             }
             narrow.count = 0;
             for (int t = S_FIRST_OUTPUT; t < S_COUNT; ++t)
-                if (st[t].dst) {
-                    const size_t elem = st[t].copy ? sizeof(float) : sizeof(uint16_t);
-                    lp_job_add_rows(&narrow, CHUNK_ROWS(t, st[t].dst, REGION(t), 1));
-                }
-#undef CHUNK_ROWS
+                if (st[t].dst)
+                    lp_job_add_rows(&narrow, chunk_rows(&st[t], REGION(t), unit0, bs, hs, p->H, 1));
             if (rc == POSENC_OK)
                 rc = lp_job_run(&narrow, num_threads);
             /* this chunk's parameter gradients into the sums (a shared region once) */
             for (int t = A_POS_Q; rc == POSENC_OK && t < A_COUNT; ++t) {
                 int seen = 0;
                 for (int u = A_POS_Q; u < t; ++u)
-                    seen |= part_at[u] && part_at[u] == part_at[t];
-                if (!part_at[t] || seen)
+                    seen |= *part_at[u] && *part_at[u] == *part_at[t];
+                if (!*part_at[t] || seen)
                     continue;
                 size_t per_head, count = len[t];
                 int first = b0 == 0 && h0 == 0;
                 param_heads(&p32, t, &per_head);
-                float *sum = (float *)sum_at[t];
-                const float *add = (const float *)part_at[t];
+                float *sum = (float *)*sum_at[t];
+                const float *add = (const float *)*part_at[t];
                 if (param_sliced(p, t)) {
                     first = b0 == 0;
                     sum += h0 * per_head;
