@@ -80,12 +80,7 @@ int posenc_bf16_content_forward(const posenc_problem *p, void *out, int num_thre
     const size_t threads = (size_t)(num_threads > 0 ? num_threads : 1);
     const size_t rows = posenc_rows_per_item(BH, p->n, kern->mr, threads);
     const size_t chunks = (p->n + rows - 1) / rows;
-    /* as the float engine's forward: logits much larger than the caches are
-     * written with non-temporal stores (no read for ownership of their lines),
-     * which need 64-byte aligned rows */
-    const int stream = (uintptr_t)out % POSENC_ALIGN == 0 &&
-                       (p->m * sizeof(uint16_t)) % POSENC_ALIGN == 0 &&
-                       posenc_mul_size(BH * p->n, p->m * sizeof(uint16_t)) >= POSENC_STREAM_BYTES;
+    const int stream = posenc_stream_logits(out, BH * p->n, p->m, sizeof(uint16_t));
     bf16dot_work work = {p, kern, (float)p->scale, stream ? POSENC_UKR_STREAM : 0, BH * chunks,
                          chunks, rows, posenc_round_up(p->d, 2) * kern->nr, (uint16_t *)out};
     const size_t panels = posenc_round_up(p->m, kern->nr) / kern->nr;

@@ -167,6 +167,16 @@ static inline int posenc_thread_id(void) { return 0; }
 int posenc_run_team(size_t team, size_t ws_bytes, void (*fn)(void *arg, void *ws), void *arg);
 
 static inline size_t posenc_round_up(size_t x, size_t to) { return (x + to - 1) / to * to; }
+
+/* Whether logits `out` of `rows` rows of m items of `itemsize` bytes go
+ * straight to memory: logits much larger than the caches are written with
+ * non-temporal stores (POSENC_UKR_STREAM: no read-for-ownership of their
+ * lines), which need 64-byte aligned rows. */
+static inline int posenc_stream_logits(const void *out, size_t rows, size_t m, size_t itemsize)
+{
+    return (uintptr_t)out % POSENC_ALIGN == 0 && (m * itemsize) % POSENC_ALIGN == 0 &&
+           posenc_mul_size(rows, m * itemsize) >= POSENC_STREAM_BYTES;
+}
 static inline size_t posenc_min(size_t a, size_t b) { return a < b ? a : b; }
 static inline size_t posenc_max(size_t a, size_t b) { return a > b ? a : b; }
 

@@ -403,11 +403,7 @@ static int forward_prepare(forward_ctx *c, const posenc_problem *p, const posenc
     c->head_blocks = p->pos_q && p->B > 1 && !c->scales.exact &&
                      posenc_mul_size(n * m, sizeof(REAL)) <= HEAD_BLOCK_BUDGET;
     c->toeplitz_only = p->table && !p->pos_q && !c->batch_terms && !p->theta;
-    /* Logits much larger than the caches go straight to memory: non-temporal
-     * stores skip the read-for-ownership of every line.  Needs 64-byte rows. */
-    c->stream = ((uintptr_t)out % POSENC_ALIGN) == 0 && (m * sizeof(REAL)) % POSENC_ALIGN == 0 &&
-                posenc_mul_size(p->B * p->H * n, m * sizeof(REAL)) >= POSENC_STREAM_BYTES &&
-                !c->scales.exact;
+    c->stream = posenc_stream_logits(out, p->B * p->H * n, m, sizeof(REAL)) && !c->scales.exact;
     if (p->table && !(c->table_by_offset = table_by_offset(p, offsets)))
         return POSENC_ENOMEM;
     if (p->query_table) {
