@@ -118,7 +118,6 @@ def measure_method(method, shape, threads, timing):
         vd, dod, Gd = v.astype(dt), d_out.astype(dt), G.astype(dt)
         out = np.empty((B, H, n, n), dtype=dt)
         q, k, rest = a[0], a[1], a[2:]
-        fwd = attention(q, k, vd, *rest, **kw)
 
         def attention_step():
             o, lse = attention(q, k, vd, *rest, **kw)
@@ -131,7 +130,6 @@ def measure_method(method, shape, threads, timing):
                                             **timing)),
             "attention_fwd_bwd": _stats(measure(_timed(attention_step), **timing)),
         }
-        del fwd
     return result
 
 
