@@ -15,6 +15,8 @@ static int supported[POSENC_ISA_COUNT];
 /* composed[isa][dtype]: immutable after init; switching ISA swaps an index,
  * so a kernel running in another thread never sees a half-written table. */
 static posenc_kernels composed[POSENC_ISA_COUNT][2];
+/* avx512's float32 kernels with AVX512-BF16's GEMM (posenc_bf16_gemm_kernels) */
+static posenc_kernels composed_bf16_gemm;
 static int active_isa = POSENC_ISA_SCALAR;
 static int initialized;
 
@@ -134,6 +136,12 @@ void posenc_dispatch_init(void)
             fill_convert(&composed_convert[isa], (posenc_isa)isa);
         }
     }
+#ifdef POSENC_HAVE_AVX512BF16
+    if (supported[POSENC_ISA_AVX512] && posenc_cpu_has_avx512bf16()) {
+        composed_bf16_gemm = composed[POSENC_ISA_AVX512][POSENC_F32];
+        composed_bf16_gemm.bf16 = &posenc_bf16_kernels_avx512bf16;
+    }
+#endif
     /* Best available: avx512 > avx2 > neon > scalar. */
     posenc_isa best = POSENC_ISA_SCALAR;
     if (supported[POSENC_ISA_NEON]) best = POSENC_ISA_NEON;
@@ -190,6 +198,11 @@ const posenc_bf16_kernels *posenc_active_bf16_kernels(void)
         return &posenc_bf16_kernels_avx512bf16;
 #endif
     return NULL;
+}
+
+const posenc_kernels *posenc_bf16_gemm_kernels(void)
+{
+    return posenc_active_bf16_kernels() ? &composed_bf16_gemm : NULL;
 }
 
 int posenc_max_threads(void)

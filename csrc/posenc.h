@@ -81,6 +81,10 @@ typedef struct {
     size_t query_offset;          /* query row i sits at position query_offset + i (SPEC §1):
                                      the maps arrive built for j - (query_offset + i); the
                                      engine reads it for TUPE's [CLS] row (position 0) */
+    int bf16_gemm;                /* float32 arrays that hold bfloat16 values (engine_lp.c):
+                                     the engine may run its GEMMs on posenc_bf16_gemm_kernels,
+                                     rounding its own float32 operands (the attention's
+                                     probabilities and dS) to bfloat16 */
 } posenc_problem;
 
 /* Gradient outputs, each shaped like its input; NULL = not wanted.  When
@@ -226,6 +230,9 @@ typedef struct {
      * x[j] = exp(x[j] - shift) in place returning sum_j x[j], j < len */
     double (*row_max)(const void *x, size_t len);
     double (*row_exp)(void *x, size_t len, double shift);
+    /* NULL, or (float32 tables of posenc_bf16_gemm_kernels only) the bfloat16
+     * GEMM every GEMM of the engine runs on instead of ukr (gemm_impl.h) */
+    const struct posenc_bf16_kernels_s *bf16;
 } posenc_kernels;
 
 /*
@@ -271,7 +278,7 @@ typedef struct {
  *   (rows of c 64-byte aligned) by non-temporal stores where cols = nr,
  *   which the caller orders with store_fence.
  */
-typedef struct {
+typedef struct posenc_bf16_kernels_s {
     const char *name;
     size_t mr, nr;
     void (*ukr)(size_t kc, const uint16_t *a, ptrdiff_t lda, const uint16_t *b, uint16_t *c,
@@ -280,6 +287,28 @@ typedef struct {
     void (*pack)(uint16_t *dst, const uint16_t *src, ptrdiff_t rs, size_t kc, size_t cols);
     /* orders the microkernel's non-temporal stores before later loads/stores */
     void (*store_fence)(void);
+
+    /* The float32 engine's GEMMs on the same instructions (posenc_bf16_gemm_kernels):
+     * operands rounded to bfloat16 (to nearest even; exact for bfloat16 values,
+     * subnormals flushed as vdpbf16ps flushes them), float32 results.
+     *
+     * ukr_f32: the mr x nr tile s A.B of posenc_ukr's contract (its epilogue
+     *   flags ACCUMULATE, ADD_P, MUL_P, ADD_ROWS, STREAM; s applied to the
+     *   product first), depth kc, from a B panel of pack's layout and A as
+     *   bfloat16 rows (POSENC_UKR_A_ROWS: a[r * lda + l], rows >= rows not
+     *   read) or as a pair panel (word t * mr + r holds elements 2 t, 2 t + 1
+     *   of row r, round_up(kc, 2) / 2 words per row, every row readable).
+     * pack_f32: pack's panel from float32 rows of B^T (row c at src + c * rs).
+     * pack_pairs: a pair panel `width` wide (nr for B, mr for A) from float32
+     *   rows along the depth: word t * width + c holds elements (2 t, c) and
+     *   (2 t + 1, c), element (l, c) at src[l * rs + c]; zero for l < l0, for
+     *   l >= l1 (round_up(l1, 2) elements in pairs) and for c >= cols. */
+    void (*ukr_f32)(size_t kc, const uint16_t *a, ptrdiff_t lda, const uint16_t *b, float *c,
+                    ptrdiff_t ldc, size_t rows, size_t cols, float scale, const float *p,
+                    ptrdiff_t ldp, const void *const *add_rows, int flags);
+    void (*pack_f32)(uint16_t *dst, const float *src, ptrdiff_t rs, size_t kc, size_t cols);
+    void (*pack_pairs)(uint16_t *dst, size_t width, const float *src, ptrdiff_t rs, size_t l0,
+                       size_t l1, size_t cols);
 } posenc_bf16_kernels;
 
 /* isa/avx512bf16.c, where compiled (POSENC_HAVE_AVX512BF16). */
@@ -288,6 +317,11 @@ extern const posenc_bf16_kernels posenc_bf16_kernels_avx512bf16;
 /* dispatch.c: the bfloat16 GEMM when it is compiled, the CPU has
  * AVX512-BF16 and the active ISA is avx512; NULL otherwise. */
 const posenc_bf16_kernels *posenc_active_bf16_kernels(void);
+
+/* dispatch.c: while posenc_active_bf16_kernels() is not NULL, the float32
+ * kernels of the active ISA with `bf16` set to it (the engine's table for a
+ * problem with bf16_gemm); NULL otherwise. */
+const posenc_kernels *posenc_bf16_gemm_kernels(void);
 
 /* Filled by dispatch.c: scalar first, then the ISA's entries (and, on
  * avx512, AVX512-BF16's where the CPU has it); NULL where not supported. */

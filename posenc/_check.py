@@ -70,12 +70,21 @@ def _as64(method, args, kwargs):
     return with_inputs(method, args, kwargs, {k: v.astype(np.float64) for k, v in floats.items()})
 
 
+def magnitude_coefficient(depth: int, dtype, rounded_operands: bool) -> float:
+    """The float32 bound's factor on M: (depth + 8) eps32, plus, for a result that
+    passes through GEMMs of the kernels' own operands (`rounded_operands`: the
+    gradients, the attention's out), the dtype's operand rounding."""
+    extra = _dtypes.operand_roundoff(dtype) if rounded_operands else 0.0
+    return (depth + 8) * EPS32 + extra
+
+
 def compare(got: np.ndarray, ref: np.ndarray, magnitude: np.ndarray | None, depth: int,
-            dtype) -> tuple[float, float, bool]:
+            dtype, *, rounded_operands: bool = False) -> tuple[float, float, bool]:
     """(max abs error, error measure, within tolerance) for one array.
 
     The measure is normwise relative for float64 and the largest ratio of
-    the error to its element-wise bound (`bound`) otherwise (<= 1 passes).
+    the error to its element-wise bound (`bound`) otherwise (<= 1 passes);
+    `rounded_operands` as in magnitude_coefficient (True for gradients).
     """
     if got.shape != ref.shape:
         return float("inf"), float("inf"), False
@@ -89,7 +98,7 @@ def compare(got: np.ndarray, ref: np.ndarray, magnitude: np.ndarray | None, dept
         scale = float(np.abs(ref).max())
         rel = abs_err / scale if scale > 0 else abs_err
         return abs_err, rel, rel <= F64_RTOL
-    bound32 = (depth + 8) * EPS32 * magnitude
+    bound32 = magnitude_coefficient(depth, dtype, rounded_operands) * magnitude
     tolerance = bound(ref, bound32, dtype)
     diff = np.where(overflow_allowed(got, ref, bound32, dtype), 0.0, diff)
     ratio = float((diff / tolerance).max())
@@ -150,7 +159,7 @@ def check_one(method: str, dtype, *, B=2, H=3, n=33, m=17, d=16, shared=False, s
             continue
         if g.dtype != np.dtype(dtype):
             return fwd_abs, fwd_rel, float("inf"), float("inf"), False, f"{field} dtype {g.dtype}"
-        a, rel, ok = compare(g, r, mg, n + m + d + d_p, dtype)
+        a, rel, ok = compare(g, r, mg, n + m + d + d_p, dtype, rounded_operands=True)
         bwd_abs, bwd_rel, bwd_ok = max(bwd_abs, a), max(bwd_rel, rel), bwd_ok and ok
     ok = fwd_ok and bwd_ok and got.dtype == np.dtype(dtype)
     return fwd_abs, fwd_rel, bwd_abs, bwd_rel, ok, ""
@@ -168,10 +177,12 @@ def _attention_inputs(method, dtype, rng, B, H, n, m, d, shared):
     return args, kwargs, v, mask
 
 
-def attention_bounds(method, args64, kwargs64, v64, options: dict, d_out64=None):
+def attention_bounds(method, args64, kwargs64, v64, options: dict, d_out64=None, dtype=None):
     """(reference Attention, out bound, lse bound, {field: gradient bound} or None):
     the float32 bounds of the module's docstring, for the attention keywords
-    `options` (causal, key_padding_mask, query_offset, dropout_p, seed)."""
+    `options` (causal, key_padding_mask, query_offset, dropout_p, seed), with
+    the operand rounding of `dtype` (_dtypes.OPERAND_ROUNDOFF: P before P.v
+    and dV, dS before every gradient's GEMM) where it has one."""
     options = dict(dict(causal=False, key_padding_mask=None, query_offset=0, dropout_p=0.0,
                         seed=0), **options)
     mask = options["key_padding_mask"]
@@ -196,7 +207,9 @@ def attention_bounds(method, args64, kwargs64, v64, options: dict, d_out64=None)
                                          options["dropout_p"]) / (1 - options["dropout_p"])
     PD = P * D
     e = np.where(masked, 0.0, logit_bound).max(axis=-1, initial=0.0)       # (B, H, n)
-    out_bound = (2 * e + (m + 8) * EPS32)[..., None] * np.einsum("bhij,bhjd->bhid", PD, np.abs(v64))
+    r = _dtypes.operand_roundoff(dtype)
+    out_bound = (2 * e + (m + 8) * EPS32 + r)[..., None] * np.einsum("bhij,bhjd->bhid", PD,
+                                                                     np.abs(v64))
     lse_bound = e + (m + 8) * EPS32 * np.maximum(np.abs(ref.lse), 1.0)
     if d_out64 is None:
         return ref, out_bound, lse_bound, None
@@ -206,8 +219,9 @@ def attention_bounds(method, args64, kwargs64, v64, options: dict, d_out64=None)
     error_s = (P * (D * np.einsum("bhid,bhjd->bhij", np.abs(d_out64), np.abs(v64))
                     + np.abs(delta)[..., None]) * (2 * e + (dv + 8) * EPS32)[..., None])
     grad_bounds = reference.__dict__[method + "_backward"](
-        (depth + m + 8) * EPS32 * np.abs(d_s) + error_s, *abs_args, **abs_kwargs, query_offset=qo)
-    v_bound = np.einsum("bhij,bhid->bhjd", (2 * e + (m + 8) * EPS32)[..., None] * PD,
+        ((depth + m + 8) * EPS32 + r) * np.abs(d_s) + error_s, *abs_args, **abs_kwargs,
+        query_offset=qo)
+    v_bound = np.einsum("bhij,bhid->bhjd", (2 * e + (m + 8) * EPS32 + r)[..., None] * PD,
                         np.abs(d_out64))
     return ref, out_bound, lse_bound, dict(grad_bounds._asdict(), v=v_bound)
 
@@ -251,7 +265,7 @@ def check_attention_one(method: str, dtype, *, B=2, H=3, n=33, m=17, d=16, share
     v64, d_out64 = v.astype(np.float64), d_out.astype(np.float64)
     options = dict(ATTENTION_OPTIONS, key_padding_mask=mask)
     ref, out_bound, lse_bound, grad_bounds = attention_bounds(method, args64, kwargs64, v64,
-                                                              options, d_out64)
+                                                              options, d_out64, dtype)
     got = getattr(posenc, method + "_attention")(*args[:2], v, *args[2:], **kwargs, **options)
     out_abs, out_rel, out_ok = within(got.out, ref.out, out_bound, dtype)
     _, lse_rel, lse_ok = within(got.lse, ref.lse, lse_bound, _dtypes.lse_dtype(dtype))

@@ -27,6 +27,12 @@ TEXT = "float32, float64, bfloat16 (with ml_dtypes installed) or float16"
 
 # Unit roundoff of each 16-bit type's one rounding (docs/validation.md).
 UNIT_ROUNDOFF = {"bfloat16": 2.0 ** -8, "float16": 2.0 ** -11}
+# The rounding of an operand the kernels compute themselves (the attention's
+# probabilities and dS, sums of G feeding a GEMM) to the dtype before a GEMM:
+# bfloat16's GEMM on vdpbf16ps rounds them once (docs/validation.md); float16
+# has no such GEMM.  Results that pass through one (every gradient, the
+# attention's out) get OPERAND_ROUNDOFF x M in their float32 bound.
+OPERAND_ROUNDOFF = {"bfloat16": 2.0 ** -8}
 FLOAT16_MAX_FINITE = 65504.0
 FLOAT16_OVERFLOW = 65520.0          # the smallest magnitude that rounds to +-inf
 FLOAT16_SUBNORMAL_ERROR = 2.0 ** -25   # half the spacing of float16 below 2^-14
@@ -45,6 +51,11 @@ def by_name(name: str) -> np.dtype:
 
 def is_low_precision(dtype) -> bool:
     return dtype is not None and np.dtype(dtype).name in UNIT_ROUNDOFF
+
+
+def operand_roundoff(dtype) -> float:
+    """OPERAND_ROUNDOFF of `dtype` (0 for the dtypes computed without one)."""
+    return OPERAND_ROUNDOFF.get(np.dtype(dtype).name, 0.0) if dtype is not None else 0.0
 
 
 def lse_dtype(dtype: np.dtype) -> np.dtype:

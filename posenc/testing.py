@@ -22,7 +22,11 @@ the longest sum (``d + d_p`` for logits, ``n + m + d + d_p`` for gradients);
 bfloat16 and float16 (float32 arithmetic, one rounding at the end) when every
 entry is within ``u |reference| + (1 + u) E32`` with ``u = 2^-8`` and
 ``2^-11`` (``+ 2^-25`` for float16's subnormals; a float16 ``+-inf`` is right
-where ``|reference| + E32`` reaches 65520).  The reference is always the
+where ``|reference| + E32`` reaches 65520); for bfloat16, the gradients and
+the attention's out add ``2^-8 M`` to E32: the operands a kernel computes
+itself (the attention's probabilities and dS, sums of G) may be rounded to
+bfloat16 once before a GEMM, as posenc's vdpbf16ps GEMM and the usual
+bfloat16 attention kernels do.  The reference is always the
 float64 one on the given inputs.  A failure
 raises AssertionError naming the worst entry, both values, its error and the
 tolerance.  NumPy arrays and torch tensors (any device: copied to the CPU)
@@ -43,8 +47,8 @@ import sys
 import numpy as np
 
 from . import _dtypes, reference
-from ._check import (EPS32, F64_RTOL, _abs_inputs, _as64, attention_bounds, bound, compare,
-                     overflow_allowed, within)
+from ._check import (F64_RTOL, _abs_inputs, _as64, attention_bounds, bound, compare,
+                     magnitude_coefficient, overflow_allowed, within)
 from ._examples import dense_rank, float_inputs, make_inputs, with_inputs
 from ._registry import GRAD_FIELDS, METHODS
 
@@ -192,9 +196,11 @@ def _depth(method: str, args, kwargs, grads: bool) -> tuple:
 # ------------------------------------------------------------------ comparison
 
 def _assert_close(actual: np.ndarray, expected: np.ndarray, magnitude, depth: tuple,
-                  dtype: np.dtype, *, what: str, where, against: str) -> None:
+                  dtype: np.dtype, *, what: str, where, against: str,
+                  rounded_operands: bool = False) -> None:
     """AssertionError naming the worst entry (`where(index)`) unless `actual`
-    is within the tolerance of `expected` (posenc._check.compare decides)."""
+    is within the tolerance of `expected` (posenc._check.compare decides;
+    `rounded_operands` as there: True for gradients)."""
     __tracebackhide__ = True      # pytest shows the caller's line, not this one
     if actual.shape != expected.shape:
         raise AssertionError(f"{what} {against} in shape: {actual.shape} instead of "
@@ -211,10 +217,11 @@ def _assert_close(actual: np.ndarray, expected: np.ndarray, magnitude, depth: tu
     got, wanted = np.where(special, 0.0, raw), np.where(special, 0.0, expected)
     if magnitude is not None:
         magnitude = np.where(special, 0.0, magnitude)
-    _, _, ok = compare(got, wanted, magnitude, depth[0], dtype)
+    _, _, ok = compare(got, wanted, magnitude, depth[0], dtype, rounded_operands=rounded_operands)
     if ok and not bad_special.any():
         return
-    bound32 = None if magnitude is None else (depth[0] + 8) * EPS32 * magnitude
+    coefficient = magnitude_coefficient(depth[0], dtype, rounded_operands)
+    bound32 = None if magnitude is None else coefficient * magnitude
     with np.errstate(invalid="ignore"):
         error = np.where(bad_special, np.inf, np.abs(got - wanted))
     if dtype == _dtypes.FLOAT16:
@@ -229,9 +236,11 @@ def _assert_close(actual: np.ndarray, expected: np.ndarray, magnitude, depth: tu
                 "M = the method on |inputs|")
     else:
         tolerance = bound(wanted, bound32, dtype)
+        operands = (f" + 2^{int(np.log2(_dtypes.operand_roundoff(dtype)))} (operands rounded)"
+                    if rounded_operands and _dtypes.operand_roundoff(dtype) else "")
         rule = (f"{dtype}, element-wise: u |reference| + (1 + u) E32, u = "
-                f"2^{int(np.log2(_dtypes.UNIT_ROUNDOFF[dtype.name]))}, E32 = (depth + 8) eps32 "
-                f"x M, depth = {depth[1]}, M = the method on |inputs|")
+                f"2^{int(np.log2(_dtypes.UNIT_ROUNDOFF[dtype.name]))}, E32 = ((depth + 8) eps32"
+                f"{operands}) x M, depth = {depth[1]}, M = the method on |inputs|")
     outside = error > tolerance
     index = np.unravel_index(np.argmax(error / tolerance), error.shape)
     raise AssertionError(
@@ -360,7 +369,7 @@ def assert_grads_close(fn, method: str, *args, **kwargs) -> None:
         _assert_close(_as_array(got, name), want, getattr(magnitudes, name), depth, dtype,
                       what=f"gradient {name!r} of {method} ({dtype}) differs from",
                       where=lambda index: f"{name}[{', '.join(map(str, index))}]",
-                      against=f"posenc.reference.{method}_backward")
+                      against=f"posenc.reference.{method}_backward", rounded_operands=True)
 
 
 _ATTENTION_KEYWORDS = ("causal", "key_padding_mask", "query_offset", "dropout_p", "seed")
@@ -391,7 +400,7 @@ def assert_attention_close(actual, method: str, q, k, v, *args, **kwargs) -> Non
     dtype = _tolerance_dtype(method, args, kwargs, got)
     args64, kwargs64 = _as64(method, args, kwargs)
     ref, out_bound, lse_bound, _ = attention_bounds(method, args64, kwargs64,
-                                                    v.astype(np.float64), options)
+                                                    v.astype(np.float64), options, dtype=dtype)
     checks = [("out", got, ref.out, out_bound, dtype)]
     if pair:
         checks.append(("lse", _as_array(actual[1], "lse"), ref.lse, lse_bound,

@@ -82,6 +82,13 @@ def assert_narrowed(got, wide32, dtype, what):
                         f"narrow(float32 posenc); first at {np.argwhere(~same)[0]}")
 
 
+def bf16_gemm(dtype) -> bool:
+    """bfloat16 on vdpbf16ps (avx512 with AVX512-BF16: design (b)): its sums run
+    in another order than the float32 engine's, so the results are checked by
+    their bound only; elsewhere they are narrow(float32 posenc) bit for bit."""
+    return dtype == "bfloat16" and _C.bf16_dot()
+
+
 def assert_within(ratio, what):
     assert ratio <= 1.0, f"{what}: error / bound = {ratio:.3g} > 1"
 
@@ -110,9 +117,8 @@ def test_logits_forward_backward(posenc_isa, method, dtype, size, rng):
     d_p = _check.dense_rank(method, args, kwargs)
 
     got = getattr(posenc, method)(*args, **kwargs)
-    if not (method == "content" and dtype == "bfloat16" and _C.bf16_dot()):
+    if not bf16_gemm(dtype):
         assert_narrowed(got, getattr(posenc, method)(*args32, **kwargs32), dtype, "logits")
-    # else vdpbf16ps sums in its own order (design (b)): the bound below holds it
     formula = getattr(reference, method)
     _, ratio, _ = _check.compare(got, formula(*args64, **kwargs64),
                                  formula(*abs_args, **abs_kwargs), d + d_p, dtype)
@@ -128,9 +134,11 @@ def test_logits_forward_backward(posenc_isa, method, dtype, size, rng):
     for field in grads._fields:
         if getattr(want, field) is None:
             continue
-        assert_narrowed(getattr(grads, field), getattr(grads32, field), dtype, field)
+        if not bf16_gemm(dtype):
+            assert_narrowed(getattr(grads, field), getattr(grads32, field), dtype, field)
         _, ratio, _ = _check.compare(getattr(grads, field), getattr(want, field),
-                                     getattr(magnitude, field), n + m + d + d_p, dtype)
+                                     getattr(magnitude, field), n + m + d + d_p, dtype,
+                                     rounded_operands=True)
         assert_within(ratio, field)
 
 
@@ -176,15 +184,16 @@ def test_attention_forward_backward(posenc_isa, method, dtype, case, rng):
 
     got = _attention(posenc, method, args, kwargs, v, options)
     wide = _attention(posenc, method, args32, kwargs32, v.astype(np.float32), options)
-    assert_narrowed(got.out, wide.out, dtype, "out")
     assert got.lse.dtype == np.float32
-    np.testing.assert_array_equal(got.lse, wide.lse)
+    if not bf16_gemm(dtype):
+        assert_narrowed(got.out, wide.out, dtype, "out")
+        np.testing.assert_array_equal(got.lse, wide.lse)
     if "key_padding_mask" in options:
         assert np.isneginf(got.lse[0]).all() and not _bits(got.out[0]).any()
 
     d_out = rng.standard_normal(got.out.shape).astype(lp)
     ref, out_bound, lse_bound, grad_bounds = _check.attention_bounds(
-        method, args64, kwargs64, v.astype(np.float64), options, d_out.astype(np.float64))
+        method, args64, kwargs64, v.astype(np.float64), options, d_out.astype(np.float64), lp)
     assert_within(_check.within(got.out, ref.out, out_bound, lp)[1], "out")
     assert_within(_check.within(got.lse, ref.lse, lse_bound, np.float32)[1], "lse")
 
@@ -199,7 +208,8 @@ def test_attention_forward_backward(posenc_isa, method, dtype, case, rng):
     for field in want._fields:
         if getattr(want, field) is None:
             continue
-        assert_narrowed(getattr(grads, field), getattr(grads32, field), dtype, field)
+        if not bf16_gemm(dtype):
+            assert_narrowed(getattr(grads, field), getattr(grads32, field), dtype, field)
         assert_within(_check.within(getattr(grads, field), getattr(want, field),
                                     grad_bounds[field], lp)[1], field)
 

@@ -24,7 +24,8 @@ pytest.importorskip("ml_dtypes")
 import posenc.reference as ref  # noqa: E402
 import posenc.torch as pt  # noqa: E402
 from posenc import _dtypes  # noqa: E402
-from posenc._check import EPS32, _abs_inputs, attention_bounds, bound  # noqa: E402
+from posenc._check import (EPS32, _abs_inputs, attention_bounds, bound,  # noqa: E402
+                           magnitude_coefficient)
 from posenc._examples import dense_rank, float_inputs, make_inputs, with_inputs  # noqa: E402
 from posenc._registry import METHODS  # noqa: E402
 from posenc.torch import nn as pnn  # noqa: E402
@@ -117,8 +118,9 @@ def test_logits_forward_and_backward(method, dtype, rng):
     for name, grad, grad64 in zip(leaves, grads, grads64):
         assert grad.dtype == dtype, name
         want = grad64.numpy()
-        _assert_within(grad, want, _bound(dtype, want, (depth + 8) * EPS32 * getattr(
-            magnitudes, name)), f"{method} gradient {name}")
+        _assert_within(grad, want, _bound(dtype, want, magnitude_coefficient(
+            depth, NUMPY[dtype], rounded_operands=True) * getattr(magnitudes, name)),
+            f"{method} gradient {name}")
 
 
 # ------------------------------------------------------------------ fused attention
@@ -153,7 +155,7 @@ def test_attention_forward_and_backward(method, dtype, rng):
     d_out = _upstream(rng, (B, H, N, DV), dtype)
     d_out64 = d_out.double().numpy()
     want, out_bound, lse_bound, grad_bounds = attention_bounds(method, args64, kwargs64, v64,
-                                                               options, d_out64)
+                                                               options, d_out64, NUMPY[dtype])
     _assert_within(got.out, want.out, _bound(dtype, want.out, out_bound), f"{method} out")
     _assert_within(got.lse, want.lse, lse_bound, f"{method} lse")     # float32: its own bound
 

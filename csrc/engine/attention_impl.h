@@ -432,7 +432,7 @@ static int attention_forward(const posenc_problem *p, const posenc_attention *a,
             lse[t] = (REAL)-INFINITY;
         return POSENC_OK;
     }
-    const posenc_kernels *kern = posenc_active_kernels(REAL_DTYPE);
+    const posenc_kernels *kern = posenc_engine_kernels(p, REAL_DTYPE);
     attention_ctx c;
     int status = attention_prepare(&c, p, a, kern);
     if (status == POSENC_OK) {
@@ -591,7 +591,7 @@ static int attention_backward(const posenc_problem *p, const posenc_attention *a
             memset(grad_v, 0, sizeof(REAL) * BH * p->m * a->dv);
         return POSENC_OK;
     }
-    const posenc_kernels *kern = posenc_active_kernels(REAL_DTYPE);
+    const posenc_kernels *kern = posenc_engine_kernels(p, REAL_DTYPE);
     attention_ctx c;
     backward_ctx g;
     /* the logits' backward without the dense phase: its gradients go per unit here */

@@ -8,6 +8,17 @@
 
 #include "../posenc.h"
 
+/* The kernels the engine runs a problem of `dtype` on: the active ISA's, or
+ * for a float32 problem with bf16_gemm (its arrays hold bfloat16 values)
+ * those with the bfloat16 GEMM where the CPU has it (posenc_bf16_gemm_kernels). */
+static inline const posenc_kernels *posenc_engine_kernels(const posenc_problem *p,
+                                                          posenc_dtype dtype)
+{
+    const posenc_kernels *bf16 = dtype == POSENC_F32 && p->bf16_gemm ? posenc_bf16_gemm_kernels()
+                                                                     : NULL;
+    return bf16 ? bf16 : posenc_active_kernels(dtype);
+}
+
 /*
  * A bucket map over offsets o = j - i, compressed into runs on which the
  * bucket is constant (step 0) or moves by one per offset (step +1 / -1).

@@ -119,7 +119,7 @@ static void forward_dense(const forward_ctx *c, forward_ws *w, size_t h, size_t 
     const posenc_problem *p = c->p;
     const size_t n = p->n, m = p->m, dp = p->d_p;
     const size_t hq = head_of(p->pos_q_heads, h), hk = head_of(p->pos_k_heads, h);
-    packed_b pb = packed_b_shape(c->kern, w->pos_k_pack, dp, m);
+    packed_b pb = packed_b_shape(c->kern, w->pos_k_pack, dp, m, (REAL)p->dense_scale);
     if (w->cached_pos_k != (ptrdiff_t)hk) {
         pack_b(c->kern, &pb, w->pos_k_pack, (const REAL *)p->pos_k + hk * m * dp, 1,
                (ptrdiff_t)dp, dp, m, (REAL)p->dense_scale);
@@ -465,7 +465,7 @@ static int forward(const posenc_problem *p, void *out, int num_threads)
         return POSENC_OK;
     const size_t threads = (size_t)(num_threads > 0 ? num_threads : 1);
     forward_ctx c;
-    int status = forward_prepare(&c, p, posenc_active_kernels(REAL_DTYPE), out);
+    int status = forward_prepare(&c, p, posenc_engine_kernels(p, REAL_DTYPE), out);
     if (status == POSENC_OK) {
         const size_t rows = posenc_rows_per_item(BH, p->n, c.kern->mr, threads);
         const size_t chunks = (p->n + rows - 1) / rows;

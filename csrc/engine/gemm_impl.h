@@ -6,6 +6,10 @@
  * the microkernel stores the tails itself.
  */
 
+#ifdef ENGINE_BF16_GEMM
+#include "../isa/convert_scalar.h"   /* posenc_bf16_from_f32_bits */
+#endif
+
 /* dst[l * mr + r] = A[r * rs + l * cs], zero for rows >= rows. */
 static void pack_a(REAL *restrict dst, const REAL *A, ptrdiff_t rs, ptrdiff_t cs, size_t rows,
                    size_t kc, size_t mr)
@@ -30,6 +34,12 @@ typedef struct {
     REAL *data;
     size_t K, N, n_pad, nr;
     posenc_ukr ukr;
+    /* the bfloat16 GEMM (kern->bf16, float32 only): data holds its pair
+     * panels (bfloat16: block pc at + pc * n_pad, panel jp of a block of
+     * depth kc at + jp * round_up(kc, 2) * nr), B unscaled and `scale`
+     * applied to each tile's sums; NULL: REAL panels with the scale in them */
+    const posenc_bf16_kernels *bf16;
+    REAL scale;
 } packed_b;
 
 /* Elements of a packed K x N operand, at most (either microkernel). */
@@ -38,21 +48,76 @@ static size_t packed_b_size(size_t K, size_t N, size_t nr)
     return posenc_max(K, 1) * posenc_round_up(posenc_max(N, 1), nr);
 }
 
-/* The shape of a packed K x N operand in `buffer` (packed or to be packed). */
-static packed_b packed_b_shape(const posenc_kernels *kern, REAL *buffer, size_t K, size_t N)
+/* The shape of a packed K x N operand in `buffer` (packed or to be packed
+ * with scale alpha). */
+static packed_b packed_b_shape(const posenc_kernels *kern, REAL *buffer, size_t K, size_t N,
+                               REAL alpha)
 {
     const size_t n1 = posenc_max(N, 1);
-    const int narrow = posenc_round_up(n1, kern->nr_narrow) < posenc_round_up(n1, kern->nr);
+    const int narrow = !kern->bf16 &&
+                       posenc_round_up(n1, kern->nr_narrow) < posenc_round_up(n1, kern->nr);
     packed_b pb = {buffer, K, N, 0, narrow ? kern->nr_narrow : kern->nr,
-                   narrow ? kern->ukr_narrow : kern->ukr};
+                   narrow ? kern->ukr_narrow : kern->ukr, kern->bf16, alpha};
     pb.n_pad = posenc_round_up(n1, pb.nr);
     return pb;
 }
 
+/* The columns from `first` (a multiple of nr) of a packed operand of one block (K <= kc). */
+static void packed_b_skip(packed_b *pb, size_t first)
+{
+#ifdef ENGINE_BF16_GEMM
+    if (pb->bf16) {
+        pb->data = (REAL *)(void *)((uint16_t *)(void *)pb->data + first * posenc_round_up(pb->K, 2));
+        pb->N -= first;
+        return;
+    }
+#endif
+    pb->data += first * pb->K;
+    pb->N -= first;
+}
+
+#ifdef ENGINE_BF16_GEMM
+/* pack_b for the bfloat16 GEMM: B's columns or rows rounded into pair panels. */
+static void pack_b_bf16(const posenc_kernels *kern, const packed_b *pb, const REAL *B,
+                        ptrdiff_t rs, ptrdiff_t cs)
+{
+    const posenc_bf16_kernels *bk = pb->bf16;
+    const size_t nr = pb->nr, K = pb->K, N = pb->N;
+    for (size_t pc = 0; pc < K; pc += kern->kc) {
+        const size_t kc = posenc_min(kern->kc, K - pc);
+        uint16_t *block = (uint16_t *)(void *)pb->data + pc * pb->n_pad;
+        for (size_t j0 = 0; j0 < N; j0 += nr) {
+            uint16_t *panel = block + (j0 / nr) * posenc_round_up(kc, 2) * nr;
+            const size_t cols = posenc_min(nr, N - j0);
+            const REAL *at = B + (ptrdiff_t)pc * rs + (ptrdiff_t)j0 * cs;
+            if (rs == 1) {
+                bk->pack_f32(panel, at, cs, kc, cols);
+            } else if (cs == 1) {
+                bk->pack_pairs(panel, nr, at, rs, 0, kc, cols);
+            } else {   /* neither stride unit: element by element */
+                memset(panel, 0, sizeof(uint16_t) * posenc_round_up(kc, 2) * nr);
+                for (size_t l = 0; l < kc; ++l)
+                    for (size_t c = 0; c < cols; ++c) {
+                        uint32_t bits;
+                        memcpy(&bits, at + (ptrdiff_t)l * rs + (ptrdiff_t)c * cs, sizeof bits);
+                        panel[(l / 2) * 2 * nr + 2 * c + l % 2] = posenc_bf16_from_f32_bits(bits);
+                    }
+            }
+        }
+    }
+}
+#endif
+
 static void pack_b(const posenc_kernels *kern, packed_b *pb, REAL *buffer, const REAL *B,
                    ptrdiff_t rs, ptrdiff_t cs, size_t K, size_t N, REAL alpha)
 {
-    *pb = packed_b_shape(kern, buffer, K, N);
+    *pb = packed_b_shape(kern, buffer, K, N, alpha);
+#ifdef ENGINE_BF16_GEMM
+    if (pb->bf16) {
+        pack_b_bf16(kern, pb, B, rs, cs);
+        return;
+    }
+#endif
     const size_t nr = pb->nr, kc_max = kern->kc;
     for (size_t pc = 0; pc < K; pc += kc_max) {
         const size_t kc = posenc_min(kc_max, K - pc);
@@ -109,8 +174,8 @@ static void gemm_scratch_carve(gemm_scratch *s, REAL *mem, const posenc_kernels 
  * microkernel stores only the tile's rows x cols.  add_rows: the tile's
  * row pointers of the second additive source (POSENC_UKR_ADD_ROWS), or NULL.
  */
-static void gemm_tile_row(const packed_b *pb, size_t kc, const REAL *a, ptrdiff_t lda,
-                          const REAL *block, size_t panel_ld, size_t rows, REAL *C, ptrdiff_t ldc,
+static void gemm_tile_row(const packed_b *pb, size_t kc, const void *a, ptrdiff_t lda,
+                          const void *block, size_t panel_ld, size_t rows, REAL *C, ptrdiff_t ldc,
                           const REAL *P, ptrdiff_t ldp, const REAL *const *add_rows, int flags)
 {
     enum { MR_MAX = 32 };
@@ -120,10 +185,63 @@ static void gemm_tile_row(const packed_b *pb, size_t kc, const REAL *a, ptrdiff_
         if (flags & POSENC_UKR_ADD_ROWS)
             for (size_t r = 0; r < rows; ++r)
                 row_cols[r] = add_rows[r] + j0;
-        pb->ukr(kc, a, lda, block + (j0 / nr) * panel_ld, C + j0, ldc, rows,
-                posenc_min(nr, N - j0), P ? P + j0 : NULL, ldp, row_cols, flags);
+        const size_t cols = posenc_min(nr, N - j0);
+#ifdef ENGINE_BF16_GEMM
+        if (pb->bf16) {   /* block and a hold bfloat16; panel_ld counts them */
+            pb->bf16->ukr_f32(kc, (const uint16_t *)a, lda,
+                              (const uint16_t *)block + (j0 / nr) * panel_ld, C + j0, ldc, rows,
+                              cols, pb->scale, P ? P + j0 : NULL, ldp, row_cols, flags);
+            continue;
+        }
+#endif
+        pb->ukr(kc, a, lda, (const REAL *)block + (j0 / nr) * panel_ld, C + j0, ldc, rows, cols,
+                P ? P + j0 : NULL, ldp, row_cols, flags);
     }
 }
+
+#ifdef ENGINE_BF16_GEMM
+/*
+ * The A block of a tile for the bfloat16 GEMM: rows x [pc, k_end) of A
+ * (element (r, l) at A[r * a_rs + l * a_cs]) as bfloat16 from the even
+ * element lo = pc & ~1 (B's pairs start at even ones: kc is even), zeros
+ * outside [pc, k_end), into `dst`: rows (A with a unit column stride; the
+ * microkernel's POSENC_UKR_A_ROWS, lda in *lda) or a pair panel mr wide.
+ * Returns the flags with POSENC_UKR_A_ROWS set or cleared.
+ */
+static int gemm_a_bf16(const posenc_kernels *kern, uint16_t *dst, const REAL *A, ptrdiff_t a_rs,
+                       ptrdiff_t a_cs, size_t rows, size_t pc, size_t k_end, ptrdiff_t *lda,
+                       int flags)
+{
+    const size_t lo = pc & ~(size_t)1, kc2 = posenc_round_up(k_end - lo, 2);
+    if (a_cs == 1) {
+        const posenc_convert *cv = posenc_active_convert();
+        for (size_t r = 0; r < rows; ++r) {
+            uint16_t *row = dst + r * kc2;
+            if (kc2 == 0)
+                break;
+            row[0] = row[kc2 - 1] = 0;   /* the pads, when there are */
+            cv->f32_to_bf16(row + (pc - lo), A + (ptrdiff_t)r * a_rs + (ptrdiff_t)pc, k_end - pc);
+        }
+        *lda = (ptrdiff_t)kc2;
+        return flags | POSENC_UKR_A_ROWS;
+    }
+    if (a_rs == 1) {
+        kern->bf16->pack_pairs(dst, kern->mr, A + (ptrdiff_t)lo * a_cs, a_cs, pc - lo, k_end - lo,
+                               rows);
+    } else {   /* neither stride unit: element by element */
+        memset(dst, 0, sizeof(uint16_t) * kc2 * kern->mr);
+        for (size_t l = pc; l < k_end; ++l)
+            for (size_t r = 0; r < rows; ++r) {
+                uint32_t bits;
+                memcpy(&bits, A + (ptrdiff_t)r * a_rs + (ptrdiff_t)l * a_cs, sizeof bits);
+                dst[((l - lo) / 2 * kern->mr + r) * 2 + (l - lo) % 2] =
+                    posenc_bf16_from_f32_bits(bits);
+            }
+    }
+    *lda = (ptrdiff_t)kern->mr;
+    return flags & ~POSENC_UKR_A_ROWS;
+}
+#endif
 
 /*
  * C (M x N) = A.B [+ C if accumulate], then the epilogue with P (row i of
@@ -167,18 +285,32 @@ static void gemm_packed(const posenc_kernels *kern, const gemm_scratch *s, size_
              * any tile, columns of a full one (a partial one would read
              * past A's end). */
             const REAL *a_blk = a_tile + (ptrdiff_t)pc * a_cs;
-            const REAL *a_ukr = a_blk;
+            const void *a_ukr = a_blk, *b_ukr;
+            size_t panel_ld = blk_kc * pb->nr, depth = kc;
             ptrdiff_t lda = a_cs == 1 ? a_rs : a_cs;
-            if (a_cs == 1) {
-                flags |= POSENC_UKR_A_ROWS;
-            } else if (a_rs != 1 || rows < mr) {
-                pack_a(s->a_pack, a_blk, a_rs, a_cs, rows, kc, mr);
+#ifdef ENGINE_BF16_GEMM
+            if (pb->bf16) {   /* A rounded from the even element below pc (gemm_a_bf16) */
+                const size_t lo = pc & ~(size_t)1;
+                flags = gemm_a_bf16(kern, (uint16_t *)(void *)s->a_pack, a_tile, a_rs, a_cs, rows,
+                                    pc, pc + kc, &lda, flags);
                 a_ukr = s->a_pack;
-                lda = (ptrdiff_t)mr;
+                depth = pc + kc - lo;
+                panel_ld = posenc_round_up(blk_kc, 2) * pb->nr;
+                b_ukr = (const uint16_t *)(const void *)pb->data + blk * pb->n_pad + (lo - blk) * pb->nr;
+            } else
+#endif
+            {
+                if (a_cs == 1) {
+                    flags |= POSENC_UKR_A_ROWS;
+                } else if (a_rs != 1 || rows < mr) {
+                    pack_a(s->a_pack, a_blk, a_rs, a_cs, rows, kc, mr);
+                    a_ukr = s->a_pack;
+                    lda = (ptrdiff_t)mr;
+                }
+                b_ukr = pb->data + blk * pb->n_pad + (pc - blk) * pb->nr;
             }
-            gemm_tile_row(pb, kc, a_ukr, lda, pb->data + blk * pb->n_pad + (pc - blk) * pb->nr,
-                          blk_kc * pb->nr, rows, c_tile, ldc, last ? p_tile : NULL, ldp,
-                          add_rows ? add_rows + i0 : NULL,
+            gemm_tile_row(pb, depth, a_ukr, lda, b_ukr, panel_ld, rows, c_tile, ldc,
+                          last ? p_tile : NULL, ldp, add_rows ? add_rows + i0 : NULL,
                           last ? flags : flags & ~POSENC_UKR_ADD_ROWS);
             pc += kc;
             first = 0;

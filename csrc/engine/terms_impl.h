@@ -126,7 +126,7 @@ static void term_query_table(const posenc_kernels *kern, const gemm_scratch *g,
 {
     const size_t d = p->d, ld = posenc_round_up(buckets, kern->nr);
     const size_t ht = head_of(p->query_table_heads, h);
-    packed_b pb = packed_b_shape(kern, table_pack, d, buckets);
+    packed_b pb = packed_b_shape(kern, table_pack, d, buckets, (REAL)p->vector_scale);
     if (*cached_head != (ptrdiff_t)ht) {
         const REAL *table = (const REAL *)p->query_table +
                             (ht * p->query_table_rows + (size_t)runs->b_min) * d;
@@ -136,7 +136,7 @@ static void term_query_table(const posenc_kernels *kern, const gemm_scratch *g,
     size_t first = 0;   /* the first column of proj computed: a panel's */
     if (reach && d <= kern->kc && reach[0] < reach[1]) {
         first = reach[0] / pb.nr * pb.nr;
-        pb.data += first * d;   /* panel first / nr of the one block of depth d */
+        packed_b_skip(&pb, first);   /* from panel first / nr of the one block of depth d */
         pb.N = reach[1] - first;
     }
     gemm_packed(kern, g, rows, q_u + i0 * d, (ptrdiff_t)d, 1, &pb, proj + first, (ptrdiff_t)ld,

@@ -73,13 +73,14 @@ static inline __m512bh last_bcast(const uint16_t *at)
     return (__m512bh)_mm512_set1_epi32((int)*at);
 }
 
-/* posenc_bf16_kernels.ukr (posenc.h): the depth in pairs, an odd one ending
- * on a pair of (last element, 0). */
-static void bf16_ukr_avx512bf16(size_t kc, const uint16_t *a, ptrdiff_t lda, const uint16_t *b,
-                                uint16_t *c, ptrdiff_t ldc, size_t rows, size_t cols, float scale,
-                                const float *p, ptrdiff_t ldp, int flags)
+/* The accumulators of an MR x NR tile: A as bfloat16 rows (a_rows: row r at
+ * a + r * lda, rows past `rows` repeat the last one: read, computed, never
+ * stored) or as a pair panel (word t * MR + r), the depth kc in pairs, an
+ * odd one ending on a pair of (last element, 0). */
+static inline __attribute__((always_inline)) void
+bf16_tile(__m512 acc[MR][NRV], size_t kc, const uint16_t *a, ptrdiff_t lda, int a_rows,
+          const uint16_t *b, size_t rows)
 {
-    __m512 acc[MR][NRV];
 #pragma GCC unroll 32
     for (int t = 0; t < MR * NRV; ++t)
         acc[t / NRV][t % NRV] = _mm512_setzero_ps();
@@ -100,14 +101,17 @@ static void bf16_ukr_avx512bf16(size_t kc, const uint16_t *a, ptrdiff_t lda, con
                 acc[r][v] = _mm512_dpbf16_ps(acc[r][v], ar, bv[v]);                 \
         }                                                                           \
     } while (0)
-    if (rows == MR) {
+    if (!a_rows) {
+        /* a pair panel: constant offsets, its odd depth padded with zeros */
+        for (size_t t = 0; t < (kc + 1) / 2; ++t)
+            BF16_STEP(t, pair_bcast, a + 2 * (t * MR + (size_t)r));
+    } else if (rows == MR) {
         /* a full tile: rows a fixed stride apart */
         for (size_t t = 0; t < pairs; ++t)
             BF16_STEP(t, pair_bcast, a + (ptrdiff_t)r * lda + (ptrdiff_t)(2 * t));
         if (kc & 1)
             BF16_STEP(pairs, last_bcast, a + (ptrdiff_t)r * lda + (ptrdiff_t)(kc - 1));
     } else {
-        /* rows past `rows` repeat the last one: read, computed, never stored */
         const uint16_t *a_row[MR];
 #pragma GCC unroll 16
         for (int r = 0; r < MR; ++r)
@@ -118,6 +122,15 @@ static void bf16_ukr_avx512bf16(size_t kc, const uint16_t *a, ptrdiff_t lda, con
             BF16_STEP(pairs, last_bcast, a_row[r] + (kc - 1));
     }
 #undef BF16_STEP
+}
+
+/* posenc_bf16_kernels.ukr (posenc.h): bfloat16 A rows and results. */
+static void bf16_ukr_avx512bf16(size_t kc, const uint16_t *a, ptrdiff_t lda, const uint16_t *b,
+                                uint16_t *c, ptrdiff_t ldc, size_t rows, size_t cols, float scale,
+                                const float *p, ptrdiff_t ldp, int flags)
+{
+    __m512 acc[MR][NRV];
+    bf16_tile(acc, kc, a, lda, 1, b, rows);
 
     /* The epilogue in float32, then one rounding to bfloat16 of each row's
      * 32 lanes (a partial row: the same operations on its first lanes). */
@@ -144,6 +157,51 @@ static void bf16_ukr_avx512bf16(size_t kc, const uint16_t *a, ptrdiff_t lda, con
             _mm512_storeu_si512(crow, bf16_narrow2_avx512bf16(lo, hi));
         else
             _mm512_mask_storeu_epi16(crow, lanes, bf16_narrow2_avx512bf16(lo, hi));
+    }
+}
+
+/* posenc_bf16_kernels.ukr_f32 (posenc.h): float32 results through the
+ * float32 microkernel's epilogue (ukr_impl.h): s A.B, + C (ACCUMULATE), + or
+ * * P, + the row pointers' (ADD_ROWS), stored for rows x cols. */
+static void bf16_ukr_f32_avx512bf16(size_t kc, const uint16_t *a, ptrdiff_t lda,
+                                    const uint16_t *b, float *c, ptrdiff_t ldc, size_t rows,
+                                    size_t cols, float scale, const float *p, ptrdiff_t ldp,
+                                    const void *const *add_rows, int flags)
+{
+    __m512 acc[MR][NRV];
+    bf16_tile(acc, kc, a, lda, (flags & POSENC_UKR_A_ROWS) != 0, b, rows);
+
+    const __m512 s = _mm512_set1_ps(scale);
+    const int add = (flags & POSENC_UKR_ADD_P) != 0, mul = !add && (flags & POSENC_UKR_MUL_P);
+    const int stream = cols >= NR && (flags & POSENC_UKR_STREAM);
+#pragma GCC unroll 16
+    for (int r = 0; r < MR; ++r) {
+        if ((size_t)r >= rows)
+            break;
+        float *crow = c + (ptrdiff_t)r * ldc;
+        const float *prow = p ? p + (ptrdiff_t)r * ldp : NULL;
+        const float *qrow = (flags & POSENC_UKR_ADD_ROWS) ? (const float *)add_rows[r] : NULL;
+#pragma GCC unroll 2
+        for (int v = 0; v < NRV; ++v) {
+            const size_t col = (size_t)v * 16;
+            if (col >= cols)
+                break;
+            const __mmask16 m = cols - col >= 16 ? (__mmask16)0xffff
+                                                 : (__mmask16)(((unsigned)1 << (cols - col)) - 1);
+            __m512 x = _mm512_mul_ps(acc[r][v], s);
+            if (flags & POSENC_UKR_ACCUMULATE)
+                x = _mm512_add_ps(x, _mm512_maskz_loadu_ps(m, crow + col));
+            if (add)
+                x = _mm512_add_ps(x, _mm512_maskz_loadu_ps(m, prow + col));
+            else if (mul)
+                x = _mm512_mul_ps(x, _mm512_maskz_loadu_ps(m, prow + col));
+            if (qrow)
+                x = _mm512_add_ps(x, _mm512_maskz_loadu_ps(m, qrow + col));
+            if (stream)
+                _mm512_stream_ps(crow + col, x);
+            else
+                _mm512_mask_storeu_ps(crow + col, m, x);
+        }
     }
 }
 
@@ -178,23 +236,37 @@ static inline void transpose_16x16_epi32(__m512i rows[16])
     }
 }
 
-/* A pair panel (posenc_bf16_kernels.pack): the pair t of key row c is the
- * 32-bit word t * nr + c, so blocks of 16 rows x 16 pairs are transposed as
- * words; rows and elements past the ends are read as zeros (masked loads). */
-static void bf16_pack_avx512bf16(uint16_t *dst, const uint16_t *src, ptrdiff_t rs, size_t kc,
-                                 size_t cols)
+/* Up to 32 elements of one row of B^T from l0 as 32 bfloat16 (zeros past
+ * `count`): loaded as they are, or rounded from float32 (vcvtne2ps2bf16). */
+static inline __attribute__((always_inline)) __m512i
+bf16_load_row(const void *row, size_t l0, size_t count, int from_f32)
 {
-    const size_t pairs = (kc + 1) / 2;
+    const __mmask32 elements = count >= 32 ? ~(__mmask32)0 : (((__mmask32)1 << count) - 1);
+    if (!from_f32)
+        return _mm512_maskz_loadu_epi16(elements, (const uint16_t *)row + l0);
+    const float *x = (const float *)row + l0;
+    const __m512 lo = _mm512_maskz_loadu_ps((__mmask16)elements, x);
+    const __m512 hi = _mm512_maskz_loadu_ps((__mmask16)(elements >> 16), x + 16);
+    return (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
+}
+
+/* A pair panel from rows of B^T (pack, pack_f32): the pair t of key row c is
+ * the 32-bit word t * nr + c, so blocks of 16 rows x 16 pairs are transposed
+ * as words; rows and elements past the ends are read as zeros (masked loads). */
+static inline __attribute__((always_inline)) void
+bf16_pack_panel(uint16_t *dst, const void *src, ptrdiff_t rs, size_t kc, size_t cols, int from_f32)
+{
+    const size_t pairs = (kc + 1) / 2, size = from_f32 ? sizeof(float) : sizeof(uint16_t);
     for (size_t c0 = 0; c0 < NR; c0 += 16) {
         for (size_t t0 = 0; t0 < pairs; t0 += 16) {
             const size_t l0 = 2 * t0, count = kc - l0 < 32 ? kc - l0 : 32;
-            const __mmask32 elements = count == 32 ? ~(__mmask32)0 : (((__mmask32)1 << count) - 1);
             __m512i block[16];
 #pragma GCC unroll 16
             for (size_t u = 0; u < 16; ++u)
-                block[u] = c0 + u < cols ? _mm512_maskz_loadu_epi16(
-                                               elements, src + (ptrdiff_t)(c0 + u) * rs + (ptrdiff_t)l0)
-                                         : _mm512_setzero_si512();
+                block[u] = c0 + u < cols
+                               ? bf16_load_row((const char *)src + (ptrdiff_t)((c0 + u) * size) * rs,
+                                               l0, count, from_f32)
+                               : _mm512_setzero_si512();
             transpose_16x16_epi32(block);
             const size_t steps = pairs - t0 < 16 ? pairs - t0 : 16;
             for (size_t u = 0; u < steps; ++u)
@@ -203,10 +275,49 @@ static void bf16_pack_avx512bf16(uint16_t *dst, const uint16_t *src, ptrdiff_t r
     }
 }
 
+static void bf16_pack_avx512bf16(uint16_t *dst, const uint16_t *src, ptrdiff_t rs, size_t kc,
+                                 size_t cols)
+{
+    bf16_pack_panel(dst, src, rs, kc, cols, 0);
+}
+
+static void bf16_pack_f32_avx512bf16(uint16_t *dst, const float *src, ptrdiff_t rs, size_t kc,
+                                     size_t cols)
+{
+    bf16_pack_panel(dst, src, rs, kc, cols, 1);
+}
+
+/* posenc_bf16_kernels.pack_pairs: rows 2 t and 2 t + 1 rounded and
+ * interleaved 16 columns at a time (the low half of each word from row 2 t). */
+static void bf16_pack_pairs_avx512bf16(uint16_t *dst, size_t width, const float *src,
+                                       ptrdiff_t rs, size_t l0, size_t l1, size_t cols)
+{
+    for (size_t t = 0; 2 * t < l1; ++t) {
+        const size_t l = 2 * t;
+        uint32_t *out = (uint32_t *)(void *)dst + t * width;
+        for (size_t c0 = 0; c0 < width; c0 += 16) {
+            const size_t left = c0 < cols ? cols - c0 : 0;
+            const __mmask16 m = left >= 16 ? (__mmask16)0xffff : (__mmask16)(((unsigned)1 << left) - 1);
+            /* rows outside [l0, l1) are zeros, their addresses never formed */
+            const int has_even = left && l >= l0, has_odd = left && l + 1 >= l0 && l + 1 < l1;
+            const __m512 x0 = has_even ? _mm512_maskz_loadu_ps(m, src + (ptrdiff_t)l * rs + (ptrdiff_t)c0)
+                                       : _mm512_setzero_ps();
+            const __m512 x1 = has_odd ? _mm512_maskz_loadu_ps(m, src + (ptrdiff_t)(l + 1) * rs + (ptrdiff_t)c0)
+                                      : _mm512_setzero_ps();
+            const __m512i w0 = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(x0));
+            const __m512i w1 = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(x1));
+            const __m512i words = _mm512_or_si512(w0, _mm512_slli_epi32(w1, 16));
+            const size_t n = width - c0 < 16 ? width - c0 : 16;
+            _mm512_mask_storeu_epi32(out + c0, (__mmask16)(((unsigned)1 << n) - 1), words);
+        }
+    }
+}
+
 static void bf16_store_fence_avx512bf16(void) { _mm_sfence(); }
 
 const posenc_bf16_kernels posenc_bf16_kernels_avx512bf16 = {
     "avx512bf16", MR, NR, bf16_ukr_avx512bf16, bf16_pack_avx512bf16, bf16_store_fence_avx512bf16,
+    bf16_ukr_f32_avx512bf16, bf16_pack_f32_avx512bf16, bf16_pack_pairs_avx512bf16,
 };
 
 #endif /* AVX512-BF16 */

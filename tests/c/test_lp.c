@@ -3,13 +3,16 @@
  * definition: every result is narrow(float32 engine(widen(inputs))) bit for
  * bit, on every ISA, for logits, their gradients and the fused attention
  * (lse float32, equal to the float32 engine's), and 1 and 2 threads give
- * the same bits; two exceptions: the logits backward's parameter gradients
- * of a problem larger than one chunk (sums of the chunks'), checked within
- * rounding, and the bfloat16 content logits that design (b) serves
- * (test_bf16dot.c checks its values), which must be its bits.  Built with a small POSENC_LP_CHUNK_BYTES (run.sh), so the
- * forward's chunks of batch rows and of heads both run.  The values' error
- * against the exact logits is the Python tests' business (the reference
- * and the bound of docs/validation.md).
+ * the same bits; the float32 engine of bfloat16 runs with bf16_gemm, as
+ * engine_lp.c runs it (its GEMMs on vdpbf16ps where the CPU has them).  Two
+ * exceptions: the logits backward's parameter gradients of a problem larger
+ * than one chunk (sums of the chunks'), checked within rounding, and the
+ * bfloat16 content logits that design (b) serves (test_bf16dot.c checks its
+ * values), which must be its bits.  Where the bfloat16 GEMM runs, its
+ * float32 results are checked near the float32 engine's without it (a
+ * coarse check; the bound of docs/validation.md is the Python tests').
+ * Built with a small POSENC_LP_CHUNK_BYTES (run.sh), so the forward's
+ * chunks of batch rows and of heads both run.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -57,6 +60,7 @@ static void lp_make(lp_data *x, problem_data *pd, posenc_dtype dt)
     }
     x->p_lp = x->p_wide = pd->p;
     x->p_lp.dtype = dt;
+    x->p_wide.bf16_gemm = dt == POSENC_BF16;
     const void **lp_at[INPUTS] = {&x->p_lp.q, &x->p_lp.k, &x->p_lp.pos_q, &x->p_lp.pos_k,
                                   &x->p_lp.table, &x->p_lp.query_table, &x->p_lp.key_table,
                                   &x->p_lp.segment_table, &x->p_lp.theta};
@@ -115,7 +119,9 @@ static void grads_make(lp_grads *g, const problem_data *pd, const lp_data *x)
 }
 
 /* got (16-bit) within one rounding of the target type of want (float32)
- * plus float32 reassociation, relative to max(1, max |want|) */
+ * plus float32 reassociation, relative to max(1, max |want|); where the
+ * bfloat16 GEMM runs, 2^-6 of that (it rounds GEMM operands that are the
+ * chunk's own sums, e.g. of G over batch rows for the dense factor) */
 static void expect_near(const char *what, posenc_dtype dt, const uint16_t *got, const float *want,
                         size_t len)
 {
@@ -125,13 +131,32 @@ static void expect_near(const char *what, posenc_dtype dt, const uint16_t *got, 
     for (size_t t = 0; t < len; ++t)
         scale = fmax(scale, fabs(want[t]));
     const double u = dt == POSENC_BF16 ? 0x1p-8 : 0x1p-11;
+    const double slack = dt == POSENC_BF16 && posenc_bf16_gemm_kernels() ? 0x1p-6 : 0x1p-18;
     size_t bad = len;
     for (size_t t = 0; t < len && bad == len; ++t)
-        if (!(fabs((double)w[t] - want[t]) <= u * fabs(want[t]) + 0x1p-18 * scale))
+        if (!(fabs((double)w[t] - want[t]) <= u * fabs(want[t]) + slack * scale))
             bad = t;
     EXPECT(bad == len, "%s: element %zu is %g, float32 %g", what, bad, bad < len ? w[bad] : 0.0,
            bad < len ? want[bad] : 0.0);
     free(w);
+}
+
+/* The float32 results of the bfloat16 GEMM (got) near the float32 engine's
+ * (want): |got - want| <= 2^-6 max(1, max |want|), operands rounded once
+ * (2^-9) with room for the sums; NaN where want has NaN. */
+static void expect_bf16_gemm_near(const char *what, const float *got, const float *want,
+                                  size_t len)
+{
+    double scale = 1;
+    for (size_t t = 0; t < len; ++t)
+        scale = isfinite(want[t]) ? fmax(scale, fabs(want[t])) : scale;
+    size_t bad = len;
+    for (size_t t = 0; t < len && bad == len; ++t)
+        if (!(fabs((double)got[t] - want[t]) <= 0x1p-6 * scale ||
+              (isnan(got[t]) && isnan(want[t])) || got[t] == want[t]))
+            bad = t;
+    EXPECT(bad == len, "%s (bfloat16 GEMM): element %zu is %g, float32 %g", what, bad,
+           bad < len ? got[bad] : 0.0, bad < len ? want[bad] : 0.0);
 }
 
 /* dq and dk (and the attention's every gradient) bit for bit; the logits
@@ -225,6 +250,57 @@ static void check_attention(const char *what, posenc_dtype dt, problem_data *pd,
     free(out); free(grad_v); free(want_out); free(want_grad_v); free(lse); free(want_lse);
 }
 
+/* Where the bfloat16 GEMM runs: the float32 engine with bf16_gemm (as the
+ * bfloat16 engine runs it) near the same engine without, for the logits,
+ * their gradients and the attention with its gradients. */
+static void check_bf16_gemm(const char *what, problem_data *pd, lp_data *x,
+                            const posenc_attention *a, int threads)
+{
+    if (!posenc_bf16_gemm_kernels())
+        return;
+    const posenc_problem *p = &pd->p;
+    const size_t len = p->B * p->H * p->n * p->m, n_out = p->B * p->H * p->n * a->dv;
+    const size_t n_v = p->B * p->H * p->m * a->dv, n_lse = p->B * p->H * p->n;
+    posenc_problem run[2] = {x->p_wide, x->p_wide};
+    run[1].bf16_gemm = 0;
+    posenc_attention att = *a;
+    att.v = x->wide[X_V];
+    float *logits[2], *out[2], *lse[2], *grad_v[2];
+    lp_grads g[2];
+    for (int k = 0; k < 2; ++k) {
+        logits[k] = malloc(sizeof(float) * (len + 1));
+        out[k] = malloc(sizeof(float) * (n_out + 1));
+        lse[k] = malloc(sizeof(float) * (n_lse + 1));
+        grad_v[k] = malloc(sizeof(float) * (n_v + 1));
+        grads_make(&g[k], pd, x);
+        EXPECT(posenc_forward(&run[k], logits[k], threads) == POSENC_OK, "%s forward", what);
+        EXPECT(posenc_attention_forward(&run[k], &att, out[k], lse[k], threads) == POSENC_OK,
+               "%s attention", what);
+    }
+    expect_bf16_gemm_near(what, logits[0], logits[1], len);
+    expect_bf16_gemm_near(what, out[0], out[1], n_out);
+    expect_bf16_gemm_near(what, lse[0], lse[1], n_lse);
+    for (int pass = 0; pass < 2; ++pass) {   /* the logits' backward, then the attention's */
+        for (int k = 0; k < 2; ++k)          /* both from the same out and lse */
+            EXPECT((pass ? posenc_attention_backward(&run[k], &att, x->wide[X_D_OUT], out[1],
+                                                     lse[1], &g[k].g_wide, grad_v[k], threads)
+                         : posenc_backward(&run[k], x->wide[X_G], &g[k].g_wide, threads)) ==
+                       POSENC_OK, "%s backward", what);
+        for (int t = 0; t < INPUTS; ++t)
+            if (g[0].wide[t]) {
+                char name[300];
+                snprintf(name, sizeof name, "%s %s d%s", what, pass ? "attention" : "logits",
+                         grad_names[t]);
+                expect_bf16_gemm_near(name, g[0].wide[t], g[1].wide[t], pd->len[input_slots[t]]);
+            }
+    }
+    expect_bf16_gemm_near(what, grad_v[0], grad_v[1], n_v);
+    for (int k = 0; k < 2; ++k) {
+        free(logits[k]); free(out[k]); free(lse[k]); free(grad_v[k]);
+        grads_free(&g[k]);
+    }
+}
+
 void test_lp(void)
 {
     const size_t sizes[][6] = {{1, 1, 1, 1, 1, 1}, {2, 3, 7, 5, 3, 4}, {3, 2, 17, 33, 9, 3},
@@ -256,6 +332,8 @@ void test_lp(void)
                                  posenc_isa_name((posenc_isa)isa), threads);
                         check_logits(what, dtypes[k], &pd, &x, threads);
                         check_attention(what, dtypes[k], &pd, &x, &a, threads);
+                        if (dtypes[k] == POSENC_BF16)
+                            check_bf16_gemm(what, &pd, &x, &a, threads);
                     }
                 }
                 lp_free(&x);
