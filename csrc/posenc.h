@@ -309,6 +309,8 @@ typedef struct posenc_bf16_kernels_s {
     void (*pack_f32)(uint16_t *dst, const float *src, ptrdiff_t rs, size_t kc, size_t cols);
     void (*pack_pairs)(uint16_t *dst, size_t width, const float *src, ptrdiff_t rs, size_t l0,
                        size_t l1, size_t cols);
+    /* dst[j] = src[j] rounded as the operands are, j < len */
+    void (*round_row)(uint16_t *dst, const float *src, size_t len);
 } posenc_bf16_kernels;
 
 /* isa/avx512bf16.c, where compiled (POSENC_HAVE_AVX512BF16). */

@@ -214,13 +214,11 @@ static int gemm_a_bf16(const posenc_kernels *kern, uint16_t *dst, const REAL *A,
 {
     const size_t lo = pc & ~(size_t)1, kc2 = posenc_round_up(k_end - lo, 2);
     if (a_cs == 1) {
-        const posenc_convert *cv = posenc_active_convert();
-        for (size_t r = 0; r < rows; ++r) {
+        for (size_t r = 0; r < rows && kc2 > 0; ++r) {
             uint16_t *row = dst + r * kc2;
-            if (kc2 == 0)
-                break;
             row[0] = row[kc2 - 1] = 0;   /* the pads, when there are */
-            cv->f32_to_bf16(row + (pc - lo), A + (ptrdiff_t)r * a_rs + (ptrdiff_t)pc, k_end - pc);
+            kern->bf16->round_row(row + (pc - lo), A + (ptrdiff_t)r * a_rs + (ptrdiff_t)pc,
+                                  k_end - pc);
         }
         *lda = (ptrdiff_t)kc2;
         return flags | POSENC_UKR_A_ROWS;

@@ -287,29 +287,43 @@ static void bf16_pack_f32_avx512bf16(uint16_t *dst, const float *src, ptrdiff_t 
     bf16_pack_panel(dst, src, rs, kc, cols, 1);
 }
 
-/* posenc_bf16_kernels.pack_pairs: rows 2 t and 2 t + 1 rounded and
- * interleaved 16 columns at a time (the low half of each word from row 2 t). */
+/* posenc_bf16_kernels.pack_pairs: rows 2 t and 2 t + 1 rounded by one
+ * vcvtne2ps2bf16 (16 columns of each) and interleaved by one vpermw. */
 static void bf16_pack_pairs_avx512bf16(uint16_t *dst, size_t width, const float *src,
                                        ptrdiff_t rs, size_t l0, size_t l1, size_t cols)
 {
+    /* word c of the result: element c of the even row (low half), then the odd row's */
+    const __m512i interleave = _mm512_set_epi16(
+        31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8,
+        23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
     for (size_t t = 0; 2 * t < l1; ++t) {
         const size_t l = 2 * t;
         uint32_t *out = (uint32_t *)(void *)dst + t * width;
         for (size_t c0 = 0; c0 < width; c0 += 16) {
             const size_t left = c0 < cols ? cols - c0 : 0;
-            const __mmask16 m = left >= 16 ? (__mmask16)0xffff : (__mmask16)(((unsigned)1 << left) - 1);
+            const __mmask16 m = left >= 16 ? (__mmask16)0xffff
+                                           : (__mmask16)(((unsigned)1 << left) - 1);
             /* rows outside [l0, l1) are zeros, their addresses never formed */
             const int has_even = left && l >= l0, has_odd = left && l + 1 >= l0 && l + 1 < l1;
-            const __m512 x0 = has_even ? _mm512_maskz_loadu_ps(m, src + (ptrdiff_t)l * rs + (ptrdiff_t)c0)
-                                       : _mm512_setzero_ps();
-            const __m512 x1 = has_odd ? _mm512_maskz_loadu_ps(m, src + (ptrdiff_t)(l + 1) * rs + (ptrdiff_t)c0)
-                                      : _mm512_setzero_ps();
-            const __m512i w0 = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(x0));
-            const __m512i w1 = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(x1));
-            const __m512i words = _mm512_or_si512(w0, _mm512_slli_epi32(w1, 16));
+            const float *even = has_even ? src + (ptrdiff_t)l * rs + (ptrdiff_t)c0 : NULL;
+            const float *odd = has_odd ? src + (ptrdiff_t)(l + 1) * rs + (ptrdiff_t)c0 : NULL;
+            const __m512 x0 = even ? _mm512_maskz_loadu_ps(m, even) : _mm512_setzero_ps();
+            const __m512 x1 = odd ? _mm512_maskz_loadu_ps(m, odd) : _mm512_setzero_ps();
+            const __m512i words = _mm512_permutexvar_epi16(interleave,
+                                                           (__m512i)_mm512_cvtne2ps_pbh(x1, x0));
             const size_t n = width - c0 < 16 ? width - c0 : 16;
             _mm512_mask_storeu_epi32(out + c0, (__mmask16)(((unsigned)1 << n) - 1), words);
         }
+    }
+}
+
+/* posenc_bf16_kernels.round_row: 32 elements per vcvtne2ps2bf16, the tail masked. */
+static void bf16_round_row_avx512bf16(uint16_t *dst, const float *src, size_t len)
+{
+    for (size_t j = 0; j < len; j += 32) {
+        const size_t count = len - j < 32 ? len - j : 32;
+        const __mmask32 elements = count == 32 ? ~(__mmask32)0 : (((__mmask32)1 << count) - 1);
+        _mm512_mask_storeu_epi16(dst + j, elements, bf16_load_row(src, j, count, 1));
     }
 }
 
@@ -318,6 +332,7 @@ static void bf16_store_fence_avx512bf16(void) { _mm_sfence(); }
 const posenc_bf16_kernels posenc_bf16_kernels_avx512bf16 = {
     "avx512bf16", MR, NR, bf16_ukr_avx512bf16, bf16_pack_avx512bf16, bf16_store_fence_avx512bf16,
     bf16_ukr_f32_avx512bf16, bf16_pack_f32_avx512bf16, bf16_pack_pairs_avx512bf16,
+    bf16_round_row_avx512bf16,
 };
 
 #endif /* AVX512-BF16 */
