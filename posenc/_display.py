@@ -80,7 +80,7 @@ def info() -> Info:
         ("isa built", ", ".join(build["compiled_isas"])),
         ("isa usable", ", ".join(posenc.capabilities())),
         ("isa active", f"{posenc.get_isa()}   (POSENC_ISA or posenc.set_isa to choose)"),
-        ("bfloat16", "content logits on vdpbf16ps (AVX512-BF16), the rest float32 with conversions"
+        ("bfloat16", "every GEMM on vdpbf16ps (AVX512-BF16), softmax and terms in float32"
                      if posenc._C.bf16_dot() else "float32 kernels with conversions"),
         ("threads", f"{posenc.get_num_threads()} of {build['max_threads']} "
                     "(OMP_NUM_THREADS or posenc.set_num_threads to choose)"),

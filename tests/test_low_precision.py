@@ -8,11 +8,12 @@ dropout, dv != d), on awkward sizes (n != m, sizes 1, 3, 17, 33), with shared
 
 * the design, exactly: a 16-bit result is narrow(float32 posenc on the widened
   inputs), bit for bit, and lse is float32 and equal to the float32 run's
-  (but for the bfloat16 content logits on vdpbf16ps, posenc._C.bf16_dot(),
-  design (b): the bound only);
+  (but for bfloat16 where its GEMMs run on vdpbf16ps, posenc._C.bf16_dot(),
+  design (b): the bound only; tests/c/test_lp.c checks those bits);
 * the bound of docs/validation.md against the float64 reference on the same
   (widened) inputs: |posenc - reference| <= u |reference| + (1 + u) E32
-  (u = 2^-8, 2^-11; + 2^-25 for float16), E32 the float32 bound
+  (u = 2^-8, 2^-11; + 2^-25 for float16), E32 the float32 bound, plus
+  2^-8 M for bfloat16's gradients and out (its rounded GEMM operands)
   (posenc._check.compare / within, which `python -m posenc check` uses).
 
 Also: float16 overflow to +-inf at 65520 (and not below; the attention's out and
