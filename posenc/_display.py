@@ -154,7 +154,8 @@ _LEGEND = ("err: float64 = max|posenc - reference| / max|reference| (limit {rtol
            "float32 = max |posenc - reference| / bound, bound = (depth + 8) eps32 x "
            "(method on |inputs|), carried through the softmax for the attention "
            "(docs/validation.md) (limit 1); bfloat16, float16: the float32 bound E32 and "
-           "one rounding, u |reference| + (1 + u) E32, u = 2^-8, 2^-11 (limit 1)")
+           "one rounding, u |reference| + (1 + u) E32, u = 2^-8, 2^-11, E32 + 2^-8 M for "
+           "bfloat16's gradients and attention out (GEMM operands rounded) (limit 1)")
 
 
 class CheckResult:
