@@ -296,19 +296,23 @@ typedef struct posenc_bf16_kernels_s {
      *   flags ACCUMULATE, ADD_P, MUL_P, ADD_ROWS, STREAM; s applied to the
      *   product first), depth kc, from a B panel of pack's layout and A as
      *   bfloat16 rows (POSENC_UKR_A_ROWS: a[r * lda + l], rows >= rows not
-     *   read) or as a pair panel (word t * mr + r holds elements 2 t, 2 t + 1
-     *   of row r, round_up(kc, 2) / 2 words per row, every row readable).
+     *   read) or as a pair panel (word t * lda + r holds elements 2 t, 2 t + 1
+     *   of row r, lda >= mr, round_up(kc, 2) / 2 pair rows, every row readable).
      * pack_f32: pack's panel from float32 rows of B^T (row c at src + c * rs).
-     * pack_pairs: a pair panel `width` wide (nr for B, mr for A) from float32
-     *   rows along the depth: word t * width + c holds elements (2 t, c) and
-     *   (2 t + 1, c), element (l, c) at src[l * rs + c]; zero for l < l0, for
-     *   l >= l1 (round_up(l1, 2) elements in pairs) and for c >= cols. */
+     * pack_pairs: a pair panel `width` (<= 128) wide from float32 rows along the
+     *   depth: word t * width + c holds elements (2 t, c) and (2 t + 1, c),
+     *   element (l, c) at src[l * rs + c], for the l in column c's range
+     *   [ranges[2 (c / tile)], ranges[2 (c / tile) + 1]) (a range per tile of
+     *   columns: B's one, or the A tiles' k ranges) and c < cols, zero
+     *   elsewhere, pair rows up to the largest range's end; it may write up to
+     *   round_up(width, 16) - width words past the panel's end (scratch the
+     *   caller leaves free: gemm_scratch's a_pack). */
     void (*ukr_f32)(size_t kc, const uint16_t *a, ptrdiff_t lda, const uint16_t *b, float *c,
                     ptrdiff_t ldc, size_t rows, size_t cols, float scale, const float *p,
                     ptrdiff_t ldp, const void *const *add_rows, int flags);
     void (*pack_f32)(uint16_t *dst, const float *src, ptrdiff_t rs, size_t kc, size_t cols);
-    void (*pack_pairs)(uint16_t *dst, size_t width, const float *src, ptrdiff_t rs, size_t l0,
-                       size_t l1, size_t cols);
+    void (*pack_pairs)(uint16_t *dst, size_t width, const float *src, ptrdiff_t rs,
+                       const size_t *ranges, size_t tile, size_t cols);
     /* dst[j] = src[j] rounded as the operands are, j < len */
     void (*round_row)(uint16_t *dst, const float *src, size_t len);
 } posenc_bf16_kernels;

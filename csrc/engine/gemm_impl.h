@@ -8,6 +8,12 @@
 
 #ifdef ENGINE_BF16_GEMM
 #include "../isa/convert_scalar.h"   /* posenc_bf16_from_f32_bits */
+
+/* The tiles of an A read by columns that one pair panel of the bfloat16
+ * GEMM holds: packed together, their source rows are read along their
+ * length (a panel per tile reads mr elements of each row, rows often 2^k
+ * bytes apart: conflict misses in L1).  gemm_scratch's a_pack holds them. */
+#define BF16_GROUP 8
 #endif
 
 /* dst[l * mr + r] = A[r * rs + l * cs], zero for rows >= rows. */
@@ -93,7 +99,8 @@ static void pack_b_bf16(const posenc_kernels *kern, const packed_b *pb, const RE
             if (rs == 1) {
                 bk->pack_f32(panel, at, cs, kc, cols);
             } else if (cs == 1) {
-                bk->pack_pairs(panel, nr, at, rs, 0, kc, cols);
+                const size_t range[2] = {0, kc};
+                bk->pack_pairs(panel, nr, at, rs, range, nr, cols);
             } else {   /* neither stride unit: element by element */
                 memset(panel, 0, sizeof(uint16_t) * posenc_round_up(kc, 2) * nr);
                 for (size_t l = 0; l < kc; ++l)
@@ -155,11 +162,15 @@ static void pack_b(const posenc_kernels *kern, packed_b *pb, REAL *buffer, const
 
 /* Per-thread scratch every gemm needs: a packed A panel. */
 typedef struct {
-    REAL *a_pack;   /* mr x kc */
+    REAL *a_pack;   /* mr x kc (the bfloat16 GEMM: gemm_scratch_size) */
 } gemm_scratch;
 
 static size_t gemm_scratch_size(const posenc_kernels *kern)
 {
+#ifdef ENGINE_BF16_GEMM
+    if (kern->bf16)   /* BF16_GROUP tiles' pair panels, and pack_pairs' slack */
+        return posenc_max(kern->mr * kern->kc, BF16_GROUP * kern->mr * ((kern->kc + 1) / 2) + 16);
+#endif
     return kern->mr * kern->kc;
 }
 
@@ -200,43 +211,68 @@ static void gemm_tile_row(const packed_b *pb, size_t kc, const void *a, ptrdiff_
 }
 
 #ifdef ENGINE_BF16_GEMM
+/* The tiles [first, end) of a gemm_packed call that a_pack holds, width words a pair row. */
+typedef struct {
+    size_t first, end, width;
+} bf16_group;
+
 /*
- * The A block of a tile for the bfloat16 GEMM: rows x [pc, k_end) of A
- * (element (r, l) at A[r * a_rs + l * a_cs]) as bfloat16 from the even
- * element lo = pc & ~1 (B's pairs start at even ones: kc is even), zeros
- * outside [pc, k_end), into `dst`: rows (A with a unit column stride; the
- * microkernel's POSENC_UKR_A_ROWS, lda in *lda) or a pair panel mr wide.
- * Returns the flags with POSENC_UKR_A_ROWS set or cleared.
+ * The A block of tile i0 (rows <= mr) for the bfloat16 GEMM: rows x
+ * [pc, k_end) of A (element (i, l) at A[i * a_rs + l * a_cs], M x Kd) as
+ * bfloat16 from the even element lo = pc & ~1 (B's pairs start at even
+ * ones: kc is even), zeros outside [pc, k_end): rows (A with a unit column
+ * stride: the microkernel's POSENC_UKR_A_ROWS) or a pair panel; *a_out and
+ * *lda where the microkernel reads it.  A read by columns in one depth
+ * block (Kd <= kc) is packed BF16_GROUP tiles at a time (`group`, each tile
+ * its k_range), other A tile by tile.  Returns the flags with
+ * POSENC_UKR_A_ROWS set or cleared.
  */
-static int gemm_a_bf16(const posenc_kernels *kern, uint16_t *dst, const REAL *A, ptrdiff_t a_rs,
-                       ptrdiff_t a_cs, size_t rows, size_t pc, size_t k_end, ptrdiff_t *lda,
-                       int flags)
+static int gemm_a_bf16(const posenc_kernels *kern, const gemm_scratch *s, bf16_group *group,
+                       const REAL *A, ptrdiff_t a_rs, ptrdiff_t a_cs, size_t M, size_t Kd,
+                       const size_t *k_range, size_t i0, size_t rows, size_t pc, size_t k_end,
+                       const uint16_t **a_out, ptrdiff_t *lda, int flags)
 {
-    const size_t lo = pc & ~(size_t)1, kc2 = posenc_round_up(k_end - lo, 2);
+    const size_t mr = kern->mr, lo = pc & ~(size_t)1, kc2 = posenc_round_up(k_end - lo, 2);
+    uint16_t *dst = (uint16_t *)(void *)s->a_pack;
+    *a_out = dst;
     if (a_cs == 1) {
         for (size_t r = 0; r < rows && kc2 > 0; ++r) {
             uint16_t *row = dst + r * kc2;
             row[0] = row[kc2 - 1] = 0;   /* the pads, when there are */
-            kern->bf16->round_row(row + (pc - lo), A + (ptrdiff_t)r * a_rs + (ptrdiff_t)pc,
+            kern->bf16->round_row(row + (pc - lo), A + (ptrdiff_t)(i0 + r) * a_rs + (ptrdiff_t)pc,
                                   k_end - pc);
         }
         *lda = (ptrdiff_t)kc2;
         return flags | POSENC_UKR_A_ROWS;
     }
-    if (a_rs == 1) {
-        kern->bf16->pack_pairs(dst, kern->mr, A + (ptrdiff_t)lo * a_cs, a_cs, pc - lo, k_end - lo,
-                               rows);
+    *lda = (ptrdiff_t)mr;
+    if (a_rs == 1 && Kd <= kern->kc) {
+        const size_t tile = i0 / mr;
+        if (tile < group->first || tile >= group->end) {
+            const size_t tiles = posenc_min(BF16_GROUP, (M - i0 + mr - 1) / mr);
+            size_t ranges[2 * BF16_GROUP];
+            for (size_t t = 0; t < tiles; ++t) {
+                ranges[2 * t] = k_range ? k_range[2 * (tile + t)] : 0;
+                ranges[2 * t + 1] = k_range ? k_range[2 * (tile + t) + 1] : Kd;
+            }
+            *group = (bf16_group){tile, tile + tiles, tiles * mr};
+            kern->bf16->pack_pairs(dst, group->width, A + i0, a_cs, ranges, mr,
+                                   posenc_min(group->width, M - i0));
+        }
+        *a_out = dst + 2 * ((lo / 2) * group->width + (tile - group->first) * mr);
+        *lda = (ptrdiff_t)group->width;
+    } else if (a_rs == 1) {
+        const size_t range[2] = {pc - lo, k_end - lo};
+        kern->bf16->pack_pairs(dst, mr, A + i0 + (ptrdiff_t)lo * a_cs, a_cs, range, mr, rows);
     } else {   /* neither stride unit: element by element */
-        memset(dst, 0, sizeof(uint16_t) * kc2 * kern->mr);
+        memset(dst, 0, sizeof(uint16_t) * kc2 * mr);
         for (size_t l = pc; l < k_end; ++l)
             for (size_t r = 0; r < rows; ++r) {
                 uint32_t bits;
-                memcpy(&bits, A + (ptrdiff_t)r * a_rs + (ptrdiff_t)l * a_cs, sizeof bits);
-                dst[((l - lo) / 2 * kern->mr + r) * 2 + (l - lo) % 2] =
-                    posenc_bf16_from_f32_bits(bits);
+                memcpy(&bits, A + (ptrdiff_t)(i0 + r) * a_rs + (ptrdiff_t)l * a_cs, sizeof bits);
+                dst[((l - lo) / 2 * mr + r) * 2 + (l - lo) % 2] = posenc_bf16_from_f32_bits(bits);
             }
     }
-    *lda = (ptrdiff_t)kern->mr;
     return flags & ~POSENC_UKR_A_ROWS;
 }
 #endif
@@ -256,6 +292,9 @@ static void gemm_packed(const posenc_kernels *kern, const gemm_scratch *s, size_
                         const REAL *const *add_rows, int p_flags, const size_t *k_range)
 {
     const size_t mr = kern->mr, kc_max = kern->kc, Kd = pb->K;
+#ifdef ENGINE_BF16_GEMM
+    bf16_group group = {0, 0, 0};   /* no tiles packed yet */
+#endif
     for (size_t i0 = 0; i0 < M; i0 += mr) {
         const size_t rows = posenc_min(mr, M - i0);
         const REAL *a_tile = A + (ptrdiff_t)i0 * a_rs;
@@ -289,9 +328,10 @@ static void gemm_packed(const posenc_kernels *kern, const gemm_scratch *s, size_
 #ifdef ENGINE_BF16_GEMM
             if (pb->bf16) {   /* A rounded from the even element below pc (gemm_a_bf16) */
                 const size_t lo = pc & ~(size_t)1;
-                flags = gemm_a_bf16(kern, (uint16_t *)(void *)s->a_pack, a_tile, a_rs, a_cs, rows,
-                                    pc, pc + kc, &lda, flags);
-                a_ukr = s->a_pack;
+                const uint16_t *a_bf16;
+                flags = gemm_a_bf16(kern, s, &group, A, a_rs, a_cs, M, Kd, k_range, i0, rows, pc,
+                                    pc + kc, &a_bf16, &lda, flags);
+                a_ukr = a_bf16;
                 depth = pc + kc - lo;
                 panel_ld = posenc_round_up(blk_kc, 2) * pb->nr;
                 b_ukr = (const uint16_t *)(const void *)pb->data + blk * pb->n_pad + (lo - blk) * pb->nr;

@@ -75,7 +75,7 @@ static inline __m512bh last_bcast(const uint16_t *at)
 
 /* The accumulators of an MR x NR tile: A as bfloat16 rows (a_rows: row r at
  * a + r * lda, rows past `rows` repeat the last one: read, computed, never
- * stored) or as a pair panel (word t * MR + r), the depth kc in pairs, an
+ * stored) or as a pair panel (word t * lda + r), the depth kc in pairs, an
  * odd one ending on a pair of (last element, 0). */
 static inline __attribute__((always_inline)) void
 bf16_tile(__m512 acc[MR][NRV], size_t kc, const uint16_t *a, ptrdiff_t lda, int a_rows,
@@ -104,7 +104,7 @@ bf16_tile(__m512 acc[MR][NRV], size_t kc, const uint16_t *a, ptrdiff_t lda, int 
     if (!a_rows) {
         /* a pair panel: constant offsets, its odd depth padded with zeros */
         for (size_t t = 0; t < (kc + 1) / 2; ++t)
-            BF16_STEP(t, pair_bcast, a + 2 * (t * MR + (size_t)r));
+            BF16_STEP(t, pair_bcast, a + 2 * ((ptrdiff_t)t * lda + r));
     } else if (rows == MR) {
         /* a full tile: rows a fixed stride apart */
         for (size_t t = 0; t < pairs; ++t)
@@ -186,19 +186,26 @@ static void bf16_ukr_f32_avx512bf16(size_t kc, const uint16_t *a, ptrdiff_t lda,
             const size_t col = (size_t)v * 16;
             if (col >= cols)
                 break;
-            const __mmask16 m = cols - col >= 16 ? (__mmask16)0xffff
-                                                 : (__mmask16)(((unsigned)1 << (cols - col)) - 1);
+            /* a full vector by plain loads and stores (masked stores are slow on
+             * AMD's cores), the last one of a partial row masked */
+            const int full = cols - col >= 16;
+            const __mmask16 m = full ? (__mmask16)0xffff
+                                     : (__mmask16)(((unsigned)1 << (cols - col)) - 1);
+#define UKR_F32_LOAD(at) (full ? _mm512_loadu_ps(at) : _mm512_maskz_loadu_ps(m, (at)))
             __m512 x = _mm512_mul_ps(acc[r][v], s);
             if (flags & POSENC_UKR_ACCUMULATE)
-                x = _mm512_add_ps(x, _mm512_maskz_loadu_ps(m, crow + col));
+                x = _mm512_add_ps(x, UKR_F32_LOAD(crow + col));
             if (add)
-                x = _mm512_add_ps(x, _mm512_maskz_loadu_ps(m, prow + col));
+                x = _mm512_add_ps(x, UKR_F32_LOAD(prow + col));
             else if (mul)
-                x = _mm512_mul_ps(x, _mm512_maskz_loadu_ps(m, prow + col));
+                x = _mm512_mul_ps(x, UKR_F32_LOAD(prow + col));
             if (qrow)
-                x = _mm512_add_ps(x, _mm512_maskz_loadu_ps(m, qrow + col));
+                x = _mm512_add_ps(x, UKR_F32_LOAD(qrow + col));
+#undef UKR_F32_LOAD
             if (stream)
                 _mm512_stream_ps(crow + col, x);
+            else if (full)
+                _mm512_storeu_ps(crow + col, x);
             else
                 _mm512_mask_storeu_ps(crow + col, m, x);
         }
@@ -287,32 +294,57 @@ static void bf16_pack_f32_avx512bf16(uint16_t *dst, const float *src, ptrdiff_t 
     bf16_pack_panel(dst, src, rs, kc, cols, 1);
 }
 
-/* posenc_bf16_kernels.pack_pairs: rows 2 t and 2 t + 1 rounded by one
- * vcvtne2ps2bf16 (16 columns of each) and interleaved by one vpermw. */
-static void bf16_pack_pairs_avx512bf16(uint16_t *dst, size_t width, const float *src,
-                                       ptrdiff_t rs, size_t l0, size_t l1, size_t cols)
+/* 16 pairs: word c holds x0[c] (its low half) and x1[c], rounded to bfloat16. */
+static inline __m512i bf16_interleave(__m512 x0, __m512 x1)
 {
-    /* word c of the result: element c of the even row (low half), then the odd row's */
-    const __m512i interleave = _mm512_set_epi16(
+    const __m512i index = _mm512_set_epi16(
         31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8,
         23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
-    for (size_t t = 0; 2 * t < l1; ++t) {
-        const size_t l = 2 * t;
-        uint32_t *out = (uint32_t *)(void *)dst + t * width;
-        for (size_t c0 = 0; c0 < width; c0 += 16) {
-            const size_t left = c0 < cols ? cols - c0 : 0;
-            const __mmask16 m = left >= 16 ? (__mmask16)0xffff
-                                           : (__mmask16)(((unsigned)1 << left) - 1);
-            /* rows outside [l0, l1) are zeros, their addresses never formed */
-            const int has_even = left && l >= l0, has_odd = left && l + 1 >= l0 && l + 1 < l1;
-            const float *even = has_even ? src + (ptrdiff_t)l * rs + (ptrdiff_t)c0 : NULL;
-            const float *odd = has_odd ? src + (ptrdiff_t)(l + 1) * rs + (ptrdiff_t)c0 : NULL;
-            const __m512 x0 = even ? _mm512_maskz_loadu_ps(m, even) : _mm512_setzero_ps();
-            const __m512 x1 = odd ? _mm512_maskz_loadu_ps(m, odd) : _mm512_setzero_ps();
-            const __m512i words = _mm512_permutexvar_epi16(interleave,
-                                                           (__m512i)_mm512_cvtne2ps_pbh(x1, x0));
-            const size_t n = width - c0 < 16 ? width - c0 : 16;
-            _mm512_mask_storeu_epi32(out + c0, (__mmask16)(((unsigned)1 << n) - 1), words);
+    return _mm512_permutexvar_epi16(index, (__m512i)_mm512_cvtne2ps_pbh(x1, x0));
+}
+
+/* posenc_bf16_kernels.pack_pairs: per pair row t (in order, so that the
+ * source's rows are read along their length), 16 columns at a time: rows
+ * 2 t and 2 t + 1 rounded by one vcvtne2ps2bf16 and interleaved by one
+ * vpermw, each lane masked to its column's depth range (per tile of
+ * columns); whole vectors stored (masked stores are slow on AMD's cores):
+ * zeros past `cols`, and the words past `width` overwritten by the next
+ * pair row's or left in the slack after the panel. */
+static void bf16_pack_pairs_avx512bf16(uint16_t *dst, size_t width, const float *src,
+                                       ptrdiff_t rs, const size_t *ranges, size_t tile,
+                                       size_t cols)
+{
+    enum { CHUNKS = 8 };   /* width <= 128 */
+    __m512i lo[CHUNKS], hi[CHUNKS];   /* per lane: its column's range, 0 past cols */
+    size_t end = 0;
+    const size_t chunks = (width + 15) / 16;
+    for (size_t k = 0; k < chunks && k < CHUNKS; ++k) {
+        uint32_t l0[16], l1[16];
+        for (size_t lane = 0; lane < 16; ++lane) {
+            const size_t c = 16 * k + lane, r = c < cols && c < width ? c / tile : 0;
+            l0[lane] = c < cols && c < width ? (uint32_t)ranges[2 * r] : 0;
+            l1[lane] = c < cols && c < width ? (uint32_t)ranges[2 * r + 1] : 0;
+            end = l1[lane] > end ? l1[lane] : end;
+        }
+        lo[k] = _mm512_loadu_si512(l0);
+        hi[k] = _mm512_loadu_si512(l1);
+    }
+    uint32_t *out = (uint32_t *)(void *)dst;
+    for (size_t t = 0; 2 * t < end; ++t) {
+        const __m512i even = _mm512_set1_epi32((int)(2 * t)), odd = _mm512_set1_epi32((int)(2 * t + 1));
+        for (size_t k = 0; k < chunks && k < CHUNKS; ++k) {
+            const __mmask16 m0 = _mm512_cmple_epu32_mask(lo[k], even) &
+                                 _mm512_cmplt_epu32_mask(even, hi[k]);
+            const __mmask16 m1 = _mm512_cmple_epu32_mask(lo[k], odd) &
+                                 _mm512_cmplt_epu32_mask(odd, hi[k]);
+            /* a row's address is formed only where a lane reads it */
+            const __m512 x0 = m0 ? _mm512_maskz_loadu_ps(m0, src + (ptrdiff_t)(2 * t) * rs +
+                                                                (ptrdiff_t)(16 * k))
+                                 : _mm512_setzero_ps();
+            const __m512 x1 = m1 ? _mm512_maskz_loadu_ps(m1, src + (ptrdiff_t)(2 * t + 1) * rs +
+                                                                (ptrdiff_t)(16 * k))
+                                 : _mm512_setzero_ps();
+            _mm512_storeu_si512(out + t * width + 16 * k, bf16_interleave(x0, x1));
         }
     }
 }
