@@ -420,7 +420,8 @@ static int backward(const posenc_problem *p, const void *grad, const posenc_grad
         return POSENC_OK;
     }
     backward_ctx c;
-    int status = backward_prepare(&c, p, posenc_engine_kernels(p, REAL_DTYPE), (const REAL *)grad, g,
+    const posenc_kernels *kern = posenc_engine_kernels(p, REAL_DTYPE);
+    int status = backward_prepare(&c, p, kern, (const REAL *)grad, g,
                                   (ptrdiff_t)p->m - 1);
     if (status == POSENC_OK)
         status = posenc_run_team(posenc_team((size_t)(num_threads > 0 ? num_threads : 1), BH, p),

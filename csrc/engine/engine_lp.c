@@ -192,7 +192,7 @@ static void lp_problem(const posenc_problem *p, posenc_problem *p32, lp_arena *a
     problem_arrays(p, at, len);
     *p32 = *p;
     p32->dtype = POSENC_F32;
-    p32->bf16_gemm = p->dtype == POSENC_BF16;   /* the float32 engine's GEMMs in bfloat16 where it can */
+    p32->bf16_gemm = p->dtype == POSENC_BF16;   /* its GEMMs on vdpbf16ps where the CPU has it */
     const void *const *at32[A_COUNT];
     size_t len32[A_COUNT];
     problem_arrays(p32, at32, len32);

@@ -73,7 +73,8 @@ static void packed_b_skip(packed_b *pb, size_t first)
 {
 #ifdef ENGINE_BF16_GEMM
     if (pb->bf16) {
-        pb->data = (REAL *)(void *)((uint16_t *)(void *)pb->data + first * posenc_round_up(pb->K, 2));
+        uint16_t *data = (uint16_t *)(void *)pb->data + first * posenc_round_up(pb->K, 2);
+        pb->data = (REAL *)(void *)data;
         pb->N -= first;
         return;
     }
@@ -334,7 +335,8 @@ static void gemm_packed(const posenc_kernels *kern, const gemm_scratch *s, size_
                 a_ukr = a_bf16;
                 depth = pc + kc - lo;
                 panel_ld = posenc_round_up(blk_kc, 2) * pb->nr;
-                b_ukr = (const uint16_t *)(const void *)pb->data + blk * pb->n_pad + (lo - blk) * pb->nr;
+                b_ukr = (const uint16_t *)(const void *)pb->data + blk * pb->n_pad +
+                        (lo - blk) * pb->nr;
             } else
 #endif
             {

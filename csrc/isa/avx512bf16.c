@@ -271,7 +271,8 @@ bf16_pack_panel(uint16_t *dst, const void *src, ptrdiff_t rs, size_t kc, size_t 
 #pragma GCC unroll 16
             for (size_t u = 0; u < 16; ++u)
                 block[u] = c0 + u < cols
-                               ? bf16_load_row((const char *)src + (ptrdiff_t)((c0 + u) * size) * rs,
+                               ? bf16_load_row((const char *)src +
+                                                   (ptrdiff_t)((c0 + u) * size) * rs,
                                                l0, count, from_f32)
                                : _mm512_setzero_si512();
             transpose_16x16_epi32(block);
@@ -331,7 +332,8 @@ static void bf16_pack_pairs_avx512bf16(uint16_t *dst, size_t width, const float 
     }
     uint32_t *out = (uint32_t *)(void *)dst;
     for (size_t t = 0; 2 * t < end; ++t) {
-        const __m512i even = _mm512_set1_epi32((int)(2 * t)), odd = _mm512_set1_epi32((int)(2 * t + 1));
+        const __m512i even = _mm512_set1_epi32((int)(2 * t));
+        const __m512i odd = _mm512_set1_epi32((int)(2 * t + 1));
         for (size_t k = 0; k < chunks && k < CHUNKS; ++k) {
             const __mmask16 m0 = _mm512_cmple_epu32_mask(lo[k], even) &
                                  _mm512_cmplt_epu32_mask(even, hi[k]);
