@@ -85,6 +85,10 @@ typedef struct {
                                      the engine may run its GEMMs on posenc_bf16_gemm_kernels,
                                      rounding its own float32 operands (the attention's
                                      probabilities and dS) to bfloat16 */
+    size_t bf16_out_heads;        /* 0, or (with bf16_gemm, engine_lp.c) the logits forward's out
+                                     is bfloat16, unit (b, h) at out + (b bf16_out_heads + h) n m
+                                     elements; the float32 engine returns -1, before writing
+                                     anything, where it cannot store so */
 } posenc_problem;
 
 /* Gradient outputs, each shaped like its input; NULL = not wanted.  When
@@ -168,7 +172,10 @@ enum {
     POSENC_UKR_MUL_P = 4,       /* c = c' * p      */
     POSENC_UKR_STREAM = 8,      /* store c with non-temporal stores (c aligned to 64 bytes) */
     POSENC_UKR_ADD_ROWS = 16,   /* c = c' + rows[r][col]: a second additive source, by row pointers */
-    POSENC_UKR_A_ROWS = 32      /* a is row-major: a[r * lda + l] (else a[l * lda + r]) */
+    POSENC_UKR_A_ROWS = 32,     /* a is row-major: a[r * lda + l] (else a[l * lda + r]) */
+    POSENC_UKR_BF16_OUT = 64    /* posenc_bf16_kernels.ukr_f32 only: c is bfloat16 (ldc in its
+                                   elements), each result rounded once as f32_to_bf16 rounds;
+                                   not with ACCUMULATE */
 };
 
 /*

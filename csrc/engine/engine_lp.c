@@ -356,6 +356,8 @@ typedef struct {
     size_t per_unit;     /* elements per (b, h) */
     int copy;            /* float32 both sides (lse) */
     size_t at;           /* the chunk's float32 region in the arena */
+    int direct;          /* an output the float32 engine stores in bfloat16 itself
+                            (bf16_out_heads): no region, no narrowing */
 } lp_stream;
 
 /* The chunk's shape: nb batch rows x nh heads of at most `budget` floats. */
@@ -408,7 +410,7 @@ static int lp_chunks(lp_kind kind, const posenc_problem *p, lp_stream *st, const
         for (int u = 0; u < t && t < S_FIRST_OUTPUT; ++u)   /* k is q: one region */
             if (st[t].src && st[u].src == st[t].src && st[u].per_unit == st[t].per_unit)
                 shared_with[t] = (size_t)u;
-        if ((st[t].src || st[t].dst) && shared_with[t] == (size_t)t)
+        if ((st[t].src || (st[t].dst && !st[t].direct)) && shared_with[t] == (size_t)t)
             unit += st[t].per_unit;
     }
     size_t nb, nh;
@@ -423,9 +425,9 @@ static int lp_chunks(lp_kind kind, const posenc_problem *p, lp_stream *st, const
         a.used = 0;
         lp_problem(p, &p32, &a, &widen);
         for (int t = 0; t < S_COUNT; ++t)
-            st[t].at = shared_with[t] != (size_t)t ? st[shared_with[t]].at
-                       : st[t].src || st[t].dst  ? lp_take(&a, nb * nh * st[t].per_unit)
-                                                 : 0;
+            st[t].at = shared_with[t] != (size_t)t              ? st[shared_with[t]].at
+                       : st[t].src || (st[t].dst && !st[t].direct) ? lp_take(&a, nb * nh * st[t].per_unit)
+                                                                   : 0;
         lp_grads(p, params, &sums, &a, &narrow_sums);
         lp_grads(p, params, &part, &a, NULL);
         if (pass == 0)
@@ -475,7 +477,14 @@ static int lp_chunks(lp_kind kind, const posenc_problem *p, lp_stream *st, const
             if (rc == POSENC_OK) {
                 switch (kind) {
                 case LP_LOGITS:
-                    rc = posenc_engine_f32.forward(&s, REGION(S_RESULT), num_threads);
+                    if (st[S_RESULT].direct) {   /* the caller's bfloat16 rows, H units a batch row */
+                        s.bf16_out_heads = p->H;
+                        rc = posenc_engine_f32.forward(
+                            &s, (uint16_t *)st[S_RESULT].dst + unit0 * st[S_RESULT].per_unit,
+                            num_threads);
+                    } else {
+                        rc = posenc_engine_f32.forward(&s, REGION(S_RESULT), num_threads);
+                    }
                     break;
                 case LP_LOGITS_BACKWARD:
                     rc = posenc_engine_f32.backward(&s, REGION(S_G), &gs, num_threads);
@@ -493,7 +502,7 @@ static int lp_chunks(lp_kind kind, const posenc_problem *p, lp_stream *st, const
             }
             narrow.count = 0;
             for (int t = S_FIRST_OUTPUT; t < S_COUNT; ++t)
-                if (st[t].dst)
+                if (st[t].dst && !st[t].direct)
                     lp_job_add_rows(&narrow, chunk_rows(&st[t], REGION(t), unit0, bs, hs, p->H, 1));
             if (rc == POSENC_OK)
                 rc = lp_job_run(&narrow, num_threads);
@@ -537,7 +546,15 @@ static int lp_forward(const posenc_problem *p, void *out, int num_threads)
     lp_stream st[S_COUNT] = {{0}};
     st[S_Q] = (lp_stream){p->q, NULL, p->n * p->d, 0, 0};
     st[S_K] = (lp_stream){p->k, NULL, p->m * p->d, 0, 0};
-    st[S_RESULT] = (lp_stream){NULL, out, p->n * p->m, 0, 0};
+    /* bfloat16 logits stored by the float32 engine's GEMM itself, where it can
+     * (forward returns -1 on the first chunk, before any store, where not) */
+    st[S_RESULT] = (lp_stream){NULL, out, p->n * p->m, 0, 0, 1};
+    if (p->dtype == POSENC_BF16 && posenc_bf16_gemm_kernels()) {
+        const int direct = lp_chunks(LP_LOGITS, p, st, NULL, NULL, num_threads);
+        if (direct >= 0)
+            return direct;
+    }
+    st[S_RESULT].direct = 0;
     return lp_chunks(LP_LOGITS, p, st, NULL, NULL, num_threads);
 }
 

@@ -19,6 +19,8 @@ typedef struct {
     call_scales scales;
     size_t m_pad;             /* m rounded up to nr */
     int head_blocks;          /* dense/table/reset of a head precomputed in a head block */
+    size_t out_heads;         /* units per batch row of out: H, or p->bf16_out_heads */
+    size_t out_size;          /* bytes of an element of out: REAL's, or bfloat16's */
     int batch_terms;          /* query table, key table or segments present */
     int toeplitz_only;        /* the scalar table is the only positional term */
     int stream;               /* write the logits with non-temporal stores */
@@ -363,7 +365,8 @@ static void forward_tile(const forward_ctx *c, forward_ws *w, size_t b, size_t h
     ptrdiff_t ldp = 0;
     const REAL *P = forward_positional(c, w, b, h, q_u, i0, rows, cols, &ldp);
     int flags = (P ? (p->product ? POSENC_UKR_MUL_P : POSENC_UKR_ADD_P) : 0) |
-                (c->stream ? POSENC_UKR_STREAM : 0);
+                (c->stream ? POSENC_UKR_STREAM : 0) |
+                (c->out_size != sizeof(REAL) ? POSENC_UKR_BF16_OUT : 0);
     if (c->segment_rows) {
         for (size_t r = 0; r < rows; ++r)
             w->segment_row[r] = w->segment_expanded + (size_t)p->segment_q[b * n + i0 + r] * m;
@@ -380,12 +383,12 @@ static void forward_unit(const forward_ctx *c, forward_ws *w, size_t b, size_t h
                          size_t r1, REAL *out)
 {
     const size_t m = c->p->m, mr = c->kern->mr;
-    REAL *out_u = out + (b * c->p->H + h) * c->p->n * m;
+    char *out_u = (char *)out + (b * c->out_heads + h) * c->p->n * m * c->out_size;
     packed_b k_packed;
     forward_unit_setup(c, w, b, h, &k_packed);
     for (size_t i0 = r0; i0 < r1; i0 += mr)
-        forward_tile(c, w, b, h, &k_packed, i0, posenc_min(mr, r1 - i0), m, out_u + i0 * m,
-                     (ptrdiff_t)m);
+        forward_tile(c, w, b, h, &k_packed, i0, posenc_min(mr, r1 - i0), m,
+                     (REAL *)(void *)(out_u + i0 * m * c->out_size), (ptrdiff_t)m);
 }
 
 static int forward_prepare(forward_ctx *c, const posenc_problem *p, const posenc_kernels *kern,
@@ -403,7 +406,9 @@ static int forward_prepare(forward_ctx *c, const posenc_problem *p, const posenc
     c->head_blocks = p->pos_q && p->B > 1 && !c->scales.exact &&
                      posenc_mul_size(n * m, sizeof(REAL)) <= HEAD_BLOCK_BUDGET;
     c->toeplitz_only = p->table && !p->pos_q && !c->batch_terms && !p->theta;
-    c->stream = posenc_stream_logits(out, p->B * p->H * n, m, sizeof(REAL)) && !c->scales.exact;
+    c->out_heads = p->bf16_out_heads ? p->bf16_out_heads : p->H;
+    c->out_size = p->bf16_out_heads ? sizeof(uint16_t) : sizeof(REAL);
+    c->stream = posenc_stream_logits(out, p->B * p->H * n, m, c->out_size) && !c->scales.exact;
     if (p->table && !(c->table_by_offset = table_by_offset(p, offsets)))
         return POSENC_ENOMEM;
     if (p->query_table) {
@@ -466,6 +471,11 @@ static int forward(const posenc_problem *p, void *out, int num_threads)
     const size_t threads = (size_t)(num_threads > 0 ? num_threads : 1);
     forward_ctx c;
     int status = forward_prepare(&c, p, posenc_engine_kernels(p, REAL_DTYPE), out);
+    /* bfloat16 out: the microkernel's one store, in one depth block, of the tiles
+     * forward_tile (not forward_tile_exact) computes */
+    if (status == POSENC_OK && p->bf16_out_heads &&
+        (!c.kern->bf16 || c.scales.exact || p->d > c.kern->kc))
+        status = -1;
     if (status == POSENC_OK) {
         const size_t rows = posenc_rows_per_item(BH, p->n, c.kern->mr, threads);
         const size_t chunks = (p->n + rows - 1) / rows;

@@ -199,9 +199,11 @@ static void gemm_tile_row(const packed_b *pb, size_t kc, const void *a, ptrdiff_
                 row_cols[r] = add_rows[r] + j0;
         const size_t cols = posenc_min(nr, N - j0);
 #ifdef ENGINE_BF16_GEMM
-        if (pb->bf16) {   /* block and a hold bfloat16; panel_ld counts them */
+        if (pb->bf16) {   /* block and a hold bfloat16; panel_ld counts them; C may too */
+            REAL *c_cols = flags & POSENC_UKR_BF16_OUT ? (REAL *)(void *)((uint16_t *)(void *)C + j0)
+                                                       : C + j0;
             pb->bf16->ukr_f32(kc, (const uint16_t *)a, lda,
-                              (const uint16_t *)block + (j0 / nr) * panel_ld, C + j0, ldc, rows,
+                              (const uint16_t *)block + (j0 / nr) * panel_ld, c_cols, ldc, rows,
                               cols, pb->scale, P ? P + j0 : NULL, ldp, row_cols, flags);
             continue;
         }
@@ -299,7 +301,9 @@ static void gemm_packed(const posenc_kernels *kern, const gemm_scratch *s, size_
     for (size_t i0 = 0; i0 < M; i0 += mr) {
         const size_t rows = posenc_min(mr, M - i0);
         const REAL *a_tile = A + (ptrdiff_t)i0 * a_rs;
-        REAL *c_tile = C + (ptrdiff_t)i0 * ldc;
+        REAL *c_tile = p_flags & POSENC_UKR_BF16_OUT   /* bfloat16 C (the bfloat16 GEMM's) */
+                           ? (REAL *)(void *)((uint16_t *)(void *)C + (ptrdiff_t)i0 * ldc)
+                           : C + (ptrdiff_t)i0 * ldc;
         const REAL *p_tile = P ? P + (ptrdiff_t)i0 * ldp : NULL;
         size_t k_end = k_range ? k_range[2 * (i0 / mr) + 1] : Kd;
         size_t pc = k_range ? k_range[2 * (i0 / mr)] : 0;

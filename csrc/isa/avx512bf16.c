@@ -124,45 +124,10 @@ bf16_tile(__m512 acc[MR][NRV], size_t kc, const uint16_t *a, ptrdiff_t lda, int 
 #undef BF16_STEP
 }
 
-/* posenc_bf16_kernels.ukr (posenc.h): bfloat16 A rows and results. */
-static void bf16_ukr_avx512bf16(size_t kc, const uint16_t *a, ptrdiff_t lda, const uint16_t *b,
-                                uint16_t *c, ptrdiff_t ldc, size_t rows, size_t cols, float scale,
-                                const float *p, ptrdiff_t ldp, int flags)
-{
-    __m512 acc[MR][NRV];
-    bf16_tile(acc, kc, a, lda, 1, b, rows);
-
-    /* The epilogue in float32, then one rounding to bfloat16 of each row's
-     * 32 lanes (a partial row: the same operations on its first lanes). */
-    const __m512 s = _mm512_set1_ps(scale);
-    const int add = (flags & POSENC_UKR_ADD_P) != 0, mul = !add && (flags & POSENC_UKR_MUL_P);
-    const __mmask32 lanes = cols >= NR ? ~(__mmask32)0 : (((__mmask32)1 << cols) - 1);
-    const __mmask16 lanes_lo = (__mmask16)lanes, lanes_hi = (__mmask16)(lanes >> 16);
-#pragma GCC unroll 16
-    for (int r = 0; r < MR; ++r) {
-        if ((size_t)r >= rows)
-            break;
-        __m512 lo = _mm512_mul_ps(acc[r][0], s), hi = _mm512_mul_ps(acc[r][1], s);
-        if (add || mul) {
-            const float *prow = p + (ptrdiff_t)r * ldp;
-            const __m512 p_lo = _mm512_maskz_loadu_ps(lanes_lo, prow);
-            const __m512 p_hi = _mm512_maskz_loadu_ps(lanes_hi, prow + 16);
-            lo = add ? _mm512_add_ps(lo, p_lo) : _mm512_mul_ps(lo, p_lo);
-            hi = add ? _mm512_add_ps(hi, p_hi) : _mm512_mul_ps(hi, p_hi);
-        }
-        uint16_t *crow = c + (ptrdiff_t)r * ldc;
-        if (cols >= NR && (flags & POSENC_UKR_STREAM))
-            _mm512_stream_si512((__m512i *)crow, bf16_narrow2_avx512bf16(lo, hi));
-        else if (cols >= NR)
-            _mm512_storeu_si512(crow, bf16_narrow2_avx512bf16(lo, hi));
-        else
-            _mm512_mask_storeu_epi16(crow, lanes, bf16_narrow2_avx512bf16(lo, hi));
-    }
-}
-
 /* posenc_bf16_kernels.ukr_f32 (posenc.h): float32 results through the
  * float32 microkernel's epilogue (ukr_impl.h): s A.B, + C (ACCUMULATE), + or
- * * P, + the row pointers' (ADD_ROWS), stored for rows x cols. */
+ * * P, + the row pointers' (ADD_ROWS), stored for rows x cols; with
+ * POSENC_UKR_BF16_OUT each row's 32 lanes rounded to bfloat16 at once. */
 static void bf16_ukr_f32_avx512bf16(size_t kc, const uint16_t *a, ptrdiff_t lda,
                                     const uint16_t *b, float *c, ptrdiff_t ldc, size_t rows,
                                     size_t cols, float scale, const float *p, ptrdiff_t ldp,
@@ -178,38 +143,59 @@ static void bf16_ukr_f32_avx512bf16(size_t kc, const uint16_t *a, ptrdiff_t lda,
     for (int r = 0; r < MR; ++r) {
         if ((size_t)r >= rows)
             break;
-        float *crow = c + (ptrdiff_t)r * ldc;
         const float *prow = p ? p + (ptrdiff_t)r * ldp : NULL;
         const float *qrow = (flags & POSENC_UKR_ADD_ROWS) ? (const float *)add_rows[r] : NULL;
+        float *crow = c + (ptrdiff_t)r * ldc;   /* float32 results */
+        __m512 x[NRV];
 #pragma GCC unroll 2
         for (int v = 0; v < NRV; ++v) {
             const size_t col = (size_t)v * 16;
-            if (col >= cols)
-                break;
             /* a full vector by plain loads and stores (masked stores are slow on
              * AMD's cores), the last one of a partial row masked */
-            const int full = cols - col >= 16;
+            const int full = cols >= col + 16;
             const __mmask16 m = full ? (__mmask16)0xffff
-                                     : (__mmask16)(((unsigned)1 << (cols - col)) - 1);
+                                : col < cols ? (__mmask16)(((unsigned)1 << (cols - col)) - 1) : 0;
 #define UKR_F32_LOAD(at) (full ? _mm512_loadu_ps(at) : _mm512_maskz_loadu_ps(m, (at)))
-            __m512 x = _mm512_mul_ps(acc[r][v], s);
-            if (flags & POSENC_UKR_ACCUMULATE)
-                x = _mm512_add_ps(x, UKR_F32_LOAD(crow + col));
-            if (add)
-                x = _mm512_add_ps(x, UKR_F32_LOAD(prow + col));
-            else if (mul)
-                x = _mm512_mul_ps(x, UKR_F32_LOAD(prow + col));
-            if (qrow)
-                x = _mm512_add_ps(x, UKR_F32_LOAD(qrow + col));
+            x[v] = _mm512_mul_ps(acc[r][v], s);
+            if (m && (flags & POSENC_UKR_ACCUMULATE))
+                x[v] = _mm512_add_ps(x[v], UKR_F32_LOAD(crow + col));
+            if (m && add)
+                x[v] = _mm512_add_ps(x[v], UKR_F32_LOAD(prow + col));
+            else if (m && mul)
+                x[v] = _mm512_mul_ps(x[v], UKR_F32_LOAD(prow + col));
+            if (m && qrow)
+                x[v] = _mm512_add_ps(x[v], UKR_F32_LOAD(qrow + col));
 #undef UKR_F32_LOAD
+            if (!m || (flags & POSENC_UKR_BF16_OUT))
+                continue;
             if (stream)
-                _mm512_stream_ps(crow + col, x);
+                _mm512_stream_ps(crow + col, x[v]);
             else if (full)
-                _mm512_storeu_ps(crow + col, x);
+                _mm512_storeu_ps(crow + col, x[v]);
             else
-                _mm512_mask_storeu_ps(crow + col, m, x);
+                _mm512_mask_storeu_ps(crow + col, m, x[v]);
+        }
+        if (flags & POSENC_UKR_BF16_OUT) {   /* both vectors rounded at once */
+            uint16_t *brow = (uint16_t *)(void *)c + (ptrdiff_t)r * ldc;
+            const __m512i narrow = bf16_narrow2_avx512bf16(x[0], x[1]);
+            if (stream)
+                _mm512_stream_si512((__m512i *)brow, narrow);
+            else if (cols >= NR)
+                _mm512_storeu_si512(brow, narrow);
+            else
+                _mm512_mask_storeu_epi16(brow, (((__mmask32)1 << cols) - 1), narrow);
         }
     }
+}
+
+/* posenc_bf16_kernels.ukr (posenc.h): bfloat16 A rows and results. */
+static void bf16_ukr_avx512bf16(size_t kc, const uint16_t *a, ptrdiff_t lda, const uint16_t *b,
+                                uint16_t *c, ptrdiff_t ldc, size_t rows, size_t cols, float scale,
+                                const float *p, ptrdiff_t ldp, int flags)
+{
+    bf16_ukr_f32_avx512bf16(kc, a, lda, b, (float *)(void *)c, ldc, rows, cols, scale, p, ldp,
+                            NULL, (flags & (POSENC_UKR_ADD_P | POSENC_UKR_MUL_P | POSENC_UKR_STREAM)) |
+                                      POSENC_UKR_A_ROWS | POSENC_UKR_BF16_OUT);
 }
 
 /* rows[u] = column u of the 16 x 16 matrix of 32-bit words rows[0..15]:
