@@ -46,6 +46,17 @@ enum {
     POSENC_EINVAL = 2    /* inconsistent problem (posenc_validate says why) */
 };
 
+/* A float32 array of a problem that holds a bfloat16 array's values
+ * (engine_lp.c's widened inputs): the bfloat16 GEMM reads its operands from
+ * src rather than rounding them again.  Unit u = b units_per_row + h of the
+ * float32 array (per_unit elements each) is at src + (b src_units_per_row + h)
+ * per_unit. */
+typedef struct {
+    const float *base;
+    const uint16_t *src;
+    size_t units, per_unit, units_per_row, src_units_per_row;
+} posenc_bf16_shadow;
+
 typedef struct {
     posenc_dtype dtype;
     int product;                  /* 0: terms added to the content; 1: multiplied (M2, M4M) */
@@ -89,6 +100,10 @@ typedef struct {
                                      is bfloat16, unit (b, h) at out + (b bf16_out_heads + h) n m
                                      elements; the float32 engine returns -1, before writing
                                      anything, where it cannot store so */
+    /* with bf16_gemm: the arrays of the problem (and of its attention) that have
+     * bfloat16 twins (engine_lp.c) */
+    const posenc_bf16_shadow *bf16_shadows;
+    size_t bf16_shadow_count;
 } posenc_problem;
 
 /* Gradient outputs, each shaped like its input; NULL = not wanted.  When
@@ -322,6 +337,9 @@ typedef struct posenc_bf16_kernels_s {
                        const size_t *ranges, size_t tile, size_t cols);
     /* dst[j] = src[j] rounded as the operands are, j < len */
     void (*round_row)(uint16_t *dst, const float *src, size_t len);
+    /* pack_pairs from bfloat16 rows (no rounding) */
+    void (*pack_pairs16)(uint16_t *dst, size_t width, const uint16_t *src, ptrdiff_t rs,
+                         const size_t *ranges, size_t tile, size_t cols);
 } posenc_bf16_kernels;
 
 /* isa/avx512bf16.c, where compiled (POSENC_HAVE_AVX512BF16). */

@@ -190,7 +190,7 @@ static void attention_forward_unit(const attention_ctx *c, forward_ws *fw, atten
     REAL *out_u = out + u * p->n * dv, *lse_u = lse + u * p->n;
     packed_b k_packed, v_packed;
     forward_unit_setup(&c->logits, fw, b, h, &k_packed);
-    pack_b(kern, &v_packed, w->v_pack, v_u, (ptrdiff_t)dv, 1, m, dv, 1);
+    pack_b(kern, &fw->scratch, &v_packed, w->v_pack, v_u, (ptrdiff_t)dv, 1, m, dv, 1);
     for (size_t i0 = r0; i0 < r1; i0 += kern->mr) {
         const size_t rows = posenc_min(kern->mr, r1 - i0), cols = attention_columns(c, i0, rows);
         forward_tile(&c->logits, fw, b, h, &k_packed, i0, rows, cols, w->scores, (ptrdiff_t)ld);
@@ -553,7 +553,7 @@ static void attention_backward_unit(const void *gc_, attention_thread *t, size_t
     packed_b k_packed, vt_packed, product_keys;
     forward_unit_setup(&c->logits, fw, u / p->H, h, &k_packed);
     if (dv)
-        pack_b(c->kern, &vt_packed, w->v_pack, v_u, 1, (ptrdiff_t)dv, dv, m, 1);   /* v^T */
+        pack_b(c->kern, &fw->scratch, &vt_packed, w->v_pack, v_u, 1, (ptrdiff_t)dv, dv, m, 1);   /* v^T */
     if (gc->grad_v)
         memset(gc->grad_v + u * m * dv, 0, sizeof(REAL) * m * dv);
     if (gc->need_ds)

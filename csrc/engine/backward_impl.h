@@ -81,7 +81,7 @@ static size_t backward_ws_layout(const backward_ctx *c, backward_ws *w, REAL *me
     size_t at = 0;
     if (w) {
         memset(w, 0, sizeof *w);
-        gemm_scratch_carve(&w->scratch, mem, c->kern);
+        gemm_scratch_carve(&w->scratch, mem, c->kern, c->p);
         w->cached_query_table = -1;
     }
     at += posenc_round_up(gemm_scratch_size(c->kern), 16);
@@ -243,7 +243,7 @@ static void backward_unit_begin(const backward_ctx *c, backward_ws *w, size_t u,
     if (c->need_query_side) memset(w->query_side, 0, sizeof(REAL) * p->n * c->query_buckets);
     if (c->need_key_side) memset(w->key_side, 0, sizeof(REAL) * m * c->key_buckets);
     if (p->product) {
-        pack_b(c->kern, k_packed, w->k_pack, k_u, 1, (ptrdiff_t)d, d, m, (REAL)p->scale);
+        pack_b(c->kern, &w->scratch, k_packed, w->k_pack, k_u, 1, (ptrdiff_t)d, d, m, (REAL)p->scale);
         if (p->key_table)
             key_projections(c->kern, &w->scratch, p, c->key_runs.b_min, c->key_buckets, 0,
                             c->key_buckets, w->key_table_pack, w->key_proj, h, k_u);

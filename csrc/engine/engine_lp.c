@@ -454,6 +454,16 @@ static int lp_chunks(lp_kind kind, const posenc_problem *p, lp_stream *st, const
             posenc_problem s = lp_slice(&p32, b0, bs, h0, hs);
             s.q = REGION(S_Q);
             s.k = REGION(S_K);
+            /* the bfloat16 inputs as the float32 engine's GEMMs read them (bf16_gemm) */
+            posenc_bf16_shadow shadows[S_FIRST_OUTPUT];
+            s.bf16_shadows = shadows;
+            s.bf16_shadow_count = 0;
+            for (int t = 0; t < S_FIRST_OUTPUT && p->dtype == POSENC_BF16; ++t)
+                if (st[t].src && !st[t].copy && shared_with[t] == (size_t)t)
+                    shadows[s.bf16_shadow_count++] = (posenc_bf16_shadow){
+                        (const float *)REGION(t),
+                        (const uint16_t *)st[t].src + unit0 * st[t].per_unit, bs * hs,
+                        st[t].per_unit, hs, p->H};
             posenc_grads gs = part;
             gs.q = g && g->q ? REGION(S_DQ) : NULL;
             gs.k = g && g->k ? REGION(S_DK) : NULL;

@@ -59,7 +59,7 @@ static size_t forward_ws_layout(const forward_ctx *c, forward_ws *w, REAL *mem)
     size_t at = 0;
     if (w) {
         memset(w, 0, sizeof *w);
-        gemm_scratch_carve(&w->scratch, mem, c->kern);
+        gemm_scratch_carve(&w->scratch, mem, c->kern, c->p);
         w->cached_head_block = w->cached_query_table = w->cached_pos_k = -1;
     }
     at += posenc_round_up(gemm_scratch_size(c->kern), 16);
@@ -101,7 +101,8 @@ static void forward_head_block(const forward_ctx *c, forward_ws *w, size_t h)
     const REAL *pos_q = (const REAL *)p->pos_q + head_of(p->pos_q_heads, h) * n * dp;
     const REAL *pos_k = (const REAL *)p->pos_k + head_of(p->pos_k_heads, h) * m * dp;
     packed_b pb;
-    pack_b(kern, &pb, w->pos_k_pack, pos_k, 1, (ptrdiff_t)dp, dp, m, (REAL)p->dense_scale);
+    pack_b(kern, &w->scratch, &pb, w->pos_k_pack, pos_k, 1, (ptrdiff_t)dp, dp, m,
+           (REAL)p->dense_scale);
     gemm_packed(kern, &w->scratch, n, pos_q, (ptrdiff_t)dp, 1, &pb, w->head_block,
                 (ptrdiff_t)m, 0, NULL, 0, NULL, 0, NULL);
     if (p->table)
@@ -123,7 +124,7 @@ static void forward_dense(const forward_ctx *c, forward_ws *w, size_t h, size_t 
     const size_t hq = head_of(p->pos_q_heads, h), hk = head_of(p->pos_k_heads, h);
     packed_b pb = packed_b_shape(c->kern, w->pos_k_pack, dp, m, (REAL)p->dense_scale);
     if (w->cached_pos_k != (ptrdiff_t)hk) {
-        pack_b(c->kern, &pb, w->pos_k_pack, (const REAL *)p->pos_k + hk * m * dp, 1,
+        pack_b(c->kern, &w->scratch, &pb, w->pos_k_pack, (const REAL *)p->pos_k + hk * m * dp, 1,
                (ptrdiff_t)dp, dp, m, (REAL)p->dense_scale);
         w->cached_pos_k = (ptrdiff_t)hk;
     }
@@ -228,7 +229,7 @@ static void forward_unit_setup(const forward_ctx *c, forward_ws *w, size_t b, si
 
     if (c->head_blocks && w->cached_head_block != (ptrdiff_t)h)
         forward_head_block(c, w, h);
-    pack_b(kern, k_packed, w->k_pack, k_u, 1, (ptrdiff_t)d, d, m, (REAL)p->scale);
+    pack_b(kern, &w->scratch, k_packed, w->k_pack, k_u, 1, (ptrdiff_t)d, d, m, (REAL)p->scale);
     if (p->key_table)
         key_projections(kern, &w->scratch, p, c->key_runs.b_min, c->key_buckets, c->key_reach[0],
                         c->key_reach[1], w->key_table_pack, w->key_proj, h, k_u);

@@ -30,6 +30,68 @@ static void pack_a(REAL *restrict dst, const REAL *A, ptrdiff_t rs, ptrdiff_t cs
 }
 
 /*
+ * Workspace layout: a region of `count` elements of the thread's arena per
+ * field, each starting 64 bytes aligned (16 elements), so that a region may
+ * hold pointers too.  With w == NULL the layout only counts (`at`).
+ */
+#define WS_TAKE(w, mem, at, field, count)                 \
+    do {                                                  \
+        if (w)                                            \
+            (w)->field = (void *)((mem) + (at));          \
+        (at) += posenc_round_up((count), 16);             \
+    } while (0)
+
+/* Per-thread scratch every gemm needs: a packed A panel; the problem's
+ * bfloat16 twins of its float32 arrays (the bfloat16 GEMM's operands). */
+typedef struct {
+    REAL *a_pack;   /* mr x kc (the bfloat16 GEMM: gemm_scratch_size) */
+    const posenc_bf16_shadow *shadows;
+    size_t shadow_count;
+} gemm_scratch;
+
+static size_t gemm_scratch_size(const posenc_kernels *kern)
+{
+#ifdef ENGINE_BF16_GEMM
+    if (kern->bf16)   /* BF16_GROUP tiles' pair panels, and pack_pairs' slack */
+        return posenc_max(kern->mr * kern->kc, BF16_GROUP * kern->mr * ((kern->kc + 1) / 2) + 16);
+#endif
+    return kern->mr * kern->kc;
+}
+
+static void gemm_scratch_carve(gemm_scratch *s, REAL *mem, const posenc_kernels *kern,
+                               const posenc_problem *p)
+{
+    s->a_pack = mem;
+    s->shadows = kern->bf16 ? p->bf16_shadows : NULL;
+    s->shadow_count = kern->bf16 ? p->bf16_shadow_count : 0;
+}
+
+#ifdef ENGINE_BF16_GEMM
+/* The bfloat16 twin of x[0 .. extent) (posenc_bf16_shadow), when one unit of
+ * a shadowed array holds it; NULL otherwise. */
+static const uint16_t *gemm_shadow(const gemm_scratch *s, const REAL *x, size_t extent)
+{
+    for (size_t t = 0; s && t < s->shadow_count; ++t) {
+        const posenc_bf16_shadow *sh = &s->shadows[t];
+        if (x < sh->base || x >= sh->base + sh->units * sh->per_unit)
+            continue;
+        const size_t at = (size_t)(x - sh->base), u = at / sh->per_unit, in = at % sh->per_unit;
+        if (in + extent > sh->per_unit)
+            return NULL;
+        return sh->src + ((u / sh->units_per_row) * sh->src_units_per_row + u % sh->units_per_row) *
+                             sh->per_unit + in;
+    }
+    return NULL;
+}
+
+/* Elements from the first to one past the last of a K x N operand with strides rs, cs. */
+static size_t gemm_extent(size_t K, size_t N, ptrdiff_t rs, ptrdiff_t cs)
+{
+    return K && N ? (size_t)((ptrdiff_t)(K - 1) * rs + (ptrdiff_t)(N - 1) * cs) + 1 : 0;
+}
+#endif
+
+/*
  * A packed B operand (K x N, element (l, j) at B[l * rs + j * cs]):
  * kc-blocks of K, each cut into nr-wide panels, zero-padded past N, for the
  * microkernel ukr of that width: the main one, or the narrow one when N
@@ -84,23 +146,30 @@ static void packed_b_skip(packed_b *pb, size_t first)
 }
 
 #ifdef ENGINE_BF16_GEMM
-/* pack_b for the bfloat16 GEMM: B's columns or rows rounded into pair panels. */
-static void pack_b_bf16(const posenc_kernels *kern, const packed_b *pb, const REAL *B,
-                        ptrdiff_t rs, ptrdiff_t cs)
+/* pack_b for the bfloat16 GEMM: B's columns or rows rounded into pair
+ * panels, or taken from its bfloat16 twin (gemm_shadow). */
+static void pack_b_bf16(const posenc_kernels *kern, const gemm_scratch *s, const packed_b *pb,
+                        const REAL *B, ptrdiff_t rs, ptrdiff_t cs)
 {
     const posenc_bf16_kernels *bk = pb->bf16;
     const size_t nr = pb->nr, K = pb->K, N = pb->N;
+    const uint16_t *twin = gemm_shadow(s, B, gemm_extent(K, N, rs, cs));
     for (size_t pc = 0; pc < K; pc += kern->kc) {
         const size_t kc = posenc_min(kern->kc, K - pc);
         uint16_t *block = (uint16_t *)(void *)pb->data + pc * pb->n_pad;
         for (size_t j0 = 0; j0 < N; j0 += nr) {
             uint16_t *panel = block + (j0 / nr) * posenc_round_up(kc, 2) * nr;
             const size_t cols = posenc_min(nr, N - j0);
-            const REAL *at = B + (ptrdiff_t)pc * rs + (ptrdiff_t)j0 * cs;
-            if (rs == 1) {
+            const ptrdiff_t offset = (ptrdiff_t)pc * rs + (ptrdiff_t)j0 * cs;
+            const REAL *at = B + offset;
+            const size_t range[2] = {0, kc};
+            if (twin && rs == 1) {
+                bk->pack(panel, twin + offset, cs, kc, cols);
+            } else if (twin && cs == 1) {
+                bk->pack_pairs16(panel, nr, twin + offset, rs, range, nr, cols);
+            } else if (rs == 1) {
                 bk->pack_f32(panel, at, cs, kc, cols);
             } else if (cs == 1) {
-                const size_t range[2] = {0, kc};
                 bk->pack_pairs(panel, nr, at, rs, range, nr, cols);
             } else {   /* neither stride unit: element by element */
                 memset(panel, 0, sizeof(uint16_t) * posenc_round_up(kc, 2) * nr);
@@ -116,15 +185,19 @@ static void pack_b_bf16(const posenc_kernels *kern, const packed_b *pb, const RE
 }
 #endif
 
-static void pack_b(const posenc_kernels *kern, packed_b *pb, REAL *buffer, const REAL *B,
-                   ptrdiff_t rs, ptrdiff_t cs, size_t K, size_t N, REAL alpha)
+/* B (element (l, j) at B[l * rs + j * cs]) packed with scale alpha into
+ * `buffer` (s: the thread's scratch, for the bfloat16 GEMM's twins). */
+static void pack_b(const posenc_kernels *kern, const gemm_scratch *s, packed_b *pb, REAL *buffer,
+                   const REAL *B, ptrdiff_t rs, ptrdiff_t cs, size_t K, size_t N, REAL alpha)
 {
     *pb = packed_b_shape(kern, buffer, K, N, alpha);
 #ifdef ENGINE_BF16_GEMM
     if (pb->bf16) {
-        pack_b_bf16(kern, pb, B, rs, cs);
+        pack_b_bf16(kern, s, pb, B, rs, cs);
         return;
     }
+#else
+    (void)s;
 #endif
     const size_t nr = pb->nr, kc_max = kern->kc;
     for (size_t pc = 0; pc < K; pc += kc_max) {
@@ -149,36 +222,6 @@ static void pack_b(const posenc_kernels *kern, packed_b *pb, REAL *buffer, const
     }
 }
 
-/*
- * Workspace layout: a region of `count` elements of the thread's arena per
- * field, each starting 64 bytes aligned (16 elements), so that a region may
- * hold pointers too.  With w == NULL the layout only counts (`at`).
- */
-#define WS_TAKE(w, mem, at, field, count)                 \
-    do {                                                  \
-        if (w)                                            \
-            (w)->field = (void *)((mem) + (at));          \
-        (at) += posenc_round_up((count), 16);             \
-    } while (0)
-
-/* Per-thread scratch every gemm needs: a packed A panel. */
-typedef struct {
-    REAL *a_pack;   /* mr x kc (the bfloat16 GEMM: gemm_scratch_size) */
-} gemm_scratch;
-
-static size_t gemm_scratch_size(const posenc_kernels *kern)
-{
-#ifdef ENGINE_BF16_GEMM
-    if (kern->bf16)   /* BF16_GROUP tiles' pair panels, and pack_pairs' slack */
-        return posenc_max(kern->mr * kern->kc, BF16_GROUP * kern->mr * ((kern->kc + 1) / 2) + 16);
-#endif
-    return kern->mr * kern->kc;
-}
-
-static void gemm_scratch_carve(gemm_scratch *s, REAL *mem, const posenc_kernels *kern)
-{
-    s->a_pack = mem;
-}
 
 /*
  * One A tile (rows <= mr; a[l * lda + r], or a[r * lda + l] with
@@ -237,7 +280,13 @@ static int gemm_a_bf16(const posenc_kernels *kern, const gemm_scratch *s, bf16_g
 {
     const size_t mr = kern->mr, lo = pc & ~(size_t)1, kc2 = posenc_round_up(k_end - lo, 2);
     uint16_t *dst = (uint16_t *)(void *)s->a_pack;
+    const uint16_t *twin = gemm_shadow(s, A, gemm_extent(M, Kd, a_rs, a_cs));
     *a_out = dst;
+    if (a_cs == 1 && twin && lo == pc) {   /* A's bfloat16 rows, read in place */
+        *a_out = twin + (ptrdiff_t)i0 * a_rs + (ptrdiff_t)pc;
+        *lda = a_rs;
+        return flags | POSENC_UKR_A_ROWS;
+    }
     if (a_cs == 1) {
         for (size_t r = 0; r < rows && kc2 > 0; ++r) {
             uint16_t *row = dst + r * kc2;
@@ -259,8 +308,12 @@ static int gemm_a_bf16(const posenc_kernels *kern, const gemm_scratch *s, bf16_g
                 ranges[2 * t + 1] = k_range ? k_range[2 * (tile + t) + 1] : Kd;
             }
             *group = (bf16_group){tile, tile + tiles, tiles * mr};
-            kern->bf16->pack_pairs(dst, group->width, A + i0, a_cs, ranges, mr,
-                                   posenc_min(group->width, M - i0));
+            if (twin)
+                kern->bf16->pack_pairs16(dst, group->width, twin + i0, a_cs, ranges, mr,
+                                         posenc_min(group->width, M - i0));
+            else
+                kern->bf16->pack_pairs(dst, group->width, A + i0, a_cs, ranges, mr,
+                                       posenc_min(group->width, M - i0));
         }
         *a_out = dst + 2 * ((lo / 2) * group->width + (tile - group->first) * mr);
         *lda = (ptrdiff_t)group->width;
@@ -371,6 +424,6 @@ static void gemm(const posenc_kernels *kern, const gemm_scratch *s, REAL *b_pack
     if (M == 0 || N == 0)
         return;
     packed_b pb;
-    pack_b(kern, &pb, b_pack, B, b_rs, b_cs, Kd, N, beta);
+    pack_b(kern, s, &pb, b_pack, B, b_rs, b_cs, Kd, N, beta);
     gemm_packed(kern, s, M, A, a_rs, a_cs, &pb, C, ldc, accumulate, NULL, 0, NULL, 0, k_range);
 }

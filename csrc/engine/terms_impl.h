@@ -105,7 +105,7 @@ static void key_projections(const posenc_kernels *kern, const gemm_scratch *g,
     const size_t d = p->d, ht = head_of(p->key_table_heads, h);
     const REAL *table = (const REAL *)p->key_table + (ht * p->key_table_rows + (size_t)b_min + lo) * d;
     packed_b pb;
-    pack_b(kern, &pb, table_pack, table, 1, (ptrdiff_t)d, d, hi - lo, (REAL)p->vector_scale);
+    pack_b(kern, g, &pb, table_pack, table, 1, (ptrdiff_t)d, d, hi - lo, (REAL)p->vector_scale);
     gemm_packed(kern, g, p->m, k_u, (ptrdiff_t)d, 1, &pb, proj + lo, (ptrdiff_t)buckets, 0,
                 NULL, 0, NULL, 0, NULL);
 }
@@ -130,7 +130,7 @@ static void term_query_table(const posenc_kernels *kern, const gemm_scratch *g,
     if (*cached_head != (ptrdiff_t)ht) {
         const REAL *table = (const REAL *)p->query_table +
                             (ht * p->query_table_rows + (size_t)runs->b_min) * d;
-        pack_b(kern, &pb, table_pack, table, 1, (ptrdiff_t)d, d, buckets, (REAL)p->vector_scale);
+        pack_b(kern, g, &pb, table_pack, table, 1, (ptrdiff_t)d, d, buckets, (REAL)p->vector_scale);
         *cached_head = (ptrdiff_t)ht;
     }
     size_t first = 0;   /* the first column of proj computed: a panel's */

@@ -290,16 +290,24 @@ static inline __m512i bf16_interleave(__m512 x0, __m512 x1)
     return _mm512_permutexvar_epi16(index, (__m512i)_mm512_cvtne2ps_pbh(x1, x0));
 }
 
-/* posenc_bf16_kernels.pack_pairs: per pair row t (in order, so that the
+/* 16 pairs from bfloat16: word c holds y0[c] (its low half) and y1[c]. */
+static inline __m512i bf16_interleave16(__m256i y0, __m256i y1)
+{
+    return _mm512_or_si512(_mm512_cvtepu16_epi32(y0),
+                           _mm512_slli_epi32(_mm512_cvtepu16_epi32(y1), 16));
+}
+
+/* pack_pairs and pack_pairs16: per pair row t (in order, so that the
  * source's rows are read along their length), 16 columns at a time: rows
  * 2 t and 2 t + 1 rounded by one vcvtne2ps2bf16 and interleaved by one
- * vpermw, each lane masked to its column's depth range (per tile of
- * columns); whole vectors stored (masked stores are slow on AMD's cores):
- * zeros past `cols`, and the words past `width` overwritten by the next
- * pair row's or left in the slack after the panel. */
-static void bf16_pack_pairs_avx512bf16(uint16_t *dst, size_t width, const float *src,
-                                       ptrdiff_t rs, const size_t *ranges, size_t tile,
-                                       size_t cols)
+ * vpermw (float32), or widened and merged (bfloat16), each lane masked to
+ * its column's depth range (per tile of columns); whole vectors stored
+ * (masked stores are slow on AMD's cores): zeros past `cols`, and the words
+ * past `width` overwritten by the next pair row's or left in the slack
+ * after the panel. */
+static inline __attribute__((always_inline)) void
+bf16_pack_pairs_body(uint16_t *dst, size_t width, const void *src, ptrdiff_t rs,
+                     const size_t *ranges, size_t tile, size_t cols, int from_f32)
 {
     enum { CHUNKS = 8 };   /* width <= 128 */
     __m512i lo[CHUNKS], hi[CHUNKS];   /* per lane: its column's range, 0 past cols */
@@ -326,15 +334,37 @@ static void bf16_pack_pairs_avx512bf16(uint16_t *dst, size_t width, const float 
             const __mmask16 m1 = _mm512_cmple_epu32_mask(lo[k], odd) &
                                  _mm512_cmplt_epu32_mask(odd, hi[k]);
             /* a row's address is formed only where a lane reads it */
-            const __m512 x0 = m0 ? _mm512_maskz_loadu_ps(m0, src + (ptrdiff_t)(2 * t) * rs +
-                                                                (ptrdiff_t)(16 * k))
-                                 : _mm512_setzero_ps();
-            const __m512 x1 = m1 ? _mm512_maskz_loadu_ps(m1, src + (ptrdiff_t)(2 * t + 1) * rs +
-                                                                (ptrdiff_t)(16 * k))
-                                 : _mm512_setzero_ps();
-            _mm512_storeu_si512(out + t * width + 16 * k, bf16_interleave(x0, x1));
+            const ptrdiff_t at0 = (ptrdiff_t)(2 * t) * rs + (ptrdiff_t)(16 * k), at1 = at0 + rs;
+            __m512i words;
+            if (from_f32) {
+                const float *x = (const float *)src;
+                words = bf16_interleave(m0 ? _mm512_maskz_loadu_ps(m0, x + at0) : _mm512_setzero_ps(),
+                                        m1 ? _mm512_maskz_loadu_ps(m1, x + at1) : _mm512_setzero_ps());
+            } else {
+                const uint16_t *y = (const uint16_t *)src;
+                words = bf16_interleave16(
+                    m0 ? _mm256_maskz_loadu_epi16(m0, y + at0) : _mm256_setzero_si256(),
+                    m1 ? _mm256_maskz_loadu_epi16(m1, y + at1) : _mm256_setzero_si256());
+            }
+            _mm512_storeu_si512(out + t * width + 16 * k, words);
         }
     }
+}
+
+/* posenc_bf16_kernels.pack_pairs (bf16_pack_pairs_body) */
+static void bf16_pack_pairs_avx512bf16(uint16_t *dst, size_t width, const float *src,
+                                       ptrdiff_t rs, const size_t *ranges, size_t tile,
+                                       size_t cols)
+{
+    bf16_pack_pairs_body(dst, width, src, rs, ranges, tile, cols, 1);
+}
+
+/* posenc_bf16_kernels.pack_pairs16 (bf16_pack_pairs_body) */
+static void bf16_pack_pairs16_avx512bf16(uint16_t *dst, size_t width, const uint16_t *src,
+                                         ptrdiff_t rs, const size_t *ranges, size_t tile,
+                                         size_t cols)
+{
+    bf16_pack_pairs_body(dst, width, src, rs, ranges, tile, cols, 0);
 }
 
 /* posenc_bf16_kernels.round_row: 32 elements per vcvtne2ps2bf16, the tail masked. */
@@ -352,7 +382,7 @@ static void bf16_store_fence_avx512bf16(void) { _mm_sfence(); }
 const posenc_bf16_kernels posenc_bf16_kernels_avx512bf16 = {
     "avx512bf16", MR, NR, bf16_ukr_avx512bf16, bf16_pack_avx512bf16, bf16_store_fence_avx512bf16,
     bf16_ukr_f32_avx512bf16, bf16_pack_f32_avx512bf16, bf16_pack_pairs_avx512bf16,
-    bf16_round_row_avx512bf16,
+    bf16_round_row_avx512bf16, bf16_pack_pairs16_avx512bf16,
 };
 
 #endif /* AVX512-BF16 */
