@@ -42,6 +42,7 @@ typedef struct {
     REAL *scores;        /* logits, then probabilities: forward mr x m_pad, backward row_block x m */
     REAL *grad;          /* backward: dP, then dS, row_block x m */
     REAL *dropped;       /* backward with dropout: P D, row_block x m */
+    uint16_t *grad16;    /* the bfloat16 GEMM's backward: dS rounded once, row_block x m */
     REAL *v_pack;        /* v as B: forward v (m x dv), backward v^T (dv x m) */
     REAL *d_out_pack;    /* backward: a row block of d_out as B (row_block x dv) */
     REAL *row_scale;     /* forward: 1 / sum of each row of a tile */
@@ -65,6 +66,8 @@ static size_t attention_ws_layout(const attention_ctx *c, int backward, size_t r
         WS_TAKE(w, mem, at, grad, row_block * m);
         if (c->dropout)
             WS_TAKE(w, mem, at, dropped, row_block * m);
+        if (c->kern->bf16)
+            WS_TAKE(w, mem, at, grad16, (row_block * m + 1) / 2);
         WS_TAKE(w, mem, at, v_pack, packed_b_size(dv, m, nr));
         WS_TAKE(w, mem, at, d_out_pack, packed_b_size(row_block, dv, nr));
         if (c->a->causal) {
@@ -537,6 +540,26 @@ static void attention_backward_block(const attention_grad_ctx *gc, forward_ws *f
              (ptrdiff_t)dv, 1, limits ? limits->key_rows : NULL);
 }
 
+/* The bfloat16 GEMM's backward: the block's dS (rows x cols of w->grad, ld
+ * m; under `causal` each row up to its tile's width, the rest not read)
+ * rounded once into w->grad16 and made the twin of w->grad in `s`, so that
+ * dq reads its rows in place and dk packs its columns without rounding. */
+static void attention_grad_twin(const attention_ctx *c, attention_ws *w, gemm_scratch *s,
+                                size_t rows, size_t cols, const block_limits *limits)
+{
+#ifdef ENGINE_BF16_GEMM
+    const size_t m = c->p->m, mr = c->kern->mr;
+    for (size_t r = 0; r < rows; ++r) {
+        const size_t width = limits ? posenc_min(cols, limits->row_keys[2 * (r / mr) + 1] + mr)
+                                    : cols;
+        c->kern->bf16->round_row(w->grad16 + r * m, w->grad + r * m, width);
+    }
+    s->local = (posenc_bf16_shadow){w->grad, w->grad16, 1, rows * m, 1, 1};
+#else
+    (void)c; (void)w; (void)s; (void)rows; (void)cols; (void)limits;
+#endif
+}
+
 /* Item `item` of the backward: unit (b, h), head-major (a head's terms stay cached). */
 static void attention_backward_unit(const void *gc_, attention_thread *t, size_t item)
 {
@@ -570,7 +593,10 @@ static void attention_backward_unit(const void *gc_, attention_thread *t, size_t
         attention_backward_block(gc, fw, w, &k_packed, &vt_packed, u, blk0, rows, cols, limits);
         if (!gc->need_ds)
             continue;
+        if (c->kern->bf16 && !p->product)   /* dS rounded once: dq's rows, dk's columns */
+            attention_grad_twin(c, w, &bw->scratch, rows, cols, limits);
         backward_unit_block(g, bw, u, &product_keys, blk0, rows, w->grad, cols, limits);
+        bw->scratch.local.src = NULL;   /* backward_dense_block changes dS */
         if (gc->pos_q_slots || gc->pos_k_slots)   /* after the unit block: it zeroes theta's entries */
             backward_dense_block(g, bw, h, w->grad, blk0, rows, cols,
                                  gc->pos_q_slots ? gc->pos_q_slots + u * n * dp : NULL,

@@ -47,6 +47,7 @@ typedef struct {
     REAL *a_pack;   /* mr x kc (the bfloat16 GEMM: gemm_scratch_size) */
     const posenc_bf16_shadow *shadows;
     size_t shadow_count;
+    posenc_bf16_shadow local;   /* a twin of the thread's own (src NULL: none), gemm_shadow's first */
 } gemm_scratch;
 
 static size_t gemm_scratch_size(const posenc_kernels *kern)
@@ -64,6 +65,7 @@ static void gemm_scratch_carve(gemm_scratch *s, REAL *mem, const posenc_kernels 
     s->a_pack = mem;
     s->shadows = kern->bf16 ? p->bf16_shadows : NULL;
     s->shadow_count = kern->bf16 ? p->bf16_shadow_count : 0;
+    s->local = (posenc_bf16_shadow){NULL, NULL, 0, 0, 0, 0};
 }
 
 #ifdef ENGINE_BF16_GEMM
@@ -71,8 +73,10 @@ static void gemm_scratch_carve(gemm_scratch *s, REAL *mem, const posenc_kernels 
  * a shadowed array holds it; NULL otherwise. */
 static const uint16_t *gemm_shadow(const gemm_scratch *s, const REAL *x, size_t extent)
 {
-    for (size_t t = 0; s && t < s->shadow_count; ++t) {
-        const posenc_bf16_shadow *sh = &s->shadows[t];
+    for (size_t t = 0; s && t <= s->shadow_count; ++t) {
+        const posenc_bf16_shadow *sh = t == 0 ? &s->local : &s->shadows[t - 1];
+        if (!sh->src)
+            continue;
         if (x < sh->base || x >= sh->base + sh->units * sh->per_unit)
             continue;
         const size_t at = (size_t)(x - sh->base), u = at / sh->per_unit, in = at % sh->per_unit;
