@@ -312,6 +312,7 @@ static int attention_prepare(attention_ctx *c, const posenc_problem *p, const po
     c->keep_scale = (REAL)(1.0 / (1.0 - a->dropout_p));
     int status = forward_prepare(&c->logits, p, kern, NULL);
     c->logits.stream = 0;
+    c->logits.causal = a->causal;
     c->logits.head_blocks = c->logits.head_blocks &&
                             posenc_mul_size(p->n * p->m, sizeof(REAL)) <= ATTENTION_HEAD_BLOCK_BYTES;
     if (status == POSENC_OK && attention_padding_runs(c))
