@@ -52,7 +52,7 @@ static void fill_table(posenc_kernels *dst, posenc_isa isa, posenc_dtype dtype)
     if (!over || over == base)
         return;
     dst->name = over->name;
-    if (over->ukr && over->ukr_narrow && over->pack_rows) {
+    if (over->ukr && over->ukr_narrow && over->pack_rows && over->pack_cols) {
         dst->ukr = over->ukr;
         dst->ukr_narrow = over->ukr_narrow;
         dst->mr = over->mr;
@@ -60,6 +60,7 @@ static void fill_table(posenc_kernels *dst, posenc_isa isa, posenc_dtype dtype)
         dst->nr_narrow = over->nr_narrow;
         dst->kc = over->kc;
         dst->pack_rows = over->pack_rows;   /* panels as wide as the ISA's vectors pad them */
+        dst->pack_cols = over->pack_cols;
     }
     if (over->tile_gather_key && over->tile_scatter_key) {
         dst->tile_gather_key = over->tile_gather_key;

@@ -226,6 +226,10 @@ typedef struct {
      * c < cols, zero up to nr, l < kc */
     void (*pack_rows)(void *dst, size_t nr, const void *src, ptrdiff_t rs, size_t kc, size_t cols,
                       double alpha);
+    /* the same from column-major B (its transpose row-major): dst[l * nr + c] =
+     * alpha * src[c * cs + l], c < cols, zero up to nr, l < kc */
+    void (*pack_cols)(void *dst, size_t nr, const void *src, ptrdiff_t cs, size_t kc, size_t cols,
+                      double alpha);
     /* dst[j] op= src[j * stride], j < len; stride may be 0 or negative */
     void (*row_gather)(int op, void *dst, const void *src, ptrdiff_t stride, size_t len);
     /* dst[j * stride] += src[j]; stride 0 adds the sum of src to dst[0] */

@@ -315,6 +315,7 @@ static int attention_prepare(attention_ctx *c, const posenc_problem *p, const po
     c->keep_scale = (REAL)(1.0 / (1.0 - a->dropout_p));
     int status = forward_prepare(&c->logits, p, kern, NULL);
     c->logits.stream = 0;
+    c->logits.causal = a->causal;
     c->logits.head_blocks = c->logits.head_blocks &&
                             posenc_mul_size(p->n * p->m, sizeof(REAL)) <= ATTENTION_HEAD_BLOCK_BYTES;
     if (status == POSENC_OK && attention_padding_runs(c))
@@ -471,8 +472,7 @@ typedef struct {
  * (dropped, with dropout), and their D (dO.V^T - delta) P, the gradient dS
  * of their logits (grad, when need_ds); dV += (P D)^T.dO.  width: m, or
  * under `causal` (limits: the block's, NULL without) the keys the row's
- * tile sees and a tile of keys past them (m in product mode, whose backward
- * reads whole rows).
+ * tile sees and a tile of keys past them (block_width).
  */
 static void attention_backward_block(const attention_grad_ctx *gc, forward_ws *fw,
                                      attention_ws *w, const packed_b *k_packed,
@@ -502,8 +502,7 @@ static void attention_backward_block(const attention_grad_ctx *gc, forward_ws *f
     for (size_t r = 0; r < rows; ++r) {
         const size_t i = blk0 + r, visible = attention_visible(c, i, cols);
         /* dV and dk read a row up to the end of each tile of mr keys it reaches */
-        const size_t width = p->product || !limits ? (p->product ? m : cols)
-                                                   : posenc_min(cols, limits->row_keys[2 * (r / mr) + 1] + mr);
+        const size_t width = block_width(limits, r / mr, cols, mr);
         REAL *P = w->scores + r * m, *dS = w->grad + r * m;
         REAL *PD = c->dropout ? w->dropped + r * m : P;
         attention_pad(c, P, b, visible);

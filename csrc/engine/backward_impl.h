@@ -60,7 +60,7 @@ typedef struct {
 
 static void backward_product_tile(const backward_ctx *c, backward_ws *w, size_t u, size_t b,
                                   size_t h, const packed_b *k_packed, size_t blk0, size_t i0,
-                                  size_t rows, const REAL *G_blk);
+                                  size_t rows, const REAL *G_blk, size_t width);
 static void backward_product_ws(const backward_ctx *c, backward_ws *w, REAL *mem, size_t *at);
 /* backward_vectors_impl.h: the gradients through the vector tables */
 static void backward_vector_table(const backward_ctx *c, backward_ws *w, size_t u, size_t h,
@@ -187,6 +187,13 @@ typedef struct {
     const size_t *row_keys, *key_rows;
 } block_limits;
 
+/* The keys of tile t of a block's rows that its gradients are read at: cols (limits NULL), or
+ * the keys the tile sees and a tile of mr past them, where dV's and dk's tiles of keys end. */
+static size_t block_width(const block_limits *limits, size_t t, size_t cols, size_t mr)
+{
+    return limits ? posenc_min(cols, limits->row_keys[2 * t + 1] + mr) : cols;
+}
+
 /* Sum mode: the positional gradients of rows [blk0, blk0 + rows) straight from G (keys
  * [0, cols)). */
 static void backward_sum_rows(const backward_ctx *c, backward_ws *w, size_t u, size_t b,
@@ -254,7 +261,8 @@ static void backward_unit_begin(const backward_ctx *c, backward_ws *w, size_t u,
  * their rows of G: row i at G_blk + (i - blk0) m, zero past column cols
  * (m, or the keys a causal block sees: never fewer than a previous block's)
  * and outside `limits` (NULL: no other zeros); the sum mode reads only the
- * keys of cols, or of limits' tiles of rows, the product mode whole rows. */
+ * keys of cols, or of limits' tiles of rows, the product mode those of
+ * block_width (the zeros its factors' gradients would add are left out). */
 static void backward_unit_block(const backward_ctx *c, backward_ws *w, size_t u,
                                 const packed_b *k_packed, size_t blk0, size_t rows_blk,
                                 const REAL *G_blk, size_t cols, const block_limits *limits)
@@ -273,7 +281,8 @@ static void backward_unit_block(const backward_ctx *c, backward_ws *w, size_t u,
     if (p->product) {
         for (size_t i0 = blk0; i0 < blk0 + rows_blk; i0 += kern->mr)
             backward_product_tile(c, w, u, b, h, k_packed, blk0, i0,
-                                  posenc_min(kern->mr, blk0 + rows_blk - i0), G_blk);
+                                  posenc_min(kern->mr, blk0 + rows_blk - i0), G_blk,
+                                  block_width(limits, (i0 - blk0) / kern->mr, cols, kern->mr));
         Gc = w->content_grad;
         ldg = c->m_pad;
     } else {

@@ -32,26 +32,29 @@ static void backward_product_ws(const backward_ctx *c, backward_ws *w, REAL *mem
  * Rebuild the factors of tile [i0, i0 + rows) and form the effective
  * gradients: Gc = G prod(F) (rows of content_grad from blk0), and per
  * wanted factor x, G (s C) prod(F without x), scattered at once (query
- * side, table) or tile by tile (key side).
+ * side, table) or tile by tile (key side); keys [0, width) (G is 0 past
+ * them, and Gc is read no further: a causal attention's block_width).
  */
 static void backward_product_tile(const backward_ctx *c, backward_ws *w, size_t u, size_t b,
                                   size_t h, const packed_b *k_packed, size_t blk0, size_t i0,
-                                  size_t rows, const REAL *G_blk)
+                                  size_t rows, const REAL *G_blk, size_t width)
 {
     const posenc_problem *p = c->p;
     const posenc_kernels *kern = c->kern;
     const size_t n = p->n, m = p->m, d = p->d, ld = c->m_pad;
     const REAL *q_u = (const REAL *)p->q + u * n * d;
+    packed_b keys = *k_packed;
+    keys.N = width;
 
-    gemm_packed(kern, &w->scratch, rows, q_u + i0 * d, (ptrdiff_t)d, 1, k_packed,
+    gemm_packed(kern, &w->scratch, rows, q_u + i0 * d, (ptrdiff_t)d, 1, &keys,
                 w->content, (ptrdiff_t)ld, 0, NULL, 0, NULL, 0, NULL);
     if (p->query_table)
         term_query_table(kern, &w->scratch, p, &c->query_runs, c->query_buckets,
                          w->query_table_pack, &w->cached_query_table, w->query_proj, h, q_u,
-                         POSENC_SET, w->query_factor, ld, i0, rows, m, NULL);
+                         POSENC_SET, w->query_factor, ld, i0, rows, width, NULL);
     if (p->key_table)
         term_key_table(kern, POSENC_SET, w->key_factor, ld, p->key_map, c->key_runs.b_min,
-                       w->key_proj, c->key_buckets, n, m, i0, rows);
+                       w->key_proj, c->key_buckets, n, width, i0, rows);
 
     const REAL *by_offset = p->table ? c->table_by_offset + head_of(p->table_heads, h) * c->offsets
                                      : NULL;
@@ -72,9 +75,9 @@ static void backward_product_tile(const backward_ctx *c, backward_ws *w, size_t 
         }
         if (c->need_content) {
             REAL *gc = w->content_grad + (i - blk0) * ld;
-            kern->row_mul(gc, g_row, factor[0], m);
+            kern->row_mul(gc, g_row, factor[0], width);
             for (int f = 1; f < nf; ++f)
-                kern->row_gather(POSENC_MUL, gc, factor[f], 1, m);
+                kern->row_gather(POSENC_MUL, gc, factor[f], 1, width);
         }
         /* one effective gradient per factor: G (s C) times the other factors */
         for (int x = 0; x < nf; ++x) {
@@ -82,19 +85,19 @@ static void backward_product_tile(const backward_ctx *c, backward_ws *w, size_t 
                 continue;
             /* the key side is scattered tile by tile: its rows are kept */
             REAL *eff = kind[x] == FACTOR_KEY ? w->key_tile_grad + r * ld : w->row_grad;
-            kern->row_mul(eff, g_row, w->content + r * ld, m);
+            kern->row_mul(eff, g_row, w->content + r * ld, width);
             for (int f = 0; f < nf; ++f)
                 if (f != x)
-                    kern->row_gather(POSENC_MUL, eff, factor[f], 1, m);
+                    kern->row_gather(POSENC_MUL, eff, factor[f], 1, width);
             if (kind[x] != FACTOR_KEY) {
                 row_grads rg = {NULL, NULL, NULL};
                 if (kind[x] == FACTOR_TABLE) rg.for_table = eff;
                 else rg.for_query_table = eff;
-                backward_row_positional(c, w, u, b, i, &rg, m);
+                backward_row_positional(c, w, u, b, i, &rg, width);
             }
         }
     }
     if (c->need_key_side)
         scatter_key_side(kern, w->key_side, c->key_buckets, p->key_map, c->key_runs.b_min,
-                         w->key_tile_grad, ld, n, m, i0, rows, 0, 0);
+                         w->key_tile_grad, ld, n, width, i0, rows, 0, 0);
 }

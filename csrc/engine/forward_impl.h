@@ -33,6 +33,8 @@ typedef struct {
                                  under a causal attention those of its offsets (from b_min) */
     size_t *query_reach;      /* NULL, or a causal attention's: the query table's buckets [2 t,
                                  2 t + 1) of the offsets -t .. query_offset + mr - 1 (from b_min) */
+    int causal;               /* a causal attention's: a tile of rows [i0, i0 + rows) reads keys
+                                 [0, query_offset + i0 + rows) only (attention_columns) */
 } forward_ctx;
 
 typedef struct {
@@ -92,25 +94,40 @@ static const size_t *forward_query_reach(const forward_ctx *c, size_t i0, size_t
     return c->query_reach ? c->query_reach + 2 * (i0 + rows - 1) : NULL;
 }
 
-/* The head block of head h: reset(dense_scale pos_q.pos_k^T + table), TUPE's batch-free terms. */
+/*
+ * The head block of head h: reset(dense_scale pos_q.pos_k^T + table), TUPE's
+ * batch-free terms.  Under a causal attention only what its tiles read, row
+ * tile by row tile of mr: a tile holding row i (starting at or before i, at
+ * most mr rows) reads keys up to query_offset + i + mr, whatever its start
+ * (the backward's row blocks start off the forward's grid).  Each element
+ * is computed as in the whole block.
+ */
 static void forward_head_block(const forward_ctx *c, forward_ws *w, size_t h)
 {
     const posenc_problem *p = c->p;
     const posenc_kernels *kern = c->kern;
-    const size_t n = p->n, m = p->m, dp = p->d_p;
+    const size_t n = p->n, m = p->m, dp = p->d_p, step = c->causal ? kern->mr : n;
     const REAL *pos_q = (const REAL *)p->pos_q + head_of(p->pos_q_heads, h) * n * dp;
     const REAL *pos_k = (const REAL *)p->pos_k + head_of(p->pos_k_heads, h) * m * dp;
+    const REAL *by_offset = p->table ? c->table_by_offset + head_of(p->table_heads, h) * (n + m - 1)
+                                     : NULL;
     packed_b pb;
     pack_b(kern, &w->scratch, &pb, w->pos_k_pack, pos_k, 1, (ptrdiff_t)dp, dp, m,
            (REAL)p->dense_scale);
-    gemm_packed(kern, &w->scratch, n, pos_q, (ptrdiff_t)dp, 1, &pb, w->head_block,
-                (ptrdiff_t)m, 0, NULL, 0, NULL, 0, NULL);
-    if (p->table)
-        term_table(kern, POSENC_ADD, w->head_block, m,
-                   c->table_by_offset + head_of(p->table_heads, h) * (n + m - 1), n, m, 0, n);
-    if (p->theta && !c->batch_terms)
-        term_reset(kern, w->head_block, m, (const REAL *)p->theta + head_of(p->theta_heads, h) * 2,
-                   m, p->query_offset, n);
+    for (size_t i0 = 0; i0 < n; i0 += step) {
+        const size_t rows = posenc_min(step, n - i0);
+        const size_t cols = c->causal ? posenc_min(m, p->query_offset + i0 + rows + kern->mr) : m;
+        REAL *block = w->head_block + i0 * m;
+        packed_b keys = pb;
+        keys.N = cols;
+        gemm_packed(kern, &w->scratch, rows, pos_q + i0 * dp, (ptrdiff_t)dp, 1, &keys, block,
+                    (ptrdiff_t)m, 0, NULL, 0, NULL, 0, NULL);
+        if (by_offset)
+            term_table(kern, POSENC_ADD, block, m, by_offset, n, cols, i0, rows);
+        if (p->theta && !c->batch_terms)
+            term_reset(kern, block, m, (const REAL *)p->theta + head_of(p->theta_heads, h) * 2,
+                       cols, p->query_offset + i0, rows);
+    }
     w->cached_head_block = (ptrdiff_t)h;
 }
 

@@ -96,7 +96,8 @@ static size_t gemm_extent(size_t K, size_t N, ptrdiff_t rs, ptrdiff_t cs)
 #endif
 
 /*
- * A packed B operand (K x N, element (l, j) at B[l * rs + j * cs]):
+ * A packed B operand (K x N, element (l, j) at B[l * rs + j * cs], rs or
+ * cs 1: rows of B or of its transpose, k^T, v^T, the tables^T):
  * kc-blocks of K, each cut into nr-wide panels, zero-padded past N, for the
  * microkernel ukr of that width: the main one, or the narrow one when N
  * pads to less with it.  Block pc starts at data + pc * n_pad, panel jp of
@@ -210,18 +211,12 @@ static void pack_b(const posenc_kernels *kern, const gemm_scratch *s, packed_b *
         for (size_t j0 = 0; j0 < N; j0 += nr) {
             REAL *panel = block + (j0 / nr) * kc * nr;
             const size_t cols = posenc_min(nr, N - j0);
-            if (cs == 1) {
+            if (cs == 1)
                 kern->pack_rows(panel, nr, B + (ptrdiff_t)pc * rs + (ptrdiff_t)j0, rs, kc, cols,
                                 (double)alpha);
-            } else {
-                if (cols < nr)
-                    memset(panel, 0, sizeof(REAL) * kc * nr);
-                for (size_t c = 0; c < cols; ++c) {
-                    const REAL *src = B + (ptrdiff_t)(j0 + c) * cs + (ptrdiff_t)pc * rs;
-                    for (size_t l = 0; l < kc; ++l)
-                        panel[l * nr + c] = alpha * src[(ptrdiff_t)l * rs];
-                }
-            }
+            else   /* rs == 1 */
+                kern->pack_cols(panel, nr, B + (ptrdiff_t)j0 * cs + (ptrdiff_t)pc, cs, kc, cols,
+                                (double)alpha);
         }
     }
 }

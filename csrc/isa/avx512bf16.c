@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "convert_avx512.h"
+#include "transpose_avx512.h"
 
 /* vcvtneps2bf16 rounds to nearest even and quiets NaNs as the reference
  * does, but flushes subnormal inputs to zero: a block holding one is
@@ -198,37 +199,6 @@ static void bf16_ukr_avx512bf16(size_t kc, const uint16_t *a, ptrdiff_t lda, con
                                       POSENC_UKR_A_ROWS | POSENC_UKR_BF16_OUT);
 }
 
-/* rows[u] = column u of the 16 x 16 matrix of 32-bit words rows[0..15]:
- * pairs of words interleaved, then pairs of pairs, then 128-bit lanes. */
-static inline void transpose_16x16_epi32(__m512i rows[16])
-{
-    __m512i t[16], s[16];
-#pragma GCC unroll 8
-    for (int i = 0; i < 8; ++i) {
-        t[2 * i] = _mm512_unpacklo_epi32(rows[2 * i], rows[2 * i + 1]);
-        t[2 * i + 1] = _mm512_unpackhi_epi32(rows[2 * i], rows[2 * i + 1]);
-    }
-    /* s[4 i + j], 128-bit lane k: word 4 k + j of rows 4 i .. 4 i + 3 */
-#pragma GCC unroll 4
-    for (int i = 0; i < 4; ++i) {
-        s[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
-        s[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
-        s[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
-        s[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
-    }
-#pragma GCC unroll 4
-    for (int j = 0; j < 4; ++j) {
-        const __m512i even01 = _mm512_shuffle_i32x4(s[j], s[4 + j], _MM_SHUFFLE(2, 0, 2, 0));
-        const __m512i odd01 = _mm512_shuffle_i32x4(s[j], s[4 + j], _MM_SHUFFLE(3, 1, 3, 1));
-        const __m512i even23 = _mm512_shuffle_i32x4(s[8 + j], s[12 + j], _MM_SHUFFLE(2, 0, 2, 0));
-        const __m512i odd23 = _mm512_shuffle_i32x4(s[8 + j], s[12 + j], _MM_SHUFFLE(3, 1, 3, 1));
-        rows[j] = _mm512_shuffle_i32x4(even01, even23, _MM_SHUFFLE(2, 0, 2, 0));
-        rows[8 + j] = _mm512_shuffle_i32x4(even01, even23, _MM_SHUFFLE(3, 1, 3, 1));
-        rows[4 + j] = _mm512_shuffle_i32x4(odd01, odd23, _MM_SHUFFLE(2, 0, 2, 0));
-        rows[12 + j] = _mm512_shuffle_i32x4(odd01, odd23, _MM_SHUFFLE(3, 1, 3, 1));
-    }
-}
-
 /* Up to 32 elements of one row of B^T from l0 as 32 bfloat16 (zeros past
  * `count`): loaded as they are, or rounded from float32 (vcvtne2ps2bf16). */
 static inline __attribute__((always_inline)) __m512i
@@ -261,7 +231,7 @@ bf16_pack_panel(uint16_t *dst, const void *src, ptrdiff_t rs, size_t kc, size_t 
                                                    (ptrdiff_t)((c0 + u) * size) * rs,
                                                l0, count, from_f32)
                                : _mm512_setzero_si512();
-            transpose_16x16_epi32(block);
+            posenc_transpose_16x16_epi32(block);
             const size_t steps = pairs - t0 < 16 ? pairs - t0 : 16;
             for (size_t u = 0; u < steps; ++u)
                 _mm512_storeu_si512(dst + 2 * ((t0 + u) * NR + c0), block[u]);

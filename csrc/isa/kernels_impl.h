@@ -14,6 +14,7 @@
  *   VBCAST(x), VZERO()
  *   VADD(a, b), VMUL(a, b), VFMA(a, b, c) = a * b + c
  *   VREDUCE(v)      sum of the lanes
+ *   VTRANSPOSE(rows)   rows[u] = column u of the VL x VL block rows[0..VL-1]
  *   VSTREAM(p, v)   a store that bypasses the caches where the ISA has one
  *                   (non-temporal), else a plain store; p aligned to the vector
  *   STORE_FENCE()   orders those stores before what follows (sfence on x86)
@@ -342,6 +343,45 @@ static void KNAME(posenc_pack_rows)(void *dst_, size_t nr, const void *src_, ptr
 }
 
 /*
+ * A B panel from columns (the transposing case, B's column c a row of
+ * memory): dst[l * nr + c] = alpha * src[c * cs + l] for c < cols, 0 for
+ * cols <= c < nr, l < kc.  VL x VL blocks: VL columns' runs of VL elements
+ * loaded and scaled (each element alpha * x, as pack_rows), transposed in
+ * registers, stored as VL panel rows.
+ */
+static void KNAME(posenc_pack_cols)(void *dst_, size_t nr, const void *src_, ptrdiff_t cs,
+                                    size_t kc, size_t cols, double alpha)
+{
+    REAL *dst = (REAL *)dst_;
+    const REAL *src = (const REAL *)src_;
+    const VT scale = VBCAST((REAL)alpha);
+    for (size_t c0 = 0; c0 < nr; c0 += VL)
+        for (size_t l0 = 0; l0 < kc; l0 += VL) {
+            const size_t depth = kc - l0 < VL ? kc - l0 : VL;
+            if (c0 >= cols) {   /* padding */
+                for (size_t u = 0; u < depth; ++u)
+                    VSTORE(dst + (l0 + u) * nr + c0, VZERO());
+                continue;
+            }
+            VT block[VL];
+#pragma GCC unroll 16
+            for (size_t u = 0; u < VL; ++u) {
+                if (c0 + u >= cols) {
+                    block[u] = VZERO();
+                    continue;
+                }
+                const REAL *s = src + (ptrdiff_t)(c0 + u) * cs + (ptrdiff_t)l0;
+                block[u] = VMUL(scale, depth == VL ? VLOAD(s) : VLOAD_PART(s, depth));
+            }
+            VTRANSPOSE(block);
+#pragma GCC unroll 16
+            for (size_t u = 0; u < VL; ++u)
+                if (u < depth)
+                    VSTORE(dst + (l0 + u) * nr + c0, block[u]);
+        }
+}
+
+/*
  * Key-side table terms of a row tile (M4, M4M, DeBERTa p2c), keys
  * [j0, j1): row r of the tile needs proj[j * ld + map(j - i0 - r) - b_min],
  * with map_r0[j - r] = map(j - i0 - r).  Along a row that is a diagonal of
@@ -431,7 +471,7 @@ const posenc_kernels KNAME(posenc_kernels) = {
     /* the GEMMs: the microkernels with their blocks, and B's packing */
     .mr = MR, .nr = NR, .nr_narrow = VL, .kc = KC,
     .ukr = KNAME(posenc_ukr), .ukr_narrow = KNAME(posenc_ukr_narrow),
-    .pack_rows = KNAME(posenc_pack_rows),
+    .pack_rows = KNAME(posenc_pack_rows), .pack_cols = KNAME(posenc_pack_cols),
     /* rows of the positional terms and their gradients */
     .row_gather = KNAME(posenc_row_gather), .row_scatter_add = KNAME(posenc_row_scatter_add),
     .row_mul = KNAME(posenc_row_mul), .diagonal_sums = KNAME(posenc_diagonal_sums),

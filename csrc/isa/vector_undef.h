@@ -15,4 +15,5 @@
 #undef VMUL
 #undef VFMA
 #undef VREDUCE
+#undef VTRANSPOSE
 #undef KNAME

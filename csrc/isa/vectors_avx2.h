@@ -25,6 +25,43 @@ static inline double posenc_hsum_pd256(__m256d v)
     return _mm_cvtsd_f64(s);
 }
 
+/* VTRANSPOSE: rows[u] = column u of the 8 x 8 floats rows[0..7]: pairs of
+ * floats interleaved, then pairs of pairs (s[4 i + j], 128-bit lane k:
+ * float 4 k + j of rows 4 i .. 4 i + 3), then 128-bit lanes. */
+static inline void posenc_transpose_ps256(__m256 rows[8])
+{
+    __m256 s[8];
+    const __m256 t[8] = {_mm256_unpacklo_ps(rows[0], rows[1]), _mm256_unpackhi_ps(rows[0], rows[1]),
+                         _mm256_unpacklo_ps(rows[2], rows[3]), _mm256_unpackhi_ps(rows[2], rows[3]),
+                         _mm256_unpacklo_ps(rows[4], rows[5]), _mm256_unpackhi_ps(rows[4], rows[5]),
+                         _mm256_unpacklo_ps(rows[6], rows[7]), _mm256_unpackhi_ps(rows[6], rows[7])};
+#pragma GCC unroll 2
+    for (int i = 0; i < 2; ++i) {
+        s[4 * i] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+        s[4 * i + 1] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+        s[4 * i + 2] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+        s[4 * i + 3] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+    }
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; ++j) {
+        rows[j] = _mm256_permute2f128_ps(s[j], s[4 + j], 0x20);
+        rows[4 + j] = _mm256_permute2f128_ps(s[j], s[4 + j], 0x31);
+    }
+}
+
+/* The same for 4 x 4 doubles: pairs interleaved (t[e], t[2 + e]: double
+ * 2 k + e of rows 0, 1 and 2, 3 in 128-bit lane k), then 128-bit lanes. */
+static inline void posenc_transpose_pd256(__m256d rows[4])
+{
+    const __m256d t[4] = {_mm256_unpacklo_pd(rows[0], rows[1]), _mm256_unpackhi_pd(rows[0], rows[1]),
+                          _mm256_unpacklo_pd(rows[2], rows[3]), _mm256_unpackhi_pd(rows[2], rows[3])};
+#pragma GCC unroll 2
+    for (int e = 0; e < 2; ++e) {
+        rows[e] = _mm256_permute2f128_pd(t[e], t[2 + e], 0x20);
+        rows[2 + e] = _mm256_permute2f128_pd(t[e], t[2 + e], 0x31);
+    }
+}
+
 /* Lanes t < n of a masked load or store (maskload reads nothing elsewhere). */
 static inline __m256i posenc_lanes_epi32(size_t n)
 {
@@ -47,6 +84,7 @@ static inline __m256i posenc_lanes_epi64(size_t n)
 #define VMUL(a, b) _mm256_mul_ps((a), (b))
 #define VFMA(a, b, c) _mm256_fmadd_ps((a), (b), (c))
 #define VREDUCE(v) posenc_hsum_ps256(v)
+#define VTRANSPOSE(rows) posenc_transpose_ps256(rows)
 #define VSTREAM(p, v) _mm256_stream_ps((p), (v))
 #define VLOAD_PART(p, n) _mm256_maskload_ps((p), posenc_lanes_epi32(n))
 #define VSTORE_PART(p, v, n) _mm256_maskstore_ps((p), posenc_lanes_epi32(n), (v))
@@ -67,6 +105,7 @@ static inline __m256i posenc_lanes_epi64(size_t n)
 #define VMUL(a, b) _mm256_mul_pd((a), (b))
 #define VFMA(a, b, c) _mm256_fmadd_pd((a), (b), (c))
 #define VREDUCE(v) posenc_hsum_pd256(v)
+#define VTRANSPOSE(rows) posenc_transpose_pd256(rows)
 #define VSTREAM(p, v) _mm256_stream_pd((p), (v))
 #define VLOAD_PART(p, n) _mm256_maskload_pd((p), posenc_lanes_epi64(n))
 #define VSTORE_PART(p, v, n) _mm256_maskstore_pd((p), posenc_lanes_epi64(n), (v))

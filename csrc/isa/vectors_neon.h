@@ -9,6 +9,27 @@
 #if defined(__aarch64__) && defined(__ARM_NEON)
 #include <arm_neon.h>
 
+/* VTRANSPOSE: rows[u] = column u of the 4 x 4 floats rows[0..3] (floats
+ * of row pairs interleaved, then their pairs as doubles), or of the 2 x 2
+ * doubles rows[0..1]. */
+static inline void posenc_transpose_f32x4(float32x4_t rows[4])
+{
+    const float32x4_t t[4] = {vtrn1q_f32(rows[0], rows[1]), vtrn2q_f32(rows[0], rows[1]),
+                              vtrn1q_f32(rows[2], rows[3]), vtrn2q_f32(rows[2], rows[3])};
+    for (int e = 0; e < 2; ++e) {
+        const float64x2_t lo = vreinterpretq_f64_f32(t[e]), hi = vreinterpretq_f64_f32(t[2 + e]);
+        rows[e] = vreinterpretq_f32_f64(vtrn1q_f64(lo, hi));
+        rows[2 + e] = vreinterpretq_f32_f64(vtrn2q_f64(lo, hi));
+    }
+}
+
+static inline void posenc_transpose_f64x2(float64x2_t rows[2])
+{
+    const float64x2_t first = vtrn1q_f64(rows[0], rows[1]);
+    rows[1] = vtrn2q_f64(rows[0], rows[1]);
+    rows[0] = first;
+}
+
 #define ISA_STRING "neon"
 #define STORE_FENCE() __atomic_thread_fence(__ATOMIC_SEQ_CST)
 
@@ -23,6 +44,7 @@
 #define VMUL(a, b) vmulq_f32((a), (b))
 #define VFMA(a, b, c) vfmaq_f32((c), (a), (b))
 #define VREDUCE(v) vaddvq_f32(v)
+#define VTRANSPOSE(rows) posenc_transpose_f32x4(rows)
 #define VSTREAM(p, v) VSTORE(p, v)
 #define KNAME(x) x##_f32_neon
 #include VECTOR_TEMPLATE
@@ -39,6 +61,7 @@
 #define VMUL(a, b) vmulq_f64((a), (b))
 #define VFMA(a, b, c) vfmaq_f64((c), (a), (b))
 #define VREDUCE(v) vaddvq_f64(v)
+#define VTRANSPOSE(rows) posenc_transpose_f64x2(rows)
 #define VSTREAM(p, v) VSTORE(p, v)
 #define KNAME(x) x##_f64_neon
 #include VECTOR_TEMPLATE

@@ -13,6 +13,7 @@
 #define VMUL(a, b) ((a) * (b))
 #define VFMA(a, b, c) ((a) * (b) + (c))
 #define VREDUCE(v) (v)
+#define VTRANSPOSE(rows) ((void)(rows))   /* a 1 x 1 block */
 #define VSTREAM(p, v) VSTORE(p, v)
 #define ISA_STRING "scalar"
 #define STORE_FENCE() __atomic_thread_fence(__ATOMIC_SEQ_CST)

@@ -21,6 +21,9 @@
  *      bit against the scalar ones.
  *   7. The bfloat16 / float16 engine (test_lp.c): every result is the
  *      float32 engine's on the widened inputs, narrowed once, bit for bit.
+ *   8. The B panels of every ISA (pack_rows, pack_cols, either width) are
+ *      their definitions bit for bit: alpha x, zeros past the columns.
+ *      (1 and 2 check them only within a tolerance.)
  *
  * Build and run: tests/c/run.sh (native, cross to aarch64 + qemu, valgrind).
  */
@@ -141,6 +144,64 @@ static void test_shared_table(void)
     }
 }
 
+/* 8: panels of every depth and width around the vectors' against their definitions
+ * (past the columns a zero of either sign: pack_rows's tail lanes are alpha 0). */
+static void test_packing(void)
+{
+    const size_t depths[] = {1, 2, 3, 5, 7, 8, 9, 15, 16, 17, 31, 33, 64, 65};
+    const double alphas[] = {1.0, 0.125, -0.3};
+    for (int isa = 0; isa < POSENC_ISA_COUNT; ++isa)
+        for (int dt = 0; dt < 2; ++dt) {
+            const posenc_kernels *kern = posenc_kernels_for((posenc_isa)isa, dt ? POSENC_F64 : POSENC_F32);
+            if (!kern)   /* not compiled, or not supported here */
+                continue;
+            const size_t es = dt ? sizeof(double) : sizeof(float);
+            for (int narrow = 0; narrow < 2; ++narrow)
+                for (size_t a = 0; a < sizeof depths / sizeof depths[0]; ++a)
+                    for (size_t cols = 1; cols <= (narrow ? kern->nr_narrow : kern->nr); ++cols)
+                        for (int cols_major = 0; cols_major < 2; ++cols_major) {
+                            const size_t nr = narrow ? kern->nr_narrow : kern->nr, kc = depths[a];
+                            const double alpha = alphas[(a + cols) % 3];
+                            /* src exactly as long as read: a read past it is caught by ASan */
+                            const size_t ld = (cols_major ? kc : cols) + 3;
+                            const size_t len = cols_major ? (cols - 1) * ld + kc : (kc - 1) * ld + cols;
+                            double *src = malloc(sizeof(double) * len);
+                            for (size_t t = 0; t < len; ++t)
+                                src[t] = t % 11 == 5 ? -0.0 : t % 13 == 7 ? INFINITY : urand();
+                            void *in = dt ? (void *)src : malloc(sizeof(float) * len);
+                            for (size_t t = 0; !dt && t < len; ++t)
+                                ((float *)in)[t] = (float)src[t];
+                            unsigned char *dst = malloc(es * kc * nr);
+                            memset(dst, 0xff, es * kc * nr);
+                            if (cols_major)
+                                kern->pack_cols(dst, nr, in, (ptrdiff_t)ld, kc, cols, alpha);
+                            else
+                                kern->pack_rows(dst, nr, in, (ptrdiff_t)ld, kc, cols, alpha);
+                            size_t bad = 0;
+                            for (size_t l = 0; l < kc; ++l)
+                                for (size_t c = 0; c < nr; ++c) {
+                                    const unsigned char *got = dst + (l * nr + c) * es;
+                                    if (c >= cols) {
+                                        bad += dt ? *(const double *)got != 0 : *(const float *)got != 0;
+                                        continue;
+                                    }
+                                    const double x = src[cols_major ? c * ld + l : l * ld + c];
+                                    const double want = alpha * x;
+                                    const float want_f = (float)alpha * (float)x;
+                                    bad += memcmp(got, dt ? (const void *)&want : (const void *)&want_f, es) != 0;
+                                }
+                            EXPECT(bad == 0, "%s %s %s nr=%zu kc=%zu cols=%zu: %zu elements wrong",
+                                   cols_major ? "pack_cols" : "pack_rows",
+                                   posenc_isa_name((posenc_isa)isa), dt ? "f64" : "f32", nr, kc,
+                                   cols, bad);
+                            if (!dt)
+                                free(in);
+                            free(src);
+                            free(dst);
+                        }
+        }
+}
+
 int main(void)
 {
     posenc_dispatch_init();
@@ -211,6 +272,7 @@ int main(void)
         }
     }
     test_shared_table();
+    test_packing();
     test_philox();
     test_softmax_rows();
     test_attention();
