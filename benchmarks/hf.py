@@ -156,11 +156,11 @@ def _send(message: dict) -> None:
     sys.stdout.flush()
 
 
-def worker(spec: dict) -> None:
-    """One case in its own process: build, warm up at a tiny size, then answer
-    "train" / "generate" / "quit" lines on stdin with the step's seconds and its
-    peak memory above the model and inputs (VmHWM reset before each step where
-    Linux allows it; else the peak so far)."""
+def worker(spec: dict, build=None) -> None:
+    """One case in its own process: build (with `build`, default _build), warm up
+    at a tiny size, then answer "train" / "generate" / "quit" lines on stdin with
+    the step's seconds and its peak memory above the model and inputs (VmHWM
+    reset before each step where Linux allows it; else the peak so far)."""
     import torch
 
     import posenc
@@ -172,7 +172,7 @@ def worker(spec: dict) -> None:
     posenc.set_num_threads(spec["threads"])
     name, implementation = spec["model"], spec["implementation"]
     shape = dict((QUICK_SHAPES if spec["quick"] else SHAPES)[name], batch=spec["batch"])
-    model = _build(name, shape, implementation)
+    model = (build or _build)(name, shape, implementation)
     batch = _inputs(name, shape, shape["batch"], shape["encoder"], shape.get("decoder"))
     small = _inputs(name, shape, 2, 16, 4)
     _train_step(model, small)
@@ -203,14 +203,17 @@ def worker(spec: dict) -> None:
 # ------------------------------------------------------------------ the parent
 
 class Case:
-    """A running worker process for (model, implementation)."""
+    """A running worker process for (model, implementation); `script` runs the
+    worker (benchmarks/hf_floor.py's cases run its own)."""
+
+    script = os.path.abspath(__file__)
 
     def __init__(self, model: str, implementation: str, quick: bool, threads: int, batch: int):
         self.implementation = implementation
         self.stderr = tempfile.TemporaryFile(mode="w+")
         spec = dict(model=model, implementation=implementation, quick=quick, threads=threads, batch=batch)
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
-        self.process = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--worker", json.dumps(spec)],
+        self.process = subprocess.Popen([sys.executable, self.script, "--worker", json.dumps(spec)],
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr,
                                         text=True, env=env)
         self.ready = None
@@ -366,18 +369,25 @@ def targets(results: dict) -> list:
     return found
 
 
-def markdown(results: dict) -> str:
+def preamble(results: dict, title: str, command: str = "") -> list:
+    """The markdown's first lines: the title, the machine, the load, the note."""
     machine = results["machine"]
-    lines = [f"# Hugging Face models on posenc (posenc.torch.hf) against HF's attention, float32, "
-             f"{machine['threads']} threads", "",
+    lines = [f"# {title}", "",
              f"{results['date']}; posenc {machine['posenc']} ({machine['isa']}), torch {machine['torch']}, "
              f"transformers {machine['transformers']}, {machine['cpu']} ({machine['cores']} cores). "
              f"Load average {results['load_before']} before, {results['load_after']} after; "
-             f"{results['minutes']:.1f} min.", ""]
+             f"{results['minutes']:.1f} min.{command}", ""]
     if results.get("note"):
         lines += [f"**{results['note']}**", ""]
     if results["quick"]:
         lines += ["**--quick: tiny shapes, the figures mean nothing.**", ""]
+    return lines
+
+
+def markdown(results: dict) -> str:
+    machine = results["machine"]
+    lines = preamble(results, f"Hugging Face models on posenc (posenc.torch.hf) against HF's attention, float32, "
+                              f"{machine['threads']} threads")
     lines += ["Seconds per step: median (min–max) of the timed steps after one warm-up step; the cases "
               "of a model take turns step by step. Peak: the largest over the case's steps of its own "
               "process's VmHWM (reset before each step) above its RSS with the model, inputs and a tiny "
@@ -425,19 +435,24 @@ def markdown(results: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def common_options(parser) -> None:
+    """--quick, --threads, --note, --out and the workers' --worker (also benchmarks/hf_floor.py's)."""
     parser.add_argument("--quick", action="store_true", help="tiny shapes: checks that it runs")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--note", default="", help="a line printed beside the figures (e.g. the machine's load)")
+    parser.add_argument("--out", default=None, help="default benchmarks/results (--quick: benchmarks/results/tmp)")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    common_options(parser)
     parser.add_argument("--repeats", type=int, default=3, help="timed T5 training steps per case (after a warm-up)")
     parser.add_argument("--repeats-long", type=int, default=2,
                         help="timed steps per case of the long ones: T5 generate() and the DeBERTa training step")
     parser.add_argument("--deberta-batch", type=int, default=None,
                         help="DeBERTa's batch (default 8): smaller where memory or time forces it")
     parser.add_argument("--models", nargs="+", default=list(SHAPES), choices=list(SHAPES))
-    parser.add_argument("--note", default="", help="a line printed beside the figures (e.g. the machine's load)")
-    parser.add_argument("--out", default=None, help="default benchmarks/results (--quick: benchmarks/results/tmp)")
-    parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
         worker(json.loads(args.worker))
@@ -462,17 +477,22 @@ def main(argv=None) -> int:
     results["load_after"] = [round(x, 2) for x in os.getloadavg()]
     results["minutes"] = (time.perf_counter() - began) / 60
     results["targets"] = targets(results)
-    out = args.out or os.path.join(ROOT, "benchmarks", "results", "tmp" if args.quick else "")
+    save(results, markdown(results), args.out, "hf", args.quick)
+    return 0
+
+
+def save(results: dict, text: str, out, name: str, quick: bool) -> None:
+    """Write <out>/<name>-<date>[-quick].json and .md (out None: benchmarks/results,
+    or benchmarks/results/tmp for --quick) and print the markdown."""
+    out = out or os.path.join(ROOT, "benchmarks", "results", "tmp" if quick else "")
     os.makedirs(out, exist_ok=True)
-    stem = os.path.join(out, "hf-" + datetime.date.today().isoformat() + ("-quick" if args.quick else ""))
+    stem = os.path.join(out, f"{name}-" + datetime.date.today().isoformat() + ("-quick" if quick else ""))
     with open(stem + ".json", "w") as f:
         json.dump(results, f, indent=1)
-    text = markdown(results)
     with open(stem + ".md", "w") as f:
         f.write(text)
     print(text)
     print(f"wrote {stem}.json, .md")
-    return 0
 
 
 def _cpu_name() -> str:

@@ -115,6 +115,15 @@ class _Unsupported(Exception):
     pass
 
 
+def _heads(x, heads, head_dim):
+    """A projection (B, n, H·d) as (B, H, n, d), C-contiguous: a copy in the
+    graph.  The fused op needs C-contiguous arrays and keeps them for its
+    backward; given the strided view, it would copy outside the graph and keep
+    the copy and the view, and through the view the projection's output: two
+    copies of q, k and v per layer for the whole step.  The values are the same."""
+    return x.view(x.shape[0], x.shape[1], heads, head_dim).transpose(1, 2).contiguous()
+
+
 def _t5_forward(self, hidden_states, mask=None, key_value_states=None, position_bias=None,
                 past_key_values=None, **kwargs):
     try:
@@ -230,14 +239,14 @@ def _t5_family_attention(self, hidden_states, mask, key_value_states, past_key_v
     if cache is not None and not _dynamic_layer(cache, self.layer_idx):
         raise _Unsupported(f"a {type(cache).__name__} (posenc serves DynamicCache)")
 
-    query = self.q(hidden_states).view(batch, n, heads, dk).transpose(1, 2)
+    # (B, H, n, d) copies made here, in the graph (_heads), which the fused op and HF's cache keep
+    query = _heads(self.q(hidden_states), heads, dk)
     if cross and past_key_values is not None and updated:
         key = cache.layers[self.layer_idx].keys
         value = cache.layers[self.layer_idx].values
     else:
         source = key_value_states if cross else hidden_states
-        key = self.k(source).view(batch, source.shape[1], heads, dk).transpose(1, 2)
-        value = self.v(source).view(batch, source.shape[1], heads, dk).transpose(1, 2)
+        key, value = _heads(self.k(source), heads, dk), _heads(self.v(source), heads, dk)
     m = key.shape[2]
 
     causal = bool(self.is_causal) and not cross
@@ -326,10 +335,9 @@ def _deberta_posenc(self, hidden_states, attention_mask, output_attentions, quer
     if rel_embeddings.shape[0] < 2 * span:
         raise _Unsupported("a relative embedding table shorter than 2 att_span")
 
-    heads_of = lambda x, rows: x.view(batch if rows is None else rows, -1, heads, d).transpose(1, 2)
-    query = heads_of(self.query_proj(hidden_states), None)
-    key = heads_of(self.key_proj(hidden_states), None)
-    value = heads_of(self.value_proj(hidden_states), None)
+    query = _heads(self.query_proj(hidden_states), heads, d)
+    key = _heads(self.key_proj(hidden_states), heads, d)
+    value = _heads(self.value_proj(hidden_states), heads, d)
 
     if relative_pos is not None:
         standard = build_relative_position(query, key, bucket_size=self.position_buckets,
