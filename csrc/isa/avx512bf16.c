@@ -140,51 +140,72 @@ static void bf16_ukr_f32_avx512bf16(size_t kc, const uint16_t *a, ptrdiff_t lda,
     const __m512 s = _mm512_set1_ps(scale);
     const int add = (flags & POSENC_UKR_ADD_P) != 0, mul = !add && (flags & POSENC_UKR_MUL_P);
     const int stream = cols >= NR && (flags & POSENC_UKR_STREAM);
+    if (flags & POSENC_UKR_BF16_OUT) {
+        /* a row's 32 lanes at once: masked loads (zeros past cols), one rounding */
+        const __mmask32 lanes = cols >= NR ? ~(__mmask32)0 : (((__mmask32)1 << cols) - 1);
+        const __mmask16 lanes_lo = (__mmask16)lanes, lanes_hi = (__mmask16)(lanes >> 16);
+#pragma GCC unroll 16
+        for (int r = 0; r < MR; ++r) {
+            if ((size_t)r >= rows)
+                break;
+            __m512 lo = _mm512_mul_ps(acc[r][0], s), hi = _mm512_mul_ps(acc[r][1], s);
+            if (add || mul) {
+                const float *prow = p + (ptrdiff_t)r * ldp;
+                const __m512 p_lo = _mm512_maskz_loadu_ps(lanes_lo, prow);
+                const __m512 p_hi = _mm512_maskz_loadu_ps(lanes_hi, prow + 16);
+                lo = add ? _mm512_add_ps(lo, p_lo) : _mm512_mul_ps(lo, p_lo);
+                hi = add ? _mm512_add_ps(hi, p_hi) : _mm512_mul_ps(hi, p_hi);
+            }
+            if (flags & POSENC_UKR_ADD_ROWS) {
+                const float *qrow = (const float *)add_rows[r];
+                lo = _mm512_add_ps(lo, _mm512_maskz_loadu_ps(lanes_lo, qrow));
+                hi = _mm512_add_ps(hi, _mm512_maskz_loadu_ps(lanes_hi, qrow + 16));
+            }
+            uint16_t *crow = (uint16_t *)(void *)c + (ptrdiff_t)r * ldc;
+            const __m512i narrow = bf16_narrow2_avx512bf16(lo, hi);
+            if (stream)
+                _mm512_stream_si512((__m512i *)crow, narrow);
+            else if (cols >= NR)
+                _mm512_storeu_si512(crow, narrow);
+            else
+                _mm512_mask_storeu_epi16(crow, lanes, narrow);
+        }
+        return;
+    }
 #pragma GCC unroll 16
     for (int r = 0; r < MR; ++r) {
         if ((size_t)r >= rows)
             break;
         const float *prow = p ? p + (ptrdiff_t)r * ldp : NULL;
         const float *qrow = (flags & POSENC_UKR_ADD_ROWS) ? (const float *)add_rows[r] : NULL;
-        float *crow = c + (ptrdiff_t)r * ldc;   /* float32 results */
-        __m512 x[NRV];
+        float *crow = c + (ptrdiff_t)r * ldc;
 #pragma GCC unroll 2
         for (int v = 0; v < NRV; ++v) {
             const size_t col = (size_t)v * 16;
+            if (col >= cols)
+                break;
             /* a full vector by plain loads and stores (masked stores are slow on
              * AMD's cores), the last one of a partial row masked */
-            const int full = cols >= col + 16;
+            const int full = cols - col >= 16;
             const __mmask16 m = full ? (__mmask16)0xffff
-                                : col < cols ? (__mmask16)(((unsigned)1 << (cols - col)) - 1) : 0;
+                                     : (__mmask16)(((unsigned)1 << (cols - col)) - 1);
 #define UKR_F32_LOAD(at) (full ? _mm512_loadu_ps(at) : _mm512_maskz_loadu_ps(m, (at)))
-            x[v] = _mm512_mul_ps(acc[r][v], s);
-            if (m && (flags & POSENC_UKR_ACCUMULATE))
-                x[v] = _mm512_add_ps(x[v], UKR_F32_LOAD(crow + col));
-            if (m && add)
-                x[v] = _mm512_add_ps(x[v], UKR_F32_LOAD(prow + col));
-            else if (m && mul)
-                x[v] = _mm512_mul_ps(x[v], UKR_F32_LOAD(prow + col));
-            if (m && qrow)
-                x[v] = _mm512_add_ps(x[v], UKR_F32_LOAD(qrow + col));
+            __m512 x = _mm512_mul_ps(acc[r][v], s);
+            if (flags & POSENC_UKR_ACCUMULATE)
+                x = _mm512_add_ps(x, UKR_F32_LOAD(crow + col));
+            if (add)
+                x = _mm512_add_ps(x, UKR_F32_LOAD(prow + col));
+            else if (mul)
+                x = _mm512_mul_ps(x, UKR_F32_LOAD(prow + col));
+            if (qrow)
+                x = _mm512_add_ps(x, UKR_F32_LOAD(qrow + col));
 #undef UKR_F32_LOAD
-            if (!m || (flags & POSENC_UKR_BF16_OUT))
-                continue;
             if (stream)
-                _mm512_stream_ps(crow + col, x[v]);
+                _mm512_stream_ps(crow + col, x);
             else if (full)
-                _mm512_storeu_ps(crow + col, x[v]);
+                _mm512_storeu_ps(crow + col, x);
             else
-                _mm512_mask_storeu_ps(crow + col, m, x[v]);
-        }
-        if (flags & POSENC_UKR_BF16_OUT) {   /* both vectors rounded at once */
-            uint16_t *brow = (uint16_t *)(void *)c + (ptrdiff_t)r * ldc;
-            const __m512i narrow = bf16_narrow2_avx512bf16(x[0], x[1]);
-            if (stream)
-                _mm512_stream_si512((__m512i *)brow, narrow);
-            else if (cols >= NR)
-                _mm512_storeu_si512(brow, narrow);
-            else
-                _mm512_mask_storeu_epi16(brow, (((__mmask32)1 << cols) - 1), narrow);
+                _mm512_mask_storeu_ps(crow + col, m, x);
         }
     }
 }
