@@ -548,11 +548,9 @@ static void attention_grad_twin(const attention_ctx *c, attention_ws *w, gemm_sc
 {
 #ifdef ENGINE_BF16_GEMM
     const size_t m = c->p->m, mr = c->kern->mr;
-    for (size_t r = 0; r < rows; ++r) {
-        const size_t width = limits ? posenc_min(cols, limits->row_keys[2 * (r / mr) + 1] + mr)
-                                    : cols;
-        c->kern->bf16->round_row(w->grad16 + r * m, w->grad + r * m, width);
-    }
+    for (size_t r = 0; r < rows; ++r)
+        c->kern->bf16->round_row(w->grad16 + r * m, w->grad + r * m,
+                                 block_width(limits, r / mr, cols, mr));
     s->local = (posenc_bf16_shadow){w->grad, w->grad16, 1, rows * m, 1, 1};
 #else
     (void)c; (void)w; (void)s; (void)rows; (void)cols; (void)limits;

@@ -360,6 +360,13 @@ typedef struct {
                             (bf16_out_heads): no region, no narrowing */
 } lp_stream;
 
+/* Whether a stream has a float32 region in the arena: an input, or an
+ * output the engine does not store itself. */
+static int lp_has_region(const lp_stream *st)
+{
+    return st->src || (st->dst && !st->direct);
+}
+
 /* The chunk's shape: nb batch rows x nh heads of at most `budget` floats. */
 static void lp_plan(const posenc_problem *p, size_t unit, size_t budget, size_t *nb, size_t *nh)
 {
@@ -410,7 +417,7 @@ static int lp_chunks(lp_kind kind, const posenc_problem *p, lp_stream *st, const
         for (int u = 0; u < t && t < S_FIRST_OUTPUT; ++u)   /* k is q: one region */
             if (st[t].src && st[u].src == st[t].src && st[u].per_unit == st[t].per_unit)
                 shared_with[t] = (size_t)u;
-        if ((st[t].src || (st[t].dst && !st[t].direct)) && shared_with[t] == (size_t)t)
+        if (lp_has_region(&st[t]) && shared_with[t] == (size_t)t)
             unit += st[t].per_unit;
     }
     size_t nb, nh;
@@ -425,9 +432,9 @@ static int lp_chunks(lp_kind kind, const posenc_problem *p, lp_stream *st, const
         a.used = 0;
         lp_problem(p, &p32, &a, &widen);
         for (int t = 0; t < S_COUNT; ++t)
-            st[t].at = shared_with[t] != (size_t)t              ? st[shared_with[t]].at
-                       : st[t].src || (st[t].dst && !st[t].direct) ? lp_take(&a, nb * nh * st[t].per_unit)
-                                                                   : 0;
+            st[t].at = shared_with[t] != (size_t)t ? st[shared_with[t]].at
+                       : lp_has_region(&st[t])    ? lp_take(&a, nb * nh * st[t].per_unit)
+                                                  : 0;
         lp_grads(p, params, &sums, &a, &narrow_sums);
         lp_grads(p, params, &part, &a, NULL);
         if (pass == 0)
@@ -441,7 +448,7 @@ static int lp_chunks(lp_kind kind, const posenc_problem *p, lp_stream *st, const
     const void *const *at[A_COUNT];
     size_t len[A_COUNT];
     problem_arrays(p, at, len);
-#define REGION(t) (st[t].src || st[t].dst ? (void *)(a.base + st[t].at) : NULL)
+#define REGION(t) (lp_has_region(&st[t]) ? (void *)(a.base + st[t].at) : NULL)
     for (size_t h0 = 0; rc == POSENC_OK && h0 < p->H; h0 += nh)
         for (size_t b0 = 0; rc == POSENC_OK && b0 < p->B; b0 += nb) {
             const size_t bs = posenc_min(nb, p->B - b0), hs = posenc_min(nh, p->H - h0);
@@ -512,7 +519,7 @@ static int lp_chunks(lp_kind kind, const posenc_problem *p, lp_stream *st, const
             }
             narrow.count = 0;
             for (int t = S_FIRST_OUTPUT; t < S_COUNT; ++t)
-                if (st[t].dst && !st[t].direct)
+                if (st[t].dst && lp_has_region(&st[t]))
                     lp_job_add_rows(&narrow, chunk_rows(&st[t], REGION(t), unit0, bs, hs, p->H, 1));
             if (rc == POSENC_OK)
                 rc = lp_job_run(&narrow, num_threads);

@@ -151,8 +151,8 @@ static void packed_b_skip(packed_b *pb, size_t first)
 }
 
 #ifdef ENGINE_BF16_GEMM
-/* pack_b for the bfloat16 GEMM: B's columns or rows rounded into pair
- * panels, or taken from its bfloat16 twin (gemm_shadow). */
+/* pack_b for the bfloat16 GEMM (rs or cs 1, as there): B's rows or columns
+ * rounded into pair panels, or taken from its bfloat16 twin (gemm_shadow). */
 static void pack_b_bf16(const posenc_kernels *kern, const gemm_scratch *s, const packed_b *pb,
                         const REAL *B, ptrdiff_t rs, ptrdiff_t cs)
 {
@@ -168,23 +168,14 @@ static void pack_b_bf16(const posenc_kernels *kern, const gemm_scratch *s, const
             const ptrdiff_t offset = (ptrdiff_t)pc * rs + (ptrdiff_t)j0 * cs;
             const REAL *at = B + offset;
             const size_t range[2] = {0, kc};
-            if (twin && rs == 1) {
-                bk->pack(panel, twin + offset, cs, kc, cols);
-            } else if (twin && cs == 1) {
+            if (cs == 1 && twin)
                 bk->pack_pairs16(panel, nr, twin + offset, rs, range, nr, cols);
-            } else if (rs == 1) {
-                bk->pack_f32(panel, at, cs, kc, cols);
-            } else if (cs == 1) {
+            else if (cs == 1)
                 bk->pack_pairs(panel, nr, at, rs, range, nr, cols);
-            } else {   /* neither stride unit: element by element */
-                memset(panel, 0, sizeof(uint16_t) * posenc_round_up(kc, 2) * nr);
-                for (size_t l = 0; l < kc; ++l)
-                    for (size_t c = 0; c < cols; ++c) {
-                        uint32_t bits;
-                        memcpy(&bits, at + (ptrdiff_t)l * rs + (ptrdiff_t)c * cs, sizeof bits);
-                        panel[(l / 2) * 2 * nr + 2 * c + l % 2] = posenc_bf16_from_f32_bits(bits);
-                    }
-            }
+            else if (twin)   /* rs == 1 */
+                bk->pack(panel, twin + offset, cs, kc, cols);
+            else
+                bk->pack_f32(panel, at, cs, kc, cols);
         }
     }
 }
@@ -222,6 +213,13 @@ static void pack_b(const posenc_kernels *kern, const gemm_scratch *s, packed_b *
 }
 
 
+/* C + offset elements: REAL ones, or bfloat16 ones with POSENC_UKR_BF16_OUT in flags. */
+static REAL *gemm_c_at(REAL *C, ptrdiff_t offset, int flags)
+{
+    return flags & POSENC_UKR_BF16_OUT ? (REAL *)(void *)((uint16_t *)(void *)C + offset)
+                                       : C + offset;
+}
+
 /*
  * One A tile (rows <= mr; a[l * lda + r], or a[r * lda + l] with
  * POSENC_UKR_A_ROWS in flags) against every panel of a packed B block; the
@@ -242,11 +240,10 @@ static void gemm_tile_row(const packed_b *pb, size_t kc, const void *a, ptrdiff_
         const size_t cols = posenc_min(nr, N - j0);
 #ifdef ENGINE_BF16_GEMM
         if (pb->bf16) {   /* block and a hold bfloat16; panel_ld counts them; C may too */
-            REAL *c_cols = flags & POSENC_UKR_BF16_OUT ? (REAL *)(void *)((uint16_t *)(void *)C + j0)
-                                                       : C + j0;
             pb->bf16->ukr_f32(kc, (const uint16_t *)a, lda,
-                              (const uint16_t *)block + (j0 / nr) * panel_ld, c_cols, ldc, rows,
-                              cols, pb->scale, P ? P + j0 : NULL, ldp, row_cols, flags);
+                              (const uint16_t *)block + (j0 / nr) * panel_ld,
+                              gemm_c_at(C, (ptrdiff_t)j0, flags), ldc, rows, cols, pb->scale,
+                              P ? P + j0 : NULL, ldp, row_cols, flags);
             continue;
         }
 #endif
@@ -269,17 +266,17 @@ typedef struct {
  * stride: the microkernel's POSENC_UKR_A_ROWS) or a pair panel; *a_out and
  * *lda where the microkernel reads it.  A read by columns in one depth
  * block (Kd <= kc) is packed BF16_GROUP tiles at a time (`group`, each tile
- * its k_range), other A tile by tile.  Returns the flags with
- * POSENC_UKR_A_ROWS set or cleared.
+ * its k_range), other A tile by tile; from A's bfloat16 twin where it has
+ * one (gemm_shadow, or NULL).  Returns the flags with POSENC_UKR_A_ROWS set
+ * or cleared.
  */
 static int gemm_a_bf16(const posenc_kernels *kern, const gemm_scratch *s, bf16_group *group,
-                       const REAL *A, ptrdiff_t a_rs, ptrdiff_t a_cs, size_t M, size_t Kd,
-                       const size_t *k_range, size_t i0, size_t rows, size_t pc, size_t k_end,
-                       const uint16_t **a_out, ptrdiff_t *lda, int flags)
+                       const REAL *A, const uint16_t *twin, ptrdiff_t a_rs, ptrdiff_t a_cs,
+                       size_t M, size_t Kd, const size_t *k_range, size_t i0, size_t rows,
+                       size_t pc, size_t k_end, const uint16_t **a_out, ptrdiff_t *lda, int flags)
 {
     const size_t mr = kern->mr, lo = pc & ~(size_t)1, kc2 = posenc_round_up(k_end - lo, 2);
     uint16_t *dst = (uint16_t *)(void *)s->a_pack;
-    const uint16_t *twin = gemm_shadow(s, A, gemm_extent(M, Kd, a_rs, a_cs));
     *a_out = dst;
     if (a_cs == 1 && twin && lo == pc) {   /* A's bfloat16 rows, read in place */
         *a_out = twin + (ptrdiff_t)i0 * a_rs + (ptrdiff_t)pc;
@@ -349,13 +346,12 @@ static void gemm_packed(const posenc_kernels *kern, const gemm_scratch *s, size_
     const size_t mr = kern->mr, kc_max = kern->kc, Kd = pb->K;
 #ifdef ENGINE_BF16_GEMM
     bf16_group group = {0, 0, 0};   /* no tiles packed yet */
+    const uint16_t *a_twin = pb->bf16 ? gemm_shadow(s, A, gemm_extent(M, Kd, a_rs, a_cs)) : NULL;
 #endif
     for (size_t i0 = 0; i0 < M; i0 += mr) {
         const size_t rows = posenc_min(mr, M - i0);
         const REAL *a_tile = A + (ptrdiff_t)i0 * a_rs;
-        REAL *c_tile = p_flags & POSENC_UKR_BF16_OUT   /* bfloat16 C (the bfloat16 GEMM's) */
-                           ? (REAL *)(void *)((uint16_t *)(void *)C + (ptrdiff_t)i0 * ldc)
-                           : C + (ptrdiff_t)i0 * ldc;
+        REAL *c_tile = gemm_c_at(C, (ptrdiff_t)i0 * ldc, p_flags);
         const REAL *p_tile = P ? P + (ptrdiff_t)i0 * ldp : NULL;
         size_t k_end = k_range ? k_range[2 * (i0 / mr) + 1] : Kd;
         size_t pc = k_range ? k_range[2 * (i0 / mr)] : 0;
@@ -386,8 +382,8 @@ static void gemm_packed(const posenc_kernels *kern, const gemm_scratch *s, size_
             if (pb->bf16) {   /* A rounded from the even element below pc (gemm_a_bf16) */
                 const size_t lo = pc & ~(size_t)1;
                 const uint16_t *a_bf16;
-                flags = gemm_a_bf16(kern, s, &group, A, a_rs, a_cs, M, Kd, k_range, i0, rows, pc,
-                                    pc + kc, &a_bf16, &lda, flags);
+                flags = gemm_a_bf16(kern, s, &group, A, a_twin, a_rs, a_cs, M, Kd, k_range, i0,
+                                    rows, pc, pc + kc, &a_bf16, &lda, flags);
                 a_ukr = a_bf16;
                 depth = pc + kc - lo;
                 panel_ld = posenc_round_up(blk_kc, 2) * pb->nr;

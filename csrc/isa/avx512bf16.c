@@ -215,9 +215,9 @@ static void bf16_ukr_avx512bf16(size_t kc, const uint16_t *a, ptrdiff_t lda, con
                                 uint16_t *c, ptrdiff_t ldc, size_t rows, size_t cols, float scale,
                                 const float *p, ptrdiff_t ldp, int flags)
 {
+    const int epilogue = flags & (POSENC_UKR_ADD_P | POSENC_UKR_MUL_P | POSENC_UKR_STREAM);
     bf16_ukr_f32_avx512bf16(kc, a, lda, b, (float *)(void *)c, ldc, rows, cols, scale, p, ldp,
-                            NULL, (flags & (POSENC_UKR_ADD_P | POSENC_UKR_MUL_P | POSENC_UKR_STREAM)) |
-                                      POSENC_UKR_A_ROWS | POSENC_UKR_BF16_OUT);
+                            NULL, epilogue | POSENC_UKR_A_ROWS | POSENC_UKR_BF16_OUT);
 }
 
 /* Up to 32 elements of one row of B^T from l0 as 32 bfloat16 (zeros past
@@ -329,8 +329,9 @@ bf16_pack_pairs_body(uint16_t *dst, size_t width, const void *src, ptrdiff_t rs,
             __m512i words;
             if (from_f32) {
                 const float *x = (const float *)src;
-                words = bf16_interleave(m0 ? _mm512_maskz_loadu_ps(m0, x + at0) : _mm512_setzero_ps(),
-                                        m1 ? _mm512_maskz_loadu_ps(m1, x + at1) : _mm512_setzero_ps());
+                words = bf16_interleave(
+                    m0 ? _mm512_maskz_loadu_ps(m0, x + at0) : _mm512_setzero_ps(),
+                    m1 ? _mm512_maskz_loadu_ps(m1, x + at1) : _mm512_setzero_ps());
             } else {
                 const uint16_t *y = (const uint16_t *)src;
                 words = bf16_interleave16(
@@ -361,11 +362,12 @@ static void bf16_pack_pairs16_avx512bf16(uint16_t *dst, size_t width, const uint
 /* posenc_bf16_kernels.round_row: 32 elements per vcvtne2ps2bf16, the tail masked. */
 static void bf16_round_row_avx512bf16(uint16_t *dst, const float *src, size_t len)
 {
-    for (size_t j = 0; j < len; j += 32) {
-        const size_t count = len - j < 32 ? len - j : 32;
-        const __mmask32 elements = count == 32 ? ~(__mmask32)0 : (((__mmask32)1 << count) - 1);
-        _mm512_mask_storeu_epi16(dst + j, elements, bf16_load_row(src, j, count, 1));
-    }
+    size_t j = 0;
+    for (; j + 32 <= len; j += 32)   /* whole vectors: no masked stores (slow on AMD's cores) */
+        _mm512_storeu_si512(dst + j, bf16_load_row(src, j, 32, 1));
+    if (j < len)
+        _mm512_mask_storeu_epi16(dst + j, ((__mmask32)1 << (len - j)) - 1,
+                                 bf16_load_row(src, j, len - j, 1));
 }
 
 static void bf16_store_fence_avx512bf16(void) { _mm_sfence(); }
