@@ -466,6 +466,30 @@ typedef struct {
     int need_ds;                       /* a gradient other than dv: dS is formed */
 } attention_grad_ctx;
 
+/* rowsum(dO out) of one row, in double; from the bfloat16 twins of dO and out
+ * where they have them (gemm_shadow: engine_lp.c leaves their float32 copies
+ * unwritten then), the same values. */
+static double row_delta(const gemm_scratch *s, const REAL *d_out, const REAL *out, size_t dv)
+{
+    double delta = 0;
+#ifdef ENGINE_BF16_GEMM
+    const uint16_t *d_out16 = gemm_shadow(s, d_out, dv), *out16 = gemm_shadow(s, out, dv);
+    if (d_out16 || out16) {
+        for (size_t l = 0; l < dv; ++l) {
+            const double a = d_out16 ? (double)bf16_value(d_out16[l]) : (double)d_out[l];
+            const double b = out16 ? (double)bf16_value(out16[l]) : (double)out[l];
+            delta += a * b;
+        }
+        return delta;
+    }
+#else
+    (void)s;
+#endif
+    for (size_t l = 0; l < dv; ++l)
+        delta += (double)d_out[l] * (double)out[l];
+    return delta;
+}
+
 /*
  * Rows [blk0, blk0 + rows) of unit u: their probabilities P (scores, keys
  * [0, width), 0 where masked) recomputed from the logits and lse, P D
@@ -523,10 +547,8 @@ static void attention_backward_block(const attention_grad_ctx *gc, forward_ws *f
             continue;
         if (dv == 0)
             memset(dS, 0, sizeof(REAL) * visible);
-        double delta = 0;   /* rowsum(dO out) */
-        for (size_t l = 0; l < dv; ++l)
-            delta += (double)d_out_blk[r * dv + l] * (double)out_blk[r * dv + l];
-        const REAL minus_delta = (REAL)-delta;
+        const REAL minus_delta =
+            (REAL)-row_delta(&fw->scratch, d_out_blk + r * dv, out_blk + r * dv, dv);
         if (c->dropout)
             kern->row_gather(POSENC_MUL, dS, w->drop_row, 1, visible);
         kern->row_gather(POSENC_ADD, dS, &minus_delta, 0, visible);

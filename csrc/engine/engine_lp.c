@@ -20,6 +20,7 @@
 #include "engine.h"
 
 #include <stdatomic.h>
+#include <math.h>
 #include <string.h>
 
 #include "bf16dot.h"
@@ -367,8 +368,12 @@ static int lp_has_region(const lp_stream *st)
     return st->src || (st->dst && !st->direct);
 }
 
-/* The chunk's shape: nb batch rows x nh heads of at most `budget` floats. */
-static void lp_plan(const posenc_problem *p, size_t unit, size_t budget, size_t *nb, size_t *nh)
+/* The chunk's shape: nb batch rows x nh heads of at most `budget` floats.
+ * With a dense factor (TUPE, DIET-ABS), whose gradients the float32 engine
+ * forms head by head in parallel, a chunk of all batch rows holds a head
+ * per thread where 4 budgets hold them (else threads idle there). */
+static void lp_plan(const posenc_problem *p, size_t unit, size_t budget, int num_threads,
+                    size_t *nb, size_t *nh)
 {
     *nb = p->B;
     *nh = p->H;
@@ -376,6 +381,9 @@ static void lp_plan(const posenc_problem *p, size_t unit, size_t budget, size_t 
         return;
     if (p->B * unit <= budget) {
         *nh = budget / (p->B * unit);
+        const size_t per_thread = posenc_min(p->H, num_threads > 0 ? (size_t)num_threads : 1);
+        if (p->pos_q && *nh < per_thread && p->B * unit * per_thread <= 4 * budget)
+            *nh = per_thread;
     } else if (p->H * unit <= budget) {
         *nb = budget / (p->H * unit);
     } else {
@@ -399,6 +407,31 @@ static lp_row chunk_rows(const lp_stream *st, void *region, size_t unit0, size_t
                     run, st->copy};
 }
 
+/*
+ * Whether the float32 engine reads input stream t of a bfloat16 problem only
+ * through its GEMMs and rowsum(dO out), which take the bfloat16 twins
+ * (bf16_shadows) where the bfloat16 GEMM runs: then its float32 region is
+ * left unwritten (not widened).  The others: G feeds the positional
+ * gradients (any term of the problem but the content), and a backward's q
+ * and k the vector tables' (their finiteness check).  The C tests fill the
+ * unwritten regions with NaN (POSENC_LP_POISON), so that a read shows.
+ */
+static int lp_twin_only(lp_kind kind, const posenc_problem *p, int t)
+{
+    const int backward = kind == LP_LOGITS_BACKWARD || kind == LP_ATTENTION_BACKWARD;
+    switch (t) {
+    case S_Q: case S_K:
+        return !(backward && (p->query_table || p->key_table));
+    case S_V: case S_D_OUT: case S_OUT_IN:
+        return 1;
+    case S_G:
+        return !p->product && !p->theta && !p->table && !p->query_table && !p->key_table &&
+               !p->segment_table && !p->pos_q;
+    default:
+        return 0;
+    }
+}
+
 static int lp_chunks(lp_kind kind, const posenc_problem *p, lp_stream *st, const posenc_grads *g,
                      const posenc_attention *att, int num_threads)
 {
@@ -412,11 +445,17 @@ static int lp_chunks(lp_kind kind, const posenc_problem *p, lp_stream *st, const
     lp_job_init(&narrow, p, 0);
     lp_job_init(&narrow_sums, p, 0);
     size_t unit = 0, shared_with[S_COUNT];
+    int unwidened[S_COUNT];   /* read through its twin only: its region left unwritten */
+    const int twins = p->dtype == POSENC_BF16 && posenc_bf16_gemm_kernels();
     for (int t = 0; t < S_COUNT; ++t) {
         shared_with[t] = (size_t)t;
-        for (int u = 0; u < t && t < S_FIRST_OUTPUT; ++u)   /* k is q: one region */
-            if (st[t].src && st[u].src == st[t].src && st[u].per_unit == st[t].per_unit)
+        unwidened[t] = twins && st[t].src && !st[t].copy && lp_twin_only(kind, p, t);
+        for (int u = 0; u < t && t < S_FIRST_OUTPUT; ++u)   /* k is q: the first's region */
+            if (st[t].src && st[u].src == st[t].src && st[u].per_unit == st[t].per_unit) {
                 shared_with[t] = (size_t)u;
+                unwidened[u] &= unwidened[t];
+                break;
+            }
         if (lp_has_region(&st[t]) && shared_with[t] == (size_t)t)
             unit += st[t].per_unit;
     }
@@ -425,7 +464,7 @@ static int lp_chunks(lp_kind kind, const posenc_problem *p, lp_stream *st, const
             (kind == LP_LOGITS || kind == LP_LOGITS_BACKWARD ? POSENC_LP_CHUNK_BYTES
                                                              : POSENC_LP_ATTENTION_CHUNK_BYTES) /
                 sizeof(float),
-            &nb, &nh);
+            num_threads, &nb, &nh);
     /* the arena: sized, allocated, then placed (the same calls twice) */
     int rc = POSENC_OK;
     for (int pass = 0; pass < 2 && rc == POSENC_OK; ++pass) {
@@ -454,9 +493,17 @@ static int lp_chunks(lp_kind kind, const posenc_problem *p, lp_stream *st, const
             const size_t bs = posenc_min(nb, p->B - b0), hs = posenc_min(nh, p->H - h0);
             const size_t unit0 = b0 * p->H + h0;
             widen.count = 0;
-            for (int t = 0; t < S_FIRST_OUTPUT; ++t)
-                if (st[t].src && shared_with[t] == (size_t)t)
+            for (int t = 0; t < S_FIRST_OUTPUT; ++t) {
+                if (!st[t].src || shared_with[t] != (size_t)t)
+                    continue;
+                if (!unwidened[t])
                     lp_job_add_rows(&widen, chunk_rows(&st[t], REGION(t), unit0, bs, hs, p->H, 0));
+#ifdef POSENC_LP_POISON
+                else
+                    for (size_t e = 0; e < bs * hs * st[t].per_unit; ++e)
+                        ((float *)REGION(t))[e] = NAN;
+#endif
+            }
             rc = lp_job_run(&widen, num_threads);
             posenc_problem s = lp_slice(&p32, b0, bs, h0, hs);
             s.q = REGION(S_Q);

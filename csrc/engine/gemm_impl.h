@@ -88,6 +88,15 @@ static const uint16_t *gemm_shadow(const gemm_scratch *s, const REAL *x, size_t 
     return NULL;
 }
 
+/* The float value of a bfloat16 twin's element (exact). */
+static float bf16_value(uint16_t h)
+{
+    const uint32_t bits = posenc_f32_bits_from_bf16(h);
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
 /* Elements from the first to one past the last of a K x N operand with strides rs, cs. */
 static size_t gemm_extent(size_t K, size_t N, ptrdiff_t rs, ptrdiff_t cs)
 {
