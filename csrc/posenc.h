@@ -50,11 +50,13 @@ enum {
  * (engine_lp.c's widened inputs): the bfloat16 GEMM reads its operands from
  * src rather than rounding them again.  Unit u = b units_per_row + h of the
  * float32 array (per_unit elements each) is at src + (b src_units_per_row + h)
- * per_unit. */
+ * per_unit.  unwritten: base holds no values (engine_lp.c did not widen it):
+ * what reads it outside the GEMMs widens rows from src itself. */
 typedef struct {
     const float *base;
     const uint16_t *src;
     size_t units, per_unit, units_per_row, src_units_per_row;
+    int unwritten;
 } posenc_bf16_shadow;
 
 typedef struct {

@@ -466,28 +466,57 @@ typedef struct {
     int need_ds;                       /* a gradient other than dv: dS is formed */
 } attention_grad_ctx;
 
-/* rowsum(dO out) of one row, in double; from the bfloat16 twins of dO and out
- * where they have them (gemm_shadow: engine_lp.c leaves their float32 copies
- * unwritten then), the same values. */
-static double row_delta(const gemm_scratch *s, const REAL *d_out, const REAL *out, size_t dv)
+/* A block's rows of dO and out as rowsum(dO out) reads them: float32, or their
+ * bfloat16 twins (gemm_shadow: engine_lp.c leaves the float32 copies unwritten
+ * then), the same values. */
+typedef struct {
+    const REAL *d_out, *out;
+    const uint16_t *d_out16, *out16;   /* NULL: none */
+    size_t dv;
+} delta_rows;
+
+static delta_rows delta_rows_of(const gemm_scratch *s, const REAL *d_out, const REAL *out,
+                                size_t rows, size_t dv)
 {
-    double delta = 0;
+    delta_rows x = {d_out, out, NULL, NULL, dv};
 #ifdef ENGINE_BF16_GEMM
-    const uint16_t *d_out16 = gemm_shadow(s, d_out, dv), *out16 = gemm_shadow(s, out, dv);
-    if (d_out16 || out16) {
-        for (size_t l = 0; l < dv; ++l) {
-            const double a = d_out16 ? (double)bf16_value(d_out16[l]) : (double)d_out[l];
-            const double b = out16 ? (double)bf16_value(out16[l]) : (double)out[l];
-            delta += a * b;
-        }
-        return delta;
-    }
+    x.d_out16 = gemm_shadow(s, d_out, rows * dv);
+    x.out16 = gemm_shadow(s, out, rows * dv);
 #else
-    (void)s;
+    (void)s; (void)rows;
 #endif
-    for (size_t l = 0; l < dv; ++l)
-        delta += (double)d_out[l] * (double)out[l];
-    return delta;
+    return x;
+}
+
+static inline double delta_value(const REAL *x, const uint16_t *x16, size_t at)
+{
+#ifdef ENGINE_BF16_GEMM
+    if (x16)
+        return (double)bf16_value(x16[at]);
+#else
+    (void)x16;
+#endif
+    return (double)x[at];
+}
+
+/* rowsum(dO out) of row r, in double, in four running sums (one chain would
+ * wait on each addition). */
+static double row_delta(const delta_rows *x, size_t r)
+{
+#define DELTA_TERM(at) (delta_value(x->d_out, x->d_out16, (at)) * delta_value(x->out, x->out16, (at)))
+    double a0 = 0, a1 = 0, a2 = 0, a3 = 0;
+    const size_t at = r * x->dv;
+    size_t l = 0;
+    for (; l + 4 <= x->dv; l += 4) {
+        a0 += DELTA_TERM(at + l);
+        a1 += DELTA_TERM(at + l + 1);
+        a2 += DELTA_TERM(at + l + 2);
+        a3 += DELTA_TERM(at + l + 3);
+    }
+    for (; l < x->dv; ++l)
+        a0 += DELTA_TERM(at + l);
+#undef DELTA_TERM
+    return (a0 + a1) + (a2 + a3);
 }
 
 /*
@@ -510,6 +539,7 @@ static void attention_backward_block(const attention_grad_ctx *gc, forward_ws *f
     const REAL *d_out_blk = gc->d_out + (u * n + blk0) * dv;
     const REAL *out_blk = gc->out + (u * n + blk0) * dv;
     const REAL *lse_blk = gc->lse + u * n + blk0;
+    const delta_rows deltas = delta_rows_of(&fw->scratch, d_out_blk, out_blk, rows, dv);
     for (size_t i0 = blk0; i0 < blk0 + rows; i0 += mr) {   /* a tile's logits and dO.V^T: its keys */
         const size_t tile = posenc_min(mr, blk0 + rows - i0);
         const size_t tile_cols = limits ? limits->row_keys[2 * ((i0 - blk0) / mr) + 1] : cols;
@@ -547,8 +577,7 @@ static void attention_backward_block(const attention_grad_ctx *gc, forward_ws *f
             continue;
         if (dv == 0)
             memset(dS, 0, sizeof(REAL) * visible);
-        const REAL minus_delta =
-            (REAL)-row_delta(&fw->scratch, d_out_blk + r * dv, out_blk + r * dv, dv);
+        const REAL minus_delta = (REAL)-row_delta(&deltas, r);
         if (c->dropout)
             kern->row_gather(POSENC_MUL, dS, w->drop_row, 1, visible);
         kern->row_gather(POSENC_ADD, dS, &minus_delta, 0, visible);
@@ -573,7 +602,7 @@ static void attention_grad_twin(const attention_ctx *c, attention_ws *w, gemm_sc
     for (size_t r = 0; r < rows; ++r)
         c->kern->bf16->round_row(w->grad16 + r * m, w->grad + r * m,
                                  block_width(limits, r / mr, cols, mr));
-    s->local = (posenc_bf16_shadow){w->grad, w->grad16, 1, rows * m, 1, 1};
+    s->local = (posenc_bf16_shadow){w->grad, w->grad16, 1, rows * m, 1, 1, 0};
 #else
     (void)c; (void)w; (void)s; (void)rows; (void)cols; (void)limits;
 #endif

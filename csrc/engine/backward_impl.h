@@ -34,6 +34,7 @@ typedef struct {
     int need_query_side;        /* Gq: for dq or the query table's gradient */
     int need_key_side;          /* Gk: for dk or the key table's gradient */
     int need_offsets;           /* the scalar table's gradient, along the offsets */
+    int reads_g;                /* the positional gradients read G itself (not only the GEMMs) */
     REAL *table_by_offset;      /* product mode: the table's factor */
     posenc_runs query_runs, key_runs;
     posenc_spans query_spans, key_spans;   /* where Gq and Gk are zero */
@@ -55,6 +56,7 @@ typedef struct {
     REAL *key_proj, *key_table_pack, *key_tile_grad, *content_grad, *row_grad;
     /* dense phase: S_h, a row block of it */
     REAL *grad_sum;
+    REAL *g_block;            /* a row block of G widened from its twin (backward_g_rows) */
     ptrdiff_t cached_query_table;
 } backward_ws;
 
@@ -97,6 +99,8 @@ static size_t backward_ws_layout(const backward_ctx *c, backward_ws *w, REAL *me
         backward_product_ws(c, w, mem, &at);
     if (p->pos_q && (c->g->pos_q || c->g->pos_k))
         WS_TAKE(w, mem, at, grad_sum, c->row_block * m);
+    if (c->kern->bf16 && c->reads_g)
+        WS_TAKE(w, mem, at, g_block, c->row_block * m);
     return posenc_round_up(at, POSENC_ALIGN / sizeof(REAL));
 }
 
@@ -330,14 +334,42 @@ static void backward_unit_end(const backward_ctx *c, backward_ws *w, size_t u)
     }
 }
 
+/*
+ * Rows [row0, row0 + rows) of G (rows of every unit counted) as float32: in
+ * place, or where engine_lp.c left them unwritten (a bfloat16 G that the
+ * GEMMs read through its twin) and the positional gradients read them,
+ * widened into w->g_block, which becomes the twin's float32 side.
+ */
+static const REAL *backward_g_rows(const backward_ctx *c, backward_ws *w, size_t row0,
+                                   size_t rows)
+{
+    const size_t m = c->p->m;
+    const REAL *G = c->G + row0 * m;
+#ifdef ENGINE_BF16_GEMM
+    int unwritten = 0;
+    const uint16_t *twin = w->g_block ? gemm_twin(&w->scratch, G, rows * m, &unwritten) : NULL;
+    if (twin && unwritten) {
+        posenc_active_convert()->bf16_to_f32(w->g_block, twin, rows * m);
+        w->scratch.local = (posenc_bf16_shadow){w->g_block, twin, 1, rows * m, 1, 1, 0};
+        return w->g_block;
+    }
+#else
+    (void)w;
+#endif
+    return G;
+}
+
 static void backward_unit(const backward_ctx *c, backward_ws *w, size_t u)
 {
-    const size_t n = c->p->n, m = c->p->m;
+    const size_t n = c->p->n;
     packed_b k_packed;
     backward_unit_begin(c, w, u, &k_packed);
-    for (size_t blk0 = 0; blk0 < n; blk0 += c->row_block)
-        backward_unit_block(c, w, u, &k_packed, blk0, posenc_min(c->row_block, n - blk0),
-                            c->G + (u * n + blk0) * m, m, NULL);
+    for (size_t blk0 = 0; blk0 < n; blk0 += c->row_block) {
+        const size_t rows = posenc_min(c->row_block, n - blk0);
+        backward_unit_block(c, w, u, &k_packed, blk0, rows, backward_g_rows(c, w, u * n + blk0, rows),
+                            c->p->m, NULL);
+    }
+    w->scratch.local.src = NULL;
     backward_unit_end(c, w, u);
 }
 
@@ -389,7 +421,7 @@ static void backward_dense_head(const backward_ctx *c, backward_ws *w, size_t h)
     for (size_t blk0 = 0; blk0 < n; blk0 += c->row_block) {
         const size_t rows = posenc_min(c->row_block, n - blk0);
         for (size_t b = 0; b < p->B; ++b) {
-            const REAL *G_blk = c->G + ((b * H + h) * n + blk0) * m;
+            const REAL *G_blk = backward_g_rows(c, w, (b * H + h) * n + blk0, rows);
             for (size_t r = 0; r < rows; ++r)
                 kern->row_gather(b == 0 ? POSENC_SET : POSENC_ADD, S + r * m, G_blk + r * m, 1, m);
         }

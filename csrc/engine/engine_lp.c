@@ -11,6 +11,9 @@
  * posenc_bf16_content_forward (bf16dot.c: vdpbf16ps products, within the
  * same bound but summed in another order).
  *
+ * Where the bfloat16 GEMM runs, the inputs it reads through their bfloat16
+ * twins are not widened at all (lp_twin_only).
+ *
  * Memory: every entry point runs in chunks of (b, h) units (lp_chunks):
  * the float32 arena holds the widened parameters and one chunk's per-unit
  * arrays, never a float32 copy of the logits, G or the inputs.  The arena
@@ -411,10 +414,11 @@ static lp_row chunk_rows(const lp_stream *st, void *region, size_t unit0, size_t
  * Whether the float32 engine reads input stream t of a bfloat16 problem only
  * through its GEMMs and rowsum(dO out), which take the bfloat16 twins
  * (bf16_shadows) where the bfloat16 GEMM runs: then its float32 region is
- * left unwritten (not widened).  The others: G feeds the positional
- * gradients (any term of the problem but the content), and a backward's q
- * and k the vector tables' (their finiteness check).  The C tests fill the
- * unwritten regions with NaN (POSENC_LP_POISON), so that a read shows.
+ * left unwritten (not widened).  G is too: the positional gradients widen
+ * the row blocks they read themselves, in cache (backward_g_rows).  Not a
+ * backward's q and k with vector tables (their finiteness check reads
+ * them).  The C tests fill the unwritten regions with NaN
+ * (POSENC_LP_POISON), so that a read shows.
  */
 static int lp_twin_only(lp_kind kind, const posenc_problem *p, int t)
 {
@@ -422,11 +426,8 @@ static int lp_twin_only(lp_kind kind, const posenc_problem *p, int t)
     switch (t) {
     case S_Q: case S_K:
         return !(backward && (p->query_table || p->key_table));
-    case S_V: case S_D_OUT: case S_OUT_IN:
+    case S_V: case S_G: case S_D_OUT: case S_OUT_IN:
         return 1;
-    case S_G:
-        return !p->product && !p->theta && !p->table && !p->query_table && !p->key_table &&
-               !p->segment_table && !p->pos_q;
     default:
         return 0;
     }
@@ -517,7 +518,7 @@ static int lp_chunks(lp_kind kind, const posenc_problem *p, lp_stream *st, const
                     shadows[s.bf16_shadow_count++] = (posenc_bf16_shadow){
                         (const float *)REGION(t),
                         (const uint16_t *)st[t].src + unit0 * st[t].per_unit, bs * hs,
-                        st[t].per_unit, hs, p->H};
+                        st[t].per_unit, hs, p->H, unwidened[t]};
             posenc_grads gs = part;
             gs.q = g && g->q ? REGION(S_DQ) : NULL;
             gs.k = g && g->k ? REGION(S_DK) : NULL;

@@ -65,13 +65,15 @@ static void gemm_scratch_carve(gemm_scratch *s, REAL *mem, const posenc_kernels 
     s->a_pack = mem;
     s->shadows = kern->bf16 ? p->bf16_shadows : NULL;
     s->shadow_count = kern->bf16 ? p->bf16_shadow_count : 0;
-    s->local = (posenc_bf16_shadow){NULL, NULL, 0, 0, 0, 0};
+    s->local = (posenc_bf16_shadow){NULL, NULL, 0, 0, 0, 0, 0};
 }
 
 #ifdef ENGINE_BF16_GEMM
 /* The bfloat16 twin of x[0 .. extent) (posenc_bf16_shadow), when one unit of
- * a shadowed array holds it; NULL otherwise. */
-static const uint16_t *gemm_shadow(const gemm_scratch *s, const REAL *x, size_t extent)
+ * a shadowed array holds it; NULL otherwise.  *unwritten (unless NULL): x
+ * holds no values, only the twin does. */
+static const uint16_t *gemm_twin(const gemm_scratch *s, const REAL *x, size_t extent,
+                                 int *unwritten)
 {
     for (size_t t = 0; s && t <= s->shadow_count; ++t) {
         const posenc_bf16_shadow *sh = t == 0 ? &s->local : &s->shadows[t - 1];
@@ -82,10 +84,17 @@ static const uint16_t *gemm_shadow(const gemm_scratch *s, const REAL *x, size_t 
         const size_t at = (size_t)(x - sh->base), u = at / sh->per_unit, in = at % sh->per_unit;
         if (in + extent > sh->per_unit)
             return NULL;
+        if (unwritten)
+            *unwritten = sh->unwritten;
         return sh->src + ((u / sh->units_per_row) * sh->src_units_per_row + u % sh->units_per_row) *
                              sh->per_unit + in;
     }
     return NULL;
+}
+
+static const uint16_t *gemm_shadow(const gemm_scratch *s, const REAL *x, size_t extent)
+{
+    return gemm_twin(s, x, extent, NULL);
 }
 
 /* The float value of a bfloat16 twin's element (exact). */
