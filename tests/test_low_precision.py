@@ -217,6 +217,36 @@ def test_attention_forward_backward(posenc_isa, method, dtype, case, rng):
 
 # ------------------------------------------------------------------ edges
 
+@pytest.mark.parametrize("method", METHODS)
+def test_non_finite_q_and_k_in_bfloat16(posenc_isa, method, rng):
+    """An Inf in q and a NaN in k: the bfloat16 gradients are non-finite where
+    the float32 run's on the widened inputs are, and near them elsewhere.  With
+    a vector table (Shaw, M4, M4M, DeBERTa) its gradient then takes the exact
+    path, which reads q and k themselves: on vdpbf16ps the engine widens them
+    from the bfloat16 inputs there (engine_lp.c leaves q and k unwidened)."""
+    if _dtypes.BFLOAT16 is None:
+        pytest.skip("bfloat16 needs ml_dtypes")
+    n, m, d = 17, 9, 5
+    args, kwargs = _inputs(method, "bfloat16", n, m, d, rng)
+    floats = float_inputs(method, args, kwargs)
+    q, k = floats["q"].copy(), floats["k"].copy()
+    q[0, 1, 3, 2], k[1, 2, 4, 0] = np.inf, np.nan
+    args, kwargs = with_inputs(method, args, kwargs, {"q": q, "k": k})
+    args32, kwargs32 = _cast(method, args, kwargs, np.float32)
+    G = rng.standard_normal((2, 3, n, m)).astype(q.dtype)
+    grads = getattr(posenc, method + "_backward")(G, *args, **kwargs)
+    grads32 = getattr(posenc, method + "_backward")(G.astype(np.float32), *args32, **kwargs32)
+    for field in grads._fields:
+        got = getattr(grads, field).astype(np.float32)
+        want = getattr(grads32, field)
+        finite = np.isfinite(want)
+        np.testing.assert_array_equal(np.isfinite(got), finite, err_msg=f"{field}: non-finite")
+        if finite.any():
+            scale = np.abs(want[finite]).max()
+            np.testing.assert_allclose(got[finite], want[finite], rtol=0.05, atol=0.05 * scale,
+                                       err_msg=field)
+
+
 def test_float16_overflows_to_inf_at_65520(posenc_isa):
     """Logits of +-65504 and 65519 stay finite (65519 rounds to 65504); 65520 and
     beyond are +-inf, in posenc and in the reference, and the check's bound

@@ -51,6 +51,7 @@ typedef struct {
     REAL *key_side;           /* Gk: m x key_buckets */
     REAL *reach;              /* the buckets one row of Gq or Gk reaches (vector_table_exact) */
     REAL *vector_grad;        /* scales.exact: X.table of a unit, max(n, m) x d */
+    REAL *x_wide;             /* q or k of a unit widened from its twin (x_all_finite) */
     /* product mode (backward_product_impl.h) */
     REAL *k_pack, *content, *query_factor, *key_factor, *query_proj, *query_table_pack;
     REAL *key_proj, *key_table_pack, *key_tile_grad, *content_grad, *row_grad;
@@ -95,6 +96,8 @@ static size_t backward_ws_layout(const backward_ctx *c, backward_ws *w, REAL *me
     if (c->need_query_side || c->need_key_side) WS_TAKE(w, mem, at, reach, buckets);
     if (c->scales.exact && (c->need_query_side || c->need_key_side))
         WS_TAKE(w, mem, at, vector_grad, posenc_max(n, m) * d);
+    if (c->kern->bf16 && (c->need_query_side || c->need_key_side))
+        WS_TAKE(w, mem, at, x_wide, posenc_max(n, m) * d);
     if (p->product)
         backward_product_ws(c, w, mem, &at);
     if (p->pos_q && (c->g->pos_q || c->g->pos_k))

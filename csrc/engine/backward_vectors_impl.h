@@ -22,6 +22,42 @@ static int all_finite(const REAL *x, size_t count)
     return sum == 0;
 }
 
+#ifdef ENGINE_BF16_GEMM
+/* Whether a bfloat16 twin's x[0 .. count) are all finite (exponent bits not all ones). */
+static int twin_all_finite(const uint16_t *x, size_t count)
+{
+    unsigned bad = 0;
+    for (size_t t = 0; t < count; ++t)
+        bad |= (x[t] & 0x7f80u) == 0x7f80u;
+    return !bad;
+}
+#endif
+
+/*
+ * x[0 .. count) (q or k of a unit), finite or not; *values: where its
+ * values are (x, or where engine_lp.c left x unwritten and one is not
+ * finite, x widened from its twin into `spare`, for vector_table_exact).
+ */
+static int x_all_finite(const gemm_scratch *s, const REAL *x, size_t count, REAL *spare,
+                        const REAL **values)
+{
+    *values = x;
+#ifdef ENGINE_BF16_GEMM
+    int unwritten = 0;
+    const uint16_t *twin = gemm_twin(s, x, count, &unwritten);
+    if (twin && unwritten) {
+        if (twin_all_finite(twin, count))
+            return 1;
+        posenc_active_convert()->bf16_to_f32(spare, twin, count);
+        *values = spare;
+        return 0;
+    }
+#else
+    (void)s; (void)spare;
+#endif
+    return all_finite(x, count);
+}
+
 /*
  * reach[r] = 1 for the buckets that row x of a bucket matrix reaches, else 0:
  * query side, query x with keys [jb, m) (none for the [CLS] row); key side,
@@ -100,8 +136,9 @@ static void backward_vector_table(const backward_ctx *c, backward_ws *w, size_t 
     const REAL *table = (const REAL *)(key_side ? p->key_table : p->query_table) + first_row * d;
     REAL *slots = key_side ? c->key_table_slots : c->query_table_slots;
     REAL *slot = slots ? slots + u * buckets * d : NULL;
+    const REAL *x_values = x;
     const int exact_dx = dx && !all_finite(table, buckets * d);
-    const int exact_slot = slot && !all_finite(x, rows * d);
+    const int exact_slot = slot && !x_all_finite(&w->scratch, x, rows * d, w->x_wide, &x_values);
     if (dx && !exact_dx)
         gemm(kern, &w->scratch, w->b_pack, rows, d, buckets, X, (ptrdiff_t)buckets, 1, table,
              (ptrdiff_t)d, 1, vs, dx, (ptrdiff_t)d, 1, spans->by_row);
@@ -109,7 +146,7 @@ static void backward_vector_table(const backward_ctx *c, backward_ws *w, size_t 
         gemm(kern, &w->scratch, w->b_pack, buckets, d, rows, X, 1, (ptrdiff_t)buckets, x,
              (ptrdiff_t)d, 1, vs, slot, (ptrdiff_t)d, 0, spans->by_bucket);
     if (exact_dx || exact_slot)
-        vector_table_exact(c, w, key_side, X, buckets, table, x, vs, exact_dx ? dx : NULL,
+        vector_table_exact(c, w, key_side, X, buckets, table, x_values, vs, exact_dx ? dx : NULL,
                            exact_slot ? slot : NULL);
 }
 

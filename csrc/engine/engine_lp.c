@@ -11,8 +11,8 @@
  * posenc_bf16_content_forward (bf16dot.c: vdpbf16ps products, within the
  * same bound but summed in another order).
  *
- * Where the bfloat16 GEMM runs, the inputs it reads through their bfloat16
- * twins are not widened at all (lp_twin_only).
+ * Where the bfloat16 GEMM runs, the per-unit inputs are not widened at all:
+ * the float32 engine reads them through their bfloat16 twins (lp_chunks).
  *
  * Memory: every entry point runs in chunks of (b, h) units (lp_chunks):
  * the float32 arena holds the widened parameters and one chunk's per-unit
@@ -410,29 +410,6 @@ static lp_row chunk_rows(const lp_stream *st, void *region, size_t unit0, size_t
                     run, st->copy};
 }
 
-/*
- * Whether the float32 engine reads input stream t of a bfloat16 problem only
- * through its GEMMs and rowsum(dO out), which take the bfloat16 twins
- * (bf16_shadows) where the bfloat16 GEMM runs: then its float32 region is
- * left unwritten (not widened).  G is too: the positional gradients widen
- * the row blocks they read themselves, in cache (backward_g_rows).  Not a
- * backward's q and k with vector tables (their finiteness check reads
- * them).  The C tests fill the unwritten regions with NaN
- * (POSENC_LP_POISON), so that a read shows.
- */
-static int lp_twin_only(lp_kind kind, const posenc_problem *p, int t)
-{
-    const int backward = kind == LP_LOGITS_BACKWARD || kind == LP_ATTENTION_BACKWARD;
-    switch (t) {
-    case S_Q: case S_K:
-        return !(backward && (p->query_table || p->key_table));
-    case S_V: case S_G: case S_D_OUT: case S_OUT_IN:
-        return 1;
-    default:
-        return 0;
-    }
-}
-
 static int lp_chunks(lp_kind kind, const posenc_problem *p, lp_stream *st, const posenc_grads *g,
                      const posenc_attention *att, int num_threads)
 {
@@ -446,15 +423,20 @@ static int lp_chunks(lp_kind kind, const posenc_problem *p, lp_stream *st, const
     lp_job_init(&narrow, p, 0);
     lp_job_init(&narrow_sums, p, 0);
     size_t unit = 0, shared_with[S_COUNT];
-    int unwidened[S_COUNT];   /* read through its twin only: its region left unwritten */
+    /* Where the bfloat16 GEMM runs, the float32 engine reads the inputs only
+     * through their bfloat16 twins (bf16_shadows, marked unwritten): the
+     * GEMMs, rowsum(dO out), and where the positional gradients read G, q or
+     * k, row blocks they widen themselves in cache (backward_g_rows,
+     * x_all_finite).  Their float32 regions stay unwritten; the C tests fill
+     * them with NaN (POSENC_LP_POISON), so that a read shows. */
+    int unwidened[S_COUNT];
     const int twins = p->dtype == POSENC_BF16 && posenc_bf16_gemm_kernels();
     for (int t = 0; t < S_COUNT; ++t) {
         shared_with[t] = (size_t)t;
-        unwidened[t] = twins && st[t].src && !st[t].copy && lp_twin_only(kind, p, t);
+        unwidened[t] = twins && st[t].src && !st[t].copy;
         for (int u = 0; u < t && t < S_FIRST_OUTPUT; ++u)   /* k is q: the first's region */
             if (st[t].src && st[u].src == st[t].src && st[u].per_unit == st[t].per_unit) {
                 shared_with[t] = (size_t)u;
-                unwidened[u] &= unwidened[t];
                 break;
             }
         if (lp_has_region(&st[t]) && shared_with[t] == (size_t)t)
