@@ -346,6 +346,9 @@ typedef struct posenc_bf16_kernels_s {
     /* pack_pairs from bfloat16 rows (no rounding) */
     void (*pack_pairs16)(uint16_t *dst, size_t width, const uint16_t *src, ptrdiff_t rs,
                          const size_t *ranges, size_t tile, size_t cols);
+    /* the float32 kernels' row_exp of x (same values, same sum, same order)
+     * stored rounded as round_row rounds into dst only; x is left as it is */
+    double (*exp_row)(uint16_t *dst, const float *x, size_t len, double shift);
 } posenc_bf16_kernels;
 
 /* isa/avx512bf16.c, where compiled (POSENC_HAVE_AVX512BF16). */

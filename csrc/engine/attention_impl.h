@@ -43,6 +43,7 @@ typedef struct {
     REAL *grad;          /* backward: dP, then dS, row_block x m */
     REAL *dropped;       /* backward with dropout: P D, row_block x m */
     uint16_t *grad16;    /* the bfloat16 GEMM's backward: dS rounded once, row_block x m */
+    uint16_t *scores16;  /* the bfloat16 GEMM's forward without dropout: P in bfloat16 only */
     REAL *v_pack;        /* v as B: forward v (m x dv), backward v^T (dv x m) */
     REAL *d_out_pack;    /* backward: a row block of d_out as B (row_block x dv) */
     REAL *row_scale;     /* forward: 1 / sum of each row of a tile */
@@ -77,6 +78,8 @@ static size_t attention_ws_layout(const attention_ctx *c, int backward, size_t r
         }
     } else {
         WS_TAKE(w, mem, at, scores, c->kern->mr * c->logits.m_pad);
+        if (c->kern->bf16 && !c->dropout)
+            WS_TAKE(w, mem, at, scores16, (c->kern->mr * c->logits.m_pad + 1) / 2);
         WS_TAKE(w, mem, at, v_pack, packed_b_size(m, dv, nr));
         WS_TAKE(w, mem, at, row_scale, c->kern->mr);
     }
@@ -157,10 +160,12 @@ static int attention_has_nan(const REAL *x, size_t len)
  * first `visible` unmasked by causality): x becomes exp(x - max) D over the
  * visible keys and 0 past them; returns 1 / sum (the row's scale, 0 for a
  * row whose keys are all masked: then x is all 0; NaN, and x NaN, for a
- * row whose only unmasked logits are NaN) and writes its lse.
+ * row whose only unmasked logits are NaN) and writes its lse.  With x16
+ * (the bfloat16 GEMM, no dropout) the probabilities go to x16 only, rounded
+ * as the GEMM would round them (exp_row: the same sum).
  */
 static REAL attention_softmax_row(const attention_ctx *c, attention_ws *w, REAL *x, size_t b,
-                                  size_t h, size_t i, size_t cols, REAL *lse)
+                                  size_t h, size_t i, size_t cols, REAL *lse, uint16_t *x16)
 {
     const size_t visible = attention_visible(c, i, cols);
     attention_pad(c, x, b, visible);
@@ -170,8 +175,22 @@ static REAL attention_softmax_row(const attention_ctx *c, attention_ws *w, REAL 
         for (size_t j = 0; j < cols; ++j)
             x[j] = j < visible ? fill : (REAL)0;
         *lse = fill == 0 ? (REAL)-INFINITY : fill;   /* a NaN row: out and lse NaN, as the reference's */
+#ifdef ENGINE_BF16_GEMM
+        if (x16)
+            c->kern->bf16->round_row(x16, x, cols);
+#endif
         return fill;
     }
+#ifdef ENGINE_BF16_GEMM
+    if (x16) {
+        const double sum16 = c->kern->bf16->exp_row(x16, x, visible, row_max);
+        *lse = (REAL)(row_max + log(sum16));
+        memset(x16 + visible, 0, sizeof(uint16_t) * (cols - visible));
+        return (REAL)(1.0 / sum16);
+    }
+#else
+    (void)x16;
+#endif
     const double sum = c->kern->row_exp(x, visible, row_max);
     *lse = (REAL)(row_max + log(sum));
     if (c->dropout) {
@@ -199,12 +218,18 @@ static void attention_forward_unit(const attention_ctx *c, forward_ws *fw, atten
         forward_tile(&c->logits, fw, b, h, &k_packed, i0, rows, cols, w->scores, (ptrdiff_t)ld);
         for (size_t r = 0; r < rows; ++r)
             w->row_scale[r] = attention_softmax_row(c, w, w->scores + r * ld, b, h, i0 + r, cols,
-                                                    lse_u + i0 + r);
+                                                    lse_u + i0 + r,
+                                                    w->scores16 ? w->scores16 + r * ld : NULL);
         if (dv == 0)
             continue;
+#ifdef ENGINE_BF16_GEMM
+        if (w->scores16)   /* P's twin: the GEMM reads its rows in place */
+            fw->scratch.local = (posenc_bf16_shadow){w->scores, w->scores16, 1, rows * ld, 1, 1, 0};
+#endif
         const size_t k_range[2] = {0, cols};   /* the keys the tile sees */
         gemm_packed(kern, &fw->scratch, rows, w->scores, (ptrdiff_t)ld, 1, &v_packed,
                     out_u + i0 * dv, (ptrdiff_t)dv, 0, NULL, 0, NULL, 0, k_range);
+        fw->scratch.local.src = NULL;
         for (size_t r = 0; r < rows; ++r)
             kern->row_gather(POSENC_MUL, out_u + (i0 + r) * dv, &w->row_scale[r], 0, dv);
     }

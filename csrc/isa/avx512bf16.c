@@ -14,6 +14,7 @@
 
 #include "convert_avx512.h"
 #include "transpose_avx512.h"
+#include "vector_exp.h"   /* posenc_vexp_f32: exp_row's exp, the avx512 row_exp's */
 
 /* vcvtneps2bf16 rounds to nearest even and quiets NaNs as the reference
  * does, but flushes subnormal inputs to zero: a block holding one is
@@ -359,6 +360,43 @@ static void bf16_pack_pairs16_avx512bf16(uint16_t *dst, size_t width, const uint
     bf16_pack_pairs_body(dst, width, src, rs, ranges, tile, cols, 0);
 }
 
+/* posenc_bf16_kernels.exp_row: the avx512 float32 row_exp (isa/softmax_impl.h)
+ * term for term -- its exp, its 16 lanes' sums, its tail (the row's last 16
+ * elements when the row has more, else one masked vector) summed in order
+ * after them -- stored only in bfloat16, as vcvtneps2bf16 rounds (round_row's
+ * rounding).  The softmax of the attention forward, whose P the bfloat16
+ * GEMM reads from dst: P is not written in float32 and not rounded again. */
+static double bf16_exp_row_avx512bf16(uint16_t *dst, const float *x, size_t len, double shift)
+{
+    const __m512 add = _mm512_set1_ps((float)-shift);
+    __m512 acc = _mm512_setzero_ps();
+    size_t j = 0;
+    for (; j + 16 <= len; j += 16) {
+        const __m512 e = posenc_vexp_f32(_mm512_add_ps(_mm512_loadu_ps(x + j), add));
+        _mm256_storeu_si256((__m256i *)(dst + j), (__m256i)_mm512_cvtneps_pbh(e));
+        acc = _mm512_add_ps(acc, e);
+    }
+    float tail[16];
+    size_t t0 = j;   /* tail[t] holds element t0 + t */
+    if (j < len) {
+        __m512 e;
+        if (len > 16) {   /* the row's last 16 elements, whole */
+            t0 = len - 16;
+            e = posenc_vexp_f32(_mm512_add_ps(_mm512_loadu_ps(x + t0), add));
+            _mm256_storeu_si256((__m256i *)(dst + t0), (__m256i)_mm512_cvtneps_pbh(e));
+        } else {
+            const __mmask16 part = (__mmask16)(((uint32_t)1 << (len - j)) - 1);
+            e = posenc_vexp_f32(_mm512_add_ps(_mm512_maskz_loadu_ps(part, x + j), add));
+            _mm256_mask_storeu_epi16(dst + j, part, (__m256i)_mm512_cvtneps_pbh(e));
+        }
+        _mm512_storeu_ps(tail, e);
+    }
+    float total = _mm512_reduce_add_ps(acc);
+    for (; j < len; ++j)
+        total += tail[j - t0];
+    return (double)total;
+}
+
 /* posenc_bf16_kernels.round_row: 32 elements per vcvtne2ps2bf16, the tail masked. */
 static void bf16_round_row_avx512bf16(uint16_t *dst, const float *src, size_t len)
 {
@@ -375,7 +413,7 @@ static void bf16_store_fence_avx512bf16(void) { _mm_sfence(); }
 const posenc_bf16_kernels posenc_bf16_kernels_avx512bf16 = {
     "avx512bf16", MR, NR, bf16_ukr_avx512bf16, bf16_pack_avx512bf16, bf16_store_fence_avx512bf16,
     bf16_ukr_f32_avx512bf16, bf16_pack_f32_avx512bf16, bf16_pack_pairs_avx512bf16,
-    bf16_round_row_avx512bf16, bf16_pack_pairs16_avx512bf16,
+    bf16_round_row_avx512bf16, bf16_pack_pairs16_avx512bf16, bf16_exp_row_avx512bf16,
 };
 
 #endif /* AVX512-BF16 */

@@ -174,6 +174,38 @@ static void test_pack(const posenc_bf16_kernels *kern)
         }
 }
 
+/* 2b: exp_row is the avx512 row_exp rounded by round_row, bit for bit, sum included (the
+ * row's length across the vector tails; -inf, huge and NaN logits; x unchanged). */
+static void test_exp_row(const posenc_bf16_kernels *kern)
+{
+    const size_t lens[] = {0, 1, 5, 15, 16, 17, 31, 32, 33, 47, 64, 100};
+    for (size_t a = 0; a < sizeof lens / sizeof lens[0]; ++a) {
+        const size_t len = lens[a];
+        float *x = malloc(sizeof(float) * (len + 1)), *ref = malloc(sizeof(float) * (len + 1));
+        uint16_t *got = malloc(sizeof(uint16_t) * (len + 1)), *want = malloc(sizeof(uint16_t) * (len + 1));
+        for (size_t j = 0; j < len; ++j)
+            x[j] = (float)((double)((j * 7919u) % 1000u) / 97.0 - 5.0);
+        if (len > 3) x[1] = -INFINITY, x[3] = -200.0f;
+        if (len > 16) x[16] = NAN;
+        memcpy(ref, x, sizeof(float) * len);
+        const double shift = 4.25;
+        const double want_sum = posenc_kernels_f32_avx512.row_exp(ref, len, shift);
+        kern->round_row(want, ref, len);
+        const double got_sum = kern->exp_row(got, x, len, shift);
+        size_t bad = 0;
+        for (size_t j = 0; j < len; ++j) {
+            const float before = (float)((double)((j * 7919u) % 1000u) / 97.0 - 5.0);
+            const float kept = len > 3 && j == 1 ? -INFINITY : len > 3 && j == 3 ? -200.0f : before;
+            bad += got[j] != want[j] || !(x[j] == kept || (len > 16 && j == 16 && x[j] != x[j]));
+        }
+        int same_sum = memcmp(&got_sum, &want_sum, sizeof got_sum) == 0 ||
+                       (got_sum != got_sum && want_sum != want_sum);
+        EXPECT(bad == 0 && same_sum, "bf16 exp_row len=%zu: %zu elements differ, sum %g vs %g",
+               len, bad, got_sum, want_sum);
+        free(x), free(ref), free(got), free(want);
+    }
+}
+
 /* 3: logits of every size combination within the bound; inputs unchanged. */
 static void test_sizes(void)
 {
@@ -357,6 +389,7 @@ void test_bf16dot(void)
     const posenc_bf16_kernels *kern = posenc_active_bf16_kernels();
     printf("bf16dot: %s, tile %zu x %zu\n", kern->name, kern->mr, kern->nr);
     test_pack(kern);
+    test_exp_row(kern);
     test_sizes();
     test_epilogue(kern);
     test_special();
