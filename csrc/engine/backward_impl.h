@@ -423,11 +423,11 @@ static void backward_dense_head(const backward_ctx *c, backward_ws *w, size_t h)
     REAL *S = w->grad_sum;
     for (size_t blk0 = 0; blk0 < n; blk0 += c->row_block) {
         const size_t rows = posenc_min(c->row_block, n - blk0);
-        for (size_t b = 0; b < p->B; ++b) {
-            const REAL *G_blk = backward_g_rows(c, w, (b * H + h) * n + blk0, rows);
+        for (size_t b = 0; b < p->B; ++b)   /* row by row: a widened row stays in L1 */
             for (size_t r = 0; r < rows; ++r)
-                kern->row_gather(b == 0 ? POSENC_SET : POSENC_ADD, S + r * m, G_blk + r * m, 1, m);
-        }
+                kern->row_gather(b == 0 ? POSENC_SET : POSENC_ADD, S + r * m,
+                                 backward_g_rows(c, w, (b * H + h) * n + blk0 + r, 1), 1, m);
+        w->scratch.local.src = NULL;
         backward_dense_block(c, w, h, S, blk0, rows, m, slot_q, slot_k, NULL);
     }
 }
