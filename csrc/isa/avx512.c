@@ -85,14 +85,15 @@ KEY_ROW_FUNCTIONS(double, f64, __m512d, _mm512_i64gather_pd, _mm512_i64scatter_p
 
 /*
  * float32 with 32-bit indices where every offset of the keys fits them
- * (j1 ld < 2^31): 16 keys per instruction, half the gathers (and scatters)
- * of the 64-bit indices' 8, the same elements; the rest as above.
+ * (j1 ld < 2^31; always with tile_gather_query's row stride ld of 0): 16
+ * keys per instruction, half the gathers (and scatters) of the 64-bit
+ * indices' 8, the same elements; the rest as above.
  */
 #define KEY_LANES32 16
 
 static inline int key_fits_int32(size_t j1, size_t ld)
 {
-    return ld != 0 && j1 + 1 <= (size_t)INT32_MAX / ld;
+    return ld == 0 || j1 + 1 <= (size_t)INT32_MAX / ld;   /* ld 0: tile_gather_query */
 }
 
 /* The 32-bit offsets of keys j .. j + 15 from the next 16 buckets (bucket_j). */
