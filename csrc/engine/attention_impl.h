@@ -224,7 +224,7 @@ static void attention_forward_unit(const attention_ctx *c, forward_ws *fw, atten
             continue;
 #ifdef ENGINE_BF16_GEMM
         if (w->scores16)   /* P's twin: the GEMM reads its rows in place */
-            fw->scratch.local = (posenc_bf16_shadow){w->scores, w->scores16, 1, rows * ld, 1, 1, 0};
+            gemm_twin_set(&fw->scratch, w->scores, w->scores16, rows * ld);
 #endif
         const size_t k_range[2] = {0, cols};   /* the keys the tile sees */
         gemm_packed(kern, &fw->scratch, rows, w->scores, (ptrdiff_t)ld, 1, &v_packed,
@@ -627,7 +627,7 @@ static void attention_grad_twin(const attention_ctx *c, attention_ws *w, gemm_sc
     for (size_t r = 0; r < rows; ++r)
         c->kern->bf16->round_row(w->grad16 + r * m, w->grad + r * m,
                                  block_width(limits, r / mr, cols, mr));
-    s->local = (posenc_bf16_shadow){w->grad, w->grad16, 1, rows * m, 1, 1, 0};
+    gemm_twin_set(s, w->grad, w->grad16, rows * m);
 #else
     (void)c; (void)w; (void)s; (void)rows; (void)cols; (void)limits;
 #endif

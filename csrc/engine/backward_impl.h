@@ -349,11 +349,10 @@ static const REAL *backward_g_rows(const backward_ctx *c, backward_ws *w, size_t
     const size_t m = c->p->m;
     const REAL *G = c->G + row0 * m;
 #ifdef ENGINE_BF16_GEMM
-    int unwritten = 0;
-    const uint16_t *twin = w->g_block ? gemm_twin(&w->scratch, G, rows * m, &unwritten) : NULL;
-    if (twin && unwritten) {
+    const uint16_t *twin = w->g_block ? gemm_unwritten_twin(&w->scratch, G, rows * m) : NULL;
+    if (twin) {
         posenc_active_convert()->bf16_to_f32(w->g_block, twin, rows * m);
-        w->scratch.local = (posenc_bf16_shadow){w->g_block, twin, 1, rows * m, 1, 1, 0};
+        gemm_twin_set(&w->scratch, w->g_block, twin, rows * m);
         return w->g_block;
     }
 #else

@@ -43,9 +43,8 @@ static int x_all_finite(const gemm_scratch *s, const REAL *x, size_t count, REAL
 {
     *values = x;
 #ifdef ENGINE_BF16_GEMM
-    int unwritten = 0;
-    const uint16_t *twin = gemm_twin(s, x, count, &unwritten);
-    if (twin && unwritten) {
+    const uint16_t *twin = gemm_unwritten_twin(s, x, count);
+    if (twin) {
         if (twin_all_finite(twin, count))
             return 1;
         posenc_active_convert()->bf16_to_f32(spare, twin, count);

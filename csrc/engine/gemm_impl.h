@@ -97,6 +97,22 @@ static const uint16_t *gemm_shadow(const gemm_scratch *s, const REAL *x, size_t 
     return gemm_twin(s, x, extent, NULL);
 }
 
+/* The twin of x[0 .. extent) where x holds no values (engine_lp.c left it
+ * unwritten: what reads it widens the twin), else NULL. */
+static const uint16_t *gemm_unwritten_twin(const gemm_scratch *s, const REAL *x, size_t extent)
+{
+    int unwritten = 0;
+    const uint16_t *twin = gemm_twin(s, x, extent, &unwritten);
+    return unwritten ? twin : NULL;
+}
+
+/* x16 made the bfloat16 twin of the thread's own x[0 .. count) (gemm_twin's
+ * first look), until s->local.src is cleared. */
+static void gemm_twin_set(gemm_scratch *s, const REAL *x, const uint16_t *x16, size_t count)
+{
+    s->local = (posenc_bf16_shadow){x, x16, 1, count, 1, 1, 0};
+}
+
 /* The float value of a bfloat16 twin's element (exact). */
 static float bf16_value(uint16_t h)
 {
