@@ -40,6 +40,7 @@ typedef struct {
     posenc_spans query_spans, key_spans;   /* where Gq and Gk are zero */
     posenc_segment_runs segment_runs;
     size_t query_buckets, key_buckets;     /* buckets the maps use */
+    key_edges key_edges;                   /* the key map's edges (terms_impl.h) */
     REAL *offset_slots, *segment_slots, *theta_slots, *query_table_slots, *key_table_slots;
     REAL *pos_q_slots, *pos_k_slots;
 } backward_ctx;
@@ -58,6 +59,10 @@ typedef struct {
     /* dense phase: S_h, a row block of it */
     REAL *grad_sum;
     REAL *g_block;            /* a row block of G widened from its twin (backward_g_rows) */
+    /* Gk's edge columns (scatter_key_side): keys [lo_first, lo_end) of the low
+     * edge's column and [hi_first, hi_end) of the high edge's held contiguous */
+    REAL *key_edge_sums;      /* 2 x m: the low edge's keys, then the high one's */
+    size_t lo_first, lo_end, hi_first, hi_end;
     ptrdiff_t cached_query_table;
 } backward_ws;
 
@@ -104,6 +109,8 @@ static size_t backward_ws_layout(const backward_ctx *c, backward_ws *w, REAL *me
         WS_TAKE(w, mem, at, grad_sum, c->row_block * m);
     if (c->kern->bf16 && c->reads_g)
         WS_TAKE(w, mem, at, g_block, c->row_block * m);
+    if (c->need_key_side && c->key_edges.any)
+        WS_TAKE(w, mem, at, key_edge_sums, 2 * m);
     return posenc_round_up(at, POSENC_ALIGN / sizeof(REAL));
 }
 
@@ -136,20 +143,83 @@ static void scatter_query_side(const posenc_kernels *kern, const posenc_runs *ru
     }
 }
 
+/* An edge column of Gk (side's column `bucket`) and its keys held
+ * contiguous in `sums`: keys [from, to) moved in (sums = side) or out. */
+static void key_edge_move(const posenc_kernels *kern, REAL *side, size_t ld_side, size_t bucket,
+                          REAL *sums, size_t from, size_t to, int in)
+{
+    if (from >= to)
+        return;
+    if (in)
+        kern->row_gather(POSENC_SET, sums + from, side + from * ld_side + bucket,
+                         (ptrdiff_t)ld_side, to - from);
+    else   /* side's entries are the sums' (row_scatter_add adds: zeroed first) */
+        for (size_t j = from; j < to; ++j)
+            side[j * ld_side + bucket] = sums[j];
+}
+
 /*
  * Rows [i0, i0 + rows) of an effective gradient (row r at src + r * ld_src)
  * scattered into their key-side buckets: Gk[j, map(j - i)] += src[r, j] (the
  * ISA's tile scatter, the adjoint of term_key_table).  Columns < jb and,
- * with skip_row0, row 0 belong to theta.  A bucket's sum runs over i in order.
+ * with skip_row0, row 0 belong to theta; keys [0, cols).  A bucket's sum runs
+ * over i in order.  Keys in an edge of the map (key_edges) for every row go
+ * to its column held contiguous (w->key_edge_sums: taken from Gk when a key
+ * enters the edge, put back when it leaves or the unit ends,
+ * scatter_key_edges_end), by row operations: the same sums in the same order.
  */
-static void scatter_key_side(const posenc_kernels *kern, REAL *side, size_t ld_side,
-                             const int64_t *map, ptrdiff_t b_min, const REAL *src, size_t ld_src,
-                             size_t n, size_t m, size_t i0, size_t rows, size_t jb, int skip_row0)
+static void scatter_key_side(const backward_ctx *c, backward_ws *w, const REAL *src,
+                             size_t ld_src, size_t cols, size_t i0, size_t rows, size_t jb,
+                             int skip_row0)
 {
-    const size_t r0 = (skip_row0 && i0 == 0) ? 1 : 0;
-    for (size_t j0 = jb; j0 < m; j0 += kern->key_block)
-        kern->tile_scatter_key(side, ld_side, map + (n - 1 - i0), b_min, src, ld_src, j0,
-                               posenc_min(j0 + kern->key_block, m), r0, rows);
+    const posenc_kernels *kern = c->kern;
+    const posenc_problem *p = c->p;
+    const size_t r0 = (skip_row0 && i0 == 0) ? 1 : 0, ld_side = c->key_buckets, m = p->m;
+    size_t lo = jb, hi = cols;
+    if (w->key_edge_sums && rows > r0) {
+        const key_edges *e = &c->key_edges;
+        REAL *lo_sums = w->key_edge_sums, *hi_sums = lo_sums + m;
+        key_edges_split(e, i0 + r0, rows - r0, cols, &lo, &hi);
+        lo = posenc_max(lo, jb);
+        hi = posenc_max(hi, lo);
+        /* the edges only grow (lo) and move right (hi) as i0 does: keys below
+         * hi leave the high edge, keys up to lo and up to cols enter them */
+        key_edge_move(kern, w->key_side, ld_side, e->hi, hi_sums, w->hi_first,
+                      posenc_min(w->hi_end, hi), 0);
+        w->hi_first = posenc_max(w->hi_first, hi);
+        if (lo > jb) {
+            if (w->lo_end == 0)   /* the first keys: from jb on (column 0 may be theta's) */
+                w->lo_first = w->lo_end = jb;
+            key_edge_move(kern, w->key_side, ld_side, e->lo, lo_sums, w->lo_end, lo, 1);
+            w->lo_end = posenc_max(w->lo_end, lo);
+            for (size_t r = r0; r < rows; ++r)
+                kern->row_gather(POSENC_ADD, lo_sums + jb, src + r * ld_src + jb, 1, lo - jb);
+        }
+        if (hi < cols) {
+            const size_t from = posenc_max(w->hi_end, hi);
+            key_edge_move(kern, w->key_side, ld_side, e->hi, hi_sums, from, cols, 1);
+            w->hi_end = posenc_max(w->hi_end, cols);
+            for (size_t r = r0; r < rows; ++r)
+                kern->row_gather(POSENC_ADD, hi_sums + hi, src + r * ld_src + hi, 1, cols - hi);
+        }
+    }
+    for (size_t j0 = lo; j0 < hi; j0 += kern->key_block)
+        kern->tile_scatter_key(w->key_side, ld_side, p->key_map + (p->n - 1 - i0), c->key_runs.b_min,
+                               src, ld_src, j0, posenc_min(j0 + kern->key_block, hi), r0, rows);
+}
+
+/* The unit's edge columns put back into Gk (before its GEMMs read it), and
+ * the edges emptied for the next unit. */
+static void scatter_key_edges_end(const backward_ctx *c, backward_ws *w)
+{
+    if (!w->key_edge_sums)
+        return;
+    const size_t m = c->p->m;
+    key_edge_move(c->kern, w->key_side, c->key_buckets, c->key_edges.lo, w->key_edge_sums,
+                  w->lo_first, w->lo_end, 0);
+    key_edge_move(c->kern, w->key_side, c->key_buckets, c->key_edges.hi, w->key_edge_sums + m,
+                  w->hi_first, w->hi_end, 0);
+    w->lo_first = w->lo_end = w->hi_first = w->hi_end = 0;
 }
 
 /* The positional gradients of one row from its effective gradients. */
@@ -230,8 +300,7 @@ static void backward_sum_rows(const backward_ctx *c, backward_ws *w, size_t u, s
         kern->diagonal_sums(c->offset_slots + u * c->offsets + (n - 1 - (blk0 + skip)),
                             G_blk + skip * m, m, rows - skip, c->masked ? 1 : 0, cols);
     if (c->need_key_side)
-        scatter_key_side(kern, w->key_side, c->key_buckets, p->key_map, c->key_runs.b_min,
-                         G_blk, m, n, cols, blk0, rows, c->masked ? 1 : 0, c->cls_row0);
+        scatter_key_side(c, w, G_blk, m, cols, blk0, rows, c->masked ? 1 : 0, c->cls_row0);
 }
 
 /* backward_sum_rows over a block: at once, or with `limits` tile by tile of mr rows over
@@ -260,7 +329,7 @@ static void backward_unit_begin(const backward_ctx *c, backward_ws *w, size_t u,
         pack_b(c->kern, &w->scratch, k_packed, w->k_pack, k_u, 1, (ptrdiff_t)d, d, m, (REAL)p->scale);
         if (p->key_table)
             key_projections(c->kern, &w->scratch, p, c->key_runs.b_min, c->key_buckets, 0,
-                            c->key_buckets, w->key_table_pack, w->key_proj, h, k_u);
+                            c->key_buckets, &c->key_edges, w->key_table_pack, w->key_proj, h, k_u);
     }
 }
 
@@ -316,6 +385,7 @@ static void backward_unit_end(const backward_ctx *c, backward_ws *w, size_t u)
     const posenc_problem *p = c->p;
     const posenc_grads *g = c->g;
     const size_t n = p->n, m = p->m, d = p->d, h = u % p->H;
+    scatter_key_edges_end(c, w);
     for (int key_side = 0; key_side < 2; ++key_side) {
         const size_t rows = key_side ? m : n;
         const REAL *x = (const REAL *)(key_side ? p->k : p->q) + u * rows * d;

@@ -22,7 +22,7 @@ static void backward_product_ws(const backward_ctx *c, backward_ws *w, REAL *mem
     }
     if (p->key_table) {
         WS_TAKE(w, mem, *at, key_factor, mr * c->m_pad);
-        WS_TAKE(w, mem, *at, key_proj, m * c->key_buckets);
+        WS_TAKE(w, mem, *at, key_proj, m * c->key_buckets + key_edge_size(&c->key_edges, m));
         WS_TAKE(w, mem, *at, key_table_pack, packed_b_size(d, c->key_buckets, nr));
         WS_TAKE(w, mem, *at, key_tile_grad, mr * c->m_pad);
     }
@@ -54,7 +54,7 @@ static void backward_product_tile(const backward_ctx *c, backward_ws *w, size_t 
                          POSENC_SET, w->query_factor, ld, i0, rows, width, NULL);
     if (p->key_table)
         term_key_table(kern, POSENC_SET, w->key_factor, ld, p->key_map, c->key_runs.b_min,
-                       w->key_proj, c->key_buckets, n, width, i0, rows);
+                       w->key_proj, c->key_buckets, &c->key_edges, n, m, width, i0, rows);
 
     const REAL *by_offset = p->table ? c->table_by_offset + head_of(p->table_heads, h) * c->offsets
                                      : NULL;
@@ -98,6 +98,5 @@ static void backward_product_tile(const backward_ctx *c, backward_ws *w, size_t 
         }
     }
     if (c->need_key_side)
-        scatter_key_side(kern, w->key_side, c->key_buckets, p->key_map, c->key_runs.b_min,
-                         w->key_tile_grad, ld, n, width, i0, rows, 0, 0);
+        scatter_key_side(c, w, w->key_tile_grad, ld, width, i0, rows, 0, 0);
 }

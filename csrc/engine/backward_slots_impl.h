@@ -189,6 +189,7 @@ static int backward_prepare(backward_ctx *c, const posenc_problem *p, const pose
         if (posenc_runs_build(&c->key_runs, p->key_map, -(ptrdiff_t)(n - 1), offsets))
             return POSENC_ENOMEM;
         c->key_buckets = posenc_runs_buckets(&c->key_runs);
+        c->key_edges = key_edges_of(&c->key_runs);
         if (c->need_key_side &&
             posenc_spans_build(&c->key_spans, &c->key_runs, p->key_map, n, m, 1, 0, kern->mr, o_max))
             return POSENC_ENOMEM;

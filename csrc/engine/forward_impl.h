@@ -29,6 +29,7 @@ typedef struct {
     posenc_runs query_runs, key_runs;
     posenc_segment_runs segment_runs;
     size_t query_buckets, key_buckets;   /* buckets the maps use */
+    key_edges key_edges;      /* the key map's edges (terms_impl.h) */
     size_t key_reach[2];      /* the key projections' buckets the tiles read: [0, key_buckets), or
                                  under a causal attention those of its offsets (from b_min) */
     size_t *query_reach;      /* NULL, or a causal attention's: the query table's buckets [2 t,
@@ -72,7 +73,7 @@ static size_t forward_ws_layout(const forward_ctx *c, forward_ws *w, REAL *mem)
         WS_TAKE(w, mem, at, query_table_pack, packed_b_size(p->d, c->query_buckets, nr));
     }
     if (p->key_table) {
-        WS_TAKE(w, mem, at, key_proj, c->key_buckets * p->m);
+        WS_TAKE(w, mem, at, key_proj, c->key_buckets * p->m + key_edge_size(&c->key_edges, p->m));
         WS_TAKE(w, mem, at, key_table_pack, packed_b_size(p->d, c->key_buckets, nr));
     }
     if (c->head_blocks)
@@ -197,7 +198,7 @@ static const REAL *forward_positional(const forward_ctx *c, forward_ws *w, size_
     }
     if (p->key_table) {
         term_key_table(kern, op, w->P, ld, p->key_map, c->key_runs.b_min, w->key_proj,
-                       c->key_buckets, n, cols, i0, rows);
+                       c->key_buckets, &c->key_edges, n, m, cols, i0, rows);
         op = combine_op;
     }
     if (p->segment_table && !c->segment_rows) {
@@ -249,7 +250,7 @@ static void forward_unit_setup(const forward_ctx *c, forward_ws *w, size_t b, si
     pack_b(kern, &w->scratch, k_packed, w->k_pack, k_u, 1, (ptrdiff_t)d, d, m, (REAL)p->scale);
     if (p->key_table)
         key_projections(kern, &w->scratch, p, c->key_runs.b_min, c->key_buckets, c->key_reach[0],
-                        c->key_reach[1], w->key_table_pack, w->key_proj, h, k_u);
+                        c->key_reach[1], &c->key_edges, w->key_table_pack, w->key_proj, h, k_u);
     if (c->segment_rows)
         forward_expand_segments(c, w, b, h);
 }
@@ -320,7 +321,7 @@ static void forward_tile_exact(const forward_ctx *c, forward_ws *w, size_t b, si
     }
     if (p->key_table) {
         term_key_table(kern, POSENC_SET, P, ld, p->key_map, c->key_runs.b_min, w->key_proj,
-                       c->key_buckets, n, cols, i0, rows);
+                       c->key_buckets, &c->key_edges, n, p->m, cols, i0, rows);
         exact_apply(op, vector_sum, vs, P, ld, rows, cols);
     }
     if (p->product) {
@@ -438,6 +439,7 @@ static int forward_prepare(forward_ctx *c, const posenc_problem *p, const posenc
         if (posenc_runs_build(&c->key_runs, p->key_map, -(ptrdiff_t)(n - 1), offsets))
             return POSENC_ENOMEM;
         c->key_buckets = posenc_runs_buckets(&c->key_runs);
+        c->key_edges = key_edges_of(&c->key_runs);
         c->key_reach[1] = c->key_buckets;
     }
     if (p->segment_table && posenc_segment_runs_build(&c->segment_runs, p->segment_k, p->B, m))

@@ -78,29 +78,107 @@ static void term_query_table_runs(const posenc_kernels *kern, int op, REAL *P, s
 }
 
 /*
+ * The key map's edges: its first and last runs where one bucket holds many
+ * offsets (a clipped map's j - i <= -t and >= t).  Along a row a key-side
+ * term reads a diagonal of proj, one gather per key; in an edge it reads one
+ * column of proj, which key_projections copies contiguous once per unit
+ * (edge_cols: lo's m keys, then hi's), so that a tile's keys in an edge go
+ * through a row operation instead.  The same values either way.
+ */
+typedef struct {
+    ptrdiff_t lo_end;     /* offsets o < lo_end: column lo of proj (0: no low edge) */
+    ptrdiff_t hi_begin;   /* offsets o >= hi_begin: column hi (PTRDIFF_MAX: no high edge) */
+    size_t lo, hi;
+    int any;
+} key_edges;
+
+/* Runs shorter than this are left to the gathers: a row operation's call
+ * costs more than the few gathers it would save. */
+#define KEY_EDGE_MIN 16
+
+static key_edges key_edges_of(const posenc_runs *runs)
+{
+    key_edges e = {PTRDIFF_MIN, PTRDIFF_MAX, 0, 0, 0};
+    if (runs->count == 0)
+        return e;
+    const posenc_run *first = &runs->runs[0], *last = &runs->runs[runs->count - 1];
+    if (first->step == 0 && first->o_end - first->o_begin >= KEY_EDGE_MIN) {
+        e.lo_end = first->o_end;
+        e.lo = (size_t)(first->b_begin - runs->b_min);
+        e.any = 1;
+    }
+    if (runs->count > 1 && last->step == 0 && last->o_end - last->o_begin >= KEY_EDGE_MIN) {
+        e.hi_begin = last->o_begin;
+        e.hi = (size_t)(last->b_begin - runs->b_min);
+        e.any = 1;
+    }
+    return e;
+}
+
+/* Elements of the edge columns after proj (m x buckets). */
+static size_t key_edge_size(const key_edges *e, size_t m)
+{
+    return e->any ? 2 * m : 0;
+}
+
+/* The keys [*lo_keys, *hi_keys) of a tile of rows [i0, i0 + rows) that are
+ * in no edge for some row; below them every row is in the low edge, from
+ * them on every row in the high one.  keys: the tile's [0, keys). */
+static void key_edges_split(const key_edges *e, size_t i0, size_t rows, size_t keys,
+                            size_t *lo_keys, size_t *hi_keys)
+{
+    const ptrdiff_t k = (ptrdiff_t)keys;
+    ptrdiff_t lo = 0, hi = k;
+    if (e && e->lo_end != PTRDIFF_MIN && e->lo_end > -(ptrdiff_t)i0) {   /* j - i0 < lo_end */
+        lo = (ptrdiff_t)i0 + e->lo_end;
+        lo = lo < k ? lo : k;
+    }
+    if (e && e->hi_begin != PTRDIFF_MAX && e->hi_begin < k) {   /* j - (i0 + rows - 1) >= hi_begin */
+        hi = (ptrdiff_t)(i0 + rows - 1) + e->hi_begin;
+        hi = hi < lo ? lo : hi > k ? k : hi;
+    }
+    *lo_keys = (size_t)lo;
+    *hi_keys = (size_t)hi;
+}
+
+/*
  * Key-side table: proj[j * ld + (bucket - b_min)] = vector_scale k_j .
- * key_table[bucket]; along a row the needed entries form a diagonal of proj,
- * so the ISA's tile gather takes the keys block by block (kern->key_block).
+ * key_table[bucket] (j < m, ld = buckets); along a row the needed entries
+ * form a diagonal of proj, so the ISA's tile gather takes the keys block by
+ * block (kern->key_block), and a row operation those in an edge (e, or NULL:
+ * none; the edge columns after proj).  The tile's keys [0, cols).
  * map[o + n - 1] is the bucket of offset o.
  */
 static void term_key_table(const posenc_kernels *kern, int op, REAL *P, size_t ldp,
                            const int64_t *map, ptrdiff_t b_min, const REAL *proj, size_t ld,
-                           size_t n, size_t m, size_t i0, size_t rows)
+                           const key_edges *e, size_t n, size_t m, size_t cols, size_t i0,
+                           size_t rows)
 {
-    for (size_t j0 = 0; j0 < m; j0 += kern->key_block)
+    const REAL *edge_lo = proj + m * ld, *edge_hi = edge_lo + m;
+    size_t lo, hi;
+    key_edges_split(e, i0, rows, cols, &lo, &hi);
+    for (size_t r = 0; r < rows && (lo > 0 || hi < cols); ++r) {
+        if (lo > 0)
+            kern->row_gather(op, P + r * ldp, edge_lo, 1, lo);
+        if (hi < cols)
+            kern->row_gather(op, P + r * ldp + hi, edge_hi + hi, 1, cols - hi);
+    }
+    for (size_t j0 = lo; j0 < hi; j0 += kern->key_block)
         kern->tile_gather_key(op, P, ldp, map + (n - 1 - i0), b_min, proj, ld, j0,
-                              posenc_min(j0 + kern->key_block, m), rows);
+                              posenc_min(j0 + kern->key_block, hi), rows);
 }
 
 /*
  * The key-side projections of unit (b, h): proj = k . (vector_scale
  * key_table[h])^T over the buckets the map uses, m x buckets, the table
  * packed into table_pack; only its columns [lo, hi) (the buckets the tiles
- * read: all, or those a causal attention's keys reach).
+ * read: all, or those a causal attention's keys reach), then the columns of
+ * e's edges after them (key_edge_size: lo's, then hi's).
  */
 static void key_projections(const posenc_kernels *kern, const gemm_scratch *g,
                             const posenc_problem *p, ptrdiff_t b_min, size_t buckets, size_t lo,
-                            size_t hi, REAL *table_pack, REAL *proj, size_t h, const REAL *k_u)
+                            size_t hi, const key_edges *e, REAL *table_pack, REAL *proj, size_t h,
+                            const REAL *k_u)
 {
     const size_t d = p->d, ht = head_of(p->key_table_heads, h);
     const REAL *table = (const REAL *)p->key_table + (ht * p->key_table_rows + (size_t)b_min + lo) * d;
@@ -108,6 +186,11 @@ static void key_projections(const posenc_kernels *kern, const gemm_scratch *g,
     pack_b(kern, g, &pb, table_pack, table, 1, (ptrdiff_t)d, d, hi - lo, (REAL)p->vector_scale);
     gemm_packed(kern, g, p->m, k_u, (ptrdiff_t)d, 1, &pb, proj + lo, (ptrdiff_t)buckets, 0,
                 NULL, 0, NULL, 0, NULL);
+    REAL *edge_lo = proj + p->m * buckets;   /* the edges' columns, where computed */
+    if (e->lo_end != PTRDIFF_MIN && lo <= e->lo && e->lo < hi)
+        kern->row_gather(POSENC_SET, edge_lo, proj + e->lo, (ptrdiff_t)buckets, p->m);
+    if (e->hi_begin != PTRDIFF_MAX && lo <= e->hi && e->hi < hi)
+        kern->row_gather(POSENC_SET, edge_lo + p->m, proj + e->hi, (ptrdiff_t)buckets, p->m);
 }
 
 /*
