@@ -161,20 +161,20 @@ static void key_edge_move(const posenc_kernels *kern, REAL *side, size_t ld_side
 /*
  * Rows [i0, i0 + rows) of an effective gradient (row r at src + r * ld_src)
  * scattered into their key-side buckets: Gk[j, map(j - i)] += src[r, j] (the
- * ISA's tile scatter, the adjoint of term_key_table).  Columns < jb and,
- * with skip_row0, row 0 belong to theta; keys [0, cols).  A bucket's sum runs
+ * ISA's tile scatter, the adjoint of term_key_table).  Columns < jb and rows
+ * below r0 belong to theta; keys [0, cols).  A bucket's sum runs
  * over i in order.  Keys in an edge of the map (key_edges) for every row go
  * to its column held contiguous (w->key_edge_sums: taken from Gk when a key
  * enters the edge, put back when it leaves or the unit ends,
  * scatter_key_edges_end), by row operations: the same sums in the same order.
  */
-static void scatter_key_side(const backward_ctx *c, backward_ws *w, const REAL *src,
+static void scatter_key_rows(const backward_ctx *c, backward_ws *w, const REAL *src,
                              size_t ld_src, size_t cols, size_t i0, size_t rows, size_t jb,
-                             int skip_row0)
+                             size_t r0)
 {
     const posenc_kernels *kern = c->kern;
     const posenc_problem *p = c->p;
-    const size_t r0 = (skip_row0 && i0 == 0) ? 1 : 0, ld_side = c->key_buckets, m = p->m;
+    const size_t ld_side = c->key_buckets, m = p->m;
     size_t lo = jb, hi = cols;
     if (w->key_edge_sums && rows > r0) {
         const key_edges *e = &c->key_edges;
@@ -206,6 +206,20 @@ static void scatter_key_side(const backward_ctx *c, backward_ws *w, const REAL *
     for (size_t j0 = lo; j0 < hi; j0 += kern->key_block)
         kern->tile_scatter_key(w->key_side, ld_side, p->key_map + (p->n - 1 - i0), c->key_runs.b_min,
                                src, ld_src, j0, posenc_min(j0 + kern->key_block, hi), r0, rows);
+}
+
+/* scatter_key_rows over rows [i0, i0 + rows) (row 0 skipped with skip_row0):
+ * at once, or with edges in tiles of mr rows, whose keys outside the edges
+ * are mr + 2 t wide (a clipped map's), where a block's would be rows + 2 t. */
+static void scatter_key_side(const backward_ctx *c, backward_ws *w, const REAL *src,
+                             size_t ld_src, size_t cols, size_t i0, size_t rows, size_t jb,
+                             int skip_row0)
+{
+    const size_t r0 = (skip_row0 && i0 == 0) ? 1 : 0;
+    const size_t step = w->key_edge_sums ? c->kern->mr : posenc_max(rows, 1);
+    for (size_t t0 = 0; t0 < rows; t0 += step)
+        scatter_key_rows(c, w, src + t0 * ld_src, ld_src, cols, i0 + t0,
+                         posenc_min(step, rows - t0), jb, t0 == 0 ? r0 : 0);
 }
 
 /* The unit's edge columns put back into Gk (before its GEMMs read it), and
