@@ -112,6 +112,34 @@ def measure(run_once, repeats: int, max_seconds: float, warmup: int = 1) -> dict
             "repeats": len(times), "warmup": warmup}
 
 
+def measure_interleaved(run_onces: dict, repeats: int, max_seconds: float,
+                        warmup: int = 1) -> dict:
+    """measure() of several calls taken in turns (run_onces: name -> run_once):
+    each round times every call once, so a slow stretch of the machine or a
+    burst of interference hits them alike and their ratios hold.  Stops after
+    `repeats` rounds, or once `max_seconds` per call have been spent and at
+    least two rounds were timed.  name -> measure()'s dict."""
+    gc_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        for _ in range(warmup):
+            for run_once in run_onces.values():
+                run_once()
+        times = {name: [] for name in run_onces}
+        began, rounds = perf_counter(), 0
+        while rounds < repeats:
+            for name, run_once in run_onces.items():
+                times[name].append(run_once())
+            rounds += 1
+            if rounds >= min(2, repeats) and perf_counter() - began >= max_seconds * len(run_onces):
+                break
+    finally:
+        if gc_enabled:
+            gc.enable()
+    return {name: {"times_s": t, "median_s": statistics.median(t), "min_s": min(t),
+                   "repeats": len(t), "warmup": warmup} for name, t in times.items()}
+
+
 def _timed(call):
     def run_once():
         start = perf_counter()
@@ -135,25 +163,22 @@ def time_posenc(method, direction, args, kwargs, G, threads, timing, out=None):
 
 def interleaved_forward(cases: dict, threads: int, rounds: int = 15) -> dict:
     """Forward times of several posenc methods taken in turns, `rounds` times
-    each, into one preallocated out= per method: a burst of interference then
-    hits every method alike, and the minimum (which interference can only
-    raise) compares kernels.  cases: method -> (args, kwargs)."""
+    each, into one preallocated out= per method (measure_interleaved): a burst
+    of interference then hits every method alike, and the minimum (which
+    interference can only raise) compares kernels.  cases: method -> (args, kwargs)."""
     previous = posenc.get_num_threads()
     posenc.set_num_threads(threads)
     try:
-        outs = {}
+        calls = {}
         for method, (args, kwargs) in cases.items():
-            outs[method] = getattr(posenc, method)(*args, **kwargs)    # warm-up, and the out=
-        times = {method: [] for method in cases}
-        for _ in range(rounds):
-            for method, (args, kwargs) in cases.items():
-                fn = getattr(posenc, method)
-                start = time.perf_counter()
-                fn(*args, out=outs[method], **kwargs)
-                times[method].append(time.perf_counter() - start)
+            fn = getattr(posenc, method)
+            out = fn(*args, **kwargs)                                   # warm-up, and the out=
+            calls[method] = _timed(lambda fn=fn, args=args, kwargs=kwargs, out=out:
+                                   fn(*args, out=out, **kwargs))
+        times = measure_interleaved(calls, rounds, float("inf"), warmup=0)
     finally:
         posenc.set_num_threads(previous)
-    return {method: {"min_s": min(t), "median_s": statistics.median(t), "rounds": rounds}
+    return {method: {"min_s": t["min_s"], "median_s": t["median_s"], "rounds": rounds}
             for method, t in times.items()}
 
 
