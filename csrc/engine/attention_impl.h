@@ -47,6 +47,7 @@ typedef struct {
     REAL *v_pack;        /* v as B: forward v (m x dv), backward v^T (dv x m) */
     REAL *d_out_pack;    /* backward: a row block of d_out as B (row_block x dv) */
     REAL *row_scale;     /* forward: 1 / sum of each row of a tile */
+    double *row_stats;   /* forward: each row of a tile's max, then its sum (lse = max + log sum) */
     REAL *drop_row;      /* dropout: D of one row, 0 or keep_scale, m */
     uint8_t *keep;       /* dropout: the keep decisions of one row, m */
     size_t *row_keys;    /* causal backward: per tile of mr rows of a block, its keys (k_range) */
@@ -82,6 +83,7 @@ static size_t attention_ws_layout(const attention_ctx *c, int backward, size_t r
             WS_TAKE(w, mem, at, scores16, (c->kern->mr * c->logits.m_pad + 1) / 2);
         WS_TAKE(w, mem, at, v_pack, packed_b_size(m, dv, nr));
         WS_TAKE(w, mem, at, row_scale, c->kern->mr);
+        WS_TAKE(w, mem, at, row_stats, 2 * c->kern->mr * (sizeof(double) / sizeof(REAL)));
     }
     if (c->dropout) {
         WS_TAKE(w, mem, at, drop_row, m);
@@ -160,12 +162,14 @@ static int attention_has_nan(const REAL *x, size_t len)
  * first `visible` unmasked by causality): x becomes exp(x - max) D over the
  * visible keys and 0 past them; returns 1 / sum (the row's scale, 0 for a
  * row whose keys are all masked: then x is all 0; NaN, and x NaN, for a
- * row whose only unmasked logits are NaN) and writes its lse.  With x16
+ * row whose only unmasked logits are NaN) and writes stats[0] + log
+ * stats[1], its lse, as two terms (the caller takes a tile's logs in one
+ * loop, where they overlap: -inf or NaN and 1 for those rows).  With x16
  * (the bfloat16 GEMM, no dropout) the probabilities go to x16 only, rounded
  * as the GEMM would round them (exp_row: the same sum).
  */
 static REAL attention_softmax_row(const attention_ctx *c, attention_ws *w, REAL *x, size_t b,
-                                  size_t h, size_t i, size_t cols, REAL *lse, uint16_t *x16)
+                                  size_t h, size_t i, size_t cols, double *stats, uint16_t *x16)
 {
     const size_t visible = attention_visible(c, i, cols);
     attention_pad(c, x, b, visible);
@@ -174,7 +178,8 @@ static REAL attention_softmax_row(const attention_ctx *c, attention_ws *w, REAL 
         const REAL fill = attention_has_nan(x, visible) ? (REAL)NAN : (REAL)0;
         for (size_t j = 0; j < cols; ++j)
             x[j] = j < visible ? fill : (REAL)0;
-        *lse = fill == 0 ? (REAL)-INFINITY : fill;   /* a NaN row: out and lse NaN, as the reference's */
+        stats[0] = fill == 0 ? -INFINITY : (double)fill;   /* a NaN row: out and lse NaN, as the reference's */
+        stats[1] = 1;
 #ifdef ENGINE_BF16_GEMM
         if (x16)
             c->kern->bf16->round_row(x16, x, cols);
@@ -184,7 +189,8 @@ static REAL attention_softmax_row(const attention_ctx *c, attention_ws *w, REAL 
 #ifdef ENGINE_BF16_GEMM
     if (x16) {
         const double sum16 = c->kern->bf16->exp_row(x16, x, visible, row_max);
-        *lse = (REAL)(row_max + log(sum16));
+        stats[0] = row_max;
+        stats[1] = sum16;
         memset(x16 + visible, 0, sizeof(uint16_t) * (cols - visible));
         return (REAL)(1.0 / sum16);
     }
@@ -192,7 +198,8 @@ static REAL attention_softmax_row(const attention_ctx *c, attention_ws *w, REAL 
     (void)x16;
 #endif
     const double sum = c->kern->row_exp(x, visible, row_max);
-    *lse = (REAL)(row_max + log(sum));
+    stats[0] = row_max;
+    stats[1] = sum;
     if (c->dropout) {
         attention_drop_row(c, w, b, h, i, visible);
         c->kern->row_gather(POSENC_MUL, x, w->drop_row, 1, visible);
@@ -218,8 +225,10 @@ static void attention_forward_unit(const attention_ctx *c, forward_ws *fw, atten
         forward_tile(&c->logits, fw, b, h, &k_packed, i0, rows, cols, w->scores, (ptrdiff_t)ld);
         for (size_t r = 0; r < rows; ++r)
             w->row_scale[r] = attention_softmax_row(c, w, w->scores + r * ld, b, h, i0 + r, cols,
-                                                    lse_u + i0 + r,
+                                                    w->row_stats + 2 * r,
                                                     w->scores16 ? w->scores16 + r * ld : NULL);
+        for (size_t r = 0; r < rows; ++r)
+            lse_u[i0 + r] = (REAL)(w->row_stats[2 * r] + log(w->row_stats[2 * r + 1]));
         if (dv == 0)
             continue;
 #ifdef ENGINE_BF16_GEMM
