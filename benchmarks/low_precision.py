@@ -14,12 +14,9 @@ measured in the same run:
 * every method: logits forward and backward, fused attention forward and
   forward+backward, float32 against bfloat16 and float16 (time ratio).
 
-Timings: median and spread (min, max) of repeated calls after a warm-up, a
-dtype's calls in one block, as a training loop makes them.  Taken in turns
-with the other dtypes' (posenc_bench.measure.measure_interleaved) every call
-ran slower, bfloat16 most (TUPE's attention forward+backward 60.9 -> 86.2 ms
-in the runs at 1215880 and before it; why was not established), so the
-blocks stay.
+Timings: median and spread (min, max) of repeated calls after a warm-up;
+a method's dtypes are timed in turns, call by call, so that a slow stretch
+of the machine hits them alike.
 Results: <out>/low-precision-<date>.json and .md.
 """
 
@@ -99,10 +96,12 @@ def measure_content(torch, shape, threads, timing):
 
 
 def measure_method(method, shape, threads, timing):
-    """Seconds of each direction, per dtype, for one method (NumPy API)."""
+    """Seconds of each direction, per dtype, for one method (NumPy API); the
+    dtypes of a direction taken in turns (measure_interleaved), so that their
+    ratios see the same machine."""
     import posenc
     from posenc_bench.cases import case_inputs, upstream_gradient
-    from posenc_bench.measure import measure, _timed
+    from posenc_bench.measure import measure_interleaved, _timed
 
     B, H, n, d = shape["B"], shape["H"], shape["n"], shape["d"]
     args, kwargs = case_inputs(method, B, H, n, n, d)
@@ -115,9 +114,9 @@ def measure_method(method, shape, threads, timing):
     backward = getattr(posenc, method + "_backward")
     attention = getattr(posenc, method + "_attention")
     attention_backward = getattr(posenc, method + "_attention_backward")
-    result = {}
-    for name in ("float32",) + LOW:
-        dt = _dtype(name)
+
+    def calls(dt):
+        """direction -> the call of one dtype."""
         a = [_cast(x, dt) for x in args]
         kw = {key: _cast(x, dt) for key, x in kwargs.items()}
         vd, dod, Gd = v.astype(dt), d_out.astype(dt), G.astype(dt)
@@ -128,13 +127,18 @@ def measure_method(method, shape, threads, timing):
             o, lse = attention(q, k, vd, *rest, **kw)
             return attention_backward(dod, q, k, vd, *rest, o, lse, **kw)
 
-        result[name] = {
-            "logits_fwd": _stats(measure(_timed(lambda: logits(*a, out=out, **kw)), **timing)),
-            "logits_bwd": _stats(measure(_timed(lambda: backward(Gd, *a, **kw)), **timing)),
-            "attention_fwd": _stats(measure(_timed(lambda: attention(q, k, vd, *rest, **kw)),
-                                            **timing)),
-            "attention_fwd_bwd": _stats(measure(_timed(attention_step), **timing)),
-        }
+        return {"logits_fwd": lambda: logits(*a, out=out, **kw),
+                "logits_bwd": lambda: backward(Gd, *a, **kw),
+                "attention_fwd": lambda: attention(q, k, vd, *rest, **kw),
+                "attention_fwd_bwd": attention_step}
+
+    by_dtype = {name: calls(_dtype(name)) for name in ("float32",) + LOW}
+    result = {name: {} for name in by_dtype}
+    for direction in DIRECTIONS:
+        taken = measure_interleaved({name: _timed(c[direction]) for name, c in by_dtype.items()},
+                                    **timing)
+        for name, m in taken.items():
+            result[name][direction] = _stats(m)
     return result
 
 
