@@ -109,8 +109,8 @@ static size_t backward_ws_layout(const backward_ctx *c, backward_ws *w, REAL *me
         WS_TAKE(w, mem, at, grad_sum, c->row_block * m);
     if (c->kern->bf16 && c->reads_g)
         WS_TAKE(w, mem, at, g_block, c->row_block * m);
-    if (c->need_key_side && c->key_edges.any)
-        WS_TAKE(w, mem, at, key_edge_sums, 2 * m);
+    if (c->need_key_side && key_edge_size(&c->key_edges, m))
+        WS_TAKE(w, mem, at, key_edge_sums, key_edge_size(&c->key_edges, m));
     return posenc_round_up(at, POSENC_ALIGN / sizeof(REAL));
 }
 
@@ -153,7 +153,7 @@ static void key_edge_move(const posenc_kernels *kern, REAL *side, size_t ld_side
     if (in)
         kern->row_gather(POSENC_SET, sums + from, side + from * ld_side + bucket,
                          (ptrdiff_t)ld_side, to - from);
-    else   /* side's entries are the sums' (row_scatter_add adds: zeroed first) */
+    else   /* set, not added: the sums began from side's entries (row_scatter_add only adds) */
         for (size_t j = from; j < to; ++j)
             side[j * ld_side + bucket] = sums[j];
 }

@@ -86,11 +86,13 @@ static void term_query_table_runs(const posenc_kernels *kern, int op, REAL *P, s
  * through a row operation instead.  The same values either way.
  */
 typedef struct {
-    ptrdiff_t lo_end;     /* offsets o < lo_end: column lo of proj (0: no low edge) */
+    ptrdiff_t lo_end;     /* offsets o < lo_end: column lo of proj (PTRDIFF_MIN: no low edge) */
     ptrdiff_t hi_begin;   /* offsets o >= hi_begin: column hi (PTRDIFF_MAX: no high edge) */
     size_t lo, hi;
-    int any;
 } key_edges;
+
+static int key_edge_has_lo(const key_edges *e) { return e->lo_end != PTRDIFF_MIN; }
+static int key_edge_has_hi(const key_edges *e) { return e->hi_begin != PTRDIFF_MAX; }
 
 /* Runs shorter than this are left to the gathers: a row operation's call
  * costs more than the few gathers it would save. */
@@ -98,19 +100,17 @@ typedef struct {
 
 static key_edges key_edges_of(const posenc_runs *runs)
 {
-    key_edges e = {PTRDIFF_MIN, PTRDIFF_MAX, 0, 0, 0};
+    key_edges e = {PTRDIFF_MIN, PTRDIFF_MAX, 0, 0};
     if (runs->count == 0)
         return e;
     const posenc_run *first = &runs->runs[0], *last = &runs->runs[runs->count - 1];
     if (first->step == 0 && first->o_end - first->o_begin >= KEY_EDGE_MIN) {
         e.lo_end = first->o_end;
         e.lo = (size_t)(first->b_begin - runs->b_min);
-        e.any = 1;
     }
     if (runs->count > 1 && last->step == 0 && last->o_end - last->o_begin >= KEY_EDGE_MIN) {
         e.hi_begin = last->o_begin;
         e.hi = (size_t)(last->b_begin - runs->b_min);
-        e.any = 1;
     }
     return e;
 }
@@ -118,7 +118,7 @@ static key_edges key_edges_of(const posenc_runs *runs)
 /* Elements of the edge columns after proj (m x buckets). */
 static size_t key_edge_size(const key_edges *e, size_t m)
 {
-    return e->any ? 2 * m : 0;
+    return key_edge_has_lo(e) || key_edge_has_hi(e) ? 2 * m : 0;
 }
 
 /* The keys [*lo_keys, *hi_keys) of a tile of rows [i0, i0 + rows) that are
@@ -129,11 +129,11 @@ static void key_edges_split(const key_edges *e, size_t i0, size_t rows, size_t k
 {
     const ptrdiff_t k = (ptrdiff_t)keys;
     ptrdiff_t lo = 0, hi = k;
-    if (e && e->lo_end != PTRDIFF_MIN && e->lo_end > -(ptrdiff_t)i0) {   /* j - i0 < lo_end */
+    if (e && key_edge_has_lo(e) && e->lo_end > -(ptrdiff_t)i0) {   /* j - i0 < lo_end */
         lo = (ptrdiff_t)i0 + e->lo_end;
         lo = lo < k ? lo : k;
     }
-    if (e && e->hi_begin != PTRDIFF_MAX && e->hi_begin < k) {   /* j - (i0 + rows - 1) >= hi_begin */
+    if (e && key_edge_has_hi(e) && e->hi_begin < k) {   /* j - (i0 + rows - 1) >= hi_begin */
         hi = (ptrdiff_t)(i0 + rows - 1) + e->hi_begin;
         hi = hi < lo ? lo : hi > k ? k : hi;
     }
@@ -187,9 +187,9 @@ static void key_projections(const posenc_kernels *kern, const gemm_scratch *g,
     gemm_packed(kern, g, p->m, k_u, (ptrdiff_t)d, 1, &pb, proj + lo, (ptrdiff_t)buckets, 0,
                 NULL, 0, NULL, 0, NULL);
     REAL *edge_lo = proj + p->m * buckets;   /* the edges' columns, where computed */
-    if (e->lo_end != PTRDIFF_MIN && lo <= e->lo && e->lo < hi)
+    if (key_edge_has_lo(e) && lo <= e->lo && e->lo < hi)
         kern->row_gather(POSENC_SET, edge_lo, proj + e->lo, (ptrdiff_t)buckets, p->m);
-    if (e->hi_begin != PTRDIFF_MAX && lo <= e->hi && e->hi < hi)
+    if (key_edge_has_hi(e) && lo <= e->hi && e->hi < hi)
         kern->row_gather(POSENC_SET, edge_lo + p->m, proj + e->hi, (ptrdiff_t)buckets, p->m);
 }
 
