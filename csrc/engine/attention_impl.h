@@ -208,6 +208,59 @@ static REAL attention_softmax_row(const attention_ctx *c, attention_ws *w, REAL 
     return (REAL)(1.0 / sum);
 }
 
+/*
+ * Under `causal` a unit's tiles see more keys as they go, so its keys are
+ * packed as its tiles reach them (k^T, v^T: whole panels of keys; v: rows)
+ * instead of before its first tile, and the keys of the tiles ahead are
+ * asked of memory (posenc_prefetch) while the current ones compute: the
+ * unit's reads of k and v overlap its arithmetic instead of stalling its
+ * start.  REAL panels only (the bfloat16 GEMM packs row pairs: it packs
+ * everything first).
+ */
+typedef struct {
+    const packed_b *pb;
+    const REAL *x;   /* the unit's keys, `width` elements each */
+    size_t width;
+    int key_rows;    /* the keys are the operand's rows (v for P.v), else its columns */
+} causal_operand;
+
+typedef struct {
+    causal_operand op[2];
+    size_t done, asked;   /* keys packed, asked for */
+} causal_keys;
+
+/* An operand's keys [from, to) as its layout holds them: rows, or whole panels of columns. */
+static void causal_operand_span(const causal_operand *o, size_t *from, size_t *to)
+{
+    if (o->key_rows)
+        return;
+    const size_t nr = o->pb->nr, m = o->pb->N;
+    *from = posenc_min(m, posenc_round_up(*from, nr));
+    *to = posenc_min(m, posenc_round_up(*to, nr));
+}
+
+/* The keys [0, cols) packed; those up to `ahead` asked for. */
+static void causal_keys_reach(const posenc_kernels *kern, causal_keys *ck, size_t cols, size_t ahead)
+{
+    for (int t = 0; t < 2; ++t) {
+        const causal_operand *o = &ck->op[t];
+        size_t from = ck->asked, to = ahead;
+        causal_operand_span(o, &from, &to);
+        if (to > from)
+            posenc_prefetch(o->x + from * o->width, (to - from) * o->width * sizeof(REAL));
+        from = ck->done, to = cols;
+        causal_operand_span(o, &from, &to);
+        if (to <= from)
+            continue;
+        if (o->key_rows)
+            pack_b_part(kern, o->pb, o->x, (ptrdiff_t)o->width, 1, from, to, 0, o->width);
+        else
+            pack_b_part(kern, o->pb, o->x, 1, (ptrdiff_t)o->width, 0, o->width, from, to);
+    }
+    ck->asked = posenc_max(ck->asked, ahead);
+    ck->done = posenc_max(ck->done, cols);
+}
+
 /* Rows [r0, r1) of unit (b, h): out and lse. */
 static void attention_forward_unit(const attention_ctx *c, forward_ws *fw, attention_ws *w,
                                    size_t b, size_t h, size_t r0, size_t r1, REAL *out, REAL *lse)
@@ -218,10 +271,19 @@ static void attention_forward_unit(const attention_ctx *c, forward_ws *fw, atten
     const REAL *v_u = (const REAL *)c->a->v + u * m * dv;
     REAL *out_u = out + u * p->n * dv, *lse_u = lse + u * p->n;
     packed_b k_packed, v_packed;
-    forward_unit_setup(&c->logits, fw, b, h, &k_packed);
-    pack_b(kern, &fw->scratch, &v_packed, w->v_pack, v_u, (ptrdiff_t)dv, 1, m, dv, 1);
+    const int by_tiles = c->a->causal && !kern->bf16;   /* causal_keys */
+    forward_unit_setup(&c->logits, fw, b, h, &k_packed, !by_tiles);
+    if (by_tiles)
+        v_packed = packed_b_shape(kern, w->v_pack, m, dv, 1);
+    else
+        pack_b(kern, &fw->scratch, &v_packed, w->v_pack, v_u, (ptrdiff_t)dv, 1, m, dv, 1);
+    causal_keys keys = {{{&k_packed, (const REAL *)p->k + u * m * p->d, p->d, 0},
+                         {&v_packed, v_u, dv, 1}}, 0, 0};
     for (size_t i0 = r0; i0 < r1; i0 += kern->mr) {
         const size_t rows = posenc_min(kern->mr, r1 - i0), cols = attention_columns(c, i0, rows);
+        if (by_tiles)   /* the keys of the tile after the next asked for */
+            causal_keys_reach(kern, &keys, cols,
+                              attention_columns(c, i0, posenc_min(3 * kern->mr, r1 - i0)));
         forward_tile(&c->logits, fw, b, h, &k_packed, i0, rows, cols, w->scores, (ptrdiff_t)ld);
         for (size_t r = 0; r < rows; ++r)
             w->row_scale[r] = attention_softmax_row(c, w, w->scores + r * ld, b, h, i0 + r, cols,
@@ -580,6 +642,9 @@ static void attention_backward_block(const attention_grad_ctx *gc, forward_ws *f
         forward_tile(&c->logits, fw, b, h, k_packed, i0, tile, tile_cols,
                      w->scores + (i0 - blk0) * m, (ptrdiff_t)m);
         if (gc->need_ds && dv) {
+            if (i0 + tile < blk0 + rows)   /* the next tile's rows of dO, read in place */
+                gemm_prefetch(&fw->scratch, d_out_blk + (i0 + tile - blk0) * dv,
+                              (posenc_min(blk0 + rows, i0 + 2 * tile) - i0 - tile) * dv);
             packed_b values = *vt_packed;
             values.N = tile_cols;
             gemm_packed(kern, &fw->scratch, tile, d_out_blk + (i0 - blk0) * dv, (ptrdiff_t)dv, 1,
@@ -656,9 +721,14 @@ static void attention_backward_unit(const void *gc_, attention_thread *t, size_t
     const size_t n = p->n, m = p->m, dv = c->a->dv, dp = p->d_p;
     const REAL *v_u = (const REAL *)c->a->v + u * m * dv;
     packed_b k_packed, vt_packed, product_keys;
-    forward_unit_setup(&c->logits, fw, u / p->H, h, &k_packed);
-    if (dv)
+    const int by_blocks = c->a->causal && !c->kern->bf16;   /* causal_keys */
+    forward_unit_setup(&c->logits, fw, u / p->H, h, &k_packed, !by_blocks);
+    if (by_blocks)
+        vt_packed = packed_b_shape(c->kern, w->v_pack, dv, m, 1);
+    else if (dv)
         pack_b(c->kern, &fw->scratch, &vt_packed, w->v_pack, v_u, 1, (ptrdiff_t)dv, dv, m, 1);   /* v^T */
+    causal_keys keys = {{{&k_packed, (const REAL *)p->k + u * m * p->d, p->d, 0},
+                         {&vt_packed, v_u, dv, 0}}, 0, 0};
     if (gc->grad_v)
         memset(gc->grad_v + u * m * dv, 0, sizeof(REAL) * m * dv);
     if (gc->need_ds)
@@ -672,6 +742,9 @@ static void attention_backward_unit(const void *gc_, attention_thread *t, size_t
             causal_limits = attention_block_limits(c, w, blk0, rows, cols);
             limits = &causal_limits;
         }
+        if (by_blocks)   /* the next block's keys asked for */
+            causal_keys_reach(c->kern, &keys, cols,
+                              attention_columns(c, blk0, posenc_min(2 * g->row_block, n - blk0)));
         attention_backward_block(gc, fw, w, &k_packed, &vt_packed, u, blk0, rows, cols, limits);
         if (!gc->need_ds)
             continue;

@@ -235,10 +235,11 @@ static void forward_expand_segments(const forward_ctx *c, forward_ws *w, size_t 
 }
 
 /* What unit (b, h) needs before its row tiles: the head block, s k^T
- * packed into k_packed (the content scale rides on the packed keys), the
- * key-side projections, the expanded segments. */
+ * packed into k_packed (the content scale rides on the packed keys; without
+ * pack_keys its shape only, the caller packs the panels), the key-side
+ * projections, the expanded segments. */
 static void forward_unit_setup(const forward_ctx *c, forward_ws *w, size_t b, size_t h,
-                               packed_b *k_packed)
+                               packed_b *k_packed, int pack_keys)
 {
     const posenc_problem *p = c->p;
     const posenc_kernels *kern = c->kern;
@@ -247,7 +248,10 @@ static void forward_unit_setup(const forward_ctx *c, forward_ws *w, size_t b, si
 
     if (c->head_blocks && w->cached_head_block != (ptrdiff_t)h)
         forward_head_block(c, w, h);
-    pack_b(kern, &w->scratch, k_packed, w->k_pack, k_u, 1, (ptrdiff_t)d, d, m, (REAL)p->scale);
+    if (pack_keys)
+        pack_b(kern, &w->scratch, k_packed, w->k_pack, k_u, 1, (ptrdiff_t)d, d, m, (REAL)p->scale);
+    else   /* the caller packs k's panels as its tiles reach them (forward_keys) */
+        *k_packed = packed_b_shape(kern, w->k_pack, d, m, (REAL)p->scale);
     if (p->key_table)
         key_projections(kern, &w->scratch, p, c->key_runs.b_min, c->key_buckets, c->key_reach[0],
                         c->key_reach[1], &c->key_edges, w->key_table_pack, w->key_proj, h, k_u);
@@ -391,6 +395,8 @@ static void forward_tile(const forward_ctx *c, forward_ws *w, size_t b, size_t h
             w->segment_row[r] = w->segment_expanded + (size_t)p->segment_q[b * n + i0 + r] * m;
         flags |= POSENC_UKR_ADD_ROWS;
     }
+    if (i0 + rows < n)   /* the next tile's rows of q, which the microkernel reads in place */
+        gemm_prefetch(&w->scratch, q_u + (i0 + rows) * d, (posenc_min(n, i0 + 2 * rows) - i0 - rows) * d);
     packed_b keys = *k_packed;
     keys.N = cols;   /* the first cols columns of the packed panels */
     gemm_packed(c->kern, &w->scratch, rows, q_u + i0 * d, (ptrdiff_t)d, 1, &keys, C, ldc, 0, P,
@@ -404,7 +410,7 @@ static void forward_unit(const forward_ctx *c, forward_ws *w, size_t b, size_t h
     const size_t m = c->p->m, mr = c->kern->mr;
     char *out_u = (char *)out + (b * c->out_heads + h) * c->p->n * m * c->out_size;
     packed_b k_packed;
-    forward_unit_setup(c, w, b, h, &k_packed);
+    forward_unit_setup(c, w, b, h, &k_packed, 1);
     for (size_t i0 = r0; i0 < r1; i0 += mr)
         forward_tile(c, w, b, h, &k_packed, i0, posenc_min(mr, r1 - i0), m,
                      (REAL *)(void *)(out_u + i0 * m * c->out_size), (ptrdiff_t)m);

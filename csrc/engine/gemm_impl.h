@@ -129,6 +129,22 @@ static size_t gemm_extent(size_t K, size_t N, ptrdiff_t rs, ptrdiff_t cs)
 }
 #endif
 
+/* Asks for x[0 .. count) ahead of a GEMM that reads it in place (posenc_prefetch): its bfloat16
+ * twin instead where it has one, which is what the bfloat16 GEMM reads. */
+static void gemm_prefetch(const gemm_scratch *s, const REAL *x, size_t count)
+{
+#ifdef ENGINE_BF16_GEMM
+    const uint16_t *twin = gemm_shadow(s, x, count);
+    if (twin) {
+        posenc_prefetch(twin, count * sizeof(uint16_t));
+        return;
+    }
+#else
+    (void)s;
+#endif
+    posenc_prefetch(x, count * sizeof(REAL));
+}
+
 /*
  * A packed B operand (K x N, element (l, j) at B[l * rs + j * cs], rs or
  * cs 1: rows of B or of its transpose, k^T, v^T, the tables^T):
@@ -215,6 +231,31 @@ static void pack_b_bf16(const posenc_kernels *kern, const gemm_scratch *s, const
 }
 #endif
 
+/* Rows [l0, l1) of K and the panels of columns [j0, j1) of N (j0 a multiple
+ * of nr) of a packed REAL operand pb (pack_b's layout and scale): the rest
+ * of it untouched, so that a caller can pack an operand in parts, as its
+ * tiles come to need them. */
+static void pack_b_part(const posenc_kernels *kern, const packed_b *pb, const REAL *B,
+                        ptrdiff_t rs, ptrdiff_t cs, size_t l0, size_t l1, size_t j0, size_t j1)
+{
+    const size_t nr = pb->nr, kc_max = kern->kc;
+    for (size_t pc = l0 / kc_max * kc_max; pc < l1; pc += kc_max) {
+        const size_t kc = posenc_min(kc_max, pb->K - pc);
+        const size_t lo = posenc_max(pc, l0), hi = posenc_min(pc + kc, l1);
+        REAL *block = pb->data + pc * pb->n_pad + (lo - pc) * nr;
+        for (size_t j = j0; j < j1; j += nr) {
+            REAL *panel = block + (j / nr) * kc * nr;
+            const size_t cols = posenc_min(nr, pb->N - j);
+            if (cs == 1)
+                kern->pack_rows(panel, nr, B + (ptrdiff_t)lo * rs + (ptrdiff_t)j, rs, hi - lo, cols,
+                                (double)pb->scale);
+            else   /* rs == 1 */
+                kern->pack_cols(panel, nr, B + (ptrdiff_t)j * cs + (ptrdiff_t)lo, cs, hi - lo, cols,
+                                (double)pb->scale);
+        }
+    }
+}
+
 /* B (element (l, j) at B[l * rs + j * cs]) packed with scale alpha into
  * `buffer` (s: the thread's scratch, for the bfloat16 GEMM's twins). */
 static void pack_b(const posenc_kernels *kern, const gemm_scratch *s, packed_b *pb, REAL *buffer,
@@ -229,23 +270,8 @@ static void pack_b(const posenc_kernels *kern, const gemm_scratch *s, packed_b *
 #else
     (void)s;
 #endif
-    const size_t nr = pb->nr, kc_max = kern->kc;
-    for (size_t pc = 0; pc < K; pc += kc_max) {
-        const size_t kc = posenc_min(kc_max, K - pc);
-        REAL *block = buffer + pc * pb->n_pad;
-        for (size_t j0 = 0; j0 < N; j0 += nr) {
-            REAL *panel = block + (j0 / nr) * kc * nr;
-            const size_t cols = posenc_min(nr, N - j0);
-            if (cs == 1)
-                kern->pack_rows(panel, nr, B + (ptrdiff_t)pc * rs + (ptrdiff_t)j0, rs, kc, cols,
-                                (double)alpha);
-            else   /* rs == 1 */
-                kern->pack_cols(panel, nr, B + (ptrdiff_t)j0 * cs + (ptrdiff_t)pc, cs, kc, cols,
-                                (double)alpha);
-        }
-    }
+    pack_b_part(kern, pb, B, rs, cs, 0, K, 0, N);
 }
-
 
 /* C + offset elements: REAL ones, or bfloat16 ones with POSENC_UKR_BF16_OUT in flags. */
 static REAL *gemm_c_at(REAL *C, ptrdiff_t offset, int flags)
