@@ -250,7 +250,7 @@ static void forward_unit_setup(const forward_ctx *c, forward_ws *w, size_t b, si
         forward_head_block(c, w, h);
     if (pack_keys)
         pack_b(kern, &w->scratch, k_packed, w->k_pack, k_u, 1, (ptrdiff_t)d, d, m, (REAL)p->scale);
-    else   /* the caller packs k's panels as its tiles reach them (forward_keys) */
+    else   /* the caller packs k's panels as its tiles reach them (causal_keys_reach) */
         *k_packed = packed_b_shape(kern, w->k_pack, d, m, (REAL)p->scale);
     if (p->key_table)
         key_projections(kern, &w->scratch, p, c->key_runs.b_min, c->key_buckets, c->key_reach[0],
@@ -396,7 +396,8 @@ static void forward_tile(const forward_ctx *c, forward_ws *w, size_t b, size_t h
         flags |= POSENC_UKR_ADD_ROWS;
     }
     if (i0 + rows < n)   /* the next tile's rows of q, which the microkernel reads in place */
-        gemm_prefetch(&w->scratch, q_u + (i0 + rows) * d, (posenc_min(n, i0 + 2 * rows) - i0 - rows) * d);
+        gemm_prefetch(&w->scratch, q_u + (i0 + rows) * d,
+                      (posenc_min(n, i0 + 2 * rows) - i0 - rows) * d);
     packed_b keys = *k_packed;
     keys.N = cols;   /* the first cols columns of the packed panels */
     gemm_packed(c->kern, &w->scratch, rows, q_u + i0 * d, (ptrdiff_t)d, 1, &keys, C, ldc, 0, P,
