@@ -258,6 +258,10 @@ typedef struct {
      * x[j] = exp(x[j] - shift) in place returning sum_j x[j], j < len */
     double (*row_max)(const void *x, size_t len);
     double (*row_exp)(void *x, size_t len, double shift);
+    /* the fused attention's dropout: the keep decisions of a row, bit for bit
+     * engine/philox.h's posenc_dropout_row (keep[j] = 0 or 1, j < len) */
+    void (*dropout_row)(uint8_t *keep, size_t len, uint64_t seed, uint32_t threshold, size_t b,
+                        size_t h, size_t i);
     /* NULL, or (float32 tables of posenc_bf16_gemm_kernels only) the bfloat16
      * GEMM every GEMM of the engine runs on instead of ukr (gemm_impl.h) */
     const struct posenc_bf16_kernels_s *bf16;

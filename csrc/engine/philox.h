@@ -28,4 +28,10 @@ uint32_t posenc_dropout_threshold(double dropout_p);
 void posenc_dropout_row(uint8_t *keep, size_t len, uint64_t seed, uint32_t threshold, size_t b,
                         size_t h, size_t i);
 
+/* The same decisions for keys [from, len) only (from a multiple of 4), into
+ * keep[from .. len): the tail of a vector kernel's row (posenc_kernels'
+ * dropout_row, which must agree with posenc_dropout_row bit for bit). */
+void posenc_dropout_span(uint8_t *keep, size_t from, size_t len, uint64_t seed, uint32_t threshold,
+                         size_t b, size_t h, size_t i);
+
 #endif /* POSENC_PHILOX_H */

@@ -8,6 +8,56 @@
 #define MR 6
 #define NRV 2
 #include "vector_exp.h"   /* VEXP, VMAX: the hooks of the softmax rows */
+
+#if defined(__AVX2__)
+#include <immintrin.h>
+#include <stdint.h>
+
+#include "../engine/philox.h"
+
+/*
+ * The dropout's keep decisions (philox_impl.h) on 8 blocks (32 keys) at a
+ * time: as isa/avx512.c, with max_epu32 for the unsigned compare AVX2 lacks,
+ * and the words packed to bytes and moved to key order by one byte shuffle.
+ */
+static inline void philox_mul(__m256i a, __m256i m, __m256i *hi, __m256i *lo)
+{
+    const __m256i even = _mm256_mul_epu32(a, m);                         /* lanes 0, 2, ... */
+    const __m256i odd = _mm256_mul_epu32(_mm256_srli_epi64(a, 32), m);   /* lanes 1, 3, ... */
+    *hi = _mm256_blend_epi32(_mm256_srli_epi64(even, 32), odd, 0xAA);
+    *lo = _mm256_blend_epi32(even, _mm256_slli_epi64(odd, 32), 0xAA);
+}
+
+/* All ones in the lanes where word >= limit (unsigned), else 0. */
+static inline __m256i philox_keeps(__m256i word, __m256i limit)
+{
+    return _mm256_cmpeq_epi32(_mm256_max_epu32(word, limit), word);
+}
+
+static inline void philox_store(uint8_t *keep, __m256i c0, __m256i c1, __m256i c2, __m256i c3,
+                                __m256i limit)
+{
+    /* per 128-bit half (blocks 4g .. 4g + 3): byte 4 t + l of word t of block 4g + l; the
+     * shuffle takes it to key order, byte 4 l + t */
+    const __m256i to_keys = _mm256_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15,
+                                             0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    const __m256i words01 = _mm256_packs_epi32(philox_keeps(c0, limit), philox_keeps(c1, limit));
+    const __m256i words23 = _mm256_packs_epi32(philox_keeps(c2, limit), philox_keeps(c3, limit));
+    const __m256i bytes = _mm256_packs_epi16(words01, words23);
+    _mm256_storeu_si256((__m256i *)(void *)keep,
+                        _mm256_and_si256(_mm256_shuffle_epi8(bytes, to_keys), _mm256_set1_epi8(1)));
+}
+
+#define PHILOX_NAME dropout_row_avx2
+#define PHILOX_V __m256i
+#define PHILOX_LANES 8
+#define PHILOX_SET1(x) _mm256_set1_epi32((int)(uint32_t)(x))
+#define PHILOX_LANE_INDEX _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)
+#define PHILOX_ADD _mm256_add_epi32
+#define PHILOX_XOR _mm256_xor_si256
+#include "philox_impl.h"
+#endif
+
 #define VECTOR_TEMPLATE "kernels_impl.h"
 #include "vectors_avx2.h"
 

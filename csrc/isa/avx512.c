@@ -154,6 +154,58 @@ static inline void key_row_scatter_f32x16(float *grad, size_t ld, const int64_t 
 #define KEY_ROW_SCATTER(grad, ...) \
     _Generic((grad), float *: key_row_scatter_f32x16, double *: key_row_scatter_f64)(grad, __VA_ARGS__)
 
+/*
+ * The dropout's keep decisions (philox_impl.h) on 16 blocks (64 keys) at a
+ * time: each round's 32 x 32 -> 64-bit products by vpmuludq on the even and
+ * the odd lanes; each block's four words compared with the threshold and
+ * moved to key order by 4 x 4 transposes.
+ */
+#include "../engine/philox.h"
+
+static inline void philox_mul(__m512i a, __m512i m, __m512i *hi, __m512i *lo)
+{
+    const __m512i even = _mm512_mul_epu32(a, m);                         /* lanes 0, 2, ... */
+    const __m512i odd = _mm512_mul_epu32(_mm512_srli_epi64(a, 32), m);   /* lanes 1, 3, ... */
+    *hi = _mm512_mask_blend_epi32(0xAAAA, _mm512_srli_epi64(even, 32), odd);
+    *lo = _mm512_mask_blend_epi32(0xAAAA, even, _mm512_slli_epi64(odd, 32));
+}
+
+static inline void philox_store(uint8_t *keep, __m512i c0, __m512i c1, __m512i c2, __m512i c3,
+                                __m512i limit)
+{
+    /* word t of block l as 0 or 1 in lane l of v_t; then per 128-bit group g (blocks
+     * 4g .. 4g + 3), r_a holds block 4g + a's four words: keys 16g + 4a .. + 3 */
+    const __m512i one = _mm512_set1_epi32(1);
+    const __m512i v0 = _mm512_maskz_mov_epi32(_mm512_cmpge_epu32_mask(c0, limit), one);
+    const __m512i v1 = _mm512_maskz_mov_epi32(_mm512_cmpge_epu32_mask(c1, limit), one);
+    const __m512i v2 = _mm512_maskz_mov_epi32(_mm512_cmpge_epu32_mask(c2, limit), one);
+    const __m512i v3 = _mm512_maskz_mov_epi32(_mm512_cmpge_epu32_mask(c3, limit), one);
+    const __m512i t0 = _mm512_unpacklo_epi32(v0, v1), t1 = _mm512_unpackhi_epi32(v0, v1);
+    const __m512i t2 = _mm512_unpacklo_epi32(v2, v3), t3 = _mm512_unpackhi_epi32(v2, v3);
+    const __m512i r0 = _mm512_unpacklo_epi64(t0, t2), r1 = _mm512_unpackhi_epi64(t0, t2);
+    const __m512i r2 = _mm512_unpacklo_epi64(t1, t3), r3 = _mm512_unpackhi_epi64(t1, t3);
+    /* keys 16g .. 16g + 15: group g of r0, r1, r2, r3 */
+    const __m512i u0 = _mm512_shuffle_i32x4(r0, r1, _MM_SHUFFLE(1, 0, 1, 0));
+    const __m512i u1 = _mm512_shuffle_i32x4(r2, r3, _MM_SHUFFLE(1, 0, 1, 0));
+    const __m512i u2 = _mm512_shuffle_i32x4(r0, r1, _MM_SHUFFLE(3, 2, 3, 2));
+    const __m512i u3 = _mm512_shuffle_i32x4(r2, r3, _MM_SHUFFLE(3, 2, 3, 2));
+    const __m512i q[4] = {_mm512_shuffle_i32x4(u0, u1, _MM_SHUFFLE(2, 0, 2, 0)),
+                          _mm512_shuffle_i32x4(u0, u1, _MM_SHUFFLE(3, 1, 3, 1)),
+                          _mm512_shuffle_i32x4(u2, u3, _MM_SHUFFLE(2, 0, 2, 0)),
+                          _mm512_shuffle_i32x4(u2, u3, _MM_SHUFFLE(3, 1, 3, 1))};
+    for (int g = 0; g < 4; ++g)
+        _mm_storeu_si128((__m128i *)(void *)(keep + 16 * g), _mm512_cvtepi32_epi8(q[g]));
+}
+
+#define PHILOX_NAME dropout_row_avx512
+#define PHILOX_V __m512i
+#define PHILOX_LANES 16
+#define PHILOX_SET1(x) _mm512_set1_epi32((int)(uint32_t)(x))
+#define PHILOX_LANE_INDEX _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)
+#define PHILOX_ADD _mm512_add_epi32
+#define PHILOX_XOR _mm512_xor_si512
+#include "philox_impl.h"
+
 #define VECTOR_TEMPLATE "kernels_impl.h"
 #include "vectors_avx512.h"
 

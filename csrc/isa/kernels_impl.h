@@ -461,6 +461,13 @@ static void KNAME(posenc_tile_scatter_key)(void *grad_, size_t ld, const int64_t
 
 #include "softmax_impl.h"   /* row_max, row_exp: the fused attention's softmax */
 
+/* The dropout's rows: the ISA's vector generator (isa/avx512.c, isa/avx2.c), else the plain C. */
+#ifndef DROPOUT_ROW
+#include "../engine/philox.h"
+#define DROPOUT_ROW posenc_dropout_row
+#define DROPOUT_ROW_DEFAULT
+#endif
+
 static void KNAME(posenc_store_fence)(void)
 {
     STORE_FENCE();
@@ -482,6 +489,7 @@ const posenc_kernels KNAME(posenc_kernels) = {
     .tile_gather_query = KNAME(posenc_tile_gather_query),
     /* the fused attention's softmax rows */
     .row_max = KNAME(posenc_row_max), .row_exp = KNAME(posenc_row_exp),
+    .dropout_row = DROPOUT_ROW,
     .store_fence = KNAME(posenc_store_fence),
 };
 
@@ -502,4 +510,8 @@ const posenc_kernels KNAME(posenc_kernels) = {
 #ifdef KEY_BLOCK_DEFAULT
 #undef KEY_BLOCK
 #undef KEY_BLOCK_DEFAULT
+#endif
+#ifdef DROPOUT_ROW_DEFAULT
+#undef DROPOUT_ROW
+#undef DROPOUT_ROW_DEFAULT
 #endif

@@ -65,6 +65,7 @@ void compare(const char *what, const double *a, const double *b, size_t len, dou
 extern const char *const grad_names[9];
 
 void test_philox(void);
+void test_dropout_rows(void);
 void test_softmax_rows(void);
 void test_attention(void);
 void test_convert(void);

@@ -42,6 +42,35 @@ void test_philox(void)
            posenc_dropout_threshold(0.1) == 429496729u, "dropout threshold");
 }
 
+/* Every ISA's dropout rows (posenc_kernels' dropout_row: AVX-512 draws 64 keys at a time)
+ * against the plain C's, over lengths around 64 keys, thresholds at the ends of the range,
+ * and counters that wrap. */
+void test_dropout_rows(void)
+{
+    enum { MAX_LEN = 200 };
+    static const uint32_t thresholds[5] = {0, 1, 0x80000000u, 0xFFFFFFFFu, 429496729u};
+    static const size_t units[3][3] = {{0, 0, 0}, {7, 11, 1000003}, {SIZE_MAX, 0xFFFFFFFFu, 4096}};
+    uint8_t got[MAX_LEN + 1], want[MAX_LEN + 1];
+    for (int isa = 0; isa < POSENC_ISA_COUNT; ++isa) {
+        if (!posenc_isa_supported((posenc_isa)isa))
+            continue;
+        posenc_set_isa((posenc_isa)isa);
+        const posenc_kernels *kern = posenc_active_kernels(POSENC_F32);
+        for (size_t len = 0; len <= MAX_LEN; len += len < 70 ? 1 : 13)
+            for (int t = 0; t < 5; ++t)
+                for (int u = 0; u < 3; ++u) {
+                    const uint64_t seed = 0x9e3779b97f4a7c15ull * (uint64_t)(len + 1 + (size_t)t);
+                    const size_t *at = units[u];
+                    memset(got, 0xAB, sizeof got);
+                    kern->dropout_row(got, len, seed, thresholds[t], at[0], at[1], at[2] + len);
+                    posenc_dropout_row(want, len, seed, thresholds[t], at[0], at[1], at[2] + len);
+                    EXPECT(memcmp(got, want, len) == 0 && got[len] == 0xAB,
+                           "dropout_row %s len %zu threshold %08x unit %d",
+                           posenc_isa_name((posenc_isa)isa), len, thresholds[t], u);
+                }
+    }
+}
+
 /* ---------------------------------------------------------------- softmax rows */
 
 /* Row `len` of a test (values in [-8, 8), with NaN, +-inf and +-0 mixed in) between two

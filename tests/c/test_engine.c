@@ -274,6 +274,7 @@ int main(void)
     test_shared_table();
     test_packing();
     test_philox();
+    test_dropout_rows();
     test_softmax_rows();
     test_attention();
     test_convert();
