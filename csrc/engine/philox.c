@@ -9,11 +9,6 @@
  */
 #include "philox.h"
 
-#define PHILOX_M0 0xD2511F53u   /* round multipliers */
-#define PHILOX_M1 0xCD9E8D57u
-#define PHILOX_W0 0x9E3779B9u   /* Weyl key increments */
-#define PHILOX_W1 0xBB67AE85u
-
 void posenc_philox4x32_10(const uint32_t counter[4], const uint32_t key[2], uint32_t out[4])
 {
     uint32_t c0 = counter[0], c1 = counter[1], c2 = counter[2], c3 = counter[3];

@@ -13,6 +13,12 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* Random123's constants, which the vector rows (isa/philox_impl.h) share. */
+#define PHILOX_M0 0xD2511F53u   /* round multipliers */
+#define PHILOX_M1 0xCD9E8D57u
+#define PHILOX_W0 0x9E3779B9u   /* Weyl key increments */
+#define PHILOX_W1 0xBB67AE85u
+
 /* out = Philox-4x32-10(counter, key). */
 void posenc_philox4x32_10(const uint32_t counter[4], const uint32_t key[2], uint32_t out[4]);
 

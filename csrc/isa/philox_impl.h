@@ -1,7 +1,8 @@
 /*
  * philox_impl.h -- the dropout's keep decisions on vectors (posenc_kernels'
  * dropout_row: posenc_dropout_row of engine/philox.h, bit for bit),
- * included by an ISA file (isa/avx2.c, isa/avx512.c) that defines
+ * included by an ISA file (isa/avx2.c, isa/avx512.c), after engine/philox.h
+ * (its constants and posenc_dropout_span), that defines
  *   PHILOX_NAME        the function's name
  *   PHILOX_V           a vector of PHILOX_LANES 32-bit lanes
  *   PHILOX_SET1(x)     x in every lane; PHILOX_LANE_INDEX: 0, 1, ... in the lanes
@@ -17,7 +18,7 @@ static void PHILOX_NAME(uint8_t *keep, size_t len, uint64_t seed, uint32_t thres
                         size_t h, size_t i)
 {
     const size_t step = 4 * PHILOX_LANES;
-    const PHILOX_V m0 = PHILOX_SET1(0xD2511F53u), m1 = PHILOX_SET1(0xCD9E8D57u);   /* philox.c's */
+    const PHILOX_V m0 = PHILOX_SET1(PHILOX_M0), m1 = PHILOX_SET1(PHILOX_M1);
     const PHILOX_V limit = PHILOX_SET1(threshold);
     size_t j = 0;
     for (; j + step <= len; j += step) {
@@ -33,8 +34,8 @@ static void PHILOX_NAME(uint8_t *keep, size_t len, uint64_t seed, uint32_t thres
             c1 = lo1;
             c2 = PHILOX_XOR(PHILOX_XOR(hi0, c3), PHILOX_SET1(k1));
             c3 = lo0;
-            k0 += 0x9E3779B9u;   /* philox.c's Weyl increments */
-            k1 += 0xBB67AE85u;
+            k0 += PHILOX_W0;
+            k1 += PHILOX_W1;
         }
         philox_store(keep + j, c0, c1, c2, c3, limit);
     }

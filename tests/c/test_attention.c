@@ -42,9 +42,9 @@ void test_philox(void)
            posenc_dropout_threshold(0.1) == 429496729u, "dropout threshold");
 }
 
-/* Every ISA's dropout rows (posenc_kernels' dropout_row: AVX-512 draws 64 keys at a time)
- * against the plain C's, over lengths around 64 keys, thresholds at the ends of the range,
- * and counters that wrap. */
+/* Every ISA's dropout rows (posenc_kernels' dropout_row: AVX2 draws 32 keys at a time,
+ * AVX-512 64) against the plain C's, over lengths around both steps, thresholds at the ends
+ * of the range, and counters that wrap. */
 void test_dropout_rows(void)
 {
     enum { MAX_LEN = 200 };
