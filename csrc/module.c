@@ -210,6 +210,101 @@ fail:
 /* ------------------------------------------------------------ ISA, threads */
 
 /* The names of the ISAs for which `keep` says yes, as a list. */
+/* A 2-D operand of matmul of `typenum` that the engine reads in place
+ * (aligned, native, strides >= 0 and multiples of the item size; with
+ * `unit` a unit stride on one axis): obj itself, or a C-contiguous copy.
+ * A new reference, or NULL with an exception. */
+static PyArrayObject *as_matrix(PyObject *obj, int typenum, const char *name, int unit)
+{
+    if (check_float_array(obj, typenum, name, "a"))
+        return NULL;
+    PyArrayObject *arr = (PyArrayObject *)obj;
+    if (PyArray_NDIM(arr) != 2) {
+        PyErr_Format(PyExc_ValueError, "%s must be 2-D, got %d dimensions", name, PyArray_NDIM(arr));
+        return NULL;
+    }
+    const npy_intp size = (npy_intp)typenum_itemsize(typenum), *st = PyArray_STRIDES(arr);
+    int in_place = PyArray_ISALIGNED(arr) && PyArray_ISNOTSWAPPED(arr);
+    for (int t = 0; t < 2; ++t)
+        in_place = in_place && st[t] >= 0 && st[t] % size == 0;
+    if (unit)   /* an axis of one element (or none) takes any stride: stride_of's 1 */
+        in_place = in_place && (st[0] == size || st[1] == size || PyArray_DIM(arr, 0) <= 1 ||
+                                PyArray_DIM(arr, 1) <= 1);
+    if (in_place) {
+        Py_INCREF(obj);
+        return arr;
+    }
+    return (PyArrayObject *)PyArray_FROM_OTF(obj, typenum, NPY_ARRAY_IN_ARRAY);
+}
+
+/* The stride of axis `axis` of a 2-D operand in elements: 1 where the axis has at most one. */
+static ptrdiff_t stride_of(PyArrayObject *arr, int axis)
+{
+    if (PyArray_DIM(arr, axis) <= 1)
+        return 1;
+    return (ptrdiff_t)(PyArray_STRIDE(arr, axis) / (npy_intp)PyArray_ITEMSIZE(arr));
+}
+
+/* matmul(a, b, bias): a (M, K) @ b (K, N) [+ bias (N,)], a new (M, N) array. */
+static PyObject *py_matmul(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    PyArrayObject *a = NULL, *b = NULL, *bias = NULL, *result = NULL;
+    if (check_arity(nargs, 3, "matmul(a, b, bias)"))
+        goto fail;
+    if (!PyArray_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "a must be a numpy.ndarray");
+        goto fail;
+    }
+    const int typenum = PyArray_TYPE((PyArrayObject *)args[0]);
+    const int dtype = dtype_of(typenum);
+    if (dtype != POSENC_F32 && dtype != POSENC_F64) {
+        PyErr_Format(PyExc_TypeError, "matmul takes float32 or float64, got %R",
+                     (PyObject *)PyArray_DESCR((PyArrayObject *)args[0]));
+        goto fail;
+    }
+    if (!(a = as_matrix(args[0], typenum, "a", 0)) || !(b = as_matrix(args[1], typenum, "b", 1)))
+        goto fail;
+    const npy_intp M = PyArray_DIM(a, 0), K = PyArray_DIM(a, 1), N = PyArray_DIM(b, 1);
+    if (PyArray_DIM(b, 0) != K) {
+        PyErr_Format(PyExc_ValueError, "matmul: a is (%zd, %zd) but b is (%zd, %zd)", (Py_ssize_t)M,
+                     (Py_ssize_t)K, (Py_ssize_t)PyArray_DIM(b, 0), (Py_ssize_t)N);
+        goto fail;
+    }
+    if (args[2] != Py_None) {
+        if (!(bias = as_float_array(args[2], typenum, "bias")))
+            goto fail;
+        if (PyArray_NDIM(bias) != 1 || PyArray_DIM(bias, 0) != N) {
+            PyErr_Format(PyExc_ValueError, "matmul: bias must be (%zd,)", (Py_ssize_t)N);
+            goto fail;
+        }
+    }
+    const npy_intp dims[2] = {M, N};
+    if (!(result = new_result(2, dims, typenum)))
+        goto fail;
+    const posenc_matmul_problem mm = {
+        (posenc_dtype)dtype, (size_t)M, (size_t)N, (size_t)K,
+        PyArray_DATA(a), stride_of(a, 0), stride_of(a, 1),
+        PyArray_DATA(b), stride_of(b, 0), stride_of(b, 1),
+        bias ? PyArray_DATA(bias) : NULL, PyArray_DATA(result), N};
+    int status;
+    const int threads = num_threads;
+    Py_BEGIN_ALLOW_THREADS
+    status = posenc_matmul(&mm, threads);
+    Py_END_ALLOW_THREADS
+    if (raise_status(status))
+        goto fail;
+    Py_DECREF(a);
+    Py_DECREF(b);
+    Py_XDECREF(bias);
+    return (PyObject *)result;
+fail:
+    Py_XDECREF(a);
+    Py_XDECREF(b);
+    Py_XDECREF(bias);
+    Py_XDECREF(result);
+    return NULL;
+}
+
 static PyObject *isa_list(int (*keep)(posenc_isa))
 {
     PyObject *list = PyList_New(0);
@@ -328,6 +423,9 @@ static PyMethodDef methods[] = {
      "attention_backward(d_out, config, v, out, lse, key_padding_mask, causal, dropout_p, seed,\n"
      "needs)\n\nThe 9 gradients of backward, then dv (bit 9 of needs).  Private: use the\n"
      "posenc package."},
+    {"matmul", (PyCFunction)(void (*)(void))py_matmul, METH_FASTCALL,
+     "matmul(a, b, bias)\n\na (M, K) @ b (K, N) [+ bias (N,)], float32 or float64, as a new array\n"
+     "(strided a and b are read in place).  Private: use posenc.torch.hf."},
     {"capabilities", py_capabilities, METH_NOARGS, "ISAs this CPU and OS support, compiled in."},
     {"bf16_dot", py_bf16_dot, METH_NOARGS,
      "Whether bfloat16 content logits run on vdpbf16ps (AVX512-BF16) under the active ISA."},

@@ -124,22 +124,32 @@ static PyObject *py_set_bfloat16(PyObject *self, PyObject *arg)
     Py_RETURN_NONE;
 }
 
+/* 0 when obj is a numpy.ndarray of `typenum` (the dtype of the call's first
+ * array, `first`), else -1 with a TypeError. */
+static int check_float_array(PyObject *obj, int typenum, const char *name, const char *first)
+{
+    if (!PyArray_Check(obj)) {
+        PyErr_Format(PyExc_TypeError, "%s must be a numpy.ndarray, got %s", name,
+                     Py_TYPE(obj)->tp_name);
+        return -1;
+    }
+    if (PyArray_TYPE((PyArrayObject *)obj) != typenum) {
+        PyErr_Format(PyExc_TypeError, "%s must have dtype %s (from %s's), got %R", name,
+                     typenum_name(typenum), first,
+                     (PyObject *)PyArray_DESCR((PyArrayObject *)obj));
+        return -1;
+    }
+    return 0;
+}
+
 /* An aligned, native-endian, C-contiguous array of `typenum` (STYLE.md 6):
  * obj itself when it already is one (the common case, no call into NumPy's
  * converter), else a copy.  NULL with an exception. */
 static PyArrayObject *as_float_array(PyObject *obj, int typenum, const char *name)
 {
-    if (!PyArray_Check(obj)) {
-        PyErr_Format(PyExc_TypeError, "%s must be a numpy.ndarray, got %s", name,
-                     Py_TYPE(obj)->tp_name);
+    if (check_float_array(obj, typenum, name, "q"))
         return NULL;
-    }
     PyArrayObject *arr = (PyArrayObject *)obj;
-    if (PyArray_TYPE(arr) != typenum) {
-        PyErr_Format(PyExc_TypeError, "%s must have dtype %s (from q's), got %R", name,
-                     typenum_name(typenum), (PyObject *)PyArray_DESCR(arr));
-        return NULL;
-    }
     if (PyArray_ISCARRAY_RO(arr) && PyArray_ISNOTSWAPPED(arr)) {
         Py_INCREF(obj);
         return arr;

@@ -165,6 +165,30 @@ int posenc_attention_backward(const posenc_problem *p, const posenc_attention *a
                               const void *d_out, const void *out, const void *lse,
                               const posenc_grads *g, void *grad_v, int num_threads);
 
+/* ------------------------------------------------------- dense products */
+
+/*
+ * C (M x N, row i at c + i * ldc) = A B [+ bias]: A (M x K), element (i, l)
+ * at a[i * a_rs + l * a_cs]; B (K x N), element (l, j) at b[l * b_rs + j *
+ * b_cs], b_rs or b_cs 1; bias (N) or NULL; strides in elements; C overlaps
+ * neither.  The projections around an attention and their gradients (X W^T,
+ * G W, G^T X) on the engine's GEMM, float32 or float64 (POSENC_EINVAL for
+ * another dtype).  Bitwise the same for any num_threads.
+ */
+typedef struct {
+    posenc_dtype dtype;
+    size_t M, N, K;
+    const void *a;
+    ptrdiff_t a_rs, a_cs;
+    const void *b;
+    ptrdiff_t b_rs, b_cs;
+    const void *bias;
+    void *c;
+    ptrdiff_t ldc;
+} posenc_matmul_problem;
+
+int posenc_matmul(const posenc_matmul_problem *mm, int num_threads);
+
 /* Logits of at least this many bytes are written with non-temporal stores
  * when out is 64-byte aligned (they would only evict the caches). */
 #define POSENC_STREAM_BYTES ((size_t)32 << 20)

@@ -86,3 +86,13 @@ int posenc_attention_backward(const posenc_problem *p, const posenc_attention *a
 {
     return engine_of(p)->attention_backward(p, a, d_out, out, lse, g, grad_v, num_threads);
 }
+
+int posenc_matmul(const posenc_matmul_problem *mm, int num_threads)
+{
+    const posenc_engine *engine = mm->dtype == POSENC_F32   ? &posenc_engine_f32
+                                  : mm->dtype == POSENC_F64 ? &posenc_engine_f64
+                                                            : NULL;
+    if (!engine || (mm->b_rs != 1 && mm->b_cs != 1))
+        return POSENC_EINVAL;
+    return engine->matmul(mm, num_threads);
+}

@@ -220,6 +220,7 @@ typedef struct {
     int (*attention_backward)(const posenc_problem *p, const posenc_attention *a,
                               const void *d_out, const void *out, const void *lse,
                               const posenc_grads *g, void *grad_v, int num_threads);
+    int (*matmul)(const posenc_matmul_problem *mm, int num_threads);   /* NULL: not served */
 } posenc_engine;
 
 extern const posenc_engine posenc_engine_f32, posenc_engine_f64, posenc_engine_lp;

@@ -4,4 +4,5 @@
 #define ENGINE_BF16_GEMM   /* the bfloat16 GEMM of posenc_bf16_gemm_kernels (gemm_impl.h) */
 #include "engine_impl.h"
 
-const posenc_engine posenc_engine_f32 = {forward, backward, attention_forward, attention_backward};
+const posenc_engine posenc_engine_f32 = {forward, backward, attention_forward, attention_backward,
+                                        matmul};

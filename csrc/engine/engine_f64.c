@@ -3,4 +3,5 @@
 #define REAL_DTYPE POSENC_F64
 #include "engine_impl.h"
 
-const posenc_engine posenc_engine_f64 = {forward, backward, attention_forward, attention_backward};
+const posenc_engine posenc_engine_f64 = {forward, backward, attention_forward, attention_backward,
+                                         matmul};

@@ -17,3 +17,4 @@
 #include "backward_product_impl.h"  /* gradients' product-mode factors */
 #include "backward_slots_impl.h"    /* the backward's slots and their reduction */
 #include "attention_impl.h"         /* the fused attention, forward and backward */
+#include "matmul_impl.h"            /* dense products: the projections around it */

@@ -647,4 +647,4 @@ static int lp_attention_backward(const posenc_problem *p, const posenc_attention
 }
 
 const posenc_engine posenc_engine_lp = {lp_forward, lp_backward, lp_attention_forward,
-                                        lp_attention_backward};
+                                        lp_attention_backward, NULL};

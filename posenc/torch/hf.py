@@ -35,6 +35,8 @@ import warnings
 
 import torch
 
+from ._linear import project
+
 __all__ = ["patch", "unpatch", "is_patched"]
 
 _WARNED: set = set()
@@ -208,7 +210,8 @@ def _t5_family_attention(self, hidden_states, mask, key_value_states, past_key_v
     layer_idx, config) on posenc: self-attention through t5_attention with the
     bias of `bias_owner(past)[0]` (content_attention where it is None), and
     cross-attention through content_attention, both with scale 1, HF's masks
-    and HF's cache.  Returns (self.o(out), bias_owner(past)[1])."""
+    and HF's cache.  Returns (self.o(out), bias_owner(past)[1]);
+    the projections on posenc's GEMM (_linear.project)."""
     from transformers.cache_utils import EncoderDecoderCache
 
     import posenc.torch as pt
@@ -240,13 +243,14 @@ def _t5_family_attention(self, hidden_states, mask, key_value_states, past_key_v
         raise _Unsupported(f"a {type(cache).__name__} (posenc serves DynamicCache)")
 
     # (B, H, n, d) copies made here, in the graph (_heads), which the fused op and HF's cache keep
-    query = _heads(self.q(hidden_states), heads, dk)
+    query = _heads(project(self.q, hidden_states), heads, dk)
     if cross and past_key_values is not None and updated:
         key = cache.layers[self.layer_idx].keys
         value = cache.layers[self.layer_idx].values
     else:
         source = key_value_states if cross else hidden_states
-        key, value = _heads(self.k(source), heads, dk), _heads(self.v(source), heads, dk)
+        key, value = (_heads(project(self.k, source), heads, dk),
+                      _heads(project(self.v, source), heads, dk))
     m = key.shape[2]
 
     causal = bool(self.is_causal) and not cross
@@ -289,7 +293,7 @@ def _t5_family_attention(self, hidden_states, mask, key_value_states, past_key_v
                                   bidirectional=not owner.is_decoder, scale=1.0,
                                   query_offset=offset, **{k: v for k, v in common.items() if k != "query_offset"}).out
     out = out.transpose(1, 2).reshape(batch, n, heads * dk)
-    return self.o(out), returned
+    return project(self.o, out), returned
 
 
 def _deberta_forward(self, hidden_states, attention_mask, output_attentions=False, query_states=None,
@@ -335,9 +339,9 @@ def _deberta_posenc(self, hidden_states, attention_mask, output_attentions, quer
     if rel_embeddings.shape[0] < 2 * span:
         raise _Unsupported("a relative embedding table shorter than 2 att_span")
 
-    query = _heads(self.query_proj(hidden_states), heads, d)
-    key = _heads(self.key_proj(hidden_states), heads, d)
-    value = _heads(self.value_proj(hidden_states), heads, d)
+    query = _heads(project(self.query_proj, hidden_states), heads, d)
+    key = _heads(project(self.key_proj, hidden_states), heads, d)
+    value = _heads(project(self.value_proj, hidden_states), heads, d)
 
     if relative_pos is not None:
         standard = build_relative_position(query, key, bucket_size=self.position_buckets,
@@ -365,9 +369,9 @@ def _deberta_posenc(self, hidden_states, attention_mask, output_attentions, quer
 
     rel = self.pos_dropout(rel_embeddings)[: 2 * span]
     if self.share_att_key:
-        pos_key, pos_query = self.key_proj(rel), self.query_proj(rel)
+        pos_key, pos_query = project(self.key_proj, rel), project(self.query_proj, rel)
     else:
-        pos_key, pos_query = self.pos_key_proj(rel), self.pos_query_proj(rel)
+        pos_key, pos_query = project(self.pos_key_proj, rel), project(self.pos_query_proj, rel)
     pos_key = pos_key.view(2 * span, heads, d).transpose(0, 1)
     pos_query = pos_query.view(2 * span, heads, d).transpose(0, 1)
 

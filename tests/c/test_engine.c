@@ -202,6 +202,105 @@ static void test_packing(void)
         }
 }
 
+/*
+ * posenc_matmul against double loops, every ISA, float32 and float64: odd
+ * sizes (one tile, tails of mr, nr and kc; several kc and nc blocks at
+ * K = 300, N = 600), A by rows and by columns, B = W^T (column-major) and
+ * row-major, with and without bias; operands exactly as long as read (ASan
+ * catches a read past them); 1 and 2 threads bitwise; C's padding untouched.
+ */
+static void test_matmul(void)
+{
+    const posenc_isa active = posenc_get_isa();
+    const size_t shapes[][3] = {{1, 1, 1}, {3, 7, 5}, {13, 17, 33}, {25, 64, 65},
+                                {40, 300, 70}, {70, 33, 600}, {0, 3, 4}, {5, 0, 4}};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; ++s) {
+        const size_t M = shapes[s][0], K = shapes[s][1], N = shapes[s][2], ldc = N + 2;
+        double *a = malloc(sizeof(double) * (M * K + 1)), *b = malloc(sizeof(double) * (K * N + 1));
+        double *bias = malloc(sizeof(double) * N), *want = malloc(sizeof(double) * (M * N + 1));
+        for (size_t t = 0; t < M * K; ++t) a[t] = urand();
+        for (size_t t = 0; t < K * N; ++t) b[t] = urand();
+        for (size_t t = 0; t < N; ++t) bias[t] = urand();
+        for (int dt = 0; dt < 2; ++dt) {
+            const posenc_dtype dtype = dt ? POSENC_F64 : POSENC_F32;
+            const size_t es = dt ? sizeof(double) : sizeof(float);
+            unsigned char *a_x = malloc(es * (M * K + 1)), *b_x = malloc(es * (K * N + 1));
+            unsigned char *bias_x = malloc(es * N), *c1 = malloc(es * (M * ldc + 1));
+            unsigned char *c2 = malloc(es * (M * ldc + 1));
+            for (int a_cols = 0; a_cols < 2; ++a_cols)
+                for (int b_cols = 0; b_cols < 2; ++b_cols)
+                    for (int with_bias = 0; with_bias < 2; ++with_bias) {
+                        /* a (i, l) at i * K + l, or (a_cols) l * M + i; b (l, j) at l * N + j, or j * K + l */
+                        for (size_t i = 0; i < M; ++i)
+                            for (size_t l = 0; l < K; ++l) {
+                                const size_t at = a_cols ? l * M + i : i * K + l;
+                                if (dt) ((double *)a_x)[at] = a[i * K + l];
+                                else ((float *)a_x)[at] = (float)a[i * K + l];
+                            }
+                        for (size_t l = 0; l < K; ++l)
+                            for (size_t j = 0; j < N; ++j) {
+                                const size_t at = b_cols ? j * K + l : l * N + j;
+                                if (dt) ((double *)b_x)[at] = b[l * N + j];
+                                else ((float *)b_x)[at] = (float)b[l * N + j];
+                            }
+                        for (size_t j = 0; j < N; ++j)
+                            if (dt) ((double *)bias_x)[j] = bias[j];
+                            else ((float *)bias_x)[j] = (float)bias[j];
+                        double scale = 1e-300;
+                        for (size_t i = 0; i < M; ++i)
+                            for (size_t j = 0; j < N; ++j) {
+                                double sum = with_bias ? (dt ? bias[j] : (double)(float)bias[j]) : 0;
+                                for (size_t l = 0; l < K; ++l)
+                                    sum += (dt ? a[i * K + l] : (double)(float)a[i * K + l]) *
+                                           (dt ? b[l * N + j] : (double)(float)b[l * N + j]);
+                                want[i * N + j] = sum;
+                                if (fabs(sum) > scale) scale = fabs(sum);
+                            }
+                        const posenc_matmul_problem mm = {
+                            dtype, M, N, K, a_x, a_cols ? 1 : (ptrdiff_t)K, a_cols ? (ptrdiff_t)M : 1,
+                            b_x, b_cols ? 1 : (ptrdiff_t)N, b_cols ? (ptrdiff_t)K : 1,
+                            with_bias ? bias_x : NULL, c1, (ptrdiff_t)ldc};
+                        posenc_matmul_problem mm2 = mm;
+                        mm2.c = c2;
+                        for (int isa = 0; isa < POSENC_ISA_COUNT; ++isa) {
+                            if (!posenc_isa_supported((posenc_isa)isa))
+                                continue;
+                            posenc_set_isa((posenc_isa)isa);
+                            memset(c1, 0x7F, es * (M * ldc + 1));
+                            memset(c2, 0x7F, es * (M * ldc + 1));
+                            EXPECT(posenc_matmul(&mm, 1) == POSENC_OK && posenc_matmul(&mm2, 2) == POSENC_OK,
+                                   "matmul status");
+                            size_t bad = 0, padding = 0;
+                            for (size_t i = 0; i < M; ++i) {
+                                for (size_t j = 0; j < N; ++j) {
+                                    const double got = dt ? ((double *)c1)[i * ldc + j]
+                                                          : (double)((float *)c1)[i * ldc + j];
+                                    bad += !(fabs(got - want[i * N + j]) <= (dt ? 1e-14 : 1e-6) *
+                                                                               (double)(K + 2) * scale);
+                                }
+                                for (size_t j = N; j < ldc; ++j)
+                                    padding += c1[(i * ldc + j) * es] != 0x7F;
+                            }
+                            EXPECT(bad == 0 && padding == 0,
+                                   "matmul %s %s M=%zu K=%zu N=%zu a_cols=%d b_cols=%d bias=%d: %zu wrong, "
+                                   "%zu padding written", posenc_isa_name((posenc_isa)isa), dt ? "f64" : "f32",
+                                   M, K, N, a_cols, b_cols, with_bias, bad, padding);
+                            EXPECT(memcmp(c1, c2, es * (M * ldc + 1)) == 0, "matmul %s threads differ",
+                                   posenc_isa_name((posenc_isa)isa));
+                        }
+                    }
+            const posenc_matmul_problem strided = {dtype, 2, 2, 2, a_x, 2, 1, b_x, 2, 2, NULL, c1, 2};
+            EXPECT(M < 2 || K < 2 || N < 4 || posenc_matmul(&strided, 1) == POSENC_EINVAL,
+                   "matmul takes a B without a unit stride");
+            free(a_x); free(b_x); free(bias_x); free(c1); free(c2);
+        }
+        const posenc_matmul_problem half = {POSENC_BF16, 1, 1, 1, a, 1, 1, b, 1, 1, NULL, want, 1};
+        EXPECT(posenc_matmul(&half, 1) == POSENC_EINVAL, "matmul takes float32 and float64 only");
+        free(a); free(b); free(bias); free(want);
+    }
+    posenc_set_isa(active);
+}
+
 int main(void)
 {
     posenc_dispatch_init();
@@ -273,6 +372,7 @@ int main(void)
     }
     test_shared_table();
     test_packing();
+    test_matmul();
     test_philox();
     test_dropout_rows();
     test_softmax_rows();

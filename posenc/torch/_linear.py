@@ -1,0 +1,93 @@
+"""The projections around an attention on posenc's GEMM: `linear(x, weight,
+bias)` is `torch.nn.functional.linear`, forward and backward computed by the
+C engine's packed GEMM (`posenc._C.matmul`: X W^T, G W, G^T X read in place
+from the tensors' strides).  posenc.torch.hf's patched modules compute their
+q, k, v and output projections with it; on the machine this was built on
+(an AMD EPYC, where PyTorch's MKL sgemm runs at about a third of the
+AVX-512 peak) it is about 2x torch's float32 GEMM.
+
+What it does not serve runs `torch.nn.functional.linear` itself, so the
+result is always F.linear's up to the order of the sums: tensors off the
+CPU, dtypes other than float32 and float64 (autocast included), mixed
+dtypes, `torch.compile` tracing, and a backward that builds a graph
+(`create_graph=True`: the gradients are then torch ops, differentiable
+again).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .. import _C
+from ._common import to_numpy, to_tensor
+
+_DTYPES = (torch.float32, torch.float64)
+
+
+def _served(x, weight, bias) -> bool:
+    tensors = (x, weight) if bias is None else (x, weight, bias)
+    return (all(t.device.type == "cpu" and t.dtype == x.dtype and t.layout == torch.strided
+                for t in tensors)
+            and x.dtype in _DTYPES and weight.dim() == 2 and x.dim() >= 1
+            and x.shape[-1] == weight.shape[1] and (bias is None or bias.shape == weight.shape[:1])
+            and not torch.is_autocast_enabled("cpu") and not torch.compiler.is_compiling())
+
+
+def _rows(t: torch.Tensor) -> torch.Tensor:
+    """t (..., c) as (rows, c): a view where strides allow, else a copy."""
+    return t.reshape(-1, t.shape[-1])
+
+
+def _mm(a: torch.Tensor, b: torch.Tensor, bias=None) -> torch.Tensor:
+    """a (M, K) @ b (K, N) [+ bias] on posenc's GEMM, a new tensor."""
+    return to_tensor(_C.matmul(to_numpy("a", a), to_numpy("b", b),
+                               None if bias is None else to_numpy("bias", bias)))
+
+
+class _Linear(torch.autograd.Function):
+
+    @staticmethod
+    def forward(ctx, x, weight, bias):
+        ctx.save_for_backward(x, weight)
+        ctx.has_bias = bias is not None
+        y = _mm(_rows(x), weight.t(), bias)
+        return y.view(*x.shape[:-1], weight.shape[0])
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, weight = ctx.saved_tensors
+        g = _rows(grad)
+        d_x = d_weight = d_bias = None
+        if torch.is_grad_enabled():     # create_graph: gradients as torch ops
+            x2 = _rows(x)
+            if ctx.needs_input_grad[0]:
+                d_x = (g @ weight).view(x.shape)
+            if ctx.needs_input_grad[1]:
+                d_weight = g.t() @ x2
+        else:
+            if ctx.needs_input_grad[0]:
+                d_x = _mm(g, weight).view(x.shape)
+            if ctx.needs_input_grad[1]:
+                d_weight = _mm(g.t(), _rows(x))
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            d_bias = g.sum(0)
+        return d_x, d_weight, d_bias
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """`torch.nn.functional.linear(x, weight, bias)`, on posenc's GEMM where it serves."""
+    if not _served(x, weight, bias):
+        return F.linear(x, weight, bias)
+    return _Linear.apply(x, weight, bias)
+
+
+def project(module, x: torch.Tensor) -> torch.Tensor:
+    """module(x) for a projection of an HF layer: `linear` with its weight and bias
+    when it is a plain `torch.nn.Linear` without hooks, else the module itself
+    (a LoRA wrapper, a quantised or hooked layer runs its own forward)."""
+    if type(module) is torch.nn.Linear and not (module._forward_hooks or module._forward_pre_hooks
+                                                 or torch.nn.modules.module._global_forward_hooks
+                                                 or torch.nn.modules.module._global_forward_pre_hooks):
+        return linear(x, module.weight, module.bias)
+    return module(x)
