@@ -83,7 +83,7 @@ def test_matmul_errors():
 @pytest.mark.parametrize("bias", (True, False))
 def test_linear_gradcheck(posenc_isa, bias):
     torch.manual_seed(0)
-    x = torch.randn(2, 5, 7, dtype=torch.float64, requires_grad=True)
+    x = torch.randn(2, 9, 7, dtype=torch.float64, requires_grad=True)   # 18 rows >= MIN_ROWS
     w = torch.randn(9, 7, dtype=torch.float64, requires_grad=True)
     b = torch.randn(9, dtype=torch.float64, requires_grad=True) if bias else None
     inputs = (x, w) if b is None else (x, w, b)
@@ -115,18 +115,21 @@ def test_linear_runs_posenc(monkeypatch):
     calls = []
     real = _C.matmul
     monkeypatch.setattr(_linear._C, "matmul", lambda *a: calls.append(a[0].shape) or real(*a))
-    x = torch.randn(4, 6, requires_grad=True)
+    x = torch.randn(_linear.MIN_ROWS, 6, requires_grad=True)
     w = torch.randn(5, 6, requires_grad=True)
     _linear.linear(x, w).sum().backward()
-    assert calls == [(4, 6), (4, 5), (5, 4)]
+    rows = _linear.MIN_ROWS
+    assert calls == [(rows, 6), (rows, 5), (5, rows)]
 
 
-@pytest.mark.parametrize("case", ("bfloat16", "autocast", "mixed", "shape error"))
+@pytest.mark.parametrize("case", ("few rows", "bfloat16", "autocast", "mixed", "shape error"))
 def test_linear_falls_back_to_f_linear(case, monkeypatch):
     """What posenc does not serve is F.linear's own call: the same bits."""
     monkeypatch.setattr(_linear._C, "matmul", None)     # any posenc call would fail
-    x, w, b = torch.randn(3, 8), torch.randn(4, 8), torch.randn(4)
-    if case == "bfloat16":
+    x, w, b = torch.randn(_linear.MIN_ROWS, 8), torch.randn(4, 8), torch.randn(4)
+    if case == "few rows":
+        x = x[: _linear.MIN_ROWS - 1]
+    elif case == "bfloat16":
         x, w, b = x.bfloat16(), w.bfloat16(), b.bfloat16()
     elif case == "mixed":
         x = x.double()

@@ -7,14 +7,16 @@ q, k, v and output projections with it; on the machine this was built on
 AVX-512 peak) it is about 2x torch's float32 GEMM.
 
 What it does not serve runs `torch.nn.functional.linear` itself, so the
-result is always F.linear's up to the order of the sums: tensors off the
-CPU, dtypes other than float32 and float64 (autocast included), mixed
-dtypes, `torch.compile` tracing, and a backward that builds a graph
+result is always F.linear's up to the order of the sums: fewer than
+MIN_ROWS rows (a decoding step), tensors off the CPU, dtypes other than
+float32 and float64 (autocast included), mixed dtypes, `torch.compile` tracing, and a backward that builds a graph
 (`create_graph=True`: the gradients are then torch ops, differentiable
 again).
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.nn.functional as F
@@ -23,6 +25,10 @@ from .. import _C
 from ._common import to_numpy, to_tensor
 
 _DTYPES = (torch.float32, torch.float64)
+# Fewer rows than this run F.linear: packing W (the GEMM's B, K x N) costs more than a
+# product of a few rows by it (W 512 x 512, 2 threads: 1 row, torch 19 us, posenc 90 us;
+# 8 rows, 65 against 94; 16 rows even; 48 rows, 198 against 130).
+MIN_ROWS = 16
 
 
 def _served(x, weight, bias) -> bool:
@@ -30,6 +36,7 @@ def _served(x, weight, bias) -> bool:
     return (all(t.device.type == "cpu" and t.dtype == x.dtype and t.layout == torch.strided
                 for t in tensors)
             and x.dtype in _DTYPES and weight.dim() == 2 and x.dim() >= 1
+            and math.prod(x.shape[:-1]) >= MIN_ROWS
             and x.shape[-1] == weight.shape[1] and (bias is None or bias.shape == weight.shape[:1])
             and not torch.is_autocast_enabled("cpu") and not torch.compiler.is_compiling())
 
