@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from ._encodings import Content, PositionalEncoding
+from ._linear import project
 
 
 class PositionalSelfAttention(nn.Module):
@@ -73,7 +74,7 @@ class PositionalSelfAttention(nn.Module):
 
     def _projections(self, x, key_padding_mask, past_key_value):
         """q, k, v (keys and values after the cache and a Linformer projection)."""
-        q, k, v = self._heads(self.q_proj(x)), self._heads(self.k_proj(x)), self._heads(self.v_proj(x))
+        q, k, v = (self._heads(project(proj, x)) for proj in (self.q_proj, self.k_proj, self.v_proj))
         if past_key_value is not None:
             k_past, v_past = past_key_value[:2]
             k, v = torch.cat([k_past, k], dim=2), torch.cat([v_past, v], dim=2)
@@ -136,7 +137,7 @@ class PositionalSelfAttention(nn.Module):
             logits = _masked(logits, causal, padding, attn_mask, offset)
             weights = self.dropout(torch.softmax(logits, dim=-1))
             out = torch.matmul(weights.nan_to_num(0.0), v)
-        out = self.out_proj(out.transpose(1, 2).reshape(batch, n, -1))
+        out = project(self.out_proj, out.transpose(1, 2).reshape(batch, n, -1))
         return (out, cache) if use_cache else out
 
 

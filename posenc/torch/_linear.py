@@ -1,17 +1,19 @@
 """The projections around an attention on posenc's GEMM: `linear(x, weight,
 bias)` is `torch.nn.functional.linear`, forward and backward computed by the
 C engine's packed GEMM (`posenc._C.matmul`: X W^T, G W, G^T X read in place
-from the tensors' strides).  posenc.torch.hf's patched modules compute their
-q, k, v and output projections with it; on the machine this was built on
+from the tensors' strides).  posenc.torch.hf's patched modules and
+posenc.torch.nn.PositionalSelfAttention compute their q, k, v and output
+projections with it (`project`); on the machine this was built on
 (an AMD EPYC, where PyTorch's MKL sgemm runs at about a third of the
 AVX-512 peak) it is about 2x torch's float32 GEMM.
 
 What it does not serve runs `torch.nn.functional.linear` itself, so the
 result is always F.linear's up to the order of the sums: fewer than
 MIN_ROWS rows (a decoding step), tensors off the CPU, dtypes other than
-float32 and float64 (autocast included), mixed dtypes, `torch.compile` tracing, and a backward that builds a graph
-(`create_graph=True`: the gradients are then torch ops, differentiable
-again).
+float32 and float64 (autocast included), mixed dtypes, `torch.compile`
+tracing, and `posenc.torch.use_native` in force.  A backward that builds a
+graph (`create_graph=True`) computes the gradients as torch ops,
+differentiable again.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import _C
-from ._common import to_numpy, to_tensor
+from ._common import native_forced, to_numpy, to_tensor
 
 _DTYPES = (torch.float32, torch.float64)
 # Fewer rows than this run F.linear: packing W (the GEMM's B, K x N) costs more than a
@@ -38,7 +40,8 @@ def _served(x, weight, bias) -> bool:
             and x.dtype in _DTYPES and weight.dim() == 2 and x.dim() >= 1
             and math.prod(x.shape[:-1]) >= MIN_ROWS
             and x.shape[-1] == weight.shape[1] and (bias is None or bias.shape == weight.shape[:1])
-            and not torch.is_autocast_enabled("cpu") and not torch.compiler.is_compiling())
+            and not torch.is_autocast_enabled("cpu") and not torch.compiler.is_compiling()
+            and not native_forced())
 
 
 def _rows(t: torch.Tensor) -> torch.Tensor:
