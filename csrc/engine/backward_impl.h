@@ -35,6 +35,7 @@ typedef struct {
     int need_key_side;          /* Gk: for dk or the key table's gradient */
     int need_offsets;           /* the scalar table's gradient, along the offsets */
     int reads_g;                /* the positional gradients read G itself (not only the GEMMs) */
+    int unit_reads_g;           /* ... in phase 1, beyond theta's [CLS] row and column 0 */
     REAL *table_by_offset;      /* product mode: the table's factor */
     posenc_runs query_runs, key_runs;
     posenc_spans query_spans, key_spans;   /* where Gq and Gk are zero */
@@ -425,22 +426,34 @@ static void backward_unit_end(const backward_ctx *c, backward_ws *w, size_t u)
  * Rows [row0, row0 + rows) of G (rows of every unit counted) as float32: in
  * place, or where engine_lp.c left them unwritten (a bfloat16 G that the
  * GEMMs read through its twin) and the positional gradients read them,
- * widened into w->g_block, which becomes the twin's float32 side.
+ * widened into w->g_block, which becomes the twin's float32 side.  With
+ * theta_only (phase 1 where theta is all that reads G: TUPE) only theta's
+ * entries are widened, the [CLS] row and column 0; the rest of g_block
+ * keeps no values, which no one reads (the GEMMs take the twin).
  */
 static const REAL *backward_g_rows(const backward_ctx *c, backward_ws *w, size_t row0,
-                                   size_t rows)
+                                   size_t rows, int theta_only)
 {
-    const size_t m = c->p->m;
+    const size_t m = c->p->m, n = c->p->n;
     const REAL *G = c->G + row0 * m;
 #ifdef ENGINE_BF16_GEMM
     const uint16_t *twin = w->g_block ? gemm_unwritten_twin(&w->scratch, G, rows * m) : NULL;
     if (twin) {
-        posenc_active_convert()->bf16_to_f32(w->g_block, twin, rows * m);
+        if (!theta_only)
+            posenc_active_convert()->bf16_to_f32(w->g_block, twin, rows * m);
+        else
+            for (size_t r = 0; r < rows; ++r) {
+                const int cls = c->cls_row0 && (row0 + r) % n == 0;
+                for (size_t j = 0; j < (cls ? m : 1); ++j)
+                    w->g_block[r * m + j] = (REAL)bf16_value(twin[r * m + j]);
+            }
         gemm_twin_set(&w->scratch, w->g_block, twin, rows * m);
         return w->g_block;
     }
 #else
     (void)w;
+    (void)n;
+    (void)theta_only;
 #endif
     return G;
 }
@@ -452,8 +465,9 @@ static void backward_unit(const backward_ctx *c, backward_ws *w, size_t u)
     backward_unit_begin(c, w, u, &k_packed);
     for (size_t blk0 = 0; blk0 < n; blk0 += c->row_block) {
         const size_t rows = posenc_min(c->row_block, n - blk0);
-        backward_unit_block(c, w, u, &k_packed, blk0, rows, backward_g_rows(c, w, u * n + blk0, rows),
-                            c->p->m, NULL);
+        backward_unit_block(c, w, u, &k_packed, blk0, rows,
+                            backward_g_rows(c, w, u * n + blk0, rows, !c->unit_reads_g), c->p->m,
+                            NULL);
     }
     w->scratch.local.src = NULL;
     backward_unit_end(c, w, u);
@@ -509,7 +523,7 @@ static void backward_dense_head(const backward_ctx *c, backward_ws *w, size_t h)
         for (size_t b = 0; b < p->B; ++b)   /* row by row: a widened row stays in L1 */
             for (size_t r = 0; r < rows; ++r)
                 kern->row_gather(b == 0 ? POSENC_SET : POSENC_ADD, S + r * m,
-                                 backward_g_rows(c, w, (b * H + h) * n + blk0 + r, 1), 1, m);
+                                 backward_g_rows(c, w, (b * H + h) * n + blk0 + r, 1, 0), 1, m);
         w->scratch.local.src = NULL;
         backward_dense_block(c, w, h, S, blk0, rows, m, slot_q, slot_k, NULL);
     }

@@ -172,9 +172,9 @@ static int backward_prepare(backward_ctx *c, const posenc_problem *p, const pose
     c->need_query_side = p->query_table && (g->q || g->query_table);
     c->need_key_side = p->key_table && (g->k || g->key_table);
     c->need_offsets = p->table && g->table;
-    c->reads_g = p->product || c->masked || c->need_query_side || c->need_key_side ||
-                 c->need_offsets || (p->segment_table && g->segment_table) ||
-                 (p->pos_q && (g->pos_q || g->pos_k));
+    c->unit_reads_g = p->product || c->need_query_side || c->need_key_side || c->need_offsets ||
+                      (p->segment_table && g->segment_table);
+    c->reads_g = c->unit_reads_g || c->masked || (p->pos_q && (g->pos_q || g->pos_k));
     if (p->table && p->product && !(c->table_by_offset = table_by_offset(p, offsets)))
         return POSENC_ENOMEM;
     if (p->query_table) {

@@ -32,6 +32,8 @@ const config configs[] = {
     {"diet_rel", 0, 1, 0, 0, 1, 0, 0, 1},
     {"everything", 1, 1, 1, 1, 1, 1, 0, 2},
     {"tupe@offset", 1, 1, 0, 0, 0, 1, 0, 2, 2},
+    {"tupe-no-table", 1, 0, 0, 0, 0, 1, 0, 0},   /* theta alone reads G in phase 1 */
+    {"tupe-no-table@offset", 1, 0, 0, 0, 0, 1, 0, 0, 3},
     {"everything@offset", 1, 1, 1, 1, 1, 1, 0, 2, 1},
     {"product-all", 0, 1, 1, 1, 0, 0, 1, 2},
 };

@@ -5,8 +5,8 @@
  * (lse float32, equal to the float32 engine's), and 1 and 2 threads give
  * the same bits; the float32 engine of bfloat16 runs with bf16_gemm, as
  * engine_lp.c runs it (its GEMMs on vdpbf16ps where the CPU has them).  Two
- * exceptions: the logits backward's parameter gradients of a problem larger
- * than one chunk (sums of the chunks'), checked within rounding, and the
+ * exceptions: the parameter gradients of a backward (logits or attention)
+ * larger than one chunk (sums of the chunks'), checked within rounding, and the
  * bfloat16 content logits that design (b) serves (test_bf16dot.c checks its
  * values), which must be its bits.  Where the bfloat16 GEMM runs, its
  * float32 results are checked near the float32 engine's without it (a
@@ -245,7 +245,9 @@ static void check_attention(const char *what, posenc_dtype dt, problem_data *pd,
     char name[300];
     snprintf(name, sizeof name, "%s dv", what);
     expect_narrowed(name, dt, grad_v, want_grad_v, n_v);
-    grads_expect(what, dt, &g, pd, 1);
+    /* parameters' gradients: sums over the chunks (engine_lp.c), of units here: one unit is one
+     * chunk (the float32 engine's bits), more may be several (equal to rounding) */
+    grads_expect(what, dt, &g, pd, p->B * p->H == 1);
     grads_free(&g);
     free(out); free(grad_v); free(want_out); free(want_grad_v); free(lse); free(want_lse);
 }
