@@ -207,9 +207,8 @@ fail:
 
 #include "module_attention.h"   /* attention_forward, attention_backward */
 
-/* ------------------------------------------------------------ ISA, threads */
+/* ------------------------------------------------------------ dense products */
 
-/* The names of the ISAs for which `keep` says yes, as a list. */
 /* A 2-D operand of matmul of `typenum` that the engine reads in place
  * (aligned, native, strides >= 0 and multiples of the item size; with
  * `unit` a unit stride on one axis): obj itself, or a C-contiguous copy.
@@ -271,7 +270,8 @@ static PyObject *py_matmul(PyObject *self, PyObject *const *args, Py_ssize_t nar
         goto fail;
     }
     if (args[2] != Py_None) {
-        if (!(bias = as_float_array(args[2], typenum, "bias")))
+        if (check_float_array(args[2], typenum, "bias", "a") ||
+            !(bias = (PyArrayObject *)PyArray_FROM_OTF(args[2], typenum, NPY_ARRAY_IN_ARRAY)))
             goto fail;
         if (PyArray_NDIM(bias) != 1 || PyArray_DIM(bias, 0) != N) {
             PyErr_Format(PyExc_ValueError, "matmul: bias must be (%zd,)", (Py_ssize_t)N);
@@ -305,6 +305,9 @@ fail:
     return NULL;
 }
 
+/* ------------------------------------------------------------ ISA, threads */
+
+/* The names of the ISAs for which `keep` says yes, as a list. */
 static PyObject *isa_list(int (*keep)(posenc_isa))
 {
     PyObject *list = PyList_New(0);
@@ -425,7 +428,7 @@ static PyMethodDef methods[] = {
      "posenc package."},
     {"matmul", (PyCFunction)(void (*)(void))py_matmul, METH_FASTCALL,
      "matmul(a, b, bias)\n\na (M, K) @ b (K, N) [+ bias (N,)], float32 or float64, as a new array\n"
-     "(strided a and b are read in place).  Private: use posenc.torch.hf."},
+     "(strided a and b are read in place).  Private: posenc.torch._linear uses it."},
     {"capabilities", py_capabilities, METH_NOARGS, "ISAs this CPU and OS support, compiled in."},
     {"bf16_dot", py_bf16_dot, METH_NOARGS,
      "Whether bfloat16 content logits run on vdpbf16ps (AVX512-BF16) under the active ISA."},

@@ -76,6 +76,8 @@ def test_matmul_errors():
         _C.matmul(a, np.ones((3, 2)), None)
     with pytest.raises(ValueError, match="b must be 2-D, got 1 dimensions"):
         _C.matmul(a, np.ones(3, np.float32), None)
+    with pytest.raises(TypeError, match=r"bias must have dtype float32 \(from a's\)"):
+        _C.matmul(a, np.ones((3, 2), np.float32), np.ones(2))
     with pytest.raises(ValueError, match=r"bias must be \(2,\)"):
         _C.matmul(a, np.ones((3, 2), np.float32), np.ones(3, np.float32))
 
@@ -157,3 +159,12 @@ def test_project_respects_wrapped_modules():
     assert seen == [(2, 3)]
     other = torch.nn.Sequential(torch.nn.Linear(4, 3))
     torch.testing.assert_close(_linear.project(other, x), other(x))
+    wrapped = torch.nn.Linear(4, 3)
+    wrapped.forward = lambda inp: torch.zeros(inp.shape[0], 3)     # replaced on the instance
+    assert torch.equal(_linear.project(wrapped, x), torch.zeros(2, 3))
+    backward_hooked = torch.nn.Linear(4, 3)
+    backward_hooked.register_full_backward_hook(lambda mod, g_in, g_out: seen.append("backward"))
+    x.requires_grad_()
+    _linear.project(backward_hooked, x).sum().backward()
+    assert seen[-1] == "backward"
+    assert _linear._plain(torch.nn.Linear(4, 3))

@@ -92,12 +92,22 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return _Linear.apply(x, weight, bias)
 
 
+def _plain(module) -> bool:
+    """Whether module(x) is F.linear(x, module.weight, module.bias) and nothing more:
+    a torch.nn.Linear itself (not a subclass), its forward not replaced on the
+    instance (as accelerate's hooks do), no hooks of its own or global ones."""
+    hooks = torch.nn.modules.module
+    return (type(module) is torch.nn.Linear and "forward" not in vars(module)
+            and not (module._forward_hooks or module._forward_pre_hooks or module._backward_hooks
+                     or module._backward_pre_hooks or hooks._global_forward_hooks
+                     or hooks._global_forward_pre_hooks or hooks._global_backward_hooks
+                     or hooks._global_backward_pre_hooks))
+
+
 def project(module, x: torch.Tensor) -> torch.Tensor:
-    """module(x) for a projection of an HF layer: `linear` with its weight and bias
-    when it is a plain `torch.nn.Linear` without hooks, else the module itself
-    (a LoRA wrapper, a quantised or hooked layer runs its own forward)."""
-    if type(module) is torch.nn.Linear and not (module._forward_hooks or module._forward_pre_hooks
-                                                 or torch.nn.modules.module._global_forward_hooks
-                                                 or torch.nn.modules.module._global_forward_pre_hooks):
+    """module(x) for a layer's projection: `linear` with its weight and bias when
+    module is a plain torch.nn.Linear (`_plain`), else the module itself (a
+    LoRA wrapper, a quantised, hooked or wrapped layer runs its own forward)."""
+    if _plain(module):
         return linear(x, module.weight, module.bias)
     return module(x)
