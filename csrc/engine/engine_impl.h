@@ -16,5 +16,6 @@
 #include "backward_vectors_impl.h"  /* gradients through the vector tables */
 #include "backward_product_impl.h"  /* gradients' product-mode factors */
 #include "backward_slots_impl.h"    /* the backward's slots and their reduction */
-#include "attention_impl.h"         /* the fused attention, forward and backward */
+#include "attention_impl.h"         /* the fused attention: its context, the forward */
+#include "attention_backward_impl.h"   /* ... and its backward */
 #include "matmul_impl.h"            /* dense products: the projections around it */

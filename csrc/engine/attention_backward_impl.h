@@ -1,0 +1,282 @@
+/*
+ * attention_backward_impl.h -- the fused attention's backward (SPEC §6) for
+ * one dtype, on attention_impl.h's context, workspaces and teams.
+ *
+ * Per unit, row block by row block (row_block rows, the backward's own
+ * blocking): the block's logits recomputed, P = exp(A + Mask - lse) (no
+ * stored probabilities), dV += (P D)^T.dO, dP = D (dO.V^T), dS = P (dP -
+ * rowsum(dO out)), and dS handed to the logits' backward
+ * (backward_unit_block) for dq, dk and every table / segment / reset slot;
+ * the dense factor's gradients go to per-unit slots (backward_dense_block).
+ * With `causal` a block's rows hold its first `cols` keys only, and every
+ * GEMM skips, tile by tile, the keys a tile of rows cannot see (the logits,
+ * dO.V^T, dq) or the rows that cannot see a tile of keys (dV, dk).
+ * Scratch per thread is O(row_block m): never O(n m) or O(B H n m).
+ * Slots are reduced in a fixed order: results are bitwise identical for
+ * any thread count.
+ */
+
+typedef struct {
+    const attention_ctx *a;
+    const backward_ctx *g;
+    const REAL *d_out, *out, *lse;
+    REAL *grad_v;
+    REAL *pos_q_slots, *pos_k_slots;   /* the dense factor's gradients per unit */
+    int need_ds;                       /* a gradient other than dv: dS is formed */
+} attention_grad_ctx;
+
+/* A block's rows of dO and out as rowsum(dO out) reads them: float32, or their
+ * bfloat16 twins (gemm_shadow: engine_lp.c leaves the float32 copies unwritten
+ * then), the same values. */
+typedef struct {
+    const REAL *d_out, *out;
+    const uint16_t *d_out16, *out16;   /* NULL: none */
+    size_t dv;
+} delta_rows;
+
+static delta_rows delta_rows_of(const gemm_scratch *s, const REAL *d_out, const REAL *out,
+                                size_t rows, size_t dv)
+{
+    delta_rows x = {d_out, out, NULL, NULL, dv};
+#ifdef ENGINE_BF16_GEMM
+    x.d_out16 = gemm_shadow(s, d_out, rows * dv);
+    x.out16 = gemm_shadow(s, out, rows * dv);
+#else
+    (void)s; (void)rows;
+#endif
+    return x;
+}
+
+static inline double delta_value(const REAL *x, const uint16_t *x16, size_t at)
+{
+#ifdef ENGINE_BF16_GEMM
+    if (x16)
+        return (double)bf16_value(x16[at]);
+#else
+    (void)x16;
+#endif
+    return (double)x[at];
+}
+
+/* rowsum(dO out) of row r, in double, in four running sums (one chain would
+ * wait on each addition). */
+static double row_delta(const delta_rows *x, size_t r)
+{
+#define DELTA_TERM(at) (delta_value(x->d_out, x->d_out16, (at)) * delta_value(x->out, x->out16, (at)))
+    double a0 = 0, a1 = 0, a2 = 0, a3 = 0;
+    const size_t at = r * x->dv;
+    size_t l = 0;
+    for (; l + 4 <= x->dv; l += 4) {
+        a0 += DELTA_TERM(at + l);
+        a1 += DELTA_TERM(at + l + 1);
+        a2 += DELTA_TERM(at + l + 2);
+        a3 += DELTA_TERM(at + l + 3);
+    }
+    for (; l < x->dv; ++l)
+        a0 += DELTA_TERM(at + l);
+#undef DELTA_TERM
+    return (a0 + a1) + (a2 + a3);
+}
+
+/*
+ * Rows [blk0, blk0 + rows) of unit u: their probabilities P (scores, keys
+ * [0, width), 0 where masked) recomputed from the logits and lse, P D
+ * (dropped, with dropout), and their D (dO.V^T - delta) P, the gradient dS
+ * of their logits (grad, when need_ds); dV += (P D)^T.dO.  width: m, or
+ * under `causal` (limits: the block's, NULL without) the keys the row's
+ * tile sees and a tile of keys past them (block_width).
+ */
+static void attention_backward_block(const attention_grad_ctx *gc, forward_ws *fw,
+                                     attention_ws *w, const packed_b *k_packed,
+                                     const packed_b *vt_packed, size_t u, size_t blk0,
+                                     size_t rows, size_t cols, const block_limits *limits)
+{
+    const attention_ctx *c = gc->a;
+    const posenc_problem *p = c->p;
+    const posenc_kernels *kern = c->kern;
+    const size_t n = p->n, m = p->m, dv = c->a->dv, b = u / p->H, h = u % p->H, mr = kern->mr;
+    const REAL *d_out_blk = gc->d_out + (u * n + blk0) * dv;
+    const REAL *out_blk = gc->out + (u * n + blk0) * dv;
+    const REAL *lse_blk = gc->lse + u * n + blk0;
+    const delta_rows deltas = delta_rows_of(&fw->scratch, d_out_blk, out_blk, rows, dv);
+    for (size_t i0 = blk0; i0 < blk0 + rows; i0 += mr) {   /* a tile's logits and dO.V^T: its keys */
+        const size_t tile = posenc_min(mr, blk0 + rows - i0);
+        const size_t tile_cols = limits ? limits->row_keys[2 * ((i0 - blk0) / mr) + 1] : cols;
+        forward_tile(&c->logits, fw, b, h, k_packed, i0, tile, tile_cols,
+                     w->scores + (i0 - blk0) * m, (ptrdiff_t)m);
+        if (gc->need_ds && dv) {
+            if (i0 + tile < blk0 + rows)   /* the next tile's rows of dO, read in place */
+                gemm_prefetch(&fw->scratch, d_out_blk + (i0 + tile - blk0) * dv,
+                              (posenc_min(blk0 + rows, i0 + 2 * tile) - i0 - tile) * dv);
+            packed_b values = *vt_packed;
+            values.N = tile_cols;
+            gemm_packed(kern, &fw->scratch, tile, d_out_blk + (i0 - blk0) * dv, (ptrdiff_t)dv, 1,
+                        &values, w->grad + (i0 - blk0) * m, (ptrdiff_t)m, 0, NULL, 0, NULL, 0,
+                        NULL);
+        }
+    }
+    for (size_t r = 0; r < rows; ++r) {
+        const size_t i = blk0 + r, visible = attention_visible(c, i, cols);
+        /* dV and dk read a row up to the end of each tile of mr keys it reaches */
+        const size_t width = block_width(limits, r / mr, cols, mr);
+        REAL *P = w->scores + r * m, *dS = w->grad + r * m;
+        REAL *PD = c->dropout ? w->dropped + r * m : P;
+        attention_pad(c, P, b, visible);
+        if (lse_blk[r] == -INFINITY) {   /* every key masked: no gradient */
+            memset(P, 0, sizeof(REAL) * width);
+            memset(PD, 0, sizeof(REAL) * width);
+            memset(dS, 0, sizeof(REAL) * width);
+            continue;
+        }
+        kern->row_exp(P, visible, (double)lse_blk[r]);
+        memset(P + visible, 0, sizeof(REAL) * (width - visible));
+        if (c->dropout) {
+            attention_drop_row(c, w, b, h, i, visible);
+            kern->row_mul(PD, P, w->drop_row, visible);
+            memset(PD + visible, 0, sizeof(REAL) * (width - visible));
+        }
+        if (!gc->need_ds)
+            continue;
+        if (dv == 0)
+            memset(dS, 0, sizeof(REAL) * visible);
+        const REAL minus_delta = (REAL)-row_delta(&deltas, r);
+        if (c->dropout)
+            kern->row_gather(POSENC_MUL, dS, w->drop_row, 1, visible);
+        kern->row_gather(POSENC_ADD, dS, &minus_delta, 0, visible);
+        kern->row_gather(POSENC_MUL, dS, P, 1, visible);
+        memset(dS + visible, 0, sizeof(REAL) * (width - visible));
+    }
+    if (gc->grad_v && dv)   /* dV += (P D)^T.dO over the keys the block sees, and their rows */
+        gemm(kern, &fw->scratch, w->d_out_pack, cols, dv, rows, c->dropout ? w->dropped : w->scores,
+             1, (ptrdiff_t)m, d_out_blk, (ptrdiff_t)dv, 1, 1, gc->grad_v + u * m * dv,
+             (ptrdiff_t)dv, 1, limits ? limits->key_rows : NULL);
+}
+
+/* The bfloat16 GEMM's backward: the block's dS (rows x cols of w->grad, ld
+ * m; under `causal` each row up to its tile's width, the rest not read)
+ * rounded once into w->grad16 and made the twin of w->grad in `s`, so that
+ * dq reads its rows in place and dk packs its columns without rounding. */
+static void attention_grad_twin(const attention_ctx *c, attention_ws *w, gemm_scratch *s,
+                                size_t rows, size_t cols, const block_limits *limits)
+{
+#ifdef ENGINE_BF16_GEMM
+    const size_t m = c->p->m, mr = c->kern->mr;
+    for (size_t r = 0; r < rows; ++r)
+        c->kern->bf16->round_row(w->grad16 + r * m, w->grad + r * m,
+                                 block_width(limits, r / mr, cols, mr));
+    gemm_twin_set(s, w->grad, w->grad16, rows * m);
+#else
+    (void)c; (void)w; (void)s; (void)rows; (void)cols; (void)limits;
+#endif
+}
+
+/* Item `item` of the backward: unit (b, h), head-major (a head's terms stay cached). */
+static void attention_backward_unit(const void *gc_, attention_thread *t, size_t item)
+{
+    const attention_grad_ctx *gc = (const attention_grad_ctx *)gc_;
+    forward_ws *fw = &t->logits;
+    backward_ws *bw = &t->grads;
+    attention_ws *w = &t->attention;
+    const attention_ctx *c = gc->a;
+    const backward_ctx *g = gc->g;
+    const posenc_problem *p = c->p;
+    const size_t h = item / p->B, u = item % p->B * p->H + h;
+    const size_t n = p->n, m = p->m, dv = c->a->dv, dp = p->d_p;
+    const REAL *v_u = (const REAL *)c->a->v + u * m * dv;
+    packed_b k_packed, vt_packed, product_keys;
+    const int by_blocks = c->a->causal && !c->kern->bf16;   /* causal_keys */
+    forward_unit_setup(&c->logits, fw, u / p->H, h, &k_packed, !by_blocks);
+    if (by_blocks)
+        vt_packed = packed_b_shape(c->kern, w->v_pack, dv, m, 1);
+    else if (dv)
+        pack_b(c->kern, &fw->scratch, &vt_packed, w->v_pack, v_u, 1, (ptrdiff_t)dv, dv, m, 1);   /* v^T */
+    causal_keys keys = {{{&k_packed, (const REAL *)p->k + u * m * p->d, p->d, 0},
+                         {&vt_packed, v_u, dv, 0}}, 0, 0};
+    if (gc->grad_v)
+        memset(gc->grad_v + u * m * dv, 0, sizeof(REAL) * m * dv);
+    if (gc->need_ds)
+        backward_unit_begin(g, bw, u, &product_keys);
+    for (size_t blk0 = 0; blk0 < n; blk0 += g->row_block) {
+        const size_t rows = posenc_min(g->row_block, n - blk0);
+        const size_t cols = attention_columns(c, blk0, rows);
+        block_limits causal_limits;
+        const block_limits *limits = NULL;
+        if (c->a->causal) {
+            causal_limits = attention_block_limits(c, w, blk0, rows, cols);
+            limits = &causal_limits;
+        }
+        if (by_blocks)   /* the next block's keys asked for */
+            causal_keys_reach(c->kern, &keys, cols,
+                              attention_columns(c, blk0, posenc_min(2 * g->row_block, n - blk0)));
+        attention_backward_block(gc, fw, w, &k_packed, &vt_packed, u, blk0, rows, cols, limits);
+        if (!gc->need_ds)
+            continue;
+        if (c->kern->bf16 && !p->product)   /* dS rounded once: dq's rows, dk's columns */
+            attention_grad_twin(c, w, &bw->scratch, rows, cols, limits);
+        backward_unit_block(g, bw, u, &product_keys, blk0, rows, w->grad, cols, limits);
+        bw->scratch.local.src = NULL;   /* backward_dense_block changes dS */
+        if (gc->pos_q_slots || gc->pos_k_slots)   /* after the unit block: it zeroes theta's entries */
+            backward_dense_block(g, bw, h, w->grad, blk0, rows, cols,
+                                 gc->pos_q_slots ? gc->pos_q_slots + u * n * dp : NULL,
+                                 gc->pos_k_slots ? gc->pos_k_slots + u * m * dp : NULL, limits);
+    }
+    if (gc->need_ds)
+        backward_unit_end(g, bw, u);
+}
+
+static int attention_backward(const posenc_problem *p, const posenc_attention *a,
+                              const void *d_out, const void *out, const void *lse,
+                              const posenc_grads *grads, void *grad_v, int num_threads)
+{
+    const size_t BH = p->B * p->H;
+    if (BH == 0 || p->n == 0 || p->m == 0) {
+        backward_zero(p, grads);
+        if (grad_v)
+            memset(grad_v, 0, sizeof(REAL) * BH * p->m * a->dv);
+        return POSENC_OK;
+    }
+    const posenc_kernels *kern = posenc_engine_kernels(p, REAL_DTYPE);
+    attention_ctx c;
+    backward_ctx g;
+    /* the logits' backward without the dense phase: its gradients go per unit here */
+    posenc_grads logit_grads = *grads;
+    logit_grads.pos_q = logit_grads.pos_k = NULL;
+    attention_grad_ctx gc = {&c, &g, (const REAL *)d_out, (const REAL *)out, (const REAL *)lse,
+                             (REAL *)grad_v, NULL, NULL, 0};
+    memset(&g, 0, sizeof g);
+    int status = attention_prepare(&c, p, a, kern);
+    if (status == POSENC_OK)
+        status = backward_prepare(&g, p, kern, NULL, &logit_grads, attention_last_offset(p, a));
+    const int dense = p->pos_q && (grads->pos_q || grads->pos_k);
+    if (status == POSENC_OK &&
+        (zeroed_slots(&gc.pos_q_slots, dense && grads->pos_q, posenc_mul_size(BH, p->n * p->d_p)) ||
+         zeroed_slots(&gc.pos_k_slots, dense && grads->pos_k, posenc_mul_size(BH, p->m * p->d_p))))
+        status = POSENC_ENOMEM;
+    if (status != POSENC_OK)
+        goto done;
+    gc.need_ds = grads->q || grads->k || grads->pos_q || grads->pos_k || grads->table ||
+                 grads->query_table || grads->key_table || grads->segment_table || grads->theta;
+
+    if ((status = attention_run(&c, &g, num_threads, BH, attention_backward_unit, &gc)))
+        goto done;
+    backward_reduce(&g);
+    if (grads->pos_q && gc.pos_q_slots)
+        reduce_slots((REAL *)grads->pos_q, p->pos_q_heads, p->n * p->d_p, 0, gc.pos_q_slots,
+                     p->B, p->H, p->n * p->d_p, NULL, 0);
+    if (grads->pos_k && gc.pos_k_slots)
+        reduce_slots((REAL *)grads->pos_k, p->pos_k_heads, p->m * p->d_p, 0, gc.pos_k_slots,
+                     p->B, p->H, p->m * p->d_p, NULL, 0);
+    if (g.scales.exact) {   /* the dense scale the unit problem's sums left out (backward_reduce) */
+        exact_scale_rows(&g, (REAL *)grads->pos_q, p->pos_q_heads, p->n, p->d_p, NULL,
+                         g.scales.dense_scale);
+        exact_scale_rows(&g, (REAL *)grads->pos_k, p->pos_k_heads, p->m, p->d_p, NULL,
+                         g.scales.dense_scale);
+    }
+
+done:
+    posenc_free(gc.pos_q_slots);
+    posenc_free(gc.pos_k_slots);
+    backward_release(&g);
+    attention_release(&c);
+    return status;
+}
