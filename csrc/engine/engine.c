@@ -55,44 +55,42 @@ int posenc_validate(const posenc_problem *p, const char **why)
     return reason ? POSENC_EINVAL : POSENC_OK;
 }
 
-/* The engine of p's dtype. */
-static const posenc_engine *engine_of(const posenc_problem *p)
+/* The engine of a dtype. */
+static const posenc_engine *engine_of(posenc_dtype dtype)
 {
-    return p->dtype == POSENC_F32   ? &posenc_engine_f32
-           : p->dtype == POSENC_F64 ? &posenc_engine_f64
-                                    : &posenc_engine_lp;
+    return dtype == POSENC_F32   ? &posenc_engine_f32
+           : dtype == POSENC_F64 ? &posenc_engine_f64
+                                 : &posenc_engine_lp;
 }
 
 int posenc_forward(const posenc_problem *p, void *out, int num_threads)
 {
-    return engine_of(p)->forward(p, out, num_threads);
+    return engine_of(p->dtype)->forward(p, out, num_threads);
 }
 
 int posenc_backward(const posenc_problem *p, const void *grad, const posenc_grads *g,
                     int num_threads)
 {
-    return engine_of(p)->backward(p, grad, g, num_threads);
+    return engine_of(p->dtype)->backward(p, grad, g, num_threads);
 }
 
 int posenc_attention_forward(const posenc_problem *p, const posenc_attention *a, void *out,
                              void *lse, int num_threads)
 {
-    return engine_of(p)->attention_forward(p, a, out, lse, num_threads);
+    return engine_of(p->dtype)->attention_forward(p, a, out, lse, num_threads);
 }
 
 int posenc_attention_backward(const posenc_problem *p, const posenc_attention *a,
                               const void *d_out, const void *out, const void *lse,
                               const posenc_grads *g, void *grad_v, int num_threads)
 {
-    return engine_of(p)->attention_backward(p, a, d_out, out, lse, g, grad_v, num_threads);
+    return engine_of(p->dtype)->attention_backward(p, a, d_out, out, lse, g, grad_v, num_threads);
 }
 
 int posenc_matmul(const posenc_matmul_problem *mm, int num_threads)
 {
-    const posenc_engine *engine = mm->dtype == POSENC_F32   ? &posenc_engine_f32
-                                  : mm->dtype == POSENC_F64 ? &posenc_engine_f64
-                                                            : NULL;
-    if (!engine || (mm->b_rs != 1 && mm->b_cs != 1))
+    const posenc_engine *engine = engine_of(mm->dtype);   /* no matmul: bfloat16, float16 */
+    if (!engine->matmul || (mm->b_rs != 1 && mm->b_cs != 1))
         return POSENC_EINVAL;
     return engine->matmul(mm, num_threads);
 }

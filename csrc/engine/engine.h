@@ -143,13 +143,20 @@ size_t posenc_mul_size(size_t count, size_t size);
  * created (threads.c), so that a parallel region never fails to start. */
 size_t posenc_team_startable(size_t team);
 
-/* The threads of a call: at most one per work item, and one for a small
- * problem whatever the thread count asked for; never more than can start. */
-static inline size_t posenc_team(size_t threads, size_t items, const posenc_problem *p)
+/* The threads of a call of `work` multiply-adds: at most one per work item,
+ * and one for a small call whatever the thread count asked for; never more
+ * than can start. */
+static inline size_t posenc_team_for(size_t threads, size_t items, size_t work)
 {
-    if (posenc_mul_size(p->B * p->H * p->n, p->m * (p->d + 1)) < POSENC_PARALLEL_MIN_WORK)
+    if (work < POSENC_PARALLEL_MIN_WORK)
         return 1;   /* a team's start and barrier cost more than the work */
     return posenc_team_startable(threads < items ? threads : items);
+}
+
+/* posenc_team_for a problem's B H n m (d + 1) multiply-adds. */
+static inline size_t posenc_team(size_t threads, size_t items, const posenc_problem *p)
+{
+    return posenc_team_for(threads, items, posenc_mul_size(p->B * p->H * p->n, p->m * (p->d + 1)));
 }
 
 /* The rows of a work item: units of n rows are split into chunks of whole

@@ -63,8 +63,8 @@ static void gemm_scratch_carve(gemm_scratch *s, REAL *mem, const posenc_kernels 
                                const posenc_problem *p)
 {
     s->a_pack = mem;
-    s->shadows = kern->bf16 ? p->bf16_shadows : NULL;
-    s->shadow_count = kern->bf16 ? p->bf16_shadow_count : 0;
+    s->shadows = kern->bf16 && p ? p->bf16_shadows : NULL;   /* p NULL: no twins (posenc_matmul) */
+    s->shadow_count = kern->bf16 && p ? p->bf16_shadow_count : 0;
     s->local = (posenc_bf16_shadow){NULL, NULL, 0, 0, 0, 0, 0};
 }
 

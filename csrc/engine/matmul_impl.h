@@ -16,6 +16,19 @@ static size_t matmul_nc(const posenc_kernels *kern)
     return posenc_max(kern->nr, nc / kern->nr * kern->nr);
 }
 
+/* A thread's workspace: gemm's scratch and one packed kc x nc block of B. */
+typedef struct {
+    REAL *a_pack, *b_pack;
+} matmul_ws;
+
+static size_t matmul_ws_layout(const posenc_kernels *kern, matmul_ws *w, REAL *mem)
+{
+    size_t at = 0;
+    WS_TAKE(w, mem, at, a_pack, gemm_scratch_size(kern));
+    WS_TAKE(w, mem, at, b_pack, packed_b_size(kern->kc, matmul_nc(kern), kern->nr));
+    return at;
+}
+
 typedef struct {
     const posenc_matmul_problem *mm;
     const posenc_kernels *kern;
@@ -28,29 +41,22 @@ static void matmul_rows(const matmul_call *call, void *ws, size_t r0, size_t r1)
     const posenc_matmul_problem *mm = call->mm;
     const posenc_kernels *kern = call->kern;
     const size_t nc = matmul_nc(kern), K = mm->K;
-    gemm_scratch s = {(REAL *)ws, NULL, 0, {NULL, NULL, 0, 0, 0, 0, 0}};
-    REAL *b_pack = (REAL *)ws + posenc_round_up(gemm_scratch_size(kern), 16);
+    matmul_ws w;
+    matmul_ws_layout(kern, &w, (REAL *)ws);
+    gemm_scratch s;
+    gemm_scratch_carve(&s, w.a_pack, kern, NULL);
     const REAL *A = (const REAL *)mm->a + (ptrdiff_t)r0 * mm->a_rs;
     const REAL *B = (const REAL *)mm->b, *bias = (const REAL *)mm->bias;
     REAL *C = (REAL *)mm->c + (ptrdiff_t)r0 * mm->ldc;
     for (size_t j0 = 0; j0 < mm->N; j0 += nc) {
         const size_t cols = posenc_min(nc, mm->N - j0);
         const REAL *bias_j = bias ? bias + j0 : NULL;
-        if (K == 0) {   /* C = bias, or 0 */
-            for (size_t i = 0; i < r1 - r0; ++i) {
-                REAL *row = C + (ptrdiff_t)i * mm->ldc + (ptrdiff_t)j0;
-                if (bias_j)
-                    memcpy(row, bias_j, cols * sizeof(REAL));
-                else
-                    memset(row, 0, cols * sizeof(REAL));
-            }
-            continue;
-        }
-        for (size_t l0 = 0; l0 < K; l0 += kern->kc) {
+        /* K = 0: one block of depth 0, whose epilogue alone gives C = bias, or 0 */
+        for (size_t l0 = 0; l0 == 0 || l0 < K; l0 += kern->kc) {
             const size_t depth = posenc_min(kern->kc, K - l0);
             const int last = l0 + depth == K;
             packed_b pb;
-            pack_b(kern, &s, &pb, b_pack,
+            pack_b(kern, &s, &pb, w.b_pack,
                    B + (ptrdiff_t)l0 * mm->b_rs + (ptrdiff_t)j0 * mm->b_cs, mm->b_rs, mm->b_cs,
                    depth, cols, (REAL)1);
             /* the bias as a row added to every row of C (P with ldp 0), after the last block */
@@ -80,10 +86,7 @@ static int matmul(const posenc_matmul_problem *mm, int num_threads)
     const size_t threads = (size_t)(num_threads > 0 ? num_threads : 1);
     matmul_call call = {mm, kern, posenc_rows_per_item(1, mm->M, kern->mr, threads), 0};
     call.items = (mm->M + call.rows_per_item - 1) / call.rows_per_item;
-    size_t team = call.items < threads ? call.items : threads;
-    if (posenc_mul_size(posenc_mul_size(mm->M, mm->N), mm->K + 1) < POSENC_PARALLEL_MIN_WORK)
-        team = 1;   /* a team's start and barrier cost more than the work */
-    const size_t ws = posenc_round_up(gemm_scratch_size(kern), 16) +
-                      packed_b_size(kern->kc, matmul_nc(kern), kern->nr);
-    return posenc_run_team(posenc_team_startable(team), ws * sizeof(REAL), matmul_team, &call);
+    const size_t work = posenc_mul_size(posenc_mul_size(mm->M, mm->N), mm->K + 1);
+    return posenc_run_team(posenc_team_for(threads, call.items, work),
+                           matmul_ws_layout(kern, NULL, NULL) * sizeof(REAL), matmul_team, &call);
 }

@@ -68,18 +68,12 @@ class _Linear(torch.autograd.Function):
     def backward(ctx, grad):
         x, weight = ctx.saved_tensors
         g = _rows(grad)
+        mm = torch.mm if torch.is_grad_enabled() else _mm   # create_graph: differentiable torch ops
         d_x = d_weight = d_bias = None
-        if torch.is_grad_enabled():     # create_graph: gradients as torch ops
-            x2 = _rows(x)
-            if ctx.needs_input_grad[0]:
-                d_x = (g @ weight).view(x.shape)
-            if ctx.needs_input_grad[1]:
-                d_weight = g.t() @ x2
-        else:
-            if ctx.needs_input_grad[0]:
-                d_x = _mm(g, weight).view(x.shape)
-            if ctx.needs_input_grad[1]:
-                d_weight = _mm(g.t(), _rows(x))
+        if ctx.needs_input_grad[0]:
+            d_x = mm(g, weight).view(x.shape)
+        if ctx.needs_input_grad[1]:
+            d_weight = mm(g.t(), _rows(x))
         if ctx.has_bias and ctx.needs_input_grad[2]:
             d_bias = g.sum(0)
         return d_x, d_weight, d_bias
