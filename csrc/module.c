@@ -111,12 +111,12 @@ fail:
 static int new_grads(PyObject *config, const converted *a, unsigned int needs, int typenum,
                      PyArrayObject **grads, posenc_grads *g)
 {
-    const int shared_table = a->arr[CF_KEY_TABLE] &&
-                             PyTuple_GET_ITEM(config, CF_KEY_TABLE) == PyTuple_GET_ITEM(config, CF_QUERY_TABLE) &&
-                             PyTuple_GET_ITEM(config, CF_KEY_MAP) == PyTuple_GET_ITEM(config, CF_QUERY_MAP);
-    if (shared_table && (needs & (1u << GR_KEY_TABLE))) {
-        needs |= 1u << GR_QUERY_TABLE;
-        needs &= ~(1u << GR_KEY_TABLE);
+    const int shared_table = a->arr[CF_key_table] &&
+                             PyTuple_GET_ITEM(config, CF_key_table) == PyTuple_GET_ITEM(config, CF_query_table) &&
+                             PyTuple_GET_ITEM(config, CF_key_map) == PyTuple_GET_ITEM(config, CF_query_map);
+    if (shared_table && (needs & (1u << GR_key_table))) {
+        needs |= 1u << GR_query_table;
+        needs &= ~(1u << GR_key_table);
     }
     void *data[GR_COUNT] = {NULL};
     for (int t = 0; t < GR_COUNT; ++t) {
@@ -127,10 +127,15 @@ static int new_grads(PyObject *config, const converted *a, unsigned int needs, i
             return -1;
         data[t] = PyArray_DATA(grads[t]);
     }
-    *g = (posenc_grads){data[GR_Q], data[GR_K], data[GR_POS_Q], data[GR_POS_K], data[GR_TABLE],
-                        data[GR_QUERY_TABLE],
-                        shared_table ? data[GR_QUERY_TABLE] : data[GR_KEY_TABLE],
-                        data[GR_SEGMENT_TABLE], data[GR_THETA]};
+    g->q = data[GR_q];
+    g->k = data[GR_k];
+#define GRAD_SET_(name, ...) g->name = data[GR_##name];
+#define GRAD_SKIP_(...)
+    POSENC_ARRAYS(GRAD_SET_, GRAD_SKIP_)
+#undef GRAD_SET_
+#undef GRAD_SKIP_
+    if (shared_table)
+        g->key_table = data[GR_query_table];
     return 0;
 }
 
@@ -153,7 +158,7 @@ static PyObject *grads_tuple(PyArrayObject **grads, int count)
 
 /*
  * backward(G, config, needs): the gradients of sum(G * forward(config)) as
- * a 9-tuple in ENGINE_GRADS order, None where absent or not in `needs`.
+ * a tuple in ENGINE_GRADS order, None where absent or not in `needs`.
  * When key_table is query_table and key_map is query_map (one table on both
  * sides), both sides' gradients are summed into the query_table entry and
  * the key_table entry is None; either bit asks for it.
@@ -447,6 +452,26 @@ static PyMethodDef methods[] = {
      "The result cache: its budget, and the blocks and bytes it holds now."},
     {NULL, NULL, 0, NULL}};
 
+/* module.name = a tuple of the count strings of names; 0, or -1 with an exception. */
+static int add_names(PyObject *module, const char *name, const char *const *names, int count)
+{
+    PyObject *tuple = PyTuple_New(count);
+    if (!tuple)
+        return -1;
+    for (int t = 0; t < count; ++t) {
+        PyObject *item = PyUnicode_FromString(names[t]);
+        if (!item) {
+            Py_DECREF(tuple);
+            return -1;
+        }
+        PyTuple_SET_ITEM(tuple, t, item);
+    }
+    const int rc = PyModule_AddObject(module, name, tuple);
+    if (rc)
+        Py_DECREF(tuple);
+    return rc;
+}
+
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "posenc._C",
                                     "posenc's C engine (private: use the posenc package).", -1,
                                     methods, NULL, NULL, NULL, NULL};
@@ -458,5 +483,12 @@ PyMODINIT_FUNC PyInit__C(void)
         return NULL;
     posenc_dispatch_init();
     num_threads = posenc_max_threads();   /* OMP_NUM_THREADS, or every core */
-    return PyModule_Create(&module);
+    PyObject *m = PyModule_Create(&module);
+    /* the names posenc._engine builds EngineConfig and ENGINE_GRADS from */
+    if (m && (add_names(m, "CONFIG_FIELDS", config_names, CF_COUNT) ||
+              add_names(m, "ENGINE_GRADS", grad_names, GR_COUNT))) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
 }

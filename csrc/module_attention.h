@@ -116,8 +116,8 @@ done:
 
 /*
  * attention_backward(d_out, config, v, out, lse, key_padding_mask, causal,
- * dropout_p, seed, needs) -> the 9 gradients of backward (ENGINE_GRADS
- * order, the same rules), then dv (bit 9 of needs).
+ * dropout_p, seed, needs) -> the gradients of backward (ENGINE_GRADS
+ * order, the same rules), then dv (bit GR_COUNT of needs).
  */
 static PyObject *py_attention_backward(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {

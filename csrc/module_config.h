@@ -7,27 +7,54 @@
  */
 
 /*
- * The fields of an EngineConfig (posenc/_engine.py), in its order: the
- * binding reads any tuple of exactly CF_COUNT items positionally.
+ * The fields of an EngineConfig, in its order (posenc._engine reads their
+ * names from _C.CONFIG_FIELDS): the binding reads any tuple of exactly
+ * CF_COUNT items positionally.  The float arrays are q, k and posenc.h's
+ * POSENC_ARRAYS; then the integer arrays (bucket maps over the offsets,
+ * segment ids, rotation positions) and the scalars.
  */
+#define CONFIG_INDEX_FIELDS(X) \
+    X(table_map) X(query_map) X(key_map) X(segment_q) X(segment_k) X(positions_q) X(positions_k)
+#define CONFIG_SCALAR_FIELDS(X) \
+    X(product) X(scale) X(dense_scale) X(vector_scale) X(rope_interleaved) X(query_offset)
+
+#define CF_ENUM_(name, ...) CF_##name,
 enum {
-    CF_Q, CF_K, CF_PRODUCT, CF_SCALE, CF_POS_Q, CF_POS_K, CF_DENSE_SCALE, CF_TABLE, CF_TABLE_MAP,
-    CF_QUERY_TABLE, CF_QUERY_MAP, CF_KEY_TABLE, CF_KEY_MAP, CF_VECTOR_SCALE, CF_SEGMENT_Q,
-    CF_SEGMENT_K, CF_SEGMENT_TABLE, CF_THETA, CF_QUERY_OFFSET, CF_COUNT
+    CF_q, CF_k,
+    POSENC_ARRAYS(CF_ENUM_, CF_ENUM_)
+    CF_FIRST_INDEX_,
+    CF_INDEX_BEFORE_ = CF_FIRST_INDEX_ - 1,
+    CONFIG_INDEX_FIELDS(CF_ENUM_)
+    CONFIG_SCALAR_FIELDS(CF_ENUM_)
+    CF_COUNT
 };
 
+#define CF_NAME_(name, ...) #name,
 static const char *const config_names[CF_COUNT] = {
-    "q", "k", "product", "scale", "pos_q", "pos_k", "dense_scale", "table", "table_map",
-    "query_table", "query_map", "key_table", "key_map", "vector_scale", "segment_q", "segment_k",
-    "segment_table", "theta", "query_offset"};
+    "q", "k", POSENC_ARRAYS(CF_NAME_, CF_NAME_) CONFIG_INDEX_FIELDS(CF_NAME_)
+    CONFIG_SCALAR_FIELDS(CF_NAME_)};
 
-/* Gradient outputs, in the order backward returns them (_engine.ENGINE_GRADS). */
-enum { GR_Q, GR_K, GR_POS_Q, GR_POS_K, GR_TABLE, GR_QUERY_TABLE, GR_KEY_TABLE, GR_SEGMENT_TABLE,
-       GR_THETA, GR_COUNT };
+/* The float and the integer array fields. */
+static const int float_fields[] = {CF_q, CF_k, POSENC_ARRAYS(CF_ENUM_, CF_ENUM_)};
+#define CF_INDEX_(name) CF_##name,
+static const int index_fields[] = {CONFIG_INDEX_FIELDS(CF_INDEX_)};
+#undef CF_INDEX_
 
-/* The config field each gradient is shaped like. */
-static const int grad_source[GR_COUNT] = {CF_Q, CF_K, CF_POS_Q, CF_POS_K, CF_TABLE,
-                                          CF_QUERY_TABLE, CF_KEY_TABLE, CF_SEGMENT_TABLE, CF_THETA};
+/* Gradient outputs, in the order backward returns them (_C.ENGINE_GRADS):
+ * q, k, then the parameters of POSENC_ARRAYS (its constants have none). */
+#define GR_ENUM_(name, ...) GR_##name,
+#define GR_SKIP_(...)
+enum { GR_q, GR_k, POSENC_ARRAYS(GR_ENUM_, GR_SKIP_) GR_COUNT };
+#undef GR_ENUM_
+#undef CF_ENUM_
+
+/* The config field each gradient is shaped like, and the gradients' names. */
+#define GR_SOURCE_(name, ...) CF_##name,
+static const int grad_source[GR_COUNT] = {CF_q, CF_k, POSENC_ARRAYS(GR_SOURCE_, GR_SKIP_)};
+#undef GR_SOURCE_
+static const char *const grad_names[GR_COUNT] = {"q", "k", POSENC_ARRAYS(CF_NAME_, GR_SKIP_)};
+#undef CF_NAME_
+#undef GR_SKIP_
 
 /* Every array a call converts (one per config field), released on the one exit path. */
 typedef struct {
@@ -231,7 +258,7 @@ static int build_problem(PyObject *config, converted *a, posenc_problem *p)
                      (int)CF_COUNT);
         return -1;
     }
-    PyObject *q = PyTuple_GET_ITEM(config, CF_Q);
+    PyObject *q = PyTuple_GET_ITEM(config, CF_q);
     if (!PyArray_Check(q)) {
         PyErr_SetString(PyExc_TypeError, "q must be a numpy.ndarray");
         return -1;
@@ -242,10 +269,6 @@ static int build_problem(PyObject *config, converted *a, posenc_problem *p)
         PyErr_SetString(PyExc_TypeError, "q must have dtype " FLOAT_DTYPES_TEXT);
         return -1;
     }
-    static const int index_fields[] = {CF_TABLE_MAP, CF_QUERY_MAP, CF_KEY_MAP, CF_SEGMENT_Q,
-                                       CF_SEGMENT_K};
-    static const int float_fields[] = {CF_Q, CF_K, CF_POS_Q, CF_POS_K, CF_TABLE, CF_QUERY_TABLE,
-                                       CF_KEY_TABLE, CF_SEGMENT_TABLE, CF_THETA};
     for (size_t t = 0; t < sizeof float_fields / sizeof float_fields[0]; ++t) {
         const int field = float_fields[t];
         PyObject *obj = PyTuple_GET_ITEM(config, field);
@@ -258,45 +281,46 @@ static int build_problem(PyObject *config, converted *a, posenc_problem *p)
         if (obj != Py_None && !(a->arr[field] = as_index_array(obj, config_names[field])))
             return -1;
     }
-    int product = PyObject_IsTrue(PyTuple_GET_ITEM(config, CF_PRODUCT));
-    if (product < 0 || read_double(config, CF_SCALE, &p->scale) ||
-        read_double(config, CF_DENSE_SCALE, &p->dense_scale) ||
-        read_double(config, CF_VECTOR_SCALE, &p->vector_scale) ||
-        read_size(config, CF_QUERY_OFFSET, &p->query_offset))
+    const int product = PyObject_IsTrue(PyTuple_GET_ITEM(config, CF_product));
+    const int interleaved = PyObject_IsTrue(PyTuple_GET_ITEM(config, CF_rope_interleaved));
+    if (product < 0 || interleaved < 0 || read_double(config, CF_scale, &p->scale) ||
+        read_double(config, CF_dense_scale, &p->dense_scale) ||
+        read_double(config, CF_vector_scale, &p->vector_scale) ||
+        read_size(config, CF_query_offset, &p->query_offset))
         return -1;
-    if (!a->arr[CF_K]) {
+    if (!a->arr[CF_k]) {
         PyErr_SetString(PyExc_TypeError, "k is required");
         return -1;
     }
 
     const npy_intp any = -1;
-    if (check_dims(a->arr[CF_Q], "q", 4, (npy_intp[]){any, any, any, any}))
+    if (check_dims(a->arr[CF_q], "q", 4, (npy_intp[]){any, any, any, any}))
         return -1;
-    const npy_intp B = PyArray_DIM(a->arr[CF_Q], 0), H = PyArray_DIM(a->arr[CF_Q], 1);
-    const npy_intp n = PyArray_DIM(a->arr[CF_Q], 2), d = PyArray_DIM(a->arr[CF_Q], 3);
-    if (check_dims(a->arr[CF_K], "k", 4, (npy_intp[]){B, H, any, d}))
+    const npy_intp B = PyArray_DIM(a->arr[CF_q], 0), H = PyArray_DIM(a->arr[CF_q], 1);
+    const npy_intp n = PyArray_DIM(a->arr[CF_q], 2), d = PyArray_DIM(a->arr[CF_q], 3);
+    if (check_dims(a->arr[CF_k], "k", 4, (npy_intp[]){B, H, any, d}))
         return -1;
-    const npy_intp m = PyArray_DIM(a->arr[CF_K], 2);
+    const npy_intp m = PyArray_DIM(a->arr[CF_k], 2);
     const npy_intp offsets = (n > 0 && m > 0) ? n + m - 1 : 0;
-    if (a->arr[CF_POS_Q] || a->arr[CF_POS_K]) {
-        if (!a->arr[CF_POS_Q] || !a->arr[CF_POS_K]) {
+    if (a->arr[CF_pos_q] || a->arr[CF_pos_k]) {
+        if (!a->arr[CF_pos_q] || !a->arr[CF_pos_k]) {
             PyErr_SetString(PyExc_ValueError, "pos_q and pos_k come together");
             return -1;
         }
-        if (check_dims(a->arr[CF_POS_Q], "pos_q", 3, (npy_intp[]){any, n, any}))
+        if (check_dims(a->arr[CF_pos_q], "pos_q", 3, (npy_intp[]){any, n, any}))
             return -1;
-        const npy_intp dp = PyArray_DIM(a->arr[CF_POS_Q], 2);
-        if (check_dims(a->arr[CF_POS_K], "pos_k", 3, (npy_intp[]){any, m, dp}))
+        const npy_intp dp = PyArray_DIM(a->arr[CF_pos_q], 2);
+        if (check_dims(a->arr[CF_pos_k], "pos_k", 3, (npy_intp[]){any, m, dp}))
             return -1;
-        p->pos_q = DATA(CF_POS_Q);
-        p->pos_k = DATA(CF_POS_K);
-        p->pos_q_heads = DIM(CF_POS_Q, 0);
-        p->pos_k_heads = DIM(CF_POS_K, 0);
+        p->pos_q = DATA(CF_pos_q);
+        p->pos_k = DATA(CF_pos_k);
+        p->pos_q_heads = DIM(CF_pos_q, 0);
+        p->pos_k_heads = DIM(CF_pos_k, 0);
         p->d_p = (size_t)dp;
     }
     /* tables with their maps */
     static const struct { int table, map, ndim; } tables[3] = {
-        {CF_TABLE, CF_TABLE_MAP, 2}, {CF_QUERY_TABLE, CF_QUERY_MAP, 3}, {CF_KEY_TABLE, CF_KEY_MAP, 3}};
+        {CF_table, CF_table_map, 2}, {CF_query_table, CF_query_map, 3}, {CF_key_table, CF_key_map, 3}};
     for (int t = 0; t < 3; ++t) {
         const int table = tables[t].table, map = tables[t].map;
         if (!a->arr[table])
@@ -309,48 +333,81 @@ static int build_problem(PyObject *config, converted *a, posenc_problem *p)
             check_dims(a->arr[map], config_names[map], 1, (npy_intp[]){offsets}))
             return -1;
     }
-    if (a->arr[CF_TABLE]) {
-        p->table = DATA(CF_TABLE);
-        p->table_heads = DIM(CF_TABLE, 0);
-        p->table_rows = DIM(CF_TABLE, 1);
-        p->table_map = (const int64_t *)DATA(CF_TABLE_MAP);
+    if (a->arr[CF_table]) {
+        p->table = DATA(CF_table);
+        p->table_heads = DIM(CF_table, 0);
+        p->table_rows = DIM(CF_table, 1);
+        p->table_map = (const int64_t *)DATA(CF_table_map);
     }
-    if (a->arr[CF_QUERY_TABLE]) {
-        p->query_table = DATA(CF_QUERY_TABLE);
-        p->query_table_heads = DIM(CF_QUERY_TABLE, 0);
-        p->query_table_rows = DIM(CF_QUERY_TABLE, 1);
-        p->query_map = (const int64_t *)DATA(CF_QUERY_MAP);
+    if (a->arr[CF_query_table]) {
+        p->query_table = DATA(CF_query_table);
+        p->query_table_heads = DIM(CF_query_table, 0);
+        p->query_table_rows = DIM(CF_query_table, 1);
+        p->query_map = (const int64_t *)DATA(CF_query_map);
     }
-    if (a->arr[CF_KEY_TABLE]) {
-        p->key_table = DATA(CF_KEY_TABLE);
-        p->key_table_heads = DIM(CF_KEY_TABLE, 0);
-        p->key_table_rows = DIM(CF_KEY_TABLE, 1);
-        p->key_map = (const int64_t *)DATA(CF_KEY_MAP);
+    if (a->arr[CF_key_table]) {
+        p->key_table = DATA(CF_key_table);
+        p->key_table_heads = DIM(CF_key_table, 0);
+        p->key_table_rows = DIM(CF_key_table, 1);
+        p->key_map = (const int64_t *)DATA(CF_key_map);
     }
-    if (a->arr[CF_SEGMENT_TABLE] || a->arr[CF_SEGMENT_Q] || a->arr[CF_SEGMENT_K]) {
-        if (!a->arr[CF_SEGMENT_TABLE] || !a->arr[CF_SEGMENT_Q] || !a->arr[CF_SEGMENT_K]) {
+    if (a->arr[CF_segment_table] || a->arr[CF_segment_q] || a->arr[CF_segment_k]) {
+        if (!a->arr[CF_segment_table] || !a->arr[CF_segment_q] || !a->arr[CF_segment_k]) {
             PyErr_SetString(PyExc_ValueError, "segment_q, segment_k and segment_table come together");
             return -1;
         }
-        if (check_dims(a->arr[CF_SEGMENT_TABLE], "segment_table", 3, (npy_intp[]){any, any, any}))
+        if (check_dims(a->arr[CF_segment_table], "segment_table", 3, (npy_intp[]){any, any, any}))
             return -1;
-        const npy_intp S = PyArray_DIM(a->arr[CF_SEGMENT_TABLE], 1);
-        if (check_dims(a->arr[CF_SEGMENT_TABLE], "segment_table", 3, (npy_intp[]){any, S, S}) ||
-            check_dims(a->arr[CF_SEGMENT_Q], "segment_q", 2, (npy_intp[]){B, n}) ||
-            check_dims(a->arr[CF_SEGMENT_K], "segment_k", 2, (npy_intp[]){B, m}))
+        const npy_intp S = PyArray_DIM(a->arr[CF_segment_table], 1);
+        if (check_dims(a->arr[CF_segment_table], "segment_table", 3, (npy_intp[]){any, S, S}) ||
+            check_dims(a->arr[CF_segment_q], "segment_q", 2, (npy_intp[]){B, n}) ||
+            check_dims(a->arr[CF_segment_k], "segment_k", 2, (npy_intp[]){B, m}))
             return -1;
-        p->segment_table = DATA(CF_SEGMENT_TABLE);
-        p->segment_q = (const int64_t *)DATA(CF_SEGMENT_Q);
-        p->segment_k = (const int64_t *)DATA(CF_SEGMENT_K);
-        p->segment_table_heads = DIM(CF_SEGMENT_TABLE, 0);
+        p->segment_table = DATA(CF_segment_table);
+        p->segment_q = (const int64_t *)DATA(CF_segment_q);
+        p->segment_k = (const int64_t *)DATA(CF_segment_k);
+        p->segment_table_heads = DIM(CF_segment_table, 0);
         p->n_segments = (size_t)S;
     }
-    if (a->arr[CF_THETA]) {
-        if (check_dims(a->arr[CF_THETA], "theta", 2, (npy_intp[]){any, 2}))
+    if (a->arr[CF_theta]) {
+        if (check_dims(a->arr[CF_theta], "theta", 2, (npy_intp[]){any, 2}))
             return -1;
-        p->theta = DATA(CF_THETA);
-        p->theta_heads = DIM(CF_THETA, 0);
+        p->theta = DATA(CF_theta);
+        p->theta_heads = DIM(CF_theta, 0);
     }
+    if (a->arr[CF_rope_cos] || a->arr[CF_rope_sin]) {
+        if (!a->arr[CF_rope_cos] || !a->arr[CF_rope_sin] ||
+            !a->arr[CF_rope_cos_k] != !a->arr[CF_rope_sin_k]) {
+            PyErr_SetString(PyExc_ValueError, "rope_cos and rope_sin come together, and "
+                                              "rope_cos_k with rope_sin_k");
+            return -1;
+        }
+        if (check_dims(a->arr[CF_rope_cos], "rope_cos", 2, (npy_intp[]){any, any}))
+            return -1;
+        const npy_intp P = PyArray_DIM(a->arr[CF_rope_cos], 0);
+        const npy_intp pairs = PyArray_DIM(a->arr[CF_rope_cos], 1);
+        const npy_intp table[2] = {P, pairs};
+        if (check_dims(a->arr[CF_rope_sin], "rope_sin", 2, table) ||
+            (a->arr[CF_rope_cos_k] && (check_dims(a->arr[CF_rope_cos_k], "rope_cos_k", 2, table) ||
+                                       check_dims(a->arr[CF_rope_sin_k], "rope_sin_k", 2, table))))
+            return -1;
+        p->rope_cos = DATA(CF_rope_cos);
+        p->rope_sin = DATA(CF_rope_sin);
+        p->rope_cos_k = a->arr[CF_rope_cos_k] ? DATA(CF_rope_cos_k) : p->rope_cos;
+        p->rope_sin_k = a->arr[CF_rope_sin_k] ? DATA(CF_rope_sin_k) : p->rope_sin;
+        p->rope_positions = (size_t)P;
+        p->rope_pairs = (size_t)pairs;
+        p->rope_interleaved = interleaved;
+    }
+    if ((a->arr[CF_positions_q] && check_dims(a->arr[CF_positions_q], "positions_q", 2,
+                                              (npy_intp[]){B, n})) ||
+        (a->arr[CF_positions_k] && check_dims(a->arr[CF_positions_k], "positions_k", 2,
+                                              (npy_intp[]){B, m})))
+        return -1;
+    if (a->arr[CF_positions_q])
+        p->positions_q = (const int64_t *)DATA(CF_positions_q);
+    if (a->arr[CF_positions_k])
+        p->positions_k = (const int64_t *)DATA(CF_positions_k);
     p->dtype = (posenc_dtype)dtype;
     p->product = product;
     p->B = (size_t)B;
@@ -358,8 +415,8 @@ static int build_problem(PyObject *config, converted *a, posenc_problem *p)
     p->n = (size_t)n;
     p->m = (size_t)m;
     p->d = (size_t)d;
-    p->q = DATA(CF_Q);
-    p->k = DATA(CF_K);
+    p->q = DATA(CF_q);
+    p->k = DATA(CF_k);
     const char *why = NULL;
     if (posenc_validate(p, &why) != POSENC_OK) {
         PyErr_Format(PyExc_ValueError, "inconsistent problem: %s", why);

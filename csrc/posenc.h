@@ -3,15 +3,19 @@
  *
  * Every method of SPEC.md §3 is one `posenc_problem`: the content term
  * s * q_i.k_j plus positional terms of five kinds, combined by sum or by
- * product (STYLE.md "One engine, many methods"):
+ * product (STYLE.md "One engine, many methods"), and optionally a rotation
+ * of q and k (rope):
  *
  *   dense         dense_scale * pos_q_i . pos_k_j                  (TUPE, DIET-ABS)
- *   table         table[h, table_map(j - i)]                       (T5, DIET-REL, TUPE-R, M2)
+ *   table         table[h, table_map(j - i)]                       (T5, DIET-REL, TUPE-R, M2,
+ *                                                                    ALiBi, KERPLE, any bias of j - i)
  *   query table   vector_scale * q_i . query_table[h, query_map(j - i)]  (Shaw, M4, M4M, DeBERTa c2p)
  *   key table     vector_scale * k_j . key_table[h, key_map(j - i)]      (M4, M4M, DeBERTa p2c)
  *   segments      segment_table[h, segment_q[b, i], segment_k[b, j]]     (DIET)
  *   reset         theta[h, 0] on the row at position 0 (query_offset + i == 0),
  *                 theta[h, 1] on column 0 of the others             (TUPE [CLS])
+ *   rotation      q_i, k_j rotated pair by pair by the angles of their positions
+ *                 before any use, the adjoint applied to dq, dk (RoPE, xPos)
  *
  * Sum:     A = s q.k + reset(dense + table + query table + key table + segments)
  * Product: A = s q.k * table * query table * key table      (M2, M4M; no dense/segments/reset)
@@ -91,6 +95,18 @@ typedef struct {
     const void *theta;            /* (theta_heads, 2) */
     size_t theta_heads;
 
+    /* rotation of q and k (RoPE, docs/methods.md): pairs t < rope_pairs of q_i
+     * rotated by row p_q(i) of (rope_cos, rope_sin), of k_j by row p_k(j) of
+     * (rope_cos_k, rope_sin_k), which are rope_cos, rope_sin unless xPos gives its
+     * own; pair t is (x_t, x_{t + rope_pairs}) (half split) or (x_{2t}, x_{2t+1})
+     * (rope_interleaved); p_q(i) = positions_q[b, i] or query_offset + i, p_k(j)
+     * = positions_k[b, j] or j.  Only with the content term (no positional term). */
+    const void *rope_cos, *rope_sin, *rope_cos_k, *rope_sin_k;   /* (rope_positions, rope_pairs) */
+    size_t rope_positions, rope_pairs;
+    const int64_t *positions_q;   /* (B, n) or NULL */
+    const int64_t *positions_k;   /* (B, m) or NULL */
+    int rope_interleaved;
+
     size_t query_offset;          /* query row i sits at position query_offset + i (SPEC §1):
                                      the maps arrive built for j - (query_offset + i); the
                                      engine reads it for TUPE's [CLS] row (position 0) */
@@ -108,12 +124,41 @@ typedef struct {
     size_t bf16_shadow_count;
 } posenc_problem;
 
+/*
+ * The float arrays of a problem besides q and k, written once (STYLE.md 13):
+ * the gradients' struct below, the low-precision engine's widening and
+ * slicing (engine_lp.c), the binding's config fields and gradient tuple
+ * (module_config.h, hence posenc._engine's EngineConfig and ENGINE_GRADS)
+ * are generated from this list.
+ *   PARAM(name, heads, per_head): a parameter with a gradient; `heads` is its
+ *     head-count field (H or 1), `per_head` its elements per head, an
+ *     expression of the problem `p`;
+ *   CONST(name, count): a constant (no head axis, no gradient), `count`
+ *     elements (the rotation's tables).
+ */
+#define POSENC_ARRAYS(PARAM, CONST)                                        \
+    PARAM(pos_q, pos_q_heads, p->n * p->d_p)                               \
+    PARAM(pos_k, pos_k_heads, p->m * p->d_p)                               \
+    PARAM(table, table_heads, p->table_rows)                               \
+    PARAM(query_table, query_table_heads, p->query_table_rows * p->d)      \
+    PARAM(key_table, key_table_heads, p->key_table_rows * p->d)            \
+    PARAM(segment_table, segment_table_heads, p->n_segments * p->n_segments) \
+    PARAM(theta, theta_heads, 2)                                           \
+    CONST(rope_cos, p->rope_positions * p->rope_pairs)                     \
+    CONST(rope_sin, p->rope_positions * p->rope_pairs)                     \
+    CONST(rope_cos_k, p->rope_positions * p->rope_pairs)                   \
+    CONST(rope_sin_k, p->rope_positions * p->rope_pairs)
+
+#define POSENC_GRAD_FIELD_(name, heads, per_head) void *name;
+#define POSENC_NO_FIELD_(name, count)
+
 /* Gradient outputs, each shaped like its input; NULL = not wanted.  When
  * query_table and key_table are the same buffer (one table read on both
  * sides, M4 and M4M: same table, same map), both sides' gradients are summed
- * into it, the query side's first. */
+ * into it, the query side's first.  Fields: q, k, then POSENC_ARRAYS' PARAMs. */
 typedef struct {
-    void *q, *k, *pos_q, *pos_k, *table, *query_table, *key_table, *segment_table, *theta;
+    void *q, *k;
+    POSENC_ARRAYS(POSENC_GRAD_FIELD_, POSENC_NO_FIELD_)
 } posenc_grads;
 
 /* Check that a problem is consistent (maps and ids in range, product rules).

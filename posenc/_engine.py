@@ -8,7 +8,7 @@ beyond the binding's one `posenc_validate` (the safety net that no index can
 leave its table):
 
     _C.forward(config, out)          -> logits (B, H, n, m); out may be None
-    _C.backward(G, config, needs)    -> 9-tuple of gradients in ENGINE_GRADS order
+    _C.backward(G, config, needs)    -> tuple of gradients in ENGINE_GRADS order
 
 and the fused attention of SPEC §6 on the same configured logits:
 
@@ -16,7 +16,7 @@ and the fused attention of SPEC §6 on the same configured logits:
         -> (out (B, H, n, dv), lse (B, H, n)); key_padding_mask None or bool (B, m)
     _C.attention_backward(d_out, config, v, out, lse, key_padding_mask, causal,
                           dropout_p, seed, needs)
-        -> 10-tuple: the 9 of ENGINE_GRADS, then dv (bit 9 of needs)
+        -> the gradients of ENGINE_GRADS, then dv (bit len(ENGINE_GRADS) of needs)
 
 `needs` is one bit mask in ENGINE_GRADS order (bit t asks for entry t).  When
 `key_table` is the same object as `query_table` with the same map object (M4,
@@ -29,25 +29,28 @@ from __future__ import annotations
 
 from collections import namedtuple
 
-EngineConfig = namedtuple("EngineConfig", (
-    "q", "k",                     # (B, H, n, d), (B, H, m, d), any float dtype, any strides
-    "product",                    # bool: A = s q.k * factors (M2, M4M) instead of a sum
-    "scale",                      # float: s of the content term
-    "pos_q", "pos_k",             # dense factor (H|1, n, d_p), (H|1, m, d_p) or None
-    "dense_scale",                # float
-    "table", "table_map",         # scalar table (H|1, R) and its int64 map over offsets
-    "query_table", "query_map",   # query-side vector table (H|1, R, d): q_i . table[map]
-    "key_table", "key_map",       # key-side vector table (H|1, R, d): k_j . table[map]
-    "vector_scale",               # float, on both vector tables
-    "segment_q", "segment_k",     # (B, n), (B, m) integer ids, or None
-    "segment_table",              # (H|1, S, S)
-    "theta",                      # (H|1, 2): TUPE's [CLS] reset
-    "query_offset",               # int >= 0: query row i sits at position query_offset + i
-))
+from . import _C
 
-# Entries of _C.backward's result, and bits of its `needs` mask.
-ENGINE_GRADS = ("q", "k", "pos_q", "pos_k", "table", "query_table", "key_table",
-                "segment_table", "theta")
+# The engine's slots, named by the binding (csrc/module_config.h, from posenc.h's
+# one list of the problem's arrays), in the order it reads them:
+#   q, k                            (B, H, n, d), (B, H, m, d), any float dtype, any strides
+#   pos_q, pos_k                    dense factor (H|1, n, d_p), (H|1, m, d_p) or None
+#   table                           scalar table (H|1, R) with table_map, its int64 map over offsets
+#   query_table, key_table          vector tables (H|1, R, d): q_i . table[map], k_j . table[map],
+#                                   with query_map, key_map
+#   segment_table                   (H|1, S, S) with segment_q (B, n), segment_k (B, m) ids
+#   theta                           (H|1, 2): TUPE's [CLS] reset
+#   rope_cos, rope_sin              the rotation's tables (P, r), rope_cos_k, rope_sin_k the keys'
+#                                   (xPos) or None; positions_q (B, n), positions_k (B, m) or None
+#   product                         bool: A = s q.k * factors (M2, M4M) instead of a sum
+#   scale, dense_scale, vector_scale   floats: the content's, the dense factor's, the vector tables'
+#   rope_interleaved                bool: the rotation's pairs (x_2t, x_2t+1), else (x_t, x_t+r)
+#   query_offset                    int >= 0: query row i sits at position query_offset + i
+EngineConfig = namedtuple("EngineConfig", _C.CONFIG_FIELDS)
+
+# Entries of _C.backward's result, and bits of its `needs` mask: q, k, then the
+# parameters with a gradient.
+ENGINE_GRADS = _C.ENGINE_GRADS
 
 # A bucket map is a 1-D int64 array over the diagonals o = j - i of an (n, m)
 # problem, o from -(n - 1) to m - 1, stored at index o + n - 1; Python builds

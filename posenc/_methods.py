@@ -26,9 +26,9 @@ def _engine_slots(spec) -> tuple:
     slot = {"q": 0, "k": 1}
     for term in spec.terms:
         if isinstance(term, Dense):
-            slot[term.query], slot[term.key] = 2, 3
+            slot[term.query], slot[term.key] = ENGINE_GRADS.index("pos_q"), ENGINE_GRADS.index("pos_k")
         elif isinstance(term, Segments):
-            slot["segment_table"] = 7
+            slot["segment_table"] = ENGINE_GRADS.index("segment_table")
         elif term.name not in slot:     # M4/M4M: one table on both sides, one gradient
             slot[term.name] = ENGINE_GRADS.index(term.slot)
     return tuple(slot[field] for field in spec.grad_fields)

@@ -185,13 +185,13 @@ static void attention_backward_unit(const void *gc_, attention_thread *t, size_t
     const REAL *v_u = (const REAL *)c->a->v + u * m * dv;
     packed_b k_packed, vt_packed, product_keys;
     const int by_blocks = c->a->causal && !c->kern->bf16;   /* causal_keys */
-    forward_unit_setup(&c->logits, fw, u / p->H, h, &k_packed, !by_blocks);
+    forward_unit_setup(&c->logits, fw, u / p->H, h, 0, n, &k_packed, !by_blocks);
+    bw->inputs = fw->inputs;   /* the gradients read the inputs the logits did */
     if (by_blocks)
         vt_packed = packed_b_shape(c->kern, w->v_pack, dv, m, 1);
     else if (dv)
         pack_b(c->kern, &fw->scratch, &vt_packed, w->v_pack, v_u, 1, (ptrdiff_t)dv, dv, m, 1);   /* v^T */
-    causal_keys keys = {{{&k_packed, (const REAL *)p->k + u * m * p->d, p->d, 0},
-                         {&vt_packed, v_u, dv, 0}}, 0, 0};
+    causal_keys keys = {{{&k_packed, fw->inputs.k, p->d, 0}, {&vt_packed, v_u, dv, 0}}, 0, 0};
     if (gc->grad_v)
         memset(gc->grad_v + u * m * dv, 0, sizeof(REAL) * m * dv);
     if (gc->need_ds)

@@ -267,13 +267,12 @@ static void attention_forward_unit(const attention_ctx *c, forward_ws *fw, atten
     REAL *out_u = out + u * p->n * dv, *lse_u = lse + u * p->n;
     packed_b k_packed, v_packed;
     const int by_tiles = c->a->causal && !kern->bf16;   /* causal_keys */
-    forward_unit_setup(&c->logits, fw, b, h, &k_packed, !by_tiles);
+    forward_unit_setup(&c->logits, fw, b, h, r0, r1, &k_packed, !by_tiles);
     if (by_tiles)
         v_packed = packed_b_shape(kern, w->v_pack, m, dv, 1);
     else
         pack_b(kern, &fw->scratch, &v_packed, w->v_pack, v_u, (ptrdiff_t)dv, 1, m, dv, 1);
-    causal_keys keys = {{{&k_packed, (const REAL *)p->k + u * m * p->d, p->d, 0},
-                         {&v_packed, v_u, dv, 1}}, 0, 0};
+    causal_keys keys = {{{&k_packed, fw->inputs.k, p->d, 0}, {&v_packed, v_u, dv, 1}}, 0, 0};
     for (size_t i0 = r0; i0 < r1; i0 += kern->mr) {
         const size_t rows = posenc_min(kern->mr, r1 - i0), cols = attention_columns(c, i0, rows);
         if (by_tiles)   /* the keys of the tile after the next asked for */

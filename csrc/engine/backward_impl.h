@@ -48,6 +48,7 @@ typedef struct {
 
 typedef struct {
     gemm_scratch scratch;
+    unit_inputs inputs;       /* the unit's q and k as the logits read them (rope_impl.h) */
     REAL *b_pack;             /* packed B of the backward gemms */
     REAL *query_side;         /* Gq: n x query_buckets */
     REAL *key_side;           /* Gk: m x key_buckets */
@@ -97,6 +98,10 @@ static size_t backward_ws_layout(const backward_ctx *c, backward_ws *w, REAL *me
     const size_t buckets = posenc_max(c->query_buckets, c->key_buckets);
     const size_t depth = posenc_max(posenc_max(n, m), posenc_max(buckets, c->row_block));
     WS_TAKE(w, mem, at, b_pack, packed_b_size(depth, posenc_max(d, p->d_p), nr));
+    if (p->rope_cos && c->G) {   /* the logits' backward rotates its own (the attention's shares) */
+        WS_TAKE(w, mem, at, inputs.q_rot, n * d);
+        WS_TAKE(w, mem, at, inputs.k_rot, m * d);
+    }
     if (c->need_query_side) WS_TAKE(w, mem, at, query_side, n * c->query_buckets);
     if (c->need_key_side) WS_TAKE(w, mem, at, key_side, m * c->key_buckets);
     if (c->need_query_side || c->need_key_side) WS_TAKE(w, mem, at, reach, buckets);
@@ -337,7 +342,7 @@ static void backward_unit_begin(const backward_ctx *c, backward_ws *w, size_t u,
 {
     const posenc_problem *p = c->p;
     const size_t m = p->m, d = p->d, h = u % p->H;
-    const REAL *k_u = (const REAL *)p->k + u * m * d;
+    const REAL *k_u = w->inputs.k;
     if (c->need_query_side) memset(w->query_side, 0, sizeof(REAL) * p->n * c->query_buckets);
     if (c->need_key_side) memset(w->key_side, 0, sizeof(REAL) * m * c->key_buckets);
     if (p->product) {
@@ -362,8 +367,7 @@ static void backward_unit_block(const backward_ctx *c, backward_ws *w, size_t u,
     const posenc_kernels *kern = c->kern;
     const posenc_grads *g = c->g;
     const size_t n = p->n, m = p->m, d = p->d, b = u / p->H, h = u % p->H;
-    const REAL *q_u = (const REAL *)p->q + u * n * d;
-    const REAL *k_u = (const REAL *)p->k + u * m * d;
+    const REAL *q_u = w->inputs.q, *k_u = w->inputs.k;
     REAL *dq_u = g->q ? (REAL *)g->q + u * n * d : NULL;
     REAL *dk_u = g->k ? (REAL *)g->k + u * m * d : NULL;
     const REAL s = (REAL)p->scale;
@@ -394,7 +398,8 @@ static void backward_unit_block(const backward_ctx *c, backward_ws *w, size_t u,
     }
 }
 
-/* Unit u's end, once every row block is in: the gradients through the vector tables. */
+/* Unit u's end, once every row block is in: the gradients through the vector
+ * tables, then dq and dk back through the rotation (rope). */
 static void backward_unit_end(const backward_ctx *c, backward_ws *w, size_t u)
 {
     const posenc_problem *p = c->p;
@@ -403,7 +408,7 @@ static void backward_unit_end(const backward_ctx *c, backward_ws *w, size_t u)
     scatter_key_edges_end(c, w);
     for (int key_side = 0; key_side < 2; ++key_side) {
         const size_t rows = key_side ? m : n;
-        const REAL *x = (const REAL *)(key_side ? p->k : p->q) + u * rows * d;
+        const REAL *x = key_side ? w->inputs.k : w->inputs.q;
         REAL *dx = key_side ? g->k : g->q;
         dx = dx ? dx + u * rows * d : NULL;
         const int side = key_side ? c->need_key_side : c->need_query_side;
@@ -420,6 +425,8 @@ static void backward_unit_end(const backward_ctx *c, backward_ws *w, size_t u)
         if (dx)
             exact_content_grad(c, dx, side ? w->vector_grad : NULL, rows * d);
     }
+    unit_inputs_grads(p, u, g->q ? (REAL *)g->q + u * n * d : NULL,
+                      g->k ? (REAL *)g->k + u * m * d : NULL);
 }
 
 /*
@@ -462,6 +469,7 @@ static void backward_unit(const backward_ctx *c, backward_ws *w, size_t u)
 {
     const size_t n = c->p->n;
     packed_b k_packed;
+    unit_inputs_at(c->p, &w->inputs, u / c->p->H, u % c->p->H, 0, n);
     backward_unit_begin(c, w, u, &k_packed);
     for (size_t blk0 = 0; blk0 < n; blk0 += c->row_block) {
         const size_t rows = posenc_min(c->row_block, n - blk0);

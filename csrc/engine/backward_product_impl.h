@@ -42,7 +42,7 @@ static void backward_product_tile(const backward_ctx *c, backward_ws *w, size_t 
     const posenc_problem *p = c->p;
     const posenc_kernels *kern = c->kern;
     const size_t n = p->n, m = p->m, d = p->d, ld = c->m_pad;
-    const REAL *q_u = (const REAL *)p->q + u * n * d;
+    const REAL *q_u = w->inputs.q;
     packed_b keys = *k_packed;
     keys.N = width;
 

@@ -110,17 +110,15 @@ static void backward_reduce(const backward_ctx *c)
 static void backward_zero(const posenc_problem *p, const posenc_grads *g)
 {
     const size_t BH = p->B * p->H;
+#define ZERO_PARAM_(name, heads, per_head) {g->name, p->heads * (per_head)},
+#define ZERO_CONST_(name, count)
     const struct { void *ptr; size_t count; } outs[] = {
         {g->q, BH * p->n * p->d},
         {g->k, BH * p->m * p->d},
-        {g->pos_q, p->pos_q_heads * p->n * p->d_p},
-        {g->pos_k, p->pos_k_heads * p->m * p->d_p},
-        {g->table, p->table_heads * p->table_rows},
-        {g->query_table, p->query_table_heads * p->query_table_rows * p->d},
-        {g->key_table, p->key_table_heads * p->key_table_rows * p->d},
-        {g->segment_table, p->segment_table_heads * p->n_segments * p->n_segments},
-        {g->theta, p->theta_heads * 2},
+        POSENC_ARRAYS(ZERO_PARAM_, ZERO_CONST_)
     };
+#undef ZERO_PARAM_
+#undef ZERO_CONST_
     for (size_t t = 0; t < sizeof outs / sizeof outs[0]; ++t)
         if (outs[t].ptr && outs[t].count)
             memset(outs[t].ptr, 0, sizeof(REAL) * outs[t].count);

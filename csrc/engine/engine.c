@@ -16,6 +16,22 @@ static int in_range(const int64_t *index, size_t len, size_t count)
     return 1;
 }
 
+/* The rotation (rope_*) of a problem whose rope_cos is set is consistent: its
+ * tables, the pairs within d, every position (given, or the defaults query_offset
+ * + i and j) within the tables, and the content term alone beside it. */
+static int rope_valid(const posenc_problem *p)
+{
+    const size_t P = p->rope_positions;
+    if (!p->rope_sin || !p->rope_cos_k || !p->rope_sin_k || 2 * p->rope_pairs > p->d ||
+        p->product || p->pos_q || p->table || p->query_table || p->key_table ||
+        p->segment_table || p->theta)
+        return 0;
+    if (p->positions_q ? !in_range(p->positions_q, p->B * p->n, P)
+                       : p->n > 0 && (p->query_offset >= P || p->n > P - p->query_offset))
+        return 0;
+    return p->positions_k ? in_range(p->positions_k, p->B * p->m, P) : p->m <= P;
+}
+
 int posenc_validate(const posenc_problem *p, const char **why)
 {
     const char *reason = NULL;
@@ -50,6 +66,11 @@ int posenc_validate(const posenc_problem *p, const char **why)
         reason = "product mode takes only table, query-side and key-side factors";
     else if (p->product && !p->table && !p->query_table && !p->key_table)
         reason = "product mode needs at least one factor";
+    else if ((p->positions_q || p->positions_k) && !p->rope_cos)
+        reason = "positions are the rotation's: they need its tables";
+    else if (p->rope_cos && !rope_valid(p))
+        reason = "rotation: tables cos, sin (and the keys') of rope_positions x rope_pairs, "
+                 "2 rope_pairs <= d, every position within the tables, no positional term";
     if (why)
         *why = reason;
     return reason ? POSENC_EINVAL : POSENC_OK;

@@ -11,6 +11,7 @@
 
 #include "gemm_impl.h"              /* packing, GEMM over the microkernel */
 #include "terms_impl.h"             /* the positional terms of a row tile */
+#include "rope_impl.h"              /* the rotation of q and k: a unit's inputs */
 #include "forward_impl.h"           /* logits */
 #include "backward_impl.h"          /* gradients */
 #include "backward_vectors_impl.h"  /* gradients through the vector tables */

@@ -141,32 +141,37 @@ static int lp_job_run(const lp_job *job, int num_threads)
 
 /* ------------------------------------------------------- the float32 copy */
 
-/* The float arrays of a problem: where each is, how many elements. */
-enum { A_Q, A_K, A_POS_Q, A_POS_K, A_TABLE, A_QUERY_TABLE, A_KEY_TABLE, A_SEGMENT_TABLE,
-       A_THETA, A_COUNT };
+/* The float arrays of a problem (q, k, then posenc.h's POSENC_ARRAYS): the
+ * ones with a gradient first, [0, A_GRAD_COUNT), then the constants, up to
+ * A_COUNT; where each is, how many elements. */
+#define LP_ENUM_(name, ...) A_##name,
+#define LP_SKIP_(...)
+enum { A_Q, A_K, POSENC_ARRAYS(LP_ENUM_, LP_SKIP_) A_GRAD_COUNT };
+enum { A_CONSTANTS_ = A_GRAD_COUNT - 1, POSENC_ARRAYS(LP_SKIP_, LP_ENUM_) A_COUNT };
+#undef LP_ENUM_
+#undef LP_SKIP_
+#define A_FIRST_PARAM (A_K + 1)
 
 static void problem_arrays(const posenc_problem *p, const void *const **at, size_t *len)
 {
     at[A_Q] = &p->q, len[A_Q] = p->B * p->H * p->n * p->d;
     at[A_K] = &p->k, len[A_K] = p->B * p->H * p->m * p->d;
-    at[A_POS_Q] = &p->pos_q, len[A_POS_Q] = p->pos_q_heads * p->n * p->d_p;
-    at[A_POS_K] = &p->pos_k, len[A_POS_K] = p->pos_k_heads * p->m * p->d_p;
-    at[A_TABLE] = &p->table, len[A_TABLE] = p->table_heads * p->table_rows;
-    at[A_QUERY_TABLE] = &p->query_table,
-    len[A_QUERY_TABLE] = p->query_table_heads * p->query_table_rows * p->d;
-    at[A_KEY_TABLE] = &p->key_table, len[A_KEY_TABLE] = p->key_table_heads * p->key_table_rows * p->d;
-    at[A_SEGMENT_TABLE] = &p->segment_table,
-    len[A_SEGMENT_TABLE] = p->segment_table_heads * p->n_segments * p->n_segments;
-    at[A_THETA] = &p->theta, len[A_THETA] = p->theta_heads * 2;
+#define LP_PARAM_(name, heads, per_head) at[A_##name] = &p->name, len[A_##name] = p->heads * (per_head);
+#define LP_CONST_(name, count) at[A_##name] = &p->name, len[A_##name] = (count);
+    POSENC_ARRAYS(LP_PARAM_, LP_CONST_)
+#undef LP_PARAM_
+#undef LP_CONST_
 }
 
-/* The fields of g in problem_arrays' order (A_Q ... A_THETA). */
-static void grad_slots(posenc_grads *g, void **slot[A_COUNT])
+/* The fields of g in problem_arrays' order, [0, A_GRAD_COUNT). */
+static void grad_slots(posenc_grads *g, void **slot[A_GRAD_COUNT])
 {
-    slot[A_Q] = &g->q, slot[A_K] = &g->k, slot[A_POS_Q] = &g->pos_q, slot[A_POS_K] = &g->pos_k;
-    slot[A_TABLE] = &g->table, slot[A_QUERY_TABLE] = &g->query_table;
-    slot[A_KEY_TABLE] = &g->key_table, slot[A_SEGMENT_TABLE] = &g->segment_table;
-    slot[A_THETA] = &g->theta;
+    slot[A_Q] = &g->q, slot[A_K] = &g->k;
+#define LP_PARAM_(name, heads, per_head) slot[A_##name] = &g->name;
+#define LP_CONST_(name, count)
+    POSENC_ARRAYS(LP_PARAM_, LP_CONST_)
+#undef LP_PARAM_
+#undef LP_CONST_
 }
 
 /* A float32 arena of regions, each 64-byte aligned. */
@@ -200,11 +205,11 @@ static void lp_problem(const posenc_problem *p, posenc_problem *p32, lp_arena *a
     const void *const *at32[A_COUNT];
     size_t len32[A_COUNT];
     problem_arrays(p32, at32, len32);
-    for (int t = A_POS_Q; t < A_COUNT; ++t) {
+    for (int t = A_FIRST_PARAM; t < A_COUNT; ++t) {
         if (!*at[t])
             continue;
         int shared = -1;
-        for (int u = A_POS_Q; u < t; ++u)
+        for (int u = A_FIRST_PARAM; u < t; ++u)
             if (*at[u] == *at[t] && len[u] == len[t])
                 shared = u;
         where[t] = shared >= 0 ? where[shared] : lp_take(a, len[t]);
@@ -223,11 +228,11 @@ static void lp_grads(const posenc_problem *p, posenc_grads g, posenc_grads *g32,
 {
     const void *const *at[A_COUNT];
     size_t len[A_COUNT], where[A_COUNT];
-    void **out[A_COUNT], **out32[A_COUNT];
+    void **out[A_GRAD_COUNT], **out32[A_GRAD_COUNT];
     problem_arrays(p, at, len);
     grad_slots(&g, out);
     grad_slots(g32, out32);
-    for (int t = 0; t < A_COUNT; ++t) {
+    for (int t = 0; t < A_GRAD_COUNT; ++t) {
         *out32[t] = NULL;
         if (!*out[t])
             continue;
@@ -281,18 +286,17 @@ static void lp_arena_free(lp_arena *a)
 
 /* ----------------------------------------------------------- sub-problems */
 
-/* The heads field of parameter array t (A_POS_Q ... A_THETA) of p, and in
- * *per_head its elements per head. */
+/* The heads field of parameter array t (A_FIRST_PARAM ...) of p, and in
+ * *per_head its elements per head; NULL for a constant (no head axis). */
 static size_t *param_heads(posenc_problem *p, int t, size_t *per_head)
 {
     switch (t) {
-    case A_POS_Q: *per_head = p->n * p->d_p; return &p->pos_q_heads;
-    case A_POS_K: *per_head = p->m * p->d_p; return &p->pos_k_heads;
-    case A_TABLE: *per_head = p->table_rows; return &p->table_heads;
-    case A_QUERY_TABLE: *per_head = p->query_table_rows * p->d; return &p->query_table_heads;
-    case A_KEY_TABLE: *per_head = p->key_table_rows * p->d; return &p->key_table_heads;
-    case A_SEGMENT_TABLE: *per_head = p->n_segments * p->n_segments; return &p->segment_table_heads;
-    default: *per_head = 2; return &p->theta_heads;
+#define LP_PARAM_(name, heads, per_head_) case A_##name: *per_head = (per_head_); return &p->heads;
+#define LP_CONST_(name, count)
+    POSENC_ARRAYS(LP_PARAM_, LP_CONST_)
+#undef LP_PARAM_
+#undef LP_CONST_
+    default: *per_head = 0; return NULL;
     }
 }
 
@@ -300,7 +304,8 @@ static size_t *param_heads(posenc_problem *p, int t, size_t *per_head)
 static int param_sliced(const posenc_problem *p, int t)
 {
     size_t per_head;
-    return *param_heads((posenc_problem *)p, t, &per_head) == p->H;
+    const size_t *heads = param_heads((posenc_problem *)p, t, &per_head);
+    return heads && *heads == p->H;
 }
 
 /* The sub-problem of batch rows [b0, b0 + nb) and heads [h0, h0 + nh) of a
@@ -318,7 +323,11 @@ static posenc_problem lp_slice(const posenc_problem *p, size_t b0, size_t nb, si
         s.segment_q = p->segment_q + b0 * p->n;
         s.segment_k = p->segment_k + b0 * p->m;
     }
-    for (int t = A_POS_Q; t < A_COUNT; ++t) {
+    if (p->positions_q)
+        s.positions_q = p->positions_q + b0 * p->n;
+    if (p->positions_k)
+        s.positions_k = p->positions_k + b0 * p->m;
+    for (int t = A_FIRST_PARAM; t < A_COUNT; ++t) {
         size_t per_head;
         size_t *heads = param_heads(&s, t, &per_head);
         if (*at[t] && param_sliced(p, t)) {
@@ -433,7 +442,9 @@ static int lp_chunks(lp_kind kind, const posenc_problem *p, lp_stream *st, const
     const int twins = p->dtype == POSENC_BF16 && posenc_bf16_gemm_kernels();
     for (int t = 0; t < S_COUNT; ++t) {
         shared_with[t] = (size_t)t;
-        unwidened[t] = twins && st[t].src && !st[t].copy;
+        /* the rotation reads q and k themselves (rope_impl.h) */
+        unwidened[t] = twins && st[t].src && !st[t].copy &&
+                       !(p->rope_cos && (t == S_Q || t == S_K));
         for (int u = 0; u < t && t < S_FIRST_OUTPUT; ++u)   /* k is q: the first's region */
             if (st[t].src && st[u].src == st[t].src && st[u].per_unit == st[t].per_unit) {
                 shared_with[t] = (size_t)u;
@@ -464,7 +475,7 @@ static int lp_chunks(lp_kind kind, const posenc_problem *p, lp_stream *st, const
     }
     if (rc == POSENC_OK)
         rc = lp_job_run(&widen, num_threads);   /* the parameters */
-    void **sum_at[A_COUNT], **part_at[A_COUNT];
+    void **sum_at[A_GRAD_COUNT], **part_at[A_GRAD_COUNT];
     grad_slots(&sums, sum_at);
     grad_slots(&part, part_at);
     const void *const *at[A_COUNT];
@@ -504,9 +515,9 @@ static int lp_chunks(lp_kind kind, const posenc_problem *p, lp_stream *st, const
             posenc_grads gs = part;
             gs.q = g && g->q ? REGION(S_DQ) : NULL;
             gs.k = g && g->k ? REGION(S_DK) : NULL;
-            void **gs_at[A_COUNT];
+            void **gs_at[A_GRAD_COUNT];
             grad_slots(&gs, gs_at);
-            for (int t = A_POS_Q; t < A_COUNT; ++t) {
+            for (int t = A_FIRST_PARAM; t < A_GRAD_COUNT; ++t) {
                 size_t per_head;
                 param_heads(&p32, t, &per_head);
                 if (*part_at[t] && param_sliced(p, t))
@@ -554,9 +565,9 @@ static int lp_chunks(lp_kind kind, const posenc_problem *p, lp_stream *st, const
             if (rc == POSENC_OK)
                 rc = lp_job_run(&narrow, num_threads);
             /* this chunk's parameter gradients into the sums (a shared region once) */
-            for (int t = A_POS_Q; rc == POSENC_OK && t < A_COUNT; ++t) {
+            for (int t = A_FIRST_PARAM; rc == POSENC_OK && t < A_GRAD_COUNT; ++t) {
                 int seen = 0;
-                for (int u = A_POS_Q; u < t; ++u)
+                for (int u = A_FIRST_PARAM; u < t; ++u)
                     seen |= *part_at[u] && *part_at[u] == *part_at[t];
                 if (!*part_at[t] || seen)
                     continue;

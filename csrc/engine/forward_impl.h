@@ -40,6 +40,7 @@ typedef struct {
 
 typedef struct {
     gemm_scratch scratch;
+    unit_inputs inputs;       /* the unit's q and k as the terms read them (rope_impl.h) */
     REAL *k_pack;             /* content B: k^T panels, d x m_pad */
     REAL *P;                  /* positional rows of a tile, mr x m_pad */
     REAL *query_proj;         /* query-side projections of a tile, mr x query_buckets (padded) */
@@ -68,6 +69,10 @@ static size_t forward_ws_layout(const forward_ctx *c, forward_ws *w, REAL *mem)
     at += posenc_round_up(gemm_scratch_size(c->kern), 16);
     WS_TAKE(w, mem, at, k_pack, packed_b_size(p->d, p->m, nr));
     WS_TAKE(w, mem, at, P, mr * c->m_pad);
+    if (p->rope_cos) {
+        WS_TAKE(w, mem, at, inputs.q_rot, p->n * p->d);
+        WS_TAKE(w, mem, at, inputs.k_rot, p->m * p->d);
+    }
     if (p->query_table) {
         WS_TAKE(w, mem, at, query_proj, mr * posenc_round_up(c->query_buckets, nr));
         WS_TAKE(w, mem, at, query_table_pack, packed_b_size(p->d, c->query_buckets, nr));
@@ -234,17 +239,19 @@ static void forward_expand_segments(const forward_ctx *c, forward_ws *w, size_t 
     }
 }
 
-/* What unit (b, h) needs before its row tiles: the head block, s k^T
- * packed into k_packed (the content scale rides on the packed keys; without
- * pack_keys its shape only, the caller packs the panels), the key-side
- * projections, the expanded segments. */
-static void forward_unit_setup(const forward_ctx *c, forward_ws *w, size_t b, size_t h,
-                               packed_b *k_packed, int pack_keys)
+/* What unit (b, h) needs before its row tiles [r0, r1): its inputs (q's
+ * rows [r0, r1), k: w->inputs), the head block, s k^T packed into k_packed
+ * (the content scale rides on the packed keys; without pack_keys its shape
+ * only, the caller packs the panels), the key-side projections, the
+ * expanded segments. */
+static void forward_unit_setup(const forward_ctx *c, forward_ws *w, size_t b, size_t h, size_t r0,
+                               size_t r1, packed_b *k_packed, int pack_keys)
 {
     const posenc_problem *p = c->p;
     const posenc_kernels *kern = c->kern;
     const size_t m = p->m, d = p->d;
-    const REAL *k_u = (const REAL *)p->k + (b * p->H + h) * m * d;
+    unit_inputs_at(p, &w->inputs, b, h, r0, r1);
+    const REAL *k_u = w->inputs.k;
 
     if (c->head_blocks && w->cached_head_block != (ptrdiff_t)h)
         forward_head_block(c, w, h);
@@ -291,7 +298,7 @@ static void forward_tile_exact(const forward_ctx *c, forward_ws *w, size_t b, si
     const posenc_problem *p = c->p;
     const posenc_kernels *kern = c->kern;
     const size_t n = p->n, m = p->m, d = p->d, ld = c->m_pad, count = rows * cols;
-    const REAL *q_u = (const REAL *)p->q + (b * p->H + h) * n * d;
+    const REAL *q_u = w->inputs.q;
     const REAL *by_offset = p->table ? c->table_by_offset + head_of(p->table_heads, h) * (n + m - 1)
                                      : NULL;
     const int op = p->product ? POSENC_MUL : POSENC_ADD;
@@ -384,7 +391,7 @@ static void forward_tile(const forward_ctx *c, forward_ws *w, size_t b, size_t h
     }
     const posenc_problem *p = c->p;
     const size_t n = p->n, m = p->m, d = p->d;
-    const REAL *q_u = (const REAL *)p->q + (b * p->H + h) * n * d;
+    const REAL *q_u = w->inputs.q;
     ptrdiff_t ldp = 0;
     const REAL *P = forward_positional(c, w, b, h, q_u, i0, rows, cols, &ldp);
     int flags = (P ? (p->product ? POSENC_UKR_MUL_P : POSENC_UKR_ADD_P) : 0) |
@@ -411,7 +418,7 @@ static void forward_unit(const forward_ctx *c, forward_ws *w, size_t b, size_t h
     const size_t m = c->p->m, mr = c->kern->mr;
     char *out_u = (char *)out + (b * c->out_heads + h) * c->p->n * m * c->out_size;
     packed_b k_packed;
-    forward_unit_setup(c, w, b, h, &k_packed, 1);
+    forward_unit_setup(c, w, b, h, r0, r1, &k_packed, 1);
     for (size_t i0 = r0; i0 < r1; i0 += mr)
         forward_tile(c, w, b, h, &k_packed, i0, posenc_min(mr, r1 - i0), m,
                      (REAL *)(void *)(out_u + i0 * m * c->out_size), (ptrdiff_t)m);

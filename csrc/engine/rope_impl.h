@@ -1,0 +1,92 @@
+/*
+ * rope_impl.h -- the rotation of q and k (RoPE, Su et al. 2021; xPos; the
+ * formulas in docs/methods.md) for one dtype (REAL, set by
+ * engine_<dtype>.c), and the unit's inputs as every term reads them.
+ *
+ * The rotation happens where a unit's q and k are read: its rows rotated
+ * once per unit into the thread's workspace (O((n + m) d) against the
+ * unit's O(n m d) products), which the GEMMs then read in place of q and
+ * k; its adjoint is applied in place to the unit's dq and dk once their
+ * sums are complete (backward_unit_end).  Nothing of the size of q or k is
+ * kept between the forward and the backward.
+ */
+
+/* A unit's q and k as the terms read them: the inputs in place, or their
+ * rotated rows (row r at q + r d, k + r d either way). */
+typedef struct {
+    const REAL *q, *k;
+    REAL *q_rot, *k_rot;   /* with a rotation: n x d and m x d of the thread's workspace */
+} unit_inputs;
+
+/*
+ * Rows [r0, r1) of unit (b, h)'s q (key_side 0) or k (key_side 1), src
+ * row r at src + r d, rotated by their positions into dst (the same
+ * layout; dst may be src): each pair (x, y) of a row at position pos goes
+ * to (x c - y s, y c + x s) with c = cos[pos, t], s = sin[pos, t], or with
+ * `adjoint` (the transpose: the gradient's way back) to (x c + y s, y c - x s).
+ * Dimensions past the 2 rope_pairs rotated ones are copied.
+ */
+static void rope_rows(const posenc_problem *p, REAL *dst, const REAL *src, size_t b, size_t r0,
+                      size_t r1, int key_side, int adjoint)
+{
+    const size_t d = p->d, pairs = p->rope_pairs, rows = key_side ? p->m : p->n;
+    const REAL *cos_table = (const REAL *)(key_side ? p->rope_cos_k : p->rope_cos);
+    const REAL *sin_table = (const REAL *)(key_side ? p->rope_sin_k : p->rope_sin);
+    const int64_t *positions = key_side ? p->positions_k : p->positions_q;
+    /* pair t is (x[t * step], x[t * step + other]) */
+    const size_t step = p->rope_interleaved ? 2 : 1, other = p->rope_interleaved ? 1 : pairs;
+    for (size_t r = r0; r < r1; ++r) {
+        const size_t pos = positions ? (size_t)positions[b * rows + r]
+                                     : key_side ? r : p->query_offset + r;
+        const REAL *c = cos_table + pos * pairs;
+        const REAL *s = sin_table + pos * pairs;
+        const REAL *x = src + r * d;
+        REAL *y = dst + r * d;
+        if (adjoint)
+            for (size_t t = 0; t < pairs; ++t) {
+                const REAL x0 = x[t * step], x1 = x[t * step + other];
+                y[t * step] = x0 * c[t] + x1 * s[t];
+                y[t * step + other] = x1 * c[t] - x0 * s[t];
+            }
+        else
+            for (size_t t = 0; t < pairs; ++t) {
+                const REAL x0 = x[t * step], x1 = x[t * step + other];
+                y[t * step] = x0 * c[t] - x1 * s[t];
+                y[t * step + other] = x1 * c[t] + x0 * s[t];
+            }
+        if (y != x && d > 2 * pairs)
+            memcpy(y + 2 * pairs, x + 2 * pairs, sizeof(REAL) * (d - 2 * pairs));
+    }
+}
+
+/* Unit (b, h)'s inputs: q's rows [r0, r1) (the rows the caller computes)
+ * and every row of k, rotated when the problem has a rotation. */
+static void unit_inputs_at(const posenc_problem *p, unit_inputs *x, size_t b, size_t h, size_t r0,
+                           size_t r1)
+{
+    const size_t u = b * p->H + h;
+    const REAL *q = (const REAL *)p->q + u * p->n * p->d;
+    const REAL *k = (const REAL *)p->k + u * p->m * p->d;
+    if (!p->rope_cos) {
+        x->q = q;
+        x->k = k;
+        return;
+    }
+    rope_rows(p, x->q_rot, q, b, r0, r1, 0, 0);
+    rope_rows(p, x->k_rot, k, b, 0, p->m, 1, 0);
+    x->q = x->q_rot;
+    x->k = x->k_rot;
+}
+
+/* The gradients of unit u's rotated q and k (dq, dk: NULL where not
+ * wanted) taken back through the rotation, in place: the adjoint. */
+static void unit_inputs_grads(const posenc_problem *p, size_t u, REAL *dq, REAL *dk)
+{
+    if (!p->rope_cos)
+        return;
+    const size_t b = u / p->H;
+    if (dq)
+        rope_rows(p, dq, dq, b, 0, p->n, 0, 1);
+    if (dk)
+        rope_rows(p, dk, dk, b, 0, p->m, 1, 1);
+}
