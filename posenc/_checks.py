@@ -13,23 +13,26 @@ what was expected and what was received.
 from __future__ import annotations
 
 import functools
-import numbers
 
 import numpy as np
 
 from ._dtypes import FLOAT_DTYPES, LOW_PRECISION
 from ._dtypes import TEXT as FLOAT_DTYPES_TEXT
-from ._registry import INDEX_TENSORS, MAPS, REGISTRY, Dense, Reset, Segments, Table
+from ._kinds import Bool, Int, Scale, check_rank, check_shape
+from ._kinds import shape_str as _shape_str
+from ._registry import MAPS, REGISTRY, diagonal_map
 from ._signatures import define
 
 
 class Problem:
     """A validated call: sizes, dtype, the given arrays by argument name, and
-    the parameters with defaults resolved (`params`, built on first use: the
-    engine needs only `scale` and the bucket map's `map_values`)."""
+    the parameters with defaults resolved: `scale`, `query_offset`, the bucket
+    map's `map_values` (what the engine needs) and `values`, every parameter
+    but those two in signature order (`params`: all of them by name, built on
+    first use)."""
 
     __slots__ = ("method", "dtype", "B", "H", "n", "m", "d", "arrays", "scale", "query_offset",
-                 "map_values", "d_p", "out", "_params")
+                 "map_values", "values", "d_p", "out", "_params", "_bucket_rows")
 
     def __init__(self, method, dtype, B, H, n, m, d, arrays=None, params=None, out=None):
         self.method, self.dtype = method, dtype
@@ -39,25 +42,33 @@ class Problem:
         self.scale = None
         self.query_offset = 0
         self.map_values = ()      # the bucket map's parameters, checked, in MAPS order
+        self.values = ()          # every parameter before scale, checked, in signature order
         self.d_p = None           # rank of the dense factor
         self.out = out
+        self._bucket_rows = None
+
+    def bucket_rows(self, spec) -> np.ndarray:
+        """The table row of every diagonal of the call through the bucket map of
+        `spec` (p's method), built once per call (one object: M4's one table read
+        on both sides is one buffer to the engine)."""
+        rows = self._bucket_rows
+        if rows is None:
+            rows = self._bucket_rows = diagonal_map(spec.bucket, self.map_values, self.n, self.m,
+                                                    self.query_offset)
+        return rows
 
     @property
     def params(self) -> dict:
-        """Every parameter by name (the map's, "scale", "query_offset", "d_p" with a
-    dense factor)."""
+        """Every parameter by name (the map's, the terms', "scale", "query_offset",
+        "d_p" with a dense factor)."""
         if self._params is None:
             spec = REGISTRY.get(self.method)        # None for the reference's baselines
-            names = spec.map_params if spec else ()
-            self._params = dict(zip(names, self.map_values), scale=self.scale,
+            names = [name for name, _ in spec.params[:-2]] if spec else ()
+            self._params = dict(zip(names, self.values), scale=self.scale,
                                 query_offset=self.query_offset)
             if self.d_p is not None:
                 self._params["d_p"] = self.d_p
         return self._params
-
-
-def _shape_str(shape) -> str:
-    return str(tuple(int(s) for s in shape))
 
 
 def require_ndarray(name: str, value) -> np.ndarray:
@@ -91,60 +102,18 @@ def check_floats(named) -> np.dtype:
     return dtype
 
 
-def check_rank(name: str, value: np.ndarray, rank: int, layout: str) -> None:
-    if value.ndim != rank:
-        raise ValueError(
-            f"{name} must have {rank} dimensions {layout}, got shape "
-            f"{_shape_str(value.shape)} ({value.ndim} dimensions)"
-        )
-
-
-def check_shape(name: str, value: np.ndarray, expected: tuple, layout: str) -> None:
-    """expected: a tuple of ints or None (free); a tuple entry may be a set of allowed ints."""
-    check_rank(name, value, len(expected), layout)
-    for got, want in zip(value.shape, expected):
-        if want is None:
-            continue
-        if isinstance(want, (set, frozenset)):
-            ok = got in want
-        else:
-            ok = got == want
-        if not ok:
-            shown = []
-            for w in expected:
-                if w is None:
-                    shown.append("*")
-                elif isinstance(w, (set, frozenset)):
-                    shown.append("|".join(str(x) for x in sorted(w)))
-                else:
-                    shown.append(str(w))
-            raise ValueError(
-                f"{name} must have shape ({', '.join(shown)}) {layout}, got "
-                f"{_shape_str(value.shape)}"
-            )
-
-
 def check_int(name: str, value, minimum: int | None = None) -> int:
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
-    value = int(value)
-    if minimum is not None and value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return value
+    return Int(minimum).check(name, value)
 
 
 def check_bool(name: str, value) -> bool:
-    if not isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
-    return bool(value)
+    return Bool().check(name, value)
 
 
 def check_scale(value, default: float) -> float:
     if value is None:
         return default
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
-        raise TypeError(f"scale must be a real number or None, got {type(value).__name__} {value!r}")
-    return float(value)
+    return Scale().check("scale", value)
 
 
 def _heads(H: int) -> set:
@@ -164,37 +133,6 @@ def check_qk(q, k) -> tuple:
             f"{_shape_str(q.shape)}, got {_shape_str(k.shape)}"
         )
     return B, H, n, m, d
-
-
-def check_segments(segment_q, segment_k, segment_table, B, H, n, m) -> dict:
-    given = [x is not None for x in (segment_q, segment_k, segment_table)]
-    if not any(given):
-        return {}
-    if not all(given):
-        missing = [nm for nm, g in zip(("segment_q", "segment_k", "segment_table"), given) if not g]
-        raise ValueError(
-            "segments come as all three of segment_q, segment_k, segment_table "
-            f"or none of them; missing {', '.join(missing)}"
-        )
-    for name, value in (("segment_q", segment_q), ("segment_k", segment_k)):
-        require_ndarray(name, value)
-        if value.dtype.kind not in "iu":
-            raise TypeError(f"{name} must have an integer dtype, got {value.dtype}")
-    check_shape("segment_q", segment_q, (B, n), "(B, n)")
-    check_shape("segment_k", segment_k, (B, m), "(B, m)")
-    check_rank("segment_table", segment_table, 3, "(H|1, S, S)")
-    S = segment_table.shape[1]
-    check_shape("segment_table", segment_table, (_heads(H), S, S), "(H|1, S, S)")
-    for name, value in (("segment_q", segment_q), ("segment_k", segment_k)):
-        if value.size:
-            lo, hi = int(value.min()), int(value.max())
-            if lo < 0 or hi >= S:
-                bad = lo if lo < 0 else hi
-                raise ValueError(
-                    f"{name} holds segment id {bad}, outside [0, {S}) for "
-                    f"segment_table of shape {_shape_str(segment_table.shape)}"
-                )
-    return {"segment_q": segment_q, "segment_k": segment_k, "segment_table": segment_table}
 
 
 def check_out(out, problem: Problem) -> None:
@@ -251,7 +189,6 @@ def _begin(method, q, k, floats: dict) -> Problem:
     return Problem(method, dtype, B, H, n, m, d, arrays={"q": q, "k": k})
 
 
-_PARAM_MINIMUM = {"att_span": 1}
 _F32, _F64 = FLOAT_DTYPES[:2]
 
 
@@ -265,19 +202,25 @@ def _map_rows(kind: str, values: tuple) -> int:
 
 
 def _plan(spec) -> tuple:
-    """What `check` walks for `spec`: (name, optional, float) per tensor, the
-    exact types of the map's parameters, and the shape check of each distinct
-    positional tensor as (kind, term)."""
-    tensors = tuple((name, name in spec.optional, name not in INDEX_TENSORS)
+    """What `check` walks for `spec`: (name, optional, float) per tensor; (name,
+    kind, fast types) per parameter before scale; the positions of the map's
+    parameters among them; the terms whose tensors to check (each tensor once:
+    M4's rel_k, read on two sides, is checked once)."""
+    tensors = tuple((name, name in spec.optional, name not in spec.index)
                     for name in spec.tensors)
-    shapes, seen = [], set()
+    params = tuple((name, spec.param_kinds[name]) for name, _ in spec.params[:-2])
+    # the exact types every parameter's fast path takes (None: always checked)
+    types = tuple(kind.types[0] if len(kind.types) == 1 else None for _, kind in params)
+    names = [name for name, _ in params]
+    map_positions = tuple(names.index(name) for name in spec.map_params)
+    if map_positions == tuple(range(len(map_positions))):   # the map's first: a slice
+        map_positions = slice(0, len(map_positions)) if map_positions else None
+    terms, seen = [], set()
     for term in spec.terms:
-        key = (term.__class__, getattr(term, "name", None))
-        if key[1] is None or key[1] not in seen:   # M4/M4M: rel_k checked once
-            shapes.append((term.__class__, term))
-            seen.add(key[1])
-    types = tuple(bool if name == "bidirectional" else int for name in spec.map_params)
-    return tensors, types, tuple(shapes)
+        if not set(term.tensors) <= seen:
+            terms.append(term)
+            seen.update(term.tensors)
+    return tensors, params, types, map_positions, tuple(terms)
 
 
 _PLANS = {name: _plan(spec) for name, spec in REGISTRY.items()}
@@ -294,7 +237,7 @@ def check(spec, tensors: tuple, params: tuple, out) -> Problem:
     native float dtypes); anything else goes through the checks that build
     the error messages.
     """
-    plan_tensors, plan_types, plan_shapes = _PLANS[spec.name]
+    plan_tensors, plan_params, plan_types, map_positions, terms = _PLANS[spec.name]
     arrays = {}
     dtype = None
     for (name, optional, is_float), value in zip(plan_tensors, tensors):
@@ -322,12 +265,12 @@ def check(spec, tensors: tuple, params: tuple, out) -> Problem:
         m = k_shape[2]
     else:
         B, H, n, m, d = check_qk(tensors[0], tensors[1])
-    # parameters: the map's (in the order of its kind), then the scale and the query offset
-    *map_values, scale, query_offset = params
-    if tuple(map(type, map_values)) != plan_types:     # NumPy scalars, or an error
-        for t, (name, value) in enumerate(zip(spec.map_params, map_values)):
-            map_values[t] = (check_bool(name, value) if name == "bidirectional"
-                             else check_int(name, value, _PARAM_MINIMUM.get(name)))
+    # parameters: the map's and the terms' (in signature order), then the scale and the offset
+    *values, scale, query_offset = params
+    if tuple(map(type, values)) != plan_types:     # NumPy scalars, a choice, or an error
+        for t, (name, kind) in enumerate(plan_params):
+            if values[t].__class__ not in kind.types:
+                values[t] = kind.check(name, values[t])
     if scale is None:
         scale = spec.default_scale(d)
     elif scale.__class__ is not float:
@@ -337,42 +280,17 @@ def check(spec, tensors: tuple, params: tuple, out) -> Problem:
     p = Problem(spec.name, dtype, B, H, n, m, d, arrays)
     p.scale = scale
     p.query_offset = query_offset
-    if spec.bucket is not None:
-        p.map_values = map_values = tuple(map_values)
+    p.values = values = tuple(values)
+    rows = None
+    if map_positions is not None:
+        p.map_values = map_values = (values[map_positions] if map_positions.__class__ is slice
+                                     else tuple(values[t] for t in map_positions))
         rows = _map_rows(spec.bucket, map_values)
-    for kind, term in plan_shapes:
-        if kind is Dense:
-            _check_dense(p, arrays[term.query], arrays[term.key], term.query, term.key)
-        elif kind is Segments:
-            check_segments(arrays.get("segment_q"), arrays.get("segment_k"),
-                           arrays.get("segment_table"), B, H, n, m)
-        else:
-            table = arrays.get(term.name)
-            if table is None:
-                continue
-            shape = table.shape
-            heads = shape[0] if shape else -1
-            if kind is Table:
-                if len(shape) != 2 or (heads != H and heads != 1) or shape[1] != rows:
-                    check_shape(term.name, table, ({H, 1}, rows), f"(H|1, {rows})")
-            elif kind is Reset:
-                if len(shape) != 2 or (heads != H and heads != 1) or shape[1] != 2:
-                    check_shape(term.name, table, ({H, 1}, 2), "(H|1, 2)")
-            elif (len(shape) != 3 or (heads != H and heads != 1) or shape[1] != rows
-                  or shape[2] != d):
-                check_shape(term.name, table, ({H, 1}, rows, d), f"(H|1, {rows}, d)")
+    for term in terms:
+        term.check(p, arrays, rows)
     if out is not None:
         check_out(out, p)
     return p
-
-
-def _check_dense(p: Problem, pos_q, pos_k, query: str, key: str) -> None:
-    check_rank(query, pos_q, 3, "(H|1, n, d_p)")
-    check_rank(key, pos_k, 3, "(H|1, m, d_p)")
-    d_p = pos_q.shape[2]
-    check_shape(query, pos_q, ({p.H, 1}, p.n, d_p), "(H|1, n, d_p)")
-    check_shape(key, pos_k, ({p.H, 1}, p.m, d_p), "(H|1, m, d_p)")
-    p.d_p = d_p
 
 
 def _checker(method: str):

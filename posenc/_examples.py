@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._registry import GRAD_FIELDS, METHODS, REGISTRY, Dense, Segments, Table
+from ._kinds import Example
+from ._registry import GRAD_FIELDS, METHODS, REGISTRY, Dense
 
 __all__ = ["METHODS", "make_inputs", "float_inputs", "with_inputs", "dense_rank"]
 
@@ -15,13 +16,15 @@ def make_inputs(method: str, B: int, H: int, n: int, m: int, d: int, *, dtype=np
                 rng=None, shared: bool = False, max_distance: int = 4, segments: int = 3,
                 theta: bool = True, bias: bool = True, d_p: int | None = None,
                 log_buckets: bool = True, num_buckets: int = 16, t5_max_distance: int = 40,
-                att_span: int = 8):
+                att_span: int = 8, rotary_dim: int | None = None):
     """(args, kwargs) for posenc.<method>(*args, **kwargs).
 
     Required tensors are positional, optional ones and parameters keywords.
     shared=True gives every positional parameter a head axis of 1.
     Parameters are drawn standard normal; the tables of product methods (m2)
-    around 1 so the logits keep the content's scale.  The optional terms
+    around 1 so the logits keep the content's scale; each term kind draws its
+    own (posenc._kinds: ALiBi's slopes, RoPE's tables for n + m + 8 positions
+    and `rotary_dim` rotated dimensions, d by default).  The optional terms
     (TUPE's bias and theta, DIET's segments) are given unless turned off.
     Dense factors have rank d_p (default d, or d // 2 when unscaled: DIET-ABS).
     """
@@ -29,41 +32,20 @@ def make_inputs(method: str, B: int, H: int, n: int, m: int, d: int, *, dtype=np
         raise ValueError(f"unknown method {method!r}; expected one of {', '.join(METHODS)}")
     spec = REGISTRY[method]
     rng = np.random.default_rng(0) if rng is None else rng
-    Hp = 1 if shared else H
-    dt = np.dtype(dtype)
-
-    def normal(*shape):
-        return rng.standard_normal(shape).astype(dt)
-
+    options = dict(max_distance=max_distance, segments=segments, d_p=d_p,
+                   log_buckets=log_buckets, num_buckets=num_buckets,
+                   t5_max_distance=t5_max_distance, att_span=att_span, rotary_dim=rotary_dim,
+                   wanted={"bias": bias, "theta": theta, "segment_table": bool(segments)})
     kw: dict = {}
+    rows = None
     if spec.map is not None:
-        kw.update({"clipped": {"max_distance": max_distance},
-                   "clipped_reversed": {"max_distance": max_distance},
-                   "t5": {"num_buckets": num_buckets, "max_distance": t5_max_distance},
-                   "deberta": {"att_span": att_span, **(
-                       {"position_buckets": att_span, "max_relative_positions": 4 * att_span}
-                       if log_buckets else {})}}[spec.bucket])
-        rows = spec.map.rows({"bidirectional": True, **kw})
-    wanted = {"bias": bias, "theta": theta, "segment_table": bool(segments)}
-    values = {"q": normal(B, H, n, d), "k": normal(B, H, m, d)}
+        kw.update(spec.map.example(options))
+        rows = spec.map.rows({**dict(spec.params), **kw})
+    ctx = Example(rng, B, H, n, m, d, 1 if shared else H, np.dtype(dtype), rows, spec.product,
+                  options)
+    values = {"q": ctx.normal(B, H, n, d), "k": ctx.normal(B, H, m, d)}
     for term in spec.terms:
-        if isinstance(term, Dense):
-            rank = (d if term.scaled else max(1, d // 2)) if d_p is None else d_p
-            values[term.query], values[term.key] = normal(Hp, n, rank), normal(Hp, m, rank)
-        elif isinstance(term, Segments):
-            if segments:   # contiguous segments, as sentence pairs are laid out
-                values["segment_q"] = np.sort(rng.integers(0, segments, size=(B, n)), axis=1)
-                values["segment_k"] = np.sort(rng.integers(0, segments, size=(B, m)), axis=1)
-                values["segment_table"] = normal(Hp, segments, segments)
-        elif term.name in values or (term.name in spec.optional and not wanted[term.name]):
-            continue
-        elif isinstance(term, Table):
-            table = normal(Hp, rows)
-            values[term.name] = (1.0 + 0.5 * table).astype(dt) if spec.product else table
-        elif term.name == "theta":
-            values[term.name] = normal(Hp, 2)
-        else:                                  # a vector table
-            values[term.name] = normal(Hp, rows, d)
+        values.update(term.example(ctx, spec, values))
     args = [values[name] for name in spec.tensors if name not in spec.optional]
     kw.update({name: values[name] for name in spec.tensors
                if name in spec.optional and name in values})

@@ -1,105 +1,74 @@
 """Every method of SPEC §3 as a configuration of the one C engine.
 
 `configure` turns a checked `Problem` into an `EngineConfig` (posenc._engine)
-from the method's registry entry: the content scale, sum or product, and one
-engine slot per term (the dense factor, the scalar table, the query- and
-key-side vector tables, the segments, the [CLS] reset), each table with the
-bucket map of the entry.  `forward` and `backward` call posenc._C with it;
+from the method's registry entry: the content scale and sum or product, then
+each term fills its engine slots (posenc._kinds: the dense factor, the scalar
+table, the query- and key-side vector tables, the segments, the [CLS] reset,
+a bias over the call's offsets, the rotation), each table with the bucket
+map of the entry.  `forward` and `backward` call posenc._C with it;
 `attention_forward` and `attention_backward` the fused attention (SPEC §6)
 of a checked `posenc._attention.AttentionCall` on the same configuration.
+The gradients come from the engine's entries the terms name
+(Method.gradient_sources), through a term's `finish` where a parameter is
+not the engine's array itself (an OffsetBias's parameters from its table's
+gradient).
 """
 
 from __future__ import annotations
 
-import numpy as np
-
 from . import _C
 from ._attention import ATTENTION_GRAD_TYPES
 from ._engine import ENGINE_GRADS, EngineConfig
-from ._registry import GRAD_TYPES, REGISTRY, Dense, Segments, diagonal_map
-
-_ENGINE_BIT = {name: 1 << bit for bit, name in enumerate(ENGINE_GRADS)}
-
-
-def _engine_slots(spec) -> tuple:
-    """For each gradient field of `spec`, the index of its _C.backward entry."""
-    slot = {"q": 0, "k": 1}
-    for term in spec.terms:
-        if isinstance(term, Dense):
-            slot[term.query], slot[term.key] = ENGINE_GRADS.index("pos_q"), ENGINE_GRADS.index("pos_k")
-        elif isinstance(term, Segments):
-            slot["segment_table"] = ENGINE_GRADS.index("segment_table")
-        elif term.name not in slot:     # M4/M4M: one table on both sides, one gradient
-            slot[term.name] = ENGINE_GRADS.index(term.slot)
-    return tuple(slot[field] for field in spec.grad_fields)
-
-
-SLOTS = {name: _engine_slots(spec) for name, spec in REGISTRY.items()}
-
-# The attention gradients' fields are (q, k, v, the method's parameters); v is
-# entry len(ENGINE_GRADS) of _C.attention_backward's result.
-ATTENTION_SLOTS = {name: slots[:2] + (len(ENGINE_GRADS),) + slots[2:]
-                   for name, slots in SLOTS.items()}
-
+from ._registry import GRAD_TYPES, REGISTRY
 
 _FIELD = {name: t for t, name in enumerate(EngineConfig._fields)}
-_QUERY_OFFSET = _FIELD["query_offset"]
+_Q, _K, _SCALE, _QUERY_OFFSET = (_FIELD[name] for name in ("q", "k", "scale", "query_offset"))
+# v's gradient follows ENGINE_GRADS in _C.attention_backward's result
+_V = len(ENGINE_GRADS)
 
 
-def _plan(spec):
-    """What configure does for `spec`: a template of the engine slots that do
-    not depend on the call, where the scale goes, and (tensor, slot, map slot)
-    for every positional tensor."""
+def _sources(spec, attention: bool) -> tuple:
+    """(engine entry or None, finish or None) per gradient field of `spec` (with v
+    third for the attention's)."""
+    sources = [(None if engine is None else ENGINE_GRADS.index(engine), finish)
+               for _, engine, finish in spec.gradient_sources()]
+    if attention:
+        sources.insert(2, (_V, None))
+    return tuple(sources)
+
+
+SOURCES = {name: _sources(spec, False) for name, spec in REGISTRY.items()}
+ATTENTION_SOURCES = {name: _sources(spec, True) for name, spec in REGISTRY.items()}
+
+
+def _template(spec) -> list:
+    """The engine slots that do not depend on the call."""
     template = [None] * len(EngineConfig._fields)
     template[_FIELD["product"]] = spec.product
     template[_FIELD["dense_scale"]] = template[_FIELD["vector_scale"]] = 1.0
-    template[_FIELD["query_offset"]] = 0
-    scaled = [_FIELD["scale"]]
-    if not spec.product:
-        scaled.append(_FIELD["vector_scale"])
-    tensors = []
-    for term in spec.terms:
-        kind = term.__class__
-        if kind is Dense:
-            tensors += [(term.query, _FIELD["pos_q"], None), (term.key, _FIELD["pos_k"], None)]
-            if term.scaled:
-                scaled.append(_FIELD["dense_scale"])
-        elif kind is Segments:
-            tensors += [(name, _FIELD[name], None) for name in term.tensors]
-        else:
-            tensors.append((term.name, _FIELD[term.slot],
-                            term.map_slot and _FIELD[term.map_slot]))
-    return template, tuple(scaled), tuple(tensors)
+    template[_FIELD["rope_interleaved"]] = False
+    template[_QUERY_OFFSET] = 0
+    return template
 
 
-_PLANS = {name: _plan(spec) for name, spec in REGISTRY.items()}
+_TEMPLATES = {name: _template(spec) for name, spec in REGISTRY.items()}
 
 
 def configure(p) -> EngineConfig:
     """The engine's problem for a checked call of p's method."""
-    template, scaled, tensors = _PLANS[p.method]
-    slots = template.copy()
+    spec = REGISTRY[p.method]
+    slots = _TEMPLATES[p.method].copy()
     arrays = p.arrays
-    slots[0], slots[1] = arrays["q"], arrays["k"]
+    slots[_Q], slots[_K] = arrays["q"], arrays["k"]
+    slots[_SCALE] = p.scale
     if p.query_offset:
         slots[_QUERY_OFFSET] = p.query_offset
-    scale = p.scale
-    for slot in scaled:
-        slots[slot] = scale
-    rows = None
-    for name, slot, map_slot in tensors:
-        value = arrays.get(name)
-        if value is not None:
-            slots[slot] = value
-            if map_slot is not None:
-                if rows is None:      # one map for every table of the method (M4: the same object)
-                    rows = diagonal_map(REGISTRY[p.method].bucket, p.map_values, p.n, p.m,
-                                        p.query_offset)
-                slots[map_slot] = rows
+    for term in spec.terms:
+        term.configure(slots, _FIELD, spec, p, arrays)
     return tuple.__new__(EngineConfig, slots)
 
 
-def forward(p, config: EngineConfig | None = None) -> np.ndarray:
+def forward(p, config: EngineConfig | None = None):
     return _C.forward(configure(p) if config is None else config, p.out)
 
 
@@ -109,25 +78,36 @@ def field_mask(method: str, wanted) -> int:
     return sum(1 << t for t, name in enumerate(fields) if name in wanted)
 
 
-def backward(p, G: np.ndarray, fields: int | None = None, config: EngineConfig | None = None):
+def _needs(sources, fields: int | None) -> tuple:
+    """(fields, needs): all fields when None (those with an engine entry), and their
+    engine bits."""
+    if fields is None:
+        fields = (1 << len(sources)) - 1
+    needs = 0
+    for bit, (entry, _) in enumerate(sources):
+        if fields >> bit & 1 and entry is not None:
+            needs |= 1 << entry
+    return fields, needs
+
+
+def _gradients(p, grad_type, sources, fields: int, raw):
+    """The named tuple of the fields asked for, from the engine's raw entries."""
+    values = []
+    for bit, (entry, finish) in enumerate(sources):
+        value = raw[entry] if entry is not None and fields >> bit & 1 else None
+        if value is not None and finish is not None:
+            value = finish(p, value)
+        values.append(value)
+    return grad_type(*values)
+
+
+def backward(p, G, fields: int | None = None, config: EngineConfig | None = None):
     """The gradient tuple of p's method; `fields` (a bit mask over the method's
     gradient fields, all by default) limits the work to the fields asked for."""
-    slots = SLOTS[p.method]
-    fields, needs = _needs(slots, fields)
+    sources = SOURCES[p.method]
+    fields, needs = _needs(sources, fields)
     raw = _C.backward(G, configure(p) if config is None else config, needs)
-    return GRAD_TYPES[p.method](*[raw[slot] if fields >> bit & 1 else None
-                                  for bit, slot in enumerate(slots)])
-
-
-def _needs(slots, fields: int | None) -> tuple:
-    """(fields, needs): all fields when None, and their engine bits."""
-    if fields is None:
-        fields = (1 << len(slots)) - 1
-    needs = 0
-    for bit, slot in enumerate(slots):
-        if fields >> bit & 1:
-            needs |= 1 << slot
-    return fields, needs
+    return _gradients(p, GRAD_TYPES[p.method], sources, fields, raw)
 
 
 def attention_forward(call, config: EngineConfig | None = None) -> tuple:
@@ -139,16 +119,15 @@ def attention_forward(call, config: EngineConfig | None = None) -> tuple:
                                 p.out)
 
 
-def attention_backward(call, d_out: np.ndarray, out: np.ndarray, lse: np.ndarray,
-                       fields: int | None = None, config: EngineConfig | None = None):
+def attention_backward(call, d_out, out, lse, fields: int | None = None,
+                       config: EngineConfig | None = None):
     """The <Method>AttentionGrads of a checked attention call given d_out = dL/dout
     and the forward's out and lse; `fields` (a bit mask over its fields q, k, v,
     the method's parameters; all by default) limits the work to those asked for."""
     p = call.problem
-    slots = ATTENTION_SLOTS[p.method]
-    fields, needs = _needs(slots, fields)
+    sources = ATTENTION_SOURCES[p.method]
+    fields, needs = _needs(sources, fields)
     raw = _C.attention_backward(d_out, configure(p) if config is None else config, call.v, out,
                                 lse, call.key_padding_mask, call.causal, call.dropout_p, call.seed,
                                 needs)
-    return ATTENTION_GRAD_TYPES[p.method](*[raw[slot] if fields >> bit & 1 else None
-                                            for bit, slot in enumerate(slots)])
+    return _gradients(p, ATTENTION_GRAD_TYPES[p.method], sources, fields, raw)

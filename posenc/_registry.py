@@ -1,7 +1,7 @@
 """The method registry: every method of SPEC §3, declared once.
 
-A method is the content term ``s q_i.k_j`` plus positional terms of a few
-kinds (csrc/posenc.h), combined by sum or by product:
+A method is the content term ``s q_i.k_j`` plus terms of a few kinds
+(posenc._kinds, csrc/posenc.h), combined by sum or by product:
 
     Dense(pos_q, pos_k)      pos_q_i . pos_k_j, scaled by s or not     (TUPE, DIET-ABS)
     Table(name)              table[h, map(offset)]                      (T5, M2, DIET-REL, TUPE-R)
@@ -9,161 +9,39 @@ kinds (csrc/posenc.h), combined by sum or by product:
     KeyTable(name)           k_j . table[map(offset)]                   (M4, M4M, DeBERTa p2c)
     Segments()               segment_table[h, segment_q[b,i], segment_k[b,j]]  (DIET)
     Reset(name)              TUPE's [CLS] reset by theta
+    OffsetBias(names, ...)   a function of the offset with per-head parameters (ALiBi, KERPLE)
+    Rotary()                 q and k rotated by their positions (RoPE, xPos)
 
-with at most one bucket map (`MAPS`) from the offset to a table row.  From an
-entry everything else is derived: the signature of ``posenc.<m>`` /
-``<m>_backward`` / ``posenc.reference.<m>`` / ``posenc.torch.<m>`` (one
-signature string), the argument checks (`posenc._checks.check`), the engine
-configuration (`posenc._methods.configure`), the gradient fields and types,
-the docstrings, the example inputs (`posenc._examples`), the torch custom ops
-and the benchmark facts.  Adding a method that fits these term kinds is an
-entry here, a reference formula (``posenc.reference._<m>_logits`` and
-``_<m>_grads``), a torch-native formula (``posenc.torch.native.<m>``) and an
-nn module; tests/test_registry.py fails until every place exists.
+with at most one bucket map (`MAPS`) from the offset to a table row.  Each
+kind owns its checks, engine configuration, gradients, example inputs and
+pictures; from an entry everything else is derived: the signature of
+``posenc.<m>`` / ``<m>_backward`` / ``posenc.reference.<m>`` /
+``posenc.torch.<m>`` (one signature string; its non-tensor arguments typed by
+the map's, the terms' and the common parameters), the argument checks
+(`posenc._checks.check`), the engine configuration (`posenc._methods`), the
+gradient fields and types, the docstrings, the example inputs
+(`posenc._examples`), the torch custom ops, the pictures and the benchmark
+facts.  Adding a method of these kinds is an entry here, a reference formula
+(``posenc.reference._<m>_logits`` and ``_<m>_grads``), a torch-native formula
+(``posenc.torch.native.<m>``) and an nn module; tests/test_registry.py fails
+until every place exists.  Functions a method brings (``posenc.alibi_slopes``)
+are its entry's `exports`.
 """
 
 from __future__ import annotations
 
-import functools
 import math
 from collections import namedtuple
 from dataclasses import dataclass, field
 
-import numpy as np
 
-from . import buckets
+from ._kinds import (COMMON_PARAMS, MAPS, Dense, KeyTable, OffsetBias, QueryTable, Reset,
+                     Rotary, Segments, Table, diagonal_map, diagonal_offsets)
 
-# ------------------------------------------------------------------ bucket maps
+__all__ = ["REGISTRY", "METHODS", "INDEX_TENSORS", "EXPORTS", "Method", "MAPS", "Dense", "Table",
+           "QueryTable", "KeyTable", "Reset", "Segments", "OffsetBias", "Rotary", "diagonal_map",
+           "diagonal_offsets"]
 
-
-@dataclass(frozen=True)
-class BucketMap:
-    """A map from the offset j - i (key minus query) to a table row."""
-
-    kind: str
-    params: tuple          # its parameter names, in signature order
-    rows_text: str         # the table's row count in words, for layouts
-    doc: str
-
-    def check(self, values: dict) -> None:
-        """ValueError for a degenerate map (SPEC §2); values are checked ints/bools."""
-        if self.kind in ("clipped", "clipped_reversed"):
-            buckets.check_clipped(values["max_distance"])
-        elif self.kind == "t5":
-            buckets.check_t5(values["num_buckets"], values["max_distance"], values["bidirectional"])
-        elif values["att_span"] < 1:
-            raise ValueError(f"att_span must be >= 1, got {values['att_span']}")
-        elif values["position_buckets"] > 0 and values["max_relative_positions"] > 0:
-            buckets.check_deberta_log(values["position_buckets"], values["max_relative_positions"])
-
-    def rows(self, values: dict) -> int:
-        """Rows of the table this map indexes."""
-        if self.kind in ("clipped", "clipped_reversed"):
-            return 2 * values["max_distance"] + 1
-        if self.kind == "t5":
-            return values["num_buckets"]
-        return 2 * values["att_span"]
-
-    def infer(self, rows: int) -> dict:
-        """The parameters a table of `rows` rows implies (plot files that lack them)."""
-        if self.kind in ("clipped", "clipped_reversed"):
-            return {"max_distance": (rows - 1) // 2}
-        if self.kind == "t5":
-            return {"num_buckets": rows}
-        return {"att_span": rows // 2}
-
-    def of_offsets(self, offsets: np.ndarray, values: tuple) -> np.ndarray:
-        """The table row of each offset o = j - i (any integer array)."""
-        if self.kind == "clipped":                  # Shaw eq. (3), Huang M2/M4: clip(j - i)
-            return buckets.clipped(offsets, values[0])
-        if self.kind == "clipped_reversed":         # DIET eq. (3): R_{i-j}
-            return buckets.clipped(-offsets, values[0])
-        if self.kind == "t5":
-            return buckets.t5(offsets, values[0], values[1], bool(values[2]))
-        span, position_buckets, max_relative = values   # DeBERTa's delta = i - j
-        delta = -offsets
-        if position_buckets > 0 and max_relative > 0:
-            delta = buckets.deberta_log(delta, position_buckets, max_relative)
-        return np.clip(delta + span, 0, 2 * span - 1)
-
-
-MAPS = {m.kind: m for m in (
-    BucketMap("clipped", ("max_distance",), "2t+1", "clipped(j - i, max_distance)"),
-    BucketMap("clipped_reversed", ("max_distance",), "2t+1", "clipped(i - j, max_distance)"),
-    BucketMap("t5", ("num_buckets", "max_distance", "bidirectional"), "num_buckets",
-              "t5(j - i, num_buckets, max_distance, bidirectional)"),
-    BucketMap("deberta", ("att_span", "position_buckets", "max_relative_positions"), "2 att_span",
-              "clip(deberta_log(i - j) + att_span, 0, 2 att_span - 1)"),
-)}
-
-# ------------------------------------------------------------------ term kinds
-
-
-@dataclass(frozen=True)
-class Dense:
-    """pos_q_i . pos_k_j, times s when `scaled` (TUPE) or unscaled (DIET-ABS)."""
-
-    query: str = "pos_q"
-    key: str = "pos_k"
-    scaled: bool = False
-
-    @property
-    def tensors(self):
-        return (self.query, self.key)
-
-
-@dataclass(frozen=True)
-class _OneTable:
-    """A term read from one tensor argument `name`, in EngineConfig field
-    `slot`, through the method's bucket map (EngineConfig field `map_slot`)
-    when it has one."""
-
-    name: str
-    slot = ""
-    map_slot = None
-
-    @property
-    def tensors(self):
-        return (self.name,)
-
-
-class Table(_OneTable):
-    """table[h, map(j - i)], unscaled; (H|1, rows)."""
-
-    slot, map_slot = "table", "table_map"
-
-
-class QueryTable(_OneTable):
-    """q_i . table[map(j - i)]: (H|1, rows, d), scaled by s in a sum."""
-
-    slot, map_slot = "query_table", "query_map"
-
-
-class KeyTable(_OneTable):
-    """k_j . table[map(j - i)]: (H|1, rows, d), scaled by s in a sum."""
-
-    slot, map_slot = "key_table", "key_map"
-
-
-class Reset(_OneTable):
-    """TUPE's [CLS] reset: theta[h, 0] on row 0, theta[h, 1] on column 0 of the rest."""
-
-    slot = "theta"
-
-
-@dataclass(frozen=True)
-class Segments:
-    """segment_table[h, segment_q[b, i], segment_k[b, j]]: all three or none."""
-
-    tensors = ("segment_q", "segment_k", "segment_table")
-
-
-# Integer (index) tensors: every other tensor argument is a float.
-INDEX_TENSORS = ("segment_q", "segment_k")
-# Parameters that are not tensors, and how they are checked.
-PARAM_KINDS = {"max_distance": "int", "num_buckets": "int", "bidirectional": "bool",
-               "att_span": "int", "position_buckets": "int", "max_relative_positions": "int",
-               "scale": "scale", "query_offset": "int"}
 # Every function's last keyword (SPEC §1): query row i sits at position query_offset + i.
 COMMON_KEYWORDS = ", query_offset=0"
 
@@ -193,15 +71,23 @@ class Method:
     bench: Bench | None = None
     # std (or a function of d) of each table drawn for pictures (posenc.plot)
     plot_init: dict = field(default_factory=dict)
+    exports: tuple = ()           # functions the method brings, exported as posenc.<name>
     # derived in __post_init__
     tensors: tuple = ()           # tensor arguments in signature order
     optional: frozenset = frozenset()
+    index: frozenset = frozenset()     # integer tensors (ids, positions)
+    constant: frozenset = frozenset()  # float tensors without a gradient (tables of constants)
     params: tuple = ()            # (name, default or REQUIRED) in signature order
+    param_kinds: dict = field(default_factory=dict)   # name -> posenc._kinds.Param
     grad_fields: tuple = ()
     arguments: tuple = ()         # every argument name in signature order
-    map_params: tuple = ()        # the parameters before scale and query_offset: the map's
+    map_params: tuple = ()        # the bucket map's parameters, in its order
 
     def __post_init__(self):
+        kinds = dict(self.map.params) if self.map else {}
+        for term in self.terms:
+            kinds.update(term.params)
+        kinds.update(COMMON_PARAMS)
         tensors, optional, params, arguments = [], set(), [], []
         for text in ("q, k, " + self.signature + COMMON_KEYWORDS).split(","):
             text = text.strip()
@@ -209,29 +95,36 @@ class Method:
                 continue
             name, _, default = (part.strip() for part in text.partition("="))
             arguments.append(name)
-            if name in PARAM_KINDS:
+            if name in kinds:
                 params.append((name, eval(default, {}) if default else REQUIRED))
             else:
                 tensors.append(name)
                 if default:
                     optional.add(name)
-        object.__setattr__(self, "tensors", tuple(tensors))
-        object.__setattr__(self, "optional", frozenset(optional))
-        object.__setattr__(self, "params", tuple(params))
-        object.__setattr__(self, "arguments", tuple(arguments))
-        object.__setattr__(self, "map_params", tuple(name for name, _ in params[:-2]))
-        if params[-2][0] != "scale" or self.map_params != (self.map.params if self.map else ()):
-            raise AssertionError(f"{self.name}: the parameters must be the bucket map's, "
-                                 "in its order, then scale")
-        object.__setattr__(self, "grad_fields",
-                           tuple(t for t in tensors if t not in INDEX_TENSORS))
+        names = [name for name, _ in params]
+        if names[-2:] != ["scale", "query_offset"] or set(names) != set(kinds):
+            raise AssertionError(f"{self.name}: the parameters must be the map's and the terms' "
+                                 f"({', '.join(kinds)}), then scale; the signature has "
+                                 f"{', '.join(names)}")
+        index = {t for term in self.terms for t in term.index}
+        constant = {t for term in self.terms for t in term.constant}
+        setattr_ = object.__setattr__
+        setattr_(self, "tensors", tuple(tensors))
+        setattr_(self, "optional", frozenset(optional))
+        setattr_(self, "index", frozenset(index))
+        setattr_(self, "constant", frozenset(constant))
+        setattr_(self, "params", tuple(params))
+        setattr_(self, "param_kinds", {name: kinds[name] for name in names})
+        setattr_(self, "arguments", tuple(arguments))
+        setattr_(self, "map_params", tuple(self.map.params) if self.map else ())
+        setattr_(self, "grad_fields", tuple(t for t in tensors if t not in index))
         declared = {"q", "k"} | {t for term in self.terms for t in term.tensors}
         if declared != set(tensors):
             raise AssertionError(f"{self.name}: terms use {sorted(declared)}, the signature "
                                  f"has {sorted(tensors)}")
 
     @property
-    def map(self) -> BucketMap | None:
+    def map(self):
         return MAPS[self.bucket] if self.bucket else None
 
     def default_scale(self, d: int) -> float:
@@ -249,6 +142,17 @@ class Method:
     def term(self, kind):
         """The terms of one kind."""
         return tuple(t for t in self.terms if isinstance(t, kind))
+
+    def gradient_sources(self) -> tuple:
+        """(field, engine gradient name or None, finish or None) per gradient field, in
+        field order: the first term that names a field gives it (M4's rel_k, read on
+        both sides, has one gradient: the engine sums both sides into the query
+        table's); q and k are the content's; a constant has none."""
+        sources = {"q": ("q", None), "k": ("k", None)}
+        for term in self.terms:
+            for name, engine, finish in term.gradients(self):
+                sources.setdefault(name, (engine, finish))
+        return tuple((name,) + sources.get(name, (None, None)) for name in self.grad_fields)
 
 
 class _Required:
@@ -370,6 +274,10 @@ rel (H|1, 2t+1); segments as diet_abs; s = 1/sqrt(d).""",
 
 REGISTRY = {entry.name: entry for entry in _ENTRIES}
 METHODS = tuple(REGISTRY)
+# Integer tensor arguments of any method (segment ids, positions), by name.
+INDEX_TENSORS = frozenset(t for spec in REGISTRY.values() for t in spec.index)
+# The functions the methods bring, exported as posenc.<name> (posenc.alibi_slopes, ...).
+EXPORTS = {function.__name__: function for spec in REGISTRY.values() for function in spec.exports}
 
 # ------------------------------------------------------------------ gradient types
 
@@ -438,23 +346,3 @@ def attention_backward_doc(method: str, where: str) -> str:
             "its forward): a named tuple with a field per float input (q, k, v, then the\n"
             f"method's), each shaped like its input.  Computed by {where}.\n\n"
             + attention_doc(method, where))
-
-
-# ------------------------------------------------------------------ bucket maps over offsets
-
-def diagonal_offsets(n: int, m: int) -> np.ndarray:
-    """o = j - i for the n + m - 1 diagonals of an (n, m) problem, o from -(n - 1) to m - 1."""
-    if n == 0 or m == 0:
-        return np.zeros(0, dtype=np.int64)
-    return np.arange(-(n - 1), m, dtype=np.int64)
-
-
-@functools.lru_cache(maxsize=256)
-def diagonal_map(kind: str, values: tuple, n: int, m: int, query_offset: int = 0) -> np.ndarray:
-    """The read-only int64 table row of each diagonal j - i of an (n, m) problem,
-    at index (j - i) + n - 1 (the engine's layout), computed once per shape.  The
-    map reads the positions' offset j - (query_offset + i) (SPEC §1)."""
-    offsets = diagonal_offsets(n, m) - query_offset
-    result = np.ascontiguousarray(MAPS[kind].of_offsets(offsets, values), dtype=np.int64)
-    result.setflags(write=False)
-    return result

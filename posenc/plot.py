@@ -35,8 +35,8 @@ from typing import Optional, Sequence
 import numpy as np
 
 import posenc
-from posenc._registry import (REGISTRY, REQUIRED, Dense, KeyTable, QueryTable, Reset, Segments,
-                              Table)
+from posenc._kinds import Picture
+from posenc._registry import REGISTRY, KeyTable, QueryTable, Segments
 
 __all__ = [
     "POSITIONAL_METHODS",
@@ -103,32 +103,16 @@ def random_params(method: str, H: int, n: int, rng=None, *, d: int = 64,
         raise ValueError(f"H, n, d must be >= 1, got H={H}, n={n}, d={d}")
     spec = REGISTRY[method]
     t = max(1, min(16, n - 1))
-    params = {}
-    if spec.map is not None and any(name in spec.plot_init for term in spec.terms
-                                    if not isinstance(term, Dense) for name in term.tensors):
-        # T5 keeps its defaults; a clipped distance or DeBERTa's span is t
+    params, rows = {}, None
+    if spec.map is not None and any(term.uses_map and set(term.tensors) & set(spec.plot_init)
+                                    for term in spec.terms):
+        # a clipped distance or DeBERTa's span is t; T5 keeps its defaults
         defaults = dict(spec.params)
-        params = {name: defaults[name] if defaults[name] is not REQUIRED else t
-                  for name in spec.map.params}
-        if spec.bucket == "deberta":
-            params = {"att_span": t}
-        rows = spec.map.rows({"bidirectional": True, **params})
+        params = spec.map.picture(t, {name: defaults[name] for name in spec.map.params})
+        rows = spec.map.rows({**defaults, **params})
+    ctx = Picture(rng, H, n, d, rows, spec.product, spec.plot_init)
     for term in spec.terms:
-        for name in term.tensors:
-            if name not in spec.plot_init:          # optional terms (TUPE-R's bias, segments)
-                continue
-            std = spec.plot_init[name]
-            std = std(d) if callable(std) else std
-            if isinstance(term, Dense):
-                shape = (H, n, d)
-            elif isinstance(term, Table):
-                shape = (H, rows)
-            elif isinstance(term, Reset):
-                shape = (H, 2)
-            else:
-                shape = (H, rows, d)
-            around = 1.0 if spec.product and isinstance(term, Table) else 0.0   # M2: a factor
-            params[name] = around + std * rng.standard_normal(shape)
+        params.update(term.picture(ctx, spec, params))
     if segments:
         if method not in _SEGMENT_METHODS:
             raise ValueError(f"segments are a DIET feature ({', '.join(_SEGMENT_METHODS)}), "
@@ -149,8 +133,8 @@ def _infer_keywords(method: str, params: dict) -> None:
     if spec.map is None:
         return
     for term in spec.terms:
-        table = params.get(getattr(term, "name", None))
-        if isinstance(term, (Table, QueryTable, KeyTable)) and table is not None and np.ndim(table) >= 2:
+        table = params.get(term.tensors[0])
+        if term.uses_map and table is not None and np.ndim(table) >= 2:
             for name, value in spec.map.infer(np.shape(table)[1]).items():
                 params.setdefault(name, value)
             return

@@ -95,11 +95,18 @@ def test_engine_configuration(method):
     config = _methods.configure(problem)
     assert isinstance(config, EngineConfig) and config.product == spec.product
     assert config.scale == spec.default_scale(5)
-    slots = _methods.SLOTS[method]
-    assert len(slots) == len(spec.grad_fields) and len(set(slots)) == len(slots)
+    sources = _methods.SOURCES[method]
+    assert len(sources) == len(spec.grad_fields)
+    entries = [entry for entry, finish in sources if entry is not None and finish is None]
+    assert len(set(entries)) == len(entries)
     floats = _examples.float_inputs(method, args, kwargs)
-    for field, slot in zip(spec.grad_fields, slots):
-        assert getattr(config, ENGINE_GRADS[slot]) is floats[field], (field, ENGINE_GRADS[slot])
+    for field, (entry, finish) in zip(spec.grad_fields, sources):
+        if field in spec.constant:       # no gradient: the rotation's tables
+            assert entry is None
+        elif finish is None:             # the engine's array is the argument itself
+            assert getattr(config, ENGINE_GRADS[entry]) is floats[field], (field, entry)
+        else:                            # a parameter of an array the engine reads
+            assert getattr(config, ENGINE_GRADS[entry]) is not None, (field, entry)
     for name in ("table", "query_table", "key_table"):
         mapped = getattr(config, name.replace("table", "map") if name != "table" else "table_map")
         assert (getattr(config, name) is None) == (mapped is None)

@@ -25,6 +25,7 @@ import torch
 
 from .. import _checks, _dtypes
 from .._attention import check_attention
+from .._kinds import check_index_range, shape_str
 from .._registry import INDEX_TENSORS, REGISTRY, diagonal_map
 
 _NUMPY_DTYPES = {
@@ -271,13 +272,9 @@ def check_segment_range(segment_q, segment_k, segment_table) -> None:
     for name, ids in (("segment_q", segment_q), ("segment_k", segment_k)):
         if ids.device.type != "cpu" or ids.numel() == 0:
             continue
-        values = ids.detach().numpy()      # (torch has no min/max for uint16..uint64)
-        lo, hi = int(values.min()), int(values.max())
-        if lo < 0 or hi >= S:
-            bad = lo if lo < 0 else hi
-            raise ValueError(
-                f"{name} holds segment id {bad}, outside [0, {S}) for segment_table of "
-                f"shape ({', '.join(str(s) for s in segment_table.shape)})")
+        # (torch has no min/max for uint16..uint64)
+        check_index_range(name, ids.detach().numpy(), S, "segment id",
+                          f"for segment_table of shape {shape_str(segment_table.shape)}")
 
 
 # ------------------------------------------------------------------ bucket maps

@@ -25,12 +25,11 @@ from __future__ import annotations
 import torch
 
 from .. import _checks, _methods
-from .._registry import GRAD_FIELDS, PARAM_KINDS, REGISTRY
+from .._registry import GRAD_FIELDS, REGISTRY
 from ._common import autocast_inputs, register_autocast, to_numpy, to_tensor, validate
 
-_OP_KIND = {"int": "int", "bool": "bool", "scale": "float?"}
 # Non-tensor arguments of each op, (name, schema type), in signature order.
-PARAMS = {name: tuple((p, _OP_KIND[PARAM_KINDS[p]]) for p, _ in spec.params)
+PARAMS = {name: tuple((p, spec.param_kinds[p].schema) for p, _ in spec.params)
           for name, spec in REGISTRY.items()}
 
 

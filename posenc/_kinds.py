@@ -1,0 +1,733 @@
+"""The kinds a method is made of, each owning its behaviour (STYLE.md 14).
+
+A method (posenc._registry) is the content term ``s q_i.k_j`` plus terms of
+the kinds below, with at most one bucket map; a kind is a class, and adding
+one is adding a class here, not a branch in every consumer.  Each kind
+answers, for the method that uses it:
+
+    parameters   typed non-tensor arguments (`Param`): their check and their
+                 torch custom-op schema type
+    check        the shapes (and values) of its tensors, after q and k (SPEC §5)
+    configure    the engine slots it fills (posenc._engine.EngineConfig)
+    gradients    which engine gradient gives each of its fields, and how
+    example      random inputs (posenc._examples, hence `python -m posenc
+                 check`, the tests and the benchmarks)
+    picture      random parameters for `posenc.plot` (shapes and scales)
+
+Bucket maps (`BucketMap`) map an offset j - i' to a table row; the maps'
+reference formulas are in posenc.buckets.  The references of the methods
+themselves are written literally per method in posenc.reference.
+"""
+
+from __future__ import annotations
+
+import functools
+import numbers
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import buckets
+
+# ------------------------------------------------------------------ parameters
+
+
+class Param:
+    """A typed non-tensor parameter.  `types`: the exact Python types a call's
+    value may have to skip `check` (the common case); `schema`: its type in a
+    torch custom op's schema."""
+
+    types: tuple = ()
+    schema = ""
+
+    def check(self, name: str, value):
+        """The value, validated and normalised, or TypeError / ValueError naming it."""
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class Int(Param):
+    minimum: int | None = None
+    types = (int,)
+    schema = "int"
+
+    def check(self, name, value):
+        if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
+            raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+        value = int(value)
+        if self.minimum is not None and value < self.minimum:
+            raise ValueError(f"{name} must be >= {self.minimum}, got {value}")
+        return value
+
+
+@dataclass(frozen=True)
+class Bool(Param):
+    types = (bool,)
+    schema = "bool"
+
+    def check(self, name, value):
+        if not isinstance(value, (bool, np.bool_)):
+            raise TypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
+        return bool(value)
+
+
+@dataclass(frozen=True)
+class Scale(Param):
+    """A real number, or None for the method's default (resolved by the check)."""
+
+    types = (float,)
+    schema = "float?"
+
+    def check(self, name, value):
+        if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+            raise TypeError(f"{name} must be a real number or None, got "
+                            f"{type(value).__name__} {value!r}")
+        return float(value)
+
+
+@dataclass(frozen=True)
+class Choice(Param):
+    """One of a few strings."""
+
+    options: tuple = ()
+    types = ()              # always checked: the value must be one of the options
+    schema = "str"
+
+    def check(self, name, value):
+        if not isinstance(value, str):
+            raise TypeError(f"{name} must be a str, one of {', '.join(map(repr, self.options))}; "
+                            f"got {type(value).__name__} {value!r}")
+        if value not in self.options:
+            raise ValueError(f"{name} must be one of {', '.join(map(repr, self.options))}, "
+                             f"got {value!r}")
+        return value
+
+
+# Every function's last two parameters (SPEC §1): the scale and the query offset.
+COMMON_PARAMS = {"scale": Scale(), "query_offset": Int(minimum=0)}
+
+# ------------------------------------------------------------------ bucket maps
+
+
+class BucketMap:
+    """A map from the offset o = j - i' (key minus query position) to a table row."""
+
+    kind = ""
+    params: dict = {}       # name -> Param, in signature order
+    rows_text = ""          # the table's row count in words, for layouts
+    doc = ""
+
+    def check(self, values: dict) -> None:
+        """ValueError for a degenerate map (SPEC §2); values are checked ints/bools."""
+
+    def rows(self, values: dict) -> int:
+        """Rows of the table this map indexes."""
+        raise NotImplementedError
+
+    def infer(self, rows: int) -> dict:
+        """The parameters a table of `rows` rows implies (plot files that lack them)."""
+        raise NotImplementedError
+
+    def of_offsets(self, offsets: np.ndarray, values: tuple) -> np.ndarray:
+        """The table row of each offset o = j - i' (any integer array)."""
+        raise NotImplementedError
+
+    def example(self, options: dict) -> dict:
+        """The map's parameters in posenc._examples.make_inputs (from its keywords)."""
+        raise NotImplementedError
+
+    def picture(self, t: int, defaults: dict) -> dict:
+        """The map's parameters for a picture of a sequence of about t offsets
+        (`defaults`: the method's defaults of the map's parameters)."""
+        return dict(defaults)
+
+
+class Clipped(BucketMap):
+    """clip(o, -t, t) + t (Shaw eq. (3), Huang M2/M4), or of -o (DIET eq. (3): R_{i-j})."""
+
+    params = {"max_distance": Int()}
+    rows_text = "2t+1"
+
+    def __init__(self, kind: str, reversed_: bool):
+        self.kind, self.reversed = kind, reversed_
+        self.doc = f"clipped({'i - j' if reversed_ else 'j - i'}, max_distance)"
+
+    def check(self, values):
+        buckets.check_clipped(values["max_distance"])
+
+    def rows(self, values):
+        return 2 * values["max_distance"] + 1
+
+    def infer(self, rows):
+        return {"max_distance": (rows - 1) // 2}
+
+    def of_offsets(self, offsets, values):
+        return buckets.clipped(-offsets if self.reversed else offsets, values[0])
+
+    def example(self, options):
+        return {"max_distance": options["max_distance"]}
+
+    def picture(self, t, defaults):
+        return {"max_distance": t}
+
+
+class T5Buckets(BucketMap):
+    kind = "t5"
+    params = {"num_buckets": Int(), "max_distance": Int(), "bidirectional": Bool()}
+    rows_text = "num_buckets"
+    doc = "t5(j - i, num_buckets, max_distance, bidirectional)"
+
+    def check(self, values):
+        buckets.check_t5(values["num_buckets"], values["max_distance"], values["bidirectional"])
+
+    def rows(self, values):
+        return values["num_buckets"]
+
+    def infer(self, rows):
+        return {"num_buckets": rows}
+
+    def of_offsets(self, offsets, values):
+        return buckets.t5(offsets, values[0], values[1], bool(values[2]))
+
+    def example(self, options):
+        return {"num_buckets": options["num_buckets"], "max_distance": options["t5_max_distance"]}
+
+
+class DebertaBuckets(BucketMap):
+    """DeBERTa's p(i, j) = clip(delta + att_span, 0, 2 att_span - 1), delta = i - j,
+    log-bucketed when position_buckets > 0 and max_relative_positions > 0."""
+
+    kind = "deberta"
+    params = {"att_span": Int(minimum=1), "position_buckets": Int(),
+              "max_relative_positions": Int()}
+    rows_text = "2 att_span"
+    doc = "clip(deberta_log(i - j) + att_span, 0, 2 att_span - 1)"
+
+    def check(self, values):
+        if values["att_span"] < 1:
+            raise ValueError(f"att_span must be >= 1, got {values['att_span']}")
+        if values["position_buckets"] > 0 and values["max_relative_positions"] > 0:
+            buckets.check_deberta_log(values["position_buckets"], values["max_relative_positions"])
+
+    def rows(self, values):
+        return 2 * values["att_span"]
+
+    def infer(self, rows):
+        return {"att_span": rows // 2}
+
+    def of_offsets(self, offsets, values):
+        span, position_buckets, max_relative = values
+        delta = -offsets
+        if position_buckets > 0 and max_relative > 0:
+            delta = buckets.deberta_log(delta, position_buckets, max_relative)
+        return np.clip(delta + span, 0, 2 * span - 1)
+
+    def example(self, options):
+        span = options["att_span"]
+        return {"att_span": span, **({"position_buckets": span, "max_relative_positions": 4 * span}
+                                     if options["log_buckets"] else {})}
+
+    def picture(self, t, defaults):
+        return {"att_span": t}
+
+
+MAPS = {m.kind: m for m in (Clipped("clipped", False), Clipped("clipped_reversed", True),
+                            T5Buckets(), DebertaBuckets())}
+
+
+def diagonal_offsets(n: int, m: int) -> np.ndarray:
+    """o = j - i for the n + m - 1 diagonals of an (n, m) problem, o from -(n - 1) to m - 1."""
+    if n == 0 or m == 0:
+        return np.zeros(0, dtype=np.int64)
+    return np.arange(-(n - 1), m, dtype=np.int64)
+
+
+@functools.lru_cache(maxsize=256)
+def diagonal_map(kind: str, values: tuple, n: int, m: int, query_offset: int = 0) -> np.ndarray:
+    """The read-only int64 table row of each diagonal j - i of an (n, m) problem,
+    at index (j - i) + n - 1 (the engine's layout), computed once per shape.  The
+    map reads the positions' offset j - (query_offset + i) (SPEC §1)."""
+    offsets = diagonal_offsets(n, m) - query_offset
+    result = np.ascontiguousarray(MAPS[kind].of_offsets(offsets, values), dtype=np.int64)
+    result.setflags(write=False)
+    return result
+
+
+@functools.lru_cache(maxsize=64)
+def identity_map(n: int, m: int) -> np.ndarray:
+    """Row t for diagonal t: a table with a row per offset of the call (OffsetBias)."""
+    result = np.arange(n + m - 1 if n and m else 0, dtype=np.int64)
+    result.setflags(write=False)
+    return result
+
+
+# ------------------------------------------------------------------ shapes and values
+
+def shape_str(shape) -> str:
+    return str(tuple(int(s) for s in shape))
+
+
+def check_rank(name: str, value: np.ndarray, rank: int, layout: str) -> None:
+    if value.ndim != rank:
+        raise ValueError(
+            f"{name} must have {rank} dimensions {layout}, got shape "
+            f"{shape_str(value.shape)} ({value.ndim} dimensions)")
+
+
+def check_shape(name: str, value: np.ndarray, expected: tuple, layout: str) -> None:
+    """expected: a tuple of ints or None (free); a tuple entry may be a set of allowed ints."""
+    check_rank(name, value, len(expected), layout)
+    for got, want in zip(value.shape, expected):
+        if want is None:
+            continue
+        ok = got in want if isinstance(want, (set, frozenset)) else got == want
+        if not ok:
+            shown = ["*" if w is None else "|".join(str(x) for x in sorted(w))
+                     if isinstance(w, (set, frozenset)) else str(w) for w in expected]
+            raise ValueError(f"{name} must have shape ({', '.join(shown)}) {layout}, got "
+                             f"{shape_str(value.shape)}")
+
+
+def check_heads_shape(name: str, value: np.ndarray, H: int, tail: tuple, layout: str) -> None:
+    """(H|1, *tail): the fast comparison first, the message-building check when it fails."""
+    shape = value.shape
+    if len(shape) != 1 + len(tail) or (shape[0] != H and shape[0] != 1) or shape[1:] != tail:
+        check_shape(name, value, ({H, 1},) + tail, layout)
+
+
+def require_index_array(name: str, value) -> np.ndarray:
+    if not isinstance(value, np.ndarray):
+        raise TypeError(f"{name} must be a numpy.ndarray, got {type(value).__module__}."
+                        f"{type(value).__qualname__}")
+    if value.dtype.kind not in "iu":
+        raise TypeError(f"{name} must have an integer dtype, got {value.dtype}")
+    return value
+
+
+# ------------------------------------------------------------------ terms
+
+@dataclass
+class Example:
+    """What a term's `example` draws with (posenc._examples.make_inputs)."""
+
+    rng: np.random.Generator
+    B: int
+    H: int
+    n: int
+    m: int
+    d: int
+    heads: int              # of the positional parameters: H, or 1 when shared
+    dtype: np.dtype
+    rows: int | None        # of the method's bucket map's tables
+    product: bool
+    options: dict           # make_inputs' keywords
+
+    def normal(self, *shape) -> np.ndarray:
+        return self.rng.standard_normal(shape).astype(self.dtype)
+
+
+@dataclass
+class Picture:
+    """What a term's `picture` draws with (posenc.plot.random_params): H heads,
+    length n, head dimension d, the map's rows, the method's plot scales."""
+
+    rng: np.random.Generator
+    H: int
+    n: int
+    d: int
+    rows: int | None
+    product: bool
+    init: dict
+
+    def draw(self, name: str, shape: tuple, around: float = 0.0):
+        """around + std * standard normal, std from the method's plot_init (or None:
+        a tensor the picture leaves out, as TUPE-R's bias)."""
+        if name not in self.init:
+            return None
+        std = self.init[name]
+        std = std(self.d) if callable(std) else std
+        return around + std * self.rng.standard_normal(shape)
+
+
+class Term:
+    """A term kind: the base of every kind below (see the module docstring)."""
+
+    index: tuple = ()       # of its tensors: integer ids or positions
+    constant: tuple = ()    # of its tensors: floats without a gradient
+    params: dict = {}       # its own typed parameters, name -> Param
+    uses_map = False        # reads the method's bucket map
+
+    @property
+    def tensors(self) -> tuple:
+        raise NotImplementedError
+
+    def check(self, p, arrays: dict, rows) -> None:
+        """Shapes and values of its given tensors (q, k and the parameters checked)."""
+
+    def configure(self, slots: list, field: dict, spec, p, arrays: dict) -> None:
+        """Its engine slots into `slots` (field: slot index by EngineConfig name)."""
+
+    def gradients(self, spec) -> tuple:
+        """(field, engine gradient name, finish or None) per gradient field it owns;
+        finish(p, raw) turns the engine's gradient into the field's."""
+        return ()
+
+    def example(self, ctx: Example, spec, values: dict) -> dict:
+        """Random tensors for make_inputs (`values`: what is drawn so far)."""
+        return {}
+
+    def picture(self, ctx: Picture, spec, params: dict) -> dict:
+        """Random parameters for a picture (posenc.plot.random_params)."""
+        return {}
+
+
+@dataclass(frozen=True)
+class Dense(Term):
+    """pos_q_i . pos_k_j, times s when `scaled` (TUPE) or unscaled (DIET-ABS)."""
+
+    query: str = "pos_q"
+    key: str = "pos_k"
+    scaled: bool = False
+
+    @property
+    def tensors(self):
+        return (self.query, self.key)
+
+    def check(self, p, arrays, rows):
+        pos_q, pos_k = arrays[self.query], arrays[self.key]
+        check_rank(self.query, pos_q, 3, "(H|1, n, d_p)")
+        check_rank(self.key, pos_k, 3, "(H|1, m, d_p)")
+        d_p = pos_q.shape[2]
+        check_shape(self.query, pos_q, ({p.H, 1}, p.n, d_p), "(H|1, n, d_p)")
+        check_shape(self.key, pos_k, ({p.H, 1}, p.m, d_p), "(H|1, m, d_p)")
+        p.d_p = d_p
+
+    def configure(self, slots, field, spec, p, arrays):
+        slots[field["pos_q"]], slots[field["pos_k"]] = arrays[self.query], arrays[self.key]
+        if self.scaled:
+            slots[field["dense_scale"]] = p.scale
+
+    def gradients(self, spec):
+        return ((self.query, "pos_q", None), (self.key, "pos_k", None))
+
+    def example(self, ctx, spec, values):
+        rank = ctx.options["d_p"]
+        if rank is None:
+            rank = ctx.d if self.scaled else max(1, ctx.d // 2)
+        return {self.query: ctx.normal(ctx.heads, ctx.n, rank),
+                self.key: ctx.normal(ctx.heads, ctx.m, rank)}
+
+    def picture(self, ctx, spec, params):
+        return {name: ctx.draw(name, (ctx.H, ctx.n, ctx.d))     # square pictures: m = n
+                for name in self.tensors if name in ctx.init}
+
+
+@dataclass(frozen=True)
+class _Mapped(Term):
+    """A term read from one tensor `name` through the method's bucket map."""
+
+    name: str
+    uses_map = True
+    slot = ""               # its EngineConfig field, and its map's
+    map_slot = ""
+    vectors = False         # (H|1, rows, d), else (H|1, rows)
+
+    @property
+    def tensors(self):
+        return (self.name,)
+
+    def check(self, p, arrays, rows):
+        table = arrays.get(self.name)
+        if table is None:
+            return
+        shape = table.shape
+        if self.vectors:
+            if len(shape) != 3 or shape[1] != rows or shape[2] != p.d or \
+                    (shape[0] != p.H and shape[0] != 1):
+                check_shape(self.name, table, ({p.H, 1}, rows, p.d), f"(H|1, {rows}, d)")
+        elif len(shape) != 2 or shape[1] != rows or (shape[0] != p.H and shape[0] != 1):
+            check_shape(self.name, table, ({p.H, 1}, rows), f"(H|1, {rows})")
+
+    def configure(self, slots, field, spec, p, arrays):
+        table = arrays.get(self.name)
+        if table is None:
+            return
+        slots[field[self.slot]] = table
+        # one map object per call: M4's one table on both sides is seen as one
+        slots[field[self.map_slot]] = p.bucket_rows(spec)
+        if self.vectors and not spec.product:
+            slots[field["vector_scale"]] = p.scale
+
+    def gradients(self, spec):
+        return ((self.name, self.slot, None),)
+
+    def example(self, ctx, spec, values):
+        if self.name in values or (self.name in spec.optional
+                                   and not ctx.options["wanted"].get(self.name, True)):
+            return {}
+        if self.vectors:
+            return {self.name: ctx.normal(ctx.heads, ctx.rows, ctx.d)}
+        table = ctx.normal(ctx.heads, ctx.rows)
+        return {self.name: (1.0 + 0.5 * table).astype(ctx.dtype) if ctx.product else table}
+
+    def picture(self, ctx, spec, params):
+        shape = (ctx.H, ctx.rows, ctx.d) if self.vectors else (ctx.H, ctx.rows)
+        around = 1.0 if ctx.product and not self.vectors else 0.0    # M2: a factor
+        value = ctx.draw(self.name, shape, around)
+        return {} if value is None else {self.name: value}
+
+
+class Table(_Mapped):
+    """table[h, map(j - i)], unscaled; (H|1, rows)."""
+
+    slot, map_slot = "table", "table_map"
+
+
+class QueryTable(_Mapped):
+    """q_i . table[map(j - i)]: (H|1, rows, d), scaled by s in a sum."""
+
+    slot, map_slot, vectors = "query_table", "query_map", True
+
+
+class KeyTable(_Mapped):
+    """k_j . table[map(j - i)]: (H|1, rows, d), scaled by s in a sum."""
+
+    slot, map_slot, vectors = "key_table", "key_map", True
+
+
+@dataclass(frozen=True)
+class Reset(Term):
+    """TUPE's [CLS] reset: theta[h, 0] on the row at position 0, theta[h, 1] on column 0
+    of the others; (H|1, 2)."""
+
+    name: str = "theta"
+
+    @property
+    def tensors(self):
+        return (self.name,)
+
+    def check(self, p, arrays, rows):
+        theta = arrays.get(self.name)
+        if theta is not None:
+            check_heads_shape(self.name, theta, p.H, (2,), "(H|1, 2)")
+
+    def configure(self, slots, field, spec, p, arrays):
+        slots[field["theta"]] = arrays.get(self.name)
+
+    def gradients(self, spec):
+        return ((self.name, "theta", None),)
+
+    def example(self, ctx, spec, values):
+        if not ctx.options["wanted"].get(self.name, True):
+            return {}
+        return {self.name: ctx.normal(ctx.heads, 2)}
+
+    def picture(self, ctx, spec, params):
+        value = ctx.draw(self.name, (ctx.H, 2))
+        return {} if value is None else {self.name: value}
+
+
+@dataclass(frozen=True)
+class Segments(Term):
+    """segment_table[h, segment_q[b, i], segment_k[b, j]]: all three or none (DIET)."""
+
+    index = ("segment_q", "segment_k")
+
+    @property
+    def tensors(self):
+        return ("segment_q", "segment_k", "segment_table")
+
+    def check(self, p, arrays, rows):
+        check_segments(arrays.get("segment_q"), arrays.get("segment_k"),
+                       arrays.get("segment_table"), p.B, p.H, p.n, p.m)
+
+    def configure(self, slots, field, spec, p, arrays):
+        for name in self.tensors:
+            slots[field[name]] = arrays.get(name)
+
+    def gradients(self, spec):
+        return (("segment_table", "segment_table", None),)
+
+    def example(self, ctx, spec, values):
+        segments = ctx.options["segments"]
+        if not segments:
+            return {}
+        rng = ctx.rng      # contiguous segments, as sentence pairs are laid out
+        return {"segment_q": np.sort(rng.integers(0, segments, size=(ctx.B, ctx.n)), axis=1),
+                "segment_k": np.sort(rng.integers(0, segments, size=(ctx.B, ctx.m)), axis=1),
+                "segment_table": ctx.normal(ctx.heads, segments, segments)}
+
+
+def check_segments(segment_q, segment_k, segment_table, B, H, n, m) -> dict:
+    """All three or none; ids (B, n), (B, m) of an integer dtype within the (H|1, S, S) table."""
+    given = [x is not None for x in (segment_q, segment_k, segment_table)]
+    if not any(given):
+        return {}
+    if not all(given):
+        missing = [nm for nm, g in zip(("segment_q", "segment_k", "segment_table"), given) if not g]
+        raise ValueError(
+            "segments come as all three of segment_q, segment_k, segment_table "
+            f"or none of them; missing {', '.join(missing)}")
+    for name, value in (("segment_q", segment_q), ("segment_k", segment_k)):
+        require_index_array(name, value)
+    check_shape("segment_q", segment_q, (B, n), "(B, n)")
+    check_shape("segment_k", segment_k, (B, m), "(B, m)")
+    check_rank("segment_table", segment_table, 3, "(H|1, S, S)")
+    S = segment_table.shape[1]
+    check_shape("segment_table", segment_table, ({H, 1}, S, S), "(H|1, S, S)")
+    for name, value in (("segment_q", segment_q), ("segment_k", segment_k)):
+        check_index_range(name, value, S, "segment id",
+                          f"for segment_table of shape {shape_str(segment_table.shape)}")
+    return {"segment_q": segment_q, "segment_k": segment_k, "segment_table": segment_table}
+
+
+def check_index_range(name: str, values: np.ndarray, count: int, what: str, where: str) -> None:
+    """Every entry of the integer array `values` in [0, count), else a ValueError
+    naming the argument, the first bad value (`what`: segment id, position) and
+    what it indexes (`where`)."""
+    if values.size:
+        lo, hi = int(values.min()), int(values.max())
+        if lo < 0 or hi >= count:
+            raise ValueError(f"{name} holds {what} {lo if lo < 0 else hi}, outside "
+                             f"[0, {count}) {where}")
+
+
+@dataclass(frozen=True)
+class OffsetBias(Term):
+    """A bias that is a function of the offset o = j - i' with per-head
+    parameters (ALiBi, KERPLE): ``bias[h, o] = value(o, *params[h], **options)``.
+
+    Each parameter is (H|1,).  The engine reads it as a scalar table with a
+    row per offset of the call (its map the identity over the n + m - 1
+    diagonals), built per call from the parameters; its gradient, the
+    diagonal sums of the logits' gradient, gives each parameter's by the
+    chain rule: dL/dparam[h] = sum_o dtable[h, o] * d value / d param.
+
+    value(o, *params, **options) and derivatives(o, *params, **options) (one
+    array per parameter) take o (1, T) float64 and each parameter (H', 1)
+    float64 and broadcast; `options` are the term's own parameters (`params`).
+    `init` draws each parameter for examples and pictures: init[name](rng, heads).
+    """
+
+    names: tuple
+    value: object
+    derivatives: object
+    init: dict
+    params: dict = field(default_factory=dict)
+
+    @property
+    def tensors(self):
+        return tuple(self.names)
+
+    def check(self, p, arrays, rows):
+        for name in self.names:
+            check_heads_shape(name, arrays[name], p.H, (), "(H|1,)")
+
+    def _inputs(self, p):
+        """The call's offsets (1, T) and the parameters (H', 1), in float64, and its options."""
+        offsets = (identity_map(p.n, p.m).astype(np.float64) - (p.n - 1) - float(p.query_offset))
+        params = [np.asarray(p.arrays[name], dtype=np.float64)[:, None] for name in self.names]
+        options = {name: p.params[name] for name in self.params}
+        return offsets[None, :], params, options
+
+    def table(self, p) -> np.ndarray:
+        """The engine's table (H', n + m - 1) in the call's dtype: the bias of every diagonal."""
+        offsets, params, options = self._inputs(p)
+        heads = max(len(x) for x in params)
+        value = np.broadcast_to(self.value(offsets, *params, **options), (heads, offsets.shape[1]))
+        return np.ascontiguousarray(value, dtype=p.dtype)
+
+    def configure(self, slots, field, spec, p, arrays):
+        slots[field["table"]] = self.table(p)
+        slots[field["table_map"]] = identity_map(p.n, p.m)
+
+    def gradients(self, spec):
+        return tuple((name, "table", functools.partial(self._finish, t))
+                     for t, name in enumerate(self.names))
+
+    def _finish(self, t: int, p, dtable: np.ndarray) -> np.ndarray:
+        """Parameter t's gradient from the table's (chain rule), folded to its heads."""
+        offsets, params, options = self._inputs(p)
+        derivative = self.derivatives(offsets, *params, **options)[t]
+        grad = (np.asarray(dtable, dtype=np.float64) * derivative).sum(axis=1)
+        if len(params[t]) == 1:
+            grad = grad.sum(keepdims=True)
+        return grad.astype(p.dtype)
+
+    def example(self, ctx, spec, values):
+        return {name: np.asarray(self.init[name](ctx.rng, ctx.heads), dtype=ctx.dtype)
+                for name in self.names}
+
+    def picture(self, ctx, spec, params):
+        return {name: np.asarray(self.init[name](ctx.rng, ctx.H), dtype=np.float64)
+                for name in self.names}
+
+
+@dataclass(frozen=True)
+class Rotary(Term):
+    """The rotation of q and k (RoPE, xPos), in the engine where they are read
+    (SPEC §3.12): tables cos, sin (P, r) (cos_k, sin_k for the keys, both or
+    neither), positions_q (B, n) and positions_k (B, m) or the defaults
+    query_offset + i and j, `interleaved` pairs.  The tables are constants:
+    their gradient fields are None."""
+
+    constant = ("cos", "sin", "cos_k", "sin_k")
+    index = ("positions_q", "positions_k")
+    params = {"interleaved": Bool()}
+
+    @property
+    def tensors(self):
+        return self.constant + self.index
+
+    def check(self, p, arrays, rows):
+        cos, sin = arrays["cos"], arrays["sin"]
+        check_rank("cos", cos, 2, "(P, r)")
+        P, pairs = cos.shape
+        check_shape("sin", sin, (P, pairs), "(P, r) as cos")
+        if 2 * pairs > p.d:
+            raise ValueError(f"cos and sin rotate 2 r = {2 * pairs} dimensions (shape "
+                             f"{shape_str(cos.shape)} (P, r)), more than q's d = {p.d}")
+        cos_k, sin_k = arrays.get("cos_k"), arrays.get("sin_k")
+        if (cos_k is None) != (sin_k is None):
+            raise ValueError("cos_k and sin_k come together (the keys' tables, xPos), or "
+                             f"neither; missing {'cos_k' if cos_k is None else 'sin_k'}")
+        if cos_k is not None:
+            check_shape("cos_k", cos_k, (P, pairs), "(P, r) as cos")
+            check_shape("sin_k", sin_k, (P, pairs), "(P, r) as cos")
+        for name, rows_ in (("positions_q", p.n), ("positions_k", p.m)):
+            positions = arrays.get(name)
+            if positions is None:
+                continue
+            require_index_array(name, positions)
+            check_shape(name, positions, (p.B, rows_), f"(B, {'n' if name[-1] == 'q' else 'm'})")
+            check_index_range(name, positions, P, "position",
+                              f"of cos and sin {shape_str(cos.shape)} (P, r)")
+        if arrays.get("positions_q") is None and p.n and p.query_offset + p.n > P:
+            raise ValueError(f"query positions query_offset + i reach {p.query_offset + p.n - 1} "
+                             f"(query_offset={p.query_offset}, n={p.n}), outside [0, {P}) of "
+                             f"cos and sin {shape_str(cos.shape)} (P, r): longer tables, or "
+                             "positions_q")
+        if arrays.get("positions_k") is None and p.m > P:
+            raise ValueError(f"key positions j reach {p.m - 1}, outside [0, {P}) of cos and sin "
+                             f"{shape_str(cos.shape)} (P, r): longer tables, or positions_k")
+
+    def configure(self, slots, field, spec, p, arrays):
+        for name in self.tensors:
+            slots[field[name if name.startswith("positions") else "rope_" + name]] = \
+                arrays.get(name)
+        slots[field["rope_interleaved"]] = p.params["interleaved"]
+
+    def example(self, ctx, spec, values):
+        from .rotary import rope_tables
+
+        positions = ctx.n + ctx.m + 8     # query_offset up to m + 8 in the default positions
+        pairs = ctx.options["rotary_dim"] // 2 if ctx.options["rotary_dim"] else ctx.d // 2
+        cos, sin = rope_tables(positions, 2 * pairs, dtype=np.float64) if pairs else (
+            np.ones((positions, 0)), np.zeros((positions, 0)))
+        return {"cos": cos.astype(ctx.dtype), "sin": sin.astype(ctx.dtype)}
+
+    def picture(self, ctx, spec, params):
+        from .rotary import rope_tables
+
+        cos, sin = rope_tables(ctx.n, 2 * (ctx.d // 2), dtype=np.float64)
+        return {"cos": cos, "sin": sin}
