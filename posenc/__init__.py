@@ -29,8 +29,8 @@ from . import _checks, _dtypes, _methods, buckets
 from ._attention import (ATTENTION_GRAD_TYPES, Attention, attention_dropout_mask, check_attention,
                          check_attention_grad, check_attention_out)
 from ._display import check, info
-from ._registry import (GRAD_FIELDS, GRAD_TYPES, METHODS, REGISTRY, attention_backward_doc,
-                        attention_doc, backward_doc, forward_doc)
+from ._registry import (EXPORTS, GRAD_FIELDS, GRAD_TYPES, METHODS, REGISTRY,
+                        attention_backward_doc, attention_doc, backward_doc, forward_doc)
 from ._signatures import define
 
 __version__ = "0.1.0"
@@ -189,6 +189,7 @@ for _method in METHODS:
     globals()[_method + "_attention_backward"] = _attention_backward(_method)
     globals()[GRAD_TYPES[_method].__name__] = GRAD_TYPES[_method]
 del _method
+globals().update(EXPORTS)      # what the methods bring: posenc.alibi_slopes, posenc.rope_tables, ...
 
 __all__ = list(METHODS) + [m + "_backward" for m in METHODS] + [
     m + suffix for m in METHODS for suffix in ("_attention", "_attention_backward")] + [
@@ -196,7 +197,7 @@ __all__ = list(METHODS) + [m + "_backward" for m in METHODS] + [
     "set_result_cache", "get_result_cache",
     "info", "check",
     "deberta_hf_scale", "MAX_THREADS", "attention_dropout_mask", "Attention",
-    "buckets", "METHODS", "GRAD_FIELDS", "GRAD_TYPES"] + _GRAD_NAMES
+    "buckets", "METHODS", "GRAD_FIELDS", "GRAD_TYPES"] + _GRAD_NAMES + list(EXPORTS)
 
 if os.environ.get("POSENC_ISA"):
     set_isa(os.environ["POSENC_ISA"])

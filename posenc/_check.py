@@ -40,7 +40,7 @@ import numpy as np
 
 from . import _C, _dtypes, reference
 from ._examples import METHODS, dense_rank, float_inputs, make_inputs, with_inputs
-from ._registry import GRAD_FIELDS
+from ._registry import GRAD_FIELDS, REGISTRY
 
 F64_RTOL = 1e-12
 EPS32 = float(np.finfo(np.float32).eps)
@@ -61,8 +61,34 @@ class CheckRow:
 
 
 def _abs_inputs(method, args, kwargs):
+    """The inputs whose logits are M, the sum of the absolute values of every term:
+    each float input's magnitude as its term says (posenc._kinds.Term.magnitude:
+    its absolute value, or minus it where the parameter's sign makes the term
+    negative, as ALiBi's slopes)."""
     floats = float_inputs(method, args, kwargs)
-    return with_inputs(method, args, kwargs, {k: np.abs(v) for k, v in floats.items()})
+    terms = REGISTRY[method].terms if method in REGISTRY else ()
+    owner = {name: term for term in terms for name in term.tensors}
+    return with_inputs(method, args, kwargs, {
+        name: owner[name].magnitude(name, value) if name in owner else np.abs(value)
+        for name, value in floats.items()})
+
+
+def magnitude(method, args64, kwargs64, **options) -> np.ndarray:
+    """M (B, H, n, m): the logits on the inputs' magnitudes (_abs_inputs), `options`
+    the logits' keywords (query_offset)."""
+    abs_args, abs_kwargs = _abs_inputs(method, args64, kwargs64)
+    return np.abs(reference.__dict__[method](*abs_args, **abs_kwargs, **options))
+
+
+def grad_magnitudes(method, weights, args64, kwargs64, **options) -> dict:
+    """Each gradient field's magnitude (None where absent): the backward of the
+    non-negative `weights` (|G|, or a bound on |dS|) on the inputs' magnitudes,
+    as non-negative arrays (a parameter's derivative may be negative however
+    the inputs are signed: ALiBi's -|j - i|)."""
+    abs_args, abs_kwargs = _abs_inputs(method, args64, kwargs64)
+    grads = reference.__dict__[method + "_backward"](weights, *abs_args, **abs_kwargs, **options)
+    return {name: None if value is None else np.abs(value)
+            for name, value in grads._asdict().items()}
 
 
 def _as64(method, args, kwargs):
@@ -142,17 +168,16 @@ def check_one(method: str, dtype, *, B=2, H=3, n=33, m=17, d=16, shared=False, s
 
     got = getattr(posenc, method)(*args, **kwargs)
     ref = reference.__dict__[method](*args64, **kwargs64)
-    abs_args, abs_kwargs = _abs_inputs(method, args64, kwargs64)
-    magnitude = reference.__dict__[method](*abs_args, **abs_kwargs)
-    fwd_abs, fwd_rel, fwd_ok = compare(got, ref, magnitude, d + d_p, dtype)
+    fwd_abs, fwd_rel, fwd_ok = compare(got, ref, magnitude(method, args64, kwargs64), d + d_p,
+                                       dtype)
 
     grads = getattr(posenc, method + "_backward")(G, *args, **kwargs)
     ref_grads = reference.__dict__[method + "_backward"](G64, *args64, **kwargs64)
-    mag_grads = reference.__dict__[method + "_backward"](np.abs(G64), *abs_args, **abs_kwargs)
+    mag_grads = grad_magnitudes(method, np.abs(G64), args64, kwargs64)
     bwd_abs = bwd_rel = 0.0
     bwd_ok = True
     for field in GRAD_FIELDS[method]:
-        g, r, mg = getattr(grads, field), getattr(ref_grads, field), getattr(mag_grads, field)
+        g, r, mg = getattr(grads, field), getattr(ref_grads, field), mag_grads[field]
         if (g is None) != (r is None):
             return fwd_abs, fwd_rel, float("inf"), float("inf"), False, f"{field} missing"
         if g is None:
@@ -188,11 +213,9 @@ def attention_bounds(method, args64, kwargs64, v64, options: dict, d_out64=None,
     mask = options["key_padding_mask"]
     m, dv = v64.shape[2], v64.shape[3]
     depth = args64[0].shape[-1] + dense_rank(method, args64, kwargs64)
-    abs_args, abs_kwargs = _abs_inputs(method, args64, kwargs64)
     qo = options["query_offset"]
     logits = reference.__dict__[method](*args64, **kwargs64, query_offset=qo)
-    logit_bound = (depth + 8) * EPS32 * reference.__dict__[method](*abs_args, **abs_kwargs,
-                                                                   query_offset=qo)
+    logit_bound = (depth + 8) * EPS32 * magnitude(method, args64, kwargs64, query_offset=qo)
     ref = reference.__dict__[method + "_attention"](*args64[:2], v64, *args64[2:], **kwargs64,
                                                      **options)
     masked = np.zeros(logits.shape, dtype=bool)
@@ -218,12 +241,11 @@ def attention_bounds(method, args64, kwargs64, v64, options: dict, d_out64=None,
     d_s = P * (D * dP - delta[..., None])
     error_s = (P * (D * np.einsum("bhid,bhjd->bhij", np.abs(d_out64), np.abs(v64))
                     + np.abs(delta)[..., None]) * (2 * e + (dv + 8) * EPS32)[..., None])
-    grad_bounds = reference.__dict__[method + "_backward"](
-        ((depth + m + 8) * EPS32 + r) * np.abs(d_s) + error_s, *abs_args, **abs_kwargs,
-        query_offset=qo)
+    grad_bounds = grad_magnitudes(method, ((depth + m + 8) * EPS32 + r) * np.abs(d_s) + error_s,
+                                  args64, kwargs64, query_offset=qo)
     v_bound = np.einsum("bhij,bhid->bhjd", (2 * e + (m + 8) * EPS32 + r)[..., None] * PD,
                         np.abs(d_out64))
-    return ref, out_bound, lse_bound, dict(grad_bounds._asdict(), v=v_bound)
+    return ref, out_bound, lse_bound, dict(grad_bounds, v=v_bound)
 
 
 def within(got, ref, bound32, dtype):

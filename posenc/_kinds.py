@@ -380,6 +380,12 @@ class Term:
         """Random parameters for a picture (posenc.plot.random_params)."""
         return {}
 
+    def magnitude(self, name: str, value: np.ndarray) -> np.ndarray:
+        """The value of tensor `name` with which the method's logits are the sum of
+        the absolute values of their terms (the error bounds' M, posenc._check):
+        its absolute value, for the terms that grow with their inputs' magnitudes."""
+        return np.abs(value)
+
 
 @dataclass(frozen=True)
 class Dense(Term):
@@ -607,6 +613,8 @@ class OffsetBias(Term):
     array per parameter) take o (1, T) float64 and each parameter (H', 1)
     float64 and broadcast; `options` are the term's own parameters (`params`).
     `init` draws each parameter for examples and pictures: init[name](rng, heads).
+    `negative`: the parameters whose sign the term's value follows in reverse
+    (ALiBi's slopes: -slope |o|), negated for the error bounds' magnitudes.
     """
 
     names: tuple
@@ -614,6 +622,7 @@ class OffsetBias(Term):
     derivatives: object
     init: dict
     params: dict = field(default_factory=dict)
+    negative: tuple = ()
 
     @property
     def tensors(self):
@@ -661,6 +670,9 @@ class OffsetBias(Term):
     def picture(self, ctx, spec, params):
         return {name: np.asarray(self.init[name](ctx.rng, ctx.H), dtype=np.float64)
                 for name in self.names}
+
+    def magnitude(self, name, value):
+        return -np.abs(value) if name in self.negative else np.abs(value)
 
 
 @dataclass(frozen=True)

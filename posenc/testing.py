@@ -47,8 +47,8 @@ import sys
 import numpy as np
 
 from . import _dtypes, reference
-from ._check import (F64_RTOL, _abs_inputs, _as64, attention_bounds, bound, compare,
-                     magnitude_coefficient, overflow_allowed, within)
+from ._check import (F64_RTOL, _as64, attention_bounds, bound, compare, grad_magnitudes,
+                     magnitude, magnitude_coefficient, overflow_allowed, within)
 from ._examples import dense_rank, float_inputs, make_inputs, with_inputs
 from ._registry import GRAD_FIELDS, METHODS
 
@@ -269,11 +269,10 @@ def assert_logits_close(actual, method: str, *args, **kwargs) -> None:
     args64, kwargs64 = _as64(method, args, kwargs)
     formula = getattr(reference, method)
     expected = formula(*args64, **kwargs64)
-    magnitude = None
+    magnitudes = None
     if dtype != np.float64:
-        abs_args, abs_kwargs = _abs_inputs(method, args64, kwargs64)
-        magnitude = formula(*abs_args, **abs_kwargs)
-    _assert_close(got, expected, magnitude, _depth(method, args, kwargs, grads=False), dtype,
+        magnitudes = magnitude(method, args64, kwargs64)
+    _assert_close(got, expected, magnitudes, _depth(method, args, kwargs, grads=False), dtype,
                   what=f"logits of {method} ({dtype}) differ from",
                   where="(b, h, i, j) = {}".format, against=f"posenc.reference.{method}")
 
@@ -353,8 +352,7 @@ def assert_grads_close(fn, method: str, *args, **kwargs) -> None:
     else:
         result = fn(G, *numpy_args, **numpy_kwargs)
     expected = formula(G.astype(np.float64), *args64, **kwargs64)
-    abs_args, abs_kwargs = _abs_inputs(method, args64, kwargs64)
-    magnitudes = formula(np.abs(G.astype(np.float64)), *abs_args, **abs_kwargs)
+    magnitudes = grad_magnitudes(method, np.abs(G.astype(np.float64)), args64, kwargs64)
     depth = _depth(method, numpy_args, numpy_kwargs, grads=True)
     for position, name in enumerate(GRAD_FIELDS[method]):
         want = getattr(expected, name)
@@ -366,7 +364,7 @@ def assert_grads_close(fn, method: str, *args, **kwargs) -> None:
                 continue
             raise AssertionError(f"fn gave no gradient for {name!r} of {method} "
                                  f"(posenc.reference.{method}_backward has one, shape {want.shape})")
-        _assert_close(_as_array(got, name), want, getattr(magnitudes, name), depth, dtype,
+        _assert_close(_as_array(got, name), want, magnitudes[name], depth, dtype,
                       what=f"gradient {name!r} of {method} ({dtype}) differs from",
                       where=lambda index: f"{name}[{', '.join(map(str, index))}]",
                       against=f"posenc.reference.{method}_backward", rounded_operands=True)

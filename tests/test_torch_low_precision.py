@@ -24,7 +24,7 @@ pytest.importorskip("ml_dtypes")
 import posenc.reference as ref  # noqa: E402
 import posenc.torch as pt  # noqa: E402
 from posenc import _dtypes  # noqa: E402
-from posenc._check import (EPS32, _abs_inputs, attention_bounds, bound,  # noqa: E402
+from posenc._check import (EPS32, attention_bounds, bound, grad_magnitudes, magnitude,  # noqa: E402
                            magnitude_coefficient)
 from posenc._examples import dense_rank, float_inputs, make_inputs, with_inputs  # noqa: E402
 from posenc._registry import METHODS  # noqa: E402
@@ -99,12 +99,10 @@ def test_logits_forward_and_backward(method, dtype, rng):
     args64, kwargs64, exact = _rounded(method, dtype, rng)
     logits, leaves = _call(method, args64, kwargs64, exact, dtype)
     assert logits.dtype == dtype
-    formula = getattr(ref, method)
-    want = formula(*args64, **kwargs64)
-    abs_args, abs_kwargs = _abs_inputs(method, args64, kwargs64)
+    want = getattr(ref, method)(*args64, **kwargs64)
     depth = D + dense_rank(method, args64, kwargs64)
-    _assert_within(logits, want, _bound(dtype, want, (depth + 8) * EPS32 * formula(
-        *abs_args, **abs_kwargs)), f"{method} logits")
+    _assert_within(logits, want, _bound(dtype, want, (depth + 8) * EPS32 * magnitude(
+        method, args64, kwargs64)), f"{method} logits")
 
     # gradcheck-style: the gradients against float64 autograd through the same op,
     # with the same (rounded) upstream gradient
@@ -112,14 +110,13 @@ def test_logits_forward_and_backward(method, dtype, rng):
     grads = torch.autograd.grad(logits, list(leaves.values()), G)
     logits64, leaves64 = _call(method, args64, kwargs64, exact, torch.float64)
     grads64 = torch.autograd.grad(logits64, list(leaves64.values()), G.double())
-    magnitudes = getattr(ref, method + "_backward")(np.abs(G.double().numpy()), *abs_args,
-                                                    **abs_kwargs)
+    magnitudes = grad_magnitudes(method, np.abs(G.double().numpy()), args64, kwargs64)
     depth += N + M
     for name, grad, grad64 in zip(leaves, grads, grads64):
         assert grad.dtype == dtype, name
         want = grad64.numpy()
         _assert_within(grad, want, _bound(dtype, want, magnitude_coefficient(
-            depth, NUMPY[dtype], rounded_operands=True) * getattr(magnitudes, name)),
+            depth, NUMPY[dtype], rounded_operands=True) * magnitudes[name]),
             f"{method} gradient {name}")
 
 
@@ -135,10 +132,9 @@ def _delta_term(method, args64, kwargs64, d_out64, out64, options):
     P = getattr(ref, method + "_attention")(*args64[:2], eye, *args64[2:], **kwargs64,
                                             **options).out          # softmax(A + mask)
     spread = P * np.einsum("bhid,bhid->bhi", np.abs(d_out64), np.abs(out64))[..., None]
-    abs_args, abs_kwargs = _abs_inputs(method, args64, kwargs64)
-    terms = getattr(ref, method + "_backward")(spread, *abs_args, **abs_kwargs,
-                                               query_offset=options.get("query_offset", 0))
-    return dict(terms._asdict(), v=0.0)
+    terms = grad_magnitudes(method, spread, args64, kwargs64,
+                            query_offset=options.get("query_offset", 0))
+    return dict(terms, v=0.0)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
