@@ -270,6 +270,17 @@ rel (H|1, 2t+1); segments as diet_abs; s = 1/sqrt(d).""",
         bench=Bench(((1, 0, 0, 0, 3), (2, 0, 0, 0, 3)), ("C + 3N", "2C + 3N"), (4.5, 0, 2),
                     group="additive"),
         plot_init={"rel": 2.0}),
+    Method(
+        "relative_bias", "any function of the offset", "bias, *, max_distance, scale=None",
+        terms=(Table("bias"),), bucket="clipped",
+        formula="""\
+Any function of the offset (SPEC 3.15): A_ij = s q_i.k_j + bias[h, clipped(j - i, t)],
+t = max_distance; bias (H|1, 2t+1), computed by the caller from any parametrisation
+of the offsets -t..t (Sandwich, a small network of the offset, a learned table),
+unscaled; s = 1/sqrt(d).""",
+        bench=Bench(((1, 0, 0, 0, 2), (2, 0, 0, 0, 2)), ("C + 2N", "2C + 2N"), (3, 0, 2),
+                    group="additive"),
+        plot_init={"bias": 2.0}),
 )
 
 REGISTRY = {entry.name: entry for entry in _ENTRIES}

@@ -415,6 +415,20 @@ def _diet_rel_grads(p, G):
     return grads
 
 
+# SPEC 3.15  A_ij = s q_i.k_j + bias[h, clipped(j - i, t)]  (any function of the offset)
+def _relative_bias_logits(p):
+    bias = _gather(_per_head(p.arrays["bias"], p.H), _clipped_rows(p))      # (H, n, m)
+    return _content_logits(p) + bias[None]
+
+
+def _relative_bias_grads(p, G):
+    grads = _content_term_grads(p, G)
+    # d bias[h, c(i, j)] / d bias[h, row] = 1 where row == c(i, j)
+    grads["bias"] = _fold_heads(_scatter(G.sum(axis=0), _clipped_rows(p),
+                                         2 * p.params["max_distance"] + 1), p.arrays["bias"])
+    return grads
+
+
 # SPEC 3.11  A_ij = s (q_i.k_j + q_i.pos_k_j + pos_q_i.k_j + pos_q_i.pos_k_j)
 def _bert_ad_logits(p):
     q, k = _qk(p)

@@ -28,8 +28,8 @@ from .._attention import Attention, attention_dropout_mask
 from .._registry import REGISTRY
 from ._common import bucket_index, check_segment_range, validate, validate_attention
 
-__all__ = ["attention", "content", "deberta", "diet_abs", "diet_rel", "m2", "m4", "m4m", "shaw", "t5",
-           "tupe"]
+__all__ = ["attention", "content", "deberta", "diet_abs", "diet_rel", "m2", "m4", "m4m",
+           "relative_bias", "shaw", "t5", "tupe"]
 
 
 def _check(method, tensors, params):
@@ -209,6 +209,13 @@ def diet_rel(q, k, rel, *, max_distance, segment_q=None, segment_k=None, segment
     if segment_table is not None:
         scores = scores + _segment_bias(segment_q, segment_k, segment_table)
     return scores
+
+
+def relative_bias(q, k, bias, *, max_distance, scale=None, query_offset=0):
+    _check("relative_bias", {"q": q, "k": k, "bias": bias},
+           {"max_distance": max_distance, "scale": scale, "query_offset": query_offset})
+    index = _clipped_index(max_distance, q, k, query_offset)
+    return _content(q, k, _scale(scale, q.shape[-1])) + _scalar_bias(bias, index)
 
 
 # ------------------------------------------------------------------ fused attention

@@ -49,6 +49,7 @@ __all__ = [
     "M4Relative",
     "PositionalEncoding",
     "PositionalSelfAttention",
+    "RelativeBias",
     "SegmentAttention",
     "ShawRelative",
     "T5RelativeBias",
@@ -487,3 +488,40 @@ class DIETRel(PositionalEncoding):
         return "diet_rel", dict(rel=self.rel, max_distance=self.max_distance, segment_q=segment_q,
                                 segment_k=segment_k, segment_table=table, scale=self.scale,
                                 query_offset=query_offset)
+
+
+class RelativeBias(PositionalEncoding):
+    """Any function of the offset as a bias (SPEC 3.15): ``A_ij = q_i·k_j/sqrt(d)
+    + bias[h, clip(j - i, -t, t) + t]``, the generic Toeplitz term on the fused
+    kernels with its gradient.
+
+    ``bias_fn`` (an ``nn.Module``) maps the offsets ``-t..t`` (a float tensor of
+    ``2t + 1`` values) to the ``(H|1, 2t + 1)`` bias, so any parametrisation of
+    the offset trains through it: Sandwich's sinusoid products, FIRE-style or
+    other small networks of the offset, a kernel of the distance.  Without one
+    the bias is a learned table of its own (``per_head``), N(0, init_std²).
+    """
+
+    method = "relative_bias"
+
+    def __init__(self, num_heads: int, max_distance: int, *, bias_fn: nn.Module | None = None,
+                 per_head: bool = True, scale: float | None = None, init_std: float = 0.02):
+        super().__init__(num_heads)
+        self.max_distance, self.scale, self.bias_fn = max_distance, scale, bias_fn
+        self.table = (None if bias_fn is not None else
+                      _table(num_heads if per_head else 1, 2 * max_distance + 1,
+                             init_std=init_std))
+
+    def bias(self) -> torch.Tensor:
+        """The (H|1, 2t + 1) bias of the offsets -t..t."""
+        if self.bias_fn is None:
+            return self.table
+        like = next(self.bias_fn.parameters(), None)      # the offsets on its device, dtype
+        offsets = torch.arange(-self.max_distance, self.max_distance + 1,
+                               dtype=torch.get_default_dtype() if like is None else like.dtype,
+                               device=None if like is None else like.device)
+        return self.bias_fn(offsets)
+
+    def arguments(self, q, k, *, state=None, segment_q=None, segment_k=None, query_offset=0):
+        return "relative_bias", dict(bias=self.bias(), max_distance=self.max_distance,
+                                     scale=self.scale, query_offset=query_offset)
