@@ -123,7 +123,8 @@ static int new_grads(PyObject *config, const converted *a, unsigned int needs, i
         PyArrayObject *src = a->arr[grad_source[t]];
         if (!src || !(needs & (1u << t)))
             continue;
-        if (!(grads[t] = new_result(PyArray_NDIM(src), PyArray_DIMS(src), typenum)))
+        /* of its input's dtype: the problem's, or a 16-bit problem's float32 table */
+        if (!(grads[t] = new_result(PyArray_NDIM(src), PyArray_DIMS(src), PyArray_TYPE(src))))
             return -1;
         data[t] = PyArray_DATA(grads[t]);
     }

@@ -272,8 +272,14 @@ static int build_problem(PyObject *config, converted *a, posenc_problem *p)
     for (size_t t = 0; t < sizeof float_fields / sizeof float_fields[0]; ++t) {
         const int field = float_fields[t];
         PyObject *obj = PyTuple_GET_ITEM(config, field);
-        if (obj != Py_None && !(a->arr[field] = as_float_array(obj, typenum, config_names[field])))
+        /* a 16-bit problem's table may hold float32 values (posenc.h table_f32) */
+        const int wide = field == CF_table && dtype >= POSENC_BF16 && PyArray_Check(obj) &&
+                         PyArray_TYPE((PyArrayObject *)obj) == NPY_FLOAT;
+        if (obj != Py_None &&
+            !(a->arr[field] = as_float_array(obj, wide ? NPY_FLOAT : typenum, config_names[field])))
             return -1;
+        if (wide)
+            p->table_f32 = 1;
     }
     for (size_t t = 0; t < sizeof index_fields / sizeof index_fields[0]; ++t) {
         const int field = index_fields[t];

@@ -77,6 +77,9 @@ typedef struct {
 
     const void *table;            /* (table_heads, table_rows), unscaled */
     size_t table_heads, table_rows;
+    int table_f32;                /* a bfloat16 or float16 problem's table holds float32 values
+                                     (a bias computed from parameters, as ALiBi's: no rounding
+                                     to 16 bits), and so does its gradient */
     const int64_t *table_map;     /* n + m - 1 rows of table */
 
     const void *query_table;      /* (query_table_heads, query_table_rows, d) */

@@ -356,6 +356,7 @@ class Term:
     constant: tuple = ()    # of its tensors: floats without a gradient
     params: dict = {}       # its own typed parameters, name -> Param
     uses_map = False        # reads the method's bucket map
+    reads_qk = False        # the term depends on q or k (its picture needs them)
 
     @property
     def tensors(self) -> tuple:
@@ -492,13 +493,13 @@ class Table(_Mapped):
 class QueryTable(_Mapped):
     """q_i . table[map(j - i)]: (H|1, rows, d), scaled by s in a sum."""
 
-    slot, map_slot, vectors = "query_table", "query_map", True
+    slot, map_slot, vectors, reads_qk = "query_table", "query_map", True, True
 
 
 class KeyTable(_Mapped):
     """k_j . table[map(j - i)]: (H|1, rows, d), scaled by s in a sum."""
 
-    slot, map_slot, vectors = "key_table", "key_map", True
+    slot, map_slot, vectors, reads_qk = "key_table", "key_map", True, True
 
 
 @dataclass(frozen=True)
@@ -640,11 +641,14 @@ class OffsetBias(Term):
         return offsets[None, :], params, options
 
     def table(self, p) -> np.ndarray:
-        """The engine's table (H', n + m - 1) in the call's dtype: the bias of every diagonal."""
+        """The engine's table (H', n + m - 1): the bias of every diagonal, in the call's
+        dtype, or float32 for bfloat16 and float16 (which compute in float32: the
+        bias is not rounded to 16 bits, nor is its gradient)."""
         offsets, params, options = self._inputs(p)
         heads = max(len(x) for x in params)
         value = np.broadcast_to(self.value(offsets, *params, **options), (heads, offsets.shape[1]))
-        return np.ascontiguousarray(value, dtype=p.dtype)
+        dtype = np.float32 if p.dtype.itemsize == 2 else p.dtype
+        return np.ascontiguousarray(value, dtype=dtype)
 
     def configure(self, slots, field, spec, p, arrays):
         slots[field["table"]] = self.table(p)
@@ -686,6 +690,7 @@ class Rotary(Term):
     constant = ("cos", "sin", "cos_k", "sin_k")
     index = ("positions_q", "positions_k")
     params = {"interleaved": Bool()}
+    reads_qk = True
 
     @property
     def tensors(self):

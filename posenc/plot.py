@@ -36,7 +36,7 @@ import numpy as np
 
 import posenc
 from posenc._kinds import Picture
-from posenc._registry import REGISTRY, KeyTable, QueryTable, Segments
+from posenc._registry import REGISTRY, Segments
 
 __all__ = [
     "POSITIONAL_METHODS",
@@ -60,7 +60,7 @@ POSITIONAL_METHODS = tuple(name for name, spec in REGISTRY.items() if spec.terms
 #: Methods whose positional term does not depend on q or k: a sum with no
 #: query- or key-side vector table.
 CONTENT_FREE = tuple(name for name in POSITIONAL_METHODS if not REGISTRY[name].product
-                     and not REGISTRY[name].term(QueryTable) + REGISTRY[name].term(KeyTable))
+                     and not any(term.reads_qk for term in REGISTRY[name].terms))
 _SEGMENT_METHODS = tuple(name for name, spec in REGISTRY.items() if spec.term(Segments))
 INSTALL_HINT = 'plotting needs matplotlib, which is not installed: pip install "posenc[plot]"'
 
@@ -177,8 +177,10 @@ def load_params(path, method: str) -> dict:
 
 def _heads_and_length(method: str, params: dict, n: Optional[int]) -> tuple:
     """(H, n) from the parameter arrays (head axis: H or 1) and the requested n."""
-    heads = [np.shape(v)[0] for name, v in params.items()
-             if isinstance(v, np.ndarray) and v.ndim >= 2 and name not in ("q", "k")]
+    spec = REGISTRY[method]
+    heads = [np.shape(v)[0] for name, v in params.items()      # the parameters with a head axis
+             if isinstance(v, np.ndarray) and v.ndim >= 1 and name in spec.grad_fields
+             and name not in spec.constant and name not in ("q", "k")]
     H = max(heads, default=1)
     dense = params.get("pos_q")
     if dense is not None:

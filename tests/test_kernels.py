@@ -38,22 +38,19 @@ def assert_matches_reference(method, args, kwargs, rng, *, check_backward=True):
     floats = float_inputs(method, args, kwargs)
     a64, k64 = with_inputs(method, args, kwargs,
                            {name: v.astype(np.float64) for name, v in floats.items()})
-    aabs, kabs = with_inputs(method, a64, k64,
-                             {name: np.abs(v.astype(np.float64)) for name, v in floats.items()})
     depth = d + dense_rank(method, args, kwargs)
 
     got = getattr(posenc, method)(*args, **kwargs)
     assert got.dtype == dtype and got.shape == (B, H, n, m) and got.flags.c_contiguous
     ref = getattr(reference, method)(*a64, **k64)
-    mag = getattr(reference, method)(*aabs, **kabs)
-    _, err, ok = _check.compare(got, ref, mag, depth, dtype)
+    _, err, ok = _check.compare(got, ref, _check.magnitude(method, a64, k64), depth, dtype)
     assert ok, f"{method} forward: error measure {err:.3g} ({dtype}, n={n} m={m} d={d})"
     if not check_backward:
         return
     G = rng.standard_normal((B, H, n, m)).astype(dtype)
     grads = getattr(posenc, method + "_backward")(G, *args, **kwargs)
     ref_grads = getattr(reference, method + "_backward")(G.astype(np.float64), *a64, **k64)
-    mag_grads = getattr(reference, method + "_backward")(np.abs(G.astype(np.float64)), *aabs, **kabs)
+    mag_grads = _check.grad_magnitudes(method, np.abs(G.astype(np.float64)), a64, k64)
     assert type(grads).__name__ == type(ref_grads).__name__
     for field in GRAD_FIELDS[method]:
         g, r = getattr(grads, field), getattr(ref_grads, field)
@@ -61,7 +58,7 @@ def assert_matches_reference(method, args, kwargs, rng, *, check_backward=True):
         if g is None:
             continue
         assert g.dtype == dtype and g.shape == floats[field].shape, field
-        _, err, ok = _check.compare(g, r, getattr(mag_grads, field), n + m + depth, dtype)
+        _, err, ok = _check.compare(g, r, mag_grads[field], n + m + depth, dtype)
         assert ok, f"{method} d{field}: error measure {err:.3g} ({dtype}, n={n} m={m} d={d})"
 
 

@@ -60,6 +60,8 @@ int posenc_validate(const posenc_problem *p, const char **why)
               !in_range(p->segment_q, p->B * p->n, p->n_segments) ||
               !in_range(p->segment_k, p->B * p->m, p->n_segments)))
         reason = "segments: ids within the table, heads H or 1";
+    else if (p->table_f32 && (!p->table || (p->dtype != POSENC_BF16 && p->dtype != POSENC_F16)))
+        reason = "a float32 table belongs to a bfloat16 or float16 problem";
     else if (p->theta && !check_heads(p->theta_heads, p->H))
         reason = "theta: heads H or 1";
     else if (p->product && (p->pos_q || p->segment_table || p->theta))
