@@ -31,8 +31,11 @@ are its entry's `exports`.
 from __future__ import annotations
 
 import math
+import numbers
 from collections import namedtuple
 from dataclasses import dataclass, field
+
+import numpy as np
 
 
 from ._kinds import (COMMON_PARAMS, MAPS, Dense, KeyTable, OffsetBias, QueryTable, Reset,
@@ -281,6 +284,40 @@ unscaled; s = 1/sqrt(d).""",
         bench=Bench(((1, 0, 0, 0, 2), (2, 0, 0, 0, 2)), ("C + 2N", "2C + 2N"), (3, 0, 2),
                     group="additive"),
         plot_init={"bias": 2.0}),
+)
+
+def alibi_slopes(num_heads: int) -> np.ndarray:
+    """ALiBi's head slopes (Press et al. 2022, spec §3.13), float64 (H,): 2^(-8t/H),
+    t = 1..H, for H a power of two; otherwise those of the largest power of two
+    c < H, then the odd-numbered ones (t = 1, 3, 5, ...) of 2c's, H - c of them
+    (the ALiBi authors' rule, and BLOOM's build_alibi_tensor)."""
+    if isinstance(num_heads, bool) or not isinstance(num_heads, numbers.Integral):
+        raise TypeError(f"num_heads must be an int, got {type(num_heads).__name__} {num_heads!r}")
+    if num_heads < 1:
+        raise ValueError(f"num_heads must be >= 1, got {num_heads}")
+    closest = 1 << (int(num_heads).bit_length() - 1)        # the largest power of two <= H
+    slopes = 2.0 ** (-8.0 * np.arange(1, closest + 1) / closest)
+    extra = 2.0 ** (-8.0 * np.arange(1, 2 * (num_heads - closest), 2) / (2 * closest))
+    return np.concatenate([slopes, extra])
+
+
+_ENTRIES += (
+    Method(
+        "alibi", "ALiBi, Press et al. 2022", "slopes, *, scale=None",
+        terms=(OffsetBias(
+            ("slopes",),
+            value=lambda o, slopes: -slopes * np.abs(o),            # -m |j - i|
+            derivatives=lambda o, slopes: (-np.abs(o),),
+            init={"slopes": lambda rng, heads: 0.5 ** rng.uniform(0.0, 4.0, heads)},
+            negative=("slopes",)),),
+        formula="""\
+ALiBi, Press et al. 2022 (SPEC 3.13): A_ij = s q_i.k_j - slopes[h] |j - i|;
+slopes (H|1,), learnable (posenc.alibi_slopes(H): the paper's); s = 1/sqrt(d).
+Under causal attention this is the paper's -m (i - j), and BLOOM's m j after the
+softmax (the two differ by a constant per row).""",
+        bench=Bench(((1, 0, 0, 0, 2), (2, 0, 0, 0, 2)), ("C + 2N", "2C + 2N"), (3, 0, 2),
+                    group="additive"),
+        exports=(alibi_slopes,)),
 )
 
 REGISTRY = {entry.name: entry for entry in _ENTRIES}

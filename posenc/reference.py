@@ -429,6 +429,21 @@ def _relative_bias_grads(p, G):
     return grads
 
 
+# SPEC 3.13  A_ij = s q_i.k_j - slopes[h] |j - i|  (ALiBi, Press et al. 2022)
+def _alibi_logits(p):
+    slopes = _per_head(p.arrays["slopes"], p.H)                          # (H,)
+    distance = np.abs(_key_minus_query(p)).astype(np.float64)          # (n, m)
+    return _content_logits(p) - slopes[None, :, None, None] * distance
+
+
+def _alibi_grads(p, G):
+    grads = _content_term_grads(p, G)
+    # d(-m_h |j - i|)/d m_h = -|j - i|, summed over every (b, i, j) of head h
+    distance = np.abs(_key_minus_query(p)).astype(np.float64)
+    grads["slopes"] = _fold_heads(-np.einsum("bhij,ij->h", G, distance), p.arrays["slopes"])
+    return grads
+
+
 # SPEC 3.11  A_ij = s (q_i.k_j + q_i.pos_k_j + pos_q_i.k_j + pos_q_i.pos_k_j)
 def _bert_ad_logits(p):
     q, k = _qk(p)

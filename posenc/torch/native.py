@@ -28,7 +28,7 @@ from .._attention import Attention, attention_dropout_mask
 from .._registry import REGISTRY
 from ._common import bucket_index, check_segment_range, validate, validate_attention
 
-__all__ = ["attention", "content", "deberta", "diet_abs", "diet_rel", "m2", "m4", "m4m",
+__all__ = ["alibi", "attention", "content", "deberta", "diet_abs", "diet_rel", "m2", "m4", "m4m",
            "relative_bias", "shaw", "t5", "tupe"]
 
 
@@ -216,6 +216,21 @@ def relative_bias(q, k, bias, *, max_distance, scale=None, query_offset=0):
            {"max_distance": max_distance, "scale": scale, "query_offset": query_offset})
     index = _clipped_index(max_distance, q, k, query_offset)
     return _content(q, k, _scale(scale, q.shape[-1])) + _scalar_bias(bias, index)
+
+
+def _distance(q, k, query_offset):
+    """|j - i'| (n, m) in q's dtype, on its device (ALiBi, KERPLE)."""
+    rows = torch.arange(q.shape[-2], device=q.device, dtype=torch.float64) + query_offset
+    columns = torch.arange(k.shape[-2], device=q.device, dtype=torch.float64)
+    return (columns[None, :] - rows[:, None]).abs().to(q.dtype)
+
+
+def alibi(q, k, slopes, *, scale=None, query_offset=0):
+    _check("alibi", {"q": q, "k": k, "slopes": slopes},
+           {"scale": scale, "query_offset": query_offset})
+    # BLOOM / the ALiBi authors' bias, m |j - i| per head, subtracted
+    bias = slopes[:, None, None] * _distance(q, k, query_offset)
+    return _content(q, k, _scale(scale, q.shape[-1])) - bias
 
 
 # ------------------------------------------------------------------ fused attention

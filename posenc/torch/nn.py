@@ -26,7 +26,7 @@ import math
 import torch
 from torch import nn
 
-from .._registry import REGISTRY
+from .._registry import REGISTRY, alibi_slopes
 from . import _functional as F
 from ._attention import PositionalSelfAttention
 from ._encodings import (
@@ -38,6 +38,7 @@ from ._encodings import (
 )
 
 __all__ = [
+    "ALiBi",
     "TUPE",
     "Content",
     "DIETAbs",
@@ -525,3 +526,33 @@ class RelativeBias(PositionalEncoding):
     def arguments(self, q, k, *, state=None, segment_q=None, segment_k=None, query_offset=0):
         return "relative_bias", dict(bias=self.bias(), max_distance=self.max_distance,
                                      scale=self.scale, query_offset=query_offset)
+
+
+class ALiBi(PositionalEncoding):
+    """Attention with linear biases: Press et al. 2022, *Train Short, Test Long*
+    (spec §3.13).  ``A_ij = q_i·k_j/sqrt(d) - m_h |j - i|``.
+
+    The slopes start at the paper's (``posenc.alibi_slopes(num_heads)``, BLOOM's
+    rule for any H) and are fixed by default, as in the paper; with
+    ``learnable=True`` they train, kept positive by their parametrisation
+    (``m = exp(log_m)``; their gradient comes from the fused kernels).
+    """
+
+    method = "alibi"
+
+    def __init__(self, num_heads: int, *, learnable: bool = False, scale: float | None = None):
+        super().__init__(num_heads)
+        self.scale, self.learnable = scale, learnable
+        log_slopes = torch.log(torch.from_numpy(alibi_slopes(num_heads))).to(
+            torch.get_default_dtype())
+        if learnable:
+            self.log_slopes = nn.Parameter(log_slopes)
+        else:
+            self.register_buffer("log_slopes", log_slopes)
+
+    @property
+    def slopes(self) -> torch.Tensor:
+        return self.log_slopes.exp()
+
+    def arguments(self, q, k, *, state=None, segment_q=None, segment_k=None, query_offset=0):
+        return "alibi", dict(slopes=self.slopes, scale=self.scale, query_offset=query_offset)
