@@ -646,7 +646,9 @@ class OffsetBias(Term):
         bias is not rounded to 16 bits, nor is its gradient)."""
         offsets, params, options = self._inputs(p)
         heads = max(len(x) for x in params)
-        value = np.broadcast_to(self.value(offsets, *params, **options), (heads, offsets.shape[1]))
+        with np.errstate(all="ignore"):       # NaN and Inf parameters propagate (SPEC §5)
+            value = self.value(offsets, *params, **options)
+        value = np.broadcast_to(value, (heads, offsets.shape[1]))
         dtype = np.float32 if p.dtype.itemsize == 2 else p.dtype
         return np.ascontiguousarray(value, dtype=dtype)
 
@@ -661,8 +663,9 @@ class OffsetBias(Term):
     def _finish(self, t: int, p, dtable: np.ndarray) -> np.ndarray:
         """Parameter t's gradient from the table's (chain rule), folded to its heads."""
         offsets, params, options = self._inputs(p)
-        derivative = self.derivatives(offsets, *params, **options)[t]
-        grad = (np.asarray(dtable, dtype=np.float64) * derivative).sum(axis=1)
+        with np.errstate(all="ignore"):       # NaN and Inf propagate (SPEC §5)
+            derivative = self.derivatives(offsets, *params, **options)[t]
+            grad = (np.asarray(dtable, dtype=np.float64) * derivative).sum(axis=1)
         if len(params[t]) == 1:
             grad = grad.sum(keepdims=True)
         return grad.astype(p.dtype)
