@@ -38,8 +38,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 
-from ._kinds import (COMMON_PARAMS, MAPS, Dense, KeyTable, OffsetBias, QueryTable, Reset,
-                     Rotary, Segments, Table, diagonal_map, diagonal_offsets)
+from ._kinds import (COMMON_PARAMS, MAPS, Choice, Dense, KeyTable, OffsetBias, QueryTable,
+                     Reset, Rotary, Segments, Table, diagonal_map, diagonal_offsets)
 
 __all__ = ["REGISTRY", "METHODS", "INDEX_TENSORS", "EXPORTS", "Method", "MAPS", "Dense", "Table",
            "QueryTable", "KeyTable", "Reset", "Segments", "OffsetBias", "Rotary", "diagonal_map",
@@ -318,6 +318,43 @@ softmax (the two differ by a constant per row).""",
         bench=Bench(((1, 0, 0, 0, 2), (2, 0, 0, 0, 2)), ("C + 2N", "2C + 2N"), (3, 0, 2),
                     group="additive"),
         exports=(alibi_slopes,)),
+)
+
+def _kerple_power(distance, r2):
+    """|o|^r2, with 0^r2 = 0 (spec §3.14)."""
+    return np.where(distance > 0, np.where(distance > 0, distance, 1.0) ** r2, 0.0)
+
+
+def _kerple_value(o, r1, r2, *, kind):
+    distance = np.abs(o)
+    if kind == "log":                                       # KERPLE eq. (log kernel)
+        return -r1 * np.log1p(r2 * distance)
+    return -r1 * _kerple_power(distance, r2)                # the power kernel
+
+
+def _kerple_derivatives(o, r1, r2, *, kind):
+    """(d bias / d r1, d bias / d r2); in r2 at offset 0 the power's is 0."""
+    distance = np.abs(o)
+    if kind == "log":
+        return -np.log1p(r2 * distance), -r1 * distance / (1.0 + r2 * distance)
+    log_distance = np.log(np.where(distance > 0, distance, 1.0))   # 0 at offset 0
+    return -_kerple_power(distance, r2), -r1 * _kerple_power(distance, r2) * log_distance
+
+
+_ENTRIES += (
+    Method(
+        "kerple", "KERPLE, Chi et al. 2022", "r1, r2, *, kind='log', scale=None",
+        terms=(OffsetBias(
+            ("r1", "r2"), value=_kerple_value, derivatives=_kerple_derivatives,
+            init={"r1": lambda rng, heads: rng.uniform(0.5, 2.0, heads),
+                  "r2": lambda rng, heads: rng.uniform(0.5, 1.5, heads)},
+            params={"kind": Choice(("log", "power"))}, negative=("r1",)),),
+        formula="""\
+KERPLE, Chi et al. 2022 (SPEC 3.14): kind="log": A_ij = s q_i.k_j - r1[h] log(1 + r2[h] |j - i|);
+kind="power": A_ij = s q_i.k_j - r1[h] |j - i|^r2[h] (0^r2 = 0); r1, r2 (H|1,) used as
+given (posenc.torch.nn.KERPLE keeps them positive), both with gradients; s = 1/sqrt(d).""",
+        bench=Bench(((1, 0, 0, 0, 2), (2, 0, 0, 0, 2)), ("C + 2N", "2C + 2N"), (3, 0, 2),
+                    group="additive")),
 )
 
 REGISTRY = {entry.name: entry for entry in _ENTRIES}

@@ -444,6 +444,38 @@ def _alibi_grads(p, G):
     return grads
 
 
+# SPEC 3.14  KERPLE (Chi et al. 2022): A_ij = s q_i.k_j - r1[h] log(1 + r2[h] |j - i|)  (log)
+#                                  A_ij = s q_i.k_j - r1[h] |j - i|^r2[h]            (power)
+def _kerple_terms(p):
+    """(H, n, m) each: the kernel k(|j - i|) = log(1 + r2 |j - i|) or |j - i|^r2 (0^r2 = 0),
+    and its derivative in r2 (|j - i| / (1 + r2 |j - i|), or |j - i|^r2 log|j - i|, 0 at 0)."""
+    r2 = _per_head(p.arrays["r2"], p.H)[:, None, None]
+    distance = np.abs(_key_minus_query(p)).astype(np.float64)[None]
+    if p.params["kind"] == "log":
+        return np.log(1.0 + r2 * distance), distance / (1.0 + r2 * distance)
+    far = distance > 0
+    safe = np.where(far, distance, 1.0)
+    kernel = np.where(far, safe ** r2, 0.0)
+    return kernel, np.where(far, kernel * np.log(safe), 0.0)
+
+
+def _kerple_logits(p):
+    r1 = _per_head(p.arrays["r1"], p.H)[:, None, None]
+    kernel, _ = _kerple_terms(p)
+    return _content_logits(p) - (r1 * kernel)[None]
+
+
+def _kerple_grads(p, G):
+    grads = _content_term_grads(p, G)
+    r1 = _per_head(p.arrays["r1"], p.H)[:, None, None]
+    kernel, kernel_r2 = _kerple_terms(p)
+    per_head = G.sum(axis=0)                                # (H, n, m)
+    # d(-r1 k)/dr1 = -k,  d(-r1 k)/dr2 = -r1 dk/dr2
+    grads["r1"] = _fold_heads(-(per_head * kernel).sum(axis=(1, 2)), p.arrays["r1"])
+    grads["r2"] = _fold_heads(-(per_head * r1 * kernel_r2).sum(axis=(1, 2)), p.arrays["r2"])
+    return grads
+
+
 # SPEC 3.11  A_ij = s (q_i.k_j + q_i.pos_k_j + pos_q_i.k_j + pos_q_i.pos_k_j)
 def _bert_ad_logits(p):
     q, k = _qk(p)

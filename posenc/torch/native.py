@@ -29,7 +29,7 @@ from .._registry import REGISTRY
 from ._common import bucket_index, check_segment_range, validate, validate_attention
 
 __all__ = ["alibi", "attention", "content", "deberta", "diet_abs", "diet_rel", "m2", "m4", "m4m",
-           "relative_bias", "shaw", "t5", "tupe"]
+           "kerple", "relative_bias", "shaw", "t5", "tupe"]
 
 
 def _check(method, tensors, params):
@@ -231,6 +231,18 @@ def alibi(q, k, slopes, *, scale=None, query_offset=0):
     # BLOOM / the ALiBi authors' bias, m |j - i| per head, subtracted
     bias = slopes[:, None, None] * _distance(q, k, query_offset)
     return _content(q, k, _scale(scale, q.shape[-1])) - bias
+
+
+def kerple(q, k, r1, r2, *, kind="log", scale=None, query_offset=0):
+    _check("kerple", {"q": q, "k": k, "r1": r1, "r2": r2},
+           {"kind": kind, "scale": scale, "query_offset": query_offset})
+    distance = _distance(q, k, query_offset)
+    r1, r2 = r1[:, None, None], r2[:, None, None]
+    if kind == "log":                  # KERPLE's logarithmic kernel
+        kernel = torch.log1p(r2 * distance)
+    else:                              # its power kernel, 0^r2 = 0 (no NaN in r2's gradient)
+        kernel = torch.where(distance > 0, distance.clamp(min=1) ** r2, 0.0)
+    return _content(q, k, _scale(scale, q.shape[-1])) - r1 * kernel
 
 
 # ------------------------------------------------------------------ fused attention

@@ -45,6 +45,7 @@ __all__ = [
     "DIETRel",
     "DebertaRelative",
     "DebertaRelativeEmbeddings",
+    "KERPLE",
     "M2Relative",
     "M4MRelative",
     "M4Relative",
@@ -556,3 +557,31 @@ class ALiBi(PositionalEncoding):
 
     def arguments(self, q, k, *, state=None, segment_q=None, segment_k=None, query_offset=0):
         return "alibi", dict(slopes=self.slopes, scale=self.scale, query_offset=query_offset)
+
+
+class KERPLE(PositionalEncoding):
+    """Kernelized relative positional embedding: Chi et al. 2022, *KERPLE:
+    Kernelized Relative Positional Embedding for Length Extrapolation*
+    (spec §3.14).  ``kind="log"``: ``A_ij = q_i·k_j/sqrt(d) - r1 log(1 + r2 |j - i|)``;
+    ``kind="power"``: ``- r1 |j - i|^r2``.
+
+    ``r1``, ``r2`` per head (``per_head=False``: one pair for all heads), kept
+    positive as ``exp`` of the parameters; initialised as the authors' code
+    does, ``r1 ~ U(0, 2)``, ``r2 ~ U(0, 1)``, at least ``eps``.
+    """
+
+    method = "kerple"
+
+    def __init__(self, num_heads: int, kind: str = "log", *, per_head: bool = True,
+                 scale: float | None = None, eps: float = 1e-2):
+        super().__init__(num_heads)
+        if kind not in ("log", "power"):
+            raise ValueError(f"kind must be 'log' or 'power', got {kind!r}")
+        self.kind, self.scale = kind, scale
+        heads = num_heads if per_head else 1
+        self.log_r1 = nn.Parameter((torch.rand(heads) * 2).clamp(min=eps).log())
+        self.log_r2 = nn.Parameter(torch.rand(heads).clamp(min=eps).log())
+
+    def arguments(self, q, k, *, state=None, segment_q=None, segment_k=None, query_offset=0):
+        return "kerple", dict(r1=self.log_r1.exp(), r2=self.log_r2.exp(), kind=self.kind,
+                              scale=self.scale, query_offset=query_offset)
