@@ -38,7 +38,7 @@ import dataclasses
 
 import numpy as np
 
-from . import _C, _dtypes, reference
+from . import _C, _checks, _dtypes, reference
 from ._examples import METHODS, dense_rank, float_inputs, make_inputs, with_inputs
 from ._registry import GRAD_FIELDS, REGISTRY
 
@@ -60,23 +60,33 @@ class CheckRow:
     note: str = ""
 
 
-def _abs_inputs(method, args, kwargs):
-    """The inputs whose logits are M, the sum of the absolute values of every term:
-    each float input's magnitude as its term says (posenc._kinds.Term.magnitude:
-    its absolute value, or minus it where the parameter's sign makes the term
-    negative, as ALiBi's slopes)."""
+def _abs_inputs(method, args, kwargs, **options):
+    """(args, kwargs, problem): the inputs whose logits are M, the sum of the absolute
+    values of every term -- each float input's absolute value, then as each term
+    says how magnitudes pass through it (posenc._kinds.Term.magnitudes: ALiBi's
+    slopes negated, RoPE's q and k rotated in absolute values) -- and the checked
+    call (None without terms); `options` the call's other keywords."""
     floats = float_inputs(method, args, kwargs)
-    terms = REGISTRY[method].terms if method in REGISTRY else ()
-    owner = {name: term for term in terms for name in term.tensors}
-    return with_inputs(method, args, kwargs, {
-        name: owner[name].magnitude(name, value) if name in owner else np.abs(value)
-        for name, value in floats.items()})
+    values = {name: np.abs(value) for name, value in floats.items()}
+    problem = None
+    if method in REGISTRY and REGISTRY[method].terms:
+        problem = _checks.CHECKERS[method](*args, **kwargs, **options)
+        for term in REGISTRY[method].terms:
+            term.magnitudes(problem, values)
+    return (*with_inputs(method, args, kwargs, values), problem)
+
+
+def logit_operands_rounded(method) -> bool:
+    """Whether the logits' GEMM reads operands the kernels compute themselves (RoPE's
+    rotated q and k), which a 16-bit GEMM rounds once (the bound's operand rounding
+    then applies to the logits too, as it does to every gradient)."""
+    return method in REGISTRY and any(term.computes_operands for term in REGISTRY[method].terms)
 
 
 def magnitude(method, args64, kwargs64, **options) -> np.ndarray:
     """M (B, H, n, m): the logits on the inputs' magnitudes (_abs_inputs), `options`
     the logits' keywords (query_offset)."""
-    abs_args, abs_kwargs = _abs_inputs(method, args64, kwargs64)
+    abs_args, abs_kwargs, _ = _abs_inputs(method, args64, kwargs64, **options)
     return np.abs(reference.__dict__[method](*abs_args, **abs_kwargs, **options))
 
 
@@ -85,10 +95,13 @@ def grad_magnitudes(method, weights, args64, kwargs64, **options) -> dict:
     non-negative `weights` (|G|, or a bound on |dS|) on the inputs' magnitudes,
     as non-negative arrays (a parameter's derivative may be negative however
     the inputs are signed: ALiBi's -|j - i|)."""
-    abs_args, abs_kwargs = _abs_inputs(method, args64, kwargs64)
+    abs_args, abs_kwargs, problem = _abs_inputs(method, args64, kwargs64, **options)
     grads = reference.__dict__[method + "_backward"](weights, *abs_args, **abs_kwargs, **options)
-    return {name: None if value is None else np.abs(value)
-            for name, value in grads._asdict().items()}
+    grads = {name: None if value is None else np.abs(value)
+             for name, value in grads._asdict().items()}
+    for term in REGISTRY[method].terms if problem is not None else ():
+        term.grad_magnitudes(problem, grads)
+    return grads
 
 
 def _as64(method, args, kwargs):
@@ -169,7 +182,7 @@ def check_one(method: str, dtype, *, B=2, H=3, n=33, m=17, d=16, shared=False, s
     got = getattr(posenc, method)(*args, **kwargs)
     ref = reference.__dict__[method](*args64, **kwargs64)
     fwd_abs, fwd_rel, fwd_ok = compare(got, ref, magnitude(method, args64, kwargs64), d + d_p,
-                                       dtype)
+                                       dtype, rounded_operands=logit_operands_rounded(method))
 
     grads = getattr(posenc, method + "_backward")(G, *args, **kwargs)
     ref_grads = reference.__dict__[method + "_backward"](G64, *args64, **kwargs64)
@@ -215,7 +228,8 @@ def attention_bounds(method, args64, kwargs64, v64, options: dict, d_out64=None,
     depth = args64[0].shape[-1] + dense_rank(method, args64, kwargs64)
     qo = options["query_offset"]
     logits = reference.__dict__[method](*args64, **kwargs64, query_offset=qo)
-    logit_bound = (depth + 8) * EPS32 * magnitude(method, args64, kwargs64, query_offset=qo)
+    logit_bound = magnitude_coefficient(depth, dtype, logit_operands_rounded(method)) * \
+        magnitude(method, args64, kwargs64, query_offset=qo)
     ref = reference.__dict__[method + "_attention"](*args64[:2], v64, *args64[2:], **kwargs64,
                                                      **options)
     masked = np.zeros(logits.shape, dtype=bool)

@@ -9,7 +9,8 @@ import numpy as np
 from ._kinds import Example
 from ._registry import GRAD_FIELDS, METHODS, REGISTRY, Dense
 
-__all__ = ["METHODS", "make_inputs", "float_inputs", "with_inputs", "dense_rank"]
+__all__ = ["METHODS", "make_inputs", "float_inputs", "trainable_inputs", "with_inputs",
+           "dense_rank"]
 
 
 def make_inputs(method: str, B: int, H: int, n: int, m: int, d: int, *, dtype=np.float64,
@@ -67,6 +68,14 @@ def float_inputs(method: str, args, kwargs) -> dict:
         if name in kwargs and kwargs[name] is not None:
             found[name] = kwargs[name]
     return found
+
+
+def trainable_inputs(method: str, args, kwargs) -> dict:
+    """The float inputs with a gradient (every float input but a method's constants:
+    RoPE's tables), by argument name."""
+    constant = REGISTRY[method].constant if method in REGISTRY else ()
+    return {name: value for name, value in float_inputs(method, args, kwargs).items()
+            if name not in constant}
 
 
 def with_inputs(method: str, args, kwargs, replace: dict):

@@ -357,6 +357,7 @@ class Term:
     params: dict = {}       # its own typed parameters, name -> Param
     uses_map = False        # reads the method's bucket map
     reads_qk = False        # the term depends on q or k (its picture needs them)
+    computes_operands = False   # the logits' GEMM reads operands it computed (rotated q, k)
 
     @property
     def tensors(self) -> tuple:
@@ -381,11 +382,16 @@ class Term:
         """Random parameters for a picture (posenc.plot.random_params)."""
         return {}
 
-    def magnitude(self, name: str, value: np.ndarray) -> np.ndarray:
-        """The value of tensor `name` with which the method's logits are the sum of
-        the absolute values of their terms (the error bounds' M, posenc._check):
-        its absolute value, for the terms that grow with their inputs' magnitudes."""
-        return np.abs(value)
+    def magnitudes(self, p, values: dict) -> None:
+        """The float inputs (`values`, by name: their absolute values, float64) with
+        which the method's logits are the sum of the absolute values of their terms
+        (the error bounds' M, posenc._check), changed in place where the term needs
+        more than absolute values; p: the checked call."""
+
+    def grad_magnitudes(self, p, grads: dict) -> None:
+        """The gradients' magnitudes (`grads`: the backward of non-negative weights on
+        the inputs of `magnitudes`), changed in place where the term takes a gradient
+        further than those inputs (the rotation's adjoint)."""
 
 
 @dataclass(frozen=True)
@@ -678,8 +684,9 @@ class OffsetBias(Term):
         return {name: np.asarray(self.init[name](ctx.rng, ctx.H), dtype=np.float64)
                 for name in self.names}
 
-    def magnitude(self, name, value):
-        return -np.abs(value) if name in self.negative else np.abs(value)
+    def magnitudes(self, p, values):
+        for name in self.negative:          # the bias follows its sign in reverse
+            values[name] = -values[name]
 
 
 @dataclass(frozen=True)
@@ -693,7 +700,7 @@ class Rotary(Term):
     constant = ("cos", "sin", "cos_k", "sin_k")
     index = ("positions_q", "positions_k")
     params = {"interleaved": Bool()}
-    reads_qk = True
+    reads_qk = computes_operands = True
 
     @property
     def tensors(self):
@@ -747,7 +754,46 @@ class Rotary(Term):
         return {"cos": cos.astype(ctx.dtype), "sin": sin.astype(ctx.dtype)}
 
     def picture(self, ctx, spec, params):
+        """The default tables, and q = k = 1 in every head: the rotation's own pattern,
+        s sum_t 2 cos((j - i) theta_t) - s d, which decays with the distance (RoFormer
+        §3.4.3); random q, k would show mostly themselves."""
         from .rotary import rope_tables
 
         cos, sin = rope_tables(ctx.n, 2 * (ctx.d // 2), dtype=np.float64)
-        return {"cos": cos, "sin": sin}
+        ones = np.ones((ctx.H, ctx.n, ctx.d))
+        return {"cos": cos, "sin": sin, "q": ones, "k": ones}
+
+    @staticmethod
+    def _absolute_rotation(p, side: str, x: np.ndarray) -> np.ndarray:
+        """x (B, H, L, d) >= 0 rotated in absolute values by the tables of `side` (q or
+        k): |c| x_a + |s| x_b on both of a pair (the bound of either rotated
+        component, and of either component of the rotation's transpose)."""
+        pairs = p.arrays["cos"].shape[1]
+        first = np.arange(pairs) * 2 if p.params["interleaved"] else np.arange(pairs)
+        second = first + 1 if p.params["interleaved"] else first + pairs
+        key = side == "k" and p.arrays.get("cos_k") is not None
+        cos = np.abs(np.asarray(p.arrays["cos_k" if key else "cos"], dtype=np.float64))
+        sin = np.abs(np.asarray(p.arrays["sin_k" if key else "sin"], dtype=np.float64))
+        given = p.arrays.get("positions_" + side)
+        positions = (np.asarray(given, dtype=np.intp)[:, None, :] if given is not None else
+                     np.arange(x.shape[2]) + (p.query_offset if side == "q" else 0))
+        c, s = cos[positions], sin[positions]
+        y = x.copy()
+        y[..., first] = x[..., first] * c + x[..., second] * s
+        y[..., second] = x[..., second] * c + x[..., first] * s
+        return y
+
+    def magnitudes(self, p, values):
+        """q and k rotated in absolute values, and the tables then the identity (cos
+        1, sin 0): the logits are M of the rotated dot products."""
+        for side in ("q", "k"):
+            values[side] = self._absolute_rotation(p, side, values[side])
+        for name in ("cos", "sin", "cos_k", "sin_k"):
+            if name in values:
+                values[name] = np.full_like(values[name], name.startswith("cos"))
+
+    def grad_magnitudes(self, p, grads):
+        """dq and dk taken back through the rotation's transpose, in absolute values."""
+        for side in ("q", "k"):
+            if grads.get(side) is not None:
+                grads[side] = self._absolute_rotation(p, side, grads[side])

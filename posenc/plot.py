@@ -181,6 +181,8 @@ def _heads_and_length(method: str, params: dict, n: Optional[int]) -> tuple:
     heads = [np.shape(v)[0] for name, v in params.items()      # the parameters with a head axis
              if isinstance(v, np.ndarray) and v.ndim >= 1 and name in spec.grad_fields
              and name not in spec.constant and name not in ("q", "k")]
+    heads += [np.shape(params[name])[-3] for name in ("q", "k")    # given q, k: (B,) H, n, d
+              if np.ndim(params.get(name)) >= 3]
     H = max(heads, default=1)
     dense = params.get("pos_q")
     if dense is not None:

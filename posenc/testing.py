@@ -48,7 +48,8 @@ import numpy as np
 
 from . import _dtypes, reference
 from ._check import (F64_RTOL, _as64, attention_bounds, bound, compare, grad_magnitudes,
-                     magnitude, magnitude_coefficient, overflow_allowed, within)
+                     logit_operands_rounded, magnitude, magnitude_coefficient, overflow_allowed,
+                     within)
 from ._examples import dense_rank, float_inputs, make_inputs, with_inputs
 from ._registry import GRAD_FIELDS, METHODS
 
@@ -274,7 +275,8 @@ def assert_logits_close(actual, method: str, *args, **kwargs) -> None:
         magnitudes = magnitude(method, args64, kwargs64)
     _assert_close(got, expected, magnitudes, _depth(method, args, kwargs, grads=False), dtype,
                   what=f"logits of {method} ({dtype}) differ from",
-                  where="(b, h, i, j) = {}".format, against=f"posenc.reference.{method}")
+                  where="(b, h, i, j) = {}".format, against=f"posenc.reference.{method}",
+                  rounded_operands=logit_operands_rounded(method))
 
 
 def _upstream(shape, dtype) -> np.ndarray:

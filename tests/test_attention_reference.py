@@ -8,7 +8,7 @@ import pytest
 
 import posenc.reference as ref
 from posenc._attention import attention_dropout_mask, philox4x32
-from posenc._examples import float_inputs, make_inputs, with_inputs
+from posenc._examples import make_inputs, trainable_inputs, with_inputs
 from posenc._registry import METHODS
 
 B, H, D, DV = 2, 3, 4, 5
@@ -100,7 +100,7 @@ def test_backward_matches_finite_differences(method, rng):
     options = dict(causal=True, key_padding_mask=mask, query_offset=1, dropout_p=0.3, seed=3)
     attention = ref.__dict__[method + "_attention"]
     weights = rng.standard_normal((B, H, n, DV))
-    floats = dict(float_inputs(method, args, kwargs), v=v)
+    floats = dict(trainable_inputs(method, args, kwargs), v=v)
 
     def loss(values):
         a, kw = with_inputs(method, args, kwargs, values)

@@ -27,7 +27,7 @@ def test_check_passes_and_prints_table():
 
 
 def test_check_rejects_unknown_method_and_isa():
-    assert run("check", "--methods", "rope").returncode == 2
+    assert run("check", "--methods", "sinusoidal").returncode == 2
     result = run("check", "--isa", "sse9")
     assert result.returncode == 2 and "not available" in result.stderr
 

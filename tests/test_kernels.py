@@ -13,7 +13,7 @@ import pytest
 import posenc
 from posenc import _check, reference
 from posenc._examples import METHODS, dense_rank, float_inputs, make_inputs, with_inputs
-from posenc._registry import GRAD_FIELDS
+from posenc._registry import GRAD_FIELDS, REGISTRY
 
 ALL_ISAS = ("scalar", "avx2", "avx512", "neon")
 AWKWARD = (1, 2, 3, 7, 8, 9, 15, 16, 17, 31, 32, 33, 63, 64, 65)
@@ -106,7 +106,8 @@ def test_shared_parameters(isa, method, rng):
     args, kw = make_inputs(method, 2, 3, 9, 7, 5, rng=rng, shared=True)
     assert_matches_reference(method, args, kw, rng)
     floats = float_inputs(method, args, kw)
-    tiled = {name: np.repeat(v, 3, axis=0) for name, v in floats.items() if name not in ("q", "k")}
+    tiled = {name: np.repeat(v, 3, axis=0) for name, v in floats.items()      # the head axes
+             if name not in ("q", "k") and name not in REGISTRY[method].constant}
     targs, tkw = with_inputs(method, args, kw, tiled)
     np.testing.assert_allclose(getattr(posenc, method)(*args, **kw),
                                getattr(posenc, method)(*targs, **tkw), rtol=1e-13, atol=1e-13)
@@ -119,14 +120,16 @@ def test_shared_parameters(isa, method, rng):
 
 
 # methods with two or more positional parameters (the others have no mix to test)
-MIXED_HEADS = [m for m in METHODS if len(GRAD_FIELDS[m]) > 3]
+MIXED_HEADS = [m for m in METHODS
+               if len(set(GRAD_FIELDS[m]) - REGISTRY[m].constant) > 3]
 
 
 @pytest.mark.parametrize("method", MIXED_HEADS)
 def test_mixed_head_axes(isa, method, rng):
     """One positional parameter per head, another shared: each head axis checked on its own."""
     args, kw = make_inputs(method, 2, 3, 6, 5, 4, rng=rng)
-    floats = {k: v for k, v in float_inputs(method, args, kw).items() if k not in ("q", "k")}
+    floats = {k: v for k, v in float_inputs(method, args, kw).items()
+              if k not in ("q", "k") and k not in REGISTRY[method].constant}
     assert len(floats) >= 2
     first = sorted(floats)[0]
     args, kw = with_inputs(method, args, kw, {first: floats[first][:1].copy()})

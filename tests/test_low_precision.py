@@ -121,7 +121,8 @@ def test_logits_forward_backward(posenc_isa, method, dtype, size, rng):
         assert_narrowed(got, getattr(posenc, method)(*args32, **kwargs32), dtype, "logits")
     formula = getattr(reference, method)
     _, ratio, _ = _check.compare(got, formula(*args64, **kwargs64),
-                                 _check.magnitude(method, args64, kwargs64), d + d_p, dtype)
+                                 _check.magnitude(method, args64, kwargs64), d + d_p, dtype,
+                                 rounded_operands=_check.logit_operands_rounded(method))
     assert_within(ratio, "logits")
 
     G = rng.standard_normal(got.shape).astype(got.dtype)
@@ -236,6 +237,9 @@ def test_non_finite_q_and_k_in_bfloat16(posenc_isa, method, rng):
     grads = getattr(posenc, method + "_backward")(G, *args, **kwargs)
     grads32 = getattr(posenc, method + "_backward")(G.astype(np.float32), *args32, **kwargs32)
     for field in grads._fields:
+        if getattr(grads32, field) is None:       # a constant (RoPE's tables)
+            assert getattr(grads, field) is None, field
+            continue
         got = getattr(grads, field).astype(np.float32)
         want = getattr(grads32, field)
         finite = np.isfinite(want)

@@ -78,8 +78,8 @@ def test_gradient_fields_and_types(method):
     for namespace in (posenc, reference):
         grads = getattr(namespace, method + "_backward")(G, *args, **kwargs)
         assert type(grads) is GRAD_TYPES[method]
-        for name in fields:
-            given = _examples.float_inputs(method, args, kwargs).get(name)
+        for name in fields:          # a constant's field is None (RoPE's tables, SPEC §3.12)
+            given = _examples.trainable_inputs(method, args, kwargs).get(name)
             value = getattr(grads, name)
             assert (value is None) == (given is None), name
             if value is not None:

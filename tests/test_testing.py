@@ -68,8 +68,8 @@ def test_random_inputs_options_and_errors():
     with pytest.raises(TypeError, match="float32, float64, bfloat16"):
         random_inputs("t5", dtype=np.int32)
     assert all(a.dtype == np.float16 for a in random_inputs("t5", dtype=np.float16).floats.values())
-    with pytest.raises(ValueError, match="unknown method 'rope'"):
-        random_inputs("rope")
+    with pytest.raises(ValueError, match="unknown method 'sinusoidal'"):
+        random_inputs("sinusoidal")
 
 
 # ------------------------------------------------------------------ correct kernels pass
@@ -357,7 +357,7 @@ def test_check_result():
     with pytest.raises(ValueError, match="unknown dtype 'float8'"):
         posenc.check("t5", dtypes=["float8"])
     with pytest.raises(ValueError, match="unknown method"):
-        posenc.check("rope")
+        posenc.check("sinusoidal")
     with pytest.raises(ValueError, match="not available here"):
         posenc.check("t5", "sse9")
 

@@ -10,8 +10,8 @@ torch = pytest.importorskip("torch")
 
 import posenc.reference as ref  # noqa: E402
 import posenc.torch as pt  # noqa: E402
-from posenc._examples import float_inputs, make_inputs  # noqa: E402
-from posenc._registry import METHODS  # noqa: E402
+from posenc._examples import make_inputs, trainable_inputs  # noqa: E402
+from posenc._registry import METHODS, REGISTRY  # noqa: E402
 from posenc.torch import nn as pnn  # noqa: E402
 
 B, H, N, M, D, DV = 2, 2, 5, 6, 3, 4
@@ -28,8 +28,10 @@ def _inputs(method, rng, dtype=torch.float64):
     mask = np.zeros((B, M), dtype=bool)
     mask[1, -2:] = True
     tensor = lambda x: torch.from_numpy(x).to(dtype) if x.dtype.kind == "f" else torch.from_numpy(x)
-    targs = [tensor(a).requires_grad_() for a in args]
-    tkw = {k: tensor(x).requires_grad_(x.dtype.kind == "f") if isinstance(x, np.ndarray) else x
+    trainable = trainable_inputs(method, args, kwargs)       # not RoPE's constant tables
+    targs = [tensor(a).requires_grad_(name in trainable)
+             for name, a in zip(REGISTRY[method].tensors, args)]
+    tkw = {k: tensor(x).requires_grad_(k in trainable) if isinstance(x, np.ndarray) else x
            for k, x in kwargs.items()}
     tv = tensor(v).requires_grad_()
     return (args, kwargs, v, mask), (targs, tkw, tv, torch.from_numpy(mask))
@@ -53,7 +55,7 @@ def test_matches_reference(method, path, dtype, rng):
     np.testing.assert_allclose(got.out.detach().numpy(), want.out, rtol=tol, atol=tol)
     np.testing.assert_allclose(got.lse.detach().numpy(), want.lse, rtol=tol, atol=tol)
     d_out = rng.standard_normal(want.out.shape)
-    floats = {**float_inputs(method, targs, tkw), "v": tv}
+    floats = {**trainable_inputs(method, targs, tkw), "v": tv}
     grads = torch.autograd.grad(got.out, list(floats.values()), torch.from_numpy(d_out).to(dtype))
     want_grads = getattr(ref, method + "_attention_backward")(
         d_out, *args[:2], v, *args[2:], want.out, want.lse, **kwargs, key_padding_mask=mask,
@@ -66,12 +68,12 @@ def test_matches_reference(method, path, dtype, rng):
 @pytest.mark.parametrize("method", METHODS)
 def test_gradcheck_c_path(method, rng):
     (_, _, _, _), (targs, tkw, tv, tmask) = _inputs(method, rng)
-    floats = {**float_inputs(method, targs, tkw), "v": tv}
+    floats = {**trainable_inputs(method, targs, tkw), "v": tv}
     names = list(floats)
 
     def call(*values):
         bound = dict(zip(names, values))
-        args = [bound[name] for name in names[:len(targs)]]     # the positional floats
+        args = [bound.get(name, a) for name, a in zip(REGISTRY[method].tensors, targs)]
         kw = {k: bound.get(k, x) for k, x in tkw.items()}
         return _run("c", method, args, kw, bound["v"], tmask, **OPTIONS).out
 
@@ -110,7 +112,7 @@ def test_strided_inputs_equal_contiguous(method, rng):
              for t in (targs[0], targs[1], tv)]
     dense = [t.detach().contiguous().requires_grad_() for t in views]
     assert not any(t.is_contiguous() for t in views) and all(t.is_contiguous() for t in dense)
-    parameters = list(float_inputs(method, targs, tkw).values())[2:]
+    parameters = list(trainable_inputs(method, targs, tkw).values())[2:]
     d_out = torch.from_numpy(rng.standard_normal((B, N, H, DV))).transpose(1, 2)
     results = []
     for (q, k, v), grad in ((views, d_out), (dense, d_out.contiguous())):

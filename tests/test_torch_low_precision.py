@@ -24,10 +24,10 @@ pytest.importorskip("ml_dtypes")
 import posenc.reference as ref  # noqa: E402
 import posenc.torch as pt  # noqa: E402
 from posenc import _dtypes  # noqa: E402
-from posenc._check import (EPS32, attention_bounds, bound, grad_magnitudes, magnitude,  # noqa: E402
-                           magnitude_coefficient)
+from posenc._check import (attention_bounds, bound, grad_magnitudes,  # noqa: E402
+                           logit_operands_rounded, magnitude, magnitude_coefficient)
 from posenc._examples import dense_rank, float_inputs, make_inputs, with_inputs  # noqa: E402
-from posenc._registry import METHODS  # noqa: E402
+from posenc._registry import METHODS, REGISTRY  # noqa: E402
 from posenc.torch import nn as pnn  # noqa: E402
 from posenc.torch._common import to_c_array, to_numpy, to_tensor  # noqa: E402
 
@@ -77,7 +77,9 @@ def _rounded(method, dtype, rng, attention=False):
 def _call(method, args64, kwargs64, exact, dtype, attention=None):
     """posenc.torch.<method> (or its attention with the keywords `attention`) on
     leaves of `dtype` made from the float64 values; (result, leaves by name)."""
-    leaves = {name: torch.from_numpy(x).to(dtype).requires_grad_() for name, x in exact.items()}
+    constant = REGISTRY[method].constant               # RoPE's tables: no gradient
+    leaves = {name: torch.from_numpy(x).to(dtype).requires_grad_(name not in constant)
+              for name, x in exact.items()}
     tensor = lambda x: torch.from_numpy(x) if isinstance(x, np.ndarray) else x   # noqa: E731
     args, kwargs = with_inputs(method, [tensor(a) for a in args64],
                                {key: tensor(x) for key, x in kwargs64.items()}, leaves)
@@ -85,6 +87,11 @@ def _call(method, args64, kwargs64, exact, dtype, attention=None):
         return getattr(pt, method)(*args, **kwargs), leaves
     return getattr(pt, method + "_attention")(*args[:2], leaves["v"], *args[2:], **kwargs,
                                               **attention), leaves
+
+
+def _trainable(leaves: dict) -> dict:
+    """The leaves with a gradient."""
+    return {name: leaf for name, leaf in leaves.items() if leaf.requires_grad}
 
 
 def _upstream(rng, shape, dtype):
@@ -101,15 +108,17 @@ def test_logits_forward_and_backward(method, dtype, rng):
     assert logits.dtype == dtype
     want = getattr(ref, method)(*args64, **kwargs64)
     depth = D + dense_rank(method, args64, kwargs64)
-    _assert_within(logits, want, _bound(dtype, want, (depth + 8) * EPS32 * magnitude(
+    coefficient = magnitude_coefficient(depth, NUMPY[dtype], logit_operands_rounded(method))
+    _assert_within(logits, want, _bound(dtype, want, coefficient * magnitude(
         method, args64, kwargs64)), f"{method} logits")
 
     # gradcheck-style: the gradients against float64 autograd through the same op,
     # with the same (rounded) upstream gradient
     G = _upstream(rng, want.shape, dtype)
+    leaves = _trainable(leaves)
     grads = torch.autograd.grad(logits, list(leaves.values()), G)
     logits64, leaves64 = _call(method, args64, kwargs64, exact, torch.float64)
-    grads64 = torch.autograd.grad(logits64, list(leaves64.values()), G.double())
+    grads64 = torch.autograd.grad(logits64, list(_trainable(leaves64).values()), G.double())
     magnitudes = grad_magnitudes(method, np.abs(G.double().numpy()), args64, kwargs64)
     depth += N + M
     for name, grad, grad64 in zip(leaves, grads, grads64):
@@ -155,10 +164,11 @@ def test_attention_forward_and_backward(method, dtype, rng):
     _assert_within(got.out, want.out, _bound(dtype, want.out, out_bound), f"{method} out")
     _assert_within(got.lse, want.lse, lse_bound, f"{method} lse")     # float32: its own bound
 
+    leaves = _trainable(leaves)
     grads = torch.autograd.grad(got.out, list(leaves.values()), d_out)
     got64, leaves64 = _call(method, args64, kwargs64, exact, torch.float64,
                             dict(ATTENTION, key_padding_mask=torch.from_numpy(mask)))
-    grads64 = torch.autograd.grad(got64.out, list(leaves64.values()), d_out.double())
+    grads64 = torch.autograd.grad(got64.out, list(_trainable(leaves64).values()), d_out.double())
     u = UNIT_ROUNDOFF[dtype]
     delta = _delta_term(method, args64, kwargs64, d_out64, want.out, options)
     for name, grad, grad64 in zip(leaves, grads, grads64):

@@ -398,13 +398,21 @@ static void backward_unit_block(const backward_ctx *c, backward_ws *w, size_t u,
     }
 }
 
-/* Unit u's end, once every row block is in: the gradients through the vector
- * tables, then dq and dk back through the rotation (rope). */
+/* Unit u's end, once every row block is in: dq and dk back through the
+ * rotation (rope, which has no vector table: where scales.exact scales the
+ * sums after, the rotation scales them first, in the reference's order), the
+ * gradients through the vector tables. */
 static void backward_unit_end(const backward_ctx *c, backward_ws *w, size_t u)
 {
     const posenc_problem *p = c->p;
     const posenc_grads *g = c->g;
     const size_t n = p->n, m = p->m, d = p->d, h = u % p->H;
+    if (p->rope_cos) {
+        unit_inputs_grads(p, u, g->q ? (REAL *)g->q + u * n * d : NULL,
+                          g->k ? (REAL *)g->k + u * m * d : NULL,
+                          c->scales.exact ? &c->scales.scale : NULL);
+        return;
+    }
     scatter_key_edges_end(c, w);
     for (int key_side = 0; key_side < 2; ++key_side) {
         const size_t rows = key_side ? m : n;
@@ -425,8 +433,6 @@ static void backward_unit_end(const backward_ctx *c, backward_ws *w, size_t u)
         if (dx)
             exact_content_grad(c, dx, side ? w->vector_grad : NULL, rows * d);
     }
-    unit_inputs_grads(p, u, g->q ? (REAL *)g->q + u * n * d : NULL,
-                      g->k ? (REAL *)g->k + u * m * d : NULL);
 }
 
 /*

@@ -24,36 +24,44 @@ typedef struct {
  * layout; dst may be src): each pair (x, y) of a row at position pos goes
  * to (x c - y s, y c + x s) with c = cos[pos, t], s = sin[pos, t], or with
  * `adjoint` (the transpose: the gradient's way back) to (x c + y s, y c - x s).
- * Dimensions past the 2 rope_pairs rotated ones are copied.
+ * With `scale` (not NULL) x and y are first multiplied by *scale, in double
+ * with one rounding at the end (the exact path of a scale past REAL's
+ * range: the reference's order, s x then the rotation).  Dimensions past the
+ * 2 rope_pairs rotated ones are copied (scaled likewise).
  */
 static void rope_rows(const posenc_problem *p, REAL *dst, const REAL *src, size_t b, size_t r0,
-                      size_t r1, int key_side, int adjoint)
+                      size_t r1, int key_side, int adjoint, const double *scale)
 {
     const size_t d = p->d, pairs = p->rope_pairs, rows = key_side ? p->m : p->n;
     const REAL *cos_table = (const REAL *)(key_side ? p->rope_cos_k : p->rope_cos);
     const REAL *sin_table = (const REAL *)(key_side ? p->rope_sin_k : p->rope_sin);
     const int64_t *positions = key_side ? p->positions_k : p->positions_q;
+    const REAL sign = adjoint ? (REAL)-1 : (REAL)1;
     /* pair t is (x[t * step], x[t * step + other]) */
     const size_t step = p->rope_interleaved ? 2 : 1, other = p->rope_interleaved ? 1 : pairs;
     for (size_t r = r0; r < r1; ++r) {
         const size_t pos = positions ? (size_t)positions[b * rows + r]
                                      : key_side ? r : p->query_offset + r;
-        const REAL *c = cos_table + pos * pairs;
-        const REAL *s = sin_table + pos * pairs;
+        const REAL *c = cos_table + pos * pairs, *s = sin_table + pos * pairs;
         const REAL *x = src + r * d;
         REAL *y = dst + r * d;
-        if (adjoint)
+        if (scale) {
+            const double f = *scale;
             for (size_t t = 0; t < pairs; ++t) {
-                const REAL x0 = x[t * step], x1 = x[t * step + other];
-                y[t * step] = x0 * c[t] + x1 * s[t];
-                y[t * step + other] = x1 * c[t] - x0 * s[t];
+                const double x0 = f * (double)x[t * step], x1 = f * (double)x[t * step + other];
+                const double sn = (double)sign * (double)s[t];
+                y[t * step] = (REAL)(x0 * (double)c[t] - x1 * sn);
+                y[t * step + other] = (REAL)(x1 * (double)c[t] + x0 * sn);
             }
-        else
-            for (size_t t = 0; t < pairs; ++t) {
-                const REAL x0 = x[t * step], x1 = x[t * step + other];
-                y[t * step] = x0 * c[t] - x1 * s[t];
-                y[t * step + other] = x1 * c[t] + x0 * s[t];
-            }
+            for (size_t e = 2 * pairs; e < d; ++e)
+                y[e] = (REAL)(f * (double)x[e]);
+            continue;
+        }
+        for (size_t t = 0; t < pairs; ++t) {
+            const REAL x0 = x[t * step], x1 = x[t * step + other], sn = sign * s[t];
+            y[t * step] = x0 * c[t] - x1 * sn;
+            y[t * step + other] = x1 * c[t] + x0 * sn;
+        }
         if (y != x && d > 2 * pairs)
             memcpy(y + 2 * pairs, x + 2 * pairs, sizeof(REAL) * (d - 2 * pairs));
     }
@@ -72,21 +80,23 @@ static void unit_inputs_at(const posenc_problem *p, unit_inputs *x, size_t b, si
         x->k = k;
         return;
     }
-    rope_rows(p, x->q_rot, q, b, r0, r1, 0, 0);
-    rope_rows(p, x->k_rot, k, b, 0, p->m, 1, 0);
+    rope_rows(p, x->q_rot, q, b, r0, r1, 0, 0, NULL);
+    rope_rows(p, x->k_rot, k, b, 0, p->m, 1, 0, NULL);
     x->q = x->q_rot;
     x->k = x->k_rot;
 }
 
 /* The gradients of unit u's rotated q and k (dq, dk: NULL where not
- * wanted) taken back through the rotation, in place: the adjoint. */
-static void unit_inputs_grads(const posenc_problem *p, size_t u, REAL *dq, REAL *dk)
+ * wanted) taken back through the rotation, in place: the adjoint; with
+ * `scale` (the exact path) the sums scaled by it first, in double. */
+static void unit_inputs_grads(const posenc_problem *p, size_t u, REAL *dq, REAL *dk,
+                              const double *scale)
 {
     if (!p->rope_cos)
         return;
     const size_t b = u / p->H;
     if (dq)
-        rope_rows(p, dq, dq, b, 0, p->n, 0, 1);
+        rope_rows(p, dq, dq, b, 0, p->n, 0, 1, scale);
     if (dk)
-        rope_rows(p, dk, dk, b, 0, p->m, 1, 1);
+        rope_rows(p, dk, dk, b, 0, p->m, 1, 1, scale);
 }

@@ -50,9 +50,11 @@ class _FusedAttention(torch.autograd.Function):
         names = REGISTRY[ctx.method].tensors
         position = {name: names.index(name) for name in fields if name != "v"}
         wanted = 0
+        constant = REGISTRY[ctx.method].constant       # no gradient: RoPE's tables
         for bit, name in enumerate(fields):
             needed = ctx.needs_input_grad[3] if name == "v" else (
-                ctx.needs_input_grad[4 + position[name]] and tensors[position[name]] is not None)
+                ctx.needs_input_grad[4 + position[name]] and tensors[position[name]] is not None
+                and name not in constant)
             if needed:
                 wanted |= 1 << bit
         result = [None] * (4 + len(tensors))
@@ -181,7 +183,8 @@ def _define(method: str):
         needs = 0
         for bit, name in enumerate(fields):
             saved = v if name == "v" else tensors[position[name] - 1]
-            if ctx.needs_input_grad[position[name]] and saved is not None:
+            if ctx.needs_input_grad[position[name]] and saved is not None and \
+                    name not in REGISTRY[method].constant:
                 needs |= 1 << bit
         result = [None] * (1 + count + len(ctx.rest))
         if needs:

@@ -45,6 +45,9 @@ def _grad_positions(method: str) -> tuple:
 
 
 GRAD_POSITIONS = {method: _grad_positions(method) for method in REGISTRY}
+# Per gradient field, whether it has a gradient (not a constant: RoPE's tables).
+TRAINABLE = {method: tuple(field not in REGISTRY[method].constant for field in GRAD_FIELDS[method])
+             for method in REGISTRY}
 
 
 def _problem(method: str, tensors, params) -> _checks.Problem:
@@ -78,8 +81,8 @@ class _Logits(torch.autograd.Function):
         saved = ctx.saved_tensors
         positions = GRAD_POSITIONS[ctx.method]
         fields = 0
-        for bit, position in enumerate(positions):
-            if ctx.needs_input_grad[2 + position] and saved[position] is not None:
+        for bit, (position, trainable) in enumerate(zip(positions, TRAINABLE[ctx.method])):
+            if trainable and ctx.needs_input_grad[2 + position] and saved[position] is not None:
                 fields |= 1 << bit
         if not fields:
             return (None, None) + (None,) * len(saved)
@@ -177,8 +180,8 @@ def _define(method: str):
     def gradients(ctx, grad):
         saved = ctx.saved_tensors
         needs = 0
-        for bit, position in enumerate(positions):
-            if ctx.needs_input_grad[position] and saved[position] is not None:
+        for bit, (position, trainable) in enumerate(zip(positions, TRAINABLE[method])):
+            if trainable and ctx.needs_input_grad[position] and saved[position] is not None:
                 needs |= 1 << bit
         result = [None] * (len(names) + len(PARAMS[method]))
         if needs:
@@ -210,4 +213,4 @@ def run(method: str, tensors: tuple, params: tuple):
     return _Logits.apply(method, params, *tensors)
 
 
-__all__ = ["BACKWARD", "FORWARD", "PARAMS", "run", "tensor_names"]
+__all__ = ["BACKWARD", "FORWARD", "PARAMS", "TRAINABLE", "run", "tensor_names"]
