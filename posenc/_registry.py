@@ -40,6 +40,7 @@ import numpy as np
 
 from ._kinds import (COMMON_PARAMS, MAPS, Choice, Dense, KeyTable, OffsetBias, QueryTable,
                      Reset, Rotary, Segments, Table, diagonal_map, diagonal_offsets)
+from .rotary import rope_tables, xpos_tables
 
 __all__ = ["REGISTRY", "METHODS", "INDEX_TENSORS", "EXPORTS", "Method", "MAPS", "Dense", "Table",
            "QueryTable", "KeyTable", "Reset", "Segments", "OffsetBias", "Rotary", "diagonal_map",
@@ -355,6 +356,25 @@ kind="power": A_ij = s q_i.k_j - r1[h] |j - i|^r2[h] (0^r2 = 0); r1, r2 (H|1,) u
 given (posenc.torch.nn.KERPLE keeps them positive), both with gradients; s = 1/sqrt(d).""",
         bench=Bench(((1, 0, 0, 0, 2), (2, 0, 0, 0, 2)), ("C + 2N", "2C + 2N"), (3, 0, 2),
                     group="additive")),
+)
+
+_ENTRIES += (
+    Method(
+        "rope", "RoPE, Su et al. 2021 (RoFormer)",
+        "cos, sin, *, cos_k=None, sin_k=None, interleaved=False, positions_q=None, "
+        "positions_k=None, scale=None",
+        terms=(Rotary(),),
+        formula="""\
+Rotary position embedding, Su et al. 2021 (SPEC 3.12): A_ij = s rot(q_i, p_q(i)) . rot(k_j, p_k(j)),
+pair t of a vector (x_t, x_{t+r}) (HF Llama's rotate_half, GPT-NeoX; x_{2t}, x_{2t+1} when
+interleaved: GPT-J, RoFormer) rotated to (x c - y sn, y c + x sn) by c = cos[p, t], sn = sin[p, t];
+cos, sin (P, r) tables (posenc.rope_tables: HuggingFace's for every rope_type), 2r <= d
+(partial rotary: the rest unrotated); cos_k, sin_k the keys' own (xPos: posenc.xpos_tables);
+p_q(i) = positions_q[b, i] or query_offset + i, p_k(j) = positions_k[b, j] or j; the tables
+are constants (their gradient fields are None); s = 1/sqrt(d).""",
+        bench=Bench(((1, 0, 0, 0, 1), (2, 0, 0, 0, 1)), ("C + N", "2C + N"), (5, 0, 0),
+                    group="additive"),
+        exports=(rope_tables, xpos_tables)),
 )
 
 REGISTRY = {entry.name: entry for entry in _ENTRIES}

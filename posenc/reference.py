@@ -476,6 +476,41 @@ def _kerple_grads(p, G):
     return grads
 
 
+# SPEC 3.12  A_ij = s rot(q_i, p_q(i)) . rot_k(k_j, p_k(j))  (RoPE, Su et al. 2021)
+def _rope_rotated(p, side: str, transpose: bool = False, x=None):
+    """x (q or k by default) rotated pair by pair by the rows of its positions:
+    (x_a, x_b) -> (x_a c - x_b sn, x_b c + x_a sn), pairs (t, t + r) or (2t, 2t + 1);
+    with `transpose` the inverse rotation (sn -> -sn): the gradient's way back."""
+    key = side == "k"
+    x = _wide(p.arrays[side] if x is None else x)
+    cos = p.arrays["cos_k" if key and "cos_k" in p.arrays else "cos"]
+    sin = p.arrays["sin_k" if key and "sin_k" in p.arrays else "sin"]
+    r, rows = cos.shape[1], x.shape[2]
+    given = p.arrays.get("positions_k" if key else "positions_q")
+    positions = (np.asarray(given, dtype=np.intp)[:, None, :] if given is not None else
+                 np.arange(rows) + (0 if key else p.params["query_offset"]))
+    c, sn = _wide(cos)[positions], _wide(sin)[positions] * (-1.0 if transpose else 1.0)
+    first = np.arange(r) * 2 if p.params["interleaved"] else np.arange(r)
+    second = first + 1 if p.params["interleaved"] else first + r
+    y = x.copy()
+    y[..., first] = x[..., first] * c - x[..., second] * sn
+    y[..., second] = x[..., second] * c + x[..., first] * sn
+    return y
+
+
+def _rope_logits(p):
+    return p.params["scale"] * _dot_qk(_rope_rotated(p, "q"), _rope_rotated(p, "k"))
+
+
+def _rope_grads(p, G):
+    # A = s (R_i q_i).(R_j k_j): dq_i = R_i^T (s sum_j G_ij R_j k_j), dk_j likewise
+    q_rot, k_rot, s = _rope_rotated(p, "q"), _rope_rotated(p, "k"), p.params["scale"]
+    grad_q_rot = s * np.einsum("bhij,bhjd->bhid", G, k_rot)
+    grad_k_rot = s * np.einsum("bhij,bhid->bhjd", G, q_rot)
+    return {"q": _rope_rotated(p, "q", transpose=True, x=grad_q_rot),
+            "k": _rope_rotated(p, "k", transpose=True, x=grad_k_rot)}
+
+
 # SPEC 3.11  A_ij = s (q_i.k_j + q_i.pos_k_j + pos_q_i.k_j + pos_q_i.pos_k_j)
 def _bert_ad_logits(p):
     q, k = _qk(p)

@@ -29,7 +29,7 @@ from .._registry import REGISTRY
 from ._common import bucket_index, check_segment_range, validate, validate_attention
 
 __all__ = ["alibi", "attention", "content", "deberta", "diet_abs", "diet_rel", "m2", "m4", "m4m",
-           "kerple", "relative_bias", "shaw", "t5", "tupe"]
+           "kerple", "relative_bias", "rope", "shaw", "t5", "tupe"]
 
 
 def _check(method, tensors, params):
@@ -243,6 +243,38 @@ def kerple(q, k, r1, r2, *, kind="log", scale=None, query_offset=0):
     else:                              # its power kernel, 0^r2 = 0 (no NaN in r2's gradient)
         kernel = torch.where(distance > 0, distance.clamp(min=1) ** r2, 0.0)
     return _content(q, k, _scale(scale, q.shape[-1])) - r1 * kernel
+
+
+def _rotate(x, cos, sin, positions, interleaved: bool):
+    """x (B, H, L, d) rotated pair by pair (HuggingFace's apply_rotary_pos_emb for the
+    half split, rotate_half; GPT-J's for interleaved pairs), rows `positions` ((B, L)
+    or (L,)) of the (P, r) tables; dimensions past 2r (partial rotary) pass."""
+    r = cos.shape[-1]
+    c, s = cos[positions], sin[positions]
+    if c.dim() == 3:                              # per batch row: (B, 1, L, r)
+        c, s = c.unsqueeze(1), s.unsqueeze(1)
+    if interleaved:
+        x1, x2 = x[..., 0:2 * r:2], x[..., 1:2 * r:2]
+        pairs = torch.stack((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1).flatten(-2)
+    else:
+        x1, x2 = x[..., :r], x[..., r:2 * r]
+        pairs = torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1)
+    return torch.cat((pairs, x[..., 2 * r:]), dim=-1)
+
+
+def rope(q, k, cos, sin, *, cos_k=None, sin_k=None, interleaved=False, positions_q=None,
+         positions_k=None, scale=None, query_offset=0):
+    _check("rope", {"q": q, "k": k, "cos": cos, "sin": sin, "cos_k": cos_k, "sin_k": sin_k,
+                    "positions_q": positions_q, "positions_k": positions_k},
+           {"interleaved": interleaved, "scale": scale, "query_offset": query_offset})
+    if positions_q is None:
+        positions_q = torch.arange(q.shape[-2], device=q.device) + query_offset
+    if positions_k is None:
+        positions_k = torch.arange(k.shape[-2], device=k.device)
+    q = _rotate(q, cos, sin, positions_q.long(), interleaved)
+    k = _rotate(k, cos if cos_k is None else cos_k, sin if sin_k is None else sin_k,
+                positions_k.long(), interleaved)
+    return _content(q, k, _scale(scale, q.shape[-1]))
 
 
 # ------------------------------------------------------------------ fused attention

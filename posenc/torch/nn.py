@@ -52,6 +52,7 @@ __all__ = [
     "PositionalEncoding",
     "PositionalSelfAttention",
     "RelativeBias",
+    "RotaryEmbedding",
     "SegmentAttention",
     "ShawRelative",
     "T5RelativeBias",
@@ -585,3 +586,67 @@ class KERPLE(PositionalEncoding):
     def arguments(self, q, k, *, state=None, segment_q=None, segment_k=None, query_offset=0):
         return "kerple", dict(r1=self.log_r1.exp(), r2=self.log_r2.exp(), kind=self.kind,
                               scale=self.scale, query_offset=query_offset)
+
+
+class RotaryEmbedding(PositionalEncoding):
+    """Rotary position embedding: Su et al. 2021, *RoFormer* (spec §3.12), as
+    HuggingFace's rotary models apply it: q and k rotated pair by pair by the
+    angles of their positions, ``A_ij = rot(q_i, i)·rot(k_j, j) / sqrt(d)``.
+
+    The tables come from ``rope_parameters`` exactly as transformers 5 builds
+    them (``posenc.rope_tables``: ``rope_theta``, ``rope_type`` default,
+    linear, dynamic, yarn, longrope, llama3), for ``rotary_dim`` of the
+    ``head_dim`` dimensions (``partial_rotary_factor``; default all), half-split
+    pairs (Llama, GPT-NeoX) or ``interleaved`` (GPT-J, RoFormer);
+    ``xpos_scale_base`` gives xPos's tables instead (Sun et al. 2022).  They
+    are built for the longest position a call reaches (at least
+    ``max_position_embeddings``; ``dynamic`` and ``longrope`` for that length,
+    as HF does past it), in the inputs' dtype, and kept until a longer one.
+    The rotation runs in the fused kernels, forward and backward.
+    """
+
+    method = "rope"
+
+    def __init__(self, num_heads: int, head_dim: int, *, rotary_dim: int | None = None,
+                 rope_parameters: dict | None = None, max_position_embeddings: int = 2048,
+                 interleaved: bool = False, xpos_scale_base: float | None = None,
+                 scale: float | None = None):
+        super().__init__(num_heads)
+        self.head_dim = head_dim
+        self.rotary_dim = head_dim if rotary_dim is None else rotary_dim
+        if not 0 < self.rotary_dim <= head_dim or self.rotary_dim % 2:
+            raise ValueError(f"rotary_dim must be even, in (0, head_dim = {head_dim}], "
+                             f"got {self.rotary_dim}")
+        self.rope_parameters = dict(rope_parameters or {"rope_type": "default",
+                                                        "rope_theta": 10000.0})
+        self.max_position_embeddings = max_position_embeddings
+        self.interleaved, self.xpos_scale_base, self.scale = interleaved, xpos_scale_base, scale
+        self._tables = {}
+
+    def tables(self, positions: int, dtype, device) -> tuple:
+        """(cos, sin[, cos_k, sin_k]) for positions [0, positions), in `dtype` on `device`."""
+        length = max(int(positions), self.max_position_embeddings)
+        key = (length, dtype, device)
+        if key not in self._tables:
+            import numpy as np
+            from ..rotary import rope_tables, xpos_tables
+            wide = np.float64 if dtype == torch.float64 else np.float32
+            if self.xpos_scale_base is not None:
+                arrays = xpos_tables(length, self.rotary_dim, scale_base=self.xpos_scale_base,
+                                     dtype=wide)
+            else:
+                arrays = rope_tables(length, self.rotary_dim,
+                                     rope_parameters=self.rope_parameters,
+                                     max_position_embeddings=self.max_position_embeddings,
+                                     seq_len=length, dtype=wide)
+            self._tables = {key: tuple(torch.from_numpy(a).to(dtype=dtype, device=device)
+                                       for a in arrays)}
+        return self._tables[key]
+
+    def arguments(self, q, k, *, state=None, segment_q=None, segment_k=None, query_offset=0):
+        reach = max(int(query_offset) + q.shape[-2], k.shape[-2])
+        cos, sin, *keys = self.tables(reach, q.dtype, q.device)
+        cos_k, sin_k = keys if keys else (None, None)
+        return "rope", dict(cos=cos, sin=sin, cos_k=cos_k, sin_k=sin_k,
+                            interleaved=self.interleaved, scale=self.scale,
+                            query_offset=query_offset)
