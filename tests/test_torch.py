@@ -44,6 +44,7 @@ class Case:
     keyword: dict = field(default_factory=dict)     # float keyword tensors: name -> shape
     params: dict = field(default_factory=dict)
     segments: int = 0              # number of segment ids (0: no segments)
+    positive: bool = False         # parameters drawn in (0.5, 1.5) (KERPLE's r1, r2)
 
 
 def _case_list():
@@ -84,6 +85,14 @@ def _case_list():
              keyword={"segment_table": (1, 3, 3)}, params={"max_distance": 2}, segments=3),
         Case("diet-rel-1-segment", "diet_rel", {**qk, "rel": (H, 3)},
              keyword={"segment_table": (H, 1, 1)}, params={"max_distance": 1}, segments=1),
+        Case("relative-bias", "relative_bias", {**qk, "bias": (H, 5)}, params={"max_distance": 2}),
+        Case("relative-bias-shared", "relative_bias", {**qk, "bias": (1, 3)},
+             params={"max_distance": 1, "query_offset": 2}),
+        Case("alibi", "alibi", {**qk, "slopes": (H,)}),
+        Case("alibi-shared-offset", "alibi", {**qk, "slopes": (1,)}, params={"query_offset": 3}),
+        Case("kerple-log", "kerple", {**qk, "r1": (H,), "r2": (1,)}, positive=True),
+        Case("kerple-power", "kerple", {**qk, "r1": (1,), "r2": (H,)},
+             params={"kind": "power", "query_offset": 1}, positive=True),
     ]
 
 
@@ -96,11 +105,14 @@ CASE_IDS = [case.id for case in CASES]
 
 def make_call(case: Case, rng, dtype=torch.float64, requires_grad=True):
     """(positional tensors, keyword arguments, {float name: tensor}) for `case`."""
-    def tensor(shape):
-        t = torch.from_numpy(rng.standard_normal(shape)).to(dtype)
+    def tensor(shape, name=""):
+        values = rng.standard_normal(shape)
+        if case.positive and name not in ("q", "k"):   # a kernel's domain: log(1 + r2 x)
+            values = 1.0 + 0.5 * np.tanh(values)
+        t = torch.from_numpy(values).to(dtype)
         return t.requires_grad_(requires_grad)
 
-    positional = [tensor(shape) for shape in case.positional.values()]
+    positional = [tensor(shape, name) for name, shape in case.positional.items()]
     floats = dict(zip(case.positional, positional))
     keyword = dict(case.params)
     for name, shape in case.keyword.items():
@@ -375,6 +387,18 @@ def _segments(n=N, m=M):
     return torch.tensor([[0, 0, 1, 1, 1], [0, 1, 1, 1, 1]])[:, :n], torch.tensor([[0, 1, 1, 1], [0, 0, 0, 1]])[:, :m]
 
 
+class _Sandwich(torch.nn.Module):
+    """A learned function of the offset (Sandwich-like: a sum of cosines of it)."""
+
+    def __init__(self, heads):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.randn(heads, 3))
+        self.frequency = torch.nn.Parameter(torch.rand(3))
+
+    def forward(self, offsets):
+        return (self.weight[:, :, None] * torch.cos(self.frequency[:, None] * offsets)).sum(1)
+
+
 def _heads(x, d):
     return x.view(x.shape[0], -1, d).transpose(0, 1)
 
@@ -419,6 +443,18 @@ def _module_cases():
                                        torch.zeros(1, M, 0, dtype=q.dtype), segment_q=sq,
                                        segment_k=sk, segment_table=mod.table)),
         ("content", lambda: pnn.Content(H), lambda mod, q, k: pt.content(q, k)),
+        ("relative-bias-table", lambda: pnn.RelativeBias(H, 2),
+         lambda mod, q, k: pt.relative_bias(q, k, mod.table, max_distance=2)),
+        ("relative-bias-fn", lambda: pnn.RelativeBias(H, 3, bias_fn=_Sandwich(H)),
+         lambda mod, q, k: pt.relative_bias(
+             q, k, mod.bias_fn(torch.arange(-3, 4, dtype=q.dtype)), max_distance=3)),
+        ("alibi-learnable", lambda: pnn.ALiBi(H, learnable=True),
+         lambda mod, q, k: pt.alibi(q, k, mod.log_slopes.exp())),
+        ("kerple-power", lambda: pnn.KERPLE(H, "power"),
+         lambda mod, q, k: pt.kerple(q, k, mod.log_r1.exp(), mod.log_r2.exp(), kind="power")),
+        ("rotary-partial", lambda: pnn.RotaryEmbedding(H, 4, rotary_dim=2),
+         lambda mod, q, k: pt.rope(q, k, *(torch.from_numpy(t) for t in posenc.rope_tables(
+             2048, 2, dtype=np.float64)))),
     ]
     return cases
 
@@ -532,7 +568,9 @@ def test_state_dict_round_trip(rng):
     sq, sk = _segments()
     for source, target in zip(sources, targets):
         state = source.state_dict()
-        assert state or isinstance(source, pnn.Content), type(source).__name__
+        # no state: plain attention, and the rotation (its tables come from its arguments)
+        assert state or isinstance(source, (pnn.Content, pnn.RotaryEmbedding)), \
+            type(source).__name__
         target.load_state_dict(state)
         for name, value in target.state_dict().items():
             assert torch.equal(value, state[name]), (type(source).__name__, name)
@@ -561,7 +599,9 @@ class _Model(torch.nn.Module):
                           pnn.M2Relative(h, 3), pnn.M4Relative(h, 8, 3), pnn.M4MRelative(h, 8, 3),
                           pnn.DIETAbs(h, n, 4, num_segments=2), pnn.TUPE(d, h, n),
                           pnn.DebertaRelative(d, h, position_buckets=4, max_relative_positions=n,
-                                              share_att_key=True)]
+                                              share_att_key=True),
+                          pnn.RelativeBias(h, 3), pnn.ALiBi(h, learnable=True),
+                          pnn.KERPLE(h, "power"), pnn.RotaryEmbedding(h, d // h, rotary_dim=4)]
         self.layers = torch.nn.ModuleList(pnn.PositionalSelfAttention(d, h, e) for e in encodings)
 
     def forward(self, x, mask, segments):
