@@ -44,6 +44,9 @@ __all__ = [
     "circulant_embedding",
     "toeplitz_factorization",
     "reconstruct",
+    "MethodRank",
+    "method_ranks",
+    "format_method_ranks",
 ]
 
 
@@ -278,6 +281,52 @@ def rank_report(n: int = 128, d_model: int = 768, d_head: int = 64,
     return rows
 
 
+class MethodRank(NamedTuple):
+    """Numerical ranks of one head's n x n logits of a method and of its positional
+    term (the logits minus the content term s q.k^T), for random inputs."""
+
+    method: str
+    logits: int
+    positional: int
+
+
+def method_ranks(methods: Sequence[str] | None = None, n: int = 128, d_head: int = 64,
+                 seed: int = 0, tol=None) -> list:
+    """Theorem 1 across posenc's methods: the rank of one head's logits A (n x n,
+    random q, k of width d_h and the method's example parameters, through the C
+    kernels) and of its positional term A - s q k^T.  Plain attention and RoPE (a
+    rotation of q and k: A = (R q)(R k)^T) stay at most d_h; a per-head positional
+    term lifts the logits past it -- DIET-ABS's by its rank d_p, a bias of the
+    offset (T5, DIET-REL, ALiBi, KERPLE, relative_bias) up to n."""
+    import posenc
+    from ._examples import make_inputs
+    from ._registry import REGISTRY
+
+    methods = list(REGISTRY) if methods is None else list(methods)
+    rows = []
+    for method in methods:
+        if method not in REGISTRY:
+            raise ValueError(f"unknown method {method!r}; expected one of {', '.join(REGISTRY)}")
+        args, kwargs = make_inputs(method, 1, 1, n, n, d_head, rng=np.random.default_rng(seed),
+                                   max_distance=n, t5_max_distance=2 * n,
+                                   num_buckets=32, att_span=n)
+        logits = getattr(posenc, method)(*args, **kwargs)[0, 0]
+        scale = REGISTRY[method].default_scale(d_head)
+        positional = logits - posenc.content(args[0], args[1], scale=scale)[0, 0]
+        rows.append(MethodRank(method, int(numerical_rank(logits, tol)),
+                               int(numerical_rank(positional, tol))))
+    return rows
+
+
+def format_method_ranks(rows: Sequence[MethodRank], n: int, d_head: int) -> str:
+    width = max(len("method"), *(len(r.method) for r in rows))
+    lines = [f"rank of one head's n x n logits A and positional term A - s q k^T, n={n}, "
+             f"d_h={d_head} (random q, k; DIET Theorem 1: q.k alone, or rotated, <= d_h)",
+             f"{'method'.ljust(width)}  {'logits':>6}  {'positional':>10}"]
+    lines += [f"{r.method.ljust(width)}  {r.logits:>6}  {r.positional:>10}" for r in rows]
+    return "\n".join(lines)
+
+
 def _int_list(text: str) -> list:
     try:
         return [int(v) for v in text.split(",") if v.strip()]
@@ -298,6 +347,8 @@ def main(argv=None) -> int:
                         help="comma-separated d_p values (default: 0 .. n + d_h/2)")
     parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     parser.add_argument("--png", metavar="PATH", default=None, help="also save a plot here")
+    parser.add_argument("--methods", nargs="*", default=None, metavar="METHOD",
+                        help="also the ranks of these methods' logits (no name: every method)")
     args = parser.parse_args(argv)
     for name in ("n", "d_model", "d_head"):
         if getattr(args, name) < 1:
@@ -307,6 +358,13 @@ def main(argv=None) -> int:
     if args.d_p is not None and any(v < 0 for v in args.d_p):
         parser.error("--d-p values must be >= 0")
     rank_report(args.n, args.d_model, args.d_head, args.d_p, args.seed, args.png)
+    if args.methods is not None:
+        try:
+            rows = method_ranks(args.methods or None, args.n, args.d_head, args.seed)
+        except ValueError as error:
+            parser.error(str(error))
+        print()
+        print(format_method_ranks(rows, args.n, args.d_head))
     return 0
 
 

@@ -234,3 +234,18 @@ def test_relative_values_forms_and_errors():
         analysis.relative_values(np.zeros(5), n)
     with pytest.raises(ValueError, match="n must be >= 1"):
         analysis.toeplitz_matrix(np.zeros(1), 0)
+
+
+def test_method_ranks_theorem_1_across_methods():
+    """Plain attention and RoPE (a rotation of q and k) stay at d_h; the biases of the
+    offset -- T5's, ALiBi's, KERPLE's, any relative_bias -- lift the logits to n."""
+    from posenc import analysis
+    rows = {row.method: row for row in analysis.method_ranks(n=48, d_head=8)}
+    assert rows["content"].logits == rows["rope"].logits == 8
+    assert rows["content"].positional == 0
+    for method in ("t5", "alibi", "kerple", "relative_bias", "diet_rel"):
+        assert rows[method].logits == rows[method].positional == 48, method
+    text = analysis.format_method_ranks(list(rows.values()), 48, 8)
+    assert "rope" in text and "alibi" in text
+    with pytest.raises(ValueError, match="unknown method 'nope'"):
+        analysis.method_ranks(["nope"], n=8, d_head=4)
