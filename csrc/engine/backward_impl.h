@@ -475,7 +475,7 @@ static void backward_unit(const backward_ctx *c, backward_ws *w, size_t u)
 {
     const size_t n = c->p->n;
     packed_b k_packed;
-    unit_inputs_at(c->p, &w->inputs, u / c->p->H, u % c->p->H, 0, n);
+    unit_inputs_at(c->p, &w->scratch, &w->inputs, u / c->p->H, u % c->p->H, 0, n);
     backward_unit_begin(c, w, u, &k_packed);
     for (size_t blk0 = 0; blk0 < n; blk0 += c->row_block) {
         const size_t rows = posenc_min(c->row_block, n - blk0);

@@ -439,16 +439,14 @@ static int lp_chunks(lp_kind kind, const posenc_problem *p, lp_stream *st, const
     /* Where the bfloat16 GEMM runs, the float32 engine reads the inputs only
      * through their bfloat16 twins (bf16_shadows, marked unwritten): the
      * GEMMs, rowsum(dO out), and where the positional gradients read G, q or
-     * k, row blocks they widen themselves in cache (backward_g_rows,
-     * x_all_finite).  Their float32 regions stay unwritten; the C tests fill
+     * k, or the rotation q and k, row blocks they widen themselves in cache
+     * (backward_g_rows, x_all_finite, unit_rows).  Their float32 regions stay unwritten; the C tests fill
      * them with NaN (POSENC_LP_POISON), so that a read shows. */
     int unwidened[S_COUNT];
     const int twins = p->dtype == POSENC_BF16 && posenc_bf16_gemm_kernels();
     for (int t = 0; t < S_COUNT; ++t) {
         shared_with[t] = (size_t)t;
-        /* the rotation reads q and k themselves (rope_impl.h) */
-        unwidened[t] = twins && st[t].src && !st[t].copy &&
-                       !(p->rope_cos && (t == S_Q || t == S_K));
+        unwidened[t] = twins && st[t].src && !st[t].copy;
         for (int u = 0; u < t && t < S_FIRST_OUTPUT; ++u)   /* k is q: the first's region */
             if (st[t].src && st[u].src == st[t].src && st[u].per_unit == st[t].per_unit) {
                 shared_with[t] = (size_t)u;

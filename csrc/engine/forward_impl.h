@@ -250,7 +250,7 @@ static void forward_unit_setup(const forward_ctx *c, forward_ws *w, size_t b, si
     const posenc_problem *p = c->p;
     const posenc_kernels *kern = c->kern;
     const size_t m = p->m, d = p->d;
-    unit_inputs_at(p, &w->inputs, b, h, r0, r1);
+    unit_inputs_at(p, &w->scratch, &w->inputs, b, h, r0, r1);
     const REAL *k_u = w->inputs.k;
 
     if (c->head_blocks && w->cached_head_block != (ptrdiff_t)h)

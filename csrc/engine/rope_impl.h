@@ -67,21 +67,41 @@ static void rope_rows(const posenc_problem *p, REAL *dst, const REAL *src, size_
     }
 }
 
-/* Unit (b, h)'s inputs: q's rows [r0, r1) (the rows the caller computes)
- * and every row of k, rotated when the problem has a rotation. */
-static void unit_inputs_at(const posenc_problem *p, unit_inputs *x, size_t b, size_t h, size_t r0,
-                           size_t r1)
+/* Rows [r0, r1) of a unit's x (`rows` rows of d) as REAL values to read: x
+ * itself, or where engine_lp.c left it unwritten (bfloat16 inputs the GEMMs
+ * read through their twins), its twin widened into the same rows of dst. */
+static const REAL *unit_rows(const gemm_scratch *s, REAL *dst, const REAL *x, size_t rows,
+                             size_t d, size_t r0, size_t r1)
 {
-    const size_t u = b * p->H + h;
-    const REAL *q = (const REAL *)p->q + u * p->n * p->d;
-    const REAL *k = (const REAL *)p->k + u * p->m * p->d;
+#ifdef ENGINE_BF16_GEMM
+    const uint16_t *twin = gemm_unwritten_twin(s, x, rows * d);
+    if (twin) {
+        posenc_active_convert()->bf16_to_f32(dst + r0 * d, twin + r0 * d, (r1 - r0) * d);
+        return dst;
+    }
+#else
+    (void)s; (void)dst; (void)rows; (void)d; (void)r0; (void)r1;
+#endif
+    return x;
+}
+
+/* Unit (b, h)'s inputs: q's rows [r0, r1) (the rows the caller computes)
+ * and every row of k, rotated when the problem has a rotation (from their
+ * bfloat16 twins where engine_lp.c gave only those: no float32 copy of q
+ * and k is made for the whole problem). */
+static void unit_inputs_at(const posenc_problem *p, const gemm_scratch *s, unit_inputs *x,
+                           size_t b, size_t h, size_t r0, size_t r1)
+{
+    const size_t u = b * p->H + h, n = p->n, m = p->m, d = p->d;
+    const REAL *q = (const REAL *)p->q + u * n * d;
+    const REAL *k = (const REAL *)p->k + u * m * d;
     if (!p->rope_cos) {
         x->q = q;
         x->k = k;
         return;
     }
-    rope_rows(p, x->q_rot, q, b, r0, r1, 0, 0, NULL);
-    rope_rows(p, x->k_rot, k, b, 0, p->m, 1, 0, NULL);
+    rope_rows(p, x->q_rot, unit_rows(s, x->q_rot, q, n, d, r0, r1), b, r0, r1, 0, 0, NULL);
+    rope_rows(p, x->k_rot, unit_rows(s, x->k_rot, k, m, d, 0, m), b, 0, m, 1, 0, NULL);
     x->q = x->q_rot;
     x->k = x->k_rot;
 }

@@ -36,6 +36,9 @@ const config configs[] = {
     {"tupe-no-table@offset", 1, 0, 0, 0, 0, 1, 0, 0, 3},
     {"everything@offset", 1, 1, 1, 1, 1, 1, 0, 2, 1},
     {"product-all", 0, 1, 1, 1, 0, 0, 1, 2},
+    {"rope", 0, 0, 0, 0, 0, 0, 0, 0, 0, 1},
+    {"rope@offset", 0, 0, 0, 0, 0, 0, 0, 0, 4, 1},
+    {"rope-interleaved-partial-positions-xpos", 0, 0, 0, 0, 0, 0, 0, 0, 2, 2},
 };
 
 const size_t config_count = sizeof configs / sizeof configs[0];
@@ -70,6 +73,40 @@ int64_t *make_map(int kind, size_t n, size_t m, size_t rows)
         map[idx] = (o < -t ? -t : o > t ? t : o) + t;
     }
     return map;
+}
+
+/* Tables of rotation angles (cos, sin of random angles, exactly representable in
+ * float) for every position a call reaches, and for variant 2 given positions. */
+static void build_rope(problem_data *pd, int variant)
+{
+    posenc_problem *p = &pd->p;
+    const size_t P = (p->n + p->query_offset > p->m ? p->n + p->query_offset : p->m) + 3;
+    const size_t pairs = variant == 2 && p->d >= 4 ? p->d / 2 - 1 : p->d / 2;
+    const int slots[4] = {X_ROPE_COS, X_ROPE_SIN, X_ROPE_COS_K, X_ROPE_SIN_K};
+    for (int t = 0; t < 4; ++t) {
+        double *x = fill(pd, slots[t], P * pairs);
+        for (size_t e = 0; e < P * pairs; ++e) {
+            const double angle = 3.0 * (double)(float)urand() * (double)(e / pairs + 1);
+            const double scale = variant == 2 && t >= 2 ? 0.9 : 1.0;   /* xPos: the keys' own */
+            x[e] = (double)(float)(scale * (t % 2 ? sin(angle) : cos(angle)));
+            if (variant == 1 && t >= 2)
+                x[e] = pd->f64[slots[t - 2]][e];                         /* the same tables */
+            pd->f32[slots[t]][e] = (float)x[e];
+        }
+    }
+    p->rope_positions = P;
+    p->rope_pairs = pairs;
+    p->rope_interleaved = variant == 2;
+    if (variant == 2) {
+        pd->positions_q = malloc(sizeof(int64_t) * (p->B * p->n + 1));
+        pd->positions_k = malloc(sizeof(int64_t) * (p->B * p->m + 1));
+        for (size_t t = 0; t < p->B * p->n; ++t)
+            pd->positions_q[t] = (int64_t)((urand() + 1.0) * 0.5 * (double)P) % (int64_t)P;
+        for (size_t t = 0; t < p->B * p->m; ++t)
+            pd->positions_k[t] = (int64_t)(t % p->m) + (int64_t)(t / p->m) % 2;
+        p->positions_q = pd->positions_q;
+        p->positions_k = pd->positions_k;
+    }
 }
 
 void build(problem_data *pd, const config *c, size_t B, size_t H, size_t n, size_t m,
@@ -123,6 +160,8 @@ void build(problem_data *pd, const config *c, size_t B, size_t H, size_t n, size
         fill(pd, X_THETA, Hp * 2);
         p->theta_heads = Hp;
     }
+    if (c->rope)
+        build_rope(pd, c->rope);
 }
 
 void point(problem_data *pd, posenc_dtype dtype)
@@ -134,6 +173,8 @@ void point(problem_data *pd, posenc_dtype dtype)
     p->pos_q = PTR(X_PQ); p->pos_k = PTR(X_PK);
     p->table = PTR(X_TABLE); p->query_table = PTR(X_QUERY_TABLE); p->key_table = PTR(X_KEY_TABLE);
     p->segment_table = PTR(X_SEGMENT_TABLE); p->theta = PTR(X_THETA);
+    p->rope_cos = PTR(X_ROPE_COS); p->rope_sin = PTR(X_ROPE_SIN);
+    p->rope_cos_k = PTR(X_ROPE_COS_K); p->rope_sin_k = PTR(X_ROPE_SIN_K);
 #undef PTR
 }
 
@@ -143,6 +184,24 @@ void release(problem_data *pd)
     for (int t = 0; t < 3; ++t) free(pd->maps[t]);
     free(pd->segment_q);
     free(pd->segment_k);
+    free(pd->positions_q);
+    free(pd->positions_k);
+}
+
+/* x (d values) rotated at position pos by the tables of `side` (0 q, 1 k), in double. */
+static void rotate(const problem_data *pd, double *y, const double *x, size_t pos, int side)
+{
+    const posenc_problem *p = &pd->p;
+    const size_t pairs = p->rope_pairs, d = p->d;
+    const double *c = pd->f64[side ? X_ROPE_COS_K : X_ROPE_COS] + pos * pairs;
+    const double *s = pd->f64[side ? X_ROPE_SIN_K : X_ROPE_SIN] + pos * pairs;
+    for (size_t l = 0; l < d; ++l)
+        y[l] = x[l];
+    for (size_t t = 0; t < pairs; ++t) {
+        const size_t a = p->rope_interleaved ? 2 * t : t, b = p->rope_interleaved ? 2 * t + 1 : t + pairs;
+        y[a] = x[a] * c[t] - x[b] * s[t];
+        y[b] = x[b] * c[t] + x[a] * s[t];
+    }
 }
 
 /* SPEC §3 written as loops, in double. */
@@ -154,6 +213,15 @@ double naive_logit(const problem_data *pd, size_t b, size_t h, size_t i, size_t 
     const double *k = pd->f64[X_K] + ((b * H + h) * m + j) * d;
     const size_t o = j + n - 1 - i;
     double qk = 0;
+    if (p->rope_cos) {   /* SPEC 3.12: the rotated q_i . k_j (content only beside it) */
+        double *qr = malloc(sizeof(double) * (d + 1)), *kr = malloc(sizeof(double) * (d + 1));
+        rotate(pd, qr, q, p->positions_q ? (size_t)p->positions_q[b * n + i] : p->query_offset + i, 0);
+        rotate(pd, kr, k, p->positions_k ? (size_t)p->positions_k[b * m + j] : j, 1);
+        for (size_t l = 0; l < d; ++l) qk += qr[l] * kr[l];
+        free(qr);
+        free(kr);
+        return p->scale * qk;
+    }
     for (size_t l = 0; l < d; ++l) qk += q[l] * k[l];
     double fq = 0, fk = 0, t = 0, pos = 0;
     if (p->query_table) {

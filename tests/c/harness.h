@@ -28,6 +28,8 @@ typedef struct {
     int dense, table, query_table, key_table, segments, theta, product;
     int map;   /* 0 clipped j-i, 1 clipped i-j, 2 irregular */
     size_t query_offset;   /* SPEC §1: moves TUPE's [CLS] row (the maps here are synthetic) */
+    int rope;  /* the rotation: 1 half-split pairs of all of d, positions query_offset + i and j;
+                  2 interleaved pairs of part of d, given positions, the keys' own tables */
 } config;
 
 extern const config configs[];
@@ -43,10 +45,11 @@ typedef struct {
     float *f32[MAX_ARRAYS];
     int64_t *maps[3];
     int64_t *segment_q, *segment_k;
+    int64_t *positions_q, *positions_k;
 } problem_data;
 
 enum { X_Q, X_K, X_PQ, X_PK, X_TABLE, X_QUERY_TABLE, X_KEY_TABLE, X_SEGMENT_TABLE, X_THETA, X_G,
-       X_V, X_D_OUT, X_COUNT };
+       X_V, X_D_OUT, X_ROPE_COS, X_ROPE_SIN, X_ROPE_COS_K, X_ROPE_SIN_K, X_COUNT };
 
 double urand(void);   /* uniform in [-1, 1) */
 double *fill(problem_data *pd, int slot, size_t len);

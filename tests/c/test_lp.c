@@ -22,8 +22,10 @@
 #include "harness.h"
 
 static const int input_slots[] = {X_Q, X_K, X_PQ, X_PK, X_TABLE, X_QUERY_TABLE, X_KEY_TABLE,
-                                  X_SEGMENT_TABLE, X_THETA};
-#define INPUTS 9
+                                  X_SEGMENT_TABLE, X_THETA, X_ROPE_COS, X_ROPE_SIN, X_ROPE_COS_K,
+                                  X_ROPE_SIN_K};
+#define INPUTS 13
+#define GRADS 9   /* the first GRADS inputs have gradients (posenc_grads); the rest are constants */
 
 /* One problem's arrays in a 16-bit dtype and their exact float32 widening. */
 typedef struct {
@@ -63,11 +65,14 @@ static void lp_make(lp_data *x, problem_data *pd, posenc_dtype dt)
     x->p_wide.bf16_gemm = dt == POSENC_BF16;
     const void **lp_at[INPUTS] = {&x->p_lp.q, &x->p_lp.k, &x->p_lp.pos_q, &x->p_lp.pos_k,
                                   &x->p_lp.table, &x->p_lp.query_table, &x->p_lp.key_table,
-                                  &x->p_lp.segment_table, &x->p_lp.theta};
+                                  &x->p_lp.segment_table, &x->p_lp.theta, &x->p_lp.rope_cos,
+                                  &x->p_lp.rope_sin, &x->p_lp.rope_cos_k, &x->p_lp.rope_sin_k};
     const void **wide_at[INPUTS] = {&x->p_wide.q, &x->p_wide.k, &x->p_wide.pos_q,
                                     &x->p_wide.pos_k, &x->p_wide.table,
                                     &x->p_wide.query_table, &x->p_wide.key_table,
-                                    &x->p_wide.segment_table, &x->p_wide.theta};
+                                    &x->p_wide.segment_table, &x->p_wide.theta,
+                                    &x->p_wide.rope_cos, &x->p_wide.rope_sin,
+                                    &x->p_wide.rope_cos_k, &x->p_wide.rope_sin_k};
     for (int t = 0; t < INPUTS; ++t) {
         *lp_at[t] = *lp_at[t] ? x->lp[input_slots[t]] : NULL;
         *wide_at[t] = *wide_at[t] ? x->wide[input_slots[t]] : NULL;
@@ -99,14 +104,14 @@ static void expect_narrowed(const char *what, posenc_dtype dt, const uint16_t *g
 
 /* Gradient buffers for the wanted inputs (every present one), 16-bit and float32. */
 typedef struct {
-    uint16_t *lp[INPUTS];
-    float *wide[INPUTS];
+    uint16_t *lp[GRADS];
+    float *wide[GRADS];
     posenc_grads g_lp, g_wide;
 } lp_grads;
 
 static void grads_make(lp_grads *g, const problem_data *pd, const lp_data *x)
 {
-    for (int t = 0; t < INPUTS; ++t) {
+    for (int t = 0; t < GRADS; ++t) {
         const int s = input_slots[t];
         const size_t len = x->lp[s] ? pd->len[s] : 0;
         g->lp[t] = x->lp[s] ? calloc(len + 1, sizeof(uint16_t)) : NULL;
@@ -165,7 +170,7 @@ static void expect_bf16_gemm_near(const char *what, const float *got, const floa
 static void grads_expect(const char *what, posenc_dtype dt, const lp_grads *g,
                          const problem_data *pd, int exact)
 {
-    for (int t = 0; t < INPUTS; ++t) {
+    for (int t = 0; t < GRADS; ++t) {
         if (!g->lp[t])
             continue;
         char name[300];
@@ -177,7 +182,7 @@ static void grads_expect(const char *what, posenc_dtype dt, const lp_grads *g,
 
 static void grads_free(lp_grads *g)
 {
-    for (int t = 0; t < INPUTS; ++t) {
+    for (int t = 0; t < GRADS; ++t) {
         free(g->lp[t]);
         free(g->wide[t]);
     }
@@ -288,7 +293,7 @@ static void check_bf16_gemm(const char *what, problem_data *pd, lp_data *x,
                                                      lse[1], &g[k].g_wide, grad_v[k], threads)
                          : posenc_backward(&run[k], x->wide[X_G], &g[k].g_wide, threads)) ==
                        POSENC_OK, "%s backward", what);
-        for (int t = 0; t < INPUTS; ++t)
+        for (int t = 0; t < GRADS; ++t)
             if (g[0].wide[t]) {
                 char name[300];
                 snprintf(name, sizeof name, "%s %s d%s", what, pass ? "attention" : "logits",
