@@ -1,7 +1,8 @@
 """posenc: attention logits of positional-encoding methods, and their gradients.
 
-Every method of SPEC.md §3 -- content, shaw, t5, m2, m4, m4m, deberta, tupe,
-diet_abs, diet_rel -- is a function ``posenc.<name>(q, k, ...)`` that returns
+Every method of SPEC §3 (docs/spec.md) -- content, shaw, t5, m2, m4, m4m, deberta, tupe,
+diet_abs, diet_rel, relative_bias, alibi, kerple, rope -- is a function
+``posenc.<name>(q, k, ...)`` that returns
 the logits A (B, H, n, m) computed by fused C kernels (scalar, AVX2, AVX-512,
 NEON; picked at run time), and ``posenc.<name>_backward(G, q, k, ...)`` that
 returns their gradients as a named tuple.  ``posenc.reference`` has the same

@@ -1,7 +1,7 @@
 /*
  * harness.h -- what the C tests share: a seeded generator, the EXPECT
  * counters, synthetic problems of every term kind (configs), the naive
- * double-precision logits of SPEC.md, and tolerant comparisons.
+ * double-precision logits of docs/spec.md, and tolerant comparisons.
  */
 #ifndef POSENC_TEST_HARNESS_H
 #define POSENC_TEST_HARNESS_H

@@ -3,7 +3,7 @@
  * product mode, float and double, odd sizes, on every ISA this CPU supports.
  *
  *   1. The forward of the scalar ISA equals a naive double-precision loop
- *      written from SPEC.md's formulas (maps here are synthetic: clipped,
+ *      written from docs/spec.md's formulas (maps here are synthetic: clipped,
  *      reversed clipped, irregular random), so the engine is checked on its
  *      own, including on AArch64 under qemu where Python is not used.
  *   2. Every other ISA (avx2, avx512 or neon) equals the scalar ISA, forward
