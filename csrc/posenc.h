@@ -1,7 +1,7 @@
 /*
  * posenc.h -- the C API of the posenc engine.  Pure C, no Python.
  *
- * Every method of SPEC.md §3 is one `posenc_problem`: the content term
+ * Every method of docs/spec.md §3 is one `posenc_problem`: the content term
  * s * q_i.k_j plus positional terms of five kinds, combined by sum or by
  * product (STYLE.md "One engine, many methods"), and optionally a rotation
  * of q and k (rope):
