@@ -1,0 +1,253 @@
+#!/usr/bin/env python
+"""The encodings people train today on the fused kernels (issue 27): RoPE, ALiBi,
+KERPLE and any bias of the offset, against fused content and against what a user
+has without posenc.
+
+    python benchmarks/positional.py [--quick] [--threads 2] [--out DIR]
+
+At B=8, H=12, n=m=512, d=dv=64, one process, the peers measured in the same run,
+every comparison timed in turns (measure_interleaved: a slow stretch of the
+machine hits all of a comparison's calls alike), float32 and bfloat16:
+
+* fused forward and forward+backward (q, k, v and the parameters requiring grad:
+  ALiBi's slopes, KERPLE's r1 and r2, relative_bias's table; RoPE's tables are
+  constants) of content, rope, alibi, kerple, relative_bias: each ÷ content's;
+* rope against HuggingFace's path: transformers' Llama apply_rotary_pos_emb on
+  q and k, then torch SDPA;
+* alibi and kerple with learnable parameters against torch SDPA with the bias
+  materialised from them (torch-native, requiring grad: SDPA's math kernel);
+* the peak memory of forward+backward at n = 4096 (a process per case, VmHWM
+  above the inputs; benchmarks/attention.py's worker), each ÷ content's.
+
+Every time is also given as a fraction of the machine's FMA peak of its dtype
+(posenc._machine, measured in the run), counting the attention's
+4 B H n m d multiply-add FLOPs forward and 14 B H n m d forward+backward (the
+backward recomputes q.kᵀ: 2 more products for dV, dP, dq, dk and the logits,
+counted once each; the positional terms and the softmax are not counted).
+Results: <out>/positional-<date>.json and .md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+import attention as A  # noqa: E402  (its inputs, turns and peak-memory worker)
+from low_precision import measure_peaks  # noqa: E402
+from posenc_bench.machine import cpu_model  # noqa: E402
+
+HEADLINE = dict(B=8, H=12, n=512, d=64)
+METHODS = ("content", "rope", "alibi", "kerple", "relative_bias")
+DTYPES = ("float32", "bfloat16")
+FLOPS = {"fwd": 4, "fwd+bwd": 14}        # x B H n m d
+
+
+def _inputs(torch, method, shape, dtype):
+    """(tensors, keywords, v, d_out) of one fused call in `dtype`, leaves requiring grad
+    where the method has a gradient."""
+    import posenc
+
+    args, kwargs, v, d_out = A._inputs(torch, method, shape["B"], shape["H"], shape["n"],
+                                       shape["d"])
+    constant = posenc.REGISTRY[method].constant
+
+    def cast(name, x):
+        if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+            return x
+        return x.detach().to(dtype).requires_grad_(name not in constant)
+
+    names = posenc.REGISTRY[method].tensors
+    args = [cast(name, a) for name, a in zip(names, args)]
+    kwargs = {name: cast(name, x) for name, x in kwargs.items()}
+    return args, kwargs, cast("v", v), d_out.to(dtype)
+
+
+def _fused(torch, method, args, kwargs, v):
+    import posenc.torch as pt
+    return lambda: getattr(pt, method + "_attention")(args[0], args[1], v, *args[2:],
+                                                     **kwargs).out
+
+
+def _hf_rope(torch, args, v):
+    """HF Llama's rotation (apply_rotary_pos_emb with the full-width cos, sin) + SDPA."""
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    q, k, cos, sin = args
+    cos_full, sin_full = (torch.cat([t, t], dim=-1)[:q.shape[2]][None] for t in (cos, sin))
+
+    def call():
+        q_rot, k_rot = apply_rotary_pos_emb(q, k, cos_full, sin_full)
+        return torch.nn.functional.scaled_dot_product_attention(q_rot, k_rot, v)
+    return call
+
+
+def _sdpa_bias(torch, method, args, kwargs, v):
+    """SDPA with the method's bias materialised by its torch-native formula, from the
+    parameters requiring grad (what a user writes: SDPA's math kernel then)."""
+    import posenc.torch as pt
+
+    q, k = args[0], args[1]
+    scale = q.shape[-1] ** -0.5
+
+    def call():
+        with pt.use_native():
+            bias = getattr(pt, method)(q, k, *args[2:], **kwargs) - torch.matmul(
+                q, k.transpose(-1, -2)) * scale
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=bias,
+                                                               scale=scale)
+    return call
+
+
+def _turns(torch, calls, d_out, repeats, max_seconds):
+    return {direction: A._time_turns(torch, calls, d_out, direction == "fwd+bwd", repeats,
+                                     max_seconds)
+            for direction in ("fwd", "fwd+bwd")}
+
+
+def run(args) -> dict:
+    import torch
+    import posenc
+
+    torch.set_num_threads(args.threads)
+    posenc.set_num_threads(args.threads)
+    shape = dict(HEADLINE, B=2, H=4, n=128) if args.quick else HEADLINE
+    repeats, max_seconds = (3, 0.3) if args.quick else (9, 3.0)
+    results = {"machine": {"cpu": cpu_model(), "torch": torch.__version__,
+                           "posenc": posenc.__version__, "isa": posenc.get_isa(),
+                           "threads": args.threads},
+               "shape": shape, "peaks": measure_peaks(args.threads, 0.2 if args.quick else 1.0),
+               "fused": {}, "hf_rope": {}, "sdpa_bias": {}, "memory": {}}
+    for name in DTYPES:
+        dtype = getattr(torch, name)
+        inputs = {m: _inputs(torch, m, shape, dtype) for m in METHODS}
+        d_out = inputs["content"][3]
+        calls = {m: _fused(torch, m, *inputs[m][:3]) for m in METHODS}
+        results["fused"][name] = _turns(torch, calls, d_out, repeats, max_seconds)
+        print(f"{name} fused fwd / fwd+bwd ms: " + ", ".join(
+            f"{m} {results['fused'][name]['fwd'][m]['median_ms']:.1f}/"
+            f"{results['fused'][name]['fwd+bwd'][m]['median_ms']:.1f}" for m in METHODS),
+            flush=True)
+        try:
+            hf = _hf_rope(torch, inputs["rope"][0], inputs["rope"][2])
+        except ImportError as error:
+            results["hf_rope"][name] = {"error": str(error)}
+        else:
+            results["hf_rope"][name] = _turns(torch, {"posenc": calls["rope"], "hf+sdpa": hf},
+                                              d_out, repeats, max_seconds)
+        for method in ("alibi", "kerple"):
+            args_, kwargs_, v, _ = inputs[method]
+            results["sdpa_bias"].setdefault(name, {})[method] = _turns(
+                torch, {"posenc": calls[method],
+                        "sdpa+bias": _sdpa_bias(torch, method, args_, kwargs_, v)},
+                d_out, max(3, repeats // 3), max_seconds)
+        del inputs, calls
+    memory_n = 512 if args.quick else 4096
+    for method in METHODS:
+        spec = dict(method=method, variant="fused", threads=args.threads, n=memory_n,
+                    d=shape["d"], B=shape["B"], H=shape["H"])
+        results["memory"][method] = dict(A._peak(spec), n=memory_n)
+        print(f"peak at n={memory_n}: {method} "
+              f"{results['memory'][method].get('peak_bytes', 0) / 2**20:.0f} MiB", flush=True)
+    return results
+
+
+def _fraction(results, dtype, direction, ms) -> str:
+    shape = results["shape"]
+    peak = results["peaks"].get(dtype)
+    if not peak:
+        return "—"
+    flops = FLOPS[direction] * shape["B"] * shape["H"] * shape["n"] ** 2 * shape["d"]
+    return f"{flops / (ms * 1e-3) / peak:.0%}"
+
+
+def markdown(results: dict) -> str:
+    shape, machine = results["shape"], results["machine"]
+    peaks = ", ".join(f"{k} {v / 1e9:.0f} GFLOP/s" if v else f"{k} not measured"
+                      for k, v in results["peaks"].items())
+    cell = lambda r: f"{r['median_ms']:.1f} ({r['min_ms']:.1f}–{r['max_ms']:.1f})"  # noqa: E731
+    lines = [f"# Fused RoPE, ALiBi, KERPLE, relative bias: B={shape['B']} H={shape['H']} "
+             f"n=m={shape['n']} d=dv={shape['d']}, {machine['threads']} threads",
+             "", f"CPU {machine['cpu']}; posenc {machine['posenc']} ({machine['isa']}), torch "
+             f"{machine['torch']}. Measured FMA peaks: {peaks}. Median ms (min–max); "
+             "each table's calls timed in turns; % = of the dtype's FMA peak "
+             "(4 B H n m d FLOPs forward, 14 forward+backward).", ""]
+    for dtype, turns in results["fused"].items():
+        lines += [f"## Fused attention, {dtype}", "",
+                  "| method | fwd ms | % peak | ÷ content | fwd+bwd ms | % peak | ÷ content |",
+                  "|---|---|---|---|---|---|---|"]
+        for method in turns["fwd"]:
+            row = [method]
+            for direction in ("fwd", "fwd+bwd"):
+                r = turns[direction][method]
+                row += [cell(r), _fraction(results, dtype, direction, r["median_ms"]),
+                        f"{r['median_ms'] / turns[direction]['content']['median_ms']:.2f}×"]
+            lines.append("| " + " | ".join(row) + " |")
+        lines += ["", "Target: every method within 1.1× of content, forward and forward+backward.",
+                  ""]
+    lines += ["## rope against HuggingFace's rotation + torch SDPA", "",
+              "| dtype | direction | posenc rope ms | % peak | HF apply_rotary_pos_emb + SDPA ms | "
+              "speed-up |", "|---|---|---|---|---|---|"]
+    for dtype, turns in results["hf_rope"].items():
+        if "error" in turns:
+            lines.append(f"| {dtype} | — | {turns['error']} | | | |")
+            continue
+        for direction, r in turns.items():
+            ours, theirs = r["posenc"]["median_ms"], r["hf+sdpa"]["median_ms"]
+            lines.append(f"| {dtype} | {direction} | {cell(r['posenc'])} | "
+                         f"{_fraction(results, dtype, direction, ours)} | {cell(r['hf+sdpa'])} | "
+                         f"{theirs / ours:.2f}× |")
+    lines += ["", "Target: faster forward+backward than HF's path.", "",
+              "## alibi, kerple with learnable parameters against SDPA with the bias "
+              "materialised (requiring grad)", "",
+              "| dtype | method | direction | posenc ms | % peak | SDPA + bias ms | speed-up |",
+              "|---|---|---|---|---|---|---|"]
+    for dtype, methods in results["sdpa_bias"].items():
+        for method, turns in methods.items():
+            for direction, r in turns.items():
+                ours, theirs = r["posenc"]["median_ms"], r["sdpa+bias"]["median_ms"]
+                lines.append(f"| {dtype} | {method} | {direction} | {cell(r['posenc'])} | "
+                             f"{_fraction(results, dtype, direction, ours)} | "
+                             f"{cell(r['sdpa+bias'])} | {theirs / ours:.2f}× |")
+    lines += ["", "Target: forward+backward ≥ 4× faster.", "",
+              "## Peak memory of forward+backward, float32", "",
+              "| method | n | peak MiB above the inputs | ÷ content |", "|---|---|---|---|"]
+    content = results["memory"].get("content", {}).get("peak_bytes")
+    for method, entry in results["memory"].items():
+        if "peak_bytes" not in entry:
+            lines.append(f"| {method} | {entry['n']} | {entry.get('error', '?')} | |")
+            continue
+        ratio = f"{entry['peak_bytes'] / content:.3f}×" if content else "—"
+        lines.append(f"| {method} | {entry['n']} | {entry['peak_bytes'] / 2**20:.0f} | {ratio} |")
+    lines += ["", "Target: as content's."]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="tiny shapes: checks that it runs")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--out", default=os.path.join(os.path.dirname(HERE), "benchmarks",
+                                                      "results"))
+    args = parser.parse_args(argv)
+    results = run(args)
+    os.makedirs(args.out, exist_ok=True)
+    stem = os.path.join(args.out, "positional-" + datetime.date.today().isoformat()
+                        + ("-quick" if args.quick else ""))
+    with open(stem + ".json", "w") as f:
+        json.dump(results, f, indent=1)
+    text = markdown(results)
+    with open(stem + ".md", "w") as f:
+        f.write(text)
+    print(text)
+    print(f"wrote {stem}.json, .md")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
