@@ -246,7 +246,8 @@ static int attention_backward(const posenc_problem *p, const posenc_attention *a
     memset(&g, 0, sizeof g);
     int status = attention_prepare(&c, p, a, kern);
     if (status == POSENC_OK)
-        status = backward_prepare(&g, p, kern, NULL, &logit_grads, attention_last_offset(p, a));
+        status = backward_prepare(&g, p, kern, NULL, &logit_grads, attention_last_offset(p, a),
+                                  c.logits.terms);   /* the logits' term data, built once */
     const int dense = p->pos_q && (grads->pos_q || grads->pos_k);
     if (status == POSENC_OK &&
         (zeroed_slots(&gc.pos_q_slots, dense && grads->pos_q, posenc_mul_size(BH, p->n * p->d_p)) ||

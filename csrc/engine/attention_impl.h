@@ -361,10 +361,10 @@ static void attention_key_reach(attention_ctx *c)
     const forward_ctx *f = &c->logits;
     if (!c->a->causal || !c->p->key_table)
         return;
-    ptrdiff_t lo = f->key_runs.b_max, hi = f->key_runs.b_min;
+    ptrdiff_t lo = f->terms->key_runs.b_max, hi = f->terms->key_runs.b_min;
     posenc_map_extent(c->p->key_map, 0, attention_reach_last(c) + 1, &lo, &hi);
-    c->logits.key_reach[0] = (size_t)(lo - f->key_runs.b_min);
-    c->logits.key_reach[1] = (size_t)(hi - f->key_runs.b_min + 1);
+    c->logits.key_reach[0] = (size_t)(lo - f->terms->key_runs.b_min);
+    c->logits.key_reach[1] = (size_t)(hi - f->terms->key_runs.b_min + 1);
 }
 
 /* Under `causal`, the query table's buckets a tile reads (forward_ctx's query_reach): a tile
@@ -378,12 +378,12 @@ static int attention_query_reach(attention_ctx *c)
     const size_t n = p->n;
     if (!(f->query_reach = (size_t *)posenc_alloc(2 * n, sizeof(size_t))))
         return -1;
-    ptrdiff_t lo = f->query_runs.b_max, hi = f->query_runs.b_min;
+    ptrdiff_t lo = f->terms->query_runs.b_max, hi = f->terms->query_runs.b_min;
     posenc_map_extent(p->query_map, n - 1, attention_reach_last(c) + 1, &lo, &hi);   /* offsets 0 .. */
     for (size_t t = 0; t < n; ++t) {                                                  /* and -t */
         posenc_map_extent(p->query_map, n - 1 - t, n - t, &lo, &hi);
-        f->query_reach[2 * t] = (size_t)(lo - f->query_runs.b_min);
-        f->query_reach[2 * t + 1] = (size_t)(hi - f->query_runs.b_min + 1);
+        f->query_reach[2 * t] = (size_t)(lo - f->terms->query_runs.b_min);
+        f->query_reach[2 * t + 1] = (size_t)(hi - f->terms->query_runs.b_min + 1);
     }
     return 0;
 }

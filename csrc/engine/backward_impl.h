@@ -36,12 +36,10 @@ typedef struct {
     int need_offsets;           /* the scalar table's gradient, along the offsets */
     int reads_g;                /* the positional gradients read G itself (not only the GEMMs) */
     int unit_reads_g;           /* ... in phase 1, beyond theta's [CLS] row and column 0 */
-    REAL *table_by_offset;      /* product mode: the table's factor */
-    posenc_runs query_runs, key_runs;
+    term_data own_terms;        /* built by backward_prepare unless given one */
+    const term_data *terms;     /* what the terms read: own_terms, or the attention's logits'
+                                   (their table along the offsets: product mode's factor) */
     posenc_spans query_spans, key_spans;   /* where Gq and Gk are zero */
-    posenc_segment_runs segment_runs;
-    size_t query_buckets, key_buckets;     /* buckets the maps use */
-    key_edges key_edges;                   /* the key map's edges (terms_impl.h) */
     REAL *offset_slots, *segment_slots, *theta_slots, *query_table_slots, *key_table_slots;
     REAL *pos_q_slots, *pos_k_slots;
 } backward_ctx;
@@ -79,7 +77,8 @@ static void exact_content_grad(const backward_ctx *c, REAL *dx, const REAL *vect
                                size_t count);
 /* backward_slots_impl.h: the call's slots, prepared, reduced, released */
 static int backward_prepare(backward_ctx *c, const posenc_problem *p, const posenc_kernels *kern,
-                            const REAL *G, const posenc_grads *g, ptrdiff_t o_max);
+                            const REAL *G, const posenc_grads *g, ptrdiff_t o_max,
+                            const term_data *terms);
 static void backward_reduce(const backward_ctx *c);
 static void backward_zero(const posenc_problem *p, const posenc_grads *g);
 static void backward_release(backward_ctx *c);
@@ -95,15 +94,15 @@ static size_t backward_ws_layout(const backward_ctx *c, backward_ws *w, REAL *me
         w->cached_query_table = -1;
     }
     at += posenc_round_up(gemm_scratch_size(c->kern), 16);
-    const size_t buckets = posenc_max(c->query_buckets, c->key_buckets);
+    const size_t buckets = posenc_max(c->terms->query_buckets, c->terms->key_buckets);
     const size_t depth = posenc_max(posenc_max(n, m), posenc_max(buckets, c->row_block));
     WS_TAKE(w, mem, at, b_pack, packed_b_size(depth, posenc_max(d, p->d_p), nr));
     if (p->rope_cos && c->G) {   /* the logits' backward rotates its own (the attention's shares) */
         WS_TAKE(w, mem, at, inputs.q_rot, n * d);
         WS_TAKE(w, mem, at, inputs.k_rot, m * d);
     }
-    if (c->need_query_side) WS_TAKE(w, mem, at, query_side, n * c->query_buckets);
-    if (c->need_key_side) WS_TAKE(w, mem, at, key_side, m * c->key_buckets);
+    if (c->need_query_side) WS_TAKE(w, mem, at, query_side, n * c->terms->query_buckets);
+    if (c->need_key_side) WS_TAKE(w, mem, at, key_side, m * c->terms->key_buckets);
     if (c->need_query_side || c->need_key_side) WS_TAKE(w, mem, at, reach, buckets);
     if (c->scales.exact && (c->need_query_side || c->need_key_side))
         WS_TAKE(w, mem, at, vector_grad, posenc_max(n, m) * d);
@@ -115,8 +114,8 @@ static size_t backward_ws_layout(const backward_ctx *c, backward_ws *w, REAL *me
         WS_TAKE(w, mem, at, grad_sum, c->row_block * m);
     if (c->kern->bf16 && c->reads_g)
         WS_TAKE(w, mem, at, g_block, c->row_block * m);
-    if (c->need_key_side && key_edge_size(&c->key_edges, m))
-        WS_TAKE(w, mem, at, key_edge_sums, key_edge_size(&c->key_edges, m));
+    if (c->need_key_side && key_edge_size(&c->terms->key_edges, m))
+        WS_TAKE(w, mem, at, key_edge_sums, key_edge_size(&c->terms->key_edges, m));
     return posenc_round_up(at, POSENC_ALIGN / sizeof(REAL));
 }
 
@@ -180,10 +179,10 @@ static void scatter_key_rows(const backward_ctx *c, backward_ws *w, const REAL *
 {
     const posenc_kernels *kern = c->kern;
     const posenc_problem *p = c->p;
-    const size_t ld_side = c->key_buckets, m = p->m;
+    const size_t ld_side = c->terms->key_buckets, m = p->m;
     size_t lo = jb, hi = cols;
     if (w->key_edge_sums && rows > r0) {
-        const key_edges *e = &c->key_edges;
+        const key_edges *e = &c->terms->key_edges;
         REAL *lo_sums = w->key_edge_sums, *hi_sums = lo_sums + m;
         key_edges_split(e, i0 + r0, rows - r0, cols, &lo, &hi);
         lo = posenc_max(lo, jb);
@@ -210,7 +209,7 @@ static void scatter_key_rows(const backward_ctx *c, backward_ws *w, const REAL *
         }
     }
     for (size_t j0 = lo; j0 < hi; j0 += kern->key_block)
-        kern->tile_scatter_key(w->key_side, ld_side, p->key_map + (p->n - 1 - i0), c->key_runs.b_min,
+        kern->tile_scatter_key(w->key_side, ld_side, p->key_map + (p->n - 1 - i0), c->terms->key_runs.b_min,
                                src, ld_src, j0, posenc_min(j0 + kern->key_block, hi), r0, rows);
 }
 
@@ -235,9 +234,9 @@ static void scatter_key_edges_end(const backward_ctx *c, backward_ws *w)
     if (!w->key_edge_sums)
         return;
     const size_t m = c->p->m;
-    key_edge_move(c->kern, w->key_side, c->key_buckets, c->key_edges.lo, w->key_edge_sums,
+    key_edge_move(c->kern, w->key_side, c->terms->key_buckets, c->terms->key_edges.lo, w->key_edge_sums,
                   w->lo_first, w->lo_end, 0);
-    key_edge_move(c->kern, w->key_side, c->key_buckets, c->key_edges.hi, w->key_edge_sums + m,
+    key_edge_move(c->kern, w->key_side, c->terms->key_buckets, c->terms->key_edges.hi, w->key_edge_sums + m,
                   w->hi_first, w->hi_end, 0);
     w->lo_first = w->lo_end = w->hi_first = w->hi_end = 0;
 }
@@ -257,7 +256,7 @@ static void backward_row_positional(const backward_ctx *c, backward_ws *w, size_
     const size_t n = p->n, m = p->m;
     const ptrdiff_t jb = c->masked ? 1 : 0;   /* column 0 belongs to theta */
     if (c->need_query_side && rg->for_query_table)
-        scatter_query_side(kern, &c->query_runs, w->query_side + i * c->query_buckets,
+        scatter_query_side(kern, &c->terms->query_runs, w->query_side + i * c->terms->query_buckets,
                            rg->for_query_table, (ptrdiff_t)i, jb, (ptrdiff_t)cols);
     if (c->need_offsets && rg->for_table)
         kern->diagonal_sums(c->offset_slots + u * c->offsets + (n - 1 - i), rg->for_table, m, 1,
@@ -265,8 +264,8 @@ static void backward_row_positional(const backward_ctx *c, backward_ws *w, size_
     if (p->segment_table && c->g->segment_table && rg->for_segments) {
         const size_t S = p->n_segments;
         REAL *slot = c->segment_slots + u * S * S + (size_t)p->segment_q[b * n + i] * S;
-        for (size_t t = c->segment_runs.start[b]; t < c->segment_runs.start[b + 1]; ++t) {
-            const posenc_segment_run *run = &c->segment_runs.runs[t];
+        for (size_t t = c->terms->segment_runs.start[b]; t < c->terms->segment_runs.start[b + 1]; ++t) {
+            const posenc_segment_run *run = &c->terms->segment_runs.runs[t];
             const size_t js = posenc_max(run->j_begin, (size_t)jb), je = posenc_min(run->j_end, cols);
             if (js < je)
                 kern->row_scatter_add(slot + run->segment, 0, rg->for_segments + js, je - js);
@@ -343,13 +342,13 @@ static void backward_unit_begin(const backward_ctx *c, backward_ws *w, size_t u,
     const posenc_problem *p = c->p;
     const size_t m = p->m, d = p->d, h = u % p->H;
     const REAL *k_u = w->inputs.k;
-    if (c->need_query_side) memset(w->query_side, 0, sizeof(REAL) * p->n * c->query_buckets);
-    if (c->need_key_side) memset(w->key_side, 0, sizeof(REAL) * m * c->key_buckets);
+    if (c->need_query_side) memset(w->query_side, 0, sizeof(REAL) * p->n * c->terms->query_buckets);
+    if (c->need_key_side) memset(w->key_side, 0, sizeof(REAL) * m * c->terms->key_buckets);
     if (p->product) {
         pack_b(c->kern, &w->scratch, k_packed, w->k_pack, k_u, 1, (ptrdiff_t)d, d, m, (REAL)p->scale);
         if (p->key_table)
-            key_projections(c->kern, &w->scratch, p, c->key_runs.b_min, c->key_buckets, 0,
-                            c->key_buckets, &c->key_edges, w->key_table_pack, w->key_proj, h, k_u);
+            key_projections(c->kern, &w->scratch, p, c->terms->key_runs.b_min, c->terms->key_buckets, 0,
+                            c->terms->key_buckets, &c->terms->key_edges, w->key_table_pack, w->key_proj, h, k_u);
     }
 }
 
@@ -577,7 +576,7 @@ static int backward(const posenc_problem *p, const void *grad, const posenc_grad
     backward_ctx c;
     const posenc_kernels *kern = posenc_engine_kernels(p, REAL_DTYPE);
     int status = backward_prepare(&c, p, kern, (const REAL *)grad, g,
-                                  (ptrdiff_t)p->m - 1);
+                                  (ptrdiff_t)p->m - 1, NULL);
     if (status == POSENC_OK)
         status = posenc_run_team(posenc_team((size_t)(num_threads > 0 ? num_threads : 1), BH, p),
                                  backward_ws_layout(&c, NULL, NULL) * sizeof(REAL), backward_team,

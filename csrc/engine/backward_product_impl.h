@@ -10,7 +10,7 @@ static void backward_product_ws(const backward_ctx *c, backward_ws *w, REAL *mem
 {
     const posenc_problem *p = c->p;
     const size_t mr = c->kern->mr, nr = c->kern->nr, m = p->m, d = p->d;
-    const size_t proj_ld = posenc_round_up(posenc_max(c->query_buckets, 1), nr);
+    const size_t proj_ld = posenc_round_up(posenc_max(c->terms->query_buckets, 1), nr);
     WS_TAKE(w, mem, *at, k_pack, packed_b_size(d, m, nr));
     WS_TAKE(w, mem, *at, content, mr * c->m_pad);
     WS_TAKE(w, mem, *at, row_grad, c->m_pad);
@@ -18,12 +18,12 @@ static void backward_product_ws(const backward_ctx *c, backward_ws *w, REAL *mem
     if (p->query_table) {
         WS_TAKE(w, mem, *at, query_factor, mr * c->m_pad);
         WS_TAKE(w, mem, *at, query_proj, mr * proj_ld);
-        WS_TAKE(w, mem, *at, query_table_pack, packed_b_size(d, c->query_buckets, nr));
+        WS_TAKE(w, mem, *at, query_table_pack, packed_b_size(d, c->terms->query_buckets, nr));
     }
     if (p->key_table) {
         WS_TAKE(w, mem, *at, key_factor, mr * c->m_pad);
-        WS_TAKE(w, mem, *at, key_proj, m * c->key_buckets + key_edge_size(&c->key_edges, m));
-        WS_TAKE(w, mem, *at, key_table_pack, packed_b_size(d, c->key_buckets, nr));
+        WS_TAKE(w, mem, *at, key_proj, m * c->terms->key_buckets + key_edge_size(&c->terms->key_edges, m));
+        WS_TAKE(w, mem, *at, key_table_pack, packed_b_size(d, c->terms->key_buckets, nr));
         WS_TAKE(w, mem, *at, key_tile_grad, mr * c->m_pad);
     }
 }
@@ -49,14 +49,14 @@ static void backward_product_tile(const backward_ctx *c, backward_ws *w, size_t 
     gemm_packed(kern, &w->scratch, rows, q_u + i0 * d, (ptrdiff_t)d, 1, &keys,
                 w->content, (ptrdiff_t)ld, 0, NULL, 0, NULL, 0, NULL);
     if (p->query_table)
-        term_query_table(kern, &w->scratch, p, &c->query_runs, c->query_buckets,
+        term_query_table(kern, &w->scratch, p, &c->terms->query_runs, c->terms->query_buckets,
                          w->query_table_pack, &w->cached_query_table, w->query_proj, h, q_u,
                          POSENC_SET, w->query_factor, ld, i0, rows, width, NULL);
     if (p->key_table)
-        term_key_table(kern, POSENC_SET, w->key_factor, ld, p->key_map, c->key_runs.b_min,
-                       w->key_proj, c->key_buckets, &c->key_edges, n, m, width, i0, rows);
+        term_key_table(kern, POSENC_SET, w->key_factor, ld, p->key_map, c->terms->key_runs.b_min,
+                       w->key_proj, c->terms->key_buckets, &c->terms->key_edges, n, m, width, i0, rows);
 
-    const REAL *by_offset = p->table ? c->table_by_offset + head_of(p->table_heads, h) * c->offsets
+    const REAL *by_offset = p->table ? c->terms->table_by_offset + head_of(p->table_heads, h) * c->offsets
                                      : NULL;
     enum { FACTOR_TABLE, FACTOR_QUERY, FACTOR_KEY };
     for (size_t r = 0; r < rows; ++r) {

@@ -71,11 +71,11 @@ static void backward_reduce(const backward_ctx *c)
     /* a vector table's slots cover the buckets its map uses: rows b_min.. */
     if (g->query_table)
         reduce_slots((REAL *)g->query_table, p->query_table_heads, p->query_table_rows * d,
-                     (size_t)c->query_runs.b_min * d, c->query_table_slots, B, H,
-                     c->query_buckets * d, NULL, 0);
+                     (size_t)c->terms->query_runs.b_min * d, c->query_table_slots, B, H,
+                     c->terms->query_buckets * d, NULL, 0);
     if (g->key_table)   /* one table on both sides: the key side adds to the query side's sums */
         reduce_slots((REAL *)g->key_table, p->key_table_heads, p->key_table_rows * d,
-                     (size_t)c->key_runs.b_min * d, c->key_table_slots, B, H, c->key_buckets * d,
+                     (size_t)c->terms->key_runs.b_min * d, c->key_table_slots, B, H, c->terms->key_buckets * d,
                      NULL, g->key_table == g->query_table);
     if (g->segment_table)
         reduce_slots((REAL *)g->segment_table, p->segment_table_heads, SS, 0, c->segment_slots, B,
@@ -126,12 +126,9 @@ static void backward_zero(const posenc_problem *p, const posenc_grads *g)
 
 static void backward_release(backward_ctx *c)
 {
-    posenc_free(c->table_by_offset);
-    posenc_runs_free(&c->query_runs);
-    posenc_runs_free(&c->key_runs);
+    term_data_release(&c->own_terms);
     posenc_spans_free(&c->query_spans);
     posenc_spans_free(&c->key_spans);
-    posenc_segment_runs_free(&c->segment_runs);
     REAL *slots[] = {c->offset_slots, c->segment_slots, c->theta_slots, c->query_table_slots,
                      c->key_table_slots, c->pos_q_slots, c->pos_k_slots};
     for (size_t t = 0; t < sizeof slots / sizeof slots[0]; ++t)
@@ -151,9 +148,12 @@ static int zeroed_slots(REAL **slots, int wanted, size_t count)
 }
 
 /* The call's context; o_max: the largest offset j - i where G may be nonzero (m - 1, or a
- * causal attention's query_offset), past which the spans take the bucket matrices as zero. */
+ * causal attention's query_offset), past which the spans take the bucket matrices as zero;
+ * terms: the call's term data when another context built it (the fused attention's
+ * logits'), else NULL: built here. */
 static int backward_prepare(backward_ctx *c, const posenc_problem *p, const posenc_kernels *kern,
-                            const REAL *G, const posenc_grads *g, ptrdiff_t o_max)
+                            const REAL *G, const posenc_grads *g, ptrdiff_t o_max,
+                            const term_data *terms)
 {
     const size_t n = p->n, m = p->m, BH = p->B * p->H, offsets = n + m - 1;
     memset(c, 0, sizeof *c);
@@ -173,36 +173,25 @@ static int backward_prepare(backward_ctx *c, const posenc_problem *p, const pose
     c->unit_reads_g = p->product || c->need_query_side || c->need_key_side || c->need_offsets ||
                       (p->segment_table && g->segment_table);
     c->reads_g = c->unit_reads_g || c->masked || (p->pos_q && (g->pos_q || g->pos_k));
-    if (p->table && p->product && !(c->table_by_offset = table_by_offset(p, offsets)))
+    c->terms = terms ? terms : &c->own_terms;
+    /* the table along the offsets is product mode's factor; the segment runs, its gradient's */
+    if (!terms && term_data_build(&c->own_terms, p, p->product, g->segment_table != NULL))
         return POSENC_ENOMEM;
-    if (p->query_table) {
-        if (posenc_runs_build(&c->query_runs, p->query_map, -(ptrdiff_t)(n - 1), offsets))
-            return POSENC_ENOMEM;
-        c->query_buckets = posenc_runs_buckets(&c->query_runs);
-        if (c->need_query_side && posenc_spans_build(&c->query_spans, &c->query_runs, p->query_map,
-                                                     n, m, 0, c->masked ? 1 : 0, kern->mr, o_max))
-            return POSENC_ENOMEM;
-    }
-    if (p->key_table) {
-        if (posenc_runs_build(&c->key_runs, p->key_map, -(ptrdiff_t)(n - 1), offsets))
-            return POSENC_ENOMEM;
-        c->key_buckets = posenc_runs_buckets(&c->key_runs);
-        c->key_edges = key_edges_of(&c->key_runs);
-        if (c->need_key_side &&
-            posenc_spans_build(&c->key_spans, &c->key_runs, p->key_map, n, m, 1, 0, kern->mr, o_max))
-            return POSENC_ENOMEM;
-    }
-    if (p->segment_table && g->segment_table &&
-        posenc_segment_runs_build(&c->segment_runs, p->segment_k, p->B, m))
+    if (c->need_query_side && posenc_spans_build(&c->query_spans, &c->terms->query_runs,
+                                                 p->query_map, n, m, 0, c->masked ? 1 : 0,
+                                                 kern->mr, o_max))
+        return POSENC_ENOMEM;
+    if (c->need_key_side && posenc_spans_build(&c->key_spans, &c->terms->key_runs, p->key_map, n,
+                                               m, 1, 0, kern->mr, o_max))
         return POSENC_ENOMEM;
     const size_t SS = p->n_segments * p->n_segments, dp = p->d_p;
     if (zeroed_slots(&c->offset_slots, c->need_offsets, posenc_mul_size(BH, offsets)) ||
         zeroed_slots(&c->segment_slots, p->segment_table && g->segment_table, posenc_mul_size(BH, SS)) ||
         zeroed_slots(&c->theta_slots, p->theta && g->theta, BH * 2) ||
         zeroed_slots(&c->query_table_slots, p->query_table && g->query_table,
-                     posenc_mul_size(BH, c->query_buckets * p->d)) ||
+                     posenc_mul_size(BH, c->terms->query_buckets * p->d)) ||
         zeroed_slots(&c->key_table_slots, p->key_table && g->key_table,
-                     posenc_mul_size(BH, c->key_buckets * p->d)) ||
+                     posenc_mul_size(BH, c->terms->key_buckets * p->d)) ||
         zeroed_slots(&c->pos_q_slots, p->pos_q && g->pos_q, posenc_mul_size(p->H, n * dp)) ||
         zeroed_slots(&c->pos_k_slots, p->pos_q && g->pos_k, posenc_mul_size(p->H, m * dp)))
         return POSENC_ENOMEM;

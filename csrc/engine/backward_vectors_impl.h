@@ -64,7 +64,7 @@ static int x_all_finite(const gemm_scratch *s, const REAL *x, size_t count, REAL
  */
 static void bucket_reach(const backward_ctx *c, int key_side, size_t x, REAL *reach)
 {
-    const posenc_runs *runs = key_side ? &c->key_runs : &c->query_runs;
+    const posenc_runs *runs = key_side ? &c->terms->key_runs : &c->terms->query_runs;
     const ptrdiff_t n = (ptrdiff_t)c->p->n, m = (ptrdiff_t)c->p->m, jb = c->masked ? 1 : 0;
     const ptrdiff_t i_lo = c->cls_row0 ? 1 : 0, at = (ptrdiff_t)x;
     memset(reach, 0, sizeof(REAL) * posenc_runs_buckets(runs));
@@ -125,13 +125,13 @@ static void backward_vector_table(const backward_ctx *c, backward_ws *w, size_t 
     const posenc_problem *p = c->p;
     const posenc_kernels *kern = c->kern;
     const size_t d = p->d, rows = key_side ? p->m : p->n;
-    const size_t buckets = key_side ? c->key_buckets : c->query_buckets;
+    const size_t buckets = key_side ? c->terms->key_buckets : c->terms->query_buckets;
     const REAL vs = (REAL)p->vector_scale;
     const REAL *X = key_side ? w->key_side : w->query_side;
     const posenc_spans *spans = key_side ? &c->key_spans : &c->query_spans;
     const size_t heads = key_side ? p->key_table_heads : p->query_table_heads;
     const size_t first_row = head_of(heads, h) * (key_side ? p->key_table_rows : p->query_table_rows) +
-                             (size_t)(key_side ? c->key_runs.b_min : c->query_runs.b_min);
+                             (size_t)(key_side ? c->terms->key_runs.b_min : c->terms->query_runs.b_min);
     const REAL *table = (const REAL *)(key_side ? p->key_table : p->query_table) + first_row * d;
     REAL *slots = key_side ? c->key_table_slots : c->query_table_slots;
     REAL *slot = slots ? slots + u * buckets * d : NULL;

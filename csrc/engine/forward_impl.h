@@ -25,11 +25,8 @@ typedef struct {
     int toeplitz_only;        /* the scalar table is the only positional term */
     int stream;               /* write the logits with non-temporal stores */
     int segment_rows;         /* segments added by the epilogue from expanded rows (no reset) */
-    REAL *table_by_offset;    /* table_heads x (n + m - 1) */
-    posenc_runs query_runs, key_runs;
-    posenc_segment_runs segment_runs;
-    size_t query_buckets, key_buckets;   /* buckets the maps use */
-    key_edges key_edges;      /* the key map's edges (terms_impl.h) */
+    term_data own_terms;      /* built by forward_prepare */
+    const term_data *terms;   /* what the terms read: &own_terms */
     size_t key_reach[2];      /* the key projections' buckets the tiles read: [0, key_buckets), or
                                  under a causal attention those of its offsets (from b_min) */
     size_t *query_reach;      /* NULL, or a causal attention's: the query table's buckets [2 t,
@@ -74,12 +71,12 @@ static size_t forward_ws_layout(const forward_ctx *c, forward_ws *w, REAL *mem)
         WS_TAKE(w, mem, at, inputs.k_rot, p->m * p->d);
     }
     if (p->query_table) {
-        WS_TAKE(w, mem, at, query_proj, mr * posenc_round_up(c->query_buckets, nr));
-        WS_TAKE(w, mem, at, query_table_pack, packed_b_size(p->d, c->query_buckets, nr));
+        WS_TAKE(w, mem, at, query_proj, mr * posenc_round_up(c->terms->query_buckets, nr));
+        WS_TAKE(w, mem, at, query_table_pack, packed_b_size(p->d, c->terms->query_buckets, nr));
     }
     if (p->key_table) {
-        WS_TAKE(w, mem, at, key_proj, c->key_buckets * p->m + key_edge_size(&c->key_edges, p->m));
-        WS_TAKE(w, mem, at, key_table_pack, packed_b_size(p->d, c->key_buckets, nr));
+        WS_TAKE(w, mem, at, key_proj, c->terms->key_buckets * p->m + key_edge_size(&c->terms->key_edges, p->m));
+        WS_TAKE(w, mem, at, key_table_pack, packed_b_size(p->d, c->terms->key_buckets, nr));
     }
     if (c->head_blocks)
         WS_TAKE(w, mem, at, head_block, p->n * p->m);
@@ -115,7 +112,7 @@ static void forward_head_block(const forward_ctx *c, forward_ws *w, size_t h)
     const size_t n = p->n, m = p->m, dp = p->d_p, step = c->causal ? kern->mr : n;
     const REAL *pos_q = (const REAL *)p->pos_q + head_of(p->pos_q_heads, h) * n * dp;
     const REAL *pos_k = (const REAL *)p->pos_k + head_of(p->pos_k_heads, h) * m * dp;
-    const REAL *by_offset = p->table ? c->table_by_offset + head_of(p->table_heads, h) * (n + m - 1)
+    const REAL *by_offset = p->table ? c->terms->table_by_offset + head_of(p->table_heads, h) * (n + m - 1)
                                      : NULL;
     packed_b pb;
     pack_b(kern, &w->scratch, &pb, w->pos_k_pack, pos_k, 1, (ptrdiff_t)dp, dp, m,
@@ -177,7 +174,7 @@ static const REAL *forward_positional(const forward_ctx *c, forward_ws *w, size_
     if (c->toeplitz_only) {
         /* row i of the Toeplitz block starts at by_offset[n - 1 - i]: stride -1 */
         *ldp = -1;
-        return c->table_by_offset + head_of(p->table_heads, h) * (n + m - 1) + (n - 1 - i0);
+        return c->terms->table_by_offset + head_of(p->table_heads, h) * (n + m - 1) + (n - 1 - i0);
     }
     if (c->head_blocks) {
         for (size_t r = 0; r < rows; ++r)
@@ -190,24 +187,24 @@ static const REAL *forward_positional(const forward_ctx *c, forward_ws *w, size_
         }
         if (p->table) {
             term_table(kern, op, w->P, ld,
-                       c->table_by_offset + head_of(p->table_heads, h) * (n + m - 1), n, cols, i0,
+                       c->terms->table_by_offset + head_of(p->table_heads, h) * (n + m - 1), n, cols, i0,
                        rows);
             op = combine_op;
         }
     }
     if (p->query_table) {
-        term_query_table(kern, &w->scratch, p, &c->query_runs, c->query_buckets,
+        term_query_table(kern, &w->scratch, p, &c->terms->query_runs, c->terms->query_buckets,
                          w->query_table_pack, &w->cached_query_table, w->query_proj, h, q_u, op,
                          w->P, ld, i0, rows, cols, forward_query_reach(c, i0, rows));
         op = combine_op;
     }
     if (p->key_table) {
-        term_key_table(kern, op, w->P, ld, p->key_map, c->key_runs.b_min, w->key_proj,
-                       c->key_buckets, &c->key_edges, n, m, cols, i0, rows);
+        term_key_table(kern, op, w->P, ld, p->key_map, c->terms->key_runs.b_min, w->key_proj,
+                       c->terms->key_buckets, &c->terms->key_edges, n, m, cols, i0, rows);
         op = combine_op;
     }
     if (p->segment_table && !c->segment_rows) {
-        const posenc_segment_runs *sr = &c->segment_runs;
+        const posenc_segment_runs *sr = &c->terms->segment_runs;
         const size_t S = p->n_segments;
         term_segments(kern, op, w->P, ld, sr->runs + sr->start[b], sr->start[b + 1] - sr->start[b],
                       p->segment_q + b * n,
@@ -229,7 +226,7 @@ static const REAL *forward_positional(const forward_ctx *c, forward_ws *w, size_
 static void forward_expand_segments(const forward_ctx *c, forward_ws *w, size_t b, size_t h)
 {
     const posenc_problem *p = c->p;
-    const posenc_segment_runs *sr = &c->segment_runs;
+    const posenc_segment_runs *sr = &c->terms->segment_runs;
     const size_t S = p->n_segments, m = p->m;
     const REAL *table = (const REAL *)p->segment_table + head_of(p->segment_table_heads, h) * S * S;
     for (size_t s = 0; s < S; ++s) {
@@ -260,8 +257,8 @@ static void forward_unit_setup(const forward_ctx *c, forward_ws *w, size_t b, si
     else   /* the caller packs k's panels as its tiles reach them (causal_keys_reach) */
         *k_packed = packed_b_shape(kern, w->k_pack, d, m, (REAL)p->scale);
     if (p->key_table)
-        key_projections(kern, &w->scratch, p, c->key_runs.b_min, c->key_buckets, c->key_reach[0],
-                        c->key_reach[1], &c->key_edges, w->key_table_pack, w->key_proj, h, k_u);
+        key_projections(kern, &w->scratch, p, c->terms->key_runs.b_min, c->terms->key_buckets, c->key_reach[0],
+                        c->key_reach[1], &c->terms->key_edges, w->key_table_pack, w->key_proj, h, k_u);
     if (c->segment_rows)
         forward_expand_segments(c, w, b, h);
 }
@@ -299,7 +296,7 @@ static void forward_tile_exact(const forward_ctx *c, forward_ws *w, size_t b, si
     const posenc_kernels *kern = c->kern;
     const size_t n = p->n, m = p->m, d = p->d, ld = c->m_pad, count = rows * cols;
     const REAL *q_u = w->inputs.q;
-    const REAL *by_offset = p->table ? c->table_by_offset + head_of(p->table_heads, h) * (n + m - 1)
+    const REAL *by_offset = p->table ? c->terms->table_by_offset + head_of(p->table_heads, h) * (n + m - 1)
                                      : NULL;
     const int op = p->product ? POSENC_MUL : POSENC_ADD;
     /* the vector terms go inside s (q.k + ...) when they share its scale */
@@ -325,14 +322,14 @@ static void forward_tile_exact(const forward_ctx *c, forward_ws *w, size_t b, si
     if (vector_sum == V && (p->query_table || p->key_table))
         memset(V, 0, sizeof(double) * count);
     if (p->query_table) {
-        term_query_table(kern, &w->scratch, p, &c->query_runs, c->query_buckets,
+        term_query_table(kern, &w->scratch, p, &c->terms->query_runs, c->terms->query_buckets,
                          w->query_table_pack, &w->cached_query_table, w->query_proj, h, q_u,
                          POSENC_SET, P, ld, i0, rows, cols, forward_query_reach(c, i0, rows));
         exact_apply(op, vector_sum, vs, P, ld, rows, cols);
     }
     if (p->key_table) {
-        term_key_table(kern, POSENC_SET, P, ld, p->key_map, c->key_runs.b_min, w->key_proj,
-                       c->key_buckets, &c->key_edges, n, p->m, cols, i0, rows);
+        term_key_table(kern, POSENC_SET, P, ld, p->key_map, c->terms->key_runs.b_min, w->key_proj,
+                       c->terms->key_buckets, &c->terms->key_edges, n, p->m, cols, i0, rows);
         exact_apply(op, vector_sum, vs, P, ld, rows, cols);
     }
     if (p->product) {
@@ -365,7 +362,7 @@ static void forward_tile_exact(const forward_ctx *c, forward_ws *w, size_t b, si
                 X[t] += V[t];
         }
         if (p->segment_table) {
-            const posenc_segment_runs *sr = &c->segment_runs;
+            const posenc_segment_runs *sr = &c->terms->segment_runs;
             const size_t S = p->n_segments;
             term_segments(kern, POSENC_SET, P, ld, sr->runs + sr->start[b],
                           sr->start[b + 1] - sr->start[b], p->segment_q + b * n,
@@ -427,7 +424,7 @@ static void forward_unit(const forward_ctx *c, forward_ws *w, size_t b, size_t h
 static int forward_prepare(forward_ctx *c, const posenc_problem *p, const posenc_kernels *kern,
                            const void *out)
 {
-    const size_t n = p->n, m = p->m, offsets = n + m - 1;
+    const size_t n = p->n, m = p->m;
     memset(c, 0, sizeof *c);
     c->p = call_scales_init(&c->scales, p);
     c->kern = kern;
@@ -442,31 +439,16 @@ static int forward_prepare(forward_ctx *c, const posenc_problem *p, const posenc
     c->out_heads = p->bf16_out_heads ? p->bf16_out_heads : p->H;
     c->out_size = p->bf16_out_heads ? sizeof(uint16_t) : sizeof(REAL);
     c->stream = posenc_stream_logits(out, p->B * p->H * n, m, c->out_size) && !c->scales.exact;
-    if (p->table && !(c->table_by_offset = table_by_offset(p, offsets)))
+    c->terms = &c->own_terms;
+    if (term_data_build(&c->own_terms, p, 1, 1))
         return POSENC_ENOMEM;
-    if (p->query_table) {
-        if (posenc_runs_build(&c->query_runs, p->query_map, -(ptrdiff_t)(n - 1), offsets))
-            return POSENC_ENOMEM;
-        c->query_buckets = posenc_runs_buckets(&c->query_runs);
-    }
-    if (p->key_table) {
-        if (posenc_runs_build(&c->key_runs, p->key_map, -(ptrdiff_t)(n - 1), offsets))
-            return POSENC_ENOMEM;
-        c->key_buckets = posenc_runs_buckets(&c->key_runs);
-        c->key_edges = key_edges_of(&c->key_runs);
-        c->key_reach[1] = c->key_buckets;
-    }
-    if (p->segment_table && posenc_segment_runs_build(&c->segment_runs, p->segment_k, p->B, m))
-        return POSENC_ENOMEM;
+    c->key_reach[1] = c->terms->key_buckets;
     return POSENC_OK;
 }
 
 static void forward_release(forward_ctx *c)
 {
-    posenc_free(c->table_by_offset);
-    posenc_runs_free(&c->query_runs);
-    posenc_runs_free(&c->key_runs);
-    posenc_segment_runs_free(&c->segment_runs);
+    term_data_release(&c->own_terms);
 }
 
 /* Work items: units, each split into row chunks when units are fewer than

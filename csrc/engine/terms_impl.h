@@ -274,3 +274,51 @@ static REAL *table_by_offset(const posenc_problem *p, size_t offsets)
     }
     return by_offset;
 }
+
+/*
+ * What a call's positional terms read, derived from the problem once per call
+ * (the fused attention's backward builds it once for its logits and its
+ * gradients): the scalar table along the offsets, the vector tables' maps as
+ * runs (and the key map's edges), the key-side segment runs.
+ */
+typedef struct {
+    REAL *table_by_offset;                 /* table_heads x (n + m - 1), or NULL */
+    posenc_runs query_runs, key_runs;
+    size_t query_buckets, key_buckets;     /* buckets the maps use */
+    key_edges key_edges;                   /* the key map's edges */
+    posenc_segment_runs segment_runs;
+} term_data;
+
+/* t built for p: the table along the offsets when `table` (and p has one), the
+ * segment runs when `segments` (and p has segments).  POSENC_OK or ENOMEM
+ * (what was built is term_data_release's to free). */
+static int term_data_build(term_data *t, const posenc_problem *p, int table, int segments)
+{
+    const size_t n = p->n, m = p->m, offsets = n + m - 1;
+    memset(t, 0, sizeof *t);
+    if (table && p->table && !(t->table_by_offset = table_by_offset(p, offsets)))
+        return POSENC_ENOMEM;
+    if (p->query_table) {
+        if (posenc_runs_build(&t->query_runs, p->query_map, -(ptrdiff_t)(n - 1), offsets))
+            return POSENC_ENOMEM;
+        t->query_buckets = posenc_runs_buckets(&t->query_runs);
+    }
+    if (p->key_table) {
+        if (posenc_runs_build(&t->key_runs, p->key_map, -(ptrdiff_t)(n - 1), offsets))
+            return POSENC_ENOMEM;
+        t->key_buckets = posenc_runs_buckets(&t->key_runs);
+        t->key_edges = key_edges_of(&t->key_runs);
+    }
+    if (segments && p->segment_table &&
+        posenc_segment_runs_build(&t->segment_runs, p->segment_k, p->B, m))
+        return POSENC_ENOMEM;
+    return POSENC_OK;
+}
+
+static void term_data_release(term_data *t)
+{
+    posenc_free(t->table_by_offset);
+    posenc_runs_free(&t->query_runs);
+    posenc_runs_free(&t->key_runs);
+    posenc_segment_runs_free(&t->segment_runs);
+}
