@@ -40,7 +40,7 @@ sys.path.insert(0, HERE)
 
 import attention as A  # noqa: E402  (its inputs, turns and peak-memory worker)
 from low_precision import measure_peaks  # noqa: E402
-from posenc_bench.machine import cpu_model  # noqa: E402
+from posenc_bench.machine import cpu_family, cpu_model  # noqa: E402
 
 HEADLINE = dict(B=8, H=12, n=512, d=64)
 METHODS = ("content", "rope", "alibi", "kerple", "relative_bias")
@@ -118,7 +118,8 @@ def run(args) -> dict:
     posenc.set_num_threads(args.threads)
     shape = dict(HEADLINE, B=2, H=4, n=128) if args.quick else HEADLINE
     repeats, max_seconds = (3, 0.3) if args.quick else (9, 3.0)
-    results = {"machine": {"cpu": cpu_model(), "torch": torch.__version__,
+    results = {"machine": {"cpu": cpu_model(), "cpu_family": cpu_family(),
+                           "torch": torch.__version__,
                            "posenc": posenc.__version__, "isa": posenc.get_isa(),
                            "threads": args.threads},
                "shape": shape, "peaks": measure_peaks(args.threads, 0.2 if args.quick else 1.0),
@@ -173,7 +174,8 @@ def markdown(results: dict) -> str:
     cell = lambda r: f"{r['median_ms']:.1f} ({r['min_ms']:.1f}–{r['max_ms']:.1f})"  # noqa: E731
     lines = [f"# Fused RoPE, ALiBi, KERPLE, relative bias: B={shape['B']} H={shape['H']} "
              f"n=m={shape['n']} d=dv={shape['d']}, {machine['threads']} threads",
-             "", f"CPU {machine['cpu']}; posenc {machine['posenc']} ({machine['isa']}), torch "
+             "", f"CPU {machine['cpu']} ({machine.get('cpu_family', '?')}); posenc "
+             f"{machine['posenc']} ({machine['isa']}), torch "
              f"{machine['torch']}. Measured FMA peaks: {peaks}. Median ms (min–max); "
              "each table's calls timed in turns; % = of the dtype's FMA peak "
              "(4 B H n m d FLOPs forward, 14 forward+backward).", ""]
@@ -234,7 +236,12 @@ def main(argv=None) -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", default=os.path.join(os.path.dirname(HERE), "benchmarks",
                                                       "results"))
+    parser.add_argument("--report-only", metavar="JSON", help="the .md of a run, from its JSON")
     args = parser.parse_args(argv)
+    if args.report_only:
+        with open(args.report_only) as f:
+            print(markdown(json.load(f)))
+        return 0
     results = run(args)
     os.makedirs(args.out, exist_ok=True)
     stem = os.path.join(args.out, "positional-" + datetime.date.today().isoformat()

@@ -34,6 +34,24 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def cpu_family() -> str:
+    """The x86 family and model numbers (AMD's 25 is Zen 3/Zen 4, 26 Zen 5; model 17 a Zen 4
+    EPYC), which tell machines apart where the model name does not ("AMD EPYC")."""
+    found = {}
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() in ("cpu family", "model") and key.strip() not in found:
+                    found[key.strip()] = value.strip()
+                if len(found) == 2:
+                    break
+    except OSError:
+        pass
+    return (f"family {found['cpu family']}, model {found['model']}"
+            if len(found) == 2 else platform.machine())
+
+
 def usable_cores() -> int:
     try:
         return len(os.sched_getaffinity(0))
