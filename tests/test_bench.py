@@ -237,3 +237,27 @@ def test_low_precision_benchmark_runs(tmp_path):
                 assert data["methods"][method][dtype][direction]["median_s"] > 0
     text = (tmp_path / json_file.name.replace(".json", ".md")).read_text()
     assert "target ≥ 1.6×" in text and text.count("| t5 |") == len(low_precision.DIRECTIONS)
+
+
+def test_positional_benchmark_runs(tmp_path):
+    """benchmarks/positional.py (issue 27) end to end at its quick size: every
+    comparison it promises, in both dtypes, with positive timings and fractions of
+    the measured peak, and its page regenerated from the JSON alone."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    pytest.importorskip("ml_dtypes")
+    import positional   # benchmarks/ is on sys.path (SUITE, above)
+
+    assert positional.main(["--quick", "--out", str(tmp_path)]) == 0
+    (json_file,) = tmp_path.glob("positional-*-quick.json")
+    data = json.loads(json_file.read_text())
+    for dtype in positional.DTYPES:
+        for direction in ("fwd", "fwd+bwd"):
+            assert set(data["fused"][dtype][direction]) == set(positional.METHODS)
+            assert data["hf_rope"][dtype][direction]["hf+sdpa"]["median_ms"] > 0
+            for method in ("alibi", "kerple"):
+                assert data["sdpa_bias"][dtype][method][direction]["sdpa+bias"]["median_ms"] > 0
+    assert all("peak_bytes" in entry for entry in data["memory"].values())
+    text = (tmp_path / json_file.name.replace(".json", ".md")).read_text()
+    assert text.count("% |") > 10 and "family" in text
+    assert positional.markdown(data) == text
