@@ -155,7 +155,8 @@ _LEGEND = ("err: float64 = max|posenc - reference| / max|reference| (limit {rtol
            "(method on |inputs|), carried through the softmax for the attention "
            "(docs/validation.md) (limit 1); bfloat16, float16: the float32 bound E32 and "
            "one rounding, u |reference| + (1 + u) E32, u = 2^-8, 2^-11, E32 + 2^-8 M for "
-           "bfloat16's gradients and attention out (GEMM operands rounded) (limit 1)")
+           "bfloat16's gradients and attention out, and rope's logits (GEMM operands rounded) "
+           "(limit 1)")
 
 
 class CheckResult:
