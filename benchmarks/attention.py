@@ -380,14 +380,10 @@ def main(argv=None) -> int:
     import posenc
     args.methods = args.methods or list(posenc.METHODS)
     results = run(args)
-    os.makedirs(args.out, exist_ok=True)
-    stem = os.path.join(args.out, "attention-" + datetime.date.today().isoformat()
-                        + ("-quick" if args.quick else ""))
-    with open(stem + ".json", "w") as f:
-        json.dump(results, f, indent=1)
     text = markdown(results)
-    with open(stem + ".md", "w") as f:
-        f.write(text)
+    from posenc_bench.report import save_run   # benchmarks/ is on sys.path (_inputs, above)
+    stem = save_run(args.out, "attention-" + datetime.date.today().isoformat()
+                    + ("-quick" if args.quick else ""), results, text)
     drawn = chart(results, stem + ".png")
     print(text)
     print(f"wrote {stem}.json, .md" + (", .png" if drawn else ""))

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import os
 import platform
 import sys
@@ -33,6 +32,7 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+from posenc_bench.report import save_run  # noqa: E402
 HEADLINE = dict(B=8, H=12, n=512, d=64)
 LOW = ("bfloat16", "float16")
 
@@ -219,12 +219,8 @@ def main(argv=None) -> int:
         data["methods"][method] = measure_method(method, shape, args.threads, timing)
     text = render(data)
     print(text)
-    os.makedirs(args.out, exist_ok=True)
-    base = os.path.join(args.out, f"low-precision-{data['date']}{'-quick' if args.quick else ''}")
-    with open(base + ".json", "w") as f:
-        json.dump(data, f, indent=1)
-    with open(base + ".md", "w") as f:
-        f.write(text)
+    base = save_run(args.out, f"low-precision-{data['date']}{'-quick' if args.quick else ''}",
+                    data, text)
     print(f"wrote {base}.json and .md")
     return 0
 

@@ -41,6 +41,7 @@ sys.path.insert(0, HERE)
 import attention as A  # noqa: E402  (its inputs, turns and peak-memory worker)
 from low_precision import measure_peaks  # noqa: E402
 from posenc_bench.machine import cpu_family, cpu_model  # noqa: E402
+from posenc_bench.report import save_run  # noqa: E402
 
 HEADLINE = dict(B=8, H=12, n=512, d=64)
 METHODS = ("content", "rope", "alibi", "kerple", "relative_bias")
@@ -167,11 +168,23 @@ def _fraction(results, dtype, direction, ms) -> str:
     return f"{flops / (ms * 1e-3) / peak:.0%}"
 
 
+def _cell(r) -> str:
+    return f"{r['median_ms']:.1f} ({r['min_ms']:.1f}–{r['max_ms']:.1f})"
+
+
+def _versus(results, first: list, dtype, direction, r, peer: str) -> str:
+    """A table row: the first cells, the direction, posenc's time and its fraction of the
+    peak, the peer's time, the speed-up."""
+    ours, theirs = r["posenc"]["median_ms"], r[peer]["median_ms"]
+    return "| " + " | ".join(first + [direction, _cell(r["posenc"]),
+                                      _fraction(results, dtype, direction, ours),
+                                      _cell(r[peer]), f"{theirs / ours:.2f}×"]) + " |"
+
+
 def markdown(results: dict) -> str:
     shape, machine = results["shape"], results["machine"]
     peaks = ", ".join(f"{k} {v / 1e9:.0f} GFLOP/s" if v else f"{k} not measured"
                       for k, v in results["peaks"].items())
-    cell = lambda r: f"{r['median_ms']:.1f} ({r['min_ms']:.1f}–{r['max_ms']:.1f})"  # noqa: E731
     lines = [f"# Fused RoPE, ALiBi, KERPLE, relative bias: B={shape['B']} H={shape['H']} "
              f"n=m={shape['n']} d=dv={shape['d']}, {machine['threads']} threads",
              "", f"CPU {machine['cpu']} ({machine.get('cpu_family', '?')}); posenc "
@@ -187,7 +200,7 @@ def markdown(results: dict) -> str:
             row = [method]
             for direction in ("fwd", "fwd+bwd"):
                 r = turns[direction][method]
-                row += [cell(r), _fraction(results, dtype, direction, r["median_ms"]),
+                row += [_cell(r), _fraction(results, dtype, direction, r["median_ms"]),
                         f"{r['median_ms'] / turns[direction]['content']['median_ms']:.2f}×"]
             lines.append("| " + " | ".join(row) + " |")
         lines += ["", "Target: every method within 1.1× of content, forward and forward+backward.",
@@ -199,11 +212,8 @@ def markdown(results: dict) -> str:
         if "error" in turns:
             lines.append(f"| {dtype} | — | {turns['error']} | | | |")
             continue
-        for direction, r in turns.items():
-            ours, theirs = r["posenc"]["median_ms"], r["hf+sdpa"]["median_ms"]
-            lines.append(f"| {dtype} | {direction} | {cell(r['posenc'])} | "
-                         f"{_fraction(results, dtype, direction, ours)} | {cell(r['hf+sdpa'])} | "
-                         f"{theirs / ours:.2f}× |")
+        lines += [_versus(results, [dtype], dtype, direction, r, "hf+sdpa")
+                  for direction, r in turns.items()]
     lines += ["", "Target: faster forward+backward than HF's path.", "",
               "## alibi, kerple with learnable parameters against SDPA with the bias "
               "materialised (requiring grad)", "",
@@ -211,11 +221,8 @@ def markdown(results: dict) -> str:
               "|---|---|---|---|---|---|---|"]
     for dtype, methods in results["sdpa_bias"].items():
         for method, turns in methods.items():
-            for direction, r in turns.items():
-                ours, theirs = r["posenc"]["median_ms"], r["sdpa+bias"]["median_ms"]
-                lines.append(f"| {dtype} | {method} | {direction} | {cell(r['posenc'])} | "
-                             f"{_fraction(results, dtype, direction, ours)} | "
-                             f"{cell(r['sdpa+bias'])} | {theirs / ours:.2f}× |")
+            lines += [_versus(results, [dtype, method], dtype, direction, r, "sdpa+bias")
+                      for direction, r in turns.items()]
     lines += ["", "Target: forward+backward ≥ 4× faster.", "",
               "## Peak memory of forward+backward, float32", "",
               "| method | n | peak MiB above the inputs | ÷ content |", "|---|---|---|---|"]
@@ -243,14 +250,9 @@ def main(argv=None) -> int:
             print(markdown(json.load(f)))
         return 0
     results = run(args)
-    os.makedirs(args.out, exist_ok=True)
-    stem = os.path.join(args.out, "positional-" + datetime.date.today().isoformat()
-                        + ("-quick" if args.quick else ""))
-    with open(stem + ".json", "w") as f:
-        json.dump(results, f, indent=1)
     text = markdown(results)
-    with open(stem + ".md", "w") as f:
-        f.write(text)
+    stem = save_run(args.out, "positional-" + datetime.date.today().isoformat()
+                    + ("-quick" if args.quick else ""), results, text)
     print(text)
     print(f"wrote {stem}.json, .md")
     return 0

@@ -5,6 +5,9 @@ markdown.py and charts.py draw from that dict alone."""
 
 from __future__ import annotations
 
+import json
+import os
+
 from . import cases
 
 # DIET (Chen et al. 2021), Table 1, quoted exactly: step time relative to the
@@ -23,6 +26,18 @@ PAPER_NAMES = {"shaw": "Shaw et al. (2018)", "tupe": "Ke et al. (2020)", "diet_a
                "diet_rel": "DIET-REL"}
 PAPER_CAPTION = ("Table 1: Pre-training and inference time of Transformers with different "
                  "position encoding methods in comparison to the baseline BERT model on TPU v2.")
+
+def save_run(out: str, stem: str, data: dict, text: str) -> str:
+    """<out>/<stem>.json (a run's data) and <stem>.md (its page); the path without
+    the suffix.  The benchmark scripts' one way of writing their results."""
+    os.makedirs(out, exist_ok=True)
+    base = os.path.join(out, stem)
+    with open(base + ".json", "w") as f:
+        json.dump(data, f, indent=1)
+    with open(base + ".md", "w") as f:
+        f.write(text)
+    return base
+
 
 IMPL_NAMES = {"posenc": "posenc", "posenc_out": "posenc (out=)", "eager": "PyTorch eager",
               "compile": "torch.compile", "reference": "posenc.reference (NumPy)",
