@@ -188,7 +188,11 @@ ENCODINGS = {
     "deberta": lambda: pnn.DebertaRelative(32, 4, max_relative_positions=8),
     "tupe": lambda: pnn.TUPE(32, 4, 12, relative=True),
     "diet_abs": lambda: pnn.DIETAbs(4, 12, 3, num_segments=2),
-    "diet_rel": lambda: pnn.DIETRel(4, 6, num_segments=2)}
+    "diet_rel": lambda: pnn.DIETRel(4, 6, num_segments=2),
+    "relative_bias": lambda: pnn.RelativeBias(4, 6),
+    "alibi": lambda: pnn.ALiBi(4, learnable=True),
+    "kerple": lambda: pnn.KERPLE(4, "power"),
+    "rope": lambda: pnn.RotaryEmbedding(4, 8, rotary_dim=6, interleaved=True)}
 SEGMENTS = torch.tensor([[0] * 5 + [1] * 7, [0] * 8 + [1] * 4])
 
 
