@@ -36,8 +36,7 @@ const config configs[] = {
     {"tupe-no-table@offset", 1, 0, 0, 0, 0, 1, 0, 0, 3},
     {"everything@offset", 1, 1, 1, 1, 1, 1, 0, 2, 1},
     {"product-all", 0, 1, 1, 1, 0, 0, 1, 2},
-    {"rope", 0, 0, 0, 0, 0, 0, 0, 0, 0, 1},
-    {"rope@offset", 0, 0, 0, 0, 0, 0, 0, 0, 4, 1},
+    {"rope@offset", 0, 0, 0, 0, 0, 0, 0, 0, 4, 1},   /* default positions query_offset + i, j */
     {"rope-interleaved-partial-positions-xpos", 0, 0, 0, 0, 0, 0, 0, 0, 2, 2},
 };
 
