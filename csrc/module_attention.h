@@ -38,11 +38,11 @@ static int parse_attention(attention_call *call, PyObject *const *args, int conf
     if (build_problem(args[config_at], &call->a, &call->p))
         return -1;
     const posenc_problem *p = &call->p;
-    const npy_intp B = (npy_intp)p->B, H = (npy_intp)p->H, m = (npy_intp)p->m;
+    const npy_intp B = (npy_intp)p->B, H_kv = (npy_intp)p->H_kv, m = (npy_intp)p->m;
     call->typenum = typenum_of(p->dtype);
     memset(att, 0, sizeof *att);
     if (!(call->v = as_float_array(args[v_at], call->typenum, "v")) ||
-        check_dims(call->v, "v", 4, (npy_intp[]){B, H, m, -1}))
+        check_dims(call->v, "v", 4, (npy_intp[]){B, H_kv, m, -1}))
         return -1;
     att->v = PyArray_DATA(call->v);
     att->dv = (size_t)PyArray_DIM(call->v, 3);

@@ -304,9 +304,14 @@ static int build_problem(PyObject *config, converted *a, posenc_problem *p)
         return -1;
     const npy_intp B = PyArray_DIM(a->arr[CF_q], 0), H = PyArray_DIM(a->arr[CF_q], 1);
     const npy_intp n = PyArray_DIM(a->arr[CF_q], 2), d = PyArray_DIM(a->arr[CF_q], 3);
-    if (check_dims(a->arr[CF_k], "k", 4, (npy_intp[]){B, H, any, d}))
+    if (check_dims(a->arr[CF_k], "k", 4, (npy_intp[]){B, any, any, d}))
         return -1;
-    const npy_intp m = PyArray_DIM(a->arr[CF_k], 2);
+    const npy_intp m = PyArray_DIM(a->arr[CF_k], 2), H_kv = PyArray_DIM(a->arr[CF_k], 1);
+    if (H_kv != H && (H_kv == 0 || H % H_kv)) {   /* grouped-query attention: H_kv divides H */
+        PyErr_Format(PyExc_ValueError, "k has %zd heads, which do not divide q's %zd",
+                     (Py_ssize_t)H_kv, (Py_ssize_t)H);
+        return -1;
+    }
     const npy_intp offsets = (n > 0 && m > 0) ? n + m - 1 : 0;
     if (a->arr[CF_pos_q] || a->arr[CF_pos_k]) {
         if (!a->arr[CF_pos_q] || !a->arr[CF_pos_k]) {
@@ -418,6 +423,7 @@ static int build_problem(PyObject *config, converted *a, posenc_problem *p)
     p->product = product;
     p->B = (size_t)B;
     p->H = (size_t)H;
+    p->H_kv = (size_t)H_kv;
     p->n = (size_t)n;
     p->m = (size_t)m;
     p->d = (size_t)d;

@@ -67,9 +67,12 @@ typedef struct {
     posenc_dtype dtype;
     int product;                  /* 0: terms added to the content; 1: multiplied (M2, M4M) */
     size_t B, H, n, m, d;
+    size_t H_kv;                  /* heads of k (and of the attention's v): H, or a divisor of H
+                                     (grouped-query attention, SPEC §7: query head h reads key
+                                     head h / (H / H_kv)); 0 is taken as H */
     double scale;                 /* s, on the content term */
     const void *q;                /* (B, H, n, d) */
-    const void *k;                /* (B, H, m, d) */
+    const void *k;                /* (B, H_kv, m, d) */
 
     const void *pos_q, *pos_k;    /* (pos_q_heads, n, d_p), (pos_k_heads, m, d_p) */
     size_t pos_q_heads, pos_k_heads, d_p;
@@ -180,7 +183,7 @@ int posenc_backward(const posenc_problem *p, const void *grad_logits,
 
 /* The attention arguments of SPEC §6 beside a logits problem. */
 typedef struct {
-    const void *v;                    /* (B, H, m, dv), the problem's dtype */
+    const void *v;                    /* (B, H_kv, m, dv), the problem's dtype */
     size_t dv;
     const uint8_t *key_padding_mask;  /* (B, m), nonzero = padding; NULL: none */
     int causal;                       /* mask the keys j > query_offset + i */

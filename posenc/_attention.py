@@ -103,9 +103,9 @@ def check_attention(problem, v, causal, key_padding_mask, dropout_p, seed) -> At
     if v.dtype != p.dtype:
         raise TypeError(f"v has dtype {v.dtype} but q has dtype {p.dtype}: float inputs of one "
                         "call must share one dtype")
-    check_rank("v", v, 4, "(B, H, m, dv)")
-    check_shape("v", v, (p.B, p.H, p.m, None), f"(B, H, m, dv) with B = {p.B}, H = {p.H}, "
-                                                f"m = {p.m} from k")
+    check_rank("v", v, 4, "(B, H_kv, m, dv)")
+    check_shape("v", v, (p.B, p.H_kv, p.m, None), f"(B, H_kv, m, dv) with B = {p.B}, "
+                                                   f"H_kv = {p.H_kv}, m = {p.m} from k")
     call = AttentionCall()
     call.problem, call.v, call.dv = p, v, v.shape[3]
     call.causal = check_bool("causal", causal)

@@ -232,6 +232,7 @@ def attention_bounds(method, args64, kwargs64, v64, options: dict, d_out64=None,
         magnitude(method, args64, kwargs64, query_offset=qo)
     ref = reference.__dict__[method + "_attention"](*args64[:2], v64, *args64[2:], **kwargs64,
                                                      **options)
+    H_kv, v64 = v64.shape[1], reference.per_query_head(v64, logits.shape[1])
     masked = np.zeros(logits.shape, dtype=bool)
     if options["causal"]:
         masked |= (np.arange(m)[None, :] > qo + np.arange(logits.shape[2])[:, None])[None, None]
@@ -257,8 +258,8 @@ def attention_bounds(method, args64, kwargs64, v64, options: dict, d_out64=None,
                     + np.abs(delta)[..., None]) * (2 * e + (dv + 8) * EPS32)[..., None])
     grad_bounds = grad_magnitudes(method, ((depth + m + 8) * EPS32 + r) * np.abs(d_s) + error_s,
                                   args64, kwargs64, query_offset=qo)
-    v_bound = np.einsum("bhij,bhid->bhjd", (2 * e + (m + 8) * EPS32 + r)[..., None] * PD,
-                        np.abs(d_out64))
+    v_bound = reference.fold_groups(np.einsum(
+        "bhij,bhid->bhjd", (2 * e + (m + 8) * EPS32 + r)[..., None] * PD, np.abs(d_out64)), H_kv)
     return ref, out_bound, lse_bound, dict(grad_bounds, v=v_bound)
 
 

@@ -31,12 +31,13 @@ class Problem:
     but those two in signature order (`params`: all of them by name, built on
     first use)."""
 
-    __slots__ = ("method", "dtype", "B", "H", "n", "m", "d", "arrays", "scale", "query_offset",
-                 "map_values", "values", "d_p", "out", "_params", "_bucket_rows")
+    __slots__ = ("method", "dtype", "B", "H", "H_kv", "n", "m", "d", "arrays", "scale",
+                 "query_offset", "map_values", "values", "d_p", "out", "_params", "_bucket_rows")
 
     def __init__(self, method, dtype, B, H, n, m, d, arrays=None, params=None, out=None):
         self.method, self.dtype = method, dtype
         self.B, self.H, self.n, self.m, self.d = B, H, n, m, d
+        self.H_kv = H             # k's heads: H, or a divisor of it (grouped-query attention)
         self.arrays = {} if arrays is None else arrays
         self._params = params
         self.scale = None
@@ -120,19 +121,23 @@ def _heads(H: int) -> set:
     return {H, 1}
 
 
-def check_qk(q, k) -> tuple:
+def check_qk(q, k, grouped: bool = True) -> tuple:
+    """(B, H, n, m, d, H_kv) of q (B, H, n, d) and k (B, H_kv, m, d): H_kv = H, or
+    with `grouped` any divisor of H (grouped-query attention, SPEC §7)."""
     if q.ndim != 4:
         check_rank("q", q, 4, "(B, H, n, d)")
     if k.ndim != 4:
         check_rank("k", k, 4, "(B, H, m, d)")
     B, H, n, d = q.shape
     kB, kH, m, kd = k.shape
-    if kB != B or kH != H or kd != d:
+    if kB != B or kd != d or not (kH == H or (grouped and kH and H % kH == 0)):
         raise ValueError(
             f"k must have shape ({B}, {H}, m, {d}) (B, H, m, d) to match q of shape "
-            f"{_shape_str(q.shape)}, got {_shape_str(k.shape)}"
+            f"{_shape_str(q.shape)}" + (f", or H_kv heads that divide H = {H} (grouped-query "
+                                        "attention);" if grouped and kH != H else ",") +
+            f" got {_shape_str(k.shape)}"
         )
-    return B, H, n, m, d
+    return B, H, n, m, d, kH
 
 
 def check_out(out, problem: Problem) -> None:
@@ -185,7 +190,7 @@ def _begin(method, q, k, floats: dict) -> Problem:
     require_ndarray("q", q)
     require_ndarray("k", k)
     dtype = check_floats({"q": q, "k": k, **floats})
-    B, H, n, m, d = check_qk(q, k)
+    B, H, n, m, d, _ = check_qk(q, k, grouped=False)
     return Problem(method, dtype, B, H, n, m, d, arrays={"q": q, "k": k})
 
 
@@ -263,8 +268,9 @@ def check(spec, tensors: tuple, params: tuple, out) -> Problem:
             q_shape[1] == k_shape[1] and q_shape[3] == k_shape[3]:
         B, H, n, d = q_shape
         m = k_shape[2]
+        H_kv = H
     else:
-        B, H, n, m, d = check_qk(tensors[0], tensors[1])
+        B, H, n, m, d, H_kv = check_qk(tensors[0], tensors[1])
     # parameters: the map's and the terms' (in signature order), then the scale and the offset
     *values, scale, query_offset = params
     if tuple(map(type, values)) != plan_types:     # NumPy scalars, a choice, or an error
@@ -278,6 +284,7 @@ def check(spec, tensors: tuple, params: tuple, out) -> Problem:
     if query_offset.__class__ is not int or query_offset < 0:
         query_offset = check_int("query_offset", query_offset, 0)
     p = Problem(spec.name, dtype, B, H, n, m, d, arrays)
+    p.H_kv = H_kv
     p.scale = scale
     p.query_offset = query_offset
     p.values = values = tuple(values)

@@ -17,7 +17,7 @@ def make_inputs(method: str, B: int, H: int, n: int, m: int, d: int, *, dtype=np
                 rng=None, shared: bool = False, max_distance: int = 4, segments: int = 3,
                 theta: bool = True, bias: bool = True, d_p: int | None = None,
                 log_buckets: bool = True, num_buckets: int = 16, t5_max_distance: int = 40,
-                att_span: int = 8, rotary_dim: int | None = None):
+                att_span: int = 8, rotary_dim: int | None = None, kv_heads: int | None = None):
     """(args, kwargs) for posenc.<method>(*args, **kwargs).
 
     Required tensors are positional, optional ones and parameters keywords.
@@ -28,6 +28,7 @@ def make_inputs(method: str, B: int, H: int, n: int, m: int, d: int, *, dtype=np
     and `rotary_dim` rotated dimensions, d by default).  The optional terms
     (TUPE's bias and theta, DIET's segments) are given unless turned off.
     Dense factors have rank d_p (default d, or d // 2 when unscaled: DIET-ABS).
+    kv_heads gives k that many heads (a divisor of H: grouped-query attention).
     """
     if method not in REGISTRY:
         raise ValueError(f"unknown method {method!r}; expected one of {', '.join(METHODS)}")
@@ -44,7 +45,8 @@ def make_inputs(method: str, B: int, H: int, n: int, m: int, d: int, *, dtype=np
         rows = spec.map.rows({**dict(spec.params), **kw})
     ctx = Example(rng, B, H, n, m, d, 1 if shared else H, np.dtype(dtype), rows, spec.product,
                   options)
-    values = {"q": ctx.normal(B, H, n, d), "k": ctx.normal(B, H, m, d)}
+    values = {"q": ctx.normal(B, H, n, d), "k": ctx.normal(B, H if kv_heads is None else kv_heads,
+                                                            m, d)}
     for term in spec.terms:
         values.update(term.example(ctx, spec, values))
     args = [values[name] for name in spec.tensors if name not in spec.optional]

@@ -95,8 +95,21 @@ def _scatter(per_pair: np.ndarray, rows: np.ndarray, num_rows: int) -> np.ndarra
     return table_grad
 
 
+def per_query_head(x, H: int) -> np.ndarray:
+    """k or v (B, H_kv, m, .) in float64 with each head repeated for the H / H_kv
+    query heads of its group (SPEC §7: query head h reads key head h div (H / H_kv))."""
+    x = _wide(x)
+    return x if x.shape[1] == H else np.repeat(x, H // x.shape[1], axis=1)
+
+
+def fold_groups(grad, H_kv: int) -> np.ndarray:
+    """A (B, H, m, .) gradient of a repeated k or v summed over each group's query heads."""
+    B, H, m, d = grad.shape
+    return grad if H_kv == H else grad.reshape(B, H_kv, H // H_kv, m, d).sum(axis=2)
+
+
 def _qk(p) -> tuple:
-    return _wide(p.arrays["q"]), _wide(p.arrays["k"])
+    return _wide(p.arrays["q"]), per_query_head(p.arrays["k"], p.H)
 
 
 def _dot_qk(q, k) -> np.ndarray:
@@ -482,7 +495,8 @@ def _rope_rotated(p, side: str, transpose: bool = False, x=None):
     (x_a, x_b) -> (x_a c - x_b sn, x_b c + x_a sn), pairs (t, t + r) or (2t, 2t + 1);
     with `transpose` the inverse rotation (sn -> -sn): the gradient's way back."""
     key = side == "k"
-    x = _wide(p.arrays[side] if x is None else x)
+    x = _wide(x) if x is not None else (
+        per_query_head(p.arrays["k"], p.H) if key else _wide(p.arrays["q"]))
     cos = p.arrays["cos_k" if key and "cos_k" in p.arrays else "cos"]
     sin = p.arrays["sin_k" if key and "sin_k" in p.arrays else "sin"]
     r, rows = cos.shape[1], x.shape[2]
@@ -652,7 +666,7 @@ def _probabilities(call, lse=None):
 def _attention_forward(call):
     p = call.problem
     P, lse = _probabilities(call)
-    out = np.einsum("bhij,bhjd->bhid", P * _dropout_scale(call), _wide(call.v))
+    out = np.einsum("bhij,bhjd->bhid", P * _dropout_scale(call), per_query_head(call.v, p.H))
     result = narrow(out, p.dtype)
     if p.out is not None:
         p.out[...] = result
@@ -666,11 +680,11 @@ def _attention_backward(call, d_out, out, lse):
     p = call.problem
     P, _ = _probabilities(call, _wide(lse))
     D = _dropout_scale(call)
-    d_out, v = _wide(d_out), _wide(call.v)
-    grad_v = np.einsum("bhij,bhid->bhjd", P * D, d_out)
+    d_out, v = _wide(d_out), per_query_head(call.v, p.H)
+    grad_v = fold_groups(np.einsum("bhij,bhid->bhjd", P * D, d_out), p.H_kv)
     d_p = D * np.einsum("bhid,bhjd->bhij", d_out, v)
     d_s = P * (d_p - np.einsum("bhid,bhid->bhi", d_out, _wide(out))[..., None])
-    grads = globals()[f"_{p.method}_grads"](p, d_s)
+    grads = _method_grads(p, d_s)
     grads["v"] = grad_v
     fields = ATTENTION_GRAD_TYPES[p.method]._fields
     return ATTENTION_GRAD_TYPES[p.method](**{
@@ -711,6 +725,14 @@ def _attention_backward_function(method: str):
 
 # --------------------------------------------------- the public functions
 
+def _method_grads(p, G) -> dict:
+    """The method's float64 gradients of sum(G * A), k's summed over its query heads."""
+    grads = globals()[f"_{p.method}_grads"](p, G)
+    if grads.get("k") is not None:
+        grads["k"] = fold_groups(grads["k"], p.H_kv)
+    return grads
+
+
 def _logits(problem) -> np.ndarray:
     """The float64 logits of the problem's method, cast to the input dtype:
     a new C-contiguous array or `out`."""
@@ -724,7 +746,7 @@ def _logits(problem) -> np.ndarray:
 
 def _gradients(problem, G):
     """The named gradient tuple of the problem's method, each in the input dtype."""
-    values = globals()[f"_{problem.method}_grads"](problem, _wide(_checks.check_grad(G, problem)))
+    values = _method_grads(problem, _wide(_checks.check_grad(G, problem)))
     return GRAD_TYPES[problem.method](**{
         name: None if values.get(name) is None
         else narrow(values[name], problem.dtype)
@@ -779,4 +801,4 @@ del _method
 
 __all__ = (list(METHODS) + [m + "_backward" for m in METHODS]
            + [m + suffix for m in REGISTRY for suffix in ("_attention", "_attention_backward")]
-           + ["METHODS", "attention_dropout_mask"])
+           + ["METHODS", "attention_dropout_mask", "per_query_head", "fold_groups"])

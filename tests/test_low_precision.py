@@ -63,8 +63,10 @@ def _strided(method, args, kwargs):
                        {k: np.repeat(v, 2, axis=-1)[..., ::2] for k, v in floats.items()})
 
 
-def _inputs(method, dtype, n, m, d, rng, *, shared=False, strided=False, B=2, H=3):
-    args, kwargs = make_inputs(method, B, H, n, m, d, dtype=np.float64, rng=rng, shared=shared)
+def _inputs(method, dtype, n, m, d, rng, *, shared=False, strided=False, B=2, H=3,
+            kv_heads=None):
+    args, kwargs = make_inputs(method, B, H, n, m, d, dtype=np.float64, rng=rng, shared=shared,
+                               kv_heads=kv_heads)
     args, kwargs = _cast(method, args, kwargs, _dtypes.by_name(dtype))
     return _strided(method, args, kwargs) if strided else (args, kwargs)
 
@@ -95,7 +97,7 @@ def assert_within(ratio, what):
 
 
 SIZES = [  # n, m, d, options
-    (3, 17, 33, dict()),
+    (3, 17, 33, dict(kv_heads=1)),                  # multi-query: k with one head
     (17, 1, 3, dict(query_offset=2)),
     (33, 17, 16, dict(shared=True, strided=True)),
 ]
@@ -148,7 +150,7 @@ def test_logits_forward_backward(posenc_isa, method, dtype, size, rng):
 ATTENTION_CASES = {  # n, m, d, dv, options (padding: a fully masked batch row and a padded tail)
     "causal-padding-dropout": (17, 33, 3, 5, dict(causal=True, query_offset=3, dropout_p=0.1,
                                                    seed=7, padding=True)),
-    "decode-step": (1, 17, 16, 1, dict(causal=True, query_offset=16)),
+    "decode-step-mqa": (1, 17, 16, 1, dict(causal=True, query_offset=16, kv_heads=1)),
     "n>m-shared-strided": (33, 3, 1, 17, dict(padding=True, shared=True, strided=True)),
 }
 
@@ -168,11 +170,11 @@ def _attention_backward(namespace, method, d_out, args, kwargs, v, saved, option
 def test_attention_forward_backward(posenc_isa, method, dtype, case, rng):
     n, m, d, dv, options = ATTENTION_CASES[case]
     options = dict(options)
-    layout = {key: options.pop(key) for key in ("shared", "strided") if key in options}
+    layout = {key: options.pop(key) for key in ("shared", "strided", "kv_heads") if key in options}
     B = 2
     args, kwargs = _inputs(method, dtype, n, m, d, rng, B=B, **layout)
     lp = _dtypes.by_name(dtype)
-    v = rng.standard_normal((B, 3, m, dv)).astype(lp)
+    v = rng.standard_normal((B, layout.get("kv_heads", 3), m, dv)).astype(lp)
     if options.pop("padding", False):
         mask = np.zeros((B, m), dtype=bool)
         mask[0, :] = True                  # every key of batch row 0 is padding

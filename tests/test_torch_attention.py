@@ -148,12 +148,20 @@ ENCODINGS = {
 }
 
 
+@pytest.mark.parametrize("num_kv_heads", [None, 1], ids=["mha", "mqa"])
 @pytest.mark.parametrize("name", list(ENCODINGS))
-def test_attention_layer_fused_cached_and_logits_paths_agree(name):
+def test_attention_layer_fused_cached_and_logits_paths_agree(name, num_kv_heads):
     """The layer on the fused C path equals its logits path (masks, causal), and a
-    KV-cached decode, one token at a time, equals the full causal pass."""
+    KV-cached decode, one token at a time, equals the full causal pass; with one
+    key/value head (multi-query) the cache holds that one head."""
     torch.manual_seed(0)
-    layer = pnn.PositionalSelfAttention(8, H, ENCODINGS[name](), causal=True).double().eval()
+    encoding = ENCODINGS[name]()
+    if num_kv_heads and encoding is not None and encoding.uses_attention_projections:
+        with pytest.raises(ValueError, match="num_kv_heads must be num_heads"):
+            pnn.PositionalSelfAttention(8, H, encoding, num_kv_heads=num_kv_heads)
+        return
+    layer = pnn.PositionalSelfAttention(8, H, encoding, causal=True,
+                                        num_kv_heads=num_kv_heads).double().eval()
     x = torch.randn(2, 7, 8, dtype=torch.float64)
     mask = torch.zeros(2, 7, dtype=torch.bool)
     mask[1, -2:] = True
@@ -171,6 +179,12 @@ def test_attention_layer_fused_cached_and_logits_paths_agree(name):
                            use_cache=True)
         outs.append(out)
     torch.testing.assert_close(torch.cat(outs, 1), fused, rtol=1e-12, atol=1e-12)
+    assert cache[0].shape == cache[1].shape == (2, num_kv_heads or H, 7, layer.head_dim)
+
+
+def test_attention_layer_refuses_kv_heads_that_do_not_divide():
+    with pytest.raises(ValueError, match="num_kv_heads must divide num_heads = 2, got 3"):
+        pnn.PositionalSelfAttention(8, H, num_kv_heads=3)
 
 
 def test_attention_layer_masks_and_gradgradcheck():

@@ -78,6 +78,14 @@ static double row_delta(const delta_rows *x, size_t r)
     return (a0 + a1) + (a2 + a3);
 }
 
+/* Where unit u's dV goes: its value head's gradient, or with grouped-query
+ * attention the thread's dv_unit, added into the value head's after the unit,
+ * the query heads of a group in order on one thread (attention_backward_item). */
+static REAL *attention_unit_dv(const attention_grad_ctx *gc, const attention_ws *w, size_t u)
+{
+    return w->dv_unit ? w->dv_unit : gc->grad_v + u * gc->a->p->m * gc->a->a->dv;
+}
+
 /*
  * Rows [blk0, blk0 + rows) of unit u: their probabilities P (scores, keys
  * [0, width), 0 where masked) recomputed from the logits and lse, P D
@@ -148,7 +156,7 @@ static void attention_backward_block(const attention_grad_ctx *gc, forward_ws *f
     }
     if (gc->grad_v && dv)   /* dV += (P D)^T.dO over the keys the block sees, and their rows */
         gemm(kern, &fw->scratch, w->d_out_pack, cols, dv, rows, c->dropout ? w->dropped : w->scores,
-             1, (ptrdiff_t)m, d_out_blk, (ptrdiff_t)dv, 1, 1, gc->grad_v + u * m * dv,
+             1, (ptrdiff_t)m, d_out_blk, (ptrdiff_t)dv, 1, 1, attention_unit_dv(gc, w, u),
              (ptrdiff_t)dv, 1, limits ? limits->key_rows : NULL);
 }
 
@@ -170,19 +178,18 @@ static void attention_grad_twin(const attention_ctx *c, attention_ws *w, gemm_sc
 #endif
 }
 
-/* Item `item` of the backward: unit (b, h), head-major (a head's terms stay cached). */
-static void attention_backward_unit(const void *gc_, attention_thread *t, size_t item)
+/* Unit u = b H + h of the backward, on a thread's workspaces. */
+static void attention_backward_head(const attention_grad_ctx *gc, attention_thread *t, size_t u)
 {
-    const attention_grad_ctx *gc = (const attention_grad_ctx *)gc_;
     forward_ws *fw = &t->logits;
     backward_ws *bw = &t->grads;
     attention_ws *w = &t->attention;
     const attention_ctx *c = gc->a;
     const backward_ctx *g = gc->g;
     const posenc_problem *p = c->p;
-    const size_t h = item / p->B, u = item % p->B * p->H + h;
+    const size_t h = u % p->H;
     const size_t n = p->n, m = p->m, dv = c->a->dv, dp = p->d_p;
-    const REAL *v_u = (const REAL *)c->a->v + u * m * dv;
+    const REAL *v_u = (const REAL *)c->a->v + posenc_kv_unit(p, u) * m * dv;
     packed_b k_packed, vt_packed, product_keys;
     const int by_blocks = c->a->causal && !c->kern->bf16;   /* causal_keys */
     forward_unit_setup(&c->logits, fw, u / p->H, h, 0, n, &k_packed, !by_blocks);
@@ -193,7 +200,7 @@ static void attention_backward_unit(const void *gc_, attention_thread *t, size_t
         pack_b(c->kern, &fw->scratch, &vt_packed, w->v_pack, v_u, 1, (ptrdiff_t)dv, dv, m, 1);   /* v^T */
     causal_keys keys = {{{&k_packed, fw->inputs.k, p->d, 0}, {&vt_packed, v_u, dv, 0}}, 0, 0};
     if (gc->grad_v)
-        memset(gc->grad_v + u * m * dv, 0, sizeof(REAL) * m * dv);
+        memset(attention_unit_dv(gc, w, u), 0, sizeof(REAL) * m * dv);
     if (gc->need_ds)
         backward_unit_begin(g, bw, u, &product_keys);
     for (size_t blk0 = 0; blk0 < n; blk0 += g->row_block) {
@@ -220,8 +227,30 @@ static void attention_backward_unit(const void *gc_, attention_thread *t, size_t
                                  gc->pos_q_slots ? gc->pos_q_slots + u * n * dp : NULL,
                                  gc->pos_k_slots ? gc->pos_k_slots + u * m * dp : NULL, limits);
     }
-    if (gc->need_ds)
+    if (gc->need_ds) {
         backward_unit_end(g, bw, u);
+        backward_unit_commit_dk(g, bw, u);
+    }
+    if (gc->grad_v && w->dv_unit) {   /* into the value head's dV, the group's heads in order */
+        REAL *grad_v = gc->grad_v + posenc_kv_unit(p, u) * m * dv;
+        if (u % posenc_kv_group(p) == 0)
+            memcpy(grad_v, w->dv_unit, sizeof(REAL) * m * dv);
+        else
+            for (size_t e = 0; e < m * dv; ++e)
+                grad_v[e] += w->dv_unit[e];
+    }
+}
+
+/* Item `item` of the backward: the query heads of key head g = item / B of batch row
+ * b = item % B, in order (head-major: a head's terms stay cached; grouped-query
+ * attention sums a group's dk and dV on one thread, the same sums for any count). */
+static void attention_backward_unit(const void *gc_, attention_thread *t, size_t item)
+{
+    const attention_grad_ctx *gc = (const attention_grad_ctx *)gc_;
+    const posenc_problem *p = gc->a->p;
+    const size_t group = posenc_kv_group(p), kv = item / p->B, b = item % p->B;
+    for (size_t h = kv * group; h < (kv + 1) * group; ++h)
+        attention_backward_head(gc, t, b * p->H + h);
 }
 
 static int attention_backward(const posenc_problem *p, const posenc_attention *a,
@@ -232,7 +261,7 @@ static int attention_backward(const posenc_problem *p, const posenc_attention *a
     if (BH == 0 || p->n == 0 || p->m == 0) {
         backward_zero(p, grads);
         if (grad_v)
-            memset(grad_v, 0, sizeof(REAL) * BH * p->m * a->dv);
+            memset(grad_v, 0, sizeof(REAL) * p->B * posenc_kv_heads(p) * p->m * a->dv);
         return POSENC_OK;
     }
     const posenc_kernels *kern = posenc_engine_kernels(p, REAL_DTYPE);
@@ -258,7 +287,8 @@ static int attention_backward(const posenc_problem *p, const posenc_attention *a
     gc.need_ds = grads->q || grads->k || grads->pos_q || grads->pos_k || grads->table ||
                  grads->query_table || grads->key_table || grads->segment_table || grads->theta;
 
-    if ((status = attention_run(&c, &g, num_threads, BH, attention_backward_unit, &gc)))
+    if ((status = attention_run(&c, &g, num_threads, p->B * posenc_kv_heads(p),
+                                attention_backward_unit, &gc)))
         goto done;
     backward_reduce(&g);
     if (grads->pos_q && gc.pos_q_slots)

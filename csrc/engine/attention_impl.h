@@ -36,6 +36,8 @@ typedef struct {
     uint16_t *grad16;    /* the bfloat16 GEMM's backward: dS rounded once, row_block x m */
     uint16_t *scores16;  /* the bfloat16 GEMM's forward without dropout: P in bfloat16 only */
     REAL *v_pack;        /* v as B: forward v (m x dv), backward v^T (dv x m) */
+    REAL *dv_unit;       /* backward, grouped-query attention: a unit's dV (m x dv) before it is
+                            added into its value head's (attention_backward_head) */
     REAL *d_out_pack;    /* backward: a row block of d_out as B (row_block x dv) */
     REAL *row_scale;     /* forward: 1 / sum of each row of a tile */
     double *row_stats;   /* forward: each row of a tile's max, then its sum (lse = max + log sum) */
@@ -63,6 +65,8 @@ static size_t attention_ws_layout(const attention_ctx *c, int backward, size_t r
             WS_TAKE(w, mem, at, grad16, (row_block * m + 1) / 2);
         WS_TAKE(w, mem, at, v_pack, packed_b_size(dv, m, nr));
         WS_TAKE(w, mem, at, d_out_pack, packed_b_size(row_block, dv, nr));
+        if (posenc_kv_group(p) > 1)
+            WS_TAKE(w, mem, at, dv_unit, m * dv);
         if (c->a->causal) {
             const size_t mr = c->kern->mr, bytes = 2 * sizeof(size_t);
             WS_TAKE(w, mem, at, row_keys, ((row_block + mr - 1) / mr * bytes + sizeof(REAL) - 1) / sizeof(REAL));
@@ -263,7 +267,7 @@ static void attention_forward_unit(const attention_ctx *c, forward_ws *fw, atten
     const posenc_problem *p = c->p;
     const posenc_kernels *kern = c->kern;
     const size_t m = p->m, dv = c->a->dv, u = b * p->H + h, ld = c->logits.m_pad;
-    const REAL *v_u = (const REAL *)c->a->v + u * m * dv;
+    const REAL *v_u = (const REAL *)c->a->v + posenc_kv_unit(p, u) * m * dv;
     REAL *out_u = out + u * p->n * dv, *lse_u = lse + u * p->n;
     packed_b k_packed, v_packed;
     const int by_tiles = c->a->causal && !kern->bf16;   /* causal_keys */

@@ -47,6 +47,8 @@ typedef struct {
 typedef struct {
     gemm_scratch scratch;
     unit_inputs inputs;       /* the unit's q and k as the logits read them (rope_impl.h) */
+    REAL *dk_unit;            /* grouped-query attention: a unit's dk, m x d, before it is added
+                                 into its key head's (backward_unit_dk) */
     REAL *b_pack;             /* packed B of the backward gemms */
     REAL *query_side;         /* Gq: n x query_buckets */
     REAL *key_side;           /* Gk: m x key_buckets */
@@ -101,6 +103,8 @@ static size_t backward_ws_layout(const backward_ctx *c, backward_ws *w, REAL *me
         WS_TAKE(w, mem, at, inputs.q_rot, n * d);
         WS_TAKE(w, mem, at, inputs.k_rot, m * d);
     }
+    if (c->g->k && posenc_kv_group(p) > 1)
+        WS_TAKE(w, mem, at, dk_unit, m * d);
     if (c->need_query_side) WS_TAKE(w, mem, at, query_side, n * c->terms->query_buckets);
     if (c->need_key_side) WS_TAKE(w, mem, at, key_side, m * c->terms->key_buckets);
     if (c->need_query_side || c->need_key_side) WS_TAKE(w, mem, at, reach, buckets);
@@ -334,6 +338,33 @@ static void backward_sum_block(const backward_ctx *c, backward_ws *w, size_t u, 
                           G_blk + t0 * c->p->m, limits ? limits->row_keys[2 * (t0 / step) + 1] : cols);
 }
 
+/*
+ * Where unit u's dk goes: its key head's gradient itself, or with grouped-query
+ * attention (several query heads read one key head) the thread's dk_unit,
+ * added into the key head's by backward_unit_commit_dk once the unit is done,
+ * the query heads of a group in order on one thread: the same sums for any
+ * number of threads.  NULL: dk is not wanted.
+ */
+static REAL *backward_unit_dk(const backward_ctx *c, const backward_ws *w, size_t u)
+{
+    if (!c->g->k)
+        return NULL;
+    return w->dk_unit ? w->dk_unit : (REAL *)c->g->k + u * c->p->m * c->p->d;
+}
+
+static void backward_unit_commit_dk(const backward_ctx *c, const backward_ws *w, size_t u)
+{
+    if (!w->dk_unit)
+        return;
+    const size_t len = c->p->m * c->p->d;
+    REAL *dk = (REAL *)c->g->k + posenc_kv_unit(c->p, u) * len;
+    if (u % posenc_kv_group(c->p) == 0)   /* the group's first query head */
+        memcpy(dk, w->dk_unit, sizeof(REAL) * len);
+    else
+        for (size_t t = 0; t < len; ++t)
+            dk[t] += w->dk_unit[t];
+}
+
 /* Unit u's start: its bucket matrices zeroed; in product mode s k^T packed
  * into k_packed and the key-side projections. */
 static void backward_unit_begin(const backward_ctx *c, backward_ws *w, size_t u,
@@ -368,7 +399,7 @@ static void backward_unit_block(const backward_ctx *c, backward_ws *w, size_t u,
     const size_t n = p->n, m = p->m, d = p->d, b = u / p->H, h = u % p->H;
     const REAL *q_u = w->inputs.q, *k_u = w->inputs.k;
     REAL *dq_u = g->q ? (REAL *)g->q + u * n * d : NULL;
-    REAL *dk_u = g->k ? (REAL *)g->k + u * m * d : NULL;
+    REAL *dk_u = backward_unit_dk(c, w, u);
     const REAL s = (REAL)p->scale;
     const REAL *Gc = G_blk;
     size_t ldg = m;
@@ -407,8 +438,7 @@ static void backward_unit_end(const backward_ctx *c, backward_ws *w, size_t u)
     const posenc_grads *g = c->g;
     const size_t n = p->n, m = p->m, d = p->d, h = u % p->H;
     if (p->rope_cos) {
-        unit_inputs_grads(p, u, g->q ? (REAL *)g->q + u * n * d : NULL,
-                          g->k ? (REAL *)g->k + u * m * d : NULL,
+        unit_inputs_grads(p, u, g->q ? (REAL *)g->q + u * n * d : NULL, backward_unit_dk(c, w, u),
                           c->scales.exact ? &c->scales.scale : NULL);
         return;
     }
@@ -416,8 +446,7 @@ static void backward_unit_end(const backward_ctx *c, backward_ws *w, size_t u)
     for (int key_side = 0; key_side < 2; ++key_side) {
         const size_t rows = key_side ? m : n;
         const REAL *x = key_side ? w->inputs.k : w->inputs.q;
-        REAL *dx = key_side ? g->k : g->q;
-        dx = dx ? dx + u * rows * d : NULL;
+        REAL *dx = key_side ? backward_unit_dk(c, w, u) : g->q ? (REAL *)g->q + u * n * d : NULL;
         const int side = key_side ? c->need_key_side : c->need_query_side;
         if (!c->scales.exact) {
             if (side)
@@ -484,6 +513,7 @@ static void backward_unit(const backward_ctx *c, backward_ws *w, size_t u)
     }
     w->scratch.local.src = NULL;
     backward_unit_end(c, w, u);
+    backward_unit_commit_dk(c, w, u);
 }
 
 /*
@@ -554,9 +584,12 @@ static void backward_team(void *arg, void *ws)
     backward_ws w;
     backward_ws_layout(c, &w, (REAL *)ws);
     if (phase1) {
+        /* a key head's query heads on one thread, in order (backward_unit_dk) */
+        const size_t group = posenc_kv_group(p);
 #pragma omp for schedule(static)
-        for (ptrdiff_t u = 0; u < (ptrdiff_t)(p->B * p->H); ++u)
-            backward_unit(c, &w, (size_t)u);
+        for (ptrdiff_t ku = 0; ku < (ptrdiff_t)(p->B * p->H / group); ++ku)
+            for (size_t t = 0; t < group; ++t)
+                backward_unit(c, &w, (size_t)ku * group + t);
     }
     if (p->pos_q && (g->pos_q || g->pos_k)) {
 #pragma omp for schedule(static)

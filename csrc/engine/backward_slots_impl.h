@@ -114,7 +114,7 @@ static void backward_zero(const posenc_problem *p, const posenc_grads *g)
 #define ZERO_CONST_(name, count)
     const struct { void *ptr; size_t count; } outs[] = {
         {g->q, BH * p->n * p->d},
-        {g->k, BH * p->m * p->d},
+        {g->k, p->B * posenc_kv_heads(p) * p->m * p->d},
         POSENC_ARRAYS(ZERO_PARAM_, ZERO_CONST_)
     };
 #undef ZERO_PARAM_

@@ -41,7 +41,7 @@ static void bf16dot_team(void *arg, void *ws)
     const posenc_bf16_kernels *kern = w->kern;
     const size_t n = p->n, m = p->m, d = p->d, mr = kern->mr, nr = kern->nr;
     uint16_t *k_pack = (uint16_t *)ws;
-    size_t packed = SIZE_MAX;   /* the unit whose keys k_pack holds */
+    size_t packed = SIZE_MAX;   /* the key unit whose keys k_pack holds */
     /* items handed out one at a time: a unit is some 100 us of work, next to
      * which the hand-out costs nothing, and a thread whose core is shared
      * with another process takes fewer of them (the values do not depend on
@@ -52,12 +52,13 @@ static void bf16dot_team(void *arg, void *ws)
         const size_t r0 = chunk * w->rows_per_chunk, r1 = posenc_min(n, r0 + w->rows_per_chunk);
         const uint16_t *q_u = (const uint16_t *)p->q + unit * n * d;
         uint16_t *out_u = w->out + unit * n * m;
-        if (packed != unit) {
-            const uint16_t *k_u = (const uint16_t *)p->k + unit * m * d;
+        const size_t kv = posenc_kv_unit(p, unit);   /* a group's query heads share it */
+        if (packed != kv) {
+            const uint16_t *k_u = (const uint16_t *)p->k + kv * m * d;
             for (size_t j0 = 0; j0 < m; j0 += nr)
                 kern->pack(k_pack + (j0 / nr) * w->panel_elements, k_u + j0 * d, (ptrdiff_t)d, d,
                            posenc_min(nr, m - j0));
-            packed = unit;
+            packed = kv;
         }
         for (size_t i0 = r0; i0 < r1; i0 += mr)
             for (size_t j0 = 0; j0 < m; j0 += nr)

@@ -41,6 +41,8 @@ int posenc_validate(const posenc_problem *p, const char **why)
         reason = "unknown dtype";
     else if (!p->q || !p->k)
         reason = "q and k are required";
+    else if (p->H_kv && (p->H_kv > p->H || p->H % p->H_kv))
+        reason = "grouped-query attention: the key heads H_kv divide the query heads H";
     else if (p->pos_q && (!p->pos_k || !check_heads(p->pos_q_heads, p->H) ||
                           !check_heads(p->pos_k_heads, p->H)))
         reason = "dense factor: pos_q and pos_k come together, heads H or 1";

@@ -37,6 +37,24 @@ typedef struct {
     ptrdiff_t b_min, b_max;     /* buckets used: [b_min, b_max] */
 } posenc_runs;
 
+/* Grouped-query attention (SPEC §7): the query heads per key head, and the key
+ * (and value) unit b H_kv + h / group of query unit u = b H + h. */
+static inline size_t posenc_kv_group(const posenc_problem *p)
+{
+    return p->H_kv ? p->H / p->H_kv : 1;
+}
+
+static inline size_t posenc_kv_heads(const posenc_problem *p)
+{
+    return p->H / posenc_kv_group(p);
+}
+
+static inline size_t posenc_kv_unit(const posenc_problem *p, size_t u)
+{
+    const size_t group = posenc_kv_group(p);
+    return (u / p->H) * posenc_kv_heads(p) + (u % p->H) / group;
+}
+
 /* How many buckets [b_min, b_max] spans. */
 static inline size_t posenc_runs_buckets(const posenc_runs *r)
 {

@@ -155,7 +155,7 @@ enum { A_CONSTANTS_ = A_GRAD_COUNT - 1, POSENC_ARRAYS(LP_SKIP_, LP_ENUM_) A_COUN
 static void problem_arrays(const posenc_problem *p, const void *const **at, size_t *len)
 {
     at[A_Q] = &p->q, len[A_Q] = p->B * p->H * p->n * p->d;
-    at[A_K] = &p->k, len[A_K] = p->B * p->H * p->m * p->d;
+    at[A_K] = &p->k, len[A_K] = p->B * posenc_kv_heads(p) * p->m * p->d;
 #define LP_PARAM_(name, heads, per_head) at[A_##name] = &p->name, len[A_##name] = p->heads * (per_head);
 #define LP_CONST_(name, count) at[A_##name] = &p->name, len[A_##name] = (count);
     POSENC_ARRAYS(LP_PARAM_, LP_CONST_)
@@ -323,6 +323,8 @@ static posenc_problem lp_slice(const posenc_problem *p, size_t b0, size_t nb, si
     problem_arrays(&s, at, len);
     s.B = nb;
     s.H = nh;
+    if (p->H_kv)   /* whole groups of query heads (lp_plan) */
+        s.H_kv = nh / posenc_kv_group(p);
     if (p->segment_q) {
         s.segment_q = p->segment_q + b0 * p->n;
         s.segment_k = p->segment_k + b0 * p->m;
@@ -375,7 +377,17 @@ typedef struct {
     size_t at;           /* the chunk's float32 region in the arena */
     int direct;          /* an output the float32 engine stores in bfloat16 itself
                             (bf16_out_heads): no region, no narrowing */
+    size_t group;        /* query heads per unit: k, v and their gradients have one unit per
+                            key head (grouped-query attention), the rest 1 (0 is read as 1) */
 } lp_stream;
+
+static size_t lp_group(const lp_stream *st) { return st->group ? st->group : 1; }
+
+/* The stream's unit of query unit u = b H + h: u, or its key head's. */
+static size_t lp_unit(const lp_stream *st, size_t u, size_t H)
+{
+    return u / H * (H / lp_group(st)) + u % H / lp_group(st);
+}
 
 /* Whether a stream has a float32 region in the arena: an input, or an
  * output the engine does not store itself. */
@@ -391,6 +403,7 @@ static int lp_has_region(const lp_stream *st)
 static void lp_plan(const posenc_problem *p, size_t unit, size_t budget, int num_threads,
                     size_t *nb, size_t *nh)
 {
+    const size_t group = posenc_kv_group(p);
     *nb = p->B;
     *nh = p->H;
     if (!unit || p->B * p->H * unit <= budget)
@@ -406,6 +419,8 @@ static void lp_plan(const posenc_problem *p, size_t unit, size_t budget, int num
         *nb = 1;
         *nh = posenc_max(1, budget / unit);
     }
+    /* whole groups of query heads: a key head's units in one chunk */
+    *nh = posenc_min(p->H, posenc_max(group, *nh / group * group));
 }
 
 /* Stream st's units of the chunk at unit0 (bs runs of hs units, H units
@@ -415,6 +430,9 @@ static lp_row chunk_rows(const lp_stream *st, void *region, size_t unit0, size_t
                          size_t H, int outward)
 {
     const size_t elem = st->copy ? sizeof(float) : sizeof(uint16_t);
+    unit0 = lp_unit(st, unit0, H);   /* a key head's units: whole groups of query heads */
+    hs /= lp_group(st);
+    H /= lp_group(st);
     const size_t run = hs * st->per_unit, stride = H * st->per_unit;
     if (outward)
         return (lp_row){region, (char *)st->dst + unit0 * st->per_unit * elem, run, bs, run,
@@ -443,17 +461,20 @@ static int lp_chunks(lp_kind kind, const posenc_problem *p, lp_stream *st, const
      * (backward_g_rows, x_all_finite, unit_rows).  Their float32 regions stay unwritten; the C tests fill
      * them with NaN (POSENC_LP_POISON), so that a read shows. */
     int unwidened[S_COUNT];
+    /* k, v and their gradients: a unit per key head (grouped-query attention) */
+    st[S_K].group = st[S_V].group = st[S_DK].group = st[S_DV].group = posenc_kv_group(p);
     const int twins = p->dtype == POSENC_BF16 && posenc_bf16_gemm_kernels();
     for (int t = 0; t < S_COUNT; ++t) {
         shared_with[t] = (size_t)t;
         unwidened[t] = twins && st[t].src && !st[t].copy;
         for (int u = 0; u < t && t < S_FIRST_OUTPUT; ++u)   /* k is q: the first's region */
-            if (st[t].src && st[u].src == st[t].src && st[u].per_unit == st[t].per_unit) {
+            if (st[t].src && st[u].src == st[t].src && st[u].per_unit == st[t].per_unit &&
+                lp_group(&st[u]) == lp_group(&st[t])) {
                 shared_with[t] = (size_t)u;
                 break;
             }
         if (lp_has_region(&st[t]) && shared_with[t] == (size_t)t)
-            unit += st[t].per_unit;
+            unit += (st[t].per_unit + lp_group(&st[t]) - 1) / lp_group(&st[t]);
     }
     size_t nb, nh;
     lp_plan(p, unit,
@@ -468,7 +489,8 @@ static int lp_chunks(lp_kind kind, const posenc_problem *p, lp_stream *st, const
         lp_problem(p, &p32, &a, &widen);
         for (int t = 0; t < S_COUNT; ++t)
             st[t].at = shared_with[t] != (size_t)t ? st[shared_with[t]].at
-                       : lp_has_region(&st[t])    ? lp_take(&a, nb * nh * st[t].per_unit)
+                       : lp_has_region(&st[t])    ? lp_take(&a, nb * nh / lp_group(&st[t]) *
+                                                                    st[t].per_unit)
                                                   : 0;
         lp_grads(p, params, &sums, &a, &narrow_sums);
         lp_grads(p, params, &part, &a, NULL);
@@ -496,7 +518,7 @@ static int lp_chunks(lp_kind kind, const posenc_problem *p, lp_stream *st, const
                     lp_job_add_rows(&widen, chunk_rows(&st[t], REGION(t), unit0, bs, hs, p->H, 0));
 #ifdef POSENC_LP_POISON
                 else
-                    for (size_t e = 0; e < bs * hs * st[t].per_unit; ++e)
+                    for (size_t e = 0; e < bs * hs / lp_group(&st[t]) * st[t].per_unit; ++e)
                         ((float *)REGION(t))[e] = NAN;
 #endif
             }
@@ -512,8 +534,9 @@ static int lp_chunks(lp_kind kind, const posenc_problem *p, lp_stream *st, const
                 if (st[t].src && !st[t].copy && shared_with[t] == (size_t)t)
                     shadows[s.bf16_shadow_count++] = (posenc_bf16_shadow){
                         (const float *)REGION(t),
-                        (const uint16_t *)st[t].src + unit0 * st[t].per_unit, bs * hs,
-                        st[t].per_unit, hs, p->H, unwidened[t]};
+                        (const uint16_t *)st[t].src + lp_unit(&st[t], unit0, p->H) * st[t].per_unit,
+                        bs * hs / lp_group(&st[t]), st[t].per_unit, hs / lp_group(&st[t]),
+                        p->H / lp_group(&st[t]), unwidened[t]};
             posenc_grads gs = part;
             gs.q = g && g->q ? REGION(S_DQ) : NULL;
             gs.k = g && g->k ? REGION(S_DK) : NULL;

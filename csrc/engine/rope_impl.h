@@ -94,7 +94,7 @@ static void unit_inputs_at(const posenc_problem *p, const gemm_scratch *s, unit_
 {
     const size_t u = b * p->H + h, n = p->n, m = p->m, d = p->d;
     const REAL *q = (const REAL *)p->q + u * n * d;
-    const REAL *k = (const REAL *)p->k + u * m * d;
+    const REAL *k = (const REAL *)p->k + posenc_kv_unit(p, u) * m * d;
     if (!p->rope_cos) {
         x->q = q;
         x->k = k;

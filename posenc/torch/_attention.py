@@ -7,18 +7,24 @@ from torch import nn
 
 from ._encodings import Content, PositionalEncoding
 from ._linear import project
+from .native import per_query_head
 
 
 class PositionalSelfAttention(nn.Module):
     """Multi-head self-attention whose logits come from a positional encoding.
 
-    ``x`` (B, n, d_model) → Q, K, V projections (d_model → num_heads·head_dim)
-    → per-head ``q``, ``k``, ``v`` (B, H, n, head_dim), strided views passed to
+    ``x`` (B, n, d_model) → Q, K, V projections (d_model → num_heads·head_dim
+    for Q, num_kv_heads·head_dim for K and V) → per-head ``q`` (B, H, n, head_dim),
+    ``k``, ``v`` (B, H_kv, n, head_dim), strided views passed to
     the ops without a copy → softmax(logits + mask) → dropout → weighted sum of
     ``v`` → output projection (Vaswani et al. 2017, eq. (1)-(2), with the logits
     of the encoding in place of ``QKᵀ/sqrt(d)``).  ``encoding`` is any
     `PositionalEncoding` of `posenc.torch.nn` (None: plain content attention);
     passing one module to several layers shares it layer-wise.
+    ``num_kv_heads`` (default ``num_heads``; a divisor of it) gives grouped-query
+    attention (Ainslie et al. 2023; 1: multi-query, Shazeer 2019): query head h
+    reads key/value head ``h // (num_heads // num_kv_heads)``, k and v are never
+    repeated on the fused path, and the KV cache holds ``num_kv_heads`` heads.
 
     By default the layer runs the encoding's *fused* attention
     (``posenc.torch.<method>_attention``: on CPU the C kernels compute
@@ -37,7 +43,7 @@ class PositionalSelfAttention(nn.Module):
     * ``attn_mask``: (n, m) or (B, H|1, n, m), bool (True = masked, as
       ``key_padding_mask``) or float (added to the logits);
     * ``past_key_value``: ``(k, v)`` of the earlier positions, each
-      (B, H, m_past, head_dim), as returned with ``use_cache=True`` (with their
+      (B, H_kv, m_past, head_dim), as returned with ``use_cache=True`` (with their
       segment ids as a third entry when the call had ``segment_ids``); the new
       queries sit at positions m_past, m_past + 1, ... (``query_offset``);
       ``use_cache=True`` returns ``(out, cache)`` with every key and value so far;
@@ -48,9 +54,13 @@ class PositionalSelfAttention(nn.Module):
 
     def __init__(self, d_model: int, num_heads: int, encoding: PositionalEncoding | None = None,
                  *, head_dim: int | None = None, dropout: float = 0.0, bias: bool = True,
-                 causal: bool = False, fused: bool = True):
+                 causal: bool = False, fused: bool = True, num_kv_heads: int | None = None):
         super().__init__()
         self.num_heads = num_heads
+        self.num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
+        if self.num_kv_heads <= 0 or num_heads % self.num_kv_heads:
+            raise ValueError(f"num_kv_heads must divide num_heads = {num_heads}, got "
+                             f"{num_kv_heads}")
         self.head_dim = head_dim or d_model // num_heads
         if self.head_dim <= 0:
             raise ValueError(f"head_dim must be positive, got {self.head_dim}")
@@ -60,17 +70,21 @@ class PositionalSelfAttention(nn.Module):
         if self.encoding.num_heads != num_heads:
             raise ValueError(f"encoding has {self.encoding.num_heads} heads, the layer "
                              f"{num_heads}")
+        if self.encoding.uses_attention_projections and self.num_kv_heads != num_heads:
+            raise ValueError(f"{type(self.encoding).__name__} projects its positions by the "
+                             f"layer's key projection, which has {self.num_kv_heads} heads, not "
+                             f"the {num_heads} of the queries (num_kv_heads must be num_heads)")
         self.causal, self.fused = causal, fused
-        inner = num_heads * self.head_dim
+        inner, inner_kv = num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         self.q_proj = nn.Linear(d_model, inner, bias=bias)
-        self.k_proj = nn.Linear(d_model, inner, bias=bias)
-        self.v_proj = nn.Linear(d_model, inner, bias=bias)
+        self.k_proj = nn.Linear(d_model, inner_kv, bias=bias)
+        self.v_proj = nn.Linear(d_model, inner_kv, bias=bias)
         self.out_proj = nn.Linear(inner, d_model, bias=bias)
         self.dropout = nn.Dropout(dropout)
 
     def _heads(self, x):
-        """(B, n, H·d) → (B, H, n, d), a strided view."""
-        return x.view(x.shape[0], x.shape[1], self.num_heads, self.head_dim).transpose(1, 2)
+        """(B, n, heads·d) → (B, heads, n, d), a strided view."""
+        return x.view(x.shape[0], x.shape[1], -1, self.head_dim).transpose(1, 2)
 
     def _projections(self, x, key_padding_mask, past_key_value):
         """q, k, v (keys and values after the cache and a Linformer projection)."""
@@ -96,8 +110,9 @@ class PositionalSelfAttention(nn.Module):
 
     def logits_and_values(self, x, *, segment_ids=None, state=None, key_padding_mask=None,
                           past_key_value=None):
-        """(logits (B, H, n, m), v (B, H, m, d)): the encoding's logits before the
-        mask and the softmax, and the values they weight."""
+        """(logits (B, H, n, m), v (B, H_kv, m, d)): the encoding's logits before the
+        mask and the softmax, and the values they weight (value head h // (H / H_kv)
+        for query head h)."""
         q, k, v = self._projections(x, key_padding_mask, past_key_value)
         offset = 0 if past_key_value is None else past_key_value[0].shape[2]
         segment_k = None if self.encoding.projects_keys else _key_segments(segment_ids,
@@ -136,7 +151,7 @@ class PositionalSelfAttention(nn.Module):
                                           query_offset=offset)
             logits = _masked(logits, causal, padding, attn_mask, offset)
             weights = self.dropout(torch.softmax(logits, dim=-1))
-            out = torch.matmul(weights.nan_to_num(0.0), v)
+            out = torch.matmul(weights.nan_to_num(0.0), per_query_head(v, self.num_heads))
         out = project(self.out_proj, out.transpose(1, 2).reshape(batch, n, -1))
         return (out, cache) if use_cache else out
 

@@ -13,13 +13,16 @@ public implementation of its method:
 * DeBERTa: ``q @ pos_keyᵀ`` and ``k @ pos_queryᵀ`` followed by
   ``torch.gather`` (HuggingFace ``DisentangledSelfAttention.disentangled_attention_bias``).
 
-Same names and arguments as `posenc.<name>` (no ``out=``).  Half precision
+Same names and arguments as `posenc.<name>` (no ``out=``).  Grouped-query ``k`` and
+``v`` (``H_kv`` heads dividing ``H``) are repeated per query head with
+``repeat_interleave``, as HuggingFace's ``repeat_kv`` does.  Half precision
 (float16, bfloat16) is accepted here on any device (and needs no ml_dtypes).  Segment ids are
 range-checked on CPU only (a check on an accelerator would synchronise it).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -314,7 +317,27 @@ def attention(method: str, tensors: tuple, params: tuple, attention: tuple) -> A
         keep = attention_dropout_mask(seed, tuple(logits.shape), dropout_p)
         probabilities = probabilities * torch.from_numpy(keep).to(probabilities.device) / (
             1.0 - dropout_p)
-    return Attention(torch.matmul(probabilities, v), lse)
+    return Attention(torch.matmul(probabilities, per_query_head(v, q.shape[1])), lse)
 
 
+def per_query_head(x, H: int):
+    """k or v (B, H_kv, m, .) with each head repeated for the H / H_kv query heads of
+    its group (HuggingFace ``repeat_kv``); x itself when it has H heads or a shape
+    the checks will refuse."""
+    if x.dim() != 4 or x.shape[1] in (0, H) or H % x.shape[1]:
+        return x
+    return x.repeat_interleave(H // x.shape[1], dim=1)
+
+
+def _grouped(formula):
+    """The formula taking k with H_kv heads (SPEC §7): k repeated per query head."""
+    @functools.wraps(formula)
+    def grouped(q, k, *args, **kwargs):
+        return formula(q, per_query_head(k, q.shape[1]) if q.dim() == 4 else k, *args, **kwargs)
+    return grouped
+
+
+for _method in REGISTRY:
+    globals()[_method] = _grouped(globals()[_method])
+del _method
 _FORMULAS = {method: globals()[method] for method in REGISTRY}

@@ -38,6 +38,10 @@ const config configs[] = {
     {"product-all", 0, 1, 1, 1, 0, 0, 1, 2},
     {"rope@offset", 0, 0, 0, 0, 0, 0, 0, 0, 4, 1},   /* default positions query_offset + i, j */
     {"rope-interleaved-partial-positions-xpos", 0, 0, 0, 0, 0, 0, 0, 0, 2, 2},
+    /* grouped-query heads: the relative tables (q-side and k-side) and the rotation */
+    {"deberta-like-mqa", 0, 0, 1, 1, 0, 0, 0, 1, 0, 0, 1},
+    {"tupe-mqa@offset", 1, 1, 0, 0, 0, 1, 0, 2, 2, 0, 1},
+    {"rope-mqa@offset", 0, 0, 0, 0, 0, 0, 0, 0, 3, 1, 1},
 };
 
 const size_t config_count = sizeof configs / sizeof configs[0];
@@ -117,11 +121,12 @@ void build(problem_data *pd, const config *c, size_t B, size_t H, size_t n, size
     p->product = c->product;
     p->query_offset = c->query_offset;
     p->B = B; p->H = H; p->n = n; p->m = m; p->d = d;
+    p->H_kv = c->mqa ? 1 : H;
     p->scale = 0.37;
     p->dense_scale = 0.8;
     p->vector_scale = c->product ? 1.0 : 0.37;
     fill(pd, X_Q, B * H * n * d);
-    fill(pd, X_K, B * H * m * d);
+    fill(pd, X_K, B * p->H_kv * m * d);
     fill(pd, X_G, B * H * n * m);
     if (c->dense) {
         fill(pd, X_PQ, Hp * n * dp);
@@ -209,7 +214,8 @@ double naive_logit(const problem_data *pd, size_t b, size_t h, size_t i, size_t 
     const posenc_problem *p = &pd->p;
     const size_t n = p->n, m = p->m, d = p->d, H = p->H;
     const double *q = pd->f64[X_Q] + ((b * H + h) * n + i) * d;
-    const double *k = pd->f64[X_K] + ((b * H + h) * m + j) * d;
+    const size_t kv = h / (H / p->H_kv);   /* the query head's key head */
+    const double *k = pd->f64[X_K] + ((b * p->H_kv + kv) * m + j) * d;
     const size_t o = j + n - 1 - i;
     double qk = 0;
     if (p->rope_cos) {   /* SPEC 3.12: the rotated q_i . k_j (content only beside it) */

@@ -30,6 +30,7 @@ typedef struct {
     size_t query_offset;   /* SPEC §1: moves TUPE's [CLS] row (the maps here are synthetic) */
     int rope;  /* the rotation: 1 half-split pairs of all of d, positions query_offset + i and j;
                   2 interleaved pairs of part of d, given positions, the keys' own tables */
+    int mqa;   /* k and v with one head for all H query heads (SPEC §7, multi-query) */
 } config;
 
 extern const config configs[];

@@ -182,12 +182,13 @@ static void naive_attention(const problem_data *pd, const posenc_attention *a, a
     uint8_t *keep = malloc(m + 1);
     r->out = calloc(B * H * n * dv + 1, sizeof(double));
     r->lse = calloc(B * H * n + 1, sizeof(double));
-    r->grad_v = calloc(B * H * m * dv + 1, sizeof(double));
+    r->grad_v = calloc(B * p->H_kv * m * dv + 1, sizeof(double));
     r->ds = calloc(B * H * n * m + 1, sizeof(double));
     for (size_t b = 0; b < B; ++b)
         for (size_t h = 0; h < H; ++h)
             for (size_t i = 0; i < n; ++i) {
                 const size_t u = b * H + h, row = u * n + i;
+                const size_t uv = b * p->H_kv + h / (H / p->H_kv);   /* v's unit */
                 double row_max = -INFINITY, sum = 0;
                 for (size_t j = 0; j < m; ++j) {
                     const int masked = (a->causal && j > p->query_offset + i) ||
@@ -208,8 +209,8 @@ static void naive_attention(const problem_data *pd, const posenc_attention *a, a
                     P[j] /= sum;
                     const double D = keep[j] ? 1.0 / (1.0 - a->dropout_p) : 0.0;
                     for (size_t l = 0; l < dv; ++l) {
-                        r->out[row * dv + l] += P[j] * D * v[(u * m + j) * dv + l];
-                        r->grad_v[(u * m + j) * dv + l] += P[j] * D * d_out[row * dv + l];
+                        r->out[row * dv + l] += P[j] * D * v[(uv * m + j) * dv + l];
+                        r->grad_v[(uv * m + j) * dv + l] += P[j] * D * d_out[row * dv + l];
                     }
                 }
                 for (size_t l = 0; l < dv; ++l)
@@ -218,7 +219,7 @@ static void naive_attention(const problem_data *pd, const posenc_attention *a, a
                     const double D = keep[j] ? 1.0 / (1.0 - a->dropout_p) : 0.0;
                     double dp = 0;
                     for (size_t l = 0; l < dv; ++l)
-                        dp += d_out[row * dv + l] * v[(u * m + j) * dv + l];
+                        dp += d_out[row * dv + l] * v[(uv * m + j) * dv + l];
                     r->ds[row * m + j] = P[j] * (D * dp - delta);
                 }
             }
@@ -236,7 +237,7 @@ static int run_attention(problem_data *pd, posenc_attention *a, posenc_dtype dty
     const posenc_problem *p = &pd->p;
     const size_t es = dtype == POSENC_F32 ? sizeof(float) : sizeof(double);
     const size_t n_out = p->B * p->H * p->n * a->dv, n_lse = p->B * p->H * p->n;
-    const size_t n_v = p->B * p->H * p->m * a->dv;
+    const size_t n_v = p->B * p->H_kv * p->m * a->dv;
     const size_t lens[9] = {pd->len[X_Q], pd->len[X_K], pd->len[X_PQ], pd->len[X_PK], pd->len[X_TABLE],
                             pd->len[X_QUERY_TABLE], pd->len[X_KEY_TABLE], pd->len[X_SEGMENT_TABLE], pd->len[X_THETA]};
     const void *inputs[9] = {p->q, p->k, p->pos_q, p->pos_k, p->table, p->query_table, p->key_table,
@@ -296,7 +297,7 @@ void test_attention(void)
                     continue;                                    /* the large size for a few */
                 problem_data pd;
                 build(&pd, &configs[c], z[0], z[1], z[2], z[3], z[4], (int)(s + k) % 2);
-                fill(&pd, X_V, z[0] * z[1] * z[3] * dv);
+                fill(&pd, X_V, z[0] * pd.p.H_kv * z[3] * dv);
                 fill(&pd, X_D_OUT, z[0] * z[1] * z[2] * dv);
                 uint8_t *mask = malloc(z[0] * z[3] + 1);
                 for (size_t t = 0; t < z[0] * z[3]; ++t)
@@ -331,7 +332,7 @@ void test_attention(void)
                         EXPECT(run_attention(&pd, &a, dtype, 1, &one) == POSENC_OK, "%s status", what);
                         EXPECT(run_attention(&pd, &a, dtype, 2, &two) == POSENC_OK, "%s status", what);
                         const size_t n_out = z[0] * z[1] * z[2] * dv, n_lse = z[0] * z[1] * z[2];
-                        const size_t n_v = z[0] * z[1] * z[3] * dv;
+                        const size_t n_v = z[0] * pd.p.H_kv * z[3] * dv;
                         compare(what, one.out, naive.out, n_out, rtol, 0);
                         compare(what, two.out, one.out, n_out, 0, 1);
                         compare_lse(what, one.lse, naive.lse, n_lse, rtol, 0);

@@ -221,7 +221,7 @@ static void check_attention(const char *what, posenc_dtype dt, problem_data *pd,
 {
     const posenc_problem *p = &pd->p;
     const size_t n_out = p->B * p->H * p->n * a->dv, n_lse = p->B * p->H * p->n;
-    const size_t n_v = p->B * p->H * p->m * a->dv;
+    const size_t n_v = p->B * p->H_kv * p->m * a->dv;
     posenc_attention a_lp = *a, a_wide = *a;
     a_lp.v = x->lp[X_V];
     a_wide.v = x->wide[X_V];
@@ -267,7 +267,7 @@ static void check_bf16_gemm(const char *what, problem_data *pd, lp_data *x,
         return;
     const posenc_problem *p = &pd->p;
     const size_t len = p->B * p->H * p->n * p->m, n_out = p->B * p->H * p->n * a->dv;
-    const size_t n_v = p->B * p->H * p->m * a->dv, n_lse = p->B * p->H * p->n;
+    const size_t n_v = p->B * p->H_kv * p->m * a->dv, n_lse = p->B * p->H * p->n;
     posenc_problem run[2] = {x->p_wide, x->p_wide};
     run[1].bf16_gemm = 0;
     posenc_attention att = *a;
@@ -318,7 +318,7 @@ void test_lp(void)
             const size_t *z = sizes[s], dv = z[5];
             problem_data pd;
             build(&pd, &configs[c], z[0], z[1], z[2], z[3], z[4], (int)(c + s) % 2);
-            fill(&pd, X_V, z[0] * z[1] * z[3] * dv);
+            fill(&pd, X_V, z[0] * pd.p.H_kv * z[3] * dv);
             fill(&pd, X_D_OUT, z[0] * z[1] * z[2] * dv);
             uint8_t *mask = malloc(z[0] * z[3] + 1);
             for (size_t t = 0; t < z[0] * z[3]; ++t)   /* batch row 1 all padding */
