@@ -193,7 +193,20 @@ typedef struct {
      * one, for the dropout's keys: 0 for a whole problem (engine_lp.c's
      * chunks set them) */
     size_t batch_offset, head_offset;
+    /* SPEC §7, each off when zeroed */
+    int window;                       /* nonzero: key j masked where j < i' - window_left or */
+    size_t window_left, window_right; /* j > i' + window_right, i' = query_offset + i; a side
+                                         POSENC_UNBOUNDED has no bound */
+    const int64_t *document_q;        /* (B, n) and document_k (B, m), both or neither: key j */
+    const int64_t *document_k;        /* masked where document_k[b, j] != document_q[b, i] */
+    double softcap;                   /* > 0: A <- softcap tanh(A / softcap) before the mask */
+    const double *sinks;              /* (H): a logit per head in every row's softmax with no
+                                         value (lse includes exp(sinks[h])); NULL: none */
+    double *grad_sinks;               /* the backward's output (H): dL/dsinks; NULL: not wanted */
 } posenc_attention;
+
+/* A window side without a bound. */
+#define POSENC_UNBOUNDED ((size_t)-1)
 
 /*
  * out (B, H, n, dv) = softmax_j(A + Mask) D v and lse (B, H, n) = log sum_j
@@ -333,6 +346,8 @@ typedef struct {
      * x[j] = exp(x[j] - shift) in place returning sum_j x[j], j < len */
     double (*row_max)(const void *x, size_t len);
     double (*row_exp)(void *x, size_t len, double shift);
+    /* SPEC §7's softcap: x[j] = cap tanh(x[j] / cap), grad[j] = 1 - tanh^2 (grad may be NULL) */
+    void (*row_softcap)(void *x, void *grad, size_t len, double cap);
     /* the fused attention's dropout: the keep decisions of a row, bit for bit
      * engine/philox.h's posenc_dropout_row (keep[j] = 0 or 1, j < len) */
     void (*dropout_row)(uint8_t *keep, size_t len, uint64_t seed, uint32_t threshold, size_t b,

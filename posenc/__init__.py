@@ -156,9 +156,7 @@ def _attention(method: str):
     spec = REGISTRY[method]
 
     def body(tensors, params, attention, out):
-        v, causal, key_padding_mask, dropout_p, seed = attention
-        call = check_attention(_checks.check(spec, tensors, params, None), v, causal,
-                               key_padding_mask, dropout_p, seed)
+        call = check_attention(_checks.check(spec, tensors, params, None), *attention)
         if out is not None:
             check_attention_out(out, call)
         return Attention(*_methods.attention_forward(call))
@@ -171,9 +169,7 @@ def _attention_backward(method: str):
     spec = REGISTRY[method]
 
     def body(d_out, tensors, params, attention, saved):
-        v, causal, key_padding_mask, dropout_p, seed = attention
-        call = check_attention(_checks.check(spec, tensors, params, None), v, causal,
-                               key_padding_mask, dropout_p, seed)
+        call = check_attention(_checks.check(spec, tensors, params, None), *attention)
         check_attention_grad(d_out, *saved, call)
         return _methods.attention_backward(call, d_out, *saved)
 

@@ -1,5 +1,6 @@
-"""What every namespace's fused attention shares (SPEC §6): the dropout
-generator, the checks of the attention arguments, the result types.
+"""What every namespace's fused attention shares (SPEC §6, §7): the dropout
+generator, the checks of the attention arguments (the masks, window,
+documents, softcap and sinks), the result types.
 
 Dropout is counter-based, so that the backward regenerates the forward's
 decisions and any thread count or ISA draws the same ones: the keep decision
@@ -18,9 +19,13 @@ from collections import namedtuple
 
 import numpy as np
 
-from ._checks import check_bool, check_rank, check_shape, check_writable_out, require_ndarray
+from ._checks import (check_bool, check_int, check_rank, check_shape, check_writable_out,
+                      require_ndarray)
 from ._dtypes import lse_dtype
+from ._kinds import require_index_array
 from ._registry import GRAD_FIELDS, REGISTRY, grad_class_name
+from ._signatures import ATTENTION_OPTIONS
+
 
 Attention = namedtuple("Attention", ("out", "lse"))
 Attention.__doc__ = """The fused attention's result: out (B, H, n, dv) and lse (B, H, n), the
@@ -91,13 +96,58 @@ def check_dropout(dropout_p) -> float:
 
 
 class AttentionCall:
-    """A checked attention call: the logits' Problem and the attention arguments."""
+    """A checked attention call: the logits' Problem and the attention arguments
+    (ATTENTION_OPTIONS), window a (left, right) tuple or None."""
 
-    __slots__ = ("problem", "v", "dv", "causal", "key_padding_mask", "dropout_p", "seed")
+    __slots__ = ("problem", "v", "dv") + tuple(name for name, _ in ATTENTION_OPTIONS)
+
+    def options(self) -> dict:
+        """The attention keywords of the call (ATTENTION_OPTIONS and query_offset)."""
+        return dict({name: getattr(self, name) for name, _ in ATTENTION_OPTIONS},
+                    query_offset=self.problem.query_offset)
 
 
-def check_attention(problem, v, causal, key_padding_mask, dropout_p, seed) -> AttentionCall:
-    """The attention arguments of SPEC §6 beside a checked logits `problem`."""
+def check_window(window):
+    """None, or (left, right) with each side None (no bound) or an int >= 0."""
+    if window is None:
+        return None
+    if not isinstance(window, (tuple, list)) or len(window) != 2:
+        raise TypeError(f"window must be None or (left, right), each None or an int >= 0; got "
+                        f"{type(window).__name__} {window!r}")
+    return tuple(None if side is None else check_int(f"window's {name}", side, 0)
+                 for name, side in zip(("left", "right"), window))
+
+
+def check_softcap(softcap):
+    if softcap is None:
+        return None
+    if isinstance(softcap, (bool, np.bool_)) or not isinstance(softcap, numbers.Real):
+        raise TypeError(f"softcap must be a real number > 0 or None, got "
+                        f"{type(softcap).__name__} {softcap!r}")
+    softcap = float(softcap)
+    if not 0.0 < softcap < float("inf"):
+        raise ValueError(f"softcap must be a finite number > 0 or None, got {softcap}")
+    return softcap
+
+
+def _check_documents(p, document_q, document_k):
+    if (document_q is None) != (document_k is None):
+        missing = "document_k" if document_k is None else "document_q"
+        raise ValueError(f"documents come as both document_q and document_k or neither; missing "
+                         f"{missing}")
+    if document_q is None:
+        return None, None
+    require_index_array("document_q", document_q)
+    require_index_array("document_k", document_k)
+    check_shape("document_q", document_q, (p.B, p.n), "(B, n)")
+    check_shape("document_k", document_k, (p.B, p.m), "(B, m)")
+    return document_q, document_k
+
+
+def check_attention(problem, v, causal=False, key_padding_mask=None, window=None,
+                    document_q=None, document_k=None, softcap=None, sinks=None, dropout_p=0.0,
+                    seed=0) -> AttentionCall:
+    """The attention arguments of SPEC §6 and §7 beside a checked logits `problem`."""
     p = problem
     require_ndarray("v", v)
     if v.dtype != p.dtype:
@@ -116,6 +166,16 @@ def check_attention(problem, v, causal, key_padding_mask, dropout_p, seed) -> At
                             f"{key_padding_mask.dtype}")
         check_shape("key_padding_mask", key_padding_mask, (p.B, p.m), "(B, m)")
     call.key_padding_mask = key_padding_mask
+    call.window = check_window(window)
+    call.document_q, call.document_k = _check_documents(p, document_q, document_k)
+    call.softcap = check_softcap(softcap)
+    if sinks is not None:
+        require_ndarray("sinks", sinks)
+        if sinks.dtype != p.dtype:
+            raise TypeError(f"sinks has dtype {sinks.dtype} but q has dtype {p.dtype}: float "
+                            "inputs of one call must share one dtype")
+        check_shape("sinks", sinks, (p.H,), "(H,)")
+    call.sinks = sinks
     call.dropout_p = check_dropout(dropout_p)
     call.seed = check_seed(seed)
     return call
@@ -129,7 +189,8 @@ def check_attention_out(out, call: AttentionCall) -> None:
     if out.dtype != p.dtype:
         raise TypeError(f"out must have dtype {p.dtype}, got {out.dtype}")
     check_shape("out", out, (p.B, p.H, p.n, call.dv), "(B, H, n, dv)")
-    inputs = dict(p.arrays, v=call.v, key_padding_mask=call.key_padding_mask)
+    inputs = dict(p.arrays, v=call.v, key_padding_mask=call.key_padding_mask,
+                  document_q=call.document_q, document_k=call.document_k, sinks=call.sinks)
     check_writable_out(out, inputs)
     p.out = out
 
@@ -152,9 +213,10 @@ def check_attention_grad(d_out, out, lse, call: AttentionCall) -> None:
 
 
 def _attention_fields(method: str) -> tuple:
-    """The fields of <method>_attention_backward: its float arguments in order (v after k)."""
+    """The fields of <method>_attention_backward: its float arguments in order (v after k,
+    sinks last: None without sinks)."""
     fields = GRAD_FIELDS[method]
-    return fields[:2] + ("v",) + fields[2:]
+    return fields[:2] + ("v",) + fields[2:] + ("sinks",)
 
 
 # <Method>AttentionGrads: the gradients of every float input of <method>_attention.

@@ -218,26 +218,23 @@ def _attention_inputs(method, dtype, rng, B, H, n, m, d, shared):
 def attention_bounds(method, args64, kwargs64, v64, options: dict, d_out64=None, dtype=None):
     """(reference Attention, out bound, lse bound, {field: gradient bound} or None):
     the float32 bounds of the module's docstring, for the attention keywords
-    `options` (causal, key_padding_mask, query_offset, dropout_p, seed), with
-    the operand rounding of `dtype` (_dtypes.OPERAND_ROUNDOFF: P before P.v
-    and dV, dS before every gradient's GEMM) where it has one."""
-    options = dict(dict(causal=False, key_padding_mask=None, query_offset=0, dropout_p=0.0,
-                        seed=0), **options)
-    mask = options["key_padding_mask"]
+    `options` (SPEC §6, §7: causal, key_padding_mask, window, documents, softcap, sinks,
+    query_offset, dropout_p, seed), with the operand rounding of `dtype`
+    (_dtypes.OPERAND_ROUNDOFF: P before P.v and dV, dS before every gradient's GEMM)
+    where it has one.  A softcap passes the logits' error on at most (|tanh'| <= 1);
+    the sinks' gradient is bounded by its probabilities times delta's error."""
+    options = dict(dict(query_offset=0, dropout_p=0.0, seed=0), **options)
     m, dv = v64.shape[2], v64.shape[3]
     depth = args64[0].shape[-1] + dense_rank(method, args64, kwargs64)
     qo = options["query_offset"]
-    logits = reference.__dict__[method](*args64, **kwargs64, query_offset=qo)
+    logits, t, masked = reference.ATTENTION_TERMS[method](*args64[:2], v64, *args64[2:],
+                                                          **kwargs64, **options)
+    masked = np.broadcast_to(masked, logits.shape)
     logit_bound = magnitude_coefficient(depth, dtype, logit_operands_rounded(method)) * \
         magnitude(method, args64, kwargs64, query_offset=qo)
     ref = reference.__dict__[method + "_attention"](*args64[:2], v64, *args64[2:], **kwargs64,
                                                      **options)
     H_kv, v64 = v64.shape[1], reference.per_query_head(v64, logits.shape[1])
-    masked = np.zeros(logits.shape, dtype=bool)
-    if options["causal"]:
-        masked |= (np.arange(m)[None, :] > qo + np.arange(logits.shape[2])[:, None])[None, None]
-    if mask is not None:
-        masked |= mask[:, None, None, :]
     with np.errstate(invalid="ignore", over="ignore"):
         P = np.where(masked | np.isneginf(ref.lse)[..., None], 0.0,
                      np.exp(logits - np.where(np.isneginf(ref.lse), 0.0, ref.lse)[..., None]))
@@ -256,11 +253,25 @@ def attention_bounds(method, args64, kwargs64, v64, options: dict, d_out64=None,
     d_s = P * (D * dP - delta[..., None])
     error_s = (P * (D * np.einsum("bhid,bhjd->bhij", np.abs(d_out64), np.abs(v64))
                     + np.abs(delta)[..., None]) * (2 * e + (dv + 8) * EPS32)[..., None])
+    if t is not None:   # dS (1 - tanh^2): the factor's own error 2 |tanh| e / softcap
+        cap = options["softcap"]
+        error_s = error_s * (1 - t * t) + np.abs(d_s) * (2 * np.abs(t) * e[..., None] / cap
+                                                          + 4 * EPS32)
+        d_s = d_s * (1 - t * t)
     grad_bounds = grad_magnitudes(method, ((depth + m + 8) * EPS32 + r) * np.abs(d_s) + error_s,
                                   args64, kwargs64, query_offset=qo)
     v_bound = reference.fold_groups(np.einsum(
         "bhij,bhid->bhjd", (2 * e + (m + 8) * EPS32 + r)[..., None] * PD, np.abs(d_out64)), H_kv)
-    return ref, out_bound, lse_bound, dict(grad_bounds, v=v_bound)
+    bounds = dict(grad_bounds, v=v_bound)
+    if options.get("sinks") is not None:   # -sum_i exp(sink - lse_i) delta_i
+        with np.errstate(over="ignore", invalid="ignore"):
+            p_sink = np.exp(options["sinks"].astype(np.float64)[None, :, None] - ref.lse)
+        delta_error = (np.einsum("bhid,bhid->bhi", np.abs(d_out64), np.abs(ref.out))
+                       * (2 * e + (m + dv + 16) * EPS32 + r)
+                       + np.einsum("bhid,bhid->bhi", np.abs(d_out64), out_bound))
+        bounds["sinks"] = (p_sink * (delta_error + np.abs(delta) * (2 * e + 8 * EPS32))).sum(
+            axis=(0, 2))
+    return ref, out_bound, lse_bound, bounds
 
 
 def within(got, ref, bound32, dtype):

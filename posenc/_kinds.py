@@ -284,7 +284,8 @@ def check_shape(name: str, value: np.ndarray, expected: tuple, layout: str) -> N
         if not ok:
             shown = ["*" if w is None else "|".join(str(x) for x in sorted(w))
                      if isinstance(w, (set, frozenset)) else str(w) for w in expected]
-            raise ValueError(f"{name} must have shape ({', '.join(shown)}) {layout}, got "
+            raise ValueError(f"{name} must have shape ({', '.join(shown)}"
+                             f"{',' if len(shown) == 1 else ''}) {layout}, got "
                              f"{shape_str(value.shape)}")
 
 

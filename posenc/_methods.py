@@ -16,24 +16,34 @@ gradient).
 
 from __future__ import annotations
 
+import numpy as np
+
 from . import _C
 from ._attention import ATTENTION_GRAD_TYPES
+from ._dtypes import narrow
 from ._engine import ENGINE_GRADS, EngineConfig
 from ._registry import GRAD_TYPES, REGISTRY
 
 _FIELD = {name: t for t, name in enumerate(EngineConfig._fields)}
 _Q, _K, _SCALE, _QUERY_OFFSET = (_FIELD[name] for name in ("q", "k", "scale", "query_offset"))
-# v's gradient follows ENGINE_GRADS in _C.attention_backward's result
+# v's gradient follows ENGINE_GRADS in _C.attention_backward's result, then the sinks'
 _V = len(ENGINE_GRADS)
+_SINKS = _V + 1
+
+
+def _sinks_grad(p, value):
+    """The sinks' gradient (float64 from the engine) in the call's dtype."""
+    return narrow(value, p.dtype)
 
 
 def _sources(spec, attention: bool) -> tuple:
     """(engine entry or None, finish or None) per gradient field of `spec` (with v
-    third for the attention's)."""
+    third and the sinks last for the attention's)."""
     sources = [(None if engine is None else ENGINE_GRADS.index(engine), finish)
                for _, engine, finish in spec.gradient_sources()]
     if attention:
         sources.insert(2, (_V, None))
+        sources.append((_SINKS, _sinks_grad))
     return tuple(sources)
 
 
@@ -110,13 +120,23 @@ def backward(p, G, fields: int | None = None, config: EngineConfig | None = None
     return _gradients(p, GRAD_TYPES[p.method], sources, fields, raw)
 
 
+def _attention_arguments(call) -> tuple:
+    """The binding's (key_padding_mask, causal, dropout_p, seed, window, document_q,
+    document_k, softcap, sinks): the ids int64, the sinks float64 (exact for every dtype)."""
+    docs = (None, None) if call.document_q is None else (
+        np.ascontiguousarray(call.document_q, dtype=np.int64),
+        np.ascontiguousarray(call.document_k, dtype=np.int64))
+    sinks = None if call.sinks is None else np.ascontiguousarray(call.sinks, dtype=np.float64)
+    return (call.key_padding_mask, call.causal, call.dropout_p, call.seed, call.window, *docs,
+            call.softcap, sinks)
+
+
 def attention_forward(call, config: EngineConfig | None = None) -> tuple:
     """(out, lse) of a checked attention call (posenc._attention.AttentionCall);
     out is written into the problem's `out` when it has one."""
     p = call.problem
     return _C.attention_forward(configure(p) if config is None else config, call.v,
-                                call.key_padding_mask, call.causal, call.dropout_p, call.seed,
-                                p.out)
+                                *_attention_arguments(call), p.out)
 
 
 def attention_backward(call, d_out, out, lse, fields: int | None = None,
@@ -128,6 +148,5 @@ def attention_backward(call, d_out, out, lse, fields: int | None = None,
     sources = ATTENTION_SOURCES[p.method]
     fields, needs = _needs(sources, fields)
     raw = _C.attention_backward(d_out, configure(p) if config is None else config, call.v, out,
-                                lse, call.key_padding_mask, call.causal, call.dropout_p, call.seed,
-                                needs)
+                                lse, *_attention_arguments(call), needs)
     return _gradients(p, ATTENTION_GRAD_TYPES[p.method], sources, fields, raw)

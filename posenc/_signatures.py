@@ -13,21 +13,32 @@ The four forms (SPEC §3 and §6), for a method `m` with arguments `<args>`:
     logits              m(q, k, <args>, *, <keywords>, query_offset=0, out=None)
     logits_backward     m_backward(G, q, k, <args>, *, <keywords>, query_offset=0)
     attention           m_attention(q, k, v, <args>, *, <keywords>, causal=False,
-                            key_padding_mask=None, query_offset=0, dropout_p=0.0, seed=0,
-                            out=None)
+                            key_padding_mask=None, window=None, document_q=None,
+                            document_k=None, softcap=None, sinks=None, query_offset=0,
+                            dropout_p=0.0, seed=0, out=None)
     attention_backward  m_attention_backward(d_out, q, k, v, <args>, out, lse, *, <keywords>,
                             causal=False, ..., seed=0)
 
 and the body is called as body([G | d_out,] tensors, params, [attention,] [out | (out, lse)]),
-`params` ending with query_offset, `attention` = (v, causal, key_padding_mask, dropout_p, seed).
+`params` ending with query_offset, `attention` = (v, then posenc._attention.ATTENTION_OPTIONS
+in order: causal, key_padding_mask, window, document_q, document_k, softcap, sinks, dropout_p,
+seed).
 """
 
 from __future__ import annotations
 
 from ._registry import REGISTRY
 
-ATTENTION_KEYWORDS = ("causal=False, key_padding_mask=None, query_offset=0, dropout_p=0.0, "
-                      "seed=0")
+# The attention's arguments after v in the order every namespace passes them, with
+# their defaults: SPEC §6's masks and dropout, §7's shapes.
+ATTENTION_OPTIONS = (("causal", False), ("key_padding_mask", None), ("window", None),
+                     ("document_q", None), ("document_k", None), ("softcap", None),
+                     ("sinks", None), ("dropout_p", 0.0), ("seed", 0))
+
+# the attention's keywords, query_offset (one of the logits' parameters) before the dropout's
+ATTENTION_KEYWORDS = ", ".join(
+    ("query_offset=0, " if name == "dropout_p" else "") + f"{name}={default!r}"
+    for name, default in ATTENTION_OPTIONS)
 FORMS = ("logits", "logits_backward", "attention", "attention_backward")
 
 
@@ -57,7 +68,7 @@ def define(method: str, body, *, name: str, doc: str, form: str = "logits", out:
     params = "".join(f"{p}, " for p, _ in spec.params)     # ends with query_offset
     call = [f"({tensors})", f"({params})"]
     if form.startswith("attention"):
-        call.append("(v, causal, key_padding_mask, dropout_p, seed)")
+        call.append("(v, " + ", ".join(name for name, _ in ATTENTION_OPTIONS) + ")")
     call.insert(0, {"logits_backward": "G", "attention_backward": "d_out"}.get(form, ""))
     call.append({"logits": "out", "attention": "out", "attention_backward": "(out, lse)"}.get(
         form, "None") if out or form == "attention_backward" else "None")

@@ -629,11 +629,22 @@ _BASELINE_FORMULAS = {
 # decisions, two matmuls; the backward from out and lse as the contract gives them.
 
 def _attention_mask(call) -> np.ndarray:
-    """(B, 1, n, m) True where a logit is masked: causal (j > query_offset + i) or padding."""
+    """(B, 1, n, m) True where a logit is masked (SPEC §6, §7): causal (j > i' =
+    query_offset + i), outside the window (j < i' - left or j > i' + right), another
+    document's key, or padding."""
     p = call.problem
     masked = np.zeros((p.B, 1, p.n, p.m), dtype=bool)
+    offset = _key_minus_query(p)[None, None]           # j - i'
     if call.causal:
-        masked |= _key_minus_query(p)[None, None] > 0
+        masked |= offset > 0
+    if call.window is not None:
+        left, right = call.window
+        if left is not None:
+            masked |= offset < -left
+        if right is not None:
+            masked |= offset > right
+    if call.document_q is not None:
+        masked |= (call.document_q[:, None, :, None] != call.document_k[:, None, None, :])
     if call.key_padding_mask is not None:
         masked |= call.key_padding_mask[:, None, None, :]
     return masked
@@ -648,24 +659,46 @@ def _dropout_scale(call) -> np.ndarray | float:
     return keep / (1.0 - call.dropout_p)
 
 
-def _probabilities(call, lse=None):
-    """(P, lse): softmax_j(A + Mask) in float64; a row with every key masked is 0, lse -inf."""
+def _capped_logits(call):
+    """(A, tanh(A / softcap) or None): the method's logits, soft-capped (SPEC §7)."""
     p = call.problem
-    scores = np.where(_attention_mask(call), -np.inf, globals()[f"_{p.method}_logits"](p))
+    logits = globals()[f"_{p.method}_logits"](p)
+    if call.softcap is None:
+        return logits, None
+    t = np.tanh(logits / call.softcap)
+    return call.softcap * t, t
+
+
+def _sink_logits(call):
+    """The sinks as (1, H, 1) float64, or None."""
+    return None if call.sinks is None else _wide(call.sinks)[None, :, None]
+
+
+def _probabilities(call, lse=None):
+    """(P, lse, tanh or None): softmax_j(capped A + Mask) in float64, a sink (SPEC §7)
+    in every row's denominator; a row with every key masked is 0, lse -inf (the sink)."""
+    logits, t = _capped_logits(call)
+    scores = np.where(_attention_mask(call), -np.inf, logits)
+    sinks = _sink_logits(call)
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         if lse is None:
-            row_max = scores.max(axis=-1, keepdims=True) if p.m else np.full(
-                scores.shape[:-1] + (1,), -np.inf)
+            row_max = scores.max(axis=-1) if call.problem.m else np.full(scores.shape[:-1],
+                                                                         -np.inf)
+            if sinks is not None:
+                row_max = np.where(np.isnan(row_max), row_max, np.maximum(row_max, sinks))
             shift = np.where(np.isneginf(row_max), 0.0, row_max)
-            lse = (np.log(np.exp(scores - shift).sum(axis=-1, keepdims=True)) + shift)[..., 0]
+            total = np.exp(scores - shift[..., None]).sum(axis=-1)
+            if sinks is not None:
+                total = total + np.exp(sinks - shift)
+            lse = np.log(total) + shift
         shifted = scores - np.where(np.isneginf(lse), 0.0, lse)[..., None]
         P = np.where(np.isneginf(scores), 0.0, np.exp(shifted))
-    return P, lse
+    return P, lse, t
 
 
 def _attention_forward(call):
     p = call.problem
-    P, lse = _probabilities(call)
+    P, lse, _ = _probabilities(call)
     out = np.einsum("bhij,bhjd->bhid", P * _dropout_scale(call), per_query_head(call.v, p.H))
     result = narrow(out, p.dtype)
     if p.out is not None:
@@ -675,17 +708,26 @@ def _attention_forward(call):
 
 
 def _attention_backward(call, d_out, out, lse):
-    """dV = (P D)^T dO; dS = P (D (dO V^T) - rowsum(dO out)); the rest is the
+    """dV = (P D)^T dO; dS = P (D (dO V^T) - rowsum(dO out)), times 1 - tanh^2 under a
+    softcap; dsinks = -sum_i exp(sink - lse_i) rowsum(dO out)_i; the rest is the
     logits' backward of dS."""
     p = call.problem
-    P, _ = _probabilities(call, _wide(lse))
+    lse = _wide(lse)
+    P, _, t = _probabilities(call, lse)
     D = _dropout_scale(call)
     d_out, v = _wide(d_out), per_query_head(call.v, p.H)
     grad_v = fold_groups(np.einsum("bhij,bhid->bhjd", P * D, d_out), p.H_kv)
     d_p = D * np.einsum("bhid,bhjd->bhij", d_out, v)
-    d_s = P * (d_p - np.einsum("bhid,bhid->bhi", d_out, _wide(out))[..., None])
+    delta = np.einsum("bhid,bhid->bhi", d_out, _wide(out))
+    d_s = P * (d_p - delta[..., None])
+    if t is not None:
+        d_s = d_s * (1.0 - t * t)
     grads = _method_grads(p, d_s)
     grads["v"] = grad_v
+    sinks = _sink_logits(call)
+    if sinks is not None:
+        with np.errstate(over="ignore", invalid="ignore"):
+            grads["sinks"] = -(np.exp(sinks - lse) * delta).sum(axis=(0, 2))
     fields = ATTENTION_GRAD_TYPES[p.method]._fields
     return ATTENTION_GRAD_TYPES[p.method](**{
         name: None if grads.get(name) is None
@@ -693,9 +735,7 @@ def _attention_backward(call, d_out, out, lse):
 
 
 def _attention_call(spec, tensors, params, attention):
-    v, causal, key_padding_mask, dropout_p, seed = attention
-    return check_attention(_checks.check(spec, tensors, params, None), v, causal,
-                           key_padding_mask, dropout_p, seed)
+    return check_attention(_checks.check(spec, tensors, params, None), *attention)
 
 
 def _attention(method: str):
@@ -709,6 +749,22 @@ def _attention(method: str):
 
     return define(method, body, name=method + "_attention", form="attention", module=__name__,
                   doc=attention_doc(method, _WHERE))
+
+
+def _attention_terms(method: str):
+    """(capped logits, tanh(A / softcap) or None, masked (B, 1, n, m)) of an attention call
+    with <method>_attention's arguments: what posenc._check bounds the kernels' errors by."""
+    spec = REGISTRY[method]
+
+    def body(tensors, params, attention, _out):
+        call = _attention_call(spec, tensors, params, attention)
+        return _capped_logits(call) + (_attention_mask(call),)
+
+    return define(method, body, name=method + "_attention_terms", form="attention",
+                  module=__name__, doc=_attention_terms.__doc__)
+
+
+ATTENTION_TERMS = {method: _attention_terms(method) for method in REGISTRY}
 
 
 def _attention_backward_function(method: str):

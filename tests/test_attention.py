@@ -77,8 +77,11 @@ def assert_attention_matches_reference(method, args, kwargs, v, rng, **attention
         logits = getattr(reference, method)(*a64, **k64,
                                             query_offset=attention.get("query_offset", 0))
         tol = (n + m + d + dv + 8) * EPS32 * (1 + np.abs(logits).max(initial=0))
+    wide = dict(attention)             # the reference on the float64 view of every float input
+    if wide.get("sinks") is not None:
+        wide["sinks"] = wide["sinks"].astype(np.float64)
     got = _forward(posenc, method, args, kwargs, v, **attention)
-    want = _forward(reference, method, a64, k64, v64, **attention)
+    want = _forward(reference, method, a64, k64, v64, **wide)
     assert isinstance(got, posenc.Attention)
     assert got.out.dtype == dtype and got.out.shape == (B, H, n, dv) and got.out.flags.c_contiguous
     assert got.lse.dtype == dtype and got.lse.shape == (B, H, n)
@@ -86,9 +89,9 @@ def assert_attention_matches_reference(method, args, kwargs, v, rng, **attention
     _assert_close(got.lse, want.lse, tol, f"{method} lse")
     d_out = rng.standard_normal(got.out.shape)
     grads = _backward(posenc, method, d_out.astype(dtype), args, kwargs, v, got, **attention)
-    want_grads = _backward(reference, method, d_out, a64, k64, v64, want, **attention)
+    want_grads = _backward(reference, method, d_out, a64, k64, v64, want, **wide)
     assert type(grads).__name__ == type(want_grads).__name__
-    inputs = dict(float_inputs(method, args, kwargs), v=v)
+    inputs = dict(float_inputs(method, args, kwargs), v=v, sinks=attention.get("sinks"))
     for field in want_grads._fields:
         g, w = getattr(grads, field), getattr(want_grads, field)
         assert (g is None) == (w is None), field
@@ -382,22 +385,34 @@ def test_binding_rejects_bad_attention_arguments(rng):
     from posenc._attention import check_attention
 
     args, kwargs, v = _inputs("content", 3, 4, 2, 2, rng)
-    call = check_attention(check(REGISTRY["content"], tuple(args), (None, 0), None), v, False,
-                           None, 0.0, 0)
+    call = check_attention(check(REGISTRY["content"], tuple(args), (None, 0), None), v)
     config = _methods.configure(call.problem)
-    ok = (config, v, None, False, 0.0, 0, None)
+    # (config, v, key_padding_mask, causal, dropout_p, seed, window, document_q, document_k,
+    #  softcap, sinks, out)
+    ok = (config, v, None, False, 0.0, 0, None, None, None, None, None, None)
     _C.attention_forward(*ok)
+    ids = np.zeros((2, 3), dtype=np.int64)
     for position, value, error in ((1, v[:, :, :3], ValueError), (1, v.astype(np.float32), TypeError),
                                    (2, np.zeros((2, 4), dtype=np.int8), TypeError),
                                    (2, np.zeros((2, 5), dtype=bool), ValueError),
                                    (4, 1.0, ValueError), (4, -0.1, ValueError),
-                                   (5, -1, ValueError), (5, 2**64, ValueError)):
+                                   (5, -1, ValueError), (5, 2**64, ValueError),
+                                   (6, (1,), TypeError), (6, (-1, 0), ValueError),
+                                   (6, 3, TypeError), (7, ids, ValueError),     # document_k missing
+                                   (9, 0.0, ValueError), (9, float("inf"), ValueError),
+                                   (10, np.zeros(3, dtype=np.float32), TypeError),
+                                   (10, np.zeros(2), ValueError)):
         bad = list(ok)
         bad[position] = value
         with pytest.raises(error):
             _C.attention_forward(*bad)
-    out, lse = _C.attention_forward(*ok)
+    bad = list(ok)
+    bad[7:9] = ids, np.zeros((2, 5), dtype=np.int64)          # document_k of m = 5, not 4
     with pytest.raises(ValueError):
-        _C.attention_backward(out[:, :, :2], config, v, out, lse, None, False, 0.0, 0, 1023)
+        _C.attention_forward(*bad)
+    out, lse = _C.attention_forward(*ok)
+    rest = (None, False, 0.0, 0, None, None, None, None, None)
+    with pytest.raises(ValueError):
+        _C.attention_backward(out[:, :, :2], config, v, out, lse, *rest, 1023)
     with pytest.raises(TypeError):
-        _C.attention_backward(out, config, v, out, lse, None, False, 0.0, 0)
+        _C.attention_backward(out, config, v, out, lse, *rest)

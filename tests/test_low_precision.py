@@ -152,7 +152,20 @@ ATTENTION_CASES = {  # n, m, d, dv, options (padding: a fully masked batch row a
                                                    seed=7, padding=True)),
     "decode-step-mqa": (1, 17, 16, 1, dict(causal=True, query_offset=16, kv_heads=1)),
     "n>m-shared-strided": (33, 3, 1, 17, dict(padding=True, shared=True, strided=True)),
+    # SPEC §7: a window with causality, packed documents (one of them spanning no key of
+    # batch row 0's padding), a softcap, sinks (with a fully masked batch row), one kv head
+    "window-documents-softcap-sinks": (33, 33, 8, 5, dict(causal=True, window=(6, 1),
+                                                          documents=True, softcap=2.5,
+                                                          sinks=True, padding=True,
+                                                          kv_heads=1)),
 }
+
+
+def _documents(B, n, m):
+    """document_q, document_k: batch row 0 three documents, row 1 one and a long one."""
+    lengths = ([7, 1, m - 8], [1, m - 1])
+    ids = [np.repeat(np.arange(len(ls)), ls) for ls in lengths[:B]]
+    return np.stack([i[m - n:] for i in ids]), np.stack(ids)
 
 
 def _attention(namespace, method, args, kwargs, v, options):
@@ -180,34 +193,44 @@ def test_attention_forward_backward(posenc_isa, method, dtype, case, rng):
         mask[0, :] = True                  # every key of batch row 0 is padding
         mask[1, m // 2 + 1:] = True
         options["key_padding_mask"] = mask
+    if options.pop("documents", False):
+        options["document_q"], options["document_k"] = _documents(B, n, m)
+    if options.get("sinks") is True:
+        options["sinks"] = rng.standard_normal(3).astype(lp)
     if layout.get("strided"):
         v = np.repeat(v, 2, axis=-1)[..., ::2]
     args32, kwargs32 = _cast(method, args, kwargs, np.float32)
     args64, kwargs64 = _cast(method, args, kwargs, np.float64)
+    # the options with the sinks (a float input) in float32 and float64
+    options32, options64 = (dict(options, sinks=options["sinks"].astype(wide_dtype))
+                            if options.get("sinks") is not None else options
+                            for wide_dtype in (np.float32, np.float64))
 
     got = _attention(posenc, method, args, kwargs, v, options)
-    wide = _attention(posenc, method, args32, kwargs32, v.astype(np.float32), options)
+    wide = _attention(posenc, method, args32, kwargs32, v.astype(np.float32), options32)
     assert got.lse.dtype == np.float32
     if not bf16_gemm(dtype):
         assert_narrowed(got.out, wide.out, dtype, "out")
         np.testing.assert_array_equal(got.lse, wide.lse)
-    if "key_padding_mask" in options:
-        assert np.isneginf(got.lse[0]).all() and not _bits(got.out[0]).any()
+    if "key_padding_mask" in options:   # batch row 0 all padding: lse -inf, or the sink
+        empty = -np.inf if options.get("sinks") is None else options32["sinks"][:, None]
+        assert np.array_equal(got.lse[0], np.broadcast_to(empty, got.lse[0].shape))
+        assert not _bits(got.out[0]).any()
 
     d_out = rng.standard_normal(got.out.shape).astype(lp)
     ref, out_bound, lse_bound, grad_bounds = _check.attention_bounds(
-        method, args64, kwargs64, v.astype(np.float64), options, d_out.astype(np.float64), lp)
+        method, args64, kwargs64, v.astype(np.float64), options64, d_out.astype(np.float64), lp)
     assert_within(_check.within(got.out, ref.out, out_bound, lp)[1], "out")
     assert_within(_check.within(got.lse, ref.lse, lse_bound, np.float32)[1], "lse")
 
     grads = _attention_backward(posenc, method, d_out, args, kwargs, v, got, options)
     grads32 = _attention_backward(posenc, method, d_out.astype(np.float32), args32, kwargs32,
                                   v.astype(np.float32), (got.out.astype(np.float32), got.lse),
-                                  options)
+                                  options32)
     # the backward is a function of the out (rounded to 16 bits) and lse it is given
     want = _attention_backward(reference, method, d_out.astype(np.float64), args64, kwargs64,
                                v.astype(np.float64), (got.out.astype(np.float64),
-                                                      got.lse.astype(np.float64)), options)
+                                                      got.lse.astype(np.float64)), options64)
     for field in want._fields:
         if getattr(want, field) is None:
             continue

@@ -198,3 +198,41 @@ def test_attention_layer_masks_and_gradgradcheck():
         out = layer(x, attn_mask=attn_mask)
         assert out.shape == (1, 5, 8) and not torch.isnan(out).any()
     assert torch.autograd.gradgradcheck(lambda x: layer(x, causal=True), (x,), atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["content", "t5", "tupe", "deberta"])
+def test_attention_layer_shapes_fused_cached_and_logits_paths_agree(name):
+    """SPEC §7 in the layer: grouped-query heads, a sliding window, packed documents, a
+    softcap and learned sinks; the fused C path equals the logits path, a cached decode
+    (the cache holding the keys' document ids) the full causal pass, and the sinks learn."""
+    torch.manual_seed(0)
+    heads = 4
+    encodings = {"content": lambda: None, "t5": lambda: pnn.T5RelativeBias(heads, 8, 16),
+                 "tupe": lambda: pnn.TUPE(8, heads, 12, relative=True),
+                 "deberta": lambda: pnn.DebertaRelative(8, heads, max_relative_positions=6)}
+    layer = pnn.PositionalSelfAttention(8, heads, encodings[name](), causal=True, num_kv_heads=2,
+                                        window=(3, 0), softcap=2.0, sinks=True).double().eval()
+    with torch.no_grad():
+        layer.sinks.copy_(torch.randn(heads))
+    x = torch.randn(2, 9, 8, dtype=torch.float64)
+    documents = torch.tensor([[0, 0, 0, 0, 1, 1, 2, 2, 2], [0] * 9])
+    mask = torch.zeros(2, 9, dtype=torch.bool)
+    mask[1, :2] = True
+    fused = layer(x, key_padding_mask=mask, document_ids=documents)
+    layer.fused = False
+    plain = layer(x, key_padding_mask=mask, document_ids=documents)
+    layer.fused = True
+    torch.testing.assert_close(fused, plain, rtol=1e-12, atol=1e-12)
+    outs, cache = [], None
+    for start, stop in ((0, 5), (5, 6), (6, 9)):
+        out, cache = layer(x[:, start:stop], key_padding_mask=mask[:, :stop],
+                           document_ids=documents[:, start:stop], past_key_value=cache,
+                           use_cache=True)
+        outs.append(out)
+    torch.testing.assert_close(torch.cat(outs, 1), fused, rtol=1e-12, atol=1e-12)
+    assert cache[0].shape[1] == 2 and torch.equal(cache[3], documents)
+    layer.train()
+    layer(x, document_ids=documents).sum().backward()
+    assert layer.sinks.grad is not None and layer.sinks.grad.abs().sum() > 0
+    with pytest.raises(ValueError, match="the cache must hold the keys' document ids"):
+        layer(x[:, :1], document_ids=documents[:, :1], past_key_value=cache[:2], use_cache=True)

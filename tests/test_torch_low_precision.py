@@ -255,7 +255,10 @@ def test_autocast_casts_only_what_autocast_casts():
         with torch.autocast("cpu", dtype=dtype):
             logits = pt.t5(q, q, bias)
             direct = torch.ops.posenc.t5(q, q, bias, 32, 128, True, None, 0)
-            attention = torch.ops.posenc.content_attention(q, q, q, None, 0, False, None, 0.0, 0)
+            # (v, q, k, scale, query_offset, sinks, causal, key_padding_mask, window,
+            #  document_q, document_k, softcap, dropout_p, seed)
+            attention = torch.ops.posenc.content_attention(q, q, q, None, 0, None, False, None,
+                                                           None, None, None, None, 0.0, 0)
             assert pt.content(q.double(), q.double()).dtype == torch.float64
         assert logits.dtype == direct.dtype == attention[0].dtype == dtype
         assert attention[1].dtype == torch.float32

@@ -22,6 +22,7 @@ typedef struct {
     const REAL *d_out, *out, *lse;
     REAL *grad_v;
     REAL *pos_q_slots, *pos_k_slots;   /* the dense factor's gradients per unit */
+    double *sink_slots;                /* dL/dsinks per unit, reduced over b in order */
     int need_ds;                       /* a gradient other than dv: dS is formed */
 } attention_grad_ctx;
 
@@ -87,12 +88,15 @@ static REAL *attention_unit_dv(const attention_grad_ctx *gc, const attention_ws 
 }
 
 /*
- * Rows [blk0, blk0 + rows) of unit u: their probabilities P (scores, keys
- * [0, width), 0 where masked) recomputed from the logits and lse, P D
+ * Rows [blk0, blk0 + rows) of unit u: their probabilities P (scores, 0
+ * where masked) recomputed from the logits (capped: softcap) and lse, P D
  * (dropped, with dropout), and their D (dO.V^T - delta) P, the gradient dS
- * of their logits (grad, when need_ds); dV += (P D)^T.dO.  width: m, or
- * under `causal` (limits: the block's, NULL without) the keys the row's
- * tile sees and a tile of keys past them (block_width).
+ * of their logits (grad, when need_ds; times 1 - tanh^2 with softcap); dV
+ * += (P D)^T.dO; the sink's gradient, -sum exp(sink - lse) delta.  Without
+ * `limits` the rows hold keys [0, cols); a ranged block's (limits) each
+ * tile its span, and every row is valid (0 where masked) on [limits->first,
+ * cols), or from key 0 where the logits' gradients read there
+ * (!grads_from_first).
  */
 static void attention_backward_block(const attention_grad_ctx *gc, forward_ws *fw,
                                      attention_ws *w, const packed_b *k_packed,
@@ -103,61 +107,95 @@ static void attention_backward_block(const attention_grad_ctx *gc, forward_ws *f
     const posenc_problem *p = c->p;
     const posenc_kernels *kern = c->kern;
     const size_t n = p->n, m = p->m, dv = c->a->dv, b = u / p->H, h = u % p->H, mr = kern->mr;
+    const size_t first = limits ? limits->first : 0, zero_from = c->grads_from_first ? first : 0;
     const REAL *d_out_blk = gc->d_out + (u * n + blk0) * dv;
     const REAL *out_blk = gc->out + (u * n + blk0) * dv;
     const REAL *lse_blk = gc->lse + u * n + blk0;
+    const double sink = c->a->sinks ? c->a->sinks[h] : -INFINITY;
+    const int need_delta = gc->need_ds || (c->a->grad_sinks && c->a->sinks);
     const delta_rows deltas = delta_rows_of(&fw->scratch, d_out_blk, out_blk, rows, dv);
     for (size_t i0 = blk0; i0 < blk0 + rows; i0 += mr) {   /* a tile's logits and dO.V^T: its keys */
-        const size_t tile = posenc_min(mr, blk0 + rows - i0);
-        const size_t tile_cols = limits ? limits->row_keys[2 * ((i0 - blk0) / mr) + 1] : cols;
-        forward_tile(&c->logits, fw, b, h, k_packed, i0, tile, tile_cols,
+        const size_t tile = posenc_min(mr, blk0 + rows - i0), t = (i0 - blk0) / mr;
+        const size_t c0 = limits ? limits->row_keys[2 * t] : 0;
+        const size_t c1 = limits ? limits->row_keys[2 * t + 1] : cols;
+        if (c0 >= c1)
+            continue;
+        forward_tile(&c->logits, fw, b, h, k_packed, i0, tile, c0, c1,
                      w->scores + (i0 - blk0) * m, (ptrdiff_t)m);
         if (gc->need_ds && dv) {
             if (i0 + tile < blk0 + rows)   /* the next tile's rows of dO, read in place */
                 gemm_prefetch(&fw->scratch, d_out_blk + (i0 + tile - blk0) * dv,
                               (posenc_min(blk0 + rows, i0 + 2 * tile) - i0 - tile) * dv);
             packed_b values = *vt_packed;
-            values.N = tile_cols;
+            if (c0)
+                packed_b_skip(&values, c0);
+            values.N = c1 - c0;
             gemm_packed(kern, &fw->scratch, tile, d_out_blk + (i0 - blk0) * dv, (ptrdiff_t)dv, 1,
-                        &values, w->grad + (i0 - blk0) * m, (ptrdiff_t)m, 0, NULL, 0, NULL, 0,
-                        NULL);
+                        &values, w->grad + (i0 - blk0) * m + c0, (ptrdiff_t)m, 0, NULL, 0, NULL,
+                        0, NULL);
         }
     }
     for (size_t r = 0; r < rows; ++r) {
-        const size_t i = blk0 + r, visible = attention_visible(c, i, cols);
-        /* dV and dk read a row up to the end of each tile of mr keys it reaches */
-        const size_t width = block_width(limits, r / mr, cols, mr);
+        const size_t i = blk0 + r;
+        size_t lo, hi;
+        if (limits) {
+            lo = w->row_range[2 * r];
+            hi = w->row_range[2 * r + 1];
+        } else {
+            attention_row_range(c, b, i, &lo, &hi);
+        }
+        if (lo >= hi)
+            lo = hi = first;
         REAL *P = w->scores + r * m, *dS = w->grad + r * m;
         REAL *PD = c->dropout ? w->dropped + r * m : P;
-        attention_pad(c, P, b, visible);
-        if (lse_blk[r] == -INFINITY) {   /* every key masked: no gradient */
-            memset(P, 0, sizeof(REAL) * width);
-            memset(PD, 0, sizeof(REAL) * width);
-            memset(dS, 0, sizeof(REAL) * width);
+        const size_t len = hi - lo;
+        /* zeros where the GEMMs and the logits' gradients read past the row's range */
+        memset(P + zero_from, 0, sizeof(REAL) * (lo - zero_from));
+        memset(P + hi, 0, sizeof(REAL) * (cols - hi));
+        if (c->dropout) {
+            memset(PD + zero_from, 0, sizeof(REAL) * (lo - zero_from));
+            memset(PD + hi, 0, sizeof(REAL) * (cols - hi));
+        }
+        memset(dS + zero_from, 0, sizeof(REAL) * (lo - zero_from));
+        memset(dS + hi, 0, sizeof(REAL) * (cols - hi));
+        if (lse_blk[r] == -INFINITY) {   /* every key masked (and no sink): no gradient */
+            memset(P + lo, 0, sizeof(REAL) * len);
+            memset(PD + lo, 0, sizeof(REAL) * len);
+            memset(dS + lo, 0, sizeof(REAL) * len);
             continue;
         }
-        kern->row_exp(P, visible, (double)lse_blk[r]);
-        memset(P + visible, 0, sizeof(REAL) * (width - visible));
+        REAL *cap_grad = c->softcap > 0 ? w->cap_grad + r * m + lo : NULL;
+        if (cap_grad)
+            attention_cap_row(c, P + lo, cap_grad, len);
+        attention_mask_row(c, P, b, i, lo, hi);
+        kern->row_exp(P + lo, len, (double)lse_blk[r]);
         if (c->dropout) {
-            attention_drop_row(c, w, b, h, i, visible);
-            kern->row_mul(PD, P, w->drop_row, visible);
-            memset(PD + visible, 0, sizeof(REAL) * (width - visible));
+            attention_drop_row(c, w, b, h, i, hi);
+            kern->row_mul(PD + lo, P + lo, w->drop_row + lo, len);
         }
+        if (!need_delta)
+            continue;
+        const double delta = row_delta(&deltas, r);
+        if (sink > -INFINITY)   /* the sink's probability exp(sink - lse), with no value: dP 0 */
+            w->sink_grad -= exp(sink - (double)lse_blk[r]) * delta;
         if (!gc->need_ds)
             continue;
+        REAL *dS_row = dS + lo;
         if (dv == 0)
-            memset(dS, 0, sizeof(REAL) * visible);
-        const REAL minus_delta = (REAL)-row_delta(&deltas, r);
+            memset(dS_row, 0, sizeof(REAL) * len);
+        const REAL minus_delta = (REAL)-delta;
         if (c->dropout)
-            kern->row_gather(POSENC_MUL, dS, w->drop_row, 1, visible);
-        kern->row_gather(POSENC_ADD, dS, &minus_delta, 0, visible);
-        kern->row_gather(POSENC_MUL, dS, P, 1, visible);
-        memset(dS + visible, 0, sizeof(REAL) * (width - visible));
+            kern->row_gather(POSENC_MUL, dS_row, w->drop_row + lo, 1, len);
+        kern->row_gather(POSENC_ADD, dS_row, &minus_delta, 0, len);
+        kern->row_gather(POSENC_MUL, dS_row, P + lo, 1, len);
+        if (cap_grad)
+            kern->row_gather(POSENC_MUL, dS_row, cap_grad, 1, len);
     }
-    if (gc->grad_v && dv)   /* dV += (P D)^T.dO over the keys the block sees, and their rows */
-        gemm(kern, &fw->scratch, w->d_out_pack, cols, dv, rows, c->dropout ? w->dropped : w->scores,
-             1, (ptrdiff_t)m, d_out_blk, (ptrdiff_t)dv, 1, 1, attention_unit_dv(gc, w, u),
-             (ptrdiff_t)dv, 1, limits ? limits->key_rows : NULL);
+    if (gc->grad_v && dv && cols > first)   /* dV += (P D)^T.dO over the keys the block sees */
+        gemm(kern, &fw->scratch, w->d_out_pack, cols - first, dv, rows,
+             (c->dropout ? w->dropped : w->scores) + first, 1, (ptrdiff_t)m, d_out_blk,
+             (ptrdiff_t)dv, 1, 1, attention_unit_dv(gc, w, u) + first * dv, (ptrdiff_t)dv, 1,
+             limits ? limits->key_rows + 2 * (first / mr) : NULL);
 }
 
 /* The bfloat16 GEMM's backward: the block's dS (rows x cols of w->grad, ld
@@ -168,10 +206,10 @@ static void attention_grad_twin(const attention_ctx *c, attention_ws *w, gemm_sc
                                 size_t rows, size_t cols, const block_limits *limits)
 {
 #ifdef ENGINE_BF16_GEMM
-    const size_t m = c->p->m, mr = c->kern->mr;
+    const size_t m = c->p->m, first = limits ? limits->first : 0;
     for (size_t r = 0; r < rows; ++r)
-        c->kern->bf16->round_row(w->grad16 + r * m, w->grad + r * m,
-                                 block_width(limits, r / mr, cols, mr));
+        c->kern->bf16->round_row(w->grad16 + r * m + first, w->grad + r * m + first,
+                                 cols - first);
     gemm_twin_set(s, w->grad, w->grad16, rows * m);
 #else
     (void)c; (void)w; (void)s; (void)rows; (void)cols; (void)limits;
@@ -191,7 +229,7 @@ static void attention_backward_head(const attention_grad_ctx *gc, attention_thre
     const size_t n = p->n, m = p->m, dv = c->a->dv, dp = p->d_p;
     const REAL *v_u = (const REAL *)c->a->v + posenc_kv_unit(p, u) * m * dv;
     packed_b k_packed, vt_packed, product_keys;
-    const int by_blocks = c->a->causal && !c->kern->bf16;   /* causal_keys */
+    const int by_blocks = c->ranged && !c->kern->bf16;   /* causal_keys */
     forward_unit_setup(&c->logits, fw, u / p->H, h, 0, n, &k_packed, !by_blocks);
     bw->inputs = fw->inputs;   /* the gradients read the inputs the logits did */
     if (by_blocks)
@@ -203,18 +241,23 @@ static void attention_backward_head(const attention_grad_ctx *gc, attention_thre
         memset(attention_unit_dv(gc, w, u), 0, sizeof(REAL) * m * dv);
     if (gc->need_ds)
         backward_unit_begin(g, bw, u, &product_keys);
+    w->sink_grad = 0;
     for (size_t blk0 = 0; blk0 < n; blk0 += g->row_block) {
         const size_t rows = posenc_min(g->row_block, n - blk0);
-        const size_t cols = attention_columns(c, blk0, rows);
-        block_limits causal_limits;
+        size_t cols = m;
+        block_limits ranged_limits;
         const block_limits *limits = NULL;
-        if (c->a->causal) {
-            causal_limits = attention_block_limits(c, w, blk0, rows, cols);
-            limits = &causal_limits;
+        if (c->ranged) {
+            ranged_limits = attention_block_limits(c, w, u / p->H, blk0, rows);
+            limits = &ranged_limits;
+            cols = ranged_limits.cols;
         }
-        if (by_blocks)   /* the next block's keys asked for */
-            causal_keys_reach(c->kern, &keys, cols,
-                              attention_columns(c, blk0, posenc_min(2 * g->row_block, n - blk0)));
+        if (by_blocks) {   /* the next block's keys asked for */
+            size_t ahead0, ahead;
+            attention_span(c, u / p->H, blk0, posenc_min(2 * g->row_block, n - blk0), &ahead0,
+                           &ahead);
+            causal_keys_reach(c->kern, &keys, cols, posenc_max(ahead, cols));
+        }
         attention_backward_block(gc, fw, w, &k_packed, &vt_packed, u, blk0, rows, cols, limits);
         if (!gc->need_ds)
             continue;
@@ -231,6 +274,8 @@ static void attention_backward_head(const attention_grad_ctx *gc, attention_thre
         backward_unit_end(g, bw, u);
         backward_unit_commit_dk(g, bw, u);
     }
+    if (gc->sink_slots)
+        gc->sink_slots[u] = w->sink_grad;
     if (gc->grad_v && w->dv_unit) {   /* into the value head's dV, the group's heads in order */
         REAL *grad_v = gc->grad_v + posenc_kv_unit(p, u) * m * dv;
         if (u % posenc_kv_group(p) == 0)
@@ -262,6 +307,8 @@ static int attention_backward(const posenc_problem *p, const posenc_attention *a
         backward_zero(p, grads);
         if (grad_v)
             memset(grad_v, 0, sizeof(REAL) * p->B * posenc_kv_heads(p) * p->m * a->dv);
+        if (a->grad_sinks)   /* no row (n = 0), or rows with the sink alone: out 0, delta 0 */
+            memset(a->grad_sinks, 0, sizeof(double) * p->H);
         return POSENC_OK;
     }
     const posenc_kernels *kern = posenc_engine_kernels(p, REAL_DTYPE);
@@ -271,7 +318,7 @@ static int attention_backward(const posenc_problem *p, const posenc_attention *a
     posenc_grads logit_grads = *grads;
     logit_grads.pos_q = logit_grads.pos_k = NULL;
     attention_grad_ctx gc = {&c, &g, (const REAL *)d_out, (const REAL *)out, (const REAL *)lse,
-                             (REAL *)grad_v, NULL, NULL, 0};
+                             (REAL *)grad_v, NULL, NULL, NULL, 0};
     memset(&g, 0, sizeof g);
     int status = attention_prepare(&c, p, a, kern);
     if (status == POSENC_OK)
@@ -282,6 +329,9 @@ static int attention_backward(const posenc_problem *p, const posenc_attention *a
         (zeroed_slots(&gc.pos_q_slots, dense && grads->pos_q, posenc_mul_size(BH, p->n * p->d_p)) ||
          zeroed_slots(&gc.pos_k_slots, dense && grads->pos_k, posenc_mul_size(BH, p->m * p->d_p))))
         status = POSENC_ENOMEM;
+    if (status == POSENC_OK && a->sinks && a->grad_sinks &&
+        !(gc.sink_slots = (double *)posenc_alloc(BH, sizeof(double))))
+        status = POSENC_ENOMEM;
     if (status != POSENC_OK)
         goto done;
     gc.need_ds = grads->q || grads->k || grads->pos_q || grads->pos_k || grads->table ||
@@ -291,6 +341,12 @@ static int attention_backward(const posenc_problem *p, const posenc_attention *a
                                 attention_backward_unit, &gc)))
         goto done;
     backward_reduce(&g);
+    for (size_t h = 0; gc.sink_slots && h < p->H; ++h) {   /* the sinks', batch rows in order */
+        double sum = 0;
+        for (size_t b = 0; b < p->B; ++b)
+            sum += gc.sink_slots[b * p->H + h];
+        a->grad_sinks[h] = sum;
+    }
     if (grads->pos_q && gc.pos_q_slots)
         reduce_slots((REAL *)grads->pos_q, p->pos_q_heads, p->n * p->d_p, 0, gc.pos_q_slots,
                      p->B, p->H, p->n * p->d_p, NULL, 0);
@@ -305,6 +361,7 @@ static int attention_backward(const posenc_problem *p, const posenc_attention *a
     }
 
 done:
+    posenc_free(gc.sink_slots);
     posenc_free(gc.pos_q_slots);
     posenc_free(gc.pos_k_slots);
     backward_release(&g);

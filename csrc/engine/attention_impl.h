@@ -16,6 +16,7 @@
 #include "philox.h"
 
 #include <math.h>
+#include <stdlib.h>
 
 typedef struct {
     const posenc_problem *p;
@@ -27,6 +28,18 @@ typedef struct {
     REAL keep_scale;             /* 1 / (1 - dropout_p) */
     size_t *padding_start;       /* the padded key runs of batch row b: */
     size_t *padding_runs;        /* [2 t, 2 t + 1) for t in [padding_start[b], padding_start[b + 1]) */
+    int ranged;                  /* causal, window or documents: rows see ranges of keys */
+    size_t *doc_range;           /* documents: query (b, i)'s keys [2 (b n + i), + 1): its id's
+                                    first key to its last key + 1 (empty: no key has the id) */
+    uint8_t *doc_scattered;      /* documents: per batch row, an id in several runs of keys (its
+                                    range holds other documents' keys, masked one by one) */
+    size_t align;                /* a tile's first key is a multiple of this (0: tiles start at
+                                    key 0): the key panels' nr */
+    size_t block_align;          /* a backward block's first key: lcm(mr, nr) (its GEMMs over
+                                    keys start there, dk's in tiles of mr keys) */
+    int grads_from_first;        /* the backward's positional gradients read dS from a block's
+                                    first key on (content, rope, a Toeplitz table alone) */
+    double softcap;              /* SPEC §7's, or 0 */
 } attention_ctx;
 
 typedef struct {
@@ -43,8 +56,11 @@ typedef struct {
     double *row_stats;   /* forward: each row of a tile's max, then its sum (lse = max + log sum) */
     REAL *drop_row;      /* dropout: D of one row, 0 or keep_scale, m */
     uint8_t *keep;       /* dropout: the keep decisions of one row, m */
-    size_t *row_keys;    /* causal backward: per tile of mr rows of a block, its keys (k_range) */
-    size_t *key_rows;    /* causal backward: per tile of mr keys, the block's rows that see it */
+    size_t *row_keys;    /* ranged backward: per tile of mr rows of a block, its keys (k_range) */
+    size_t *key_rows;    /* ranged backward: per tile of mr keys, the block's rows that see it */
+    size_t *row_range;   /* ranged backward: each row of a block's keys [2 r, 2 r + 1) */
+    REAL *cap_grad;      /* backward with softcap: 1 - tanh^2 of a block's capped logits */
+    double sink_grad;    /* backward with sinks: the unit's dL/dsink so far */
 } attention_ws;
 
 /* The attention's part of a thread's workspace (elements); carved into w when w != NULL. */
@@ -67,11 +83,14 @@ static size_t attention_ws_layout(const attention_ctx *c, int backward, size_t r
         WS_TAKE(w, mem, at, d_out_pack, packed_b_size(row_block, dv, nr));
         if (posenc_kv_group(p) > 1)
             WS_TAKE(w, mem, at, dv_unit, m * dv);
-        if (c->a->causal) {
+        if (c->ranged) {
             const size_t mr = c->kern->mr, bytes = 2 * sizeof(size_t);
             WS_TAKE(w, mem, at, row_keys, ((row_block + mr - 1) / mr * bytes + sizeof(REAL) - 1) / sizeof(REAL));
             WS_TAKE(w, mem, at, key_rows, ((m + mr - 1) / mr * bytes + sizeof(REAL) - 1) / sizeof(REAL));
+            WS_TAKE(w, mem, at, row_range, (row_block * bytes + sizeof(REAL) - 1) / sizeof(REAL));
         }
+        if (c->softcap > 0)
+            WS_TAKE(w, mem, at, cap_grad, row_block * m);
     } else {
         WS_TAKE(w, mem, at, scores, c->kern->mr * c->logits.m_pad);
         if (c->kern->bf16 && !c->dropout)
@@ -87,50 +106,150 @@ static size_t attention_ws_layout(const attention_ctx *c, int backward, size_t r
     return posenc_round_up(at, POSENC_ALIGN / sizeof(REAL));
 }
 
-/* The keys row i sees of the `cols` its block computed: all, or under `causal` those up to its
- * position query_offset + i. */
-static size_t attention_visible(const attention_ctx *c, size_t i, size_t cols)
+/* The keys [*lo, *hi) query row i of batch row b may see (SPEC §6, §7): all,
+ * or those causality, the window and its document leave; key padding and a
+ * scattered document's other keys are masked within (attention_mask_row).
+ * An empty range is [0, 0). */
+static void attention_row_range(const attention_ctx *c, size_t b, size_t i, size_t *lo, size_t *hi)
 {
-    return c->a->causal ? posenc_min(cols, c->p->query_offset + i + 1) : cols;
+    const posenc_attention *a = c->a;
+    const size_t m = c->p->m, pos = c->p->query_offset + i;
+    size_t l = 0, h = m;
+    if (a->causal)
+        h = posenc_min(h, pos + 1);
+    if (a->window) {
+        if (a->window_left != POSENC_UNBOUNDED && pos > a->window_left)
+            l = pos - a->window_left;
+        if (a->window_right < m)   /* a wider bound leaves every key */
+            h = posenc_min(h, pos + a->window_right + 1);
+    }
+    if (c->doc_range) {
+        const size_t *range = c->doc_range + 2 * (b * c->p->n + i);
+        l = posenc_max(l, range[0]);
+        h = posenc_min(h, range[1]);
+    }
+    *lo = l < h ? l : 0;
+    *hi = l < h ? h : 0;
 }
 
-/* The keys a block of rows [i0, i0 + rows) needs: all, or under `causal`
- * those up to the last row's position. */
-static size_t attention_columns(const attention_ctx *c, size_t i0, size_t rows)
+/* The keys [*c0, *c1) the tile of rows [i0, i0 + rows) of batch row b computes: the
+ * union of its rows' ranges, c0 rounded down to the context's alignment; [0, 0)
+ * when every row is empty. */
+static void attention_span(const attention_ctx *c, size_t b, size_t i0, size_t rows, size_t *c0,
+                           size_t *c1)
 {
-    return c->a->causal ? posenc_min(c->p->m, c->p->query_offset + i0 + rows) : c->p->m;
+    if (!c->ranged) {
+        *c0 = 0;
+        *c1 = c->p->m;
+        return;
+    }
+    size_t lo = c->p->m, hi = 0;
+    for (size_t r = 0; r < rows; ++r) {
+        size_t l, h;
+        attention_row_range(c, b, i0 + r, &l, &h);
+        if (l < h) {
+            lo = posenc_min(lo, l);
+            hi = posenc_max(hi, h);
+        }
+    }
+    *c0 = hi == 0 ? 0 : c->align ? lo / c->align * c->align : 0;
+    *c1 = hi;
 }
 
-/* The limits of a causal block of rows [blk0, blk0 + rows) seeing keys [0, cols)
- * (block_limits): in w's row_keys and key_rows. */
-static block_limits attention_block_limits(const attention_ctx *c, attention_ws *w, size_t blk0,
-                                           size_t rows, size_t cols)
+/* The limits of a ranged block of rows [blk0, blk0 + rows) of batch row b
+ * (block_limits, in w's row_keys and key_rows; w->row_range holds each row's
+ * range): per tile of mr rows its span, per tile of mr keys the rows whose
+ * ranges reach it (an interval where the ranges never move back, as under
+ * causality and a window; else the rows from the first to the last that
+ * reach it); first and cols: the block's span. */
+static block_limits attention_block_limits(const attention_ctx *c, attention_ws *w, size_t b,
+                                           size_t blk0, size_t rows)
 {
-    const size_t mr = c->kern->mr, offset = c->p->query_offset + blk0;
+    const size_t mr = c->kern->mr;
+    size_t first = c->p->m, cols = 0;
+    int monotone = 1;
+    for (size_t r = 0; r < rows; ++r) {
+        size_t *range = w->row_range + 2 * r;
+        attention_row_range(c, b, blk0 + r, &range[0], &range[1]);
+        if (r && range[0] < range[1] && (range[0] < range[-2] || range[1] < range[-1]))
+            monotone = 0;
+        if (r && range[0] == range[1] && range[-2] < range[-1])
+            monotone = 0;   /* an empty row after a nonempty one */
+    }
     for (size_t t = 0; t * mr < rows; ++t) {
-        w->row_keys[2 * t] = 0;
-        w->row_keys[2 * t + 1] = attention_columns(c, blk0 + t * mr, posenc_min(mr, rows - t * mr));
+        size_t *span = w->row_keys + 2 * t;
+        attention_span(c, b, blk0 + t * mr, posenc_min(mr, rows - t * mr), &span[0], &span[1]);
+        if (span[0] < span[1]) {
+            first = posenc_min(first, span[0]);
+            cols = posenc_max(cols, span[1]);
+        }
     }
-    for (size_t t = 0; t * mr < cols; ++t) {   /* key j is seen by the rows at offset + r >= j */
-        const size_t j0 = t * mr;
-        w->key_rows[2 * t] = j0 > offset ? posenc_min(rows, j0 - offset) : 0;
-        w->key_rows[2 * t + 1] = rows;
+    first = cols == 0 || !c->block_align ? 0 : first / c->block_align * c->block_align;
+    const size_t t0 = first / mr, t1 = (cols + mr - 1) / mr;
+    for (size_t t = 0; t < t1; ++t) {   /* the tiles before `first` too: GEMMs from key 0 */
+        w->key_rows[2 * t] = rows;
+        w->key_rows[2 * t + 1] = 0;
     }
-    block_limits limits = {w->row_keys, w->key_rows};
+    if (monotone) {   /* rows reaching key tile t: from the first whose range ends past it starts
+                         to the last whose range starts before it ends */
+        size_t r_lo = 0, r_hi = 0;
+        for (size_t t = t0; t < t1; ++t) {
+            const size_t j0 = t * mr, j1 = j0 + mr;
+            while (r_lo < rows && (w->row_range[2 * r_lo + 1] <= j0 ||
+                                   w->row_range[2 * r_lo] == w->row_range[2 * r_lo + 1]))
+                ++r_lo;
+            r_hi = posenc_max(r_hi, r_lo);
+            while (r_hi < rows && w->row_range[2 * r_hi] < j1 &&
+                   w->row_range[2 * r_hi] < w->row_range[2 * r_hi + 1])
+                ++r_hi;
+            if (r_lo < r_hi) {
+                w->key_rows[2 * t] = r_lo;
+                w->key_rows[2 * t + 1] = r_hi;
+            }
+        }
+    } else {
+        for (size_t r = 0; r < rows; ++r) {
+            const size_t l = w->row_range[2 * r], h = w->row_range[2 * r + 1];
+            for (size_t t = l / mr; l < h && t * mr < h; ++t) {
+                w->key_rows[2 * t] = posenc_min(w->key_rows[2 * t], r);
+                w->key_rows[2 * t + 1] = posenc_max(w->key_rows[2 * t + 1], r + 1);
+            }
+        }
+    }
+    for (size_t t = 0; t < t1; ++t)   /* no row: an empty range */
+        if (w->key_rows[2 * t] >= w->key_rows[2 * t + 1])
+            w->key_rows[2 * t] = w->key_rows[2 * t + 1] = 0;
+    block_limits limits = {w->row_keys, w->key_rows, first, cols};
     return limits;
 }
 
-/* Row x (keys [0, len)) of batch row b with its padded keys set to -inf. */
-static void attention_pad(const attention_ctx *c, REAL *x, size_t b, size_t len)
+/* Keys [lo, hi) of row i of batch row b masked to -inf where padding or (a
+ * scattered document) another document's. */
+static void attention_mask_row(const attention_ctx *c, REAL *x, size_t b, size_t i, size_t lo,
+                               size_t hi)
 {
     static const REAL minus_inf = (REAL)-INFINITY;
-    if (!c->padding_start)
-        return;
-    for (size_t t = c->padding_start[b]; t < c->padding_start[b + 1]; ++t) {
-        const size_t js = c->padding_runs[2 * t], je = posenc_min(c->padding_runs[2 * t + 1], len);
-        if (js < je)
-            c->kern->row_gather(POSENC_SET, x + js, &minus_inf, 0, je - js);
+    if (c->padding_start)
+        for (size_t t = c->padding_start[b]; t < c->padding_start[b + 1]; ++t) {
+            const size_t js = posenc_max(c->padding_runs[2 * t], lo);
+            const size_t je = posenc_min(c->padding_runs[2 * t + 1], hi);
+            if (js < je)
+                c->kern->row_gather(POSENC_SET, x + js, &minus_inf, 0, je - js);
+        }
+    if (c->doc_scattered && c->doc_scattered[b]) {
+        const posenc_problem *p = c->p;
+        const int64_t id = c->a->document_q[b * p->n + i], *doc = c->a->document_k + b * p->m;
+        for (size_t j = lo; j < hi; ++j)
+            if (doc[j] != id)
+                x[j] = minus_inf;
     }
+}
+
+/* softcap: x[j] = cap tanh(x[j] / cap), j < len; with grad (the backward) also
+ * grad[j] = 1 - tanh^2, the derivative (the ISA's row_softcap). */
+static void attention_cap_row(const attention_ctx *c, REAL *x, REAL *grad, size_t len)
+{
+    c->kern->row_softcap(x, grad, len, c->softcap);
 }
 
 /* D of row i of unit (b, h), keys [0, len): w->drop_row[j] = keep_scale or 0. */
@@ -157,53 +276,68 @@ static int attention_has_nan(const REAL *x, size_t len)
 }
 
 /*
- * Softmax of the logits row x of query i (keys [0, cols) computed, the
- * first `visible` unmasked by causality): x becomes exp(x - max) D over the
- * visible keys and 0 past them; returns 1 / sum (the row's scale, 0 for a
- * row whose keys are all masked: then x is all 0; NaN, and x NaN, for a
- * row whose only unmasked logits are NaN) and writes stats[0] + log
- * stats[1], its lse, as two terms (the caller takes a tile's logs in one
- * loop, where they overlap: -inf or NaN and 1 for those rows).  With x16
- * (the bfloat16 GEMM, no dropout) the probabilities go to x16 only, rounded
- * as the GEMM would round them (exp_row: the same sum).
+ * Softmax of the logits row x of query i of unit (b, h), its tile having
+ * computed keys [c0, c1): the row's range (attention_row_range) capped
+ * (softcap), masked, then exp(x - shift) D, and 0 elsewhere in [c0, c1);
+ * returns 1 / sum (the row's scale, 0 for a row whose keys are all masked:
+ * then x is 0; NaN, and x NaN, for a row whose only unmasked logits are NaN)
+ * and writes stats[0] + log stats[1], its lse, as two terms (the caller takes
+ * a tile's logs in one loop, where they overlap: -inf, the sink or NaN and 1
+ * for those rows).  The shift is the row's max, or the head's sink where it
+ * is larger; the sum counts exp(sink - shift).  With x16 (the bfloat16 GEMM,
+ * no dropout) the probabilities go to x16 only, rounded as the GEMM would
+ * round them (exp_row: the same sum).
  */
 static REAL attention_softmax_row(const attention_ctx *c, attention_ws *w, REAL *x, size_t b,
-                                  size_t h, size_t i, size_t cols, double *stats, uint16_t *x16)
+                                  size_t h, size_t i, size_t c0, size_t c1, double *stats,
+                                  uint16_t *x16)
 {
-    const size_t visible = attention_visible(c, i, cols);
-    attention_pad(c, x, b, visible);
-    const double row_max = c->kern->row_max(x, visible);
+    size_t lo, hi;
+    attention_row_range(c, b, i, &lo, &hi);
+    if (lo >= hi)
+        lo = hi = c0;
+    REAL *row = x + lo;
+    const size_t len = hi - lo;
+    const double sink = c->a->sinks ? c->a->sinks[h] : -INFINITY;
+    if (c->softcap > 0)
+        attention_cap_row(c, row, NULL, len);
+    attention_mask_row(c, x, b, i, lo, hi);
+    const double row_max = c->kern->row_max(row, len);
+    memset(x + c0, 0, sizeof(REAL) * (lo - c0));
+    memset(x + hi, 0, sizeof(REAL) * (c1 - hi));
     if (row_max == -INFINITY) {   /* every key masked, or NaN among masked keys (row_max passes NaN over) */
-        const REAL fill = attention_has_nan(x, visible) ? (REAL)NAN : (REAL)0;
-        for (size_t j = 0; j < cols; ++j)
-            x[j] = j < visible ? fill : (REAL)0;
-        stats[0] = fill == 0 ? -INFINITY : (double)fill;   /* a NaN row: out and lse NaN, as the reference's */
+        const REAL fill = attention_has_nan(row, len) ? (REAL)NAN : (REAL)0;
+        for (size_t j = 0; j < len; ++j)
+            row[j] = fill;
+        stats[0] = fill == 0 ? sink : (double)fill;   /* a NaN row: out and lse NaN, as the reference's */
         stats[1] = 1;
 #ifdef ENGINE_BF16_GEMM
         if (x16)
-            c->kern->bf16->round_row(x16, x, cols);
+            c->kern->bf16->round_row(x16 + c0, x + c0, c1 - c0);
 #endif
         return fill;
     }
+    const double shift = sink > row_max ? sink : row_max;
+    const double sink_term = sink > -INFINITY ? exp(sink - shift) : 0.0;
 #ifdef ENGINE_BF16_GEMM
     if (x16) {
-        const double sum16 = c->kern->bf16->exp_row(x16, x, visible, row_max);
-        stats[0] = row_max;
+        const double sum16 = c->kern->bf16->exp_row(x16 + lo, row, len, shift) + sink_term;
+        stats[0] = shift;
         stats[1] = sum16;
-        memset(x16 + visible, 0, sizeof(uint16_t) * (cols - visible));
+        memset(x16 + c0, 0, sizeof(uint16_t) * (lo - c0));
+        memset(x16 + hi, 0, sizeof(uint16_t) * (c1 - hi));
         return (REAL)(1.0 / sum16);
     }
 #else
     (void)x16;
 #endif
-    const double sum = c->kern->row_exp(x, visible, row_max);
-    stats[0] = row_max;
+    const double sum = c->kern->row_exp(row, len, shift) + sink_term;
+    stats[0] = shift;
     stats[1] = sum;
     if (c->dropout) {
-        attention_drop_row(c, w, b, h, i, visible);
-        c->kern->row_gather(POSENC_MUL, x, w->drop_row, 1, visible);
+        attention_drop_row(c, w, b, h, i, hi);
+        c->kern->row_gather(POSENC_MUL, row, w->drop_row + lo, 1, len);
     }
-    memset(x + visible, 0, sizeof(REAL) * (cols - visible));
     return (REAL)(1.0 / sum);
 }
 
@@ -270,7 +404,7 @@ static void attention_forward_unit(const attention_ctx *c, forward_ws *fw, atten
     const REAL *v_u = (const REAL *)c->a->v + posenc_kv_unit(p, u) * m * dv;
     REAL *out_u = out + u * p->n * dv, *lse_u = lse + u * p->n;
     packed_b k_packed, v_packed;
-    const int by_tiles = c->a->causal && !kern->bf16;   /* causal_keys */
+    const int by_tiles = c->ranged && !kern->bf16;   /* causal_keys */
     forward_unit_setup(&c->logits, fw, b, h, r0, r1, &k_packed, !by_tiles);
     if (by_tiles)
         v_packed = packed_b_shape(kern, w->v_pack, m, dv, 1);
@@ -278,14 +412,19 @@ static void attention_forward_unit(const attention_ctx *c, forward_ws *fw, atten
         pack_b(kern, &fw->scratch, &v_packed, w->v_pack, v_u, (ptrdiff_t)dv, 1, m, dv, 1);
     causal_keys keys = {{{&k_packed, fw->inputs.k, p->d, 0}, {&v_packed, v_u, dv, 1}}, 0, 0};
     for (size_t i0 = r0; i0 < r1; i0 += kern->mr) {
-        const size_t rows = posenc_min(kern->mr, r1 - i0), cols = attention_columns(c, i0, rows);
-        if (by_tiles)   /* the keys of the tile after the next asked for */
-            causal_keys_reach(kern, &keys, cols,
-                              attention_columns(c, i0, posenc_min(3 * kern->mr, r1 - i0)));
-        forward_tile(&c->logits, fw, b, h, &k_packed, i0, rows, cols, w->scores, (ptrdiff_t)ld);
+        const size_t rows = posenc_min(kern->mr, r1 - i0);
+        size_t c0, cols, ahead0, ahead;
+        attention_span(c, b, i0, rows, &c0, &cols);
+        if (by_tiles) {   /* the keys of the tile after the next asked for */
+            attention_span(c, b, i0, posenc_min(3 * kern->mr, r1 - i0), &ahead0, &ahead);
+            causal_keys_reach(kern, &keys, cols, posenc_max(ahead, cols));
+        }
+        if (c0 < cols)
+            forward_tile(&c->logits, fw, b, h, &k_packed, i0, rows, c0, cols, w->scores,
+                         (ptrdiff_t)ld);
         for (size_t r = 0; r < rows; ++r)
-            w->row_scale[r] = attention_softmax_row(c, w, w->scores + r * ld, b, h, i0 + r, cols,
-                                                    w->row_stats + 2 * r,
+            w->row_scale[r] = attention_softmax_row(c, w, w->scores + r * ld, b, h, i0 + r, c0,
+                                                    cols, w->row_stats + 2 * r,
                                                     w->scores16 ? w->scores16 + r * ld : NULL);
         for (size_t r = 0; r < rows; ++r)
             lse_u[i0 + r] = (REAL)(w->row_stats[2 * r] + log(w->row_stats[2 * r + 1]));
@@ -295,7 +434,7 @@ static void attention_forward_unit(const attention_ctx *c, forward_ws *fw, atten
         if (w->scores16)   /* P's twin: the GEMM reads its rows in place */
             gemm_twin_set(&fw->scratch, w->scores, w->scores16, rows * ld);
 #endif
-        const size_t k_range[2] = {0, cols};   /* the keys the tile sees */
+        const size_t k_range[2] = {c0, cols};   /* the keys the tile sees */
         gemm_packed(kern, &fw->scratch, rows, w->scores, (ptrdiff_t)ld, 1, &v_packed,
                     out_u + i0 * dv, (ptrdiff_t)dv, 0, NULL, 0, NULL, 0, k_range);
         fw->scratch.local.src = NULL;
@@ -336,12 +475,72 @@ static int attention_padding_runs(attention_ctx *c)
     return 0;
 }
 
+/* Sorts the runs (id, start, end) of a batch row's documents by id, then start. */
+static int attention_run_order(const void *x_, const void *y_)
+{
+    const int64_t *x = (const int64_t *)x_, *y = (const int64_t *)y_;
+    return x[0] != y[0] ? (x[0] < y[0] ? -1 : 1) : (x[1] > y[1]) - (x[1] < y[1]);
+}
+
+/* The documents' ranges and scattered rows (attention_ctx); 0, or -1 out of memory. */
+static int attention_documents(attention_ctx *c)
+{
+    const posenc_problem *p = c->p;
+    const posenc_attention *a = c->a;
+    if (!a->document_q)
+        return 0;
+    const size_t n = p->n, m = p->m;
+    c->doc_range = (size_t *)posenc_alloc(2 * p->B * n, sizeof(size_t));
+    c->doc_scattered = (uint8_t *)posenc_alloc(p->B, 1);
+    int64_t *runs = (int64_t *)posenc_alloc(3 * m, sizeof(int64_t));
+    if (!c->doc_range || !c->doc_scattered || !runs) {
+        posenc_free(runs);
+        return -1;
+    }
+    for (size_t b = 0; b < p->B; ++b) {
+        const int64_t *doc_k = a->document_k + b * m, *doc_q = a->document_q + b * n;
+        size_t count = 0;
+        for (size_t j = 0; j < m; ++j) {
+            if (j == 0 || doc_k[j] != doc_k[j - 1]) {
+                runs[3 * count] = doc_k[j];
+                runs[3 * count + 1] = (int64_t)j;
+                ++count;
+            }
+            runs[3 * count - 1] = (int64_t)j + 1;
+        }
+        qsort(runs, count, 3 * sizeof(int64_t), attention_run_order);
+        c->doc_scattered[b] = 0;
+        for (size_t t = 1; t < count; ++t)
+            c->doc_scattered[b] |= runs[3 * t] == runs[3 * (t - 1)];
+        for (size_t i = 0; i < n; ++i) {   /* the id's runs: first start to last end */
+            size_t lo = 0, hi = count;
+            while (lo < hi) {
+                const size_t mid = lo + (hi - lo) / 2;
+                if (runs[3 * mid] < doc_q[i]) lo = mid + 1; else hi = mid;
+            }
+            size_t *range = c->doc_range + 2 * (b * n + i);
+            range[0] = range[1] = 0;
+            if (lo < count && runs[3 * lo] == doc_q[i]) {
+                size_t last = lo;
+                while (last + 1 < count && runs[3 * (last + 1)] == doc_q[i])
+                    ++last;
+                range[0] = (size_t)runs[3 * lo + 1];
+                range[1] = (size_t)runs[3 * last + 2];
+            }
+        }
+    }
+    posenc_free(runs);
+    return 0;
+}
+
 static void attention_release(attention_ctx *c)
 {
     forward_release(&c->logits);
     posenc_free(c->logits.query_reach);
     posenc_free(c->padding_start);
     posenc_free(c->padding_runs);
+    posenc_free(c->doc_range);
+    posenc_free(c->doc_scattered);
 }
 
 /* The largest offset j - i of a nonzero probability: m - 1, or under `causal` the query offset. */
@@ -410,9 +609,26 @@ static int attention_prepare(attention_ctx *c, const posenc_problem *p, const po
     int status = forward_prepare(&c->logits, p, kern, NULL);
     c->logits.stream = 0;
     c->logits.causal = a->causal;
+    c->ranged = a->causal || a->window || a->document_q;
+    c->softcap = a->softcap > 0 ? a->softcap : 0;
+    /* tiles start past key 0 where the key panels (and v^T's, the backward's) are one depth
+     * block and the scale tame (forward_tile) */
+    const packed_b keys = packed_b_shape(kern, NULL, p->d, p->m, 1);
+    if (c->ranged && !c->logits.scales.exact && p->d <= kern->kc && a->dv <= kern->kc) {
+        size_t x = kern->mr, y = keys.nr;
+        while (y) {
+            const size_t t = x % y;
+            x = y;
+            y = t;
+        }
+        c->align = keys.nr;
+        c->block_align = kern->mr / x * keys.nr;
+    }
+    c->grads_from_first = !(p->pos_q || p->query_table || p->key_table || p->segment_table ||
+                            p->theta || p->product);
     c->logits.head_blocks = c->logits.head_blocks &&
                             posenc_mul_size(p->n * p->m, sizeof(REAL)) <= ATTENTION_HEAD_BLOCK_BYTES;
-    if (status == POSENC_OK && attention_padding_runs(c))
+    if (status == POSENC_OK && (attention_padding_runs(c) || attention_documents(c)))
         status = POSENC_ENOMEM;
     if (status == POSENC_OK)
         attention_key_reach(c);
@@ -498,17 +714,21 @@ static void attention_forward_item(const void *call_, attention_thread *t, size_
 static int attention_causal_chunks(const attention_ctx *c, attention_forward_call *call)
 {
     const size_t n = c->p->n, mr = c->kern->mr, chunks = call->chunks;
-    if (!c->a->causal || chunks < 2)
+    if (!c->ranged || chunks < 2)
         return 0;
     if (!(call->start = (size_t *)posenc_alloc(chunks + 1, sizeof(size_t))))
         return -1;
     double total = 0, done = 0;
-    for (size_t i0 = 0; i0 < n; i0 += mr)
-        total += (double)attention_columns(c, i0, posenc_min(mr, n - i0));
+    size_t c0, c1;   /* batch row 0's spans stand for every row's (documents may differ) */
+    for (size_t i0 = 0; i0 < n; i0 += mr) {
+        attention_span(c, 0, i0, posenc_min(mr, n - i0), &c0, &c1);
+        total += (double)(c1 - c0) + 1;
+    }
     size_t k = 1;
     call->start[0] = 0;
     for (size_t i0 = 0; i0 < n && k < chunks; i0 += mr) {
-        done += (double)attention_columns(c, i0, posenc_min(mr, n - i0));
+        attention_span(c, 0, i0, posenc_min(mr, n - i0), &c0, &c1);
+        done += (double)(c1 - c0) + 1;
         while (k < chunks && done * (double)chunks >= total * (double)k)
             call->start[k++] = posenc_min(n, i0 + mr);
     }
@@ -524,10 +744,10 @@ static int attention_forward(const posenc_problem *p, const posenc_attention *a,
     const size_t BH = p->B * p->H;
     if (BH == 0 || p->n == 0)
         return POSENC_OK;
-    if (p->m == 0) {   /* every row masked: out 0, lse -inf */
+    if (p->m == 0) {   /* every row masked: out 0, lse -inf (the sink with sinks) */
         memset(out, 0, sizeof(REAL) * BH * p->n * a->dv);
         for (size_t t = 0; t < BH * p->n; ++t)
-            lse[t] = (REAL)-INFINITY;
+            lse[t] = (REAL)(a->sinks ? a->sinks[t / p->n % p->H] : -INFINITY);
         return POSENC_OK;
     }
     const posenc_kernels *kern = posenc_engine_kernels(p, REAL_DTYPE);

@@ -278,14 +278,21 @@ static void backward_row_positional(const backward_ctx *c, backward_ws *w, size_
 }
 
 /*
- * Where a causal block's rows of G may be nonzero, as gemm_packed's k_range
- * (NULL: everywhere in [0, cols)): per tile of mr rows of the block, the
- * keys it sees (row_keys); per tile of mr keys, the block's rows that see
- * it (key_rows, rows counted from the block's first).
+ * Where a ranged block's rows of G may be nonzero (a fused attention's
+ * causality, window or documents), as gemm_packed's k_range (NULL:
+ * everywhere in [0, cols)): per tile of mr rows of the block, the keys it
+ * sees (row_keys); per tile of mr keys, the block's rows that see it
+ * (key_rows, rows counted from the block's first); every row is 0 before
+ * key `first` (a multiple of mr: the GEMMs start there) and from `cols` on.
  */
 typedef struct {
     const size_t *row_keys, *key_rows;
+    size_t first, cols;
 } block_limits;
+
+/* Tiles of mr rows in a block up to which dq's GEMM starts at `first` (its limits
+ * counted from there on the stack); past them it packs k from key 0. */
+#define BLOCK_TILES_MAX 128
 
 /* The keys of tile t of a block's rows that its gradients are read at: cols (limits NULL), or
  * the keys the tile sees and a tile of mr past them, where dV's and dk's tiles of keys end. */
@@ -297,7 +304,8 @@ static size_t block_width(const block_limits *limits, size_t t, size_t cols, siz
 /* Sum mode: the positional gradients of rows [blk0, blk0 + rows) straight from G (keys
  * [0, cols)). */
 static void backward_sum_rows(const backward_ctx *c, backward_ws *w, size_t u, size_t b,
-                              size_t blk0, size_t rows, const REAL *G_blk, size_t cols)
+                              size_t blk0, size_t rows, const REAL *G_blk, size_t first,
+                              size_t cols)
 {
     const posenc_problem *p = c->p;
     const posenc_kernels *kern = c->kern;
@@ -309,7 +317,7 @@ static void backward_sum_rows(const backward_ctx *c, backward_ws *w, size_t u, s
             REAL *theta_slot = c->theta_slots + u * 2;
             if (c->cls_row0 && i == 0)
                 kern->row_scatter_add(theta_slot, 0, g_row, cols);
-            else
+            else if (cols)   /* no key: a fused attention's block whose rows see none */
                 theta_slot[1] += g_row[0];
         }
         if (c->cls_row0 && i == 0)
@@ -319,9 +327,10 @@ static void backward_sum_rows(const backward_ctx *c, backward_ws *w, size_t u, s
             backward_row_positional(c, w, u, b, i, &rg, cols);
     }
     const size_t skip = c->cls_row0 && blk0 == 0;   /* the [CLS] row */
-    if (c->need_offsets && rows > skip)
+    if (c->need_offsets && rows > skip)   /* from `first` on: G is 0 before it */
         kern->diagonal_sums(c->offset_slots + u * c->offsets + (n - 1 - (blk0 + skip)),
-                            G_blk + skip * m, m, rows - skip, c->masked ? 1 : 0, cols);
+                            G_blk + skip * m, m, rows - skip,
+                            posenc_max(first, c->masked ? (size_t)1 : 0), cols);
     if (c->need_key_side)
         scatter_key_side(c, w, G_blk, m, cols, blk0, rows, c->masked ? 1 : 0, c->cls_row0);
 }
@@ -335,7 +344,8 @@ static void backward_sum_block(const backward_ctx *c, backward_ws *w, size_t u, 
     const size_t step = limits ? c->kern->mr : rows;
     for (size_t t0 = 0; t0 < rows; t0 += step)
         backward_sum_rows(c, w, u, b, blk0 + t0, posenc_min(step, rows - t0),
-                          G_blk + t0 * c->p->m, limits ? limits->row_keys[2 * (t0 / step) + 1] : cols);
+                          G_blk + t0 * c->p->m, limits ? limits->first : 0,
+                          limits ? limits->row_keys[2 * (t0 / step) + 1] : cols);
 }
 
 /*
@@ -413,18 +423,27 @@ static void backward_unit_block(const backward_ctx *c, backward_ws *w, size_t u,
     } else {
         backward_sum_block(c, w, u, b, blk0, rows_blk, G_blk, cols, limits);
     }
-    /* the GEMMs through Gc over its first cols keys only (causal attention:
+    /* the GEMMs through Gc over its keys [first, cols) only (a ranged attention:
      * the rest of the block's rows are 0), and within them over `limits` */
-    if (dq_u && c->need_content)
-        gemm(kern, &w->scratch, w->b_pack, rows_blk, d, cols, Gc, (ptrdiff_t)ldg, 1, k_u,
-             (ptrdiff_t)d, 1, s, dq_u + blk0 * d, (ptrdiff_t)d, 0,
-             limits ? limits->row_keys : NULL);
+    const size_t first = limits ? limits->first : 0, mr = kern->mr;
+    if (dq_u && c->need_content) {
+        size_t from_first[2 * BLOCK_TILES_MAX];   /* row_keys counted from `first` */
+        const size_t tiles = (rows_blk + mr - 1) / mr;
+        const size_t skip = first && tiles <= BLOCK_TILES_MAX ? first : 0;
+        for (size_t t = 0; skip && t < 2 * tiles; ++t)
+            from_first[t] = posenc_max(limits->row_keys[t], skip) - skip;
+        gemm(kern, &w->scratch, w->b_pack, rows_blk, d, cols - skip, Gc + skip, (ptrdiff_t)ldg,
+             1, k_u + skip * d, (ptrdiff_t)d, 1, s, dq_u + blk0 * d, (ptrdiff_t)d, 0,
+             skip ? from_first : limits ? limits->row_keys : NULL);
+    }
     if (dk_u && c->need_content) {
-        if (blk0 == 0)   /* keys no block reaches yet: cols grows with blk0 */
+        if (blk0 == 0) {   /* keys no block reaches yet */
+            memset(dk_u, 0, sizeof(REAL) * first * d);
             memset(dk_u + cols * d, 0, sizeof(REAL) * (m - cols) * d);
-        gemm(kern, &w->scratch, w->b_pack, cols, d, rows_blk, Gc, 1, (ptrdiff_t)ldg,
-             q_u + blk0 * d, (ptrdiff_t)d, 1, s, dk_u, (ptrdiff_t)d, blk0 > 0,
-             limits ? limits->key_rows : NULL);
+        }
+        gemm(kern, &w->scratch, w->b_pack, cols - first, d, rows_blk, Gc + first, 1,
+             (ptrdiff_t)ldg, q_u + blk0 * d, (ptrdiff_t)d, 1, s, dk_u + first * d, (ptrdiff_t)d,
+             blk0 > 0, limits ? limits->key_rows + 2 * (first / mr) : NULL);
     }
 }
 

@@ -449,6 +449,7 @@ static int lp_chunks(lp_kind kind, const posenc_problem *p, lp_stream *st, const
     posenc_grads params = g ? *g : (posenc_grads){NULL};
     params.q = params.k = NULL;                 /* dq, dk: streams */
     lp_arena a = {0, NULL};
+    double *sink_part = NULL;                   /* a chunk's dL/dsinks */
     lp_job widen, narrow, narrow_sums;
     lp_job_init(&widen, p, 1);
     lp_job_init(&narrow, p, 0);
@@ -497,6 +498,9 @@ static int lp_chunks(lp_kind kind, const posenc_problem *p, lp_stream *st, const
         if (pass == 0)
             rc = lp_arena_alloc(&a);
     }
+    if (rc == POSENC_OK && att && att->grad_sinks &&
+        !(sink_part = (double *)posenc_alloc(p->H, sizeof(double))))
+        rc = POSENC_ENOMEM;
     if (rc == POSENC_OK)
         rc = lp_job_run(&widen, num_threads);   /* the parameters */
     void **sum_at[A_GRAD_COUNT], **part_at[A_GRAD_COUNT];
@@ -554,6 +558,10 @@ static int lp_chunks(lp_kind kind, const posenc_problem *p, lp_stream *st, const
                 a32.v = REGION(S_V);
                 a32.key_padding_mask = att->key_padding_mask ? att->key_padding_mask + b0 * p->m
                                                              : NULL;
+                a32.document_q = att->document_q ? att->document_q + b0 * p->n : NULL;
+                a32.document_k = att->document_k ? att->document_k + b0 * p->m : NULL;
+                a32.sinks = att->sinks ? att->sinks + h0 : NULL;
+                a32.grad_sinks = att->grad_sinks ? sink_part : NULL;   /* added below */
                 a32.batch_offset = att->batch_offset + b0;   /* the dropout's (b, h) */
                 a32.head_offset = att->head_offset + h0;
             }
@@ -589,6 +597,9 @@ static int lp_chunks(lp_kind kind, const posenc_problem *p, lp_stream *st, const
                     lp_job_add_rows(&narrow, chunk_rows(&st[t], REGION(t), unit0, bs, hs, p->H, 1));
             if (rc == POSENC_OK)
                 rc = lp_job_run(&narrow, num_threads);
+            for (size_t e = 0; rc == POSENC_OK && kind == LP_ATTENTION_BACKWARD &&
+                               att->grad_sinks && e < hs; ++e)   /* the sinks', chunks in order */
+                att->grad_sinks[h0 + e] = b0 == 0 ? sink_part[e] : att->grad_sinks[h0 + e] + sink_part[e];
             /* this chunk's parameter gradients into the sums (a shared region once) */
             for (int t = A_FIRST_PARAM; rc == POSENC_OK && t < A_GRAD_COUNT; ++t) {
                 int seen = 0;
@@ -614,6 +625,7 @@ static int lp_chunks(lp_kind kind, const posenc_problem *p, lp_stream *st, const
 #undef REGION
     if (rc == POSENC_OK)
         rc = lp_job_run(&narrow_sums, num_threads);
+    posenc_free(sink_part);
     lp_arena_free(&a);
     return rc;
 }

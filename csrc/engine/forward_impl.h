@@ -378,9 +378,17 @@ static void forward_tile_exact(const forward_ctx *c, forward_ws *w, size_t b, si
 
 /* The logits of rows [i0, i0 + rows) (rows <= mr) of unit (b, h), keys
  * [0, cols), into C (row r at C + r * ldc); forward_unit_setup ran for the unit. */
+/*
+ * The logits of rows [i0, i0 + rows) and keys [first, cols) of unit (b, h)
+ * into C (row r at C + r ldc, key j at column j).  first: 0, or (a fused
+ * attention whose rows see no key before it) a multiple of k_packed's nr
+ * with k_packed in one depth block (d <= kc) and a tame scale; the
+ * positional rows are then formed from key 0 on where a term has no
+ * shortcut (forward_positional) and read from `first` on.
+ */
 static void forward_tile(const forward_ctx *c, forward_ws *w, size_t b, size_t h,
-                         const packed_b *k_packed, size_t i0, size_t rows, size_t cols, REAL *C,
-                         ptrdiff_t ldc)
+                         const packed_b *k_packed, size_t i0, size_t rows, size_t first,
+                         size_t cols, REAL *C, ptrdiff_t ldc)
 {
     if (c->scales.exact) {
         forward_tile_exact(c, w, b, h, k_packed, i0, rows, cols, C, ldc);
@@ -396,16 +404,18 @@ static void forward_tile(const forward_ctx *c, forward_ws *w, size_t b, size_t h
                 (c->out_size != sizeof(REAL) ? POSENC_UKR_BF16_OUT : 0);
     if (c->segment_rows) {
         for (size_t r = 0; r < rows; ++r)
-            w->segment_row[r] = w->segment_expanded + (size_t)p->segment_q[b * n + i0 + r] * m;
+            w->segment_row[r] = w->segment_expanded + (size_t)p->segment_q[b * n + i0 + r] * m + first;
         flags |= POSENC_UKR_ADD_ROWS;
     }
     if (i0 + rows < n)   /* the next tile's rows of q, which the microkernel reads in place */
         gemm_prefetch(&w->scratch, q_u + (i0 + rows) * d,
                       (posenc_min(n, i0 + 2 * rows) - i0 - rows) * d);
     packed_b keys = *k_packed;
-    keys.N = cols;   /* the first cols columns of the packed panels */
-    gemm_packed(c->kern, &w->scratch, rows, q_u + i0 * d, (ptrdiff_t)d, 1, &keys, C, ldc, 0, P,
-                ldp, c->segment_rows ? w->segment_row : NULL, flags, NULL);
+    if (first)
+        packed_b_skip(&keys, first);
+    keys.N = cols - first;   /* the columns [first, cols) of the packed panels */
+    gemm_packed(c->kern, &w->scratch, rows, q_u + i0 * d, (ptrdiff_t)d, 1, &keys, C + first, ldc,
+                0, P ? P + first : NULL, ldp, c->segment_rows ? w->segment_row : NULL, flags, NULL);
 }
 
 /* Rows [r0, r1) of unit (b, h). */
@@ -417,7 +427,7 @@ static void forward_unit(const forward_ctx *c, forward_ws *w, size_t b, size_t h
     packed_b k_packed;
     forward_unit_setup(c, w, b, h, r0, r1, &k_packed, 1);
     for (size_t i0 = r0; i0 < r1; i0 += mr)
-        forward_tile(c, w, b, h, &k_packed, i0, posenc_min(mr, r1 - i0), m,
+        forward_tile(c, w, b, h, &k_packed, i0, posenc_min(mr, r1 - i0), 0, m,
                      (REAL *)(void *)(out_u + i0 * m * c->out_size), (ptrdiff_t)m);
 }
 

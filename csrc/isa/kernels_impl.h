@@ -489,6 +489,7 @@ const posenc_kernels KNAME(posenc_kernels) = {
     .tile_gather_query = KNAME(posenc_tile_gather_query),
     /* the fused attention's softmax rows */
     .row_max = KNAME(posenc_row_max), .row_exp = KNAME(posenc_row_exp),
+    .row_softcap = KNAME(posenc_row_softcap),
     .dropout_row = DROPOUT_ROW,
     .store_fence = KNAME(posenc_store_fence),
 };

@@ -69,3 +69,27 @@ static double KNAME(posenc_row_exp)(void *x_, size_t len, double shift_)
 #endif
     return (double)total;
 }
+
+/* softcap (SPEC §7): x[j] = cap tanh(x[j] / cap), j < len; with grad, also
+ * grad[j] = 1 - tanh^2 (the backward's factor). */
+static void KNAME(posenc_row_softcap)(void *x_, void *grad_, size_t len, double cap)
+{
+    REAL *x = (REAL *)x_, *grad = (REAL *)grad_;
+    size_t j = 0;
+#ifdef VTANH
+    const VT inverse = VBCAST((REAL)(1.0 / cap)), scale = VBCAST((REAL)cap);
+    const VT one = VBCAST((REAL)1), minus_one = VBCAST((REAL)-1);
+    for (; j + VL <= len; j += VL) {
+        const VT t = VTANH(VMUL(VLOAD(x + j), inverse));
+        VSTORE(x + j, VMUL(t, scale));
+        if (grad)
+            VSTORE(grad + j, VFMA(VMUL(t, minus_one), t, one));
+    }
+#endif
+    for (; j < len; ++j) {
+        const double t = tanh((double)x[j] / cap);
+        x[j] = (REAL)(cap * t);
+        if (grad)
+            grad[j] = (REAL)(1.0 - t * t);
+    }
+}

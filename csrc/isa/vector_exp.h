@@ -54,6 +54,18 @@
 #define EXP_SELECT_F64(mask, a, b) _mm512_mask_blend_pd((mask), (b), (a))
 #define EXP_HMAX_F32 _mm512_reduce_max_ps
 #define EXP_HMAX_F64 _mm512_reduce_max_pd
+#define EXP_LT_F32(a, b) _mm512_cmp_ps_mask((a), (b), _CMP_LT_OQ)
+#define EXP_LT_F64(a, b) _mm512_cmp_pd_mask((a), (b), _CMP_LT_OQ)
+#define EXP_MIN_F32 _mm512_min_ps
+#define EXP_MIN_F64 _mm512_min_pd
+#define EXP_MUL_F32 _mm512_mul_ps
+#define EXP_MUL_F64 _mm512_mul_pd
+#define EXP_ADD_F32 _mm512_add_ps
+#define EXP_ADD_F64 _mm512_add_pd
+#define EXP_DIV_F32 _mm512_div_ps
+#define EXP_DIV_F64 _mm512_div_pd
+#define EXP_FMA_F32 _mm512_fmadd_ps
+#define EXP_FMA_F64 _mm512_fmadd_pd
 
 /* AVX-512: scalef builds 2^n itself, with the underflow to 0 and the
  * overflow to inf, so only the argument is clamped (NaN passes: max and min
@@ -101,6 +113,18 @@ static inline __m512d posenc_vexp_f64(__m512d x)
 #define EXP_SELECT_F64(mask, a, b) _mm256_blendv_pd((b), (a), (mask))
 #define EXP_HMAX_F32 posenc_hmax_ps256
 #define EXP_HMAX_F64 posenc_hmax_pd256
+#define EXP_LT_F32(a, b) _mm256_cmp_ps((a), (b), _CMP_LT_OQ)
+#define EXP_LT_F64(a, b) _mm256_cmp_pd((a), (b), _CMP_LT_OQ)
+#define EXP_MIN_F32 _mm256_min_ps
+#define EXP_MIN_F64 _mm256_min_pd
+#define EXP_MUL_F32 _mm256_mul_ps
+#define EXP_MUL_F64 _mm256_mul_pd
+#define EXP_ADD_F32 _mm256_add_ps
+#define EXP_ADD_F64 _mm256_add_pd
+#define EXP_DIV_F32 _mm256_div_ps
+#define EXP_DIV_F64 _mm256_div_pd
+#define EXP_FMA_F32 _mm256_fmadd_ps
+#define EXP_FMA_F64 _mm256_fmadd_pd
 
 /* the largest lane (no NaN lanes): halves, then quarters, then the pair */
 static inline float posenc_hmax_ps256(__m256 v)
@@ -182,6 +206,18 @@ static inline __m256d posenc_pow2_pd256(__m256d n)
 #define EXP_SELECT_F64 vbslq_f64
 #define EXP_HMAX_F32 vmaxvq_f32
 #define EXP_HMAX_F64 vmaxvq_f64
+#define EXP_LT_F32 vcltq_f32
+#define EXP_LT_F64 vcltq_f64
+#define EXP_MIN_F32 vminq_f32
+#define EXP_MIN_F64 vminq_f64
+#define EXP_MUL_F32 vmulq_f32
+#define EXP_MUL_F64 vmulq_f64
+#define EXP_ADD_F32 vaddq_f32
+#define EXP_ADD_F64 vaddq_f64
+#define EXP_DIV_F32 vdivq_f32
+#define EXP_DIV_F64 vdivq_f64
+#define EXP_FMA_F32(a, b, c) vfmaq_f32((c), (a), (b))
+#define EXP_FMA_F64(a, b, c) vfmaq_f64((c), (a), (b))
 
 /* NEON: as AVX2 (2^n from n's bits); vmaxq/vminq propagate NaN. */
 static inline float32x4_t posenc_pow2_f32x4(float32x4_t n)
@@ -259,7 +295,36 @@ static inline EXP_VF64 posenc_vmax_numbers_f64(EXP_VF64 a, EXP_VF64 b)
 static inline float posenc_vmax_lanes_f32(EXP_VF32 v) { return EXP_HMAX_F32(posenc_numbers_f32(v)); }
 static inline double posenc_vmax_lanes_f64(EXP_VF64 v) { return EXP_HMAX_F64(posenc_numbers_f64(v)); }
 
+/*
+ * tanh of one vector (the softcap of SPEC §7: softmax_impl.h's row_softcap):
+ * for |u| below `small` its odd Taylor polynomial to u^13 (truncation below
+ * 1e-10 relative at 0.3 in float, 4e-16 at 0.125 in double), else
+ * (e - 1) / (e + 1) with e = exp(2 |u|), |u| capped at `large` (tanh is 1 there
+ * to the type's precision), its sign restored; relative error a few ulp.  NaN
+ * stays NaN.
+ */
+#define POSENC_VTANH(S, s, T, SMALL, LARGE)                                                   \
+    static inline T posenc_vtanh_##s(T u)                                                   \
+    {                                                                                       \
+        const T one = EXP_SET_##S(1), minus_one = EXP_SET_##S(-1);                          \
+        const T a = EXP_MIN_##S(EXP_SET_##S(LARGE), EXP_MAX_##S(u, EXP_MUL_##S(u, minus_one))); \
+        const T e = posenc_vexp_##s(EXP_ADD_##S(a, a));                                      \
+        const T r = EXP_DIV_##S(EXP_ADD_##S(e, minus_one), EXP_ADD_##S(e, one));             \
+        const T big = EXP_SELECT_##S(EXP_LT_##S(u, EXP_SET_##S(0)), EXP_MUL_##S(r, minus_one), r); \
+        static const double c[7] = {1.0, -1.0 / 3, 2.0 / 15, -17.0 / 315, 62.0 / 2835,       \
+                                    -1382.0 / 155925, 21844.0 / 6081075};                   \
+        const T u2 = EXP_MUL_##S(u, u);                                                     \
+        T p = EXP_SET_##S(c[6]);                                                            \
+        for (int k_ = 5; k_ >= 0; --k_)                                                     \
+            p = EXP_FMA_##S(p, u2, EXP_SET_##S(c[k_]));                                     \
+        return EXP_SELECT_##S(EXP_LT_##S(a, EXP_SET_##S(SMALL)), EXP_MUL_##S(p, u), big);   \
+    }
+POSENC_VTANH(F32, f32, EXP_VF32, 0.3, 9.5)
+POSENC_VTANH(F64, f64, EXP_VF64, 0.125, 19.5)
+#undef POSENC_VTANH
+
 #define VEXP(v) _Generic((v), EXP_VF32: posenc_vexp_f32, EXP_VF64: posenc_vexp_f64)(v)
+#define VTANH(v) _Generic((v), EXP_VF32: posenc_vtanh_f32, EXP_VF64: posenc_vtanh_f64)(v)
 #define VMAX(a, b) _Generic((a), EXP_VF32: posenc_vmax_f32, EXP_VF64: posenc_vmax_f64)((a), (b))
 #define VMAX_NUMBERS(a, b) \
     _Generic((a), EXP_VF32: posenc_vmax_numbers_f32, EXP_VF64: posenc_vmax_numbers_f64)((a), (b))

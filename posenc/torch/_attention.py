@@ -7,7 +7,8 @@ from torch import nn
 
 from ._encodings import Content, PositionalEncoding
 from ._linear import project
-from .native import per_query_head
+from .._attention import check_softcap, check_window
+from .native import attention_mask, per_query_head, softmax
 
 
 class PositionalSelfAttention(nn.Module):
@@ -25,6 +26,10 @@ class PositionalSelfAttention(nn.Module):
     attention (Ainslie et al. 2023; 1: multi-query, Shazeer 2019): query head h
     reads key/value head ``h // (num_heads // num_kv_heads)``, k and v are never
     repeated on the fused path, and the KV cache holds ``num_kv_heads`` heads.
+    SPEC §7's shapes: ``window=(left, right)`` (either side None: unbounded; HF's
+    ``sliding_window = w`` with ``causal`` is ``(w - 1, 0)``), ``softcap`` (Gemma 2:
+    logits ``softcap·tanh(A / softcap)``), ``sinks=True`` (gpt-oss: a learned logit
+    per head, ``self.sinks``, in every row's softmax with no value).
 
     By default the layer runs the encoding's *fused* attention
     (``posenc.torch.<method>_attention``: on CPU the C kernels compute
@@ -47,6 +52,10 @@ class PositionalSelfAttention(nn.Module):
       segment ids as a third entry when the call had ``segment_ids``); the new
       queries sit at positions m_past, m_past + 1, ... (``query_offset``);
       ``use_cache=True`` returns ``(out, cache)`` with every key and value so far;
+    * ``document_ids`` (B, n) ints: packed sequences (HF's
+      ``DataCollatorWithFlattening``, flash-attn's ``cu_seqlens``): a query sees
+      the keys of its own document only (with a cache, the cache holds the keys'
+      ids as a fourth entry);
     * ``segment_ids`` (B, n) ints for encodings with segment attention;
       ``state``: the encoding's `positional(n, m)`, computed once by a model
       whose layers share the encoding (TUPE, DIET-ABS), used on the logits path.
@@ -54,8 +63,13 @@ class PositionalSelfAttention(nn.Module):
 
     def __init__(self, d_model: int, num_heads: int, encoding: PositionalEncoding | None = None,
                  *, head_dim: int | None = None, dropout: float = 0.0, bias: bool = True,
-                 causal: bool = False, fused: bool = True, num_kv_heads: int | None = None):
+                 causal: bool = False, fused: bool = True, num_kv_heads: int | None = None,
+                 window: tuple | None = None, softcap: float | None = None,
+                 sinks: bool = False):
         super().__init__()
+        self.window = check_window(window)
+        self.softcap = check_softcap(softcap)
+        self.sinks = nn.Parameter(torch.zeros(num_heads)) if sinks else None
         self.num_heads = num_heads
         self.num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
         if self.num_kv_heads <= 0 or num_heads % self.num_kv_heads:
@@ -111,8 +125,8 @@ class PositionalSelfAttention(nn.Module):
     def logits_and_values(self, x, *, segment_ids=None, state=None, key_padding_mask=None,
                           past_key_value=None):
         """(logits (B, H, n, m), v (B, H_kv, m, d)): the encoding's logits before the
-        mask and the softmax, and the values they weight (value head h // (H / H_kv)
-        for query head h)."""
+        softcap, the mask and the softmax, and the values they weight (value head
+        h // (H / H_kv) for query head h)."""
         q, k, v = self._projections(x, key_padding_mask, past_key_value)
         offset = 0 if past_key_value is None else past_key_value[0].shape[2]
         segment_k = None if self.encoding.projects_keys else _key_segments(segment_ids,
@@ -125,7 +139,7 @@ class PositionalSelfAttention(nn.Module):
     def forward(self, x, key_padding_mask: torch.Tensor | None = None,
                 segment_ids: torch.Tensor | None = None, state=None, *, causal: bool | None = None,
                 attn_mask: torch.Tensor | None = None, past_key_value=None,
-                use_cache: bool = False):
+                use_cache: bool = False, document_ids: torch.Tensor | None = None):
         batch, n, _ = x.shape
         causal = self.causal if causal is None else causal
         offset = 0 if past_key_value is None else past_key_value[0].shape[2]
@@ -133,51 +147,53 @@ class PositionalSelfAttention(nn.Module):
         if key_padding_mask is not None and key_padding_mask.shape != (batch, m):
             raise ValueError(f"key_padding_mask must have shape ({batch}, {m}) (B, m), got "
                              f"{tuple(key_padding_mask.shape)}")
+        if document_ids is not None and self.encoding.projects_keys:
+            raise ValueError(f"document_ids need the keys' own positions; "
+                             f"{type(self.encoding).__name__} projects them (Linformer)")
         q, k, v = self._projections(x, key_padding_mask, past_key_value)
         segment_k = None if self.encoding.projects_keys else _key_segments(segment_ids,
                                                                            past_key_value)
-        cache = (k, v) if segment_k is None else (k, v, segment_k)
+        document_k = _cached(document_ids, past_key_value, 3, "document_ids")
+        cache = (k, v) if segment_k is None and document_k is None else (
+            (k, v, segment_k) if document_k is None else (k, v, segment_k, document_k))
         padding = None if self.encoding.projects_keys else key_padding_mask
+        shapes = dict(window=self.window, document_q=document_ids, document_k=document_k,
+                      softcap=self.softcap, sinks=self.sinks)
         if self.fused and attn_mask is None:
             dropout_p = self.dropout.p if self.training else 0.0
             seed = int(torch.randint(0, 2**63 - 1, (), device="cpu")) if dropout_p else 0
             out = self.encoding.attention(
                 q, k, v, state=self._state(q, k, state), segment_q=segment_ids,
                 segment_k=segment_k, causal=causal, key_padding_mask=padding,
-                query_offset=offset, dropout_p=dropout_p, seed=seed).out
+                query_offset=offset, dropout_p=dropout_p, seed=seed, **shapes).out
         else:
             logits = self.encoding.logits(q, k, state=self._state(q, k, state),
                                           segment_q=segment_ids, segment_k=segment_k,
                                           query_offset=offset)
-            logits = _masked(logits, causal, padding, attn_mask, offset)
-            weights = self.dropout(torch.softmax(logits, dim=-1))
-            out = torch.matmul(weights.nan_to_num(0.0), per_query_head(v, self.num_heads))
+            if self.softcap is not None:
+                logits = self.softcap * torch.tanh(logits / self.softcap)
+            masked = attention_mask(q, k, offset, causal, padding, self.window, document_ids, document_k)
+            if masked is not None:
+                logits = logits.masked_fill(masked, float("-inf"))
+            if attn_mask is not None:
+                logits = (logits.masked_fill(attn_mask, float("-inf"))
+                          if attn_mask.dtype == torch.bool else logits + attn_mask)
+            weights = self.dropout(softmax(logits, self.sinks)[0])
+            out = torch.matmul(weights, per_query_head(v, self.num_heads))
         out = project(self.out_proj, out.transpose(1, 2).reshape(batch, n, -1))
         return (out, cache) if use_cache else out
 
 
+def _cached(ids, past_key_value, entry: int, name: str):
+    """The keys' ids (segments, documents): the cached ones (the cache's `entry`), then
+    the new queries'."""
+    if ids is None or past_key_value is None:
+        return ids
+    if len(past_key_value) <= entry or past_key_value[entry] is None:
+        raise ValueError(f"{name} with a key/value cache: the cache must hold the keys' "
+                         f"{name.replace('_ids', '')} ids (the cache of a call that had {name})")
+    return torch.cat([past_key_value[entry], ids], dim=1)
+
+
 def _key_segments(segment_ids, past_key_value):
-    """The keys' segment ids: the cached ones, then the new queries'."""
-    if segment_ids is None or past_key_value is None:
-        return segment_ids
-    if len(past_key_value) < 3:
-        raise ValueError("segment_ids with a key/value cache: the cache must hold the keys' "
-                         "segment ids (the cache of a call that had segment_ids)")
-    return torch.cat([past_key_value[2], segment_ids], dim=1)
-
-
-def _masked(logits, causal, key_padding_mask, attn_mask, query_offset):
-    """The logits with -inf where masked and an additive attn_mask added."""
-    n, m = logits.shape[-2:]
-    if causal:
-        rows = torch.arange(n, device=logits.device)[:, None] + query_offset
-        logits = logits.masked_fill(torch.arange(m, device=logits.device)[None, :] > rows,
-                                    float("-inf"))
-    if key_padding_mask is not None:
-        logits = logits.masked_fill(key_padding_mask[:, None, None, :], float("-inf"))
-    if attn_mask is not None:
-        if attn_mask.dtype == torch.bool:
-            logits = logits.masked_fill(attn_mask, float("-inf"))
-        else:
-            logits = logits + attn_mask
-    return logits
+    return _cached(segment_ids, past_key_value, 2, "segment_ids")

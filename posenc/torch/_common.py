@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from .. import _checks, _dtypes
-from .._attention import check_attention
+from .._attention import ATTENTION_OPTIONS, check_attention
 from .._kinds import check_index_range, shape_str
 from .._registry import INDEX_TENSORS, REGISTRY, diagonal_map
 
@@ -251,13 +251,15 @@ def validate_attention(method: str, tensors: tuple, params: tuple, attention: tu
     """The checks of `method`'s fused attention on stand-ins, as `validate` does
     for its logits (v takes q's half-precision stand-in dtype when q has one)."""
     spec = REGISTRY[method]
-    v, causal, key_padding_mask, dropout_p, seed = attention
+    v, *values = attention
     problem = validate(method, dict(zip(spec.tensors, tensors)),
                        dict(zip((name for name, _ in spec.params), params)), allow_half=True)
-    half_as = problem.dtype if v.dtype in HALF_DTYPES and v.dtype == tensors[0].dtype else None
-    mask = None if key_padding_mask is None else _stand_in("key_padding_mask", key_padding_mask,
-                                                          None)
-    check_attention(problem, _stand_in("v", v, half_as), causal, mask, dropout_p, seed)
+    half_as = problem.dtype if tensors[0].dtype in HALF_DTYPES else None
+    same = lambda x: half_as if x.dtype == tensors[0].dtype else None    # noqa: E731
+    stand_in = {name: _stand_in(name, value, same(value) if name == "sinks" else None)
+                if isinstance(value, torch.Tensor) else value
+                for (name, _), value in zip(ATTENTION_OPTIONS, values)}
+    check_attention(problem, _stand_in("v", v, same(v)), **stand_in)
 
 
 def check_segment_range(segment_q, segment_k, segment_table) -> None:

@@ -68,14 +68,18 @@ class PositionalEncoding(nn.Module):
         return getattr(F, method)(q, k, **keywords)
 
     def attention(self, q, k, v, *, state=None, segment_q=None, segment_k=None, causal=False,
-                  key_padding_mask=None, query_offset=0, dropout_p=0.0, seed=0):
+                  key_padding_mask=None, query_offset=0, dropout_p=0.0, seed=0, window=None,
+                  document_q=None, document_k=None, softcap=None, sinks=None):
         """The fused attention softmax(logits + mask) dropout v (SPEC §6) of this
-        encoding: ``posenc.Attention(out, lse)``."""
+        encoding, with SPEC §7's window, documents, softcap and sinks:
+        ``posenc.Attention(out, lse)``; k and v may have fewer heads than q
+        (grouped-query attention)."""
         method, keywords = self.arguments(q, k, state=state, segment_q=segment_q,
                                           segment_k=segment_k, query_offset=query_offset)
         return getattr(_fused, method + "_attention")(
             q, k, v, **keywords, causal=causal, key_padding_mask=key_padding_mask,
-            dropout_p=dropout_p, seed=seed)
+            dropout_p=dropout_p, seed=seed, window=window, document_q=document_q,
+            document_k=document_k, softcap=softcap, sinks=sinks)
 
     def forward(self, q, k, *, state=None, segment_q=None, segment_k=None, query_offset=0):
         return self.logits(q, k, state=state, segment_q=segment_q, segment_k=segment_k,

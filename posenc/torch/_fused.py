@@ -11,6 +11,7 @@ matmul.  Both return `posenc.Attention(out, lse)`.
 
 from __future__ import annotations
 
+from .._attention import ATTENTION_OPTIONS
 from .._registry import METHODS, REGISTRY, SHAPES, attention_doc
 from .._signatures import define
 from . import native
@@ -18,6 +19,9 @@ from . import _fused_ops
 from ._common import on_c_kernels, require_tensors
 
 __all__ = [method + "_attention" for method in METHODS]
+
+# v and the attention's optional tensor arguments
+_TENSOR_OPTIONS = ("v", "key_padding_mask", "document_q", "document_k", "sinks")
 
 
 _WHERE = ("the fused C kernels on CPU tensors, the torch-native formula (logits, mask,\n"
@@ -29,9 +33,11 @@ def _fused(method: str):
     spec = REGISTRY[method]
 
     def body(tensors, params, attention, _out):
-        v, causal, key_padding_mask = attention[:3]
-        require_tensors(spec.tensors + ("v", "key_padding_mask"),
-                        tensors + (v, key_padding_mask), spec.optional | {"key_padding_mask"})
+        named = dict(zip(_TENSOR_OPTIONS, (attention[0],) + tuple(
+            value for (name, _), value in zip(ATTENTION_OPTIONS, attention[1:])
+            if name in _TENSOR_OPTIONS)))
+        require_tensors(spec.tensors + _TENSOR_OPTIONS, tensors + tuple(named.values()),
+                        spec.optional | set(_TENSOR_OPTIONS[1:]))
         if on_c_kernels(tensors):
             return _fused_ops.fused_attention(method, tensors, params, attention)
         return native.attention(method, tensors, params, attention)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from .. import _checks, _methods
-from .._attention import ATTENTION_GRAD_TYPES, Attention, check_attention
+from .._attention import ATTENTION_GRAD_TYPES, ATTENTION_OPTIONS, Attention, check_attention
 from .._registry import REGISTRY
 from . import native
 from ._common import (HALF_DTYPES, autocast_inputs, register_autocast, to_c_array, to_numpy,
@@ -20,90 +20,116 @@ from ._common import (HALF_DTYPES, autocast_inputs, register_autocast, to_c_arra
 from ._ops import PARAMS
 
 
-def _call(method, tensors, params, v, causal, key_padding_mask, dropout_p, seed):
+# The attention's arguments other than v and sinks (the one float among them: a tensor
+# input of the autograd.Function and the ops, with a gradient), in ATTENTION_OPTIONS order.
+OPTIONS = tuple(name for name, _ in ATTENTION_OPTIONS if name != "sinks")
+
+
+def split_attention(attention: tuple) -> tuple:
+    """(v, sinks, options): options the values of OPTIONS, in order."""
+    v, *values = attention
+    named = dict(zip((name for name, _ in ATTENTION_OPTIONS), values))
+    return v, named.pop("sinks"), tuple(named.values())
+
+
+def _call(method, tensors, params, v, sinks, options):
     """The checked call, its arrays C-contiguous (to_c_array): the eager backward
     reuses it, so strided q, k, v are copied once per step, not once per C call."""
     spec = REGISTRY[method]
     arrays = tuple(None if t is None else to_c_array(name, t)
                    for name, t in zip(spec.tensors, tensors))
     problem = _checks.check(spec, arrays, tuple(params), None)
-    mask = None if key_padding_mask is None else to_c_array("key_padding_mask", key_padding_mask)
-    return check_attention(problem, to_c_array("v", v), causal, mask, dropout_p, seed)
+    named = {name: to_c_array(name, value) if isinstance(value, torch.Tensor) else value
+             for name, value in zip(OPTIONS, options)}
+    return check_attention(problem, to_c_array("v", v),
+                           sinks=None if sinks is None else to_c_array("sinks", sinks), **named)
 
 
 class _FusedAttention(torch.autograd.Function):
+    """apply(method, params, options, v, sinks, *tensors)."""
 
     @staticmethod
-    def forward(ctx, method, params, options, v, *tensors):
-        causal, key_padding_mask, dropout_p, seed = options
-        call = _call(method, tensors, params, v, causal, key_padding_mask, dropout_p, seed)
+    def forward(ctx, method, params, options, v, sinks, *tensors):
+        call = _call(method, tensors, params, v, sinks, options)
         out, lse = (to_tensor(a) for a in _methods.attention_forward(call))
         ctx.method, ctx.params, ctx.options, ctx.call = method, params, options, call
-        ctx.save_for_backward(v, out, lse, *tensors)
+        ctx.save_for_backward(v, sinks, out, lse, *tensors)
         ctx.mark_non_differentiable(lse)
         return out, lse
 
     @staticmethod
     def backward(ctx, d_out, _d_lse):
-        v, out, lse, *tensors = ctx.saved_tensors
-        fields = ATTENTION_GRAD_TYPES[ctx.method]._fields      # q, k, v, the method's floats
+        v, sinks, out, lse, *tensors = ctx.saved_tensors
+        fields = ATTENTION_GRAD_TYPES[ctx.method]._fields    # q, k, v, the method's floats, sinks
         names = REGISTRY[ctx.method].tensors
-        position = {name: names.index(name) for name in fields if name != "v"}
+        # the position of each field among apply's inputs
+        position = {name: 5 + names.index(name) for name in fields if name not in ("v", "sinks")}
+        position.update(v=3, sinks=4)
+        saved = dict(zip(names, tensors), v=v, sinks=sinks)
         wanted = 0
         constant = REGISTRY[ctx.method].constant       # no gradient: RoPE's tables
         for bit, name in enumerate(fields):
-            needed = ctx.needs_input_grad[3] if name == "v" else (
-                ctx.needs_input_grad[4 + position[name]] and tensors[position[name]] is not None
-                and name not in constant)
-            if needed:
+            if (ctx.needs_input_grad[position[name]] and saved[name] is not None
+                    and name not in constant):
                 wanted |= 1 << bit
-        result = [None] * (4 + len(tensors))
+        result = [None] * (5 + len(tensors))
         if not wanted:
             return tuple(result)
         if torch.is_grad_enabled():             # create_graph: a differentiable backward
-            grads = _native_gradients(ctx, d_out, v, tensors, wanted)
+            grads = _native_gradients(ctx, d_out, saved, tensors, wanted)
         else:
             grads = [None if g is None else to_tensor(g) for g in _methods.attention_backward(
                 ctx.call, to_c_array("d_out", d_out), to_numpy("out", out), lse.numpy(), wanted)]
         for bit, (name, grad) in enumerate(zip(fields, grads)):
             if wanted >> bit & 1:
-                result[3 if name == "v" else 4 + position[name]] = grad
+                result[position[name]] = grad
         return tuple(result)
 
 
-def _native_gradients(ctx, d_out, v, tensors, wanted: int) -> list:
+def _native_gradients(ctx, d_out, saved, tensors, wanted: int) -> list:
     fields = ATTENTION_GRAD_TYPES[ctx.method]._fields
-    names = REGISTRY[ctx.method].tensors
-    inputs = {name: (v if name == "v" else tensors[names.index(name)]) for name in fields}
     asked = [name for bit, name in enumerate(fields) if wanted >> bit & 1]
-    causal, key_padding_mask, dropout_p, seed = ctx.options
+    attention = dict(zip(OPTIONS, ctx.options), sinks=saved["sinks"])
     out = native.attention(ctx.method, tuple(tensors), ctx.params,
-                           (v, causal, key_padding_mask, dropout_p, seed)).out
-    grads = torch.autograd.grad(out, [inputs[name] for name in asked], d_out, create_graph=True,
+                           (saved["v"],) + tuple(attention[name] for name, _ in ATTENTION_OPTIONS)
+                           ).out
+    grads = torch.autograd.grad(out, [saved[name] for name in asked], d_out, create_graph=True,
                                 allow_unused=True)
     found = dict(zip(asked, grads))
     return [found.get(name) for name in fields]
 
 
+def _window_list(window):
+    """The ops' int[]? of a window: None, or [left, right] with -1 for an unbounded side."""
+    return None if window is None else [-1 if side is None else int(side) for side in window]
+
+
 def fused_attention(method: str, tensors: tuple, params: tuple, attention: tuple) -> Attention:
     """The fused C attention: the custom op under torch.compile (traceable), the
     autograd.Function in eager mode (less per-call overhead); under CPU autocast
-    q, k, v and the float parameters are first cast to its dtype, as `run` does."""
-    v, causal, key_padding_mask, dropout_p, seed = attention
-    v, *tensors = autocast_inputs((v, *tensors))
+    q, k, v, the float parameters and the sinks are first cast to its dtype, as `run` does."""
+    v, sinks, options = split_attention(attention)
+    v, sinks, *tensors = autocast_inputs((v, sinks, *tensors))
     if torch.compiler.is_compiling():
-        signed_seed = seed - _SEED_WRAP if seed >= 1 << 63 else seed    # the schema's int64
-        out, lse = FORWARD[method](v, *tensors, *params, causal, key_padding_mask, dropout_p,
-                                   signed_seed)
+        named = dict(zip(OPTIONS, options))
+        seed = named["seed"]
+        named["seed"] = seed - _SEED_WRAP if seed >= 1 << 63 else seed    # the schema's int64
+        named["window"] = _window_list(named["window"])
+        out, lse = FORWARD[method](v, *tensors, *params, sinks, *named.values())
     else:
-        out, lse = _FusedAttention.apply(method, tuple(params), (causal, key_padding_mask,
-                                                                 dropout_p, seed), v, *tensors)
+        out, lse = _FusedAttention.apply(method, tuple(params), options, v, sinks, *tensors)
     return Attention(out, lse)
 
 
 # ------------------------------------------------------------------ custom ops (torch.compile)
 
 _SEED_WRAP = 1 << 64
+
+
+# the options' schema types, in OPTIONS order
+_OPTION_TYPES = {"causal": "bool", "key_padding_mask": "Tensor?", "window": "int[]?",
+                 "document_q": "Tensor?", "document_k": "Tensor?", "softcap": "float?",
+                 "dropout_p": "float", "seed": "int"}
 
 
 def _schema(method: str, backward: bool) -> str:
@@ -114,7 +140,7 @@ def _schema(method: str, backward: bool) -> str:
     if backward:
         args += ["Tensor out", "Tensor lse"]
     args += [f"{kind} {name}" for name, kind in PARAMS[method]]
-    args += ["bool causal", "Tensor? key_padding_mask", "float dropout_p", "int seed"]
+    args += ["Tensor? sinks"] + [f"{_OPTION_TYPES[name]} {name}" for name in OPTIONS]
     if backward:
         args.append("int needs")
     return "(" + ", ".join(args) + ") -> " + ("Tensor[]" if backward else "(Tensor, Tensor)")
@@ -127,15 +153,18 @@ def _define(method: str):
     names = REGISTRY[method].tensors
 
     def split(args):
-        """(v, tensors, params, (causal, key_padding_mask, dropout_p, seed))."""
+        """(v, tensors, params, sinks, options) of the op's arguments (OPTIONS' values as
+        the eager path has them: the window a tuple, the seed unsigned)."""
         v, tensors, rest = args[0], args[1:1 + count], args[1 + count:]
-        causal, key_padding_mask, dropout_p, seed = rest[params:params + 4]
-        return v, tensors, rest[:params], (causal, key_padding_mask, dropout_p, seed % _SEED_WRAP)
+        sinks, values = rest[params], dict(zip(OPTIONS, rest[params + 1:]))
+        values["seed"] %= _SEED_WRAP
+        if values["window"] is not None:
+            values["window"] = tuple(None if side < 0 else side for side in values["window"])
+        return v, tensors, rest[:params], sinks, tuple(values.values())
 
     def forward(*args):
-        v, tensors, values, (causal, mask, dropout_p, seed) = split(args)
-        out, lse = _methods.attention_forward(_call(method, tensors, values, v, causal, mask,
-                                                    dropout_p, seed))
+        v, tensors, values, sinks, options = split(args)
+        out, lse = _methods.attention_forward(_call(method, tensors, values, v, sinks, options))
         return to_tensor(out), to_tensor(lse)
 
     def backward(d_out, *args):
@@ -143,8 +172,8 @@ def _define(method: str):
         v, tensors = args[0], args[1:1 + count]
         out, lse = args[1 + count:3 + count]
         rest = (v,) + tuple(tensors) + tuple(args[3 + count:])
-        v, tensors, values, (causal, mask, dropout_p, seed) = split(rest)
-        call = _call(method, tensors, values, v, causal, mask, dropout_p, seed)
+        v, tensors, values, sinks, options = split(rest)
+        call = _call(method, tensors, values, v, sinks, options)
         grads = _methods.attention_backward(call, to_c_array("d_out", d_out), to_numpy("out", out),
                                             lse.numpy(), needs)
         return [d_out.new_empty(0) if g is None else to_tensor(g) for g in grads]
@@ -166,24 +195,24 @@ def _define(method: str):
     @backward_op.register_fake
     def _(d_out, *args):
         *args, needs = args
-        inputs = dict(zip(names, args[1:1 + count]), v=args[0])
+        inputs = dict(zip(names, args[1:1 + count]), v=args[0], sinks=args[3 + count + params])
         return [inputs[name].new_empty(inputs[name].shape)
                 if needs >> bit & 1 and inputs[name] is not None else d_out.new_empty(0)
                 for bit, name in enumerate(fields)]
 
     def setup_context(ctx, inputs, output):
-        ctx.save_for_backward(*inputs[:1 + count], *output)
+        ctx.save_for_backward(*inputs[:1 + count], inputs[1 + count + params], *output)
         ctx.rest = inputs[1 + count:]
 
     def gradients(ctx, d_out, _d_lse):
         v, *rest = ctx.saved_tensors
-        tensors, (out, lse) = rest[:count], rest[count:]
-        position = {name: 1 + names.index(name) for name in fields if name != "v"}
-        position["v"] = 0
+        tensors, sinks, (out, lse) = rest[:count], rest[count], rest[count + 1:]
+        position = {name: 1 + names.index(name) for name in fields if name not in ("v", "sinks")}
+        position.update(v=0, sinks=1 + count + params)
+        saved = dict(zip(names, tensors), v=v, sinks=sinks)
         needs = 0
         for bit, name in enumerate(fields):
-            saved = v if name == "v" else tensors[position[name] - 1]
-            if ctx.needs_input_grad[position[name]] and saved is not None and \
+            if ctx.needs_input_grad[position[name]] and saved[name] is not None and \
                     name not in REGISTRY[method].constant:
                 needs |= 1 << bit
         result = [None] * (1 + count + len(ctx.rest))

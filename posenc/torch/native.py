@@ -27,7 +27,7 @@ import math
 
 import torch
 
-from .._attention import Attention, attention_dropout_mask
+from .._attention import ATTENTION_OPTIONS, Attention, attention_dropout_mask
 from .._registry import REGISTRY
 from ._common import bucket_index, check_segment_range, validate, validate_attention
 
@@ -282,37 +282,66 @@ def rope(q, k, cos, sin, *, cos_k=None, sin_k=None, interleaved=False, positions
 
 # ------------------------------------------------------------------ fused attention
 
-def _mask(q, k, causal: bool, key_padding_mask, query_offset: int):
-    """(B|1, 1, n, m) bool, True where a logit is masked, or None."""
+def attention_mask(q, k, query_offset: int, causal: bool, key_padding_mask, window, document_q,
+          document_k):
+    """(B|1, 1, n, m) bool, True where a logit is masked (SPEC §6, §7), or None."""
     n, m = q.shape[-2], k.shape[-2]
-    masked = None
+    offset = (torch.arange(m, device=q.device)[None, :]
+              - torch.arange(n, device=q.device)[:, None] - query_offset)[None, None]   # j - i'
+    masked = []
     if causal:
-        rows = torch.arange(n, device=q.device)[:, None] + query_offset
-        masked = (torch.arange(m, device=q.device)[None, :] > rows)[None, None]
+        masked.append(offset > 0)
+    if window is not None:
+        left, right = window
+        if left is not None:
+            masked.append(offset < -left)
+        if right is not None:
+            masked.append(offset > right)
+    if document_q is not None:
+        masked.append(document_q.to(q.device)[:, None, :, None]
+                      != document_k.to(q.device)[:, None, None, :])
     if key_padding_mask is not None:
-        padding = key_padding_mask.to(device=q.device, dtype=torch.bool)[:, None, None, :]
-        masked = padding if masked is None else masked | padding
-    return masked
+        masked.append(key_padding_mask.to(device=q.device, dtype=torch.bool)[:, None, None, :])
+    result = None
+    for mask in masked:
+        result = mask if result is None else result | mask
+    return result
+
+
+def softmax(logits, sinks=None):
+    """(P, lse) of masked logits (B, H, n, m): softmax over the keys with each head's
+    sink (gpt-oss: a logit with no value, in the denominator only) when given; a row
+    whose keys are all masked has P = 0 (not NaN) and lse -inf, or the sink."""
+    if sinks is not None:
+        sink_column = sinks.to(logits.dtype)[None, :, None, None].expand(*logits.shape[:-1], 1)
+        lse = torch.logsumexp(torch.cat([logits, sink_column], dim=-1), dim=-1)
+    else:
+        lse = torch.logsumexp(logits, dim=-1)
+    empty = torch.isneginf(lse)[..., None]
+    return torch.where(empty, 0.0, torch.exp(logits - lse[..., None].masked_fill(empty, 0.0))), lse
 
 
 def attention(method: str, tensors: tuple, params: tuple, attention: tuple) -> Attention:
-    """The fused attention of SPEC §6 (posenc.torch.<method>_attention) by the native
-    logits of `method`, the mask, a softmax, the dropout decisions of
-    posenc.attention_dropout_mask (the C kernels' own) and a matmul; any device."""
+    """The fused attention of SPEC §6 and §7 (posenc.torch.<method>_attention) by the
+    native logits of `method`, the softcap, the mask, a softmax with the sinks, the
+    dropout decisions of posenc.attention_dropout_mask (the C kernels' own) and a
+    matmul; any device."""
     spec = REGISTRY[method]
-    v, causal, key_padding_mask, dropout_p, seed = attention
+    v, *values = attention
+    options = dict(zip((name for name, _ in ATTENTION_OPTIONS), values))
     if not torch.compiler.is_compiling():
         validate_attention(method, tensors, params, attention)
     names = tuple(name for name, _ in spec.params)
     logits = _FORMULAS[method](**dict(zip(spec.tensors, tensors)), **dict(zip(names, params)))
+    if options["softcap"] is not None:                 # Gemma 2
+        logits = options["softcap"] * torch.tanh(logits / options["softcap"])
     q, k = tensors[0], tensors[1]
-    masked = _mask(q, k, causal, key_padding_mask, params[-1])
+    masked = attention_mask(q, k, params[-1], options["causal"], options["key_padding_mask"],
+                   options["window"], options["document_q"], options["document_k"])
     if masked is not None:
         logits = logits.masked_fill(masked, float("-inf"))
-    lse = torch.logsumexp(logits, dim=-1)
-    empty = torch.isneginf(lse)[..., None]          # every key masked: P = 0, not NaN
-    probabilities = torch.where(empty, 0.0, torch.exp(logits - lse[..., None].masked_fill(
-        empty, 0.0)))
+    probabilities, lse = softmax(logits, options["sinks"])
+    dropout_p, seed = options["dropout_p"], options["seed"]
     if dropout_p:
         keep = attention_dropout_mask(seed, tuple(logits.shape), dropout_p)
         probabilities = probabilities * torch.from_numpy(keep).to(probabilities.device) / (

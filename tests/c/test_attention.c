@@ -155,20 +155,62 @@ typedef struct {
     const char *name;
     int causal, padding;
     double dropout_p;
+    /* SPEC §7 */
+    int window;
+    size_t left, right;    /* POSENC_UNBOUNDED: no bound */
+    int documents;         /* packed documents (doc_id), batch row 1's scattered */
+    double softcap;
+    int sinks;
 } attention_case;
 
+#define UNB POSENC_UNBOUNDED
 static const attention_case attention_cases[] = {
-    {"plain", 0, 0, 0.0}, {"causal", 1, 0, 0.0}, {"padded", 0, 1, 0.0},
-    {"causal+padded+dropout", 1, 1, 0.3}, {"dropout", 0, 0, 0.5},
+    {"plain", 0, 0, 0.0, 0, 0, 0, 0, 0, 0}, {"causal", 1, 0, 0.0, 0, 0, 0, 0, 0, 0},
+    {"padded", 0, 1, 0.0, 0, 0, 0, 0, 0, 0}, {"causal+padded+dropout", 1, 1, 0.3, 0, 0, 0, 0, 0, 0},
+    {"dropout", 0, 0, 0.5, 0, 0, 0, 0, 0, 0},
+    {"window(3,1)", 0, 0, 0.0, 1, 3, 1, 0, 0, 0},
+    {"window(4,-)+causal+documents+padded", 1, 1, 0.0, 1, 4, UNB, 1, 0, 0},
+    {"documents+dropout", 0, 0, 0.2, 0, 0, 0, 1, 0, 0},
+    {"softcap+sinks+padded", 0, 1, 0.0, 0, 0, 0, 0, 1.5, 1},
+    {"everything", 1, 1, 0.25, 1, 6, 0, 1, 2.0, 1},
 };
+
+/* The document of key (or query position) j of batch row b of m keys: runs of
+ * lengths 1, 2, 3, ... in batch row 0 (and others), batch row 1's ids 0, 1 in
+ * turns of two (a scattered document: its range holds the other's keys). */
+static int64_t doc_id(size_t b, size_t j)
+{
+    if (b == 1)
+        return (int64_t)(j / 2 % 2);
+    int64_t id = 0;
+    for (size_t start = 0, len = 1; start + len <= j; start += len, ++len)
+        ++id;
+    return id;
+}
 
 /* key j of batch row b is padding: the last third, and every key of batch row 1
  * (a batch whose rows are all masked) */
 static int is_padding(size_t b, size_t j, size_t m) { return b == 1 || j * 3 >= 2 * m; }
 
 typedef struct {
-    double *out, *lse, *grad_v, *ds;   /* naive, in double */
+    double *out, *lse, *grad_v, *ds, *grad_sinks;   /* naive, in double */
 } attention_naive;
+
+/* Whether key j of query i of batch row b is masked (SPEC §6, §7). */
+static int naive_masked(const problem_data *pd, const posenc_attention *a, size_t b, size_t i,
+                        size_t j)
+{
+    const posenc_problem *p = &pd->p;
+    const size_t pos = p->query_offset + i;
+    if (a->causal && j > pos)
+        return 1;
+    if (a->window && ((a->window_left != UNB && j + a->window_left < pos) ||
+                      (a->window_right != UNB && j > pos + a->window_right)))
+        return 1;
+    if (a->document_q && a->document_q[b * p->n + i] != a->document_k[b * p->m + j])
+        return 1;
+    return a->key_padding_mask && a->key_padding_mask[b * p->m + j];
+}
 
 /* SPEC §6 as loops over naive_logit, in double: out, lse, dv and dS (the
  * gradient of the logits, for the logits' backward). */
@@ -184,25 +226,35 @@ static void naive_attention(const problem_data *pd, const posenc_attention *a, a
     r->lse = calloc(B * H * n + 1, sizeof(double));
     r->grad_v = calloc(B * p->H_kv * m * dv + 1, sizeof(double));
     r->ds = calloc(B * H * n * m + 1, sizeof(double));
+    r->grad_sinks = calloc(H + 1, sizeof(double));
+    double *cap_grad = malloc(sizeof(double) * (m + 1));
     for (size_t b = 0; b < B; ++b)
         for (size_t h = 0; h < H; ++h)
             for (size_t i = 0; i < n; ++i) {
                 const size_t u = b * H + h, row = u * n + i;
                 const size_t uv = b * p->H_kv + h / (H / p->H_kv);   /* v's unit */
+                const double sink = a->sinks ? a->sinks[h] : -INFINITY;
                 double row_max = -INFINITY, sum = 0;
                 for (size_t j = 0; j < m; ++j) {
-                    const int masked = (a->causal && j > p->query_offset + i) ||
-                                       (a->key_padding_mask && a->key_padding_mask[b * m + j]);
-                    P[j] = masked ? -INFINITY : naive_logit(pd, b, h, i, j);
+                    double logit = naive_logit(pd, b, h, i, j);
+                    cap_grad[j] = 1;
+                    if (a->softcap > 0) {
+                        const double t = tanh(logit / a->softcap);
+                        logit = a->softcap * t;
+                        cap_grad[j] = 1 - t * t;
+                    }
+                    P[j] = naive_masked(pd, a, b, i, j) ? -INFINITY : logit;
                     row_max = fmax(row_max, P[j]);
                 }
                 if (row_max == -INFINITY) {
-                    r->lse[row] = -INFINITY;
-                    continue;   /* out, dv and dS rows 0 */
+                    r->lse[row] = sink;
+                    continue;   /* out, dv and dS rows 0; the sink's gradient 0 (delta 0) */
                 }
+                const double shift = fmax(row_max, sink);
                 for (size_t j = 0; j < m; ++j)
-                    sum += P[j] = exp(P[j] - row_max);
-                r->lse[row] = row_max + log(sum);
+                    sum += P[j] = exp(P[j] - shift);
+                sum += a->sinks ? exp(sink - shift) : 0;
+                r->lse[row] = shift + log(sum);
                 posenc_dropout_row(keep, m, a->seed, threshold, b, h, i);
                 double delta = 0;
                 for (size_t j = 0; j < m; ++j) {
@@ -215,20 +267,23 @@ static void naive_attention(const problem_data *pd, const posenc_attention *a, a
                 }
                 for (size_t l = 0; l < dv; ++l)
                     delta += d_out[row * dv + l] * r->out[row * dv + l];
+                if (a->sinks)
+                    r->grad_sinks[h] -= exp(sink - r->lse[row]) * delta;
                 for (size_t j = 0; j < m; ++j) {
                     const double D = keep[j] ? 1.0 / (1.0 - a->dropout_p) : 0.0;
                     double dp = 0;
                     for (size_t l = 0; l < dv; ++l)
                         dp += d_out[row * dv + l] * v[(uv * m + j) * dv + l];
-                    r->ds[row * m + j] = P[j] * (D * dp - delta);
+                    r->ds[row * m + j] = P[j] * (D * dp - delta) * cap_grad[j];
                 }
             }
+    free(cap_grad);
     free(P);
     free(keep);
 }
 
 typedef struct {
-    double *out, *lse, *grad_v, *grads[9];
+    double *out, *lse, *grad_v, *grads[9], grad_sinks[8];
 } attention_result;
 
 static int run_attention(problem_data *pd, posenc_attention *a, posenc_dtype dtype, int threads,
@@ -247,6 +302,7 @@ static int run_attention(problem_data *pd, posenc_attention *a, posenc_dtype dty
     for (int t = 0; t < 9; ++t) g[t] = inputs[t] ? malloc(es * (lens[t] + 1)) : NULL;
     posenc_grads grads = {g[0], g[1], g[2], g[3], g[4], g[5], g[6], g[7], g[8]};
     a->v = dtype == POSENC_F32 ? (const void *)pd->f32[X_V] : (const void *)pd->f64[X_V];
+    a->grad_sinks = a->sinks ? r->grad_sinks : NULL;
     const void *d_out = dtype == POSENC_F32 ? (const void *)pd->f32[X_D_OUT] : (const void *)pd->f64[X_D_OUT];
     int status = posenc_attention_forward(p, a, out, lse, threads);
     if (status == POSENC_OK)
@@ -302,8 +358,24 @@ void test_attention(void)
                 uint8_t *mask = malloc(z[0] * z[3] + 1);
                 for (size_t t = 0; t < z[0] * z[3]; ++t)
                     mask[t] = (uint8_t)is_padding(t / z[3], t % z[3], z[3]);
+                int64_t *doc_q = malloc(sizeof(int64_t) * (z[0] * z[2] + 1));
+                int64_t *doc_k = malloc(sizeof(int64_t) * (z[0] * z[3] + 1));
+                for (size_t t = 0; t < z[0] * z[2]; ++t)   /* query i at position query_offset + i */
+                    doc_q[t] = doc_id(t / z[2], pd.p.query_offset + t % z[2]);
+                for (size_t t = 0; t < z[0] * z[3]; ++t)
+                    doc_k[t] = doc_id(t / z[3], t % z[3]);
+                double sinks[8];
+                for (size_t h = 0; h < 8; ++h)
+                    sinks[h] = 0.5 * (double)h - 1.0;
                 posenc_attention a = {NULL, dv, ac->padding ? mask : NULL, ac->causal,
                                       ac->dropout_p, 0x9e3779b97f4a7c15ull + s};
+                a.window = ac->window;
+                a.window_left = ac->left;
+                a.window_right = ac->right;
+                a.document_q = ac->documents ? doc_q : NULL;
+                a.document_k = ac->documents ? doc_k : NULL;
+                a.softcap = ac->softcap;
+                a.sinks = ac->sinks ? sinks : NULL;
                 point(&pd, POSENC_F64);
                 attention_naive naive;
                 naive_attention(&pd, &a, &naive);
@@ -339,6 +411,10 @@ void test_attention(void)
                         compare_lse(what, two.lse, one.lse, n_lse, 0, 1);
                         compare(what, one.grad_v, naive.grad_v, n_v, rtol, 0);
                         compare(what, two.grad_v, one.grad_v, n_v, 0, 1);
+                        if (a.sinks) {
+                            compare_above(what, one.grad_sinks, naive.grad_sinks, z[1], rtol, 0, 1.0);
+                            compare(what, two.grad_sinks, one.grad_sinks, z[1], 0, 1);
+                        }
                         for (int t = 0; t < 9; ++t) {
                             if (!want[t])
                                 continue;
@@ -355,7 +431,8 @@ void test_attention(void)
                 }
                 for (int t = 0; t < 9; ++t) free(want[t]);
                 free(naive.out); free(naive.lse); free(naive.grad_v); free(naive.ds);
-                free(mask);
+                free(naive.grad_sinks);
+                free(mask); free(doc_q); free(doc_k);
                 release(&pd);
             }
 }

@@ -241,6 +241,9 @@ static void check_attention(const char *what, posenc_dtype dt, problem_data *pd,
     widen_row(dt, want_out, out, n_out);
     lp_grads g;
     grads_make(&g, pd, x);
+    double sinks_lp[8] = {0}, sinks_wide[8] = {0};   /* H <= 8 here */
+    a_lp.grad_sinks = a->sinks ? sinks_lp : NULL;
+    a_wide.grad_sinks = a->sinks ? sinks_wide : NULL;
     EXPECT(posenc_attention_backward(&x->p_lp, &a_lp, x->lp[X_D_OUT], out, lse, &g.g_lp, grad_v,
                                      threads) == POSENC_OK,
            "%s attention backward status", what);
@@ -253,6 +256,9 @@ static void check_attention(const char *what, posenc_dtype dt, problem_data *pd,
     /* parameters' gradients: sums over the chunks (engine_lp.c), of units here: one unit is one
      * chunk (the float32 engine's bits), more may be several (equal to rounding) */
     grads_expect(what, dt, &g, pd, p->B * p->H == 1);
+    for (size_t h = 0; a->sinks && h < p->H; ++h)   /* chunks' sums in order: equal to rounding */
+        EXPECT(fabs(sinks_lp[h] - sinks_wide[h]) <= 1e-9 * (1 + fabs(sinks_wide[h])),
+               "%s dsinks[%zu] %.17g vs %.17g", what, h, sinks_lp[h], sinks_wide[h]);
     grads_free(&g);
     free(out); free(grad_v); free(want_out); free(want_grad_v); free(lse); free(want_lse);
 }
@@ -323,8 +329,26 @@ void test_lp(void)
             uint8_t *mask = malloc(z[0] * z[3] + 1);
             for (size_t t = 0; t < z[0] * z[3]; ++t)   /* batch row 1 all padding */
                 mask[t] = (uint8_t)(t / z[3] == 1 || (t % z[3]) * 3 >= 2 * z[3]);
-            const posenc_attention a = {NULL, dv, (c + s) % 2 ? mask : NULL, (int)(c % 2),
-                                        s == 2 ? 0.25 : 0.0, 0x5eed0000ull + s};
+            posenc_attention a = {NULL, dv, (c + s) % 2 ? mask : NULL, (int)(c % 2),
+                                  s == 2 ? 0.25 : 0.0, 0x5eed0000ull + s};
+            /* SPEC §7 on two sizes: a window and documents (ids in runs of 3, query i at
+             * position query_offset + i), a softcap and sinks */
+            int64_t *doc_q = malloc(sizeof(int64_t) * (z[0] * z[2] + 1));
+            int64_t *doc_k = malloc(sizeof(int64_t) * (z[0] * z[3] + 1));
+            for (size_t t = 0; t < z[0] * z[2]; ++t)
+                doc_q[t] = (int64_t)((pd.p.query_offset + t % z[2]) / 3);
+            for (size_t t = 0; t < z[0] * z[3]; ++t)
+                doc_k[t] = (int64_t)(t % z[3] / 3);
+            const double sinks[8] = {-1.0, 0.5, 2.0, -0.25, 1.0, 0.0, -2.0, 0.75};
+            if (s == 1 || s == 3) {
+                a.window = 1;
+                a.window_left = s == 1 ? 2 : POSENC_UNBOUNDED;
+                a.window_right = 1;
+                a.document_q = s == 3 ? doc_q : NULL;
+                a.document_k = s == 3 ? doc_k : NULL;
+                a.softcap = 1.25;
+                a.sinks = sinks;
+            }
             for (int k = 0; k < 2; ++k) {
                 lp_data x;
                 lp_make(&x, &pd, dtypes[k]);
@@ -346,6 +370,8 @@ void test_lp(void)
                 lp_free(&x);
             }
             free(mask);
+            free(doc_q);
+            free(doc_k);
             release(&pd);
         }
 }
