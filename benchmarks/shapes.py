@@ -3,7 +3,7 @@
 grouped-query heads, a sliding window, packed documents, soft-capping and sinks,
 each against the same attention without the shape and against torch SDPA.
 
-    python benchmarks/shapes.py [--quick] [--threads 2] [--out DIR]
+    python benchmarks/shapes.py [--quick] [--threads 2] [--cases gqa window ...] [--out DIR]
 
 One process, float32, every comparison's calls timed in turns
 (measure_interleaved: a slow stretch of the machine hits all of a comparison's
@@ -204,14 +204,15 @@ def run(args) -> dict:
     torch.set_num_threads(args.threads)
     posenc.set_num_threads(args.threads)
     shapes = QUICK if args.quick else SHAPES
-    repeats, max_seconds = (3, 0.3) if args.quick else (7, 6.0)
+    repeats, max_seconds = (3, 0.3) if args.quick else (args.repeats or 7, 6.0)
     results = {"machine": {"cpu": cpu_model(), "cpu_family": cpu_family(),
                            "torch": torch.__version__, "posenc": posenc.__version__,
                            "isa": posenc.get_isa(), "threads": args.threads},
                "shapes": shapes, "peaks": measure_peaks(args.threads, 0.2 if args.quick else 1.0),
                "cases": {}, "memory": {}}
     rng = np.random.default_rng(0)
-    for case, make in CASES.items():
+    for case in args.cases:
+        make = CASES[case]
         calls, d_out, pairs = make(torch, shapes[case], rng)
         directions = ("fwd",) if d_out is None else ("fwd", "fwd+bwd")
         results["cases"][case] = {"pairs": pairs, "times": {
@@ -222,10 +223,11 @@ def run(args) -> dict:
             for direction, turns in results["cases"][case]["times"].items()) + " ms", flush=True)
         del calls
     gqa = shapes["gqa"]
-    for name in ("posenc GQA", "posenc, k, v repeated", "HF rotation + SDPA(enable_gqa)"):
+    for name in () if "gqa" not in args.cases else ("posenc GQA", "posenc, k, v repeated", "HF rotation + SDPA(enable_gqa)"):
         results["memory"][name] = _peak(dict(name=name, shape=gqa, threads=args.threads))
         print(f"peak: {name} {results['memory'][name]}", flush=True)
-    results["memory"]["copy_bytes"] = gqa["B"] * gqa["H"] * gqa["n"] * gqa["d"] * 4
+    if "gqa" in args.cases:
+        results["memory"]["copy_bytes"] = gqa["B"] * gqa["H"] * gqa["n"] * gqa["d"] * 4
     return results
 
 
@@ -279,6 +281,8 @@ def markdown(results: dict) -> str:
                              f"{r['median_ms'] / first:.3f}× | {against} |")
         lines += ["", f"Target: {target}.", ""]
     memory = results["memory"]
+    if not memory:
+        return "\n".join(lines) + "\n"
     lines += ["## Peak memory of a GQA forward+backward (the gqa shape)", "",
               f"One (B, H, m, d) float32 copy of k or v: {memory['copy_bytes'] / 2**20:.0f} MiB.",
               "", "| call | peak MiB above the inputs |", "|---|---|"]
@@ -294,6 +298,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny shapes: checks that it runs")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--cases", nargs="+", choices=list(CASES), default=list(CASES))
+    parser.add_argument("--repeats", type=int, help="timed turns per comparison (default 7)")
     parser.add_argument("--out", default=os.path.join(HERE, "results"))
     parser.add_argument("--report-only", metavar="JSON", help="the .md of a run, from its JSON")
     parser.add_argument("--worker", help=argparse.SUPPRESS)

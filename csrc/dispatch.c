@@ -75,6 +75,7 @@ static void fill_table(posenc_kernels *dst, posenc_isa isa, posenc_dtype dtype)
     if (over->store_fence) dst->store_fence = over->store_fence;
     if (over->row_max) dst->row_max = over->row_max;
     if (over->row_exp) dst->row_exp = over->row_exp;
+    if (over->row_softcap) dst->row_softcap = over->row_softcap;
     if (over->dropout_row) dst->dropout_row = over->dropout_row;
 }
 

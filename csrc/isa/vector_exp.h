@@ -66,6 +66,8 @@
 #define EXP_DIV_F64 _mm512_div_pd
 #define EXP_FMA_F32 _mm512_fmadd_ps
 #define EXP_FMA_F64 _mm512_fmadd_pd
+#define EXP_ALL_F32(mask) ((mask) == 0xFFFF)
+#define EXP_ALL_F64(mask) ((mask) == 0xFF)
 
 /* AVX-512: scalef builds 2^n itself, with the underflow to 0 and the
  * overflow to inf, so only the argument is clamped (NaN passes: max and min
@@ -125,6 +127,8 @@ static inline __m512d posenc_vexp_f64(__m512d x)
 #define EXP_DIV_F64 _mm256_div_pd
 #define EXP_FMA_F32 _mm256_fmadd_ps
 #define EXP_FMA_F64 _mm256_fmadd_pd
+#define EXP_ALL_F32(mask) (_mm256_movemask_ps(mask) == 0xFF)
+#define EXP_ALL_F64(mask) (_mm256_movemask_pd(mask) == 0xF)
 
 /* the largest lane (no NaN lanes): halves, then quarters, then the pair */
 static inline float posenc_hmax_ps256(__m256 v)
@@ -218,6 +222,8 @@ static inline __m256d posenc_pow2_pd256(__m256d n)
 #define EXP_DIV_F64 vdivq_f64
 #define EXP_FMA_F32(a, b, c) vfmaq_f32((c), (a), (b))
 #define EXP_FMA_F64(a, b, c) vfmaq_f64((c), (a), (b))
+#define EXP_ALL_F32(mask) (vminvq_u32(mask) != 0)
+#define EXP_ALL_F64(mask) (vminvq_u32(vreinterpretq_u32_u64(mask)) != 0)
 
 /* NEON: as AVX2 (2^n from n's bits); vmaxq/vminq propagate NaN. */
 static inline float32x4_t posenc_pow2_f32x4(float32x4_t n)
@@ -303,21 +309,25 @@ static inline double posenc_vmax_lanes_f64(EXP_VF64 v) { return EXP_HMAX_F64(pos
  * to the type's precision), its sign restored; relative error a few ulp.  NaN
  * stays NaN.
  */
-#define POSENC_VTANH(S, s, T, SMALL, LARGE)                                                   \
+#define POSENC_VTANH(S, s, T, SMALL, LARGE)                                                \
     static inline T posenc_vtanh_##s(T u)                                                   \
     {                                                                                       \
         const T one = EXP_SET_##S(1), minus_one = EXP_SET_##S(-1);                          \
         const T a = EXP_MIN_##S(EXP_SET_##S(LARGE), EXP_MAX_##S(u, EXP_MUL_##S(u, minus_one))); \
-        const T e = posenc_vexp_##s(EXP_ADD_##S(a, a));                                      \
-        const T r = EXP_DIV_##S(EXP_ADD_##S(e, minus_one), EXP_ADD_##S(e, one));             \
-        const T big = EXP_SELECT_##S(EXP_LT_##S(u, EXP_SET_##S(0)), EXP_MUL_##S(r, minus_one), r); \
         static const double c[7] = {1.0, -1.0 / 3, 2.0 / 15, -17.0 / 315, 62.0 / 2835,       \
                                     -1382.0 / 155925, 21844.0 / 6081075};                   \
         const T u2 = EXP_MUL_##S(u, u);                                                     \
         T p = EXP_SET_##S(c[6]);                                                            \
         for (int k_ = 5; k_ >= 0; --k_)                                                     \
             p = EXP_FMA_##S(p, u2, EXP_SET_##S(c[k_]));                                     \
-        return EXP_SELECT_##S(EXP_LT_##S(a, EXP_SET_##S(SMALL)), EXP_MUL_##S(p, u), big);   \
+        p = EXP_MUL_##S(p, u);                                                              \
+        const __typeof__(EXP_LT_##S(a, a)) small = EXP_LT_##S(a, EXP_SET_##S(SMALL));       \
+        if (EXP_ALL_##S(small))   /* logits well inside the cap: the polynomial alone */    \
+            return p;                                                                       \
+        const T e = posenc_vexp_##s(EXP_ADD_##S(a, a));                                      \
+        const T r = EXP_DIV_##S(EXP_ADD_##S(e, minus_one), EXP_ADD_##S(e, one));             \
+        const T big = EXP_SELECT_##S(EXP_LT_##S(u, EXP_SET_##S(0)), EXP_MUL_##S(r, minus_one), r); \
+        return EXP_SELECT_##S(small, p, big);                                               \
     }
 POSENC_VTANH(F32, f32, EXP_VF32, 0.3, 9.5)
 POSENC_VTANH(F64, f64, EXP_VF64, 0.125, 19.5)

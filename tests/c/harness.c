@@ -7,7 +7,12 @@
 
 #include "harness.h"
 
-int failures, checks;
+int failures, checks, quick;
+
+int skip_size(size_t n, size_t m)
+{
+    return quick && n * m >= 10000;
+}
 
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
 

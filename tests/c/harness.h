@@ -13,6 +13,12 @@
 
 extern int failures, checks;
 
+/* POSENC_CTEST_QUICK set (the valgrind run): the sizes past the one-thread
+ * threshold's first (n m >= 10^4) left out, and a third of the attention's
+ * combinations; every configuration and case still runs. */
+extern int quick;
+int skip_size(size_t n, size_t m);
+
 #define EXPECT(cond, ...)                         \
     do {                                          \
         ++checks;                                 \

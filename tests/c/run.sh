@@ -3,7 +3,8 @@
 # test_convert.c, test_lp.c and test_bf16dot.c) without Python:
 #   tests/c/run.sh native     this machine's ISAs (x86: scalar, avx2, avx512)
 #   tests/c/run.sh neon       cross-compiled for aarch64, run under qemu-aarch64
-#   tests/c/run.sh valgrind   native build (scalar + avx2: valgrind has no AVX-512) under memcheck
+#   tests/c/run.sh valgrind   native build (scalar + avx2: valgrind has no AVX-512) under memcheck,
+#                             POSENC_CTEST_QUICK (harness.h: the small sizes, a third of the cases)
 #   tests/c/run.sh sanitize   native build with -fsanitize=address,undefined
 #   tests/c/run.sh all        native, neon (if the cross tools are installed), valgrind (if installed)
 # Needs gcc; for neon: gcc-aarch64-linux-gnu libgomp1-arm64-cross qemu-user (Debian).
@@ -54,7 +55,7 @@ memcheck() {
   command -v valgrind >/dev/null || { echo "valgrind not found"; return 1; }
   build_x86 "$OUT/test_engine_vg" "" ""
   echo "== valgrind memcheck (scalar, avx2)"
-  OMP_NUM_THREADS=2 valgrind --error-exitcode=3 --leak-check=full --errors-for-leak-kinds=definite --show-possibly-lost=no \
+  POSENC_CTEST_QUICK=1 OMP_NUM_THREADS=2 valgrind --error-exitcode=3 --leak-check=full --errors-for-leak-kinds=definite --show-possibly-lost=no \
     --quiet "$OUT/test_engine_vg"
 }
 
