@@ -198,8 +198,9 @@ def _vm_hwm() -> int:
     return 0
 
 
-def _peak(spec: dict) -> dict:
-    result = subprocess.run([sys.executable, os.path.abspath(__file__), "--worker", json.dumps(spec)],
+def _peak(spec: dict, script: str = __file__) -> dict:
+    """`script --worker spec` in a subprocess (its peak-memory worker): its JSON answer."""
+    result = subprocess.run([sys.executable, os.path.abspath(script), "--worker", json.dumps(spec)],
                             capture_output=True, text=True, timeout=1800)
     if result.returncode != 0:
         return {"error": (result.stderr.strip().splitlines() or ["failed"])[-1][:200]}

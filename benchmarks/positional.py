@@ -29,9 +29,6 @@ Results: <out>/positional-<date>.json and .md.
 
 from __future__ import annotations
 
-import argparse
-import datetime
-import json
 import os
 import sys
 
@@ -41,7 +38,7 @@ sys.path.insert(0, HERE)
 import attention as A  # noqa: E402  (its inputs, turns and peak-memory worker)
 from low_precision import measure_peaks  # noqa: E402
 from posenc_bench.machine import cpu_family, cpu_model  # noqa: E402
-from posenc_bench.report import save_run  # noqa: E402
+from posenc_bench.report import script_main  # noqa: E402
 
 HEADLINE = dict(B=8, H=12, n=512, d=64)
 METHODS = ("content", "rope", "alibi", "kerple", "relative_bias")
@@ -238,24 +235,8 @@ def markdown(results: dict) -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="tiny shapes: checks that it runs")
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--out", default=os.path.join(os.path.dirname(HERE), "benchmarks",
-                                                      "results"))
-    parser.add_argument("--report-only", metavar="JSON", help="the .md of a run, from its JSON")
-    args = parser.parse_args(argv)
-    if args.report_only:
-        with open(args.report_only) as f:
-            print(markdown(json.load(f)))
-        return 0
-    results = run(args)
-    text = markdown(results)
-    stem = save_run(args.out, "positional-" + datetime.date.today().isoformat()
-                    + ("-quick" if args.quick else ""), results, text)
-    print(text)
-    print(f"wrote {stem}.json, .md")
-    return 0
+    return script_main(argv, doc=__doc__, prefix="positional", run=run, markdown=markdown,
+                       out=os.path.join(HERE, "results"))
 
 
 if __name__ == "__main__":

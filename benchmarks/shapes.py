@@ -32,11 +32,7 @@ Results: <out>/shapes-<date>.json and .md.
 
 from __future__ import annotations
 
-import argparse
-import datetime
-import json
 import os
-import subprocess
 import sys
 
 import numpy as np
@@ -47,7 +43,7 @@ sys.path.insert(0, HERE)
 import attention as A  # noqa: E402  (its turns and VmHWM reader)
 from low_precision import measure_peaks  # noqa: E402
 from posenc_bench.machine import cpu_family, cpu_model  # noqa: E402
-from posenc_bench.report import save_run  # noqa: E402
+from posenc_bench.report import script_main  # noqa: E402
 
 FLOPS = {"fwd": 4, "fwd+bwd": 14}        # x d per visible (query, key) pair
 
@@ -58,13 +54,11 @@ SHAPES = {
     "softcap_sinks": dict(B=8, H=12, d=64, n=512, softcap=30.0),
     "decode": dict(B=1, H=32, H_kv=8, d=128, m=4096),
 }
-QUICK = {
-    "gqa": dict(B=1, H=8, H_kv=2, d=32, n=128),
-    "window": dict(B=1, H=2, d=32, n=512, window=64),
-    "documents": dict(B=1, H=2, d=32, n=256, documents=4),
-    "softcap_sinks": dict(B=2, H=4, d=32, n=128, softcap=30.0),
-    "decode": dict(B=1, H=8, H_kv=2, d=32, m=256),
-}
+# --quick: every size an eighth (d a quarter, B at most 2), the counts and the cap kept
+QUICK = {case: {key: (value if key in ("documents", "softcap") else
+                      max(1, value // 4) if key == "d" else min(value, 2) if key == "B" else
+                      max(1, value // 8))
+                for key, value in shape.items()} for case, shape in SHAPES.items()}
 
 
 def _tensor(torch, rng, *shape, grad=True):
@@ -187,14 +181,6 @@ def _peak_worker(spec: dict) -> dict:
     return {"peak_bytes": (A._vm_hwm() - base) * 1024}
 
 
-def _peak(spec: dict) -> dict:
-    result = subprocess.run([sys.executable, os.path.abspath(__file__), "--worker",
-                             json.dumps(spec)], capture_output=True, text=True, timeout=1800)
-    if result.returncode != 0:
-        return {"error": (result.stderr.strip().splitlines() or ["failed"])[-1][:200]}
-    return json.loads(result.stdout.strip().splitlines()[-1])
-
-
 # ------------------------------------------------------------------ run and report
 
 def run(args) -> dict:
@@ -224,7 +210,8 @@ def run(args) -> dict:
         del calls
     gqa = shapes["gqa"]
     for name in () if "gqa" not in args.cases else ("posenc GQA", "posenc, k, v repeated", "HF rotation + SDPA(enable_gqa)"):
-        results["memory"][name] = _peak(dict(name=name, shape=gqa, threads=args.threads))
+        results["memory"][name] = A._peak(dict(name=name, shape=gqa, threads=args.threads),
+                                          script=__file__)
         print(f"peak: {name} {results['memory'][name]}", flush=True)
     if "gqa" in args.cases:
         results["memory"]["copy_bytes"] = gqa["B"] * gqa["H"] * gqa["n"] * gqa["d"] * 4
@@ -294,30 +281,15 @@ def markdown(results: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="tiny shapes: checks that it runs")
-    parser.add_argument("--threads", type=int, default=2)
+def _arguments(parser):
     parser.add_argument("--cases", nargs="+", choices=list(CASES), default=list(CASES))
     parser.add_argument("--repeats", type=int, help="timed turns per comparison (default 7)")
-    parser.add_argument("--out", default=os.path.join(HERE, "results"))
-    parser.add_argument("--report-only", metavar="JSON", help="the .md of a run, from its JSON")
-    parser.add_argument("--worker", help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
-    if args.worker:
-        print(json.dumps(_peak_worker(json.loads(args.worker))))
-        return 0
-    if args.report_only:
-        with open(args.report_only) as f:
-            print(markdown(json.load(f)))
-        return 0
-    results = run(args)
-    text = markdown(results)
-    stem = save_run(args.out, "shapes-" + datetime.date.today().isoformat()
-                    + ("-quick" if args.quick else ""), results, text)
-    print(text)
-    print(f"wrote {stem}.json, .md")
-    return 0
+
+
+def main(argv=None) -> int:
+    return script_main(argv, doc=__doc__, prefix="shapes", run=run, markdown=markdown,
+                       out=os.path.join(HERE, "results"), add_arguments=_arguments,
+                       worker=_peak_worker)
 
 
 if __name__ == "__main__":

@@ -203,16 +203,28 @@ def check_one(method: str, dtype, *, B=2, H=3, n=33, m=17, d=16, shared=False, s
     return fwd_abs, fwd_rel, bwd_abs, bwd_rel, ok, ""
 
 
-ATTENTION_OPTIONS = dict(causal=True, query_offset=3, dropout_p=0.1, seed=5)
+# the attention's keywords in the check (SPEC §6, §7), beside the padding, documents and
+# sinks of _attention_inputs
+ATTENTION_OPTIONS = dict(causal=True, query_offset=3, dropout_p=0.1, seed=5, window=(12, None),
+                         softcap=8.0)
 
 
 def _attention_inputs(method, dtype, rng, B, H, n, m, d, shared):
-    args, kwargs = make_inputs(method, B, H, n, m, d, dtype=dtype, rng=rng, shared=shared)
-    v = rng.standard_normal((B, H, m, d + 3)).astype(dtype)        # dv != d
+    """(args, kwargs, v, options): one key/value head for the H query heads
+    (multi-query), dv != d, ATTENTION_OPTIONS with key padding (a fully masked batch
+    row), two documents (keys from m // 2 on, and the queries at those positions) and
+    a sink per head."""
+    args, kwargs = make_inputs(method, B, H, n, m, d, dtype=dtype, rng=rng, shared=shared,
+                               kv_heads=1)
+    v = rng.standard_normal((B, 1, m, d + 3)).astype(dtype)        # dv != d
     mask = np.zeros((B, m), dtype=bool)
     mask[-1, m // 2:] = True                                        # padding
     mask[0, :] = B > 1                                              # a fully masked batch row
-    return args, kwargs, v, mask
+    positions = np.arange(n) + ATTENTION_OPTIONS["query_offset"]
+    documents = dict(document_q=np.broadcast_to(positions >= m // 2, (B, n)).astype(np.int64),
+                     document_k=np.broadcast_to(np.arange(m) >= m // 2, (B, m)).astype(np.int64))
+    return args, kwargs, v, dict(ATTENTION_OPTIONS, key_padding_mask=mask, **documents,
+                                 sinks=rng.standard_normal(H).astype(dtype))
 
 
 def attention_bounds(method, args64, kwargs64, v64, options: dict, d_out64=None, dtype=None):
@@ -303,17 +315,18 @@ def within(got, ref, bound32, dtype):
 
 def check_attention_one(method: str, dtype, *, B=2, H=3, n=33, m=17, d=16, shared=False, seed=0):
     """The fused attention (causal, padding with a fully masked row, dropout,
-    query_offset, dv != d) of the active ISA against the reference."""
+    query_offset, dv != d; multi-query, a window, two documents, a softcap and sinks)
+    of the active ISA against the reference."""
     import posenc
 
     rng = np.random.default_rng(seed)
-    args, kwargs, v, mask = _attention_inputs(method, dtype, rng, B, H, n, m, d, shared)
+    args, kwargs, v, options = _attention_inputs(method, dtype, rng, B, H, n, m, d, shared)
     d_out = rng.standard_normal((B, H, n, v.shape[-1])).astype(dtype)
     args64, kwargs64 = _as64(method, args, kwargs)
     v64, d_out64 = v.astype(np.float64), d_out.astype(np.float64)
-    options = dict(ATTENTION_OPTIONS, key_padding_mask=mask)
+    options64 = dict(options, sinks=options["sinks"].astype(np.float64))
     ref, out_bound, lse_bound, grad_bounds = attention_bounds(method, args64, kwargs64, v64,
-                                                              options, d_out64, dtype)
+                                                              options64, d_out64, dtype)
     got = getattr(posenc, method + "_attention")(*args[:2], v, *args[2:], **kwargs, **options)
     out_abs, out_rel, out_ok = within(got.out, ref.out, out_bound, dtype)
     _, lse_rel, lse_ok = within(got.lse, ref.lse, lse_bound, _dtypes.lse_dtype(dtype))
@@ -324,7 +337,7 @@ def check_attention_one(method: str, dtype, *, B=2, H=3, n=33, m=17, d=16, share
     saved = (got.out.astype(np.float64), got.lse.astype(np.float64)) \
         if _dtypes.is_low_precision(dtype) else (ref.out, ref.lse)
     ref_grads = reference.__dict__[method + "_attention_backward"](
-        d_out64, *args64[:2], v64, *args64[2:], *saved, **kwargs64, **options)
+        d_out64, *args64[:2], v64, *args64[2:], *saved, **kwargs64, **options64)
     bwd_abs = bwd_rel = 0.0
     bwd_ok = True
     for field in ref_grads._fields:

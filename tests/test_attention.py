@@ -297,13 +297,9 @@ def test_dropout_is_the_exported_mask(dtype, rng):
 
 # ------------------------------------------------------------ threads
 
-@pytest.mark.parametrize("method", METHODS)
-def test_one_and_two_threads_are_bitwise_equal(method, threads, rng):
-    # above the engine's one-thread threshold (B H n m (d + 1) >= 2^18)
-    args, kwargs, v = _inputs(method, 65, 70, 16, 9, rng, dtype=np.float32)
-    attention = {"causal": True, "key_padding_mask": _padding(2, 70), "dropout_p": 0.1,
-                 "seed": 3}
-    d_out = rng.standard_normal((2, 3, 65, 9)).astype(np.float32)
+def assert_threads_bitwise(threads, method, args, kwargs, v, d_out, **attention):
+    """Forward and backward with 1 and 2 threads (`threads`: the fixture's setter):
+    the same bits in out, lse and every gradient."""
     results = []
     for count in (1, 2):
         threads(count)
@@ -313,6 +309,16 @@ def test_one_and_two_threads_are_bitwise_equal(method, threads, rng):
     for name, one, two in zip(("out", "lse") + grads._fields, *results):
         if one is not None:
             assert np.array_equal(one, two, equal_nan=True), name
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_one_and_two_threads_are_bitwise_equal(method, threads, rng):
+    # above the engine's one-thread threshold (B H n m (d + 1) >= 2^18)
+    args, kwargs, v = _inputs(method, 65, 70, 16, 9, rng, dtype=np.float32)
+    attention = {"causal": True, "key_padding_mask": _padding(2, 70), "dropout_p": 0.1,
+                 "seed": 3}
+    d_out = rng.standard_normal((2, 3, 65, 9)).astype(np.float32)
+    assert_threads_bitwise(threads, method, args, kwargs, v, d_out, **attention)
 
 
 @pytest.mark.parametrize("method", METHODS)

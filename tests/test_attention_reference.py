@@ -91,6 +91,22 @@ def test_one_query_step_is_the_last_row(method, rng):
     np.testing.assert_allclose(step.lse, full.lse[:, :, -1:], rtol=1e-12, atol=1e-12)
 
 
+def numeric_gradients(loss, floats: dict, eps: float = 1e-6) -> dict:
+    """Central differences of loss(values) (values: `floats` with one entry bumped) for
+    every entry of every array of `floats`, by name."""
+    grads = {}
+    for name, value in floats.items():
+        numeric = np.zeros(value.shape)
+        for index in np.ndindex(value.shape):
+            bumped = {**floats, name: value.copy()}
+            bumped[name][index] += eps
+            up = loss(bumped)
+            bumped[name][index] -= 2 * eps
+            numeric[index] = (up - loss(bumped)) / (2 * eps)
+        grads[name] = numeric
+    return grads
+
+
 @pytest.mark.parametrize("method", METHODS)
 def test_backward_matches_finite_differences(method, rng):
     n, m = 4, 5
@@ -110,15 +126,7 @@ def test_backward_matches_finite_differences(method, rng):
     result = attention(*args[:2], v, *args[2:], **kwargs, **options)
     grads = ref.__dict__[method + "_attention_backward"](
         weights, *args[:2], v, *args[2:], result.out, result.lse, **kwargs, **options)
-    eps = 1e-6
-    for name, value in floats.items():
-        numeric = np.zeros(value.shape)
-        for index in np.ndindex(value.shape):
-            bumped = {**floats, name: value.copy()}
-            bumped[name][index] += eps
-            up = loss(bumped)
-            bumped[name][index] -= 2 * eps
-            numeric[index] = (up - loss(bumped)) / (2 * eps)
+    for name, numeric in numeric_gradients(loss, floats).items():
         np.testing.assert_allclose(getattr(grads, name), numeric, rtol=1e-6, atol=1e-7,
                                    err_msg=f"{method} {name}")
 

@@ -21,8 +21,9 @@ from posenc import reference
 from posenc._examples import make_inputs, trainable_inputs, with_inputs
 from posenc._registry import METHODS, REGISTRY
 
-from test_attention import (_assert_close, _backward, _forward, _padding, _wide,
-                            assert_attention_matches_reference)
+from test_attention_reference import numeric_gradients
+from test_attention import (_assert_close, _padding, _wide, assert_attention_matches_reference,
+                            assert_threads_bitwise)
 
 EPS32 = float(np.finfo(np.float32).eps)
 H = 4
@@ -150,34 +151,35 @@ def test_grouped_reference_matches_finite_differences(method, rng):
     result = attention(*args[:2], v, *args[2:], **kwargs, **options)
     grads = getattr(reference, method + "_attention_backward")(
         weights, *args[:2], v, *args[2:], *result, **kwargs, **options)
-    eps = 1e-6
-    for name in ("q", "k", "v"):
-        value = floats[name]
-        numeric = np.zeros(value.shape)
-        for index in np.ndindex(value.shape):
-            bumped = {**floats, name: value.copy()}
-            bumped[name][index] += eps
-            up = loss(bumped)
-            bumped[name][index] -= 2 * eps
-            numeric[index] = (up - loss(bumped)) / (2 * eps)
+    wanted = {name: floats[name] for name in ("q", "k", "v")}
+    for name, numeric in numeric_gradients(lambda values: loss({**floats, **values}),
+                                           wanted).items():
         np.testing.assert_allclose(getattr(grads, name), numeric, rtol=1e-6, atol=1e-7,
                                    err_msg=f"{method} {name}")
 
 
 @pytest.mark.parametrize("method", ["content", "shaw", "deberta", "tupe", "rope", "alibi"])
 def test_grouped_gradcheck_torch(method, rng):
-    torch = pytest.importorskip("torch")
-    import posenc.torch as pt
-
     args, kwargs, v = _grouped(method, 4, 5, 3, 2, 2, rng)
     mask = np.zeros((2, 5), dtype=bool)
     mask[1, -2:] = True
-    trainable = dict(trainable_inputs(method, args, kwargs), v=v)
+    assert_gradcheck_torch(method, args, kwargs, dict(trainable_inputs(method, args, kwargs), v=v),
+                           dict(key_padding_mask=mask, causal=True, query_offset=1))
+
+
+def assert_gradcheck_torch(method, args, kwargs, trainable, attention):
+    """torch.autograd.gradcheck of posenc.torch.<method>_attention in the float inputs
+    `trainable` (by name: the method's, v, sinks), with the attention keywords (NumPy
+    arrays as tensors) and dropout, on the C kernels and on the native formula."""
+    torch = pytest.importorskip("torch")
+    import posenc.torch as pt
+
+    attention = {name: torch.from_numpy(x) if isinstance(x, np.ndarray) else x
+                 for name, x in attention.items()}
     names = list(trainable)
-    tensors = {name: torch.from_numpy(x) for name, x in
-               zip(REGISTRY[method].tensors, args)} | {
-        name: torch.from_numpy(x) if isinstance(x, np.ndarray) else x
-        for name, x in kwargs.items()}
+    tensors = {name: torch.from_numpy(x) for name, x in zip(REGISTRY[method].tensors, args)}
+    tensors.update({name: torch.from_numpy(x) if isinstance(x, np.ndarray) else x
+                    for name, x in kwargs.items()})
     for native in (False, True):
         def call(*values):
             bound = dict(tensors, **dict(zip(names, values)))
@@ -186,8 +188,7 @@ def test_grouped_gradcheck_torch(method, rng):
             with pt.use_native(native):
                 return getattr(pt, method + "_attention")(
                     positional[0], positional[1], bound["v"], *positional[2:], **keywords,
-                    key_padding_mask=torch.from_numpy(mask), causal=True, query_offset=1,
-                    dropout_p=0.25, seed=5).out
+                    **attention, sinks=bound.get("sinks"), dropout_p=0.25, seed=5).out
 
         inputs = tuple(torch.from_numpy(trainable[name]).requires_grad_() for name in names)
         assert torch.autograd.gradcheck(call, inputs, eps=1e-6, atol=1e-7), native
@@ -306,15 +307,7 @@ def test_shapes_one_and_two_threads_are_bitwise_equal(method, threads, rng):
                                  documents=lambda m: [[40, 1, m - 41], [m // 2, m - m // 2]]),
                             2, n, m, rng, np.float32)
     d_out = rng.standard_normal((2, H, n, 9)).astype(np.float32)
-    results = []
-    for count in (1, 2):
-        threads(count)
-        got = _forward(posenc, method, args, kwargs, v, **attention)
-        grads = _backward(posenc, method, d_out, args, kwargs, v, got, **attention)
-        results.append((got.out, got.lse) + tuple(grads))
-    for name, one, two in zip(("out", "lse") + grads._fields, *results):
-        if one is not None:
-            assert np.array_equal(one, two, equal_nan=True), name
+    assert_threads_bitwise(threads, method, args, kwargs, v, d_out, **attention)
 
 
 @pytest.mark.parametrize("method", ["t5", "rope", "tupe"])
@@ -338,49 +331,20 @@ def test_shapes_reference_matches_finite_differences(method, rng):
     result = run(*args[:2], v, *args[2:], **kwargs, **attention, sinks=floats["sinks"])
     grads = getattr(reference, method + "_attention_backward")(
         weights, *args[:2], v, *args[2:], *result, **kwargs, **attention, sinks=floats["sinks"])
-    eps = 1e-6
-    for name, value in floats.items():
-        numeric = np.zeros(value.shape)
-        for index in np.ndindex(value.shape):
-            bumped = {**floats, name: value.copy()}
-            bumped[name][index] += eps
-            up = loss(bumped)
-            bumped[name][index] -= 2 * eps
-            numeric[index] = (up - loss(bumped)) / (2 * eps)
+    for name, numeric in numeric_gradients(loss, floats).items():
         np.testing.assert_allclose(getattr(grads, name), numeric, rtol=1e-6, atol=1e-7,
                                    err_msg=f"{method} {name}")
 
 
 @pytest.mark.parametrize("method", ["content", "t5", "tupe", "rope", "alibi"])
 def test_shapes_gradcheck_torch(method, rng):
-    torch = pytest.importorskip("torch")
-    import posenc.torch as pt
-
     n = m = 6
     args, kwargs, v = _grouped(method, n, m, 3, 2, 2, rng)
     attention = _shape_case(dict(window=(3, 1), causal=True, softcap=2.0, padding=True,
                                  documents=lambda m: [[2, m - 2], [m]]), 2, n, m, rng,
                             np.float64)
-    attention = {name: torch.from_numpy(x) if isinstance(x, np.ndarray) else x
-                 for name, x in attention.items()}
-    sinks = rng.standard_normal(H)
-    trainable = dict(trainable_inputs(method, args, kwargs), v=v, sinks=sinks)
-    names = list(trainable)
-    tensors = {name: torch.from_numpy(x) for name, x in zip(REGISTRY[method].tensors, args)}
-    tensors.update({name: torch.from_numpy(x) if isinstance(x, np.ndarray) else x
-                    for name, x in kwargs.items()})
-    for native in (False, True):
-        def call(*values):
-            bound = dict(tensors, **dict(zip(names, values)))
-            positional = [bound[name] for name in REGISTRY[method].tensors[:len(args)]]
-            keywords = {name: bound[name] for name in kwargs}
-            with pt.use_native(native):
-                return getattr(pt, method + "_attention")(
-                    positional[0], positional[1], bound["v"], *positional[2:], **keywords,
-                    **attention, sinks=bound["sinks"], dropout_p=0.25, seed=5).out
-
-        inputs = tuple(torch.from_numpy(trainable[name]).requires_grad_() for name in names)
-        assert torch.autograd.gradcheck(call, inputs, eps=1e-6, atol=1e-7), native
+    trainable = dict(trainable_inputs(method, args, kwargs), v=v, sinks=rng.standard_normal(H))
+    assert_gradcheck_torch(method, args, kwargs, trainable, attention)
 
 
 def test_shape_errors(rng):
@@ -406,3 +370,57 @@ def test_shape_errors(rng):
         for attention, error, message in cases:
             with pytest.raises(error, match=message):
                 namespace.content_attention(q, k, v, **attention)
+
+
+def _torch_shapes(torch, rng, n=12):
+    """q (B, H, n, 8), k, v (B, 2, n, 8) float32 leaves, and every shape's keywords as tensors."""
+    q = torch.from_numpy(rng.standard_normal((2, H, n, 8), dtype=np.float32)).requires_grad_()
+    k, v = (torch.from_numpy(rng.standard_normal((2, 2, n, 8), dtype=np.float32))
+            .requires_grad_() for _ in range(2))
+    attention = _shape_case(dict(window=(4, 1), causal=True, softcap=3.0, sinks=True,
+                                 padding=True, documents=lambda m: [[5, m - 5], [m]]),
+                            2, n, n, rng, np.float32)
+    attention = {name: torch.from_numpy(x) if isinstance(x, np.ndarray) else x
+                 for name, x in attention.items()}
+    attention["sinks"].requires_grad_()
+    return q, k, v, attention
+
+
+def test_shapes_torch_compile_equals_eager(rng):
+    torch = pytest.importorskip("torch")
+    import posenc.torch as pt
+
+    q, k, v, attention = _torch_shapes(torch, rng)
+    sinks = attention.pop("sinks")
+
+    def f(q, k, v, sinks):
+        return pt.content_attention(q, k, v, **attention, sinks=sinks).out.sum()
+
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
+    leaves = (q, k, v, sinks)
+    eager = f(*leaves)
+    got = compiled(*leaves)
+    torch.testing.assert_close(got, eager, rtol=0, atol=0)
+    for a, b in zip(torch.autograd.grad(got, leaves), torch.autograd.grad(eager, leaves)):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_shapes_under_cpu_autocast(dtype, rng):
+    """Under CPU autocast the fused attention with every shape runs in autocast's dtype
+    (q, k, v and the sinks cast), lse float32, float32 leaves get float32 gradients,
+    near the float32 call."""
+    torch = pytest.importorskip("torch")
+    import posenc.torch as pt
+
+    if dtype == "bfloat16":
+        pytest.importorskip("ml_dtypes")
+    q, k, v, attention = _torch_shapes(torch, rng)
+    with torch.autocast("cpu", dtype=getattr(torch, dtype)):
+        low = pt.content_attention(q, k, v, **attention)
+    wide = pt.content_attention(q, k, v, **attention)
+    assert low.out.dtype == getattr(torch, dtype) and low.lse.dtype == torch.float32
+    tol = 2 ** -6 if dtype == "bfloat16" else 2 ** -9
+    torch.testing.assert_close(low.out.float(), wide.out, rtol=tol, atol=tol)
+    low.out.float().sum().backward()
+    assert attention["sinks"].grad.dtype == torch.float32 and q.grad.dtype == torch.float32

@@ -261,3 +261,27 @@ def test_positional_benchmark_runs(tmp_path):
     text = (tmp_path / json_file.name.replace(".json", ".md")).read_text()
     assert text.count("% |") > 10 and "family" in text
     assert positional.markdown(data) == text
+
+
+def test_shapes_benchmark_runs(tmp_path):
+    """benchmarks/shapes.py (issue 28) end to end at its quick size: every case and
+    contender it promises, forward and forward+backward (the decoding step forward
+    only), the GQA peaks, and its page regenerated from the JSON alone."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    import shapes   # benchmarks/ is on sys.path (SUITE, above)
+
+    assert shapes.main(["--quick", "--out", str(tmp_path)]) == 0
+    (json_file,) = tmp_path.glob("shapes-*-quick.json")
+    data = json.loads(json_file.read_text())
+    assert set(data["cases"]) == set(shapes.CASES)
+    for case, entry in data["cases"].items():
+        directions = ("fwd",) if case == "decode" else ("fwd", "fwd+bwd")
+        assert tuple(entry["times"]) == directions, case
+        for turns in entry["times"].values():
+            assert len(turns) == 3 and all(r["median_ms"] > 0 for r in turns.values()), case
+    assert all("peak_bytes" in data["memory"][name] for name in
+               ("posenc GQA", "posenc, k, v repeated", "HF rotation + SDPA(enable_gqa)"))
+    text = (tmp_path / json_file.name.replace(".json", ".md")).read_text()
+    assert text.count("Target:") == len(shapes.CASES) and "family" in text
+    assert shapes.markdown(data) == text

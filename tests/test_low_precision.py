@@ -3,7 +3,8 @@
 Every method x ISA of this CPU (posenc's pytest plugin: posenc_isa) x {bfloat16,
 float16}: the logits forward and backward, the fused attention forward and
 backward (causal, a padding mask with a fully masked batch row, query_offset,
-dropout, dv != d), on awkward sizes (n != m, sizes 1, 3, 17, 33), with shared
+dropout, dv != d; grouped-query heads, and SPEC §7's window, documents, softcap
+and sinks together), on awkward sizes (n != m, sizes 1, 3, 17, 33), with shared
 (head axis 1) parameters and non-contiguous inputs.  Two checks each:
 
 * the design, exactly: a 16-bit result is narrow(float32 posenc on the widened
@@ -151,6 +152,7 @@ ATTENTION_CASES = {  # n, m, d, dv, options (padding: a fully masked batch row a
     "causal-padding-dropout": (17, 33, 3, 5, dict(causal=True, query_offset=3, dropout_p=0.1,
                                                    seed=7, padding=True)),
     "decode-step-mqa": (1, 17, 16, 1, dict(causal=True, query_offset=16, kv_heads=1)),
+    "gqa-2-of-4-heads": (9, 13, 5, 3, dict(causal=True, padding=True, H=4, kv_heads=2)),
     "n>m-shared-strided": (33, 3, 1, 17, dict(padding=True, shared=True, strided=True)),
     # SPEC §7: a window with causality, packed documents (one of them spanning no key of
     # batch row 0's padding), a softcap, sinks (with a fully masked batch row), one kv head
@@ -183,11 +185,13 @@ def _attention_backward(namespace, method, d_out, args, kwargs, v, saved, option
 def test_attention_forward_backward(posenc_isa, method, dtype, case, rng):
     n, m, d, dv, options = ATTENTION_CASES[case]
     options = dict(options)
-    layout = {key: options.pop(key) for key in ("shared", "strided", "kv_heads") if key in options}
+    layout = {key: options.pop(key) for key in ("shared", "strided", "kv_heads", "H")
+              if key in options}
     B = 2
     args, kwargs = _inputs(method, dtype, n, m, d, rng, B=B, **layout)
     lp = _dtypes.by_name(dtype)
-    v = rng.standard_normal((B, layout.get("kv_heads", 3), m, dv)).astype(lp)
+    H = layout.get("H", 3)
+    v = rng.standard_normal((B, layout.get("kv_heads", H), m, dv)).astype(lp)
     if options.pop("padding", False):
         mask = np.zeros((B, m), dtype=bool)
         mask[0, :] = True                  # every key of batch row 0 is padding
@@ -196,7 +200,7 @@ def test_attention_forward_backward(posenc_isa, method, dtype, case, rng):
     if options.pop("documents", False):
         options["document_q"], options["document_k"] = _documents(B, n, m)
     if options.get("sinks") is True:
-        options["sinks"] = rng.standard_normal(3).astype(lp)
+        options["sinks"] = rng.standard_normal(H).astype(lp)
     if layout.get("strided"):
         v = np.repeat(v, 2, axis=-1)[..., ::2]
     args32, kwargs32 = _cast(method, args, kwargs, np.float32)

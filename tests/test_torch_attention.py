@@ -148,6 +148,20 @@ ENCODINGS = {
 }
 
 
+def _decode(layer, x, stops, mask, **ids):
+    """The layer over x in steps ending at `stops`, each with the cache of the ones
+    before (the padding mask up to the step's end, the ids (B, n) of its positions):
+    (the outputs concatenated, the last cache)."""
+    outs, cache, start = [], None, 0
+    for stop in stops:
+        out, cache = layer(x[:, start:stop], key_padding_mask=mask[:, :stop],
+                           **{name: value[:, start:stop] for name, value in ids.items()},
+                           past_key_value=cache, use_cache=True)
+        outs.append(out)
+        start = stop
+    return torch.cat(outs, 1), cache
+
+
 @pytest.mark.parametrize("num_kv_heads", [None, 1], ids=["mha", "mqa"])
 @pytest.mark.parametrize("name", list(ENCODINGS))
 def test_attention_layer_fused_cached_and_logits_paths_agree(name, num_kv_heads):
@@ -172,13 +186,8 @@ def test_attention_layer_fused_cached_and_logits_paths_agree(name, num_kv_heads)
     plain = layer(x, key_padding_mask=mask, segment_ids=segments)
     layer.fused = True
     torch.testing.assert_close(fused, plain, rtol=1e-12, atol=1e-12)
-    outs, cache = [], None
-    for start, stop in ((0, 4), (4, 5), (5, 6), (6, 7)):
-        out, cache = layer(x[:, start:stop], key_padding_mask=mask[:, :stop],
-                           segment_ids=segments[:, start:stop], past_key_value=cache,
-                           use_cache=True)
-        outs.append(out)
-    torch.testing.assert_close(torch.cat(outs, 1), fused, rtol=1e-12, atol=1e-12)
+    out, cache = _decode(layer, x, (4, 5, 6, 7), mask, segment_ids=segments)
+    torch.testing.assert_close(out, fused, rtol=1e-12, atol=1e-12)
     assert cache[0].shape == cache[1].shape == (2, num_kv_heads or H, 7, layer.head_dim)
 
 
@@ -223,13 +232,8 @@ def test_attention_layer_shapes_fused_cached_and_logits_paths_agree(name):
     plain = layer(x, key_padding_mask=mask, document_ids=documents)
     layer.fused = True
     torch.testing.assert_close(fused, plain, rtol=1e-12, atol=1e-12)
-    outs, cache = [], None
-    for start, stop in ((0, 5), (5, 6), (6, 9)):
-        out, cache = layer(x[:, start:stop], key_padding_mask=mask[:, :stop],
-                           document_ids=documents[:, start:stop], past_key_value=cache,
-                           use_cache=True)
-        outs.append(out)
-    torch.testing.assert_close(torch.cat(outs, 1), fused, rtol=1e-12, atol=1e-12)
+    out, cache = _decode(layer, x, (5, 6, 9), mask, document_ids=documents)
+    torch.testing.assert_close(out, fused, rtol=1e-12, atol=1e-12)
     assert cache[0].shape[1] == 2 and torch.equal(cache[3], documents)
     layer.train()
     layer(x, document_ids=documents).sum().backward()

@@ -5,6 +5,8 @@ markdown.py and charts.py draw from that dict alone."""
 
 from __future__ import annotations
 
+import argparse
+import datetime
 import json
 import os
 
@@ -37,6 +39,38 @@ def save_run(out: str, stem: str, data: dict, text: str) -> str:
     with open(base + ".md", "w") as f:
         f.write(text)
     return base
+
+
+def script_main(argv, *, doc: str, prefix: str, run, markdown, out: str, add_arguments=None,
+                worker=None) -> int:
+    """A benchmark script's command line: --quick, --threads, --out, --report-only JSON
+    (the page of a saved run), the script's own arguments (add_arguments(parser)) and,
+    with `worker`, a hidden --worker SPEC for its subprocesses; a run is saved as
+    <out>/<prefix>-<date>[-quick].json and .md (save_run) and its page printed."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="tiny shapes: checks that it runs")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--out", default=out)
+    parser.add_argument("--report-only", metavar="JSON", help="the .md of a run, from its JSON")
+    if worker is not None:
+        parser.add_argument("--worker", help=argparse.SUPPRESS)
+    if add_arguments is not None:
+        add_arguments(parser)
+    args = parser.parse_args(argv)
+    if worker is not None and args.worker:
+        print(json.dumps(worker(json.loads(args.worker))))
+        return 0
+    if args.report_only:
+        with open(args.report_only) as f:
+            print(markdown(json.load(f)))
+        return 0
+    results = run(args)
+    text = markdown(results)
+    stem = save_run(args.out, f"{prefix}-{datetime.date.today().isoformat()}"
+                    + ("-quick" if args.quick else ""), results, text)
+    print(text)
+    print(f"wrote {stem}.json, .md")
+    return 0
 
 
 IMPL_NAMES = {"posenc": "posenc", "posenc_out": "posenc (out=)", "eager": "PyTorch eager",
