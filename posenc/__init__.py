@@ -197,4 +197,8 @@ __all__ = list(METHODS) + [m + "_backward" for m in METHODS] + [
     "buckets", "METHODS", "GRAD_FIELDS", "GRAD_TYPES"] + _GRAD_NAMES + list(EXPORTS)
 
 if os.environ.get("POSENC_ISA"):
-    set_isa(os.environ["POSENC_ISA"])
+    try:
+        set_isa(os.environ["POSENC_ISA"])
+    except ValueError as _error:
+        raise ValueError(f"the POSENC_ISA environment variable: {_error} (unset it for the "
+                         f"best one)") from None

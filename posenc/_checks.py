@@ -18,7 +18,7 @@ import numpy as np
 
 from ._dtypes import FLOAT_DTYPES, LOW_PRECISION
 from ._dtypes import TEXT as FLOAT_DTYPES_TEXT
-from ._kinds import Bool, Int, Scale, check_rank, check_shape
+from ._kinds import Bool, Int, Scale, check_rank, check_shape, require_ndarray
 from ._kinds import shape_str as _shape_str
 from ._registry import MAPS, REGISTRY, diagonal_map
 from ._signatures import define
@@ -72,15 +72,6 @@ class Problem:
         return self._params
 
 
-def require_ndarray(name: str, value) -> np.ndarray:
-    if not isinstance(value, np.ndarray):
-        raise TypeError(
-            f"{name} must be a numpy.ndarray, got {type(value).__module__}."
-            f"{type(value).__qualname__}"
-        )
-    return value
-
-
 def check_floats(named) -> np.dtype:
     """Every given float argument (a dict, or (name, value) pairs) has one of
     posenc's float dtypes (posenc._dtypes), all the same dtype."""
@@ -101,6 +92,10 @@ def check_floats(named) -> np.dtype:
                 "float inputs of one call must share one dtype"
             )
     return dtype
+
+
+# The largest query_offset + n + m: the kernels index positions and offsets in int64.
+MAX_QUERY_OFFSET = 2 ** 63 - 1
 
 
 def check_int(name: str, value, minimum: int | None = None) -> int:
@@ -283,6 +278,11 @@ def check(spec, tensors: tuple, params: tuple, out) -> Problem:
         scale = check_scale(scale, 0.0)
     if query_offset.__class__ is not int or query_offset < 0:
         query_offset = check_int("query_offset", query_offset, 0)
+    if query_offset > MAX_QUERY_OFFSET - n - m:
+        raise ValueError(f"query_offset = {query_offset} is too large: positions "
+                         f"query_offset + i and offsets j - (query_offset + i) must fit in "
+                         f"int64, so query_offset <= 2**63 - 1 - (n + m) = "
+                         f"{MAX_QUERY_OFFSET - n - m} here (n = {n}, m = {m})")
     p = Problem(spec.name, dtype, B, H, n, m, d, arrays)
     p.H_kv = H_kv
     p.scale = scale

@@ -61,6 +61,13 @@ class Int(Param):
 
 
 @dataclass(frozen=True)
+class Offset(Int):
+    """A position offset (query_offset): an int, a SymInt in the custom ops' schemas so
+    that a compiled decoding loop, whose offset grows by one a step, compiles once."""
+    schema = "SymInt"
+
+
+@dataclass(frozen=True)
 class Bool(Param):
     types = (bool,)
     schema = "bool"
@@ -104,7 +111,7 @@ class Choice(Param):
 
 
 # Every function's last two parameters (SPEC §1): the scale and the query offset.
-COMMON_PARAMS = {"scale": Scale(), "query_offset": Int(minimum=0)}
+COMMON_PARAMS = {"scale": Scale(), "query_offset": Offset(minimum=0)}
 
 # ------------------------------------------------------------------ bucket maps
 
@@ -296,10 +303,23 @@ def check_heads_shape(name: str, value: np.ndarray, H: int, tail: tuple, layout:
         check_shape(name, value, ({H, 1},) + tail, layout)
 
 
-def require_index_array(name: str, value) -> np.ndarray:
+def require_ndarray(name: str, value) -> np.ndarray:
+    """value itself if it is a NumPy array; a TypeError naming `name` otherwise, with
+    the way out for a torch tensor (posenc.torch) and a masked array (whose mask
+    the kernels would ignore)."""
     if not isinstance(value, np.ndarray):
-        raise TypeError(f"{name} must be a numpy.ndarray, got {type(value).__module__}."
-                        f"{type(value).__qualname__}")
+        kind = f"{type(value).__module__}.{type(value).__qualname__}"
+        hint = ("; posenc.torch takes tensors (posenc.torch.<method>, with autograd), or "
+                "pass tensor.numpy()" if type(value).__module__.split(".")[0] == "torch" else "")
+        raise TypeError(f"{name} must be a numpy.ndarray, got {kind}{hint}")
+    if isinstance(value, np.ma.MaskedArray):
+        raise TypeError(f"{name} is a masked array: posenc would ignore its mask; pass "
+                        f"{name}.filled(...) or {name}.data, and mask keys by key_padding_mask")
+    return value
+
+
+def require_index_array(name: str, value) -> np.ndarray:
+    require_ndarray(name, value)
     if value.dtype.kind not in "iu":
         raise TypeError(f"{name} must have an integer dtype, got {value.dtype}")
     return value

@@ -26,7 +26,20 @@ import os
 
 import pytest
 
-SEED = int(os.environ.get("POSENC_TEST_SEED", "0"))
+
+def seed_from_env() -> int:
+    """POSENC_TEST_SEED (default 0) as an int; read when a fixture needs it, so a bad
+    value fails the tests that use posenc's fixtures, naming the variable, and no
+    other test of the run."""
+    text = os.environ.get("POSENC_TEST_SEED", "0")
+    try:
+        seed = int(text)
+    except ValueError:
+        seed = -1
+    if seed < 0:
+        raise ValueError(f"POSENC_TEST_SEED must be a non-negative integer, got {text!r}")
+    return seed
+
 FIXTURES = ("posenc_isa", "posenc_inputs")
 
 
@@ -69,7 +82,7 @@ def posenc_inputs():
     POSENC_TEST_SEED unless ``seed`` is given."""
     from posenc.testing import random_inputs
 
-    return functools.partial(random_inputs, seed=SEED)
+    return functools.partial(random_inputs, seed=seed_from_env())
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -80,8 +93,9 @@ def pytest_runtest_makereport(item, call):
     if report.failed and used:
         callspec = getattr(item, "callspec", None)
         isa = callspec.params.get("posenc_isa") if callspec is not None else None
+        seed = os.environ.get("POSENC_TEST_SEED", "0")
         report.sections.append((
             "posenc",
-            f"fixtures {', '.join(used)}; POSENC_TEST_SEED={SEED}"
+            f"fixtures {', '.join(used)}; POSENC_TEST_SEED={seed}"
             + (f"; ISA {isa}" if isa else "")
-            + f"; replay with: POSENC_TEST_SEED={SEED} python -m pytest '{item.nodeid}'"))
+            + f"; replay with: POSENC_TEST_SEED={seed} python -m pytest '{item.nodeid}'"))

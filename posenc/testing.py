@@ -418,10 +418,15 @@ def assert_attention_close(actual, method: str, q, k, v, *args, **kwargs) -> Non
             error = np.abs(np.nan_to_num(value - expected, nan=np.inf, posinf=np.inf,
                                          neginf=np.inf))
         error = np.where(np.isneginf(expected) & np.isneginf(value), 0.0, error)
-        index = np.unravel_index(np.argmax(error / tolerance), error.shape)
+        if np.dtype(value_dtype) == np.float64:     # within()'s normwise measure
+            index = np.unravel_index(np.argmax(error), error.shape)
+            rule = (f"normwise relative error {measure:.3g} > {F64_RTOL:g} (the largest error "
+                    f"over max(|reference|, the bound's magnitude))")
+        else:
+            index = np.unravel_index(np.argmax(error / tolerance), error.shape)
+            rule = (f"error {error[index]:.3g} > bound {tolerance[index]:.3g} (the logits' "
+                    f"bound carried through the softmax; error / bound {measure:.3g})")
         raise AssertionError(
             f"attention {name} of {method} ({value_dtype}) differs from "
             f"posenc.reference.{method}_attention at {tuple(int(i) for i in index)}: actual "
-            f"{value[index]:.10g}, reference {expected[index]:.10g}, error {error[index]:.3g}; "
-            f"error measure {measure:.3g} > 1 (error / bound, bound {tolerance[index]:.3g}; "
-            f"float64: normwise / {F64_RTOL:g})")
+            f"{value[index]:.10g}, reference {expected[index]:.10g}; {rule}")

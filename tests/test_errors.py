@@ -3,6 +3,10 @@ expected and received (SPEC §5), for every public function, as a table of
 (function, case, exception, message fragments).  posenc and posenc.reference
 raise the same exception for the same input."""
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -214,3 +218,25 @@ def test_case_count():
     """The table is what the closing note counts; keep it from shrinking unnoticed."""
     total = 2 * len(FORWARD_CASES) + len(OUT_CASES) + 5 * len(METHODS)
     assert total > 700, total
+
+
+def test_array_errors_show_the_way_out():
+    """A torch tensor to the NumPy API names posenc.torch; a masked array is refused
+    (its mask would be ignored silently)."""
+    q = np.random.default_rng(0).standard_normal((1, 1, 3, 4))
+    torch = pytest.importorskip("torch")
+    with pytest.raises(TypeError, match=r"q must be a numpy.ndarray, got torch.Tensor; "
+                                        r"posenc.torch takes tensors"):
+        posenc.content(torch.from_numpy(q), q)
+    masked = np.ma.masked_array(q, mask=q > 1)
+    for call in (lambda: posenc.content(masked, q), lambda: posenc.content_attention(q, q, masked)):
+        with pytest.raises(TypeError, match="is a masked array: posenc would ignore its mask"):
+            call()
+
+
+def test_a_bad_posenc_isa_variable_is_named():
+    result = subprocess.run([sys.executable, "-c", "import posenc"], capture_output=True,
+                            text=True, env=dict(os.environ, POSENC_ISA="foo"), timeout=120)
+    assert result.returncode == 1
+    assert ("ValueError: the POSENC_ISA environment variable: unknown ISA 'foo'; this CPU "
+            "supports") in result.stderr, result.stderr

@@ -124,13 +124,19 @@ def test_linear_runs_posenc(monkeypatch):
     assert calls == [(rows, 6), (rows, 5), (5, rows)]
 
 
-@pytest.mark.parametrize("case", ("few rows", "bfloat16", "autocast", "mixed", "shape error"))
+@pytest.mark.parametrize("case", ("few rows", "bfloat16", "autocast", "mixed", "shape error",
+                                  "no inputs", "no outputs"))
 def test_linear_falls_back_to_f_linear(case, monkeypatch):
-    """What posenc does not serve is F.linear's own call: the same bits."""
+    """What posenc does not serve is F.linear's own call: the same bits (an x of
+    width 0 gives the bias rows, as F.linear; it raised a RuntimeError)."""
     monkeypatch.setattr(_linear._C, "matmul", None)     # any posenc call would fail
     x, w, b = torch.randn(_linear.MIN_ROWS, 8), torch.randn(4, 8), torch.randn(4)
     if case == "few rows":
         x = x[: _linear.MIN_ROWS - 1]
+    elif case == "no inputs":
+        x, w = torch.randn(2 * _linear.MIN_ROWS, 0), torch.randn(4, 0)
+    elif case == "no outputs":
+        w, b = torch.randn(0, 8), torch.randn(0)
     elif case == "bfloat16":
         x, w, b = x.bfloat16(), w.bfloat16(), b.bfloat16()
     elif case == "mixed":

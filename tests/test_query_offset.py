@@ -62,3 +62,24 @@ def test_query_offset_must_be_a_nonnegative_int(module):
         module.content(q, q, query_offset=-1)
     with pytest.raises(TypeError, match="query_offset must be an int"):
         module.content(q, q, query_offset=1.0)
+
+
+@pytest.mark.parametrize("namespace", ["posenc", "reference", "torch"])
+def test_query_offset_bounded_where_positions_overflow(namespace):
+    """query_offset + n + m must fit in int64 (the positions and offsets the kernels
+    index): at the bound the result is the reference's; past it (where the bucket map
+    wrapped and the output was off by 0.1, and 2**63 raised an OverflowError that did
+    not name it) a ValueError names query_offset."""
+    rng = np.random.default_rng(0)
+    q, k = rng.standard_normal((1, 2, 3, 4)), rng.standard_normal((1, 2, 5, 4))
+    bias = rng.standard_normal((2, 32))
+    largest = 2**63 - 1 - (3 + 5)
+    module = {"posenc": posenc, "reference": reference, "torch": pt}[namespace]
+    wrap = torch.from_numpy if namespace == "torch" else (lambda x: x)
+    got = module.t5(wrap(q), wrap(k), wrap(bias), query_offset=largest)
+    np.testing.assert_allclose(np.asarray(got), reference.t5(q, k, bias, query_offset=largest),
+                               rtol=1e-12)
+    for offset in (largest + 1, 2**63 - 1, 2**63, 2**70):
+        with pytest.raises(ValueError, match=rf"query_offset = {offset} is too large: .* "
+                                             rf"query_offset <= 2\*\*63 - 1 - \(n \+ m\) = {largest}"):
+            module.t5(wrap(q), wrap(k), wrap(bias), query_offset=offset)

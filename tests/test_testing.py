@@ -251,11 +251,13 @@ def _plugin_installed() -> bool:
                for entry in importlib.metadata.entry_points(group="pytest11"))
 
 
-def _run_user_project(project: pathlib.Path, *options) -> subprocess.CompletedProcess:
+def _run_user_project(project: pathlib.Path, *options, **environment) -> subprocess.CompletedProcess:
     """pytest on a copy of the user's project, from its directory, with the
-    plugin of the entry point (or -p where posenc is not installed)."""
+    plugin of the entry point (or -p where posenc is not installed), and
+    `environment`'s variables set."""
     plugin = [] if _plugin_installed() else ["-p", "posenc._pytest_plugin"]
     env = {key: value for key, value in os.environ.items() if key != "PYTEST_ADDOPTS"}
+    env.update(environment)
     # the posenc under test, installed or not
     tested = str(pathlib.Path(posenc.__file__).resolve().parent.parent)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [tested, env.get("PYTHONPATH")]))
@@ -325,6 +327,22 @@ def test_posenc_isa_restores_the_isa(user_project):
     assert "test_chosen[scalar] PASSED" in result.stdout
 
 
+def test_a_bad_seed_fails_only_the_tests_of_posencs_fixtures(user_project):
+    """POSENC_TEST_SEED=abc: the plugin is in every pytest run of the environment, so
+    it must not abort a run (it did, rc 3, at import); the tests that take
+    posenc_inputs error naming the variable, the others run."""
+    (user_project / "test_seeds.py").write_text(
+        "def test_plain():\n"
+        "    assert 1 + 1 == 2\n"
+        "def test_fixture(posenc_inputs):\n"
+        "    posenc_inputs('t5')\n")
+    result = _run_user_project(user_project, "-k", "plain or fixture", POSENC_TEST_SEED="abc")
+    output = result.stdout + result.stderr
+    assert result.returncode == 1, output
+    assert re.search(r"\b1 passed", output) and re.search(r"\b1 error", output), output
+    assert "POSENC_TEST_SEED must be a non-negative integer, got 'abc'" in output
+
+
 # ------------------------------------------------------------------ info, check, progress
 
 def test_info_is_the_command_line_text():
@@ -391,3 +409,26 @@ def test_assert_attention_close(method, dtype):
                                                    **dict(options, seed=5))
     with pytest.raises(AssertionError, match=r"differs from posenc.reference\..*_attention at \("):
         testing.assert_attention_close(wrong.out, method, q, k, v, *args[2:], **kwargs, **options)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_assert_attention_close_message_states_its_own_rule(dtype):
+    """The failure text said 'error 7.28e-10; error measure 4.02e-12 > 1' for float64
+    (the measure is normwise against 1e-12, not 1): each dtype now states the rule it
+    applied, with numbers that satisfy it."""
+    args, kwargs = testing.random_inputs("t5", dtype=dtype)
+    q, k = args[0], args[1]
+    v = np.random.default_rng(5).standard_normal((2, 3, 5, 4)).astype(dtype)
+    got = posenc.t5_attention(q, k, v, *args[2:], **kwargs).out.copy()
+    got[1, 2, 3, 0] += 1e-9 if dtype == np.float64 else 1e-3
+    with pytest.raises(AssertionError) as info:
+        testing.assert_attention_close(got, "t5", q, k, v, *args[2:], **kwargs)
+    text = str(info.value)
+    assert "at (1, 2, 3, 0)" in text, text
+    if dtype == np.float64:
+        measure, limit = re.search(r"normwise relative error ([\d.e+-]+) > ([\d.e+-]+)", text).groups()
+        assert float(limit) == 1e-12 and float(measure) > float(limit), text
+    else:
+        error, limit, ratio = re.search(r"error ([\d.e+-]+) > bound ([\d.e+-]+) .*error / bound "
+                                        r"([\d.e+-]+)", text).groups()
+        assert float(error) > float(limit) and float(ratio) > 1, text

@@ -3,6 +3,8 @@ native formula, against posenc.reference (forward and every gradient), float64
 gradcheck, torch.compile(fullgraph=True) equal to eager, and the attention
 layer (causal, masks, KV cache) on the fused path."""
 
+import contextlib
+
 import numpy as np
 import pytest
 
@@ -240,3 +242,98 @@ def test_attention_layer_shapes_fused_cached_and_logits_paths_agree(name):
     assert layer.sinks.grad is not None and layer.sinks.grad.abs().sum() > 0
     with pytest.raises(ValueError, match="the cache must hold the keys' document ids"):
         layer(x[:, :1], document_ids=documents[:, :1], past_key_value=cache[:2], use_cache=True)
+
+
+# ------------------------------------------------------------------ the layer's inputs (issue 30)
+
+def test_attention_layer_refuses_integer_masks_as_torch_does():
+    """An int64 0/1 attn_mask was added to the logits (+1, nothing masked); torch's MHA
+    and SDPA refuse integer masks, and so does the layer; bool masks mask, float add."""
+    torch.manual_seed(0)
+    layer = pnn.PositionalSelfAttention(8, H, pnn.T5RelativeBias(H, 8, 16)).double()
+    x = torch.randn(2, 5, 8, dtype=torch.float64)
+    with pytest.raises(TypeError, match="attn_mask must be bool .* or floating point .* got "
+                                        "torch.int64"):
+        layer(x, attn_mask=torch.triu(torch.ones(5, 5, dtype=torch.int64), 1))
+    boolean = torch.triu(torch.ones(5, 5, dtype=torch.bool), 1)
+    torch.testing.assert_close(layer(x, attn_mask=boolean), layer(x, causal=True),
+                               rtol=1e-12, atol=1e-12)
+    additive = torch.zeros(5, 5, dtype=torch.float64).masked_fill(boolean, float("-inf"))
+    torch.testing.assert_close(layer(x, attn_mask=additive), layer(x, causal=True),
+                               rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("call,exc,message", [
+    (lambda layer: layer(torch.randn(5, 8)), ValueError,
+     r"x must be \(B, n, d_model\), got shape \(5, 8\) \(add a batch axis"),
+    (lambda layer: layer(torch.randn(2, 5, 7)), ValueError,
+     r"x must be \(B, n, d_model = 8\), got shape \(2, 5, 7\)"),
+    (lambda layer: layer(torch.randn(2, 5, 8), attn_mask=torch.zeros(4, 5, dtype=torch.bool)),
+     ValueError, r"attn_mask must be \(n, m\) = \(5, 5\) or \(B\|1, H\|1, n, m\) = "
+                 r"\(2\|1, 2\|1, 5, 5\), got \(4, 5\)"),
+    (lambda layer: layer(torch.randn(2, 5, 8), attn_mask=torch.zeros(2, 3, 5, 5)), ValueError,
+     r"got \(2, 3, 5, 5\)"),
+])
+def test_attention_layer_input_errors_name_the_argument(call, exc, message):
+    layer = pnn.PositionalSelfAttention(8, H)
+    with pytest.raises(exc, match=message):
+        call(layer)
+
+
+def test_attention_layer_refuses_a_d_model_that_heads_do_not_divide():
+    with pytest.raises(ValueError, match="d_model = 30 is not a multiple of num_heads = 4"):
+        pnn.PositionalSelfAttention(30, 4)
+    assert pnn.PositionalSelfAttention(30, 4, head_dim=8).q_proj.out_features == 32
+
+
+# ------------------------------------------------------------------ compile (issue 30)
+
+def test_compiled_layer_with_dropout_has_no_data_dependent_seed():
+    """compile(fullgraph=True) of a training layer with dropout failed ('Could not guard
+    on data-dependent expression': the seed drawn by .item()); the seed is now an int64
+    tensor in the graph: each call draws a new one, and gradients flow."""
+    torch.manual_seed(0)
+    layer = pnn.PositionalSelfAttention(8, H, pnn.T5RelativeBias(H, 8, 16), causal=True,
+                                        dropout=0.5).train()
+    compiled = torch.compile(layer, fullgraph=True, backend="eager")
+    x = torch.randn(2, 5, 8, requires_grad=True)
+    first, second = compiled(x), compiled(x)
+    assert not torch.equal(first, second)          # two seeds, two dropout masks
+    first.sum().backward()
+    assert x.grad is not None and x.grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_seed_tensor_equals_int_seed(path, rng):
+    _, (targs, tkw, tv, tmask) = _inputs("t5", rng)
+    call = lambda seed: _run(path, "t5", targs, tkw, tv, tmask, dropout_p=0.4, seed=seed).out  # noqa: E731
+    expected = call(12345)
+    torch.testing.assert_close(call(torch.tensor(12345)), expected, rtol=0, atol=0)
+    # a negative int64 is its value mod 2**64, as the schema's int64 carries large seeds
+    torch.testing.assert_close(call(torch.tensor(-1)), call(2**64 - 1), rtol=0, atol=0)
+    with pytest.raises(TypeError, match="seed must be an int or an integer 0-dim CPU "
+                                        "tensor, got a torch.float32 tensor"):
+        call(torch.tensor(1.0))
+    if path == "c":
+        compiled = torch.compile(call, fullgraph=True, backend="eager")
+        torch.testing.assert_close(compiled(torch.tensor(12345)), expected, rtol=1e-12,
+                                   atol=1e-12)
+
+
+def test_compiled_decoding_loop_compiles_once():
+    """query_offset is a SymInt in the ops' schemas: a compiled step whose offset grows
+    by one each step compiled anew each time (FailOnRecompileLimitHit at the 9th)."""
+    torch.manual_seed(0)
+    bias = torch.randn(H, 32)
+
+    def step(q, k, v):
+        return pt.t5_attention(q, k, v, bias, causal=True, query_offset=k.shape[2] - 1).out
+
+    compiled = torch.compile(step, fullgraph=True, dynamic=True, backend="eager")
+    k, v = torch.randn(1, H, 3, D), torch.randn(1, H, 3, D)
+    for t in range(20):
+        q = torch.randn(1, H, 1, D)
+        k, v = torch.cat([k, torch.randn(1, H, 1, D)], 2), torch.cat([v, torch.randn(1, H, 1, D)], 2)
+        with torch.compiler.set_stance("fail_on_recompile") if t else contextlib.nullcontext():
+            out = compiled(q, k, v)
+        torch.testing.assert_close(out, step(q, k, v), rtol=1e-6, atol=1e-6)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ._common import dropout_seed
 from ._encodings import Content, PositionalEncoding
 from ._linear import project
 from .._attention import check_softcap, check_window
@@ -75,6 +76,9 @@ class PositionalSelfAttention(nn.Module):
         if self.num_kv_heads <= 0 or num_heads % self.num_kv_heads:
             raise ValueError(f"num_kv_heads must divide num_heads = {num_heads}, got "
                              f"{num_kv_heads}")
+        if head_dim is None and d_model % num_heads:
+            raise ValueError(f"d_model = {d_model} is not a multiple of num_heads = {num_heads}: "
+                             f"give head_dim (the per-head width) explicitly")
         self.head_dim = head_dim or d_model // num_heads
         if self.head_dim <= 0:
             raise ValueError(f"head_dim must be positive, got {self.head_dim}")
@@ -140,10 +144,18 @@ class PositionalSelfAttention(nn.Module):
                 segment_ids: torch.Tensor | None = None, state=None, *, causal: bool | None = None,
                 attn_mask: torch.Tensor | None = None, past_key_value=None,
                 use_cache: bool = False, document_ids: torch.Tensor | None = None):
-        batch, n, _ = x.shape
+        if x.dim() != 3:
+            raise ValueError(f"x must be (B, n, d_model), got shape {tuple(x.shape)}"
+                             + (" (add a batch axis: x[None])" if x.dim() == 2 else ""))
+        batch, n, width = x.shape
+        d_model = getattr(self.q_proj, "in_features", width)
+        if width != d_model:
+            raise ValueError(f"x must be (B, n, d_model = {d_model}), got shape {tuple(x.shape)}")
         causal = self.causal if causal is None else causal
         offset = 0 if past_key_value is None else past_key_value[0].shape[2]
         m = offset + n
+        if attn_mask is not None:
+            _check_attn_mask(attn_mask, batch, self.num_heads, n, m)
         if key_padding_mask is not None and key_padding_mask.shape != (batch, m):
             raise ValueError(f"key_padding_mask must have shape ({batch}, {m}) (B, m), got "
                              f"{tuple(key_padding_mask.shape)}")
@@ -161,7 +173,7 @@ class PositionalSelfAttention(nn.Module):
                       softcap=self.softcap, sinks=self.sinks)
         if self.fused and attn_mask is None:
             dropout_p = self.dropout.p if self.training else 0.0
-            seed = int(torch.randint(0, 2**63 - 1, (), device="cpu")) if dropout_p else 0
+            seed = dropout_seed(dropout_p)
             out = self.encoding.attention(
                 q, k, v, state=self._state(q, k, state), segment_q=segment_ids,
                 segment_k=segment_k, causal=causal, key_padding_mask=padding,
@@ -182,6 +194,24 @@ class PositionalSelfAttention(nn.Module):
             out = torch.matmul(weights, per_query_head(v, self.num_heads))
         out = project(self.out_proj, out.transpose(1, 2).reshape(batch, n, -1))
         return (out, cache) if use_cache else out
+
+
+def _check_attn_mask(mask, batch: int, heads: int, n: int, m: int) -> None:
+    """attn_mask as torch's attention takes it: bool (True = masked) or floating
+    (added), (n, m) or (B|1, H|1, n, m); an integer mask is refused, as
+    torch.nn.MultiheadAttention and SDPA refuse it (adding 0/1 would not mask)."""
+    if not isinstance(mask, torch.Tensor):
+        raise TypeError(f"attn_mask must be a tensor, got {type(mask).__name__}")
+    if mask.dtype != torch.bool and not mask.dtype.is_floating_point:
+        raise TypeError(f"attn_mask must be bool (True = masked) or floating point (added to "
+                        f"the logits), got {mask.dtype}: for a 0/1 mask pass mask.bool() "
+                        f"(True where masked) or key_padding_mask")
+    shape = tuple(mask.shape)
+    fits = (shape == (n, m) or len(shape) == 4 and shape[0] in (1, batch)
+            and shape[1] in (1, heads) and shape[2:] == (n, m))
+    if not fits:
+        raise ValueError(f"attn_mask must be (n, m) = ({n}, {m}) or (B|1, H|1, n, m) = "
+                         f"({batch}|1, {heads}|1, {n}, {m}), got {shape}")
 
 
 def _cached(ids, past_key_value, entry: int, name: str):

@@ -90,6 +90,39 @@ def on_c_kernels(tensors) -> bool:
             and not torch._C._are_functorch_transforms_active())
 
 
+# ------------------------------------------------------------------ dropout seeds
+
+SEED_WRAP = 1 << 64
+
+
+def dropout_seed(dropout_p: float):
+    """A fresh dropout seed from torch's generator (0 without dropout): an int in
+    eager mode; under torch.compile an int64 0-dim tensor, which the custom ops take
+    as a graph input (an int drawn by ``.item()`` would be data-dependent: a graph
+    break, or an error under ``fullgraph=True``)."""
+    if not dropout_p:
+        return 0
+    seed = torch.randint(-(1 << 63), (1 << 63) - 1, (), dtype=torch.int64)
+    return seed if torch.compiler.is_compiling() else int(seed) % SEED_WRAP
+
+
+def seed_value(seed):
+    """A seed as the NumPy API takes it: an int in [0, 2**64); an integer 0-dim
+    tensor (`dropout_seed` under compile, or a user's) read as int64 mod 2**64."""
+    if isinstance(seed, torch.Tensor):
+        return int(check_seed_tensor(seed)) % SEED_WRAP
+    return seed
+
+
+def check_seed_tensor(seed: torch.Tensor) -> torch.Tensor:
+    """TypeError unless `seed` is an integer 0-dim tensor on the CPU (its shape and
+    dtype only: under torch.compile its value is not known)."""
+    if seed.dim() or seed.dtype not in INT_DTYPES or seed.device.type != "cpu":
+        raise TypeError(f"seed must be an int or an integer 0-dim CPU tensor, got a "
+                        f"{seed.dtype} tensor of shape {tuple(seed.shape)} on {seed.device}")
+    return seed
+
+
 # ------------------------------------------------------------------ arguments
 
 def require_tensors(names, values, optional=()) -> None:
@@ -256,9 +289,13 @@ def validate_attention(method: str, tensors: tuple, params: tuple, attention: tu
                        dict(zip((name for name, _ in spec.params), params)), allow_half=True)
     half_as = problem.dtype if tensors[0].dtype in HALF_DTYPES else None
     same = lambda x: half_as if x.dtype == tensors[0].dtype else None    # noqa: E731
+    named = dict(zip((name for name, _ in ATTENTION_OPTIONS), values))
     stand_in = {name: _stand_in(name, value, same(value) if name == "sinks" else None)
-                if isinstance(value, torch.Tensor) else value
-                for (name, _), value in zip(ATTENTION_OPTIONS, values)}
+                if isinstance(value, torch.Tensor) and name != "seed" else value
+                for name, value in named.items()}
+    if isinstance(named["seed"], torch.Tensor):     # its value is read by the op, not here
+        check_seed_tensor(named["seed"])
+        stand_in["seed"] = 0
     check_attention(problem, _stand_in("v", v, same(v)), **stand_in)
 
 

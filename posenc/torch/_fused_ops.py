@@ -15,8 +15,8 @@ from .. import _checks, _methods
 from .._attention import ATTENTION_GRAD_TYPES, ATTENTION_OPTIONS, Attention, check_attention
 from .._registry import REGISTRY
 from . import native
-from ._common import (HALF_DTYPES, autocast_inputs, register_autocast, to_c_array, to_numpy,
-                      to_tensor)
+from ._common import (HALF_DTYPES, SEED_WRAP, autocast_inputs, register_autocast, seed_value,
+                      to_c_array, to_numpy, to_tensor)
 from ._ops import PARAMS
 
 
@@ -110,26 +110,28 @@ def fused_attention(method: str, tensors: tuple, params: tuple, attention: tuple
     q, k, v, the float parameters and the sinks are first cast to its dtype, as `run` does."""
     v, sinks, options = split_attention(attention)
     v, sinks, *tensors = autocast_inputs((v, sinks, *tensors))
+    named = dict(zip(OPTIONS, options))
     if torch.compiler.is_compiling():
-        named = dict(zip(OPTIONS, options))
         seed = named["seed"]
-        named["seed"] = seed - _SEED_WRAP if seed >= 1 << 63 else seed    # the schema's int64
+        if not isinstance(seed, torch.Tensor):     # a constant of the graph, as int64
+            seed = torch.tensor(seed - SEED_WRAP if seed >= 1 << 63 else seed, dtype=torch.int64)
+        named["seed"] = seed
         named["window"] = _window_list(named["window"])
         out, lse = FORWARD[method](v, *tensors, *params, sinks, *named.values())
     else:
-        out, lse = _FusedAttention.apply(method, tuple(params), options, v, sinks, *tensors)
+        named["seed"] = seed_value(named["seed"])
+        out, lse = _FusedAttention.apply(method, tuple(params), tuple(named.values()), v, sinks,
+                                         *tensors)
     return Attention(out, lse)
 
 
 # ------------------------------------------------------------------ custom ops (torch.compile)
 
-_SEED_WRAP = 1 << 64
-
 
 # the options' schema types, in OPTIONS order
 _OPTION_TYPES = {"causal": "bool", "key_padding_mask": "Tensor?", "window": "int[]?",
                  "document_q": "Tensor?", "document_k": "Tensor?", "softcap": "float?",
-                 "dropout_p": "float", "seed": "int"}
+                 "dropout_p": "float", "seed": "Tensor"}
 
 
 def _schema(method: str, backward: bool) -> str:
@@ -154,10 +156,10 @@ def _define(method: str):
 
     def split(args):
         """(v, tensors, params, sinks, options) of the op's arguments (OPTIONS' values as
-        the eager path has them: the window a tuple, the seed unsigned)."""
+        the eager path has them: the window a tuple, the seed an unsigned int)."""
         v, tensors, rest = args[0], args[1:1 + count], args[1 + count:]
         sinks, values = rest[params], dict(zip(OPTIONS, rest[params + 1:]))
-        values["seed"] %= _SEED_WRAP
+        values["seed"] = seed_value(values["seed"])
         if values["window"] is not None:
             values["window"] = tuple(None if side < 0 else side for side in values["window"])
         return v, tensors, rest[:params], sinks, tuple(values.values())

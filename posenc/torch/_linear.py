@@ -38,7 +38,7 @@ def _served(x, weight, bias) -> bool:
     return (all(t.device.type == "cpu" and t.dtype == x.dtype and t.layout == torch.strided
                 for t in tensors)
             and x.dtype in _DTYPES and weight.dim() == 2 and x.dim() >= 1
-            and math.prod(x.shape[:-1]) >= MIN_ROWS
+            and math.prod(x.shape[:-1]) >= MIN_ROWS and weight.numel() > 0   # K = 0: F.linear's bias rows
             and x.shape[-1] == weight.shape[1] and (bias is None or bias.shape == weight.shape[:1])
             and not torch.is_autocast_enabled("cpu") and not torch.compiler.is_compiling()
             and not native_forced())

@@ -35,6 +35,7 @@ import warnings
 
 import torch
 
+from ._common import dropout_seed
 from ._linear import project
 
 __all__ = ["patch", "unpatch", "is_patched"]
@@ -273,7 +274,7 @@ def _t5_family_attention(self, hidden_states, mask, key_value_states, past_key_v
         raise RuntimeError("posenc.torch.hf: cache length mismatch")  # never a wrong number
 
     dropout = float(self.dropout) if self.training else 0.0
-    seed = int(torch.randint(0, 2 ** 62, (1,)).item()) if dropout > 0 else 0
+    seed = dropout_seed(dropout)
     common = dict(causal=causal, key_padding_mask=padding, query_offset=offset if causal else 0,
                   dropout_p=dropout, seed=seed)
 
@@ -376,7 +377,7 @@ def _deberta_posenc(self, hidden_states, attention_mask, output_attentions, quer
     pos_query = pos_query.view(2 * span, heads, d).transpose(0, 1)
 
     dropout = float(self.dropout.p) if self.training else 0.0
-    seed = int(torch.randint(0, 2 ** 62, (1,)).item()) if dropout > 0 else 0
+    seed = dropout_seed(dropout)
     padding = ~key_valid
     out = pt.deberta_attention(query, key, value, pos_key, pos_query, att_span=span,
                                position_buckets=self.position_buckets,

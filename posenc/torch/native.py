@@ -29,7 +29,7 @@ import torch
 
 from .._attention import ATTENTION_OPTIONS, Attention, attention_dropout_mask
 from .._registry import REGISTRY
-from ._common import bucket_index, check_segment_range, validate, validate_attention
+from ._common import bucket_index, check_segment_range, seed_value, validate, validate_attention
 
 __all__ = ["alibi", "attention", "content", "deberta", "diet_abs", "diet_rel", "m2", "m4", "m4m",
            "kerple", "relative_bias", "rope", "shaw", "t5", "tupe"]
@@ -343,7 +343,7 @@ def attention(method: str, tensors: tuple, params: tuple, attention: tuple) -> A
     probabilities, lse = softmax(logits, options["sinks"])
     dropout_p, seed = options["dropout_p"], options["seed"]
     if dropout_p:
-        keep = attention_dropout_mask(seed, tuple(logits.shape), dropout_p)
+        keep = attention_dropout_mask(seed_value(seed), tuple(logits.shape), dropout_p)
         probabilities = probabilities * torch.from_numpy(keep).to(probabilities.device) / (
             1.0 - dropout_p)
     return Attention(torch.matmul(probabilities, per_query_head(v, q.shape[1])), lse)
