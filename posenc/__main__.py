@@ -115,13 +115,13 @@ def main(argv=None) -> int:
     check.add_argument("--isa", nargs="+", metavar="ISA", help="ISAs to check (default all available)")
     check.add_argument("--dtypes", nargs="+", metavar="DTYPE",
                        help="float32 float64 bfloat16 float16 (default all; bfloat16 with ml_dtypes)")
-    check.add_argument("--B", type=int, default=2)
-    check.add_argument("--H", type=int, default=3)
-    check.add_argument("--n", type=int, default=33)
-    check.add_argument("--m", type=int, default=17)
-    check.add_argument("--d", type=int, default=16)
+    sizes = (("B", 2, "batch rows"), ("H", 3, "query heads"), ("n", 33, "queries per row"),
+             ("m", 17, "keys per row"), ("d", 16, "head width"))
+    for name, default, what in sizes:
+        check.add_argument(f"--{name}", type=int, default=default,
+                           help=f"{what} of every case (default {default})")
     check.add_argument("--shared", action="store_true", help="positional parameters with head axis 1")
-    check.add_argument("--seed", type=int, default=0)
+    check.add_argument("--seed", type=int, default=0, help="the inputs' random seed (default 0)")
 
     for name, text in (("bench", "benchmarks against PyTorch and the machine's limits (--help)"),
                        ("rank", "DIET Theorem 1: rank of additive vs per-head positional attention (--help)"),

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import inspect
+import os
 from typing import Optional, Sequence
 
 import numpy as np
@@ -385,7 +386,8 @@ def main(argv=None) -> int:
         prog="python -m posenc plot",
         description="Heatmaps of the position-only attention softmax(positional term) per "
                     "head (DIET Figs. 4, 6; TUPE Fig. 6).")
-    parser.add_argument("--method", required=True, choices=POSITIONAL_METHODS)
+    parser.add_argument("--method", default="t5", choices=POSITIONAL_METHODS,
+                        help="the method (default t5)")
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--random-params", action="store_true",
                         help="random parameters (the default)")
@@ -404,8 +406,18 @@ def main(argv=None) -> int:
                         help="start of the second segment (default n // 2)")
     parser.add_argument("--save-params", metavar="FILE",
                         help="also write the parameters used to this .npz")
-    parser.add_argument("-o", "--output", required=True, metavar="PNG")
+    parser.add_argument("-o", "--output", metavar="PNG",
+                        help="the image to write (default posenc-METHOD.png here)")
     args = parser.parse_args(argv)
+    args.output = args.output or f"posenc-{args.method}.png"
+    for flag, path in (("-o", args.output), ("--save-params", args.save_params)):
+        folder = os.path.dirname(os.path.abspath(path)) if path else None
+        if folder and not os.path.isdir(folder):
+            parser.error(f"{flag} {path}: the folder {folder} does not exist")
+        if folder and not os.access(folder, os.W_OK):
+            parser.error(f"{flag} {path}: the folder {folder} is not writable")
+    if args.npz and not os.path.isfile(args.npz):
+        parser.error(f"--npz {args.npz}: no such file")
     if args.heads < 1 or args.d_head < 1 or (args.n is not None and args.n < 1):
         parser.error("--heads, --n and --d-head must be >= 1")
     if args.segments and args.method not in _SEGMENT_METHODS:

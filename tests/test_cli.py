@@ -51,3 +51,27 @@ def test_plot_writes_png(tmp_path):
     result = run("plot", "--method", "t5", "--random-params", "--n", "16", "-o", str(target))
     assert result.returncode == 0, result.stderr
     assert target.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plot_defaults_and_path_errors(tmp_path):
+    """plot runs without flags (t5, posenc-t5.png here); a bad path is one line naming the
+    flag and exit 2, not a traceback."""
+    pytest.importorskip("matplotlib")
+    result = subprocess.run([sys.executable, "-m", "posenc", "plot", "--n", "8"], cwd=tmp_path,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "posenc-t5.png").read_bytes()[:4] == b"\x89PNG"
+    for args, message in ((("-o", str(tmp_path / "missing" / "x.png")), "-o "),
+                          (("--npz", str(tmp_path / "none.npz")), "--npz "),
+                          (("--save-params", str(tmp_path / "missing" / "p.npz")), "--save-params ")):
+        result = run("plot", *args)
+        assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+        assert f"error: {message}" in result.stderr, result.stderr
+
+
+def test_check_help_documents_every_flag():
+    result = run("check", "--help")
+    for flag, text in (("--B", "batch rows"), ("--H", "query heads"), ("--n", "queries per row"),
+                       ("--m", "keys per row"), ("--d", "head width"), ("--seed", "random seed")):
+        line = next(line for line in result.stdout.splitlines() if line.strip().startswith(flag + " "))
+        assert text in line, result.stdout

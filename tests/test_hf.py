@@ -17,6 +17,7 @@ pytest.importorskip("transformers")
 
 import transformers  # noqa: E402
 
+import posenc.torch  # noqa: E402
 from posenc.torch import hf  # noqa: E402
 
 FAMILIES = {"t5": "T5", "mt5": "MT5", "umt5": "UMT5"}     # HF's class prefix
@@ -209,6 +210,8 @@ def test_t5_output_attentions_falls_back_once(family):
         got = model(**batch, output_attentions=True)
         model(**batch, output_attentions=True)
     assert len([w for w in record if "output_attentions" in str(w.message)]) == 1
+    # the warning points at the line that called the model, not into torch's module.py
+    assert [w.filename for w in record if "output_attentions" in str(w.message)] == [__file__]
     assert rel(got.logits, want.logits) <= 1e-10
     assert len(got.encoder_attentions) == 2 and len(got.cross_attentions) == 2
     for a, b in zip(got.encoder_attentions + got.decoder_attentions, want.encoder_attentions + want.decoder_attentions):
@@ -450,3 +453,18 @@ def test_low_precision(monkeypatch, which, precision):
     assert params == ({torch.float32} if precision.startswith("autocast") else {dtype})
     for got, limit in zip(_worst(ours, want), _worst(theirs, want)):
         assert got <= 2 * limit + 4 * u, (got, limit)
+
+
+def test_bfloat16_without_ml_dtypes_runs_the_native_formulas(monkeypatch):
+    """Without ml_dtypes NumPy cannot hold bfloat16: a patched bfloat16 model raised a
+    TypeError in every call; the ops now run their native formulas there (the same
+    numbers as use_native), and the patched model its forward and backward."""
+    model, batch = t5_model(dtype=torch.bfloat16), t5_batch()
+    hf.patch(model)
+    with posenc.torch.use_native():
+        want = model(**batch).logits
+    monkeypatch.setattr(posenc._dtypes, "BFLOAT16", None)
+    got = model(**batch)
+    torch.testing.assert_close(got.logits, want, rtol=0, atol=0)
+    got.loss.backward()
+    assert all(p.grad is not None for p in model.parameters() if p.requires_grad)

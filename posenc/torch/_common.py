@@ -83,11 +83,20 @@ def native_forced() -> bool:
 
 def on_c_kernels(tensors) -> bool:
     """Whether a call with these (checked) tensors runs the C kernels: CPU
-    tensors, no `use_native`, and no functorch transform (torch.func.grad,
+    tensors, no `use_native`, no functorch transform (torch.func.grad,
     vmap, jacrev: their wrapped tensors have no storage a kernel could read,
-    so the native formula, which torch.func can transform, serves them)."""
+    so the native formula, which torch.func can transform, serves them), and
+    not bfloat16 where ml_dtypes is missing."""
     return (tensors[0].device.type == "cpu" and not _BACKEND.native
-            and not torch._C._are_functorch_transforms_active())
+            and not torch._C._are_functorch_transforms_active()
+            and (_dtypes.BFLOAT16 is not None or not _runs_bfloat16(tensors[0])))
+
+
+def _runs_bfloat16(q: torch.Tensor) -> bool:
+    """Whether a call on q computes in bfloat16 (q's dtype, or CPU autocast's): without
+    ml_dtypes NumPy cannot hold it, so such calls run the native formulas."""
+    return q.dtype == torch.bfloat16 or (torch.is_autocast_enabled("cpu")
+                                         and torch.get_autocast_dtype("cpu") == torch.bfloat16)
 
 
 # ------------------------------------------------------------------ dropout seeds

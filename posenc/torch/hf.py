@@ -31,9 +31,13 @@ lazily: importing this module does not need it.
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 import warnings
 
 import torch
+
+import posenc
 
 from ._common import dropout_seed
 from ._linear import project
@@ -44,11 +48,29 @@ _WARNED: set = set()
 _SUBCLASSES: dict = {}
 
 
+def _library_dirs() -> tuple:
+    """The folders of torch, transformers and posenc: a warning skips their frames."""
+    import transformers
+
+    return tuple(os.path.dirname(os.path.abspath(module.__file__)) + os.sep
+                 for module in (torch, transformers, posenc))
+
+
+def _user_stacklevel() -> int:
+    """warnings.warn's stacklevel for the first caller outside the libraries (the line
+    of the user's script or notebook that called the model, not torch's module.py)."""
+    skip = _library_dirs()
+    frame, level = sys._getframe(2), 2       # the caller of warnings.warn's caller
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(skip):
+        frame, level = frame.f_back, level + 1
+    return level if frame is not None else 2
+
+
 def _warn_once(reason: str) -> None:
     if reason not in _WARNED:
         _WARNED.add(reason)
         warnings.warn(f"posenc.torch.hf: {reason}; running the original Hugging Face forward "
-                      "for such calls", RuntimeWarning, stacklevel=3)
+                      "for such calls", RuntimeWarning, stacklevel=_user_stacklevel())
 
 
 class _SharedT5Bias:
