@@ -468,3 +468,39 @@ def test_bfloat16_without_ml_dtypes_runs_the_native_formulas(monkeypatch):
     torch.testing.assert_close(got.logits, want, rtol=0, atol=0)
     got.loss.backward()
     assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
+
+
+@pytest.mark.parametrize("family", ["t5", "deberta"])
+def test_patched_models_export_and_compile_as_unpatched_ones(family):
+    """torch.export (strict and not) and torch.compile(fullgraph=True) failed on patched
+    models where the unpatched ones work: value-dependent Python in the forward
+    (torch.equal on the mask, the relative_pos check, a ContextVar.get()).  The checks
+    are runtime assertions in a traced graph; the results equal the eager ones."""
+    if family == "t5":
+        model, batch = t5_model(dtype=torch.float32), dict(t5_batch(), use_cache=False)
+    else:
+        model, batch = deberta_model(dtype=torch.float32), deberta_batch()
+        batch.pop("labels")          # HF's own loss has a data-dependent branch
+    hf.patch(model)
+    want = model(**batch).logits
+    for strict in (False, True):
+        exported = torch.export.export(model, (), dict(batch), strict=strict)
+        torch.testing.assert_close(exported.module()(**batch).logits, want, rtol=1e-5, atol=1e-6)
+    compiled = torch.compile(model, fullgraph=True, backend="eager")
+    torch.testing.assert_close(compiled(**batch).logits, want, rtol=1e-5, atol=1e-6)
+
+
+def test_patched_t5_training_step_with_dropout_compiles_without_graph_breaks():
+    """The dropout seed was drawn by .item() (35 graph breaks and a recompile a step);
+    now one graph, a fresh seed each step, and gradients."""
+    model, batch = t5_model(dtype=torch.float32), dict(t5_batch(), use_cache=False)
+    hf.patch(model)
+    model.train()
+    explanation = torch._dynamo.explain(lambda: model(**batch).loss)()
+    assert explanation.graph_break_count == 0, explanation.break_reasons
+    torch._dynamo.reset()
+    step = torch.compile(lambda: model(**batch).loss, fullgraph=True, backend="eager")
+    first, second = step(), step()
+    assert not torch.equal(first, second)          # two dropout seeds
+    first.backward()
+    assert model.shared.weight.grad is not None

@@ -88,7 +88,8 @@ class _SharedT5Bias:
         return self.owner.compute_bias(query_length, key_length, device=device, past_seen_tokens=self.past)
 
 
-def _collecting_attentions() -> bool:
+@torch.compiler.assume_constant_result      # dynamo cannot trace ContextVar.get: read once
+def _collecting_attentions() -> bool:        # while tracing (output_attentions is guarded)
     try:
         from transformers.utils.output_capturing import _active_collector
     except ImportError:  # pragma: no cover - other transformers layouts
@@ -117,8 +118,8 @@ def _split_mask(mask, batch, n, m, causal, offset):
     else:
         low = torch.finfo(mask.dtype).min
         blocked = (mask == low) | torch.isneginf(mask)
-        if not bool(((mask == 0) | blocked).all()):
-            raise _Unsupported("an additive attention mask with values other than 0 and -inf/min")
+        _require(((mask == 0) | blocked).all(),
+                 "an additive attention mask with values other than 0 and -inf/min")
         allowed = ~blocked
     padding = ~allowed[:, 0, -1, :]                                 # (B|1, m)
     if causal and mask.shape[2] == 1 and n > 1:
@@ -127,17 +128,34 @@ def _split_mask(mask, batch, n, m, causal, offset):
     if causal:
         rows = torch.arange(n, device=mask.device)[:, None] + offset
         expect = expect & (torch.arange(m, device=mask.device)[None, :] <= rows)
-    if not torch.equal(allowed.expand(expect.shape[0], 1, -1, m), expect.expand(-1, 1, allowed.shape[2], m)):
-        raise _Unsupported("an attention mask that is not key padding plus the causal mask")
+    _require((allowed == expect).all(),
+             "an attention mask that is not key padding plus the causal mask")
     padding = padding.expand(batch, m)
     first = torch.where(padding.all(dim=1), m, (~padding).int().argmax(dim=1))
-    if bool((first > (offset if causal else m - 1)).any()):
-        raise _Unsupported("query rows whose keys are all masked")
-    return padding.contiguous() if bool(padding.any()) else None
+    _require((first <= (offset if causal else m - 1)).all(), "query rows whose keys are all masked")
+    return padding.contiguous() if _maybe(padding.any()) else None
 
 
 class _Unsupported(Exception):
     pass
+
+
+def _require(condition: torch.Tensor, reason: str) -> None:
+    """_Unsupported(reason) unless the 0-dim bool `condition` holds: the call then runs
+    HF's forward.  Under torch.compile or torch.export the value is not known while
+    tracing: the condition becomes a runtime assertion in the graph (an error naming
+    the reason, never a wrong number, where an eager call would fall back)."""
+    if torch.compiler.is_compiling():
+        torch._assert_async(condition, f"posenc.torch.hf: {reason}; a compiled or exported "
+                                       f"patched model cannot fall back to HF's forward")
+    elif not bool(condition):
+        raise _Unsupported(reason)
+
+
+def _maybe(condition: torch.Tensor) -> bool:
+    """bool(condition) in eager mode; True while tracing (the general branch, right
+    either way: a padding mask of no padding, a where() that keeps every row)."""
+    return torch.compiler.is_compiling() or bool(condition)
 
 
 def _heads(x, heads, head_dim):
@@ -372,8 +390,9 @@ def _deberta_posenc(self, hidden_states, attention_mask, output_attentions, quer
         got = relative_pos if relative_pos.dim() != 4 else relative_pos[:, 0]
         if got.dim() == 2:
             got = got[None]
-        if got.shape[-2:] != standard.shape[-2:] or not bool((got.to(torch.long) == standard).all()):
+        if got.shape[-2:] != standard.shape[-2:]:
             raise _Unsupported("a relative_pos other than DeBERTa's own")
+        _require((got.to(torch.long) == standard).all(), "a relative_pos other than DeBERTa's own")
 
     # the mask: HF fills disallowed scores with the dtype's min; it must be
     # query-valid x key-valid (DeBERTa's encoder mask); fully masked rows are uniform.
@@ -387,8 +406,8 @@ def _deberta_posenc(self, hidden_states, attention_mask, output_attentions, quer
         raise _Unsupported("a DeBERTa attention mask of an unexpected shape")
     allowed = allowed[:, 0].expand(batch, n, n)
     query_valid, key_valid = allowed.any(dim=2), allowed.any(dim=1)
-    if not torch.equal(allowed, query_valid[:, :, None] & key_valid[:, None, :]):
-        raise _Unsupported("a DeBERTa attention mask that is not query x key padding")
+    _require((allowed == (query_valid[:, :, None] & key_valid[:, None, :])).all(),
+             "a DeBERTa attention mask that is not query x key padding")
 
     rel = self.pos_dropout(rel_embeddings)[: 2 * span]
     if self.share_att_key:
@@ -405,9 +424,9 @@ def _deberta_posenc(self, hidden_states, attention_mask, output_attentions, quer
                                position_buckets=self.position_buckets,
                                max_relative_positions=self.max_relative_positions,
                                scale=posenc.deberta_hf_scale(d),
-                               key_padding_mask=padding if bool(padding.any()) else None,
+                               key_padding_mask=padding if _maybe(padding.any()) else None,
                                dropout_p=dropout, seed=seed).out
-    if not bool(query_valid.all()):
+    if _maybe(~query_valid.all()):
         # HF: a row with every score at the dtype's min has a uniform softmax
         # (in training HF also drops some of it: padded rows only, left undropped here)
         out = torch.where(query_valid[:, None, :, None], out, value.mean(dim=2, keepdim=True))
