@@ -285,3 +285,22 @@ def test_shapes_benchmark_runs(tmp_path):
     text = (tmp_path / json_file.name.replace(".json", ".md")).read_text()
     assert text.count("Target:") == len(shapes.CASES) and "family" in text
     assert shapes.markdown(data) == text
+
+
+def test_decode_benchmark_runs(tmp_path):
+    """benchmarks/decode.py (issue 30) at its quick size: every method's steps against
+    SDPA and the read of K and V, the rows comparison, the overhead table and the busy
+    core; its page regenerated from the JSON alone."""
+    pytest.importorskip("torch")
+    import decode   # benchmarks/ is on sys.path (SUITE, above)
+
+    assert decode.main(["--quick", "--busy", "--out", str(tmp_path)]) == 0
+    (json_file,) = tmp_path.glob("decode-*-quick.json")
+    data = json.loads(json_file.read_text())
+    assert {s["method"] for s in data["steps"]} == set(decode.METHODS)
+    for entry in data["steps"] + data["busy"]:
+        assert len(entry["times"]) == 3 and all(r["median_ms"] > 0 for r in entry["times"].values())
+    assert len(data["busy"]) == len(decode.QUICK_STEPS) and len(data["rows"]["times"]) == 2
+    assert set(data["overhead"]) == {"t5", "content"}
+    text = (tmp_path / json_file.name.replace(".json", ".md")).read_text()
+    assert text == decode.markdown(data) and "family" in text

@@ -190,7 +190,7 @@ def to_numpy(name: str, tensor: torch.Tensor) -> np.ndarray:
 def to_tensor(array: np.ndarray) -> torch.Tensor:
     """`torch.from_numpy`, an ml_dtypes.bfloat16 array as a torch.bfloat16 tensor
     (both without a copy)."""
-    if array.dtype.name == "bfloat16" and array.dtype.itemsize == 2:
+    if array.dtype.kind == "V" and array.dtype == _dtypes.BFLOAT16:   # ml_dtypes' kind is 'V'
         return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
     return torch.from_numpy(array)
 
@@ -204,6 +204,9 @@ def to_c_array(name: str, tensor: torch.Tensor) -> np.ndarray:
     of once per C call, and torch's copy of a small strided tensor costs less
     than NumPy's.  The values are the tensor's exactly.
     """
+    if tensor.dtype in _NUMPY_DTYPES and tensor.is_contiguous() and not (tensor.is_neg()
+                                                                         or tensor.is_conj()):
+        return tensor.detach().numpy()    # the common case, in one step
     _numpy_dtype(name, tensor.dtype)      # its TypeError before any copy
     if not tensor.is_contiguous():
         tensor = tensor.detach().contiguous()

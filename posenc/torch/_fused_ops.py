@@ -120,8 +120,13 @@ def fused_attention(method: str, tensors: tuple, params: tuple, attention: tuple
         out, lse = FORWARD[method](v, *tensors, *params, sinks, *named.values())
     else:
         named["seed"] = seed_value(named["seed"])
-        out, lse = _FusedAttention.apply(method, tuple(params), tuple(named.values()), v, sinks,
-                                         *tensors)
+        options = tuple(named.values())
+        if torch.is_grad_enabled() and any(t is not None and t.requires_grad
+                                           for t in (v, sinks, *tensors)):
+            out, lse = _FusedAttention.apply(method, tuple(params), options, v, sinks, *tensors)
+        else:   # nothing to differentiate (a decoding step): the C call without autograd's
+            out, lse = (to_tensor(a) for a in _methods.attention_forward(   # bookkeeping
+                _call(method, tensors, params, v, sinks, options)))
     return Attention(out, lse)
 
 
