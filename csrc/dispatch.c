@@ -76,6 +76,8 @@ static void fill_table(posenc_kernels *dst, posenc_isa isa, posenc_dtype dtype)
     if (over->row_max) dst->row_max = over->row_max;
     if (over->row_exp) dst->row_exp = over->row_exp;
     if (over->row_softcap) dst->row_softcap = over->row_softcap;
+    if (over->rows_dot) dst->rows_dot = over->rows_dot;
+    if (over->rows_axpy) dst->rows_axpy = over->rows_axpy;
     if (over->dropout_row) dst->dropout_row = over->dropout_row;
 }
 

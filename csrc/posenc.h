@@ -348,6 +348,12 @@ typedef struct {
     double (*row_exp)(void *x, size_t len, double shift);
     /* SPEC §7's softcap: x[j] = cap tanh(x[j] / cap), grad[j] = 1 - tanh^2 (grad may be NULL) */
     void (*row_softcap)(void *x, void *grad, size_t len, double cap);
+    /* the decoding path (few query rows): dst[r ld + j] = scale q_r . k_j (q rows of d, k
+     * rows of d), and out[r ld_out + i] = sum_j p[r ld_p + j] v[j dv + i], keys in order */
+    void (*rows_dot)(void *dst, size_t ld, const void *q, size_t rows, const void *k,
+                     size_t keys, size_t d, double scale);
+    void (*rows_axpy)(void *out, size_t ld_out, const void *p, size_t ld_p, size_t rows,
+                      const void *v, size_t keys, size_t dv);
     /* the fused attention's dropout: the keep decisions of a row, bit for bit
      * engine/philox.h's posenc_dropout_row (keep[j] = 0 or 1, j < len) */
     void (*dropout_row)(uint8_t *keep, size_t len, uint64_t seed, uint32_t threshold, size_t b,

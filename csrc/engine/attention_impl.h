@@ -40,6 +40,8 @@ typedef struct {
     int grads_from_first;        /* the backward's positional gradients read dS from a block's
                                     first key on (content, rope, a Toeplitz table alone) */
     double softcap;              /* SPEC §7's, or 0 */
+    int decode;                  /* few query rows (a decoding step): k and v read in place,
+                                    not packed (attention_decode_unit) */
 } attention_ctx;
 
 typedef struct {
@@ -394,6 +396,63 @@ static void causal_keys_reach(const posenc_kernels *kern, causal_keys *ck, size_
     ck->done = posenc_max(ck->done, cols);
 }
 
+/* The softmax rows of a tile's logits in w->scores (rows [i0, i0 + rows) of unit (b, h),
+ * keys [c0, cols) computed): probabilities, w->row_scale, and the rows' lse into lse_u. */
+static void attention_tile_softmax(const attention_ctx *c, attention_ws *w, size_t b, size_t h,
+                                   size_t i0, size_t rows, size_t c0, size_t cols, REAL *lse_u)
+{
+    const size_t ld = c->logits.m_pad;
+    for (size_t r = 0; r < rows; ++r)
+        w->row_scale[r] = attention_softmax_row(c, w, w->scores + r * ld, b, h, i0 + r, c0,
+                                                cols, w->row_stats + 2 * r,
+                                                w->scores16 ? w->scores16 + r * ld : NULL);
+    for (size_t r = 0; r < rows; ++r)
+        lse_u[i0 + r] = (REAL)(w->row_stats[2 * r] + log(w->row_stats[2 * r + 1]));
+}
+
+/*
+ * Rows [r0, r1) of unit (b, h) when they are few (c->decode: a decoding step, a short
+ * chunk): the prefill's tiles would pack all of k and v into GEMM panels of which a row
+ * or two is used.  Here k and v stream once, in place (the ISA's rows_dot and
+ * rows_axpy: each key's row loaded once for all the query rows): the content logits of
+ * the tile's keys, the method's positional rows added or multiplied as the tiles'
+ * epilogue does (forward_positional), the softmax rows as the tiles', then P.v.  No
+ * exact scales, bfloat16 GEMM or expanded segment rows here (attention_prepare).
+ */
+static void attention_decode_unit(const attention_ctx *c, forward_ws *fw, attention_ws *w,
+                                  size_t b, size_t h, size_t r0, size_t r1, REAL *out, REAL *lse)
+{
+    const posenc_problem *p = c->p;
+    const posenc_kernels *kern = c->kern;
+    const size_t m = p->m, d = p->d, dv = c->a->dv, u = b * p->H + h, ld = c->logits.m_pad;
+    const REAL *v_u = (const REAL *)c->a->v + posenc_kv_unit(p, u) * m * dv;
+    REAL *out_u = out + u * p->n * dv, *lse_u = lse + u * p->n;
+    packed_b shape;
+    forward_unit_setup(&c->logits, fw, b, h, r0, r1, &shape, 0);   /* inputs, terms: no panels */
+    const REAL *q_u = fw->inputs.q, *k_u = fw->inputs.k;
+    for (size_t i0 = r0; i0 < r1; i0 += kern->mr) {
+        const size_t rows = posenc_min(kern->mr, r1 - i0);
+        size_t c0, cols;
+        attention_span(c, b, i0, rows, &c0, &cols);
+        const size_t keys = cols > c0 ? cols - c0 : 0;
+        if (keys) {
+            kern->rows_dot(w->scores + c0, ld, q_u + i0 * d, rows, k_u + c0 * d, keys, d, p->scale);
+            ptrdiff_t ldp = 0;
+            const REAL *P = forward_positional(&c->logits, fw, b, h, q_u, i0, rows, cols, &ldp);
+            if (P)
+                for (size_t r = 0; r < rows; ++r)
+                    kern->row_gather(p->product ? POSENC_MUL : POSENC_ADD, w->scores + r * ld + c0,
+                                     P + (ptrdiff_t)r * ldp + c0, 1, keys);
+        }
+        attention_tile_softmax(c, w, b, h, i0, rows, c0, cols, lse_u);
+        if (dv == 0)
+            continue;
+        kern->rows_axpy(out_u + i0 * dv, dv, w->scores + c0, ld, rows, v_u + c0 * dv, keys, dv);
+        for (size_t r = 0; r < rows; ++r)
+            kern->row_gather(POSENC_MUL, out_u + (i0 + r) * dv, &w->row_scale[r], 0, dv);
+    }
+}
+
 /* Rows [r0, r1) of unit (b, h): out and lse. */
 static void attention_forward_unit(const attention_ctx *c, forward_ws *fw, attention_ws *w,
                                    size_t b, size_t h, size_t r0, size_t r1, REAL *out, REAL *lse)
@@ -404,6 +463,10 @@ static void attention_forward_unit(const attention_ctx *c, forward_ws *fw, atten
     const REAL *v_u = (const REAL *)c->a->v + posenc_kv_unit(p, u) * m * dv;
     REAL *out_u = out + u * p->n * dv, *lse_u = lse + u * p->n;
     packed_b k_packed, v_packed;
+    if (c->decode) {
+        attention_decode_unit(c, fw, w, b, h, r0, r1, out, lse);
+        return;
+    }
     const int by_tiles = c->ranged && !kern->bf16;   /* causal_keys */
     forward_unit_setup(&c->logits, fw, b, h, r0, r1, &k_packed, !by_tiles);
     if (by_tiles)
@@ -422,12 +485,7 @@ static void attention_forward_unit(const attention_ctx *c, forward_ws *fw, atten
         if (c0 < cols)
             forward_tile(&c->logits, fw, b, h, &k_packed, i0, rows, c0, cols, w->scores,
                          (ptrdiff_t)ld);
-        for (size_t r = 0; r < rows; ++r)
-            w->row_scale[r] = attention_softmax_row(c, w, w->scores + r * ld, b, h, i0 + r, c0,
-                                                    cols, w->row_stats + 2 * r,
-                                                    w->scores16 ? w->scores16 + r * ld : NULL);
-        for (size_t r = 0; r < rows; ++r)
-            lse_u[i0 + r] = (REAL)(w->row_stats[2 * r] + log(w->row_stats[2 * r + 1]));
+        attention_tile_softmax(c, w, b, h, i0, rows, c0, cols, lse_u);
         if (dv == 0)
             continue;
 #ifdef ENGINE_BF16_GEMM
@@ -594,6 +652,8 @@ static int attention_query_reach(attention_ctx *c)
 /* A head's dense block (forward_head_block: n x m per thread) only up to
  * this size: past it the attention's scratch would grow as the logits. */
 #define ATTENTION_HEAD_BLOCK_BYTES ((size_t)4 << 20)
+/* Calls of at most this many query rows take the decoding path (attention_decode_unit). */
+#define ATTENTION_DECODE_ROWS 16
 
 /* The attention's context, with the logits'. */
 static int attention_prepare(attention_ctx *c, const posenc_problem *p, const posenc_attention *a,
@@ -628,6 +688,8 @@ static int attention_prepare(attention_ctx *c, const posenc_problem *p, const po
                             p->theta || p->product);
     c->logits.head_blocks = c->logits.head_blocks &&
                             posenc_mul_size(p->n * p->m, sizeof(REAL)) <= ATTENTION_HEAD_BLOCK_BYTES;
+    c->decode = p->n <= ATTENTION_DECODE_ROWS && !kern->bf16 && !c->logits.scales.exact &&
+                !c->logits.segment_rows;
     if (status == POSENC_OK && (attention_padding_runs(c) || attention_documents(c)))
         status = POSENC_ENOMEM;
     if (status == POSENC_OK)

@@ -460,6 +460,7 @@ static void KNAME(posenc_tile_scatter_key)(void *grad_, size_t ld, const int64_t
 }
 
 #include "softmax_impl.h"   /* row_max, row_exp: the fused attention's softmax */
+#include "decode_impl.h"    /* rows_dot, rows_axpy: the decoding path's products */
 
 /* The dropout's rows: the ISA's vector generator (isa/avx512.c, isa/avx2.c), else the plain C. */
 #ifndef DROPOUT_ROW
@@ -491,6 +492,8 @@ const posenc_kernels KNAME(posenc_kernels) = {
     .row_max = KNAME(posenc_row_max), .row_exp = KNAME(posenc_row_exp),
     .row_softcap = KNAME(posenc_row_softcap),
     .dropout_row = DROPOUT_ROW,
+    /* the decoding path's products, k and v streamed in place */
+    .rows_dot = KNAME(posenc_rows_dot), .rows_axpy = KNAME(posenc_rows_axpy),
     .store_fence = KNAME(posenc_store_fence),
 };
 

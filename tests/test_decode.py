@@ -1,0 +1,73 @@
+"""The decoding path (issue 30): calls of at most 16 query rows stream k and v
+in place (the ISA's rows_dot and rows_axpy) instead of packing them for the
+prefill's GEMM tiles.  Every method x ISA x dtype against the reference at
+n in {1, 2, 7, 16} (16 the last row count on the path, 17 the first off it),
+m odd and large, causal with query_offset, padding with a fully masked row,
+dropout, grouped-query heads, a window, sinks and a softcap; the backward of
+such a call; 1 and 2 threads bitwise."""
+
+import numpy as np
+import pytest
+
+import posenc
+
+from test_attention import (_inputs, _padding, assert_attention_matches_reference,
+                            assert_threads_bitwise)
+from test_attention_shapes import _grouped, threads  # noqa: F401  (the fixture)
+from posenc._registry import METHODS
+
+ROWS = (1, 2, 7, 16, 17)
+M = 301
+
+
+@pytest.mark.parametrize("n", ROWS)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("method", METHODS)
+def test_decode_matches_reference(posenc_isa, method, dtype, n, rng):
+    """A step at the cache's end (query_offset = m - n, causal), and the same rows
+    with padding (row 1 fully masked) and dropout, forward and every gradient."""
+    args, kwargs, v = _inputs(method, n, M, 16, 9, rng, dtype=dtype)
+    assert_attention_matches_reference(method, args, kwargs, v, rng, causal=True,
+                                       query_offset=M - n)
+    assert_attention_matches_reference(method, args, kwargs, v, rng, causal=True,
+                                       query_offset=M - n - 40,
+                                       key_padding_mask=_padding(2, M), dropout_p=0.2, seed=5)
+
+
+@pytest.mark.parametrize("n", (1, 7))
+@pytest.mark.parametrize("method", METHODS)
+def test_decode_shapes_match_reference(posenc_isa, method, n, rng):
+    """SPEC §7 on the path: grouped-query heads (2 of 4), a window, sinks and a softcap."""
+    args, kwargs, v = _grouped(method, n, M, 8, 5, 2, rng, dtype=np.float32)
+    sinks = rng.standard_normal(4).astype(np.float32)
+    assert_attention_matches_reference(method, args, kwargs, v, rng, causal=True,
+                                       query_offset=M - n, window=(60, 0), softcap=5.0,
+                                       sinks=sinks)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_decode_low_precision(dtype, rng):
+    """The 16-bit dtypes at a step, as posenc.testing bounds them."""
+    from posenc import _dtypes
+    from posenc.testing import assert_attention_close
+
+    if dtype == "bfloat16" and _dtypes.BFLOAT16 is None:
+        pytest.skip("bfloat16 needs ml_dtypes")
+    for method in METHODS:
+        args, kwargs, v = _inputs(method, 1, M, 16, 9, rng, dtype=np.float32)
+        cast = lambda x: x.astype(_dtypes.by_name(dtype)) if x.dtype == np.float32 else x  # noqa: E731
+        args = [cast(a) for a in args]
+        kwargs = {k: cast(x) if isinstance(x, np.ndarray) else x for k, x in kwargs.items()}
+        v = cast(v)
+        got = getattr(posenc, method + "_attention")(args[0], args[1], v, *args[2:], **kwargs,
+                                                     causal=True, query_offset=M - 1)
+        assert_attention_close(got, method, args[0], args[1], v, *args[2:], **kwargs,
+                               causal=True, query_offset=M - 1)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_decode_one_and_two_threads_are_bitwise_equal(method, threads, rng):  # noqa: F811
+    args, kwargs, v = _inputs(method, 3, 4001, 16, 9, rng, dtype=np.float32)
+    d_out = rng.standard_normal((2, 3, 3, 9)).astype(np.float32)
+    assert_threads_bitwise(threads, method, args, kwargs, v, d_out, causal=True,
+                           query_offset=3998, key_padding_mask=_padding(2, 4001, fully_masked_row=None))
