@@ -34,15 +34,21 @@ def test_decode_matches_reference(posenc_isa, method, dtype, n, rng):
                                        key_padding_mask=_padding(2, M), dropout_p=0.2, seed=5)
 
 
-@pytest.mark.parametrize("n", (1, 7))
+@pytest.mark.parametrize("kv_heads", (1, 2))
+@pytest.mark.parametrize("n", (1, 2, 7))
 @pytest.mark.parametrize("method", METHODS)
-def test_decode_shapes_match_reference(posenc_isa, method, n, rng):
-    """SPEC §7 on the path: grouped-query heads (2 of 4), a window, sinks and a softcap."""
-    args, kwargs, v = _grouped(method, n, M, 8, 5, 2, rng, dtype=np.float32)
+def test_decode_shapes_match_reference(posenc_isa, method, n, kv_heads, rng):
+    """SPEC §7 on the path: grouped-query heads (a group's query heads share one pass
+    over their k and v where n leaves room for several in a tile), a window, sinks and
+    a softcap; then padding with a fully masked row and dropout."""
+    args, kwargs, v = _grouped(method, n, M, 8, 5, kv_heads, rng, dtype=np.float32)
     sinks = rng.standard_normal(4).astype(np.float32)
     assert_attention_matches_reference(method, args, kwargs, v, rng, causal=True,
                                        query_offset=M - n, window=(60, 0), softcap=5.0,
                                        sinks=sinks)
+    assert_attention_matches_reference(method, args, kwargs, v, rng, causal=True,
+                                       query_offset=M - n - 9, key_padding_mask=_padding(2, M),
+                                       dropout_p=0.3, seed=7)
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
@@ -65,9 +71,15 @@ def test_decode_low_precision(dtype, rng):
                                causal=True, query_offset=M - 1)
 
 
+@pytest.mark.parametrize("kv_heads", (None, 2))
 @pytest.mark.parametrize("method", METHODS)
-def test_decode_one_and_two_threads_are_bitwise_equal(method, threads, rng):  # noqa: F811
-    args, kwargs, v = _inputs(method, 3, 4001, 16, 9, rng, dtype=np.float32)
-    d_out = rng.standard_normal((2, 3, 3, 9)).astype(np.float32)
+def test_decode_one_and_two_threads_are_bitwise_equal(method, kv_heads, threads, rng):  # noqa: F811
+    if kv_heads:
+        args, kwargs, v = _grouped(method, 1, 4001, 16, 9, kv_heads, rng, dtype=np.float32)
+    else:
+        args, kwargs, v = _inputs(method, 3, 4001, 16, 9, rng, dtype=np.float32)
+    B, H, n = args[0].shape[:3]
+    d_out = rng.standard_normal((B, H, n, 9)).astype(np.float32)
     assert_threads_bitwise(threads, method, args, kwargs, v, d_out, causal=True,
-                           query_offset=3998, key_padding_mask=_padding(2, 4001, fully_masked_row=None))
+                           query_offset=4001 - n,
+                           key_padding_mask=_padding(2, 4001, fully_masked_row=None))

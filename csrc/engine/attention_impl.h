@@ -42,6 +42,8 @@ typedef struct {
     double softcap;              /* SPEC §7's, or 0 */
     int decode;                  /* few query rows (a decoding step): k and v read in place,
                                     not packed (attention_decode_unit) */
+    int decode_terms;            /* the decoding path forms positional rows (a term besides
+                                    the content and the rotation) */
 } attention_ctx;
 
 typedef struct {
@@ -63,6 +65,7 @@ typedef struct {
     size_t *row_range;   /* ranged backward: each row of a block's keys [2 r, 2 r + 1) */
     REAL *cap_grad;      /* backward with softcap: 1 - tanh^2 of a block's capped logits */
     double sink_grad;    /* backward with sinks: the unit's dL/dsink so far */
+    REAL *group_q;       /* the decoding path with a rotation: a head batch's rotated q rows */
 } attention_ws;
 
 /* The attention's part of a thread's workspace (elements); carved into w when w != NULL. */
@@ -100,6 +103,8 @@ static size_t attention_ws_layout(const attention_ctx *c, int backward, size_t r
         WS_TAKE(w, mem, at, v_pack, packed_b_size(m, dv, nr));
         WS_TAKE(w, mem, at, row_scale, c->kern->mr);
         WS_TAKE(w, mem, at, row_stats, 2 * c->kern->mr * (sizeof(double) / sizeof(REAL)));
+        if (c->decode && p->rope_cos)
+            WS_TAKE(w, mem, at, group_q, c->kern->mr * p->d);
     }
     if (c->dropout) {
         WS_TAKE(w, mem, at, drop_row, m);
@@ -453,6 +458,74 @@ static void attention_decode_unit(const attention_ctx *c, forward_ws *fw, attent
     }
 }
 
+/*
+ * The decoding path for `heads` query heads from h_first of one key/value head (GQA),
+ * all of their n rows (heads n <= mr): k and v stream once for all of them.  The
+ * content logits of every row in one rows_dot (q's rows of the heads are contiguous,
+ * or rotated into w->group_q), each head's positional rows and softmax rows on its
+ * block of w->scores, then one rows_axpy into the heads' out rows (contiguous too).
+ */
+static void attention_decode_heads(const attention_ctx *c, forward_ws *fw, attention_ws *w,
+                                   size_t b, size_t h_first, size_t heads, REAL *out, REAL *lse)
+{
+    const posenc_problem *p = c->p;
+    const posenc_kernels *kern = c->kern;
+    const size_t n = p->n, m = p->m, d = p->d, dv = c->a->dv, ld = c->logits.m_pad;
+    const size_t u0 = b * p->H + h_first, rows = heads * n;
+    const REAL *v_u = (const REAL *)c->a->v + posenc_kv_unit(p, u0) * m * dv;
+    unit_inputs_at(p, &fw->scratch, &fw->inputs, b, h_first, 0, n);
+    const REAL *k_u = fw->inputs.k, *q_rows = (const REAL *)p->q + u0 * n * d;
+    if (p->rope_cos) {
+        for (size_t t = 0; t < heads; ++t)
+            rope_rows(p, w->group_q + t * n * d, q_rows + t * n * d, b, 0, n, 0, 0, NULL);
+        q_rows = w->group_q;
+    }
+    size_t c0, cols;
+    attention_span(c, b, 0, n, &c0, &cols);
+    const size_t keys = cols > c0 ? cols - c0 : 0;
+    if (keys)
+        kern->rows_dot(w->scores + c0, ld, q_rows, rows, k_u + c0 * d, keys, d, p->scale);
+    for (size_t t = 0; t < heads; ++t) {
+        const size_t h = h_first + t;
+        attention_ws head = *w;   /* head t's block of the scores and row statistics */
+        head.scores = w->scores + t * n * ld;
+        head.row_scale = w->row_scale + t * n;
+        head.row_stats = w->row_stats + 2 * t * n;
+        if (keys && c->decode_terms) {
+            packed_b shape;
+            ptrdiff_t ldp = 0;
+            forward_unit_setup(&c->logits, fw, b, h, 0, n, &shape, 0);
+            const REAL *P = forward_positional(&c->logits, fw, b, h, q_rows + t * n * d, 0, n,
+                                               cols, &ldp);
+            if (P)
+                for (size_t r = 0; r < n; ++r)
+                    kern->row_gather(p->product ? POSENC_MUL : POSENC_ADD,
+                                     head.scores + r * ld + c0, P + (ptrdiff_t)r * ldp + c0, 1, keys);
+        }
+        attention_tile_softmax(c, &head, b, h, 0, n, c0, cols, lse + (u0 + t) * n);
+    }
+    if (dv == 0)
+        return;
+    REAL *out_g = out + u0 * n * dv;
+    kern->rows_axpy(out_g, dv, w->scores + c0, ld, rows, v_u + c0 * dv, keys, dv);
+    for (size_t r = 0; r < rows; ++r)
+        kern->row_gather(POSENC_MUL, out_g + r * dv, &w->row_scale[r], 0, dv);
+}
+
+/* The decoding path for key/value head g of batch row b: its query heads in batches of
+ * mr / n (one pass over k and v each), or one by one where n > mr / 2. */
+static void attention_decode_group(const attention_ctx *c, forward_ws *fw, attention_ws *w,
+                                   size_t b, size_t g, REAL *out, REAL *lse)
+{
+    const size_t G = posenc_kv_group(c->p), n = c->p->n, per = c->kern->mr / n;
+    for (size_t t = 0; t < G; t += per < 2 ? 1 : per) {
+        if (per < 2)
+            attention_decode_unit(c, fw, w, b, g * G + t, 0, n, out, lse);
+        else
+            attention_decode_heads(c, fw, w, b, g * G + t, posenc_min(per, G - t), out, lse);
+    }
+}
+
 /* Rows [r0, r1) of unit (b, h): out and lse. */
 static void attention_forward_unit(const attention_ctx *c, forward_ws *fw, attention_ws *w,
                                    size_t b, size_t h, size_t r0, size_t r1, REAL *out, REAL *lse)
@@ -690,6 +763,8 @@ static int attention_prepare(attention_ctx *c, const posenc_problem *p, const po
                             posenc_mul_size(p->n * p->m, sizeof(REAL)) <= ATTENTION_HEAD_BLOCK_BYTES;
     c->decode = p->n <= ATTENTION_DECODE_ROWS && !kern->bf16 && !c->logits.scales.exact &&
                 !c->logits.segment_rows;
+    c->decode_terms = p->pos_q || p->table || p->query_table || p->key_table ||
+                      p->segment_table || p->theta;
     if (status == POSENC_OK && (attention_padding_runs(c) || attention_documents(c)))
         status = POSENC_ENOMEM;
     if (status == POSENC_OK)
@@ -770,6 +845,15 @@ static void attention_forward_item(const void *call_, attention_thread *t, size_
     attention_forward_unit(call->c, &t->logits, &t->attention, b, h, r0, r1, call->out, call->lse);
 }
 
+/* The decoding path of grouped-query heads: item (g, b), key/value head-major. */
+static void attention_decode_item(const void *call_, attention_thread *t, size_t item)
+{
+    const attention_forward_call *call = (const attention_forward_call *)call_;
+    const size_t B = call->c->p->B;
+    attention_decode_group(call->c, &t->logits, &t->attention, item % B, item / B, call->out,
+                           call->lse);
+}
+
 /* Under `causal` a tile's cost grows with the keys it sees: the chunks of a unit (call->start,
  * chunks + 1 first rows, whole tiles) split its tiles' keys evenly rather than its rows.
  * 0, or -1 out of memory. */
@@ -820,7 +904,10 @@ static int attention_forward(const posenc_problem *p, const posenc_attention *a,
         attention_forward_call call = {&c, out, lse, 0,
                                        posenc_rows_per_item(BH, p->n, kern->mr, threads), NULL};
         call.chunks = (p->n + call.rows_per_chunk - 1) / call.rows_per_chunk;
-        if (attention_causal_chunks(&c, &call))
+        if (c.decode && posenc_kv_group(p) > 1)   /* a group's heads share their k, v pass */
+            status = attention_run(&c, NULL, num_threads, p->B * (p->H / posenc_kv_group(p)),
+                                   attention_decode_item, &call);
+        else if (attention_causal_chunks(&c, &call))
             status = POSENC_ENOMEM;
         else
             status = attention_run(&c, NULL, num_threads, BH * call.chunks, attention_forward_item,
