@@ -40,6 +40,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import attention as A  # noqa: E402  (its turns)
+from low_precision import measure_peaks  # noqa: E402
 from posenc_bench.machine import cpu_family, cpu_model  # noqa: E402
 from posenc_bench.report import script_main  # noqa: E402
 
@@ -147,6 +148,7 @@ def run(args) -> dict:
     results = {"machine": {"cpu": cpu_model(), "cpu_family": cpu_family(),
                            "torch": torch.__version__, "posenc": posenc.__version__,
                            "isa": posenc.get_isa(), "threads": args.threads},
+               "peaks": measure_peaks(args.threads, 0.2 if args.quick else 1.0),
                "steps": [], "rows": {}, "overhead": {}, "busy": []}
     for method in METHODS:
         for s in steps:
@@ -202,8 +204,10 @@ def markdown(results: dict) -> str:
     lines = [f"# A decoding step (n = 1, query_offset = m − 1, causal, B = 1, float32, "
              f"{mach['threads']} threads)", "",
              f"CPU {mach['cpu']} ({mach['cpu_family']}); posenc {mach['posenc']} ({mach['isa']}), "
-             f"torch {mach['torch']}. Median ms (min–max), calls of a row timed in turns, "
-             "no autograd.", "",
+             f"torch {mach['torch']}. Measured float32 FMA peak "
+             f"{((results.get('peaks') or {}).get('float32') or 0) / 1e9:.0f} GFLOP/s (a step is bound "
+             "by memory: the read of K and V is its yardstick). Median ms (min–max), calls of a "
+             "row timed in turns, no autograd.", "",
              "| method | H | d | m | posenc.torch | SDPA | read K, V once | ÷ SDPA | ÷ read |",
              "|---|---|---|---|---|---|---|---|---|"]
     for s in results["steps"]:

@@ -9,52 +9,14 @@
  */
 #include <string.h>
 
-/* scale q_r . k_j for VL keys from k0 (rows of d) and one row q_r, as the lanes of a
- * vector: a vector of partial sums per key, transposed, then added lane-wise (no
- * horizontal sum per key). */
-static inline VT KNAME(dot_keys)(const REAL *qr, const REAL *k0, size_t d, size_t whole,
-                                 size_t tail)
-{
-    VT acc[VL];
-#pragma GCC unroll 16
-    for (size_t t = 0; t < VL; ++t)
-        acc[t] = VZERO();
-    for (size_t l = 0; l < whole; l += VL) {
-        const VT x = VLOAD(qr + l);
-#pragma GCC unroll 16
-        for (size_t t = 0; t < VL; ++t)
-            acc[t] = VFMA(x, VLOAD(k0 + t * d + l), acc[t]);
-    }
-    if (tail) {
-        const VT x = VLOAD_PART(qr + whole, tail);
-#pragma GCC unroll 16
-        for (size_t t = 0; t < VL; ++t)
-            acc[t] = VFMA(x, VLOAD_PART(k0 + t * d + whole, tail), acc[t]);
-    }
-    VTRANSPOSE(acc);
-    VT sum = acc[0];
-#pragma GCC unroll 16
-    for (size_t t = 1; t < VL; ++t)
-        sum = VADD(sum, acc[t]);
-    return sum;
-}
-
-/* dst[r * ld + j] = scale sum_l q[r * d + l] k[j * d + l], r < rows, j < keys: blocks
- * of VL keys (dot_keys; their rows of k re-read from L1 for each query row), then the
- * last keys one by one. */
+/* dst[r * ld + j] = scale sum_l q[r * d + l] k[j * d + l], r < rows, j < keys. */
 static void KNAME(posenc_rows_dot)(void *dst_, size_t ld, const void *q_, size_t rows,
                                    const void *k_, size_t keys, size_t d, double scale_)
 {
     REAL *dst = (REAL *)dst_;
     const REAL *q = (const REAL *)q_, *k = (const REAL *)k_, scale = (REAL)scale_;
     const size_t whole = d / VL * VL, tail = d - whole;
-    const VT scale_v = VBCAST(scale);
-    size_t j = 0;
-    for (; j + VL <= keys; j += VL)
-        for (size_t r = 0; r < rows; ++r)
-            VSTORE(dst + r * ld + j,
-                   VMUL(scale_v, KNAME(dot_keys)(q + r * d, k + j * d, d, whole, tail)));
-    for (; j < keys; ++j) {
+    for (size_t j = 0; j < keys; ++j) {
         const REAL *kj = k + j * d;
         for (size_t r = 0; r < rows; ++r) {
             const REAL *qr = q + r * d;
