@@ -135,6 +135,8 @@ def test_to_c_array():
     assert copy.flags.c_contiguous and not np.shares_memory(copy, x.numpy())
     np.testing.assert_array_equal(copy, strided.numpy())
     np.testing.assert_array_equal(to_c_array("q", strided.neg()), -strided.numpy())
+    # a contiguous view with the negative bit (numpy() refuses it): resolved, not dropped
+    np.testing.assert_array_equal(to_c_array("q", torch._neg_view(x)), -x.numpy())
     with pytest.raises(TypeError, match="q must have dtype float32, float64, bfloat16"):
         to_c_array("q", torch.zeros(2, dtype=torch.float8_e4m3fn).t())
 

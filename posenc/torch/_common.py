@@ -204,9 +204,11 @@ def to_c_array(name: str, tensor: torch.Tensor) -> np.ndarray:
     of once per C call, and torch's copy of a small strided tensor costs less
     than NumPy's.  The values are the tensor's exactly.
     """
-    if tensor.dtype in _NUMPY_DTYPES and tensor.is_contiguous() and not (tensor.is_neg()
-                                                                         or tensor.is_conj()):
-        return tensor.detach().numpy()    # the common case, in one step
+    if tensor.dtype in _NUMPY_DTYPES and tensor.is_contiguous():
+        try:
+            return tensor.detach().numpy()    # the common case, in one step
+        except RuntimeError:                  # a negative or conjugate bit: to_numpy resolves it
+            pass
     _numpy_dtype(name, tensor.dtype)      # its TypeError before any copy
     if not tensor.is_contiguous():
         tensor = tensor.detach().contiguous()
