@@ -26,20 +26,6 @@ import os
 
 import pytest
 
-
-def seed_from_env() -> int:
-    """POSENC_TEST_SEED (default 0) as an int; read when a fixture needs it, so a bad
-    value fails the tests that use posenc's fixtures, naming the variable, and no
-    other test of the run."""
-    text = os.environ.get("POSENC_TEST_SEED", "0")
-    try:
-        seed = int(text)
-    except ValueError:
-        seed = -1
-    if seed < 0:
-        raise ValueError(f"POSENC_TEST_SEED must be a non-negative integer, got {text!r}")
-    return seed
-
 FIXTURES = ("posenc_isa", "posenc_inputs")
 
 
@@ -80,8 +66,10 @@ def posenc_inputs():
     """``posenc_inputs(method, B=2, H=3, n=7, m=5, d=4, dtype=..., seed=..., **options)``:
     random inputs of a method (posenc.testing.random_inputs), seeded from
     POSENC_TEST_SEED unless ``seed`` is given."""
-    from posenc.testing import random_inputs
+    from posenc.testing import random_inputs, seed_from_env
 
+    # read here, not at import: a bad value fails the tests that use the fixture, naming
+    # the variable, and no other test of the run
     return functools.partial(random_inputs, seed=seed_from_env())
 
 

@@ -279,11 +279,23 @@ def assert_logits_close(actual, method: str, *args, **kwargs) -> None:
                   rounded_operands=logit_operands_rounded(method))
 
 
+def seed_from_env() -> int:
+    """POSENC_TEST_SEED (default 0) as an int; a ValueError naming the variable
+    unless it is a non-negative integer."""
+    text = os.environ.get("POSENC_TEST_SEED", "0")
+    try:
+        seed = int(text)
+    except ValueError:
+        seed = -1
+    if seed < 0:
+        raise ValueError(f"POSENC_TEST_SEED must be a non-negative integer, got {text!r}")
+    return seed
+
+
 def _upstream(shape, dtype) -> np.ndarray:
     """G = dL/dA, standard normal from POSENC_TEST_SEED (default 0); the second
     word keeps it apart from inputs drawn with random_inputs(seed=that seed)."""
-    seed = int(os.environ.get("POSENC_TEST_SEED", "0"))
-    return np.random.default_rng([seed, 1]).standard_normal(shape).astype(dtype)
+    return np.random.default_rng([seed_from_env(), 1]).standard_normal(shape).astype(dtype)
 
 
 def _field(result, name: str, position: int):

@@ -7,13 +7,14 @@ that used `rng`, so a failure can be replayed:
     POSENC_TEST_SEED=17 python -m pytest tests/test_reference.py
 """
 
-import os
 import zlib
 
 import numpy as np
 import pytest
 
-SEED = int(os.environ.get("POSENC_TEST_SEED", "0"))
+from posenc.testing import seed_from_env
+
+SEED = seed_from_env()
 collect_ignore = ["user_project"]    # a user's project, run by test_testing.py from outside
 
 
@@ -29,6 +30,16 @@ def rng(request):
     does not change the numbers another test draws."""
     test_key = zlib.crc32(request.node.nodeid.encode())
     return np.random.default_rng([SEED, test_key])
+
+
+@pytest.fixture
+def threads():
+    """posenc.set_num_threads, the previous count restored after the test (1 against
+    2 threads bitwise)."""
+    import posenc
+    previous = posenc.get_num_threads()
+    yield posenc.set_num_threads
+    posenc.set_num_threads(previous)
 
 
 @pytest.fixture(scope="module")

@@ -25,13 +25,6 @@ from posenc._registry import METHODS, REGISTRY, Dense
 EPS32 = float(np.finfo(np.float32).eps)
 
 
-@pytest.fixture
-def threads():
-    previous = posenc.get_num_threads()
-    yield posenc.set_num_threads
-    posenc.set_num_threads(previous)
-
-
 def _inputs(method, n, m, d, dv, rng, *, dtype=np.float64, B=2, H=3):
     args, kwargs = make_inputs(method, B, H, n, m, d, dtype=dtype, rng=rng)
     return args, kwargs, rng.standard_normal((B, H, m, dv)).astype(dtype)

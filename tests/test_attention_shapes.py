@@ -29,13 +29,6 @@ EPS32 = float(np.finfo(np.float32).eps)
 H = 4
 
 
-@pytest.fixture
-def threads():
-    previous = posenc.get_num_threads()
-    yield posenc.set_num_threads
-    posenc.set_num_threads(previous)
-
-
 def _grouped(method, n, m, d, dv, kv_heads, rng, *, dtype=np.float64, B=2):
     args, kwargs = make_inputs(method, B, H, n, m, d, dtype=dtype, rng=rng, kv_heads=kv_heads)
     return args, kwargs, rng.standard_normal((B, kv_heads, m, dv)).astype(dtype)

@@ -13,7 +13,7 @@ import posenc
 
 from test_attention import (_inputs, _padding, assert_attention_matches_reference,
                             assert_threads_bitwise)
-from test_attention_shapes import _grouped, threads  # noqa: F401  (the fixture)
+from test_attention_shapes import _grouped
 from posenc._registry import METHODS
 
 ROWS = (1, 2, 7, 16, 17)
@@ -73,7 +73,7 @@ def test_decode_low_precision(dtype, rng):
 
 @pytest.mark.parametrize("kv_heads", (None, 2))
 @pytest.mark.parametrize("method", METHODS)
-def test_decode_one_and_two_threads_are_bitwise_equal(method, kv_heads, threads, rng):  # noqa: F811
+def test_decode_one_and_two_threads_are_bitwise_equal(method, kv_heads, threads, rng):
     if kv_heads:
         args, kwargs, v = _grouped(method, 1, 4001, 16, 9, kv_heads, rng, dtype=np.float32)
     else:

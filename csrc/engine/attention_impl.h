@@ -415,6 +415,38 @@ static void attention_tile_softmax(const attention_ctx *c, attention_ws *w, size
         lse_u[i0 + r] = (REAL)(w->row_stats[2 * r] + log(w->row_stats[2 * r + 1]));
 }
 
+/* The decoding path's positional rows of head h (its q from row 0 at q_u; rows
+ * [i0, i0 + rows), keys [c0, cols)) onto the content logits (row r at scores + r ld),
+ * added or multiplied as the tiles' epilogue does (forward_positional). */
+static void attention_decode_terms(const attention_ctx *c, forward_ws *fw, size_t b, size_t h,
+                                   const REAL *q_u, size_t i0, size_t rows, size_t c0,
+                                   size_t cols, REAL *scores)
+{
+    const size_t ld = c->logits.m_pad;
+    ptrdiff_t ldp = 0;
+    const REAL *P = forward_positional(&c->logits, fw, b, h, q_u, i0, rows, cols, &ldp);
+    if (!P)
+        return;
+    for (size_t r = 0; r < rows; ++r)
+        c->kern->row_gather(c->p->product ? POSENC_MUL : POSENC_ADD, scores + r * ld + c0,
+                            P + (ptrdiff_t)r * ldp + c0, 1, cols - c0);
+}
+
+/* The decoding path's out rows (`rows` rows of dv from out_rows): the probabilities of
+ * w->scores' rows over keys [c0, c0 + keys) times v (v_u: the key/value head's), each
+ * row scaled by its 1 / sum (w->row_scale). */
+static void attention_decode_out(const attention_ctx *c, const attention_ws *w, REAL *out_rows,
+                                 size_t rows, const REAL *v_u, size_t c0, size_t keys)
+{
+    const size_t dv = c->a->dv;
+    if (dv == 0)
+        return;
+    c->kern->rows_axpy(out_rows, dv, w->scores + c0, c->logits.m_pad, rows, v_u + c0 * dv, keys,
+                       dv);
+    for (size_t r = 0; r < rows; ++r)
+        c->kern->row_gather(POSENC_MUL, out_rows + r * dv, &w->row_scale[r], 0, dv);
+}
+
 /*
  * Rows [r0, r1) of unit (b, h) when they are few (c->decode: a decoding step, a short
  * chunk): the prefill's tiles would pack all of k and v into GEMM panels of which a row
@@ -442,19 +474,10 @@ static void attention_decode_unit(const attention_ctx *c, forward_ws *fw, attent
         const size_t keys = cols > c0 ? cols - c0 : 0;
         if (keys) {
             kern->rows_dot(w->scores + c0, ld, q_u + i0 * d, rows, k_u + c0 * d, keys, d, p->scale);
-            ptrdiff_t ldp = 0;
-            const REAL *P = forward_positional(&c->logits, fw, b, h, q_u, i0, rows, cols, &ldp);
-            if (P)
-                for (size_t r = 0; r < rows; ++r)
-                    kern->row_gather(p->product ? POSENC_MUL : POSENC_ADD, w->scores + r * ld + c0,
-                                     P + (ptrdiff_t)r * ldp + c0, 1, keys);
+            attention_decode_terms(c, fw, b, h, q_u, i0, rows, c0, cols, w->scores);
         }
         attention_tile_softmax(c, w, b, h, i0, rows, c0, cols, lse_u);
-        if (dv == 0)
-            continue;
-        kern->rows_axpy(out_u + i0 * dv, dv, w->scores + c0, ld, rows, v_u + c0 * dv, keys, dv);
-        for (size_t r = 0; r < rows; ++r)
-            kern->row_gather(POSENC_MUL, out_u + (i0 + r) * dv, &w->row_scale[r], 0, dv);
+        attention_decode_out(c, w, out_u + i0 * dv, rows, v_u, c0, keys);
     }
 }
 
@@ -493,23 +516,12 @@ static void attention_decode_heads(const attention_ctx *c, forward_ws *fw, atten
         head.row_stats = w->row_stats + 2 * t * n;
         if (keys && c->decode_terms) {
             packed_b shape;
-            ptrdiff_t ldp = 0;
             forward_unit_setup(&c->logits, fw, b, h, 0, n, &shape, 0);
-            const REAL *P = forward_positional(&c->logits, fw, b, h, q_rows + t * n * d, 0, n,
-                                               cols, &ldp);
-            if (P)
-                for (size_t r = 0; r < n; ++r)
-                    kern->row_gather(p->product ? POSENC_MUL : POSENC_ADD,
-                                     head.scores + r * ld + c0, P + (ptrdiff_t)r * ldp + c0, 1, keys);
+            attention_decode_terms(c, fw, b, h, q_rows + t * n * d, 0, n, c0, cols, head.scores);
         }
         attention_tile_softmax(c, &head, b, h, 0, n, c0, cols, lse + (u0 + t) * n);
     }
-    if (dv == 0)
-        return;
-    REAL *out_g = out + u0 * n * dv;
-    kern->rows_axpy(out_g, dv, w->scores + c0, ld, rows, v_u + c0 * dv, keys, dv);
-    for (size_t r = 0; r < rows; ++r)
-        kern->row_gather(POSENC_MUL, out_g + r * dv, &w->row_scale[r], 0, dv);
+    attention_decode_out(c, w, out + u0 * n * dv, rows, v_u, c0, keys);
 }
 
 /* The decoding path for key/value head g of batch row b: its query heads in batches of
@@ -518,12 +530,13 @@ static void attention_decode_group(const attention_ctx *c, forward_ws *fw, atten
                                    size_t b, size_t g, REAL *out, REAL *lse)
 {
     const size_t G = posenc_kv_group(c->p), n = c->p->n, per = c->kern->mr / n;
-    for (size_t t = 0; t < G; t += per < 2 ? 1 : per) {
-        if (per < 2)
+    if (per < 2) {
+        for (size_t t = 0; t < G; ++t)
             attention_decode_unit(c, fw, w, b, g * G + t, 0, n, out, lse);
-        else
-            attention_decode_heads(c, fw, w, b, g * G + t, posenc_min(per, G - t), out, lse);
+        return;
     }
+    for (size_t t = 0; t < G; t += per)
+        attention_decode_heads(c, fw, w, b, g * G + t, posenc_min(per, G - t), out, lse);
 }
 
 /* Rows [r0, r1) of unit (b, h): out and lse. */
@@ -905,7 +918,7 @@ static int attention_forward(const posenc_problem *p, const posenc_attention *a,
                                        posenc_rows_per_item(BH, p->n, kern->mr, threads), NULL};
         call.chunks = (p->n + call.rows_per_chunk - 1) / call.rows_per_chunk;
         if (c.decode && posenc_kv_group(p) > 1)   /* a group's heads share their k, v pass */
-            status = attention_run(&c, NULL, num_threads, p->B * (p->H / posenc_kv_group(p)),
+            status = attention_run(&c, NULL, num_threads, p->B * posenc_kv_heads(p),
                                    attention_decode_item, &call);
         else if (attention_causal_chunks(&c, &call))
             status = POSENC_ENOMEM;

@@ -45,13 +45,18 @@ def _call(method, tensors, params, v, sinks, options):
                            sinks=None if sinks is None else to_c_array("sinks", sinks), **named)
 
 
+def _forward(call) -> tuple:
+    """(out, lse) of the checked call, as tensors sharing the C results' memory."""
+    return tuple(to_tensor(a) for a in _methods.attention_forward(call))
+
+
 class _FusedAttention(torch.autograd.Function):
     """apply(method, params, options, v, sinks, *tensors)."""
 
     @staticmethod
     def forward(ctx, method, params, options, v, sinks, *tensors):
         call = _call(method, tensors, params, v, sinks, options)
-        out, lse = (to_tensor(a) for a in _methods.attention_forward(call))
+        out, lse = _forward(call)
         ctx.method, ctx.params, ctx.options, ctx.call = method, params, options, call
         ctx.save_for_backward(v, sinks, out, lse, *tensors)
         ctx.mark_non_differentiable(lse)
@@ -124,9 +129,8 @@ def fused_attention(method: str, tensors: tuple, params: tuple, attention: tuple
         if torch.is_grad_enabled() and any(t is not None and t.requires_grad
                                            for t in (v, sinks, *tensors)):
             out, lse = _FusedAttention.apply(method, tuple(params), options, v, sinks, *tensors)
-        else:   # nothing to differentiate (a decoding step): the C call without autograd's
-            out, lse = (to_tensor(a) for a in _methods.attention_forward(   # bookkeeping
-                _call(method, tensors, params, v, sinks, options)))
+        else:   # nothing to differentiate (a decoding step): without autograd's bookkeeping
+            out, lse = _forward(_call(method, tensors, params, v, sinks, options))
     return Attention(out, lse)
 
 
@@ -171,8 +175,7 @@ def _define(method: str):
 
     def forward(*args):
         v, tensors, values, sinks, options = split(args)
-        out, lse = _methods.attention_forward(_call(method, tensors, values, v, sinks, options))
-        return to_tensor(out), to_tensor(lse)
+        return _forward(_call(method, tensors, values, v, sinks, options))
 
     def backward(d_out, *args):
         *args, needs = args
