@@ -66,11 +66,11 @@ def _user_stacklevel() -> int:
     return level if frame is not None else 2
 
 
-def _warn_once(reason: str) -> None:
+def _warn_once(reason: str, runs: str = "the original Hugging Face forward") -> None:
     if reason not in _WARNED:
         _WARNED.add(reason)
-        warnings.warn(f"posenc.torch.hf: {reason}; running the original Hugging Face forward "
-                      "for such calls", RuntimeWarning, stacklevel=_user_stacklevel())
+        warnings.warn(f"posenc.torch.hf: {reason}; running {runs} for such calls",
+                      RuntimeWarning, stacklevel=_user_stacklevel())
 
 
 class _SharedT5Bias:
@@ -512,3 +512,10 @@ def unpatch(model):
 def is_patched(model) -> bool:
     """Whether any attention module of `model` runs posenc."""
     return any(getattr(type(mod), "_posenc_original_class", None) is not None for mod in model.modules())
+
+
+try:                                    # attn_implementation="posenc"
+    from . import _hf_interface
+    _hf_interface.register()
+except ImportError:                     # pragma: no cover - transformers not installed
+    pass
