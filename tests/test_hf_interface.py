@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import sys
 import warnings
 from unittest import mock
 
@@ -56,13 +57,39 @@ FLOAT64 = [family for family in FAMILIES if family != "gpt_oss"]
 
 @contextlib.contextmanager
 def float64_softmax():
-    """HF's eager attention with its softmax in float64 for float64 inputs."""
-    original = torch.nn.functional.softmax
+    """HF's eager attention float64 throughout for float64 inputs: its softmax in the
+    input's dtype (the Llama family asks for float32, MPT calls .float() on its
+    scores; other .float() calls, as Gemma's norms, stay as they are), and
+    BLOOM's and Falcon's ALiBi line `slope * position` computed in float64 from
+    their own slopes (HF multiplies in float32 and bfloat16)."""
+    from transformers.models.bloom import modeling_bloom
+    from transformers.models.falcon import modeling_falcon
 
-    def softmax(x, dim=None, _stacklevel=3, dtype=None):
-        return original(x, dim=dim, dtype=None if x.dtype == torch.float64 else dtype)
+    softmax, to_float = torch.nn.functional.softmax, torch.Tensor.float
 
-    with mock.patch.object(torch.nn.functional, "softmax", softmax):
+    def float64_kept(x, *args, **kwargs):          # MPT's softmax(scores.float()) only
+        if x.dtype == torch.float64 and not args and not kwargs \
+                and sys._getframe(1).f_globals.get("__name__", "").endswith("modeling_mpt"):
+            return x
+        return to_float(x, *args, **kwargs)
+
+    def exact_line(build):
+        def alibi(mask, heads, dtype):
+            if dtype != torch.float64:
+                return build(mask, heads, dtype)
+            slopes = build(torch.ones(1, 2, dtype=torch.long), heads, torch.float32).view(heads, 2)[:, 1]
+            positions = ((mask.cumsum(-1) - 1) * mask)[:, None, :].double()
+            return (slopes.double()[None, :, None] * positions).reshape(-1, 1, mask.shape[-1])
+        return alibi
+
+    with mock.patch.object(torch.nn.functional, "softmax",
+                           lambda x, dim=None, _stacklevel=3, dtype=None: softmax(
+                               x, dim=dim, dtype=None if x.dtype == torch.float64 else dtype)), \
+            mock.patch.object(torch.Tensor, "float", float64_kept), \
+            mock.patch.object(modeling_bloom, "build_alibi_tensor",
+                              exact_line(modeling_bloom.build_alibi_tensor)), \
+            mock.patch.object(modeling_falcon, "build_alibi_tensor",
+                              exact_line(modeling_falcon.build_alibi_tensor)):
         yield
 
 
@@ -337,3 +364,109 @@ def test_read_mask_refuses_what_it_cannot_read():
         _reading(torch.full((1, 1, 4, 4), 0.5))
     with pytest.raises(interface.Unserved, match="dtype torch.int64"):
         _reading(torch.ones(1, 1, 4, 4, dtype=torch.long))
+
+
+# ------------------------------------------------------------------ the ALiBi families (patch)
+
+ALIBI = {
+    "bloom": ("BloomConfig", "BloomForCausalLM", dict(hidden_size=40, n_layer=2, n_head=10)),
+    "mpt": ("MptConfig", "MptForCausalLM", dict(d_model=32, n_layers=2, n_heads=4, max_seq_len=96)),
+    "falcon": ("FalconConfig", "FalconForCausalLM", dict(
+        hidden_size=32, num_hidden_layers=2, num_attention_heads=4, alibi=True, bias=True,
+        new_decoder_architecture=False, multi_query=False)),
+    "falcon_mqa": ("FalconConfig", "FalconForCausalLM", dict(
+        hidden_size=32, num_hidden_layers=2, num_attention_heads=4, alibi=True, bias=True,
+        new_decoder_architecture=False, multi_query=True)),
+    "falcon_gqa": ("FalconConfig", "FalconForCausalLM", dict(
+        hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_kv_heads=2, alibi=True,
+        bias=True, new_decoder_architecture=True)),
+}
+
+
+def alibi_model(family, dtype=torch.float64, seed=0):
+    """HF's eager attention, except Falcon's sdpa (HF's eager Falcon adds its ALiBi
+    twice: once in the scores, once in the mask it folded it into)."""
+    config_name, model_name, extra = ALIBI[family]
+    torch.manual_seed(seed)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        config = getattr(transformers, config_name)(vocab_size=VOCAB, **extra)
+        config._attn_implementation = "sdpa" if family.startswith("falcon") else "eager"
+        return getattr(transformers, model_name)(config).to(dtype).eval()
+
+
+def patched(reference):
+    return posenc.torch.hf.patch(copy.deepcopy(reference))
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
+@pytest.mark.parametrize("family", list(ALIBI))
+def test_alibi_families_logits_and_gradients(family, dtype):
+    reference = alibi_model(family, dtype)
+    ours = patched(reference)
+    assert ours._posenc_patched == 2                     # both layers
+    ids, mask = batch(family)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got, got_grads = loss_and_grads(ours, ids, mask, attention_mask=mask)
+    with float64_softmax():
+        want, want_grads = loss_and_grads(reference, ids, mask, attention_mask=mask)
+    keep = mask.bool()
+    assert torch.isfinite(got[keep]).all()
+    assert_close(want[keep], got[keep], _tolerance(dtype))
+    assert_grads_close(want_grads, got_grads, 10 * _tolerance(dtype))
+
+
+@pytest.mark.parametrize("family", list(ALIBI))
+def test_alibi_families_generate(family):
+    """Greedy generate() of 32 tokens from a left-padded batch: HF's tokens (the
+    static cache where HF runs it: BLOOM; MPT ignores it, Falcon fails on it)."""
+    reference = alibi_model(family)
+    ours = patched(reference)
+    ids, mask = batch(family, n=9)
+    mask[2] = 1
+    ids[mask == 0] = 0
+    caches = [None, "static"] if family == "bloom" else [None]
+    for cache in caches:
+        options = dict(attention_mask=mask, max_new_tokens=32, min_new_tokens=32, do_sample=False,
+                       pad_token_id=0, eos_token_id=None, cache_implementation=cache)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            got = ours.generate(ids, **options)
+        with float64_softmax():
+            want = reference.generate(ids, **options)
+        assert got.shape == (3, 9 + 32) and torch.equal(got, want)
+
+
+def test_alibi_unpatch_is_bit_identical_and_rotary_falcon_is_left_alone():
+    reference = alibi_model("bloom")
+    ids, mask = batch("bloom", left_padding=False)
+    with torch.no_grad():
+        before = run(reference, ids, attention_mask=mask)
+        posenc.torch.hf.patch(reference)
+        assert posenc.torch.hf.is_patched(reference)
+        run(reference, ids, attention_mask=mask)
+        posenc.torch.hf.unpatch(reference)
+        after = run(reference, ids, attention_mask=mask)
+    assert torch.equal(before, after) and not posenc.torch.hf.is_patched(reference)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        rotary = transformers.FalconForCausalLM(transformers.FalconConfig(
+            vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+            alibi=False))
+    assert posenc.torch.hf.patch(rotary)._posenc_patched == 0
+
+
+def test_alibi_padding_inside_a_row_falls_back():
+    """BLOOM's positions count kept tokens only: a hole in the middle of a row shifts
+    the keys after it, which no ALiBi line gives; HF's forward runs, with a warning."""
+    reference = alibi_model("bloom")
+    ours = patched(reference)
+    ids, mask = batch("bloom", left_padding=False)
+    mask[0, 6:8] = 0
+    with float64_softmax(), torch.no_grad():
+        want = run(reference, ids, attention_mask=mask)
+    with pytest.warns(RuntimeWarning, match="ALiBi tensor that is not"), torch.no_grad():
+        got = run(ours, ids, attention_mask=mask)
+    keep = mask.bool()
+    assert_close(want[keep], got[keep], 1e-6)      # HF's own float32 line in the fallback

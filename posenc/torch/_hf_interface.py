@@ -49,13 +49,17 @@ class Unserved(Exception):
 
 # ------------------------------------------------------------------ reading a mask
 
-def _allowed(mask: torch.Tensor, batch: int, n: int, m: int) -> torch.Tensor:
-    """The (B, n, m) keep pattern of an HF mask: bool (True keeps) or additive float
-    (0 keeps, the dtype's minimum or -inf drops); Unserved for anything else."""
+def _allowed(mask: torch.Tensor, batch: int, n: int, m: int, convention: str) -> torch.Tensor:
+    """The (B, n, m) keep pattern of an HF mask: bool (True keeps; with convention
+    "dropped", MPT's, True drops) or additive float (0 keeps, the dtype's minimum or
+    -inf drops; with convention "biased", Falcon's ALiBi mask, any value above half
+    the minimum keeps); Unserved for anything else."""
     if mask.dim() != 4 or mask.shape[-2:] != (n, m):
         raise Unserved(f"an attention mask of shape {tuple(mask.shape)} for {n} queries and {m} keys")
     if mask.dtype == torch.bool:
-        keep = mask
+        keep = ~mask if convention == "dropped" else mask
+    elif mask.is_floating_point() and convention == "biased":
+        keep = mask > torch.finfo(mask.dtype).min / 2
     elif mask.is_floating_point():
         keep = mask == 0
         if not torch.all(keep | (mask <= torch.finfo(mask.dtype).min / 2)):
@@ -143,16 +147,16 @@ def _candidates(keep: torch.Tensor, position_ids, causal_hint: bool):
 
 
 def read_mask(mask: torch.Tensor, batch: int, n: int, m: int, position_ids=None,
-              causal: bool = True) -> MaskReading:
+              causal: bool = True, convention: str = "hf") -> MaskReading:
     """The kernel's parameters that give exactly HF's `mask` (B|1, 1|H, n, m);
     Unserved if none do.  `causal`: whether the layer is causal (which reading to
-    try first).  Remembered per mask tensor: the layers of one forward share the
-    mask, so it is read once."""
-    key = (batch, n, m, causal, None if position_ids is None else id(position_ids))
+    try first); `convention`: see _allowed.  Remembered per mask tensor: the
+    layers of one forward share the mask, so it is read once."""
+    key = (batch, n, m, causal, convention, None if position_ids is None else id(position_ids))
     known = getattr(mask, "_posenc_reading", None)     # (key, reading) of an earlier layer
     if known is not None and known[0] == key:
         return known[1]
-    keep = _allowed(mask.detach().cpu(), batch, n, m)
+    keep = _allowed(mask.detach().cpu(), batch, n, m, convention)
     position_ids = None if position_ids is None else position_ids.detach().cpu()
     for reading in _candidates(keep, position_ids, causal):
         if torch.equal(_implied(batch, n, m, reading), keep):
@@ -160,6 +164,16 @@ def read_mask(mask: torch.Tensor, batch: int, n: int, m: int, position_ids=None,
             return reading
     raise Unserved("an attention mask that is not causal, a window, packed documents "
                    "and padding")
+
+
+def mask_options(reading: MaskReading, device) -> dict:
+    """A reading as the fused attention's keyword arguments, on `device`."""
+    documents = reading.documents or (None, None)
+    return dict(causal=reading.causal, query_offset=reading.query_offset,
+                window=None if reading.window_left is None else (reading.window_left, 0),
+                key_padding_mask=None if reading.key_padding is None else reading.key_padding.to(device),
+                document_q=None if documents[0] is None else documents[0].to(device),
+                document_k=None if documents[1] is None else documents[1].to(device))
 
 
 # ------------------------------------------------------------------ T5's position bias
@@ -233,15 +247,8 @@ def attention(module, query, key, value, attention_mask, dropout: float = 0.0,
         _warn(str(why))
         return _eager(module, query, key, value, attention_mask, is_causal,
                       dict(kwargs, dropout=dropout, scaling=scaling))
-    options = dict(
-        causal=reading.causal, query_offset=reading.query_offset,
-        window=None if reading.window_left is None else (reading.window_left, 0),
-        key_padding_mask=None if reading.key_padding is None else reading.key_padding.to(query.device),
-        document_q=None if reading.documents is None else reading.documents[0].to(query.device),
-        document_k=None if reading.documents is None else reading.documents[1].to(query.device),
-        softcap=kwargs.get("softcap"), sinks=kwargs.get("s_aux"),
-        dropout_p=dropout)
-    options["seed"] = dropout_seed(dropout)
+    options = dict(mask_options(reading, query.device), softcap=kwargs.get("softcap"),
+                   sinks=kwargs.get("s_aux"), dropout_p=dropout, seed=dropout_seed(dropout))
     if t5 is not None:
         bias = t5.pop("bias").to(query.dtype)
         options["query_offset"] = t5.pop("query_offset")

@@ -39,7 +39,9 @@ import torch
 
 import posenc
 
+from . import _hf_alibi
 from ._common import dropout_seed
+from ._hf_interface import Unserved as _Unsupported
 from ._linear import project
 
 __all__ = ["patch", "unpatch", "is_patched"]
@@ -134,10 +136,6 @@ def _split_mask(mask, batch, n, m, causal, offset):
     first = torch.where(padding.all(dim=1), m, (~padding).int().argmax(dim=1))
     _require((first <= (offset if causal else m - 1)).all(), "query rows whose keys are all masked")
     return padding.contiguous() if _maybe(padding.any()) else None
-
-
-class _Unsupported(Exception):
-    pass
 
 
 def _require(condition: torch.Tensor, reason: str) -> None:
@@ -467,12 +465,23 @@ def _served():
     for module, name, forward in (("mt5.modeling_mt5", "MT5Attention", _t5_forward),
                                   ("umt5.modeling_umt5", "UMT5Attention", _umt5_forward),
                                   ("deberta_v2.modeling_deberta_v2", "DisentangledSelfAttention",
-                                   _deberta_forward)):
+                                   _deberta_forward),
+                                  ("bloom.modeling_bloom", "BloomAttention", _hf_alibi.bloom_forward),
+                                  ("mpt.modeling_mpt", "MptAttention", _hf_alibi.mpt_forward),
+                                  ("falcon.modeling_falcon", "FalconAttention",
+                                   _hf_alibi.falcon_forward)):
         try:
             served.append((getattr(importlib.import_module("transformers.models." + module), name), forward))
         except (ImportError, AttributeError):  # pragma: no cover - other transformers versions
             pass
     return served
+
+
+def _applies(module) -> bool:
+    """Whether a served class's module has something to serve (a Falcon with
+    rotary embeddings has no ALiBi: it keeps HF's attention)."""
+    config = getattr(module, "config", None)
+    return getattr(config, "alibi", True) if type(module).__name__ == "FalconAttention" else True
 
 
 def patch(model):
@@ -486,7 +495,7 @@ def patch(model):
         if getattr(cls, "_posenc_original_class", None) is not None:
             continue
         for base, forward in served:
-            if not isinstance(module, base):
+            if not isinstance(module, base) or not _applies(module):
                 continue
             if cls.forward is not base.forward:
                 _warn_once(f"{cls.__name__} overrides {base.__name__}.forward; left unpatched")
