@@ -41,6 +41,9 @@ class PositionalEncoding(nn.Module):
     """
 
     method = ""         # the posenc method whose logits it computes
+    # whether the method's paper shares one encoding across a model's layers
+    # (posenc.torch.hf.swap_positional_encoding's default)
+    shared_across_layers = False
 
     uses_attention_projections = False
     projects_keys = False

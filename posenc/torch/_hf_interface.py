@@ -240,7 +240,8 @@ def attention(module, query, key, value, attention_mask, dropout: float = 0.0,
         else:
             reading = read_mask(attention_mask, batch, n, m, kwargs.get("position_ids"),
                                 bool(is_causal))
-        position_bias = kwargs.get("position_bias")
+        encoding = getattr(module, "_posenc_encoding", None)   # swap_positional_encoding's
+        position_bias = None if encoding is not None else kwargs.get("position_bias")
         t5 = None if position_bias is None else _position_bias(module, position_bias,
                                                                 reading.query_offset)
     except Unserved as why:
@@ -249,7 +250,9 @@ def attention(module, query, key, value, attention_mask, dropout: float = 0.0,
                       dict(kwargs, dropout=dropout, scaling=scaling))
     options = dict(mask_options(reading, query.device), softcap=kwargs.get("softcap"),
                    sinks=kwargs.get("s_aux"), dropout_p=dropout, seed=dropout_seed(dropout))
-    if t5 is not None:
+    if encoding is not None:
+        out = encoding.attention(query, key, value, **options).out
+    elif t5 is not None:
         bias = t5.pop("bias").to(query.dtype)
         options["query_offset"] = t5.pop("query_offset")
         out = t5_attention(query, key, value, bias, scale=1.0 if scaling is None else scaling,

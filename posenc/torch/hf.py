@@ -42,9 +42,11 @@ import posenc
 from . import _hf_alibi
 from ._common import dropout_seed
 from ._hf_interface import Unserved as _Unsupported
+from ._hf_swap import describe, from_pretrained, swap_positional_encoding
 from ._linear import project
 
-__all__ = ["patch", "unpatch", "is_patched"]
+__all__ = ["patch", "unpatch", "is_patched", "swap_positional_encoding", "from_pretrained",
+           "describe"]
 
 _WARNED: set = set()
 _SUBCLASSES: dict = {}

@@ -77,6 +77,7 @@ class T5RelativeBias(PositionalEncoding):
     """
 
     method = "t5"
+    shared_across_layers = True        # T5: one table, the first layer's, for all
 
     def __init__(self, num_heads: int, num_buckets: int = 32, max_distance: int = 128,
                  bidirectional: bool = True, *, scale: float | None = None,
@@ -300,6 +301,7 @@ class TUPE(PositionalEncoding):
     """
 
     method = "tupe"
+    shared_across_layers = True        # TUPE §3.3: U^Q, U^K shared by the layers
 
     def __init__(self, d_model: int, num_heads: int, max_len: int, *,
                  head_dim: int | None = None, relative: bool = False, reset_cls: bool = True,
@@ -381,6 +383,7 @@ class DIETAbs(PositionalEncoding):
     """
 
     method = "diet_abs"
+    shared_across_layers = True        # DIET Table 5: layer-wise sharing
 
     def __init__(self, num_heads: int, max_len: int, rank: int, *, per_head: bool = True,
                  num_segments: int | None = None, linformer_k: int | None = None,
