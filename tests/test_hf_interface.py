@@ -470,3 +470,19 @@ def test_alibi_padding_inside_a_row_falls_back():
         got = run(ours, ids, attention_mask=mask)
     keep = mask.bool()
     assert_close(want[keep], got[keep], 1e-6)      # HF's own float32 line in the fallback
+
+
+def test_patch_puts_an_interface_model_on_posenc_and_unpatch_restores_it():
+    reference = model("llama", implementation="sdpa")
+    ids, mask = batch("llama", left_padding=False)
+    with torch.no_grad():
+        before = run(reference, ids, attention_mask=mask)
+        posenc.torch.hf.patch(reference)
+        assert reference.config._attn_implementation == "posenc"
+        assert reference._posenc_patched == 2 and posenc.torch.hf.is_patched(reference)
+        served = run(reference, ids, attention_mask=mask)
+        posenc.torch.hf.unpatch(reference)
+        after = run(reference, ids, attention_mask=mask)
+    assert reference.config._attn_implementation == "sdpa" and not posenc.torch.hf.is_patched(reference)
+    assert torch.equal(before, after)
+    assert_close(before, served, 1e-10)

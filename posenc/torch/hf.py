@@ -1,4 +1,15 @@
-"""posenc.torch.hf: run Hugging Face T5, UMT5 and DeBERTa-v2 attention on posenc's fused attention.
+"""posenc.torch.hf: Hugging Face models on posenc's fused attention (docs/huggingface.md).
+
+* Importing this module registers attn_implementation="posenc" on HF's attention
+  interface (Llama, Mistral, Qwen, Gemma, gpt-oss, GPT-NeoX, BERT, GPT-2, T5,
+  ...): `_hf_interface`.
+* `swap_positional_encoding(model, method)` replaces such a model's positional
+  encoding by any posenc method; `from_pretrained` loads it back; `describe`
+  says what a model runs: `_hf_swap`.
+* `patch(model)` serves the models that do not use the interface: the ALiBi
+  families (BLOOM, MPT, Falcon with alibi=True: `_hf_alibi`) and T5, mT5, UMT5
+  and DeBERTa-v2 (below); a model with none of those that uses the interface
+  gets attn_implementation="posenc".
 
 `patch(model)` swaps, in place, the class of every `T5Attention` module of a
 transformers 5.x model (T5, mT5's `MT5Attention`, a copy of it, and
@@ -24,8 +35,8 @@ What the patched forward cannot serve exactly (attention weights requested,
 an attention mask that is not key padding plus the causal mask, query rows
 with every key masked, an unknown attention implementation, an unexpected
 argument, a position bias handed in as a tensor) runs HF's original forward
-for that call, with one warning per reason.  transformers is imported
-lazily: importing this module does not need it.
+for that call, with one warning per reason.  Importing this module without
+transformers installed works (nothing is registered); the functions need it.
 """
 
 from __future__ import annotations
@@ -39,7 +50,7 @@ import torch
 
 import posenc
 
-from . import _hf_alibi
+from . import _hf_alibi, _hf_swap
 from ._common import dropout_seed
 from ._hf_interface import Unserved as _Unsupported
 from ._hf_swap import describe, from_pretrained, swap_positional_encoding
@@ -487,9 +498,11 @@ def _applies(module) -> bool:
 
 
 def patch(model):
-    """Swap every served attention module of `model` (T5, mT5, UMT5, DeBERTa-v2;
-    in place) for posenc's fused attention; returns `model`.  Parameters stay
-    the same objects."""
+    """Swap every served attention module of `model` (T5, mT5, UMT5, DeBERTa-v2,
+    BLOOM, MPT, Falcon with ALiBi; in place) for posenc's fused attention; a model
+    with none of them that calls HF's attention interface (Llama, BERT, ...) gets
+    attn_implementation="posenc" instead (`unpatch` restores its own).  Returns
+    `model`; parameters stay the same objects."""
     count = 0
     served = _served()
     for module in model.modules():
@@ -505,6 +518,11 @@ def patch(model):
                 module.__class__ = _patched_class(cls, forward)
                 count += 1
             break
+    if not count and getattr(model, "_supports_attention_backend", False) \
+            and model.config._attn_implementation != "posenc":
+        model._posenc_previous_implementation = model.config._attn_implementation
+        model.set_attn_implementation("posenc")
+        count = len(_hf_swap.attention_layers(model))
     model._posenc_patched = count
     return model
 
@@ -517,12 +535,18 @@ def unpatch(model):
             module.__class__ = original
     if hasattr(model, "_posenc_patched"):
         del model._posenc_patched
+    previous = getattr(model, "_posenc_previous_implementation", None)
+    if previous is not None:
+        model.set_attn_implementation(previous)
+        del model._posenc_previous_implementation
     return model
 
 
 def is_patched(model) -> bool:
-    """Whether any attention module of `model` runs posenc."""
-    return any(getattr(type(mod), "_posenc_original_class", None) is not None for mod in model.modules())
+    """Whether any attention module of `model` runs posenc (a patched class, or
+    attn_implementation="posenc")."""
+    return getattr(getattr(model, "config", None), "_attn_implementation", None) == "posenc" or any(
+        getattr(type(mod), "_posenc_original_class", None) is not None for mod in model.modules())
 
 
 try:                                    # attn_implementation="posenc"
