@@ -46,6 +46,8 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MARK = "@@posenc-hf "         # a worker's protocol lines on stdout start with this
 IMPLEMENTATIONS = ("posenc", "eager", "sdpa")
+# a model on HF's attention interface also runs the attention alone on posenc
+EXTRA = {"llama": ("posenc-attn",)}
 
 T5_SMALL = dict(vocab_size=32128, d_model=512, d_kv=64, d_ff=2048, num_layers=6, num_decoder_layers=6,
                 num_heads=8, relative_attention_num_buckets=32, relative_attention_max_distance=128,
@@ -103,8 +105,9 @@ def _model_class(name):
 
 
 def _build(name, shape, implementation, seed=0):
-    """The model with `implementation` ("posenc": HF's default, patched; Llama:
-    attn_implementation="posenc" on HF's attention interface), or the
+    """The model with `implementation` ("posenc": HF's default, patched -- for the
+    Llama shape attn_implementation="posenc" and its q, k, v, o projections on
+    posenc's GEMM; "posenc-attn": attn_implementation="posenc" alone), or the
     implementation HF runs when it refuses that one (the caller checks)."""
     import torch
     from posenc.torch import hf
@@ -112,10 +115,9 @@ def _build(name, shape, implementation, seed=0):
     config_class, model_class = _model_class(name)
     torch.manual_seed(seed)
     config = config_class(**shape["config"])
-    interface = implementation == "posenc" and name == "llama"
-    chosen = None if implementation == "posenc" and not interface else implementation
+    chosen = {"posenc": None, "posenc-attn": "posenc"}.get(implementation, implementation)
     model = model_class._from_config(config, attn_implementation=chosen)
-    if implementation == "posenc" and not interface:
+    if implementation == "posenc":
         hf.patch(model)
     return model
 
@@ -279,7 +281,7 @@ def _summary(times: list) -> dict:
 
 def _refusal(name: str, implementation: str):
     """Why HF will not run `implementation` for this model, or None."""
-    if implementation == "posenc":
+    if implementation.startswith("posenc"):
         return None
     shape = QUICK_SHAPES[name]
     try:
@@ -320,7 +322,7 @@ def run_model(name: str, args, log) -> dict:
     result = {"shape": {k: v for k, v in shape.items() if k != "config"}, "config": shape["config"],
               "repeats": {}, "refused": {}, "cases": {}}
     implementations = []
-    for implementation in IMPLEMENTATIONS:
+    for implementation in IMPLEMENTATIONS[:1] + EXTRA.get(name, ()) + IMPLEMENTATIONS[1:]:
         why = _refusal(name, implementation)
         if why:
             result["refused"][implementation] = why
@@ -372,7 +374,7 @@ def targets(results: dict) -> list:
 
     def hf_cases(name, command):
         cases = results["models"].get(name, {}).get("cases", {})
-        return ({k: v[command] for k, v in cases.items() if k != "posenc" and command in v},
+        return ({k: v[command] for k, v in cases.items() if not k.startswith("posenc") and command in v},
                 cases.get("posenc", {}).get(command))
 
     # (model, label, speed target, peak-memory target): issue 15's for T5 and DeBERTa, issue 29's
@@ -395,6 +397,14 @@ def targets(results: dict) -> list:
                           (f"<= {memory:g}x" if memory < 1 else "< 1x"),
                           verdict="info" if memory is None else
                           ("PASS" if ratio <= memory and ratio < 1 else "SHORT")))
+    for command in ("train", "generate"):                # the attention alone on posenc
+        peers, _ = hf_cases("llama", command)
+        alone = results["models"].get("llama", {}).get("cases", {}).get("posenc-attn", {}).get(command)
+        if peers and alone:
+            best = min(peers, key=lambda k: peers[k]["median_s"])
+            found.append(dict(name=f"Llama {command}: HF {best} ÷ attn_implementation=\"posenc\" alone "
+                                   f"(projections on torch's GEMM)",
+                              ratio=peers[best]["median_s"] / alone["median_s"], target=None, verdict="info"))
     for name, label in (("t5", "T5"), ("llama", "Llama")):
         peers, ours = hf_cases(name, "generate")
         if peers and ours:

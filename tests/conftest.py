@@ -1,4 +1,5 @@
-"""Shared fixtures: a seeded random generator; one posenc and one torch thread.
+"""Shared fixtures: a seeded random generator; one posenc and one torch thread;
+posenc.torch.hf's fallbacks as errors.
 
 The seed comes from the environment variable POSENC_TEST_SEED (default 0) and
 is shown in the header of every run and in the report of every failing test
@@ -7,6 +8,7 @@ that used `rng`, so a failure can be replayed:
     POSENC_TEST_SEED=17 python -m pytest tests/test_reference.py
 """
 
+import warnings
 import zlib
 
 import numpy as np
@@ -40,6 +42,20 @@ def threads():
     previous = posenc.get_num_threads()
     yield posenc.set_num_threads
     posenc.set_num_threads(previous)
+
+
+@pytest.fixture
+def no_hf_fallback():
+    """A posenc.torch.hf call that falls back warns: turn that into an error, so a
+    test proves posenc served it (the fallback tests catch the warning with
+    pytest.warns), and forget the warnings already given once."""
+    from posenc.torch import hf
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="posenc.torch.hf")
+        hf._WARNED.clear()
+        yield
+        hf._WARNED.clear()
 
 
 @pytest.fixture(scope="module")

@@ -20,6 +20,8 @@ import transformers  # noqa: E402
 import posenc.torch  # noqa: E402
 from posenc.torch import hf  # noqa: E402
 
+pytestmark = pytest.mark.usefixtures("no_hf_fallback")
+
 FAMILIES = {"t5": "T5", "mt5": "MT5", "umt5": "UMT5"}     # HF's class prefix
 T5_FAMILIES = ["t5", "umt5"]
 
@@ -82,17 +84,6 @@ def assert_same_logits_and_grads(got, want, bound):
     assert got[1].keys() == want[1].keys()
     for name in want[1]:
         assert grad_close(got[1][name], want[1][name], bound), name
-
-
-@pytest.fixture(autouse=True)
-def _no_fallback():
-    """A patched call that falls back warns: turn that into an error, so each
-    test proves posenc served it (the fallback tests catch it themselves)."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("error", message="posenc.torch.hf")
-        hf._WARNED.clear()
-        yield
-        hf._WARNED.clear()
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import io
 import sys
 import warnings
 from unittest import mock
@@ -25,6 +26,9 @@ transformers = pytest.importorskip("transformers")
 
 import posenc.torch.hf  # noqa: E402,F401  (registers "posenc")
 from posenc.torch import _hf_interface as interface  # noqa: E402
+
+# a fallback is an error unless a test catches its warning
+pytestmark = pytest.mark.usefixtures("no_hf_fallback")
 
 VOCAB = 61
 _COMMON = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
@@ -48,6 +52,7 @@ FAMILIES = {
             rope_type="yarn", rope_theta=10000.0, factor=4.0, beta_fast=32.0, beta_slow=1.0,
             original_max_position_embeddings=64, truncate=False))),
     "gpt_neox": ("GPTNeoXConfig", "GPTNeoXForCausalLM", dict(rotary_pct=0.5)),
+    "gpt2": ("GPT2Config", "GPT2LMHeadModel", dict(n_inner=48)),
     "bert": ("BertConfig", "BertModel", dict()),
 }
 DECODERS = [family for family in FAMILIES if family != "bert"]
@@ -166,7 +171,12 @@ def test_logits_and_gradients_with_padding(family, dtype):
     if dtype == torch.float64 and family not in FLOAT64:
         pytest.skip("gpt-oss's experts run float32 only")
     reference = model(family, dtype)
-    ours = twin(reference)
+    check_padded_batch(reference, twin(reference), family, dtype)
+
+
+def check_padded_batch(reference, ours, family, dtype):
+    """`ours` against HF's `reference` on a left- and right-padded batch: the logits
+    of the real tokens and every parameter's gradient, with no fallback."""
     ids, mask = batch(family)
     with warnings.catch_warnings():
         warnings.simplefilter("error")                 # no fallback
@@ -405,16 +415,7 @@ def test_alibi_families_logits_and_gradients(family, dtype):
     reference = alibi_model(family, dtype)
     ours = patched(reference)
     assert ours._posenc_patched == 2                     # both layers
-    ids, mask = batch(family)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        got, got_grads = loss_and_grads(ours, ids, mask, attention_mask=mask)
-    with float64_softmax():
-        want, want_grads = loss_and_grads(reference, ids, mask, attention_mask=mask)
-    keep = mask.bool()
-    assert torch.isfinite(got[keep]).all()
-    assert_close(want[keep], got[keep], _tolerance(dtype))
-    assert_grads_close(want_grads, got_grads, 10 * _tolerance(dtype))
+    check_padded_batch(reference, ours, family, dtype)
 
 
 @pytest.mark.parametrize("family", list(ALIBI))
@@ -473,6 +474,8 @@ def test_alibi_padding_inside_a_row_falls_back():
 
 
 def test_patch_puts_an_interface_model_on_posenc_and_unpatch_restores_it():
+    """patch() of a model on the attention interface: attn_implementation="posenc" and
+    the attention projections on posenc's GEMM; unpatch() restores both, bit-identically."""
     reference = model("llama", implementation="sdpa")
     ids, mask = batch("llama", left_padding=False)
     with torch.no_grad():
@@ -480,8 +483,16 @@ def test_patch_puts_an_interface_model_on_posenc_and_unpatch_restores_it():
         posenc.torch.hf.patch(reference)
         assert reference.config._attn_implementation == "posenc"
         assert reference._posenc_patched == 2 and posenc.torch.hf.is_patched(reference)
+        projection = reference.model.layers[0].self_attn.q_proj
+        assert type(projection).__name__ == "PosencLinear"        # on posenc's GEMM
         served = run(reference, ids, attention_mask=mask)
+        buffer = io.BytesIO()                 # a whole patched model pickles (torch.save)
+        torch.save(reference, buffer)
+        buffer.seek(0)
+        assert torch.equal(run(torch.load(buffer, weights_only=False), ids, attention_mask=mask),
+                           served)
         posenc.torch.hf.unpatch(reference)
+        assert type(projection) is torch.nn.Linear
         after = run(reference, ids, attention_mask=mask)
     assert reference.config._attn_implementation == "sdpa" and not posenc.torch.hf.is_patched(reference)
     assert torch.equal(before, after)

@@ -18,6 +18,9 @@ transformers = pytest.importorskip("transformers")
 from posenc.torch import hf  # noqa: E402
 from posenc.torch._hf_swap import ENCODINGS, IdentityRotation, NoPositions  # noqa: E402
 
+# a fallback is an error unless a test catches its warning
+pytestmark = pytest.mark.usefixtures("no_hf_fallback")
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 _spec = importlib.util.spec_from_file_location("pe_ablation", ROOT / "examples" / "pe_ablation.py")
 ablation = importlib.util.module_from_spec(_spec)
@@ -146,3 +149,28 @@ def test_errors():
         hf.swap_positional_encoding(bloom, "t5")
     with pytest.raises(TypeError, match="JSON values"):
         hf.swap_positional_encoding(build("llama"), "relative_bias", bias_fn=torch.nn.Identity())
+
+
+@pytest.mark.parametrize("method", ["t5", "diet_abs", "alibi"])
+def test_a_swapped_model_falls_back_with_its_own_encoding(method):
+    """What the fused call cannot serve (attention weights) runs the swapped
+    encoding's logits the eager way -- not the model's own eager attention, which
+    knows nothing of the swap: the same logits, and weights that are softmaxes."""
+    model = hf.swap_positional_encoding(build("llama"), method)
+    with torch.no_grad():
+        for p in model.posenc_encodings.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    ids = torch.randint(2, ablation.VOCAB, (2, 11), generator=torch.Generator().manual_seed(3))
+    mask = torch.ones_like(ids)
+    mask[1, :3] = 0
+    with torch.no_grad():
+        fused = model(ids, attention_mask=mask).logits
+        with pytest.warns(RuntimeWarning, match="output_attentions"):
+            out = model(ids, attention_mask=mask, output_attentions=True)
+    keep = mask.bool()
+    error = float((out.logits - fused)[keep].abs().max() / fused[keep].abs().max())
+    assert error <= 1e-10, error
+    weights = out.attentions[0]
+    assert weights.shape == (2, 4, 11, 11)
+    assert torch.allclose(weights[0].sum(-1), torch.ones(4, 11, dtype=weights.dtype))
+    assert not weights[0].triu(1).any()                  # causal

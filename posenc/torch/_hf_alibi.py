@@ -94,6 +94,19 @@ def _merged(out):
     return out.transpose(1, 2).reshape(batch, n, heads * d)
 
 
+def _line_call(module, hidden_states, alibi, attention_mask, cache, output_attentions,
+               convention: str, rounding) -> tuple:
+    """(mask reading, slopes) of a BLOOM or Falcon attention call, or Unserved."""
+    batch, n, _ = hidden_states.shape
+    m = alibi.shape[-1]
+    if output_attentions:
+        raise Unserved("attention weights asked for (output_attentions)")
+    if _expected_keys(cache, module.layer_idx, n) != m:
+        raise Unserved("an ALiBi tensor shorter than the cache's keys")
+    reading = _reading(attention_mask, batch, n, m, convention)
+    return reading, _line_slopes(module, alibi, reading, batch, module.num_heads, m, rounding)
+
+
 def _expected_keys(cache, layer_idx, n) -> int:
     """How many keys the layer attends to once `cache` has taken the n new ones (a
     static cache: all its slots, the unused ones masked)."""
@@ -106,19 +119,12 @@ def bloom_forward(self, hidden_states, residual, alibi, attention_mask, layer_pa
                   use_cache=False, output_attentions=False, **kwargs):
     from .hf import _warn_once
 
-    batch, n, _ = hidden_states.shape
-    heads, d = self.num_heads, self.head_dim
-    m = alibi.shape[-1]
     try:
-        if output_attentions:
-            raise Unserved("attention weights asked for (output_attentions)")
         if self.pretraining_tp > 1 and self.slow_but_exact:
             raise Unserved("pretraining_tp > 1 with slow_but_exact")
-        if _expected_keys(layer_past, self.layer_idx, n) != m:
-            raise Unserved("an ALiBi tensor shorter than the cache's keys")
-        reading = _reading(attention_mask, batch, n, m, "hf")
-        rounding = torch.float32 if alibi.dtype == torch.float64 else alibi.dtype
-        slopes = _line_slopes(self, alibi, reading, batch, heads, m, rounding) * self.beta
+        reading, slopes = _line_call(self, hidden_states, alibi, attention_mask, layer_past,
+                                     output_attentions, "hf", torch.float32 if alibi.dtype ==
+                                     torch.float64 else alibi.dtype)
     except Unserved as why:
         _warn_once(str(why))
         return self._posenc_original_forward(hidden_states, residual, alibi, attention_mask, layer_past,
@@ -126,7 +132,8 @@ def bloom_forward(self, hidden_states, residual, alibi, attention_mask, layer_pa
     q, k, v = self._reshape(self.query_key_value(hidden_states))
     if layer_past is not None:
         k, v = layer_past.update(k, v, self.layer_idx)
-    out = _fused(q, k, v, slopes, self.inv_norm_factor, reading, self.attention_dropout.p, self.training)
+    out = _fused(q, k, v, slopes * self.beta, self.inv_norm_factor, reading, self.attention_dropout.p,
+                 self.training)
     out = self.dense(_merged(out))
     return _home(self).dropout_add(out, residual, self.hidden_dropout, self.training), None
 
@@ -174,19 +181,14 @@ def falcon_forward(self, hidden_states, alibi, attention_mask, position_ids=None
                 output_attentions, position_embeddings)
     if alibi is None:                       # a rotary Falcon: not an ALiBi model, nothing to serve
         return self._posenc_original_forward(*original, **kwargs)
-    batch, n, _ = hidden_states.shape
-    heads, d = self.num_heads, self.head_dim
-    m = alibi.shape[-1]
     try:
-        if output_attentions:
-            raise Unserved("attention weights asked for (output_attentions)")
-        if _expected_keys(layer_past, self.layer_idx, n) != m:
-            raise Unserved("an ALiBi tensor shorter than the cache's keys")
-        reading = _reading(attention_mask, batch, n, m, "biased")
-        slopes = _line_slopes(self, alibi, reading, batch, heads, m, torch.bfloat16)
+        reading, slopes = _line_call(self, hidden_states, alibi, attention_mask, layer_past,
+                                     output_attentions, "biased", torch.bfloat16)
     except Unserved as why:
         _warn_once(str(why))
         return self._posenc_original_forward(*original, **kwargs)
+    batch, n, _ = hidden_states.shape
+    heads, d = self.num_heads, self.head_dim
     kv_heads = heads if self.new_decoder_architecture else self.num_kv_heads
     q, k, v = self._split_heads(self.query_key_value(hidden_states))
     q = q.transpose(1, 2).reshape(batch, heads, n, d)

@@ -222,6 +222,35 @@ def _eager(module, query, key, value, attention_mask, is_causal, kwargs):
     return eager(module, query, key, value, attention_mask, **kwargs)
 
 
+def _unfused(module, encoding, query, key, value, attention_mask, is_causal, dropout, kwargs):
+    """A swapped model's attention the eager way, for what the fused call cannot
+    serve: the encoding's logits (k and v repeated to the query heads), softcap,
+    HF's mask (boolean, or added; without one the query at position m - n + i),
+    softmax with the sinks, torch's dropout; returns (out (B, n, H, dv), weights
+    (B, H, n, m))."""
+    batch, heads, n, _ = query.shape
+    m = key.shape[2]
+    group = heads // key.shape[1]
+    key, value = (x.repeat_interleave(group, dim=1) for x in (key, value))
+    logits = encoding.logits(query, key, query_offset=m - n if is_causal else 0)
+    softcap = kwargs.get("softcap")
+    if softcap is not None:
+        logits = softcap * torch.tanh(logits / softcap)
+    if attention_mask is None:
+        keep = torch.ones(n, m, dtype=torch.bool, device=query.device)
+        logits = logits.masked_fill(~(keep.tril(m - n) if is_causal else keep), float("-inf"))
+    elif attention_mask.dtype == torch.bool:
+        logits = logits.masked_fill(~attention_mask, float("-inf"))
+    else:                                    # HF's additive mask, whatever it holds
+        logits = logits + attention_mask
+    sinks = kwargs.get("s_aux")
+    if sinks is not None:
+        logits = torch.cat([logits, sinks.reshape(1, -1, 1, 1).expand(batch, heads, n, 1)], dim=-1)
+    weights = torch.softmax(logits, dim=-1).nan_to_num(0.0)[..., :m]
+    weights = torch.nn.functional.dropout(weights, p=dropout, training=module.training)
+    return (weights @ value).transpose(1, 2).contiguous(), weights
+
+
 def attention(module, query, key, value, attention_mask, dropout: float = 0.0,
               scaling: float | None = None, is_causal: bool | None = None, **kwargs):
     """HF's attention-interface function for "posenc": returns (out (B, n, H, dv), None)."""
@@ -246,6 +275,10 @@ def attention(module, query, key, value, attention_mask, dropout: float = 0.0,
                                                                 reading.query_offset)
     except Unserved as why:
         _warn(str(why))
+        encoding = getattr(module, "_posenc_encoding", None)
+        if encoding is not None:            # the model's eager attention lacks the swapped encoding
+            return _unfused(module, encoding, query, key, value, attention_mask, is_causal, dropout,
+                            kwargs)
         return _eager(module, query, key, value, attention_mask, is_causal,
                       dict(kwargs, dropout=dropout, scaling=scaling))
     options = dict(mask_options(reading, query.device), softcap=kwargs.get("softcap"),

@@ -50,7 +50,7 @@ import torch
 
 import posenc
 
-from . import _hf_alibi, _hf_swap
+from . import _hf_alibi, _hf_swap, _linear
 from ._common import dropout_seed
 from ._hf_interface import Unserved as _Unsupported
 from ._hf_swap import describe, from_pretrained, swap_positional_encoding
@@ -444,6 +444,11 @@ def _deberta_posenc(self, hidden_states, attention_mask, output_attentions, quer
     return out.transpose(1, 2).reshape(batch, n, heads * d), None
 
 
+def _linear_forward(self, x):
+    """A patched attention layer's projection: F.linear on posenc's GEMM (_linear)."""
+    return _linear.linear(x, self.weight, self.bias)
+
+
 def _patched_class(cls, forward):
     if cls not in _SUBCLASSES:
         _SUBCLASSES[cls] = type("Posenc" + cls.__name__, (cls,), {
@@ -460,6 +465,8 @@ def __getattr__(name):
     (PosencT5Attention, PosencMT5Attention, PosencUMT5Attention,
     PosencDisentangledSelfAttention), so that pickle (torch.save of a whole
     patched model) finds them."""
+    if name == "PosencLinear":
+        return _patched_class(torch.nn.Linear, _linear_forward)
     if name.startswith("Posenc"):
         for cls, forward in _served():
             if "Posenc" + cls.__name__ == name:
@@ -501,7 +508,8 @@ def patch(model):
     """Swap every served attention module of `model` (T5, mT5, UMT5, DeBERTa-v2,
     BLOOM, MPT, Falcon with ALiBi; in place) for posenc's fused attention; a model
     with none of them that calls HF's attention interface (Llama, BERT, ...) gets
-    attn_implementation="posenc" instead (`unpatch` restores its own).  Returns
+    attn_implementation="posenc" instead, and its attention layers' q, k, v and o
+    projections (plain nn.Linear) run on posenc's GEMM (`unpatch` restores both).  Returns
     `model`; parameters stay the same objects."""
     count = 0
     served = _served()
@@ -522,7 +530,12 @@ def patch(model):
             and model.config._attn_implementation != "posenc":
         model._posenc_previous_implementation = model.config._attn_implementation
         model.set_attn_implementation("posenc")
-        count = len(_hf_swap.attention_layers(model))
+        layers = _hf_swap.attention_layers(model)
+        for layer in layers:                  # q, k, v, o on posenc's GEMM, as T5's patch has them
+            for child in layer.children():
+                if _linear._plain(child):
+                    child.__class__ = _patched_class(torch.nn.Linear, _linear_forward)
+        count = len(layers)
     model._posenc_patched = count
     return model
 
