@@ -86,7 +86,8 @@ QUICK_SHAPES = {
 TITLES = {"t5": "T5-small shape, T5ForConditionalGeneration",
           "deberta": "DeBERTa-v3-base shape, DebertaV2ForSequenceClassification",
           "llama": "Llama shape (d_model 512, 8 heads, 2 KV heads, 8 layers, vocab 32000), "
-                   "LlamaForCausalLM; posenc: attn_implementation=\"posenc\"",
+                   "LlamaForCausalLM; posenc: patch() (attn_implementation=\"posenc\" and the "
+                   "q, k, v, o projections on posenc's GEMM); posenc-attn: attn_implementation=\"posenc\" alone",
           "bloom": "BLOOM shape (d_model 512, 8 heads, 8 layers, vocab 32000), BloomForCausalLM"}
 # the commands a model's cases run
 COMMANDS = {"t5": ("generate", "train"), "deberta": ("train",), "llama": ("generate", "train"),
@@ -181,6 +182,22 @@ def _generate(model, batch, new_tokens):
     return _time.perf_counter() - start, tokens
 
 
+def _train_flops(name, model, shape):
+    """A decoder-only training step's floating-point operations (None for the others):
+    6 x the matmul parameters (every 2-D weight but the input embedding, the output
+    layer counted once) x the tokens, plus the causal attention's 6 B H n^2 d per layer."""
+    if name not in CAUSAL:
+        return None
+    config = model.config
+    skip = {id(model.get_input_embeddings().weight), id(model.get_output_embeddings().weight)}
+    weights = sum(p.numel() for p in model.parameters() if p.dim() == 2 and id(p) not in skip)
+    weights += model.get_output_embeddings().weight.numel()
+    batch, n = shape["batch"], shape["encoder"]
+    heads = config.num_attention_heads
+    attention = 6 * batch * heads * n * n * (config.hidden_size // heads) * config.num_hidden_layers
+    return 6 * weights * batch * n + attention
+
+
 def _send(message: dict) -> None:
     sys.stdout.write(MARK + json.dumps(message) + "\n")
     sys.stdout.flush()
@@ -210,7 +227,7 @@ def worker(spec: dict, build=None) -> None:
         _generate(model, small, 2)
     resets = _reset_peak()
     base = (_current_rss_bytes() if resets else None) or _maxrss_bytes()
-    _send({"ready": True, "runs": model.config._attn_implementation,
+    _send({"ready": True, "runs": model.config._attn_implementation, "train_flops": _train_flops(name, model, shape),
            "patched_modules": getattr(model, "_posenc_patched", 0), "patched": hf.is_patched(model),
            "base_bytes": base, "peak_resets": resets})
     for line in sys.stdin:
@@ -339,6 +356,7 @@ def run_model(name: str, args, log) -> dict:
                 running.append(case)
                 result["cases"][case.implementation] = {"runs": case.ready["runs"],
                                                         "patched_modules": case.ready["patched_modules"]}
+                result["train_flops"] = case.ready.get("train_flops")
             except RuntimeError as error:
                 result["cases"][case.implementation] = {"error": str(error)}
                 log(f"{name} {case.implementation}: {error}")
@@ -423,7 +441,9 @@ def preamble(results: dict, title: str, command: str = "") -> list:
              f"{results['date']}; posenc {machine['posenc']} ({machine['isa']}), torch {machine['torch']}, "
              f"transformers {machine['transformers']}, {machine['cpu']} ({machine['cores']} cores). "
              f"Load average {results['load_before']} before, {results['load_after']} after; "
-             f"{results['minutes']:.1f} min.{command}", ""]
+             f"{results['minutes']:.1f} min.{command}"
+             + (f" Float32 FMA peak measured in this run: {results['fma_peak_gflops']:.0f} GFLOP/s."
+                if results.get("fma_peak_gflops") else ""), ""]
     if results.get("note"):
         lines += [f"**{results['note']}**", ""]
     if results["quick"]:
@@ -469,6 +489,13 @@ def markdown(results: dict) -> str:
                     line += f" {'yes' if entry.get('same_tokens_as_eager') else 'no'} |"
                 lines.append(line)
             lines.append("")
+            if command == "train" and model.get("train_flops") and results.get("fma_peak_gflops"):
+                rates = {k: model["train_flops"] / v["median_s"] / 1e9 for k, v in rows.items()}
+                lines += [f"A step is about {model['train_flops'] / 1e12:.2f} TFLOP (6 x matmul parameters x "
+                          "tokens + the causal attention): " + ", ".join(
+                              f"{k} {rate:.0f} GFLOP/s ({100 * rate / results['fma_peak_gflops']:.0f} %)"
+                              for k, rate in rates.items())
+                          + f" of the float32 FMA peak measured in this run.", ""]
         for implementation, case in model["cases"].items():
             if "error" in case:
                 lines += [f"* {implementation} failed: {case['error']}", ""]
@@ -518,7 +545,8 @@ def main(argv=None) -> int:
                            "transformers": transformers.__version__, "posenc": posenc.__version__,
                            "isa": posenc.get_isa(), "threads": args.threads, "cores": os.cpu_count(),
                            "cpu": _cpu_name()},
-               "load_before": [round(x, 2) for x in os.getloadavg()], "models": {}}
+               "load_before": [round(x, 2) for x in os.getloadavg()], "models": {},
+               "fma_peak_gflops": _fma_peak(args.threads, 0.2 if args.quick else 1.0)}
     for name in args.models:
         results["models"][name] = run_model(name, args, log)
     results["load_after"] = [round(x, 2) for x in os.getloadavg()]
@@ -540,6 +568,18 @@ def save(results: dict, text: str, out, name: str, quick: bool) -> None:
         f.write(text)
     print(text)
     print(f"wrote {stem}.json, .md")
+
+
+def _fma_peak(threads: int, seconds: float):
+    """The float32 FMA rate (GFLOP/s) of posenc's ISA on `threads` threads, or None."""
+    import posenc
+    from posenc import _machine
+
+    try:
+        rate = _machine.measure_fma(posenc.get_isa(), "float32", threads, seconds)   # FLOP/s
+    except ValueError:
+        return None
+    return rate / 1e9 if rate > 0 else None
 
 
 def _cpu_name() -> str:

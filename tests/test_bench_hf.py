@@ -1,6 +1,6 @@
 """Smoke test of benchmarks/hf.py (HF models patched onto posenc against HF's
 attention): its --quick mode runs every case in a worker process of its own,
-writes its JSON and Markdown, states HF's refusals and issue 15's targets.  No
+writes its JSON and Markdown, states HF's refusals and issues 15's and 29's targets.  No
 timing is asserted: the figures of a quick run on a shared machine mean nothing."""
 
 import json
@@ -45,6 +45,13 @@ def test_every_case_is_timed_and_measured(quick_run):
     assert t5["cases"]["eager"]["patched_modules"] == 0 and t5["cases"]["sdpa"]["runs"] == "sdpa"
     # float32 greedy tokens of a tiny model: the same as HF eager's
     assert all(case["generate"]["same_tokens_as_eager"] for case in t5["cases"].values())
+    # the decoder-only shapes: Llama on the interface (patched, and the interface alone), BLOOM patched
+    llama, bloom = data["models"]["llama"], data["models"]["bloom"]
+    assert set(llama["cases"]) == {"posenc", "posenc-attn", "eager", "sdpa"}
+    assert llama["cases"]["posenc"]["runs"] == llama["cases"]["posenc-attn"]["runs"] == "posenc"
+    assert bloom["cases"]["posenc"]["patched_modules"] == 2 and "sdpa" in bloom["refused"]
+    assert all("error" not in case for model in (llama, bloom) for case in model["cases"].values())
+    assert llama["train_flops"] > 0 and bloom["train_flops"] > 0 and data["fma_peak_gflops"] > 0
 
 
 def test_targets_and_page(quick_run):
@@ -56,7 +63,10 @@ def test_targets_and_page(quick_run):
     for target in data["targets"]:
         assert target["ratio"] > 0
         assert target["verdict"] in (("PASS", "SHORT") if target["target"] else ("info",))
-    assert "## Targets (issue 15)" in text and "--quick: tiny shapes" in text
+    assert any(n.startswith("Llama training step:") for n in names)
+    assert any(n.startswith("BLOOM training step peak memory") for n in names)
+    assert "## Targets (issues 15 and 29)" in text and "--quick: tiny shapes" in text
+    assert "Float32 FMA peak measured in this run" in text and "TFLOP (6 x matmul" in text
     for reason in data["models"]["deberta"]["refused"].values():
         assert reason in text
 
