@@ -4,8 +4,9 @@ fused `alibi_attention` (SPEC 3.13, §6).
 These models do not call HF's attention interface: each builds an ALiBi tensor
 (BLOOM and Falcon `slope * position` per key, (B*H, 1, m); MPT `slope * (j - L + 1)`,
 (H, 1, max_seq_len)) and adds it to a materialised (B, H, n, m) score tensor.  The
-patched forwards keep the model's projections and cache and run the fused kernel
-with the model's own slopes: a softmax is blind to a constant per row, so
+patched forwards keep the model's projections (computed on posenc's GEMM, as
+the T5 and DeBERTa patches do: `_linear.project`) and cache, and run the fused
+kernel with the model's own slopes: a softmax is blind to a constant per row, so
 `slope * j` and ALiBi's `-slope * (i - j)` give the same attention.  Before the
 call each forward checks that the model's ALiBi tensor is that line in every
 kept key (to the rounding HF built it with) and reads the mask as the kernel's
@@ -28,6 +29,7 @@ import torch
 
 from ._common import dropout_seed
 from ._hf_interface import MaskReading, Unserved, mask_options, read_mask
+from ._linear import project
 
 
 def _home(module):
@@ -129,12 +131,12 @@ def bloom_forward(self, hidden_states, residual, alibi, attention_mask, layer_pa
         _warn_once(str(why))
         return self._posenc_original_forward(hidden_states, residual, alibi, attention_mask, layer_past,
                                              use_cache, output_attentions, **kwargs)
-    q, k, v = self._reshape(self.query_key_value(hidden_states))
+    q, k, v = self._reshape(project(self.query_key_value, hidden_states))
     if layer_past is not None:
         k, v = layer_past.update(k, v, self.layer_idx)
     out = _fused(q, k, v, slopes * self.beta, self.inv_norm_factor, reading, self.attention_dropout.p,
                  self.training)
-    out = self.dense(_merged(out))
+    out = project(self.dense, _merged(out))
     return _home(self).dropout_add(out, residual, self.hidden_dropout, self.training), None
 
 
@@ -161,14 +163,14 @@ def mpt_forward(self, hidden_states, position_bias, past_key_values=None, attent
         _warn_once(str(why))
         return self._posenc_original_forward(hidden_states, position_bias, past_key_values,
                                              attention_mask, **kwargs)
-    qkv = self.Wqkv(hidden_states)
+    qkv = project(self.Wqkv, hidden_states)
     if self.clip_qkv:
         qkv = qkv.clamp(min=-self.clip_qkv, max=self.clip_qkv)
     q, k, v = (x.reshape(batch, n, heads, d).transpose(1, 2) for x in qkv.chunk(3, dim=2))
     if past_key_values is not None:
         k, v = past_key_values.update(k, v, self.layer_idx)
     out = _fused(q, k, v, slopes, self.softmax_scale, reading, self.attn_dropout_p, self.training)
-    return self.out_proj(_merged(out)), None
+    return project(self.out_proj, _merged(out)), None
 
 
 # ------------------------------------------------------------------ Falcon (alibi=True)
@@ -190,7 +192,7 @@ def falcon_forward(self, hidden_states, alibi, attention_mask, position_ids=None
     batch, n, _ = hidden_states.shape
     heads, d = self.num_heads, self.head_dim
     kv_heads = heads if self.new_decoder_architecture else self.num_kv_heads
-    q, k, v = self._split_heads(self.query_key_value(hidden_states))
+    q, k, v = self._split_heads(project(self.query_key_value, hidden_states))
     q = q.transpose(1, 2).reshape(batch, heads, n, d)
     k = k.transpose(1, 2).reshape(batch, kv_heads, n, d)
     v = v.transpose(1, 2).reshape(batch, kv_heads, n, d)
@@ -199,4 +201,4 @@ def falcon_forward(self, hidden_states, alibi, attention_mask, position_ids=None
     # HF's sdpa path: softmax(q.k / sqrt(d) + slope * position / sqrt(d))
     out = _fused(q, k, v, slopes * self.inv_norm_factor, self.inv_norm_factor, reading,
                  self.attention_dropout.p, self.training)
-    return self.dense(_merged(out)), None
+    return project(self.dense, _merged(out)), None
