@@ -28,7 +28,7 @@ import sys
 import torch
 
 from ._common import dropout_seed
-from ._hf_interface import MaskReading, Unserved, mask_options, read_mask
+from ._hf_interface import MaskReading, Unserved, _warn_once, mask_options, read_mask
 from ._linear import project
 
 
@@ -119,8 +119,6 @@ def _expected_keys(cache, layer_idx, n) -> int:
 
 def bloom_forward(self, hidden_states, residual, alibi, attention_mask, layer_past=None,
                   use_cache=False, output_attentions=False, **kwargs):
-    from .hf import _warn_once
-
     try:
         if self.pretraining_tp > 1 and self.slow_but_exact:
             raise Unserved("pretraining_tp > 1 with slow_but_exact")
@@ -144,8 +142,6 @@ def bloom_forward(self, hidden_states, residual, alibi, attention_mask, layer_pa
 
 def mpt_forward(self, hidden_states, position_bias, past_key_values=None, attention_mask=None,
                 **kwargs):
-    from .hf import _warn_once
-
     batch, n = hidden_states.shape[:2]
     heads, d = self.n_heads, self.head_dim
     m = _expected_keys(past_key_values, self.layer_idx, n)
@@ -177,8 +173,6 @@ def mpt_forward(self, hidden_states, position_bias, past_key_values=None, attent
 
 def falcon_forward(self, hidden_states, alibi, attention_mask, position_ids=None, layer_past=None,
                    use_cache=False, output_attentions=False, position_embeddings=None, **kwargs):
-    from .hf import _warn_once
-
     original = (hidden_states, alibi, attention_mask, position_ids, layer_past, use_cache,
                 output_attentions, position_embeddings)
     if alibi is None:                       # a rotary Falcon: not an ALiBi model, nothing to serve

@@ -22,10 +22,14 @@ attention for that call, with one warning per reason: never a wrong number.
 
 from __future__ import annotations
 
+import os
 import sys
+import warnings
 from typing import NamedTuple
 
 import torch
+
+import posenc
 
 from ._common import dropout_seed
 
@@ -45,6 +49,36 @@ class MaskReading(NamedTuple):
 
 class Unserved(Exception):
     """A call the fused kernel cannot serve exactly; its text is the reason."""
+
+
+# ------------------------------------------------------------------ the fallback's warning
+
+_WARNED: set = set()
+
+
+def _library_dirs() -> tuple:
+    """The folders of torch, transformers and posenc: a warning skips their frames."""
+    import transformers
+
+    return tuple(os.path.dirname(os.path.abspath(module.__file__)) + os.sep
+                 for module in (torch, transformers, posenc))
+
+
+def _user_stacklevel() -> int:
+    """warnings.warn's stacklevel for the first caller outside the libraries (the line
+    of the user's script or notebook that called the model, not torch's module.py)."""
+    skip = _library_dirs()
+    frame, level = sys._getframe(2), 2       # the caller of warnings.warn's caller
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(skip):
+        frame, level = frame.f_back, level + 1
+    return level if frame is not None else 2
+
+
+def _warn_once(reason: str, runs: str = "the original Hugging Face forward") -> None:
+    if reason not in _WARNED:
+        _WARNED.add(reason)
+        warnings.warn(f"posenc.torch.hf: {reason}; running {runs} for such calls",
+                      RuntimeWarning, stacklevel=_user_stacklevel())
 
 
 # ------------------------------------------------------------------ reading a mask
@@ -200,7 +234,6 @@ def _position_bias(module, position_bias, query_offset: int):
 # ------------------------------------------------------------------ the attention function
 
 def _warn(reason: str) -> None:
-    from .hf import _warn_once
     _warn_once(reason, "the model's eager attention")
 
 

@@ -42,16 +42,12 @@ transformers installed works (nothing is registered); the functions need it.
 from __future__ import annotations
 
 import importlib
-import os
-import sys
-import warnings
 
 import torch
 
-import posenc
-
 from . import _hf_alibi, _hf_swap, _linear
 from ._common import dropout_seed
+from ._hf_interface import _WARNED, _warn_once  # noqa: F401  (_WARNED: the tests clear it)
 from ._hf_interface import Unserved as _Unsupported
 from ._hf_swap import describe, from_pretrained, swap_positional_encoding
 from ._linear import project
@@ -59,33 +55,7 @@ from ._linear import project
 __all__ = ["patch", "unpatch", "is_patched", "swap_positional_encoding", "from_pretrained",
            "describe"]
 
-_WARNED: set = set()
 _SUBCLASSES: dict = {}
-
-
-def _library_dirs() -> tuple:
-    """The folders of torch, transformers and posenc: a warning skips their frames."""
-    import transformers
-
-    return tuple(os.path.dirname(os.path.abspath(module.__file__)) + os.sep
-                 for module in (torch, transformers, posenc))
-
-
-def _user_stacklevel() -> int:
-    """warnings.warn's stacklevel for the first caller outside the libraries (the line
-    of the user's script or notebook that called the model, not torch's module.py)."""
-    skip = _library_dirs()
-    frame, level = sys._getframe(2), 2       # the caller of warnings.warn's caller
-    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(skip):
-        frame, level = frame.f_back, level + 1
-    return level if frame is not None else 2
-
-
-def _warn_once(reason: str, runs: str = "the original Hugging Face forward") -> None:
-    if reason not in _WARNED:
-        _WARNED.add(reason)
-        warnings.warn(f"posenc.torch.hf: {reason}; running {runs} for such calls",
-                      RuntimeWarning, stacklevel=_user_stacklevel())
 
 
 class _SharedT5Bias:
