@@ -497,3 +497,26 @@ def test_patch_puts_an_interface_model_on_posenc_and_unpatch_restores_it():
     assert reference.config._attn_implementation == "sdpa" and not posenc.torch.hf.is_patched(reference)
     assert torch.equal(before, after)
     assert_close(before, served, 1e-10)
+
+
+def test_training_with_attention_dropout():
+    """train() with HF's attention dropout: posenc draws it inside the kernel from
+    torch's generator (a seeded step repeats exactly, gradients too; another seed
+    drops other entries; the dropped output differs from eval()'s)."""
+    config_name, model_name, extra = FAMILIES["llama"]
+    torch.manual_seed(0)
+    config = getattr(transformers, config_name)(**_COMMON, **extra, attention_dropout=0.3)
+    net = getattr(transformers, model_name)(config).double()
+    net.set_attn_implementation("posenc")
+    ids, mask = batch("llama", left_padding=False)
+
+    def step(seed):
+        torch.manual_seed(seed)
+        return loss_and_grads(net.train(), ids, mask, attention_mask=mask)
+
+    (a, grads_a), (b, grads_b), (c, _) = step(1), step(1), step(2)
+    assert torch.equal(a, b) and all(torch.equal(grads_a[k], grads_b[k]) for k in grads_a)
+    assert not torch.equal(a, c)
+    with torch.no_grad():
+        plain = run(net.eval(), ids, attention_mask=mask)
+    assert not torch.equal(a, plain) and torch.isfinite(a).all()
