@@ -125,14 +125,13 @@ def _implied(batch: int, n: int, m: int, reading: MaskReading) -> torch.Tensor:
 
 
 def _documents_of(position_ids, batch: int, n: int):
-    """Packed documents from position ids (a new document wherever the position does
-    not go up by one: HF's find_packed_sequence_indices); None for one per row."""
+    """Packed documents from position ids, as HF finds them (a new document wherever
+    the position does not go up by one); None for one per row."""
+    from transformers.masking_utils import find_packed_sequence_indices
+
     if position_ids is None or position_ids.dim() != 2 or position_ids.shape[-1] != n:
         return None
-    position_ids = position_ids.expand(batch, n)
-    step = torch.diff(position_ids, prepend=position_ids[:, :1] - 1, dim=-1)
-    documents = (step != 1).cumsum(-1)
-    return documents if torch.any(documents[:, -1] > 0) else None
+    return find_packed_sequence_indices(position_ids.expand(batch, n))
 
 
 def _candidates(keep: torch.Tensor, position_ids, causal_hint: bool):
@@ -153,7 +152,8 @@ def _candidates(keep: torch.Tensor, position_ids, causal_hint: bool):
     offset = int((last - rows).max())
     causal = offset < m - 1
     offset = offset if causal else 0
-    first = keep.to(torch.uint8).argmax(2)[live]       # each row's first key
+    first_key = keep.to(torch.uint8).argmax(2)         # each row's first key
+    first = first_key[live]
 
     def window(starts):
         """The left window that explains the rows starting after `starts` (their
@@ -165,12 +165,12 @@ def _candidates(keep: torch.Tensor, position_ids, causal_hint: bool):
 
     yield MaskReading(causal, offset, None, key_padding, None)
     zero = torch.zeros(batch, n, dtype=torch.long)
-    if window(zero) is not None:
-        yield MaskReading(causal, offset, window(zero), key_padding, None)
+    left = window(zero)
+    if left is not None:
+        yield MaskReading(causal, offset, left, key_padding, None)
     if n == m and offset == 0:
-        full_first = keep.to(torch.uint8).argmax(2)
         for documents in (_documents_of(position_ids, batch, n),
-                          torch.cat([zero[:, :1], (full_first[:, 1:] != full_first[:, :-1]).long()],
+                          torch.cat([zero[:, :1], (first_key[:, 1:] != first_key[:, :-1]).long()],
                                     1).cumsum(1)):
             if documents is None:
                 continue
