@@ -914,6 +914,7 @@ static int attention_forward(const posenc_problem *p, const posenc_attention *a,
     int status = attention_prepare(&c, p, a, kern);
     if (status == POSENC_OK) {
         const size_t threads = (size_t)(num_threads > 0 ? num_threads : 1);
+        c.logits.key_direct = c.decode && p->key_table;   /* the backward projects (its tiles) */
         attention_forward_call call = {&c, out, lse, 0,
                                        posenc_rows_per_item(BH, p->n, kern->mr, threads), NULL};
         call.chunks = (p->n + call.rows_per_chunk - 1) / call.rows_per_chunk;

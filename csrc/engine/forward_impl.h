@@ -33,6 +33,8 @@ typedef struct {
                                  2 t + 1) of the offsets -t .. query_offset + mr - 1 (from b_min) */
     int causal;               /* a causal attention's: a tile of rows [i0, i0 + rows) reads keys
                                  [0, query_offset + i0 + rows) only (attention_columns) */
+    int key_direct;           /* the key table's term as a dot product per key (term_key_direct),
+                                 no key projections: a decoding step's few rows */
 } forward_ctx;
 
 typedef struct {
@@ -154,6 +156,43 @@ static void forward_dense(const forward_ctx *c, forward_ws *w, size_t h, size_t 
 }
 
 /*
+ * The key table's term of rows [i0, i0 + rows) of unit (b, h), keys [0, cols), applied
+ * to P with op, when the rows are few (c->key_direct: a decoding step): key j of row i
+ * is vector_scale k_j . key_table[h, map(j - i)], a dot product per key, along the
+ * runs of the map (one rows_dot per run on which the bucket holds; a key at a time
+ * where it moves), into w->key_proj's first row: k is read once per row instead of
+ * being projected onto every bucket the row reaches (m x buckets).
+ */
+static void term_key_direct(const forward_ctx *c, forward_ws *w, size_t h, int op, REAL *P,
+                            size_t ldp, size_t i0, size_t rows, size_t cols)
+{
+    const posenc_problem *p = c->p;
+    const posenc_kernels *kern = c->kern;
+    const posenc_runs *runs = &c->terms->key_runs;
+    const size_t d = p->d;
+    const REAL *table = (const REAL *)p->key_table + head_of(p->key_table_heads, h) * p->key_table_rows * d;
+    const REAL *k_u = w->inputs.k;
+    REAL *row = w->key_proj;
+    for (size_t r = 0; r < rows; ++r) {
+        const ptrdiff_t i = (ptrdiff_t)(i0 + r);
+        ptrdiff_t js, je, bs;
+        for (size_t t = posenc_runs_seek(runs, -i);
+             t < runs->count && posenc_run_span(&runs->runs[t], i, 0, (ptrdiff_t)cols, &js, &je, &bs);
+             ++t) {
+            if (runs->runs[t].step == 0) {
+                kern->rows_dot(row + js, 0, table + (size_t)bs * d, 1, k_u + (size_t)js * d,
+                               (size_t)(je - js), d, p->vector_scale);
+                continue;
+            }
+            for (ptrdiff_t j = js; j < je; ++j, bs += runs->runs[t].step)
+                kern->rows_dot(row + j, 0, table + (size_t)bs * d, 1, k_u + (size_t)j * d, 1, d,
+                               p->vector_scale);
+        }
+        kern->row_gather(op, P + r * ldp, row, 1, cols);
+    }
+}
+
+/*
  * The positional rows of tile [i0, i0 + rows) of unit (b, h), keys [0, cols):
  * returns the block P (row r at *P + r * *ldp), or NULL when there is none.
  */
@@ -199,8 +238,11 @@ static const REAL *forward_positional(const forward_ctx *c, forward_ws *w, size_
         op = combine_op;
     }
     if (p->key_table) {
-        term_key_table(kern, op, w->P, ld, p->key_map, c->terms->key_runs.b_min, w->key_proj,
-                       c->terms->key_buckets, &c->terms->key_edges, n, m, cols, i0, rows);
+        if (c->key_direct)
+            term_key_direct(c, w, h, op, w->P, ld, i0, rows, cols);
+        else
+            term_key_table(kern, op, w->P, ld, p->key_map, c->terms->key_runs.b_min, w->key_proj,
+                           c->terms->key_buckets, &c->terms->key_edges, n, m, cols, i0, rows);
         op = combine_op;
     }
     if (p->segment_table && !c->segment_rows) {
@@ -256,7 +298,7 @@ static void forward_unit_setup(const forward_ctx *c, forward_ws *w, size_t b, si
         pack_b(kern, &w->scratch, k_packed, w->k_pack, k_u, 1, (ptrdiff_t)d, d, m, (REAL)p->scale);
     else   /* the caller packs k's panels as its tiles reach them (causal_keys_reach) */
         *k_packed = packed_b_shape(kern, w->k_pack, d, m, (REAL)p->scale);
-    if (p->key_table)
+    if (p->key_table && !c->key_direct)
         key_projections(kern, &w->scratch, p, c->terms->key_runs.b_min, c->terms->key_buckets, c->key_reach[0],
                         c->key_reach[1], &c->terms->key_edges, w->key_table_pack, w->key_proj, h, k_u);
     if (c->segment_rows)
