@@ -205,8 +205,8 @@ def to_c_array(name: str, tensor: torch.Tensor) -> np.ndarray:
     than NumPy's.  The values are the tensor's exactly.
     """
     if tensor.dtype in _NUMPY_DTYPES and tensor.is_contiguous():
-        try:
-            return tensor.detach().numpy()    # the common case, in one step
+        try:   # the common case, in one step
+            return (tensor.detach() if tensor.requires_grad else tensor).numpy()
         except RuntimeError:                  # a negative or conjugate bit: to_numpy resolves it
             pass
     _numpy_dtype(name, tensor.dtype)      # its TypeError before any copy
@@ -227,10 +227,13 @@ def _stand_in(name: str, tensor: torch.Tensor, half_as: np.dtype | None):
 
 # ------------------------------------------------------------------ autocast
 
+_DEVICE_AUTOCAST = hasattr(torch, "get_autocast_dtype")
+
+
 def _cpu_autocast_dtype():
     """CPU autocast's dtype while it is on, else None (torch 2.4 names the device;
     torch 2.1-2.3 has the CPU-only functions)."""
-    if hasattr(torch, "get_autocast_dtype"):
+    if _DEVICE_AUTOCAST:
         return torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else None
     return torch.get_autocast_cpu_dtype() if torch.is_autocast_cpu_enabled() else None
 

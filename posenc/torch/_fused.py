@@ -20,8 +20,11 @@ from ._common import on_c_kernels, require_tensors
 
 __all__ = [method + "_attention" for method in METHODS]
 
-# v and the attention's optional tensor arguments
+# v and the attention's optional tensor arguments, and where they sit in `attention`
+# (v, then ATTENTION_OPTIONS in order)
 _TENSOR_OPTIONS = ("v", "key_padding_mask", "document_q", "document_k", "sinks")
+_TENSOR_AT = tuple((("v",) + tuple(name for name, _ in ATTENTION_OPTIONS)).index(name)
+                   for name in _TENSOR_OPTIONS)
 
 
 _WHERE = ("the fused C kernels on CPU tensors, the torch-native formula (logits, mask,\n"
@@ -32,12 +35,10 @@ _WHERE = ("the fused C kernels on CPU tensors, the torch-native formula (logits,
 def _fused(method: str):
     spec = REGISTRY[method]
 
+    names, optional = spec.tensors + _TENSOR_OPTIONS, spec.optional | set(_TENSOR_OPTIONS[1:])
+
     def body(tensors, params, attention, _out):
-        named = dict(zip(_TENSOR_OPTIONS, (attention[0],) + tuple(
-            value for (name, _), value in zip(ATTENTION_OPTIONS, attention[1:])
-            if name in _TENSOR_OPTIONS)))
-        require_tensors(spec.tensors + _TENSOR_OPTIONS, tensors + tuple(named.values()),
-                        spec.optional | set(_TENSOR_OPTIONS[1:]))
+        require_tensors(names, tensors + tuple(attention[at] for at in _TENSOR_AT), optional)
         if on_c_kernels(tensors):
             return _fused_ops.fused_attention(method, tensors, params, attention)
         return native.attention(method, tensors, params, attention)

@@ -23,13 +23,16 @@ from ._ops import PARAMS
 # The attention's arguments other than v and sinks (the one float among them: a tensor
 # input of the autograd.Function and the ops, with a gradient), in ATTENTION_OPTIONS order.
 OPTIONS = tuple(name for name, _ in ATTENTION_OPTIONS if name != "sinks")
+# where sinks and OPTIONS sit in `attention` (v, then ATTENTION_OPTIONS), and which
+# options may be tensors (the masks' ids)
+_NAMES = ("v",) + tuple(name for name, _ in ATTENTION_OPTIONS)
+_SINKS_AT, _OPTIONS_AT = _NAMES.index("sinks"), tuple(_NAMES.index(name) for name in OPTIONS)
+_TENSOR_OPTIONS = ("key_padding_mask", "document_q", "document_k")
 
 
 def split_attention(attention: tuple) -> tuple:
     """(v, sinks, options): options the values of OPTIONS, in order."""
-    v, *values = attention
-    named = dict(zip((name for name, _ in ATTENTION_OPTIONS), values))
-    return v, named.pop("sinks"), tuple(named.values())
+    return attention[0], attention[_SINKS_AT], tuple(attention[at] for at in _OPTIONS_AT)
 
 
 def _call(method, tensors, params, v, sinks, options):
@@ -39,8 +42,10 @@ def _call(method, tensors, params, v, sinks, options):
     arrays = tuple(None if t is None else to_c_array(name, t)
                    for name, t in zip(spec.tensors, tensors))
     problem = _checks.check(spec, arrays, tuple(params), None)
-    named = {name: to_c_array(name, value) if isinstance(value, torch.Tensor) else value
-             for name, value in zip(OPTIONS, options)}
+    named = dict(zip(OPTIONS, options))
+    for name in _TENSOR_OPTIONS:
+        if isinstance(named[name], torch.Tensor):
+            named[name] = to_c_array(name, named[name])
     return check_attention(problem, to_c_array("v", v),
                            sinks=None if sinks is None else to_c_array("sinks", sinks), **named)
 
@@ -115,8 +120,8 @@ def fused_attention(method: str, tensors: tuple, params: tuple, attention: tuple
     q, k, v, the float parameters and the sinks are first cast to its dtype, as `run` does."""
     v, sinks, options = split_attention(attention)
     v, sinks, *tensors = autocast_inputs((v, sinks, *tensors))
-    named = dict(zip(OPTIONS, options))
     if torch.compiler.is_compiling():
+        named = dict(zip(OPTIONS, options))
         seed = named["seed"]
         if not isinstance(seed, torch.Tensor):     # a constant of the graph, as int64
             seed = torch.tensor(seed - SEED_WRAP if seed >= 1 << 63 else seed, dtype=torch.int64)
@@ -124,8 +129,8 @@ def fused_attention(method: str, tensors: tuple, params: tuple, attention: tuple
         named["window"] = _window_list(named["window"])
         out, lse = FORWARD[method](v, *tensors, *params, sinks, *named.values())
     else:
-        named["seed"] = seed_value(named["seed"])
-        options = tuple(named.values())
+        if isinstance(options[-1], torch.Tensor):    # the seed, last
+            options = options[:-1] + (seed_value(options[-1]),)
         if torch.is_grad_enabled() and any(t is not None and t.requires_grad
                                            for t in (v, sinks, *tensors)):
             out, lse = _FusedAttention.apply(method, tuple(params), options, v, sinks, *tensors)
