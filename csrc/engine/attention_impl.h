@@ -823,9 +823,17 @@ static void attention_team(void *arg, void *ws)
     const attention_team_call *team = (const attention_team_call *)arg;
     attention_thread t;
     attention_thread_layout(team->c, team->g, &t, (REAL *)ws);
+    if (team->c->decode && !team->g) {
+        /* a decoding step's items are short and a busy core's thread would hold its
+         * static share: each thread takes the next item (results do not depend on who) */
+#pragma omp for schedule(dynamic, 1)
+        for (ptrdiff_t item = 0; item < (ptrdiff_t)team->items; ++item)
+            team->run_item(team->call, &t, (size_t)item);
+    } else {
 #pragma omp for schedule(static)
-    for (ptrdiff_t item = 0; item < (ptrdiff_t)team->items; ++item)
-        team->run_item(team->call, &t, (size_t)item);
+        for (ptrdiff_t item = 0; item < (ptrdiff_t)team->items; ++item)
+            team->run_item(team->call, &t, (size_t)item);
+    }
 }
 
 /* Every item of a call, spread over a team of at most one thread per item (posenc_team). */
@@ -913,6 +921,12 @@ static int attention_forward(const posenc_problem *p, const posenc_attention *a,
     attention_ctx c;
     int status = attention_prepare(&c, p, a, kern);
     if (status == POSENC_OK) {
+        posenc_adaptive_call adaptive = {-1, 0, 0};
+        if (c.decode)   /* a step's team by its measured speed */
+            num_threads = (int)posenc_adaptive_team(
+                (size_t)(num_threads > 0 ? num_threads : 1),
+                posenc_mul_size(p->B * posenc_kv_heads(p) * p->m, (p->d + a->dv) * sizeof(REAL)),
+                &adaptive);
         const size_t threads = (size_t)(num_threads > 0 ? num_threads : 1);
         c.logits.key_direct = c.decode && p->key_table;   /* the backward projects (its tiles) */
         attention_forward_call call = {&c, out, lse, 0,
@@ -926,6 +940,7 @@ static int attention_forward(const posenc_problem *p, const posenc_attention *a,
         else
             status = attention_run(&c, NULL, num_threads, BH * call.chunks, attention_forward_item,
                                    &call);
+        posenc_adaptive_done(&adaptive);
         posenc_free(call.start);
     }
     attention_release(&c);

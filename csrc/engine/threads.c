@@ -18,6 +18,9 @@
 #define _POSIX_C_SOURCE 200809L
 #include "engine.h"
 
+#include <math.h>
+#include <time.h>
+
 #if defined(_OPENMP) && (defined(__unix__) || defined(__APPLE__))
 #include <pthread.h>
 #include <stdlib.h>
@@ -143,3 +146,103 @@ size_t posenc_team_startable(size_t team)
 size_t posenc_team_startable(size_t team) { return team; }
 
 #endif
+
+/* ------------------------------------------------------------------ adaptive teams */
+
+#define ADAPTIVE_CLASSES 64
+#define ADAPTIVE_TIMES 8    /* a choice's recent times per byte, of which the median counts */
+#define ADAPTIVE_FIRST 3    /* times of each choice before the medians decide */
+
+typedef struct {
+    double times[2][ADAPTIVE_TIMES];   /* [0]: one thread, [1]: the team; seconds per byte */
+    unsigned long count[2];            /* times recorded (the ring's next slot: count % TIMES) */
+    unsigned long calls;
+} adaptive_class;
+
+static adaptive_class adaptive[ADAPTIVE_CLASSES];
+static int adaptive_on = 1;
+
+#if defined(_OPENMP) && (defined(__unix__) || defined(__APPLE__))
+static pthread_mutex_t adaptive_lock = PTHREAD_MUTEX_INITIALIZER;
+#define ADAPTIVE_LOCK() pthread_mutex_lock(&adaptive_lock)
+#define ADAPTIVE_UNLOCK() pthread_mutex_unlock(&adaptive_lock)
+#else
+#define ADAPTIVE_LOCK() ((void)0)
+#define ADAPTIVE_UNLOCK() ((void)0)
+#endif
+
+void posenc_set_adaptive_teams(int on)
+{
+    ADAPTIVE_LOCK();
+    adaptive_on = on != 0;
+    ADAPTIVE_UNLOCK();
+}
+
+int posenc_get_adaptive_teams(void)
+{
+    ADAPTIVE_LOCK();
+    const int on = adaptive_on;
+    ADAPTIVE_UNLOCK();
+    return on;
+}
+
+static double monotonic_seconds(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* The median of a choice's recent times (a call preempted for a time slice is an
+ * outlier, not a trend; a lasting change moves it within a few times). */
+static double adaptive_median(const adaptive_class *a, int choice)
+{
+    const size_t count = a->count[choice] < ADAPTIVE_TIMES ? (size_t)a->count[choice] : ADAPTIVE_TIMES;
+    double sorted[ADAPTIVE_TIMES];
+    for (size_t t = 0; t < count; ++t) {   /* insertion sort of at most 8 */
+        size_t u = t;
+        for (; u > 0 && sorted[u - 1] > a->times[choice][t]; --u)
+            sorted[u] = sorted[u - 1];
+        sorted[u] = a->times[choice][t];
+    }
+    return count % 2 ? sorted[count / 2] : 0.5 * (sorted[count / 2 - 1] + sorted[count / 2]);
+}
+
+size_t posenc_adaptive_team(size_t team, size_t bytes, posenc_adaptive_call *call)
+{
+    call->slot = -1;
+    if (team <= 1 || bytes == 0)
+        return team;
+    int cls = ilogb((double)bytes);
+    cls = cls < 0 ? 0 : cls >= ADAPTIVE_CLASSES ? ADAPTIVE_CLASSES - 1 : cls;
+    int choice = 1;
+    ADAPTIVE_LOCK();
+    if (adaptive_on) {
+        adaptive_class *a = &adaptive[cls];
+        const unsigned long t = a->calls++;
+        if (a->count[0] < ADAPTIVE_FIRST || a->count[1] < ADAPTIVE_FIRST) {
+            choice = (int)(t % 2 == 0);   /* the team, one thread, in turns */
+        } else {
+            const int best = adaptive_median(a, 1) <= adaptive_median(a, 0);
+            choice = t % POSENC_ADAPTIVE_PROBE == POSENC_ADAPTIVE_PROBE - 1 ? !best : best;
+        }
+        call->slot = 2 * cls + choice;
+        call->bytes = (double)bytes;
+    }
+    ADAPTIVE_UNLOCK();
+    if (call->slot >= 0)
+        call->start = monotonic_seconds();
+    return choice ? team : 1;
+}
+
+void posenc_adaptive_done(const posenc_adaptive_call *call)
+{
+    if (call->slot < 0)
+        return;
+    const double per_byte = (monotonic_seconds() - call->start) / call->bytes;
+    ADAPTIVE_LOCK();
+    adaptive_class *a = &adaptive[call->slot / 2];
+    const int choice = call->slot % 2;
+    a->times[choice][a->count[choice]++ % ADAPTIVE_TIMES] = per_byte;
+    ADAPTIVE_UNLOCK();
+}
