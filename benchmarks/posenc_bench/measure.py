@@ -116,9 +116,13 @@ def measure_interleaved(run_onces: dict, repeats: int, max_seconds: float,
                         warmup: int = 1) -> dict:
     """measure() of several calls taken in turns (run_onces: name -> run_once):
     each round times every call once, so a slow stretch of the machine or a
-    burst of interference hits them alike and their ratios hold.  Stops after
-    `repeats` rounds, or once `max_seconds` per call have been spent and at
-    least two rounds were timed.  name -> measure()'s dict."""
+    burst of interference hits them alike and their ratios hold; round r
+    starts at call r mod k (k calls), so that each call follows each other
+    equally often (what ran just before -- another runtime's threads still
+    spinning, a slow single-threaded call after which a team wakes -- costs
+    short calls alike).  Stops after `repeats` rounds, or once `max_seconds`
+    per call have been spent and at least two rounds were timed.  name ->
+    measure()'s dict."""
     gc_enabled = gc.isenabled()
     gc.disable()
     try:
@@ -127,8 +131,10 @@ def measure_interleaved(run_onces: dict, repeats: int, max_seconds: float,
                 run_once()
         times = {name: [] for name in run_onces}
         began, rounds = perf_counter(), 0
+        order = list(run_onces.items())
         while rounds < repeats:
-            for name, run_once in run_onces.items():
+            shift = rounds % len(order)
+            for name, run_once in order[shift:] + order[:shift]:
                 times[name].append(run_once())
             rounds += 1
             if rounds >= min(2, repeats) and perf_counter() - began >= max_seconds * len(run_onces):

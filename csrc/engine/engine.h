@@ -168,7 +168,8 @@ size_t posenc_team_startable(size_t team);
  * slice for it: then one thread is faster.  Steps of one class (the bytes of k and
  * v they read, by powers of two) run on whichever of `team` and 1 has been faster
  * lately (the median of its last 8 times per byte: a rare preempted call does not
- * count), the other tried every POSENC_ADAPTIVE_PROBE-th call.
+ * count; the team must be 10 % faster), the other tried every
+ * POSENC_ADAPTIVE_PROBE-th call.
  * Results are bitwise the same on any team, so the choice only moves the time.
  */
 #define POSENC_ADAPTIVE_PROBE 16

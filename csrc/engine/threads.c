@@ -152,6 +152,8 @@ size_t posenc_team_startable(size_t team) { return team; }
 #define ADAPTIVE_CLASSES 64
 #define ADAPTIVE_TIMES 8    /* a choice's recent times per byte, of which the median counts */
 #define ADAPTIVE_FIRST 3    /* times of each choice before the medians decide */
+#define ADAPTIVE_MARGIN 0.9 /* the team runs where its median is 10 % below one thread's: a
+                               team that barely gains takes a second core for it */
 
 typedef struct {
     double times[2][ADAPTIVE_TIMES];   /* [0]: one thread, [1]: the team; seconds per byte */
@@ -223,7 +225,7 @@ size_t posenc_adaptive_team(size_t team, size_t bytes, posenc_adaptive_call *cal
         if (a->count[0] < ADAPTIVE_FIRST || a->count[1] < ADAPTIVE_FIRST) {
             choice = (int)(t % 2 == 0);   /* the team, one thread, in turns */
         } else {
-            const int best = adaptive_median(a, 1) <= adaptive_median(a, 0);
+            const int best = adaptive_median(a, 1) <= ADAPTIVE_MARGIN * adaptive_median(a, 0);
             choice = t % POSENC_ADAPTIVE_PROBE == POSENC_ADAPTIVE_PROBE - 1 ? !best : best;
         }
         call->slot = 2 * cls + choice;
