@@ -85,6 +85,49 @@ def test_decode_one_and_two_threads_are_bitwise_equal(method, kv_heads, threads,
                            key_padding_mask=_padding(2, 4001, fully_masked_row=None))
 
 
+SPLIT_M = 4500   # past the engine's ATTENTION_SPLIT_KEYS (2048): 3 chunks, the last partial
+
+
+def _split_padding():
+    """Key padding whose run covers chunk 1 (keys 2048-4095) whole, row 1 fully masked."""
+    mask = np.zeros((2, SPLIT_M), dtype=bool)
+    mask[:, 2000:4200] = True
+    mask[1] = True
+    return mask
+
+
+@pytest.mark.parametrize("n", (1, 7))
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("method", METHODS)
+def test_decode_split_keys_match_reference(posenc_isa, method, dtype, n, rng):
+    """A step over more keys than a chunk: its keys split into work items whose softmax
+    parts merge in chunk order (no rotation or dense term: those keep one item per
+    head).  At the cache's end; then padding that masks a whole chunk and a whole row,
+    with sinks (the merge adds them once) and a softcap; every gradient (the tiles)."""
+    args, kwargs, v = _inputs(method, n, SPLIT_M, 16, 9, rng, dtype=dtype)
+    assert_attention_matches_reference(method, args, kwargs, v, rng, causal=True,
+                                       query_offset=SPLIT_M - n)
+    sinks = rng.standard_normal(3).astype(dtype)
+    assert_attention_matches_reference(method, args, kwargs, v, rng, causal=True,
+                                       query_offset=SPLIT_M - n - 3,
+                                       key_padding_mask=_split_padding(), sinks=sinks,
+                                       softcap=4.0)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_decode_split_keys_multi_query(posenc_isa, method, rng):
+    """One key/value head (MQA) at B=2, split keys: a window reaching over two chunks,
+    sinks; then the padding of a whole chunk and row.  Float32, whose bound grows with
+    m (float64's fixed 1e-12 is tighter than M4M's rel_k gradient over 4,500 keys on the
+    unsplit tiles too: 1.2e-12)."""
+    args, kwargs, v = _grouped(method, 1, SPLIT_M, 8, 5, 1, rng, dtype=np.float32)
+    sinks = rng.standard_normal(4).astype(np.float32)
+    assert_attention_matches_reference(method, args, kwargs, v, rng, causal=True,
+                                       query_offset=SPLIT_M - 1, window=(3000, 0), sinks=sinks)
+    assert_attention_matches_reference(method, args, kwargs, v, rng, causal=True,
+                                       query_offset=SPLIT_M - 1, key_padding_mask=_split_padding())
+
+
 def test_adaptive_threads_setting():
     """posenc.set_adaptive_threads: on by default, a bool only, read back."""
     previous = posenc.get_adaptive_threads()

@@ -44,6 +44,8 @@ typedef struct {
                                     not packed (attention_decode_unit) */
     int decode_terms;            /* the decoding path forms positional rows (a term besides
                                     the content and the rotation) */
+    size_t split, chunks;        /* a decoding step's keys split into `chunks` work items of
+                                    `split` keys (attention_merge_chunks), or 0, 1 */
 } attention_ctx;
 
 typedef struct {
@@ -424,7 +426,7 @@ static void attention_decode_terms(const attention_ctx *c, forward_ws *fw, size_
 {
     const size_t ld = c->logits.m_pad;
     ptrdiff_t ldp = 0;
-    const REAL *P = forward_positional(&c->logits, fw, b, h, q_u, i0, rows, cols, &ldp);
+    const REAL *P = forward_positional(&c->logits, fw, b, h, q_u, i0, rows, c0, cols, &ldp);
     if (!P)
         return;
     for (size_t r = 0; r < rows; ++r)
@@ -432,19 +434,103 @@ static void attention_decode_terms(const attention_ctx *c, forward_ws *fw, size_
                             P + (ptrdiff_t)r * ldp + c0, 1, cols - c0);
 }
 
-/* The decoding path's out rows (`rows` rows of dv from out_rows): the probabilities of
- * w->scores' rows over keys [c0, c0 + keys) times v (v_u: the key/value head's), each
- * row scaled by its 1 / sum (w->row_scale). */
-static void attention_decode_out(const attention_ctx *c, const attention_ws *w, REAL *out_rows,
-                                 size_t rows, const REAL *v_u, size_t c0, size_t keys)
+/*
+ * Where a decoding step's rows go: out and lse, normalised; or, when its keys are
+ * split among work items (c->split: chunks of c->split keys, chunk s of keys
+ * [k0, k1)), chunk s's out rows unnormalised, sum_j exp(x_j - max) v_j, and its
+ * rows' max and sum, which attention_merge_chunks merges in chunk order.
+ */
+typedef struct {
+    size_t k0, k1, s;
+    REAL *out, *lse;        /* the call's: (B H n) x dv, B H n */
+    REAL *part;             /* split: (B H n) x S x dv, S = c->chunks */
+    double *part_stats;     /* split: (B H n) x S x 2 */
+} decode_target;
+
+/* Chunk t->s's softmax part of the logits row x of query i of unit (b, h), its keys
+ * [c0, c1) computed (within the chunk): the row's range there capped, masked, then
+ * exp(x - max), 0 elsewhere in [c0, c1); stats: the part's max (-inf when every key
+ * is masked: then its sum is 0; NaN when its only unmasked logits are NaN) and sum.
+ * The sink and dropout are not here (a split call has no dropout; the merge adds
+ * the sink). */
+static void attention_softmax_part(const attention_ctx *c, REAL *x, size_t b, size_t i,
+                                   const decode_target *t, size_t c0, size_t c1, double *stats)
+{
+    size_t lo, hi;
+    attention_row_range(c, b, i, &lo, &hi);
+    lo = posenc_max(lo, posenc_max(c0, t->k0));
+    hi = posenc_min(hi, posenc_min(c1, t->k1));
+    if (lo >= hi)
+        lo = hi = c0;
+    REAL *row = x + lo;
+    const size_t len = hi - lo;
+    if (c->softcap > 0)
+        attention_cap_row(c, row, NULL, len);
+    attention_mask_row(c, x, b, i, lo, hi);
+    const double row_max = len ? c->kern->row_max(row, len) : -INFINITY;
+    memset(x + c0, 0, sizeof(REAL) * (lo - c0));
+    memset(x + hi, 0, sizeof(REAL) * (c1 - hi));
+    if (row_max == -INFINITY) {
+        const int nan = attention_has_nan(row, len);
+        for (size_t j = 0; j < len; ++j)
+            row[j] = nan ? (REAL)NAN : (REAL)0;
+        stats[0] = nan ? NAN : -INFINITY;
+        stats[1] = 0;
+        return;
+    }
+    stats[0] = row_max;
+    stats[1] = c->kern->row_exp(row, len, row_max);
+}
+
+/* The decoding path's out rows of a tile (`rows` rows of w->scores over keys [c0, c0 +
+ * keys) from query (b, h_first)'s row i0, the heads' rows consecutive): P.v into the
+ * target's rows (rows_axpy: the keys in order), then each row scaled by its 1 / sum
+ * (w->row_scale) or, split, left unnormalised with its part's statistics. */
+static void attention_decode_out(const attention_ctx *c, const attention_ws *w,
+                                 const decode_target *t, size_t row0, size_t rows, const REAL *v_u,
+                                 size_t c0, size_t keys)
 {
     const size_t dv = c->a->dv;
+    if (c->split) {
+        REAL *part = t->part + (row0 * c->chunks + t->s) * dv;
+        if (dv)
+            c->kern->rows_axpy(part, c->chunks * dv, w->scores + c0, c->logits.m_pad, rows,
+                               v_u + c0 * dv, keys, dv);
+        return;
+    }
     if (dv == 0)
         return;
+    REAL *out_rows = t->out + row0 * dv;
     c->kern->rows_axpy(out_rows, dv, w->scores + c0, c->logits.m_pad, rows, v_u + c0 * dv, keys,
                        dv);
     for (size_t r = 0; r < rows; ++r)
         c->kern->row_gather(POSENC_MUL, out_rows + r * dv, &w->row_scale[r], 0, dv);
+}
+
+/* The softmax rows of a decoding tile (rows i0.. of unit (b, h), query row row0 of the
+ * call's B H n): the tiles' (probabilities, lse), or, split, the chunk's parts. */
+static void attention_decode_softmax(const attention_ctx *c, attention_ws *w,
+                                     const decode_target *t, size_t b, size_t h, size_t row0,
+                                     size_t i0, size_t rows, size_t c0, size_t cols)
+{
+    if (!c->split) {
+        attention_tile_softmax(c, w, b, h, i0, rows, c0, cols, t->lse + row0 - i0);
+        return;
+    }
+    const size_t ld = c->logits.m_pad;
+    for (size_t r = 0; r < rows; ++r)
+        attention_softmax_part(c, w->scores + r * ld, b, i0 + r, t, c0, cols,
+                               t->part_stats + ((row0 + r) * c->chunks + t->s) * 2);
+}
+
+/* A tile's keys: the union of its rows' ranges (attention_span) within the target's. */
+static size_t attention_decode_span(const attention_ctx *c, const decode_target *t, size_t b,
+                                    size_t i0, size_t rows, size_t *c0, size_t *cols)
+{
+    attention_span(c, b, i0, rows, c0, cols);
+    *c0 = posenc_max(*c0, t->k0);
+    *cols = posenc_max(*c0, posenc_min(*cols, t->k1));
+    return *cols - *c0;
 }
 
 /*
@@ -454,30 +540,29 @@ static void attention_decode_out(const attention_ctx *c, const attention_ws *w, 
  * rows_axpy: each key's row loaded once for all the query rows): the content logits of
  * the tile's keys, the method's positional rows added or multiplied as the tiles'
  * epilogue does (forward_positional), the softmax rows as the tiles', then P.v.  No
- * exact scales, bfloat16 GEMM or expanded segment rows here (attention_prepare).
+ * exact scales, bfloat16 GEMM or expanded segment rows here (attention_prepare).  The
+ * keys: the target's (all, or a chunk of a split call).
  */
 static void attention_decode_unit(const attention_ctx *c, forward_ws *fw, attention_ws *w,
-                                  size_t b, size_t h, size_t r0, size_t r1, REAL *out, REAL *lse)
+                                  size_t b, size_t h, size_t r0, size_t r1, const decode_target *t)
 {
     const posenc_problem *p = c->p;
     const posenc_kernels *kern = c->kern;
     const size_t m = p->m, d = p->d, dv = c->a->dv, u = b * p->H + h, ld = c->logits.m_pad;
     const REAL *v_u = (const REAL *)c->a->v + posenc_kv_unit(p, u) * m * dv;
-    REAL *out_u = out + u * p->n * dv, *lse_u = lse + u * p->n;
     packed_b shape;
     forward_unit_setup(&c->logits, fw, b, h, r0, r1, &shape, 0);   /* inputs, terms: no panels */
     const REAL *q_u = fw->inputs.q, *k_u = fw->inputs.k;
     for (size_t i0 = r0; i0 < r1; i0 += kern->mr) {
         const size_t rows = posenc_min(kern->mr, r1 - i0);
         size_t c0, cols;
-        attention_span(c, b, i0, rows, &c0, &cols);
-        const size_t keys = cols > c0 ? cols - c0 : 0;
+        const size_t keys = attention_decode_span(c, t, b, i0, rows, &c0, &cols);
         if (keys) {
             kern->rows_dot(w->scores + c0, ld, q_u + i0 * d, rows, k_u + c0 * d, keys, d, p->scale);
             attention_decode_terms(c, fw, b, h, q_u, i0, rows, c0, cols, w->scores);
         }
-        attention_tile_softmax(c, w, b, h, i0, rows, c0, cols, lse_u);
-        attention_decode_out(c, w, out_u + i0 * dv, rows, v_u, c0, keys);
+        attention_decode_softmax(c, w, t, b, h, u * p->n + i0, i0, rows, c0, cols);
+        attention_decode_out(c, w, t, u * p->n + i0, rows, v_u, c0, keys);
     }
 }
 
@@ -489,7 +574,7 @@ static void attention_decode_unit(const attention_ctx *c, forward_ws *fw, attent
  * block of w->scores, then one rows_axpy into the heads' out rows (contiguous too).
  */
 static void attention_decode_heads(const attention_ctx *c, forward_ws *fw, attention_ws *w,
-                                   size_t b, size_t h_first, size_t heads, REAL *out, REAL *lse)
+                                   size_t b, size_t h_first, size_t heads, const decode_target *t)
 {
     const posenc_problem *p = c->p;
     const posenc_kernels *kern = c->kern;
@@ -499,44 +584,88 @@ static void attention_decode_heads(const attention_ctx *c, forward_ws *fw, atten
     unit_inputs_at(p, &fw->scratch, &fw->inputs, b, h_first, 0, n);
     const REAL *k_u = fw->inputs.k, *q_rows = (const REAL *)p->q + u0 * n * d;
     if (p->rope_cos) {
-        for (size_t t = 0; t < heads; ++t)
-            rope_rows(p, w->group_q + t * n * d, q_rows + t * n * d, b, 0, n, 0, 0, NULL);
+        for (size_t e = 0; e < heads; ++e)
+            rope_rows(p, w->group_q + e * n * d, q_rows + e * n * d, b, 0, n, 0, 0, NULL);
         q_rows = w->group_q;
     }
     size_t c0, cols;
-    attention_span(c, b, 0, n, &c0, &cols);
-    const size_t keys = cols > c0 ? cols - c0 : 0;
+    const size_t keys = attention_decode_span(c, t, b, 0, n, &c0, &cols);
     if (keys)
         kern->rows_dot(w->scores + c0, ld, q_rows, rows, k_u + c0 * d, keys, d, p->scale);
-    for (size_t t = 0; t < heads; ++t) {
-        const size_t h = h_first + t;
-        attention_ws head = *w;   /* head t's block of the scores and row statistics */
-        head.scores = w->scores + t * n * ld;
-        head.row_scale = w->row_scale + t * n;
-        head.row_stats = w->row_stats + 2 * t * n;
+    for (size_t e = 0; e < heads; ++e) {
+        const size_t h = h_first + e;
+        attention_ws head = *w;   /* head e's block of the scores and row statistics */
+        head.scores = w->scores + e * n * ld;
+        head.row_scale = w->row_scale + e * n;
+        head.row_stats = w->row_stats + 2 * e * n;
         if (keys && c->decode_terms) {
             packed_b shape;
             forward_unit_setup(&c->logits, fw, b, h, 0, n, &shape, 0);
-            attention_decode_terms(c, fw, b, h, q_rows + t * n * d, 0, n, c0, cols, head.scores);
+            attention_decode_terms(c, fw, b, h, q_rows + e * n * d, 0, n, c0, cols, head.scores);
         }
-        attention_tile_softmax(c, &head, b, h, 0, n, c0, cols, lse + (u0 + t) * n);
+        attention_decode_softmax(c, &head, t, b, h, (u0 + e) * n, 0, n, c0, cols);
     }
-    attention_decode_out(c, w, out + u0 * n * dv, rows, v_u, c0, keys);
+    attention_decode_out(c, w, t, u0 * n, rows, v_u, c0, keys);
 }
 
 /* The decoding path for key/value head g of batch row b: its query heads in batches of
  * mr / n (one pass over k and v each), or one by one where n > mr / 2. */
 static void attention_decode_group(const attention_ctx *c, forward_ws *fw, attention_ws *w,
-                                   size_t b, size_t g, REAL *out, REAL *lse)
+                                   size_t b, size_t g, const decode_target *t)
 {
     const size_t G = posenc_kv_group(c->p), n = c->p->n, per = c->kern->mr / n;
     if (per < 2) {
-        for (size_t t = 0; t < G; ++t)
-            attention_decode_unit(c, fw, w, b, g * G + t, 0, n, out, lse);
+        for (size_t e = 0; e < G; ++e)
+            attention_decode_unit(c, fw, w, b, g * G + e, 0, n, t);
         return;
     }
-    for (size_t t = 0; t < G; t += per)
-        attention_decode_heads(c, fw, w, b, g * G + t, posenc_min(per, G - t), out, lse);
+    for (size_t e = 0; e < G; e += per)
+        attention_decode_heads(c, fw, w, b, g * G + e, posenc_min(per, G - e), t);
+}
+
+/*
+ * A split call's rows (c->split): chunk parts merged in chunk order, per query row of
+ * the call: M the largest part max (and the sink), sum = sum_s e^(max_s - M) sum_s
+ * (+ e^(sink - M)), out = sum_s e^(max_s - M) part_s / sum, lse = M + log sum; a NaN
+ * part makes the row NaN, a row with every key masked gives 0 (lse: the sink, or -inf),
+ * as the unsplit rows do.  The same order for any team: the same bits.
+ */
+static void attention_merge_chunks(const attention_ctx *c, const decode_target *t, REAL *weights)
+{
+    const posenc_problem *p = c->p;
+    const size_t S = c->chunks, dv = c->a->dv, rows = p->B * p->H * p->n;
+    for (size_t q = 0; q < rows; ++q) {
+        const double *st = t->part_stats + q * S * 2;
+        const size_t h = q / p->n % p->H;
+        double top = c->a->sinks ? c->a->sinks[h] : -INFINITY;
+        int nan = 0;
+        for (size_t s = 0; s < S; ++s) {
+            if (st[2 * s] != st[2 * s] || st[2 * s + 1] != st[2 * s + 1])
+                nan = 1;
+            else if (st[2 * s] > top)
+                top = st[2 * s];
+        }
+        REAL *out = t->out + q * dv;
+        if (nan || top == -INFINITY) {
+            const REAL fill = nan ? (REAL)NAN : (REAL)0;
+            for (size_t e = 0; e < dv; ++e)
+                out[e] = fill;
+            t->lse[q] = nan ? (REAL)NAN : (REAL)top;
+            continue;
+        }
+        double sum = c->a->sinks ? exp(c->a->sinks[h] - top) : 0.0;
+        for (size_t s = 0; s < S; ++s) {
+            const double f = st[2 * s] == -INFINITY ? 0.0 : exp(st[2 * s] - top);
+            weights[s] = (REAL)f;
+            sum += f * st[2 * s + 1];
+        }
+        if (dv) {
+            c->kern->rows_axpy(out, dv, weights, S, 1, t->part + q * S * dv, S, dv);
+            const REAL scale = (REAL)(1.0 / sum);
+            c->kern->row_gather(POSENC_MUL, out, &scale, 0, dv);
+        }
+        t->lse[q] = (REAL)(top + log(sum));
+    }
 }
 
 /* Rows [r0, r1) of unit (b, h): out and lse. */
@@ -550,7 +679,8 @@ static void attention_forward_unit(const attention_ctx *c, forward_ws *fw, atten
     REAL *out_u = out + u * p->n * dv, *lse_u = lse + u * p->n;
     packed_b k_packed, v_packed;
     if (c->decode) {
-        attention_decode_unit(c, fw, w, b, h, r0, r1, out, lse);
+        const decode_target all = {0, m, 0, out, lse, NULL, NULL};
+        attention_decode_unit(c, fw, w, b, h, r0, r1, &all);
         return;
     }
     const int by_tiles = c->ranged && !kern->bf16;   /* causal_keys */
@@ -740,12 +870,17 @@ static int attention_query_reach(attention_ctx *c)
 #define ATTENTION_HEAD_BLOCK_BYTES ((size_t)4 << 20)
 /* Calls of at most this many query rows take the decoding path (attention_decode_unit). */
 #define ATTENTION_DECODE_ROWS 16
+/* A decoding step over more keys than this splits them into chunks of this many, each a
+ * work item (so that one key/value head's step runs on several threads), merged in
+ * chunk order: the same bits for any team. */
+#define ATTENTION_SPLIT_KEYS 2048
 
 /* The attention's context, with the logits'. */
 static int attention_prepare(attention_ctx *c, const posenc_problem *p, const posenc_attention *a,
                              const posenc_kernels *kern)
 {
     memset(c, 0, sizeof *c);
+    c->chunks = 1;   /* attention_split: the forward's decoding step may split its keys */
     c->p = p;
     c->a = a;
     c->kern = kern;
@@ -853,6 +988,7 @@ typedef struct {
     REAL *out, *lse;
     size_t chunks, rows_per_chunk;
     size_t *start;
+    decode_target target;   /* the decoding path by key/value heads (attention_decode_item) */
 } attention_forward_call;
 
 static void attention_forward_item(const void *call_, attention_thread *t, size_t item)
@@ -866,13 +1002,20 @@ static void attention_forward_item(const void *call_, attention_thread *t, size_
     attention_forward_unit(call->c, &t->logits, &t->attention, b, h, r0, r1, call->out, call->lse);
 }
 
-/* The decoding path of grouped-query heads: item (g, b), key/value head-major. */
+/* The decoding path by key/value heads (grouped-query heads share a pass; a split
+ * call's chunks): item ((g, b), s), key/value head-major, chunk s of c->chunks. */
 static void attention_decode_item(const void *call_, attention_thread *t, size_t item)
 {
     const attention_forward_call *call = (const attention_forward_call *)call_;
-    const size_t B = call->c->p->B;
-    attention_decode_group(call->c, &t->logits, &t->attention, item % B, item / B, call->out,
-                           call->lse);
+    const attention_ctx *c = call->c;
+    const size_t B = c->p->B, s = item % c->chunks, gb = item / c->chunks;
+    decode_target target = call->target;
+    if (c->split) {
+        target.s = s;
+        target.k0 = s * c->split;
+        target.k1 = posenc_min(c->p->m, target.k0 + c->split);
+    }
+    attention_decode_group(c, &t->logits, &t->attention, gb % B, gb / B, &target);
 }
 
 /* Under `causal` a tile's cost grows with the keys it sees: the chunks of a unit (call->start,
@@ -904,6 +1047,20 @@ static int attention_causal_chunks(const attention_ctx *c, attention_forward_cal
     return 0;
 }
 
+/* Whether a decoding step splits its keys (c->split, c->chunks): past ATTENTION_SPLIT_KEYS
+ * keys, without dropout (its keep decisions are drawn per row over all keys), a rotation
+ * or TUPE's dense term (their per-unit setup covers every key: each chunk would redo it). */
+static void attention_split(attention_ctx *c)
+{
+    const posenc_problem *p = c->p;
+    c->split = 0;
+    c->chunks = 1;
+    if (c->decode && !c->dropout && !p->rope_cos && !p->pos_q && p->m > ATTENTION_SPLIT_KEYS) {
+        c->split = ATTENTION_SPLIT_KEYS;
+        c->chunks = (p->m + ATTENTION_SPLIT_KEYS - 1) / ATTENTION_SPLIT_KEYS;
+    }
+}
+
 static int attention_forward(const posenc_problem *p, const posenc_attention *a, void *out_,
                              void *lse_, int num_threads)
 {
@@ -929,19 +1086,34 @@ static int attention_forward(const posenc_problem *p, const posenc_attention *a,
                 &adaptive);
         const size_t threads = (size_t)(num_threads > 0 ? num_threads : 1);
         c.logits.key_direct = c.decode && p->key_table;   /* the backward projects (its tiles) */
+        attention_split(&c);
         attention_forward_call call = {&c, out, lse, 0,
-                                       posenc_rows_per_item(BH, p->n, kern->mr, threads), NULL};
+                                       posenc_rows_per_item(BH, p->n, kern->mr, threads), NULL,
+                                       {0, p->m, 0, out, lse, NULL, NULL}};
         call.chunks = (p->n + call.rows_per_chunk - 1) / call.rows_per_chunk;
-        if (c.decode && posenc_kv_group(p) > 1)   /* a group's heads share their k, v pass */
-            status = attention_run(&c, NULL, num_threads, p->B * posenc_kv_heads(p),
+        REAL *weights = NULL;
+        if (c.split &&
+            (!(call.target.part = (REAL *)posenc_alloc(posenc_mul_size(BH * p->n, c.chunks * a->dv),
+                                                       sizeof(REAL))) ||
+             !(call.target.part_stats = (double *)posenc_alloc(posenc_mul_size(BH * p->n, 2 * c.chunks),
+                                                               sizeof(double))) ||
+             !(weights = (REAL *)posenc_alloc(c.chunks, sizeof(REAL)))))
+            status = POSENC_ENOMEM;
+        else if (c.decode && (posenc_kv_group(p) > 1 || c.split))   /* by key/value heads */
+            status = attention_run(&c, NULL, num_threads, p->B * posenc_kv_heads(p) * c.chunks,
                                    attention_decode_item, &call);
         else if (attention_causal_chunks(&c, &call))
             status = POSENC_ENOMEM;
         else
             status = attention_run(&c, NULL, num_threads, BH * call.chunks, attention_forward_item,
                                    &call);
+        if (status == POSENC_OK && c.split)
+            attention_merge_chunks(&c, &call.target, weights);
         posenc_adaptive_done(&adaptive);
         posenc_free(call.start);
+        posenc_free(call.target.part);
+        posenc_free(call.target.part_stats);
+        posenc_free(weights);
     }
     attention_release(&c);
     return status;

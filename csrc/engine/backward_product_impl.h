@@ -51,7 +51,7 @@ static void backward_product_tile(const backward_ctx *c, backward_ws *w, size_t 
     if (p->query_table)
         term_query_table(kern, &w->scratch, p, &c->terms->query_runs, c->terms->query_buckets,
                          w->query_table_pack, &w->cached_query_table, w->query_proj, h, q_u,
-                         POSENC_SET, w->query_factor, ld, i0, rows, width, NULL);
+                         POSENC_SET, w->query_factor, ld, i0, rows, 0, width, NULL);
     if (p->key_table)
         term_key_table(kern, POSENC_SET, w->key_factor, ld, p->key_map, c->terms->key_runs.b_min,
                        w->key_proj, c->terms->key_buckets, &c->terms->key_edges, n, m, width, i0, rows);

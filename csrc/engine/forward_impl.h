@@ -131,7 +131,7 @@ static void forward_head_block(const forward_ctx *c, forward_ws *w, size_t h)
             term_table(kern, POSENC_ADD, block, m, by_offset, n, cols, i0, rows);
         if (p->theta && !c->batch_terms)
             term_reset(kern, block, m, (const REAL *)p->theta + head_of(p->theta_heads, h) * 2,
-                       cols, p->query_offset + i0, rows);
+                       0, cols, p->query_offset + i0, rows);
     }
     w->cached_head_block = (ptrdiff_t)h;
 }
@@ -156,7 +156,7 @@ static void forward_dense(const forward_ctx *c, forward_ws *w, size_t h, size_t 
 }
 
 /*
- * The key table's term of rows [i0, i0 + rows) of unit (b, h), keys [0, cols), applied
+ * The key table's term of rows [i0, i0 + rows) of unit (b, h), keys [k0, cols), applied
  * to P with op, when the rows are few (c->key_direct: a decoding step): key j of row i
  * is vector_scale k_j . key_table[h, map(j - i)], a dot product per key, along the
  * runs of the map (one rows_dot per run on which the bucket holds; a key at a time
@@ -164,7 +164,7 @@ static void forward_dense(const forward_ctx *c, forward_ws *w, size_t h, size_t 
  * being projected onto every bucket the row reaches (m x buckets).
  */
 static void term_key_direct(const forward_ctx *c, forward_ws *w, size_t h, int op, REAL *P,
-                            size_t ldp, size_t i0, size_t rows, size_t cols)
+                            size_t ldp, size_t i0, size_t rows, size_t k0, size_t cols)
 {
     const posenc_problem *p = c->p;
     const posenc_kernels *kern = c->kern;
@@ -176,8 +176,9 @@ static void term_key_direct(const forward_ctx *c, forward_ws *w, size_t h, int o
     for (size_t r = 0; r < rows; ++r) {
         const ptrdiff_t i = (ptrdiff_t)(i0 + r);
         ptrdiff_t js, je, bs;
-        for (size_t t = posenc_runs_seek(runs, -i);
-             t < runs->count && posenc_run_span(&runs->runs[t], i, 0, (ptrdiff_t)cols, &js, &je, &bs);
+        for (size_t t = posenc_runs_seek(runs, (ptrdiff_t)k0 - i);
+             t < runs->count &&
+             posenc_run_span(&runs->runs[t], i, (ptrdiff_t)k0, (ptrdiff_t)cols, &js, &je, &bs);
              ++t) {
             if (runs->runs[t].step == 0) {
                 kern->rows_dot(row + js, 0, table + (size_t)bs * d, 1, k_u + (size_t)js * d,
@@ -188,17 +189,20 @@ static void term_key_direct(const forward_ctx *c, forward_ws *w, size_t h, int o
                 kern->rows_dot(row + j, 0, table + (size_t)bs * d, 1, k_u + (size_t)j * d, 1, d,
                                p->vector_scale);
         }
-        kern->row_gather(op, P + r * ldp, row, 1, cols);
+        if (cols > k0)
+            kern->row_gather(op, P + r * ldp + k0, row + k0, 1, cols - k0);
     }
 }
 
 /*
- * The positional rows of tile [i0, i0 + rows) of unit (b, h), keys [0, cols):
- * returns the block P (row r at *P + r * *ldp), or NULL when there is none.
+ * The positional rows of tile [i0, i0 + rows) of unit (b, h), keys [k0, cols) (the
+ * tiles: k0 = 0; a decoding step's split keys: its chunk's; entries before k0 may
+ * be left unwritten, and TUPE's dense term is computed from key 0): returns the
+ * block P (row r at *P + r * *ldp, key j at column j), or NULL when there is none.
  */
 static const REAL *forward_positional(const forward_ctx *c, forward_ws *w, size_t b, size_t h,
-                                      const REAL *q_u, size_t i0, size_t rows, size_t cols,
-                                      ptrdiff_t *ldp)
+                                      const REAL *q_u, size_t i0, size_t rows, size_t k0,
+                                      size_t cols, ptrdiff_t *ldp)
 {
     const posenc_problem *p = c->p;
     const posenc_kernels *kern = c->kern;
@@ -217,29 +221,30 @@ static const REAL *forward_positional(const forward_ctx *c, forward_ws *w, size_
     }
     if (c->head_blocks) {
         for (size_t r = 0; r < rows; ++r)
-            kern->row_gather(POSENC_SET, w->P + r * ld, w->head_block + (i0 + r) * m, 1, cols);
+            kern->row_gather(POSENC_SET, w->P + r * ld + k0, w->head_block + (i0 + r) * m + k0, 1,
+                             cols - k0);
         op = combine_op;
     } else {
         if (p->pos_q) {
             forward_dense(c, w, h, i0, rows, cols, w->P, ld);
             op = combine_op;
         }
-        if (p->table) {
-            term_table(kern, op, w->P, ld,
-                       c->terms->table_by_offset + head_of(p->table_heads, h) * (n + m - 1), n, cols, i0,
-                       rows);
+        if (p->table) {   /* Toeplitz: from key k0 by a shift */
+            term_table(kern, op, w->P + k0, ld,
+                       c->terms->table_by_offset + head_of(p->table_heads, h) * (n + m - 1) + k0, n,
+                       cols - k0, i0, rows);
             op = combine_op;
         }
     }
     if (p->query_table) {
         term_query_table(kern, &w->scratch, p, &c->terms->query_runs, c->terms->query_buckets,
                          w->query_table_pack, &w->cached_query_table, w->query_proj, h, q_u, op,
-                         w->P, ld, i0, rows, cols, forward_query_reach(c, i0, rows));
+                         w->P, ld, i0, rows, k0, cols, forward_query_reach(c, i0, rows));
         op = combine_op;
     }
     if (p->key_table) {
         if (c->key_direct)
-            term_key_direct(c, w, h, op, w->P, ld, i0, rows, cols);
+            term_key_direct(c, w, h, op, w->P, ld, i0, rows, k0, cols);
         else
             term_key_table(kern, op, w->P, ld, p->key_map, c->terms->key_runs.b_min, w->key_proj,
                            c->terms->key_buckets, &c->terms->key_edges, n, m, cols, i0, rows);
@@ -251,13 +256,13 @@ static const REAL *forward_positional(const forward_ctx *c, forward_ws *w, size_
         term_segments(kern, op, w->P, ld, sr->runs + sr->start[b], sr->start[b + 1] - sr->start[b],
                       p->segment_q + b * n,
                       (const REAL *)p->segment_table + head_of(p->segment_table_heads, h) * S * S,
-                      S, i0, rows, cols);
+                      S, i0, rows, k0, cols);
         op = combine_op;
     }
     if (op == POSENC_SET)
         return NULL; /* content only */
     if (p->theta)
-        term_reset(kern, w->P, ld, (const REAL *)p->theta + head_of(p->theta_heads, h) * 2, cols,
+        term_reset(kern, w->P, ld, (const REAL *)p->theta + head_of(p->theta_heads, h) * 2, k0, cols,
                    p->query_offset + i0, rows);
     *ldp = (ptrdiff_t)ld;
     return w->P;
@@ -274,7 +279,7 @@ static void forward_expand_segments(const forward_ctx *c, forward_ws *w, size_t 
     for (size_t s = 0; s < S; ++s) {
         const int64_t segment = (int64_t)s;
         term_segments(c->kern, POSENC_SET, w->segment_expanded + s * m, m, sr->runs + sr->start[b],
-                      sr->start[b + 1] - sr->start[b], &segment, table, S, 0, 1, m);
+                      sr->start[b + 1] - sr->start[b], &segment, table, S, 0, 1, 0, m);
     }
 }
 
@@ -366,7 +371,7 @@ static void forward_tile_exact(const forward_ctx *c, forward_ws *w, size_t b, si
     if (p->query_table) {
         term_query_table(kern, &w->scratch, p, &c->terms->query_runs, c->terms->query_buckets,
                          w->query_table_pack, &w->cached_query_table, w->query_proj, h, q_u,
-                         POSENC_SET, P, ld, i0, rows, cols, forward_query_reach(c, i0, rows));
+                         POSENC_SET, P, ld, i0, rows, 0, cols, forward_query_reach(c, i0, rows));
         exact_apply(op, vector_sum, vs, P, ld, rows, cols);
     }
     if (p->key_table) {
@@ -409,7 +414,7 @@ static void forward_tile_exact(const forward_ctx *c, forward_ws *w, size_t b, si
             term_segments(kern, POSENC_SET, P, ld, sr->runs + sr->start[b],
                           sr->start[b + 1] - sr->start[b], p->segment_q + b * n,
                           (const REAL *)p->segment_table + head_of(p->segment_table_heads, h) * S * S,
-                          S, i0, rows, cols);
+                          S, i0, rows, 0, cols);
             exact_apply(POSENC_ADD, X, 1, P, ld, rows, cols);
         }
     }
@@ -440,7 +445,7 @@ static void forward_tile(const forward_ctx *c, forward_ws *w, size_t b, size_t h
     const size_t n = p->n, m = p->m, d = p->d;
     const REAL *q_u = w->inputs.q;
     ptrdiff_t ldp = 0;
-    const REAL *P = forward_positional(c, w, b, h, q_u, i0, rows, cols, &ldp);
+    const REAL *P = forward_positional(c, w, b, h, q_u, i0, rows, 0, cols, &ldp);
     int flags = (P ? (p->product ? POSENC_UKR_MUL_P : POSENC_UKR_ADD_P) : 0) |
                 (c->stream ? POSENC_UKR_STREAM : 0) |
                 (c->out_size != sizeof(REAL) ? POSENC_UKR_BF16_OUT : 0);

@@ -60,18 +60,19 @@ static void term_table(const posenc_kernels *kern, int op, REAL *P, size_t ldp,
 }
 
 /*
- * Query-side table, run by run:
+ * Query-side table, run by run, keys [k0, m):
  * proj[r * ld + (bucket - b_min)] = vector_scale q_i . query_table[bucket].
  */
 static void term_query_table_runs(const posenc_kernels *kern, int op, REAL *P, size_t ldp,
-                                  const posenc_runs *runs, const REAL *proj, size_t ld, size_t m,
-                                  size_t i0, size_t rows)
+                                  const posenc_runs *runs, const REAL *proj, size_t ld, size_t k0,
+                                  size_t m, size_t i0, size_t rows)
 {
     for (size_t r = 0; r < rows; ++r) {
         const ptrdiff_t i = (ptrdiff_t)(i0 + r);
         ptrdiff_t js, je, bs;
-        for (size_t t = posenc_runs_seek(runs, -i);
-             t < runs->count && posenc_run_span(&runs->runs[t], i, 0, (ptrdiff_t)m, &js, &je, &bs); ++t)
+        for (size_t t = posenc_runs_seek(runs, (ptrdiff_t)k0 - i);
+             t < runs->count && posenc_run_span(&runs->runs[t], i, (ptrdiff_t)k0, (ptrdiff_t)m, &js, &je, &bs);
+             ++t)
             kern->row_gather(op, P + r * ldp + js, proj + r * ld + (bs - runs->b_min),
                              runs->runs[t].step, (size_t)(je - js));
     }
@@ -205,7 +206,7 @@ static void term_query_table(const posenc_kernels *kern, const gemm_scratch *g,
                              const posenc_problem *p, const posenc_runs *runs, size_t buckets,
                              REAL *table_pack, ptrdiff_t *cached_head, REAL *proj, size_t h,
                              const REAL *q_u, int op, REAL *P, size_t ldp, size_t i0, size_t rows,
-                             size_t cols, const size_t *reach)
+                             size_t k0, size_t cols, const size_t *reach)
 {
     const size_t d = p->d, ld = posenc_round_up(buckets, kern->nr);
     const size_t ht = head_of(p->query_table_heads, h);
@@ -224,11 +225,11 @@ static void term_query_table(const posenc_kernels *kern, const gemm_scratch *g,
     }
     gemm_packed(kern, g, rows, q_u + i0 * d, (ptrdiff_t)d, 1, &pb, proj + first, (ptrdiff_t)ld,
                 0, NULL, 0, NULL, 0, NULL);
-    if (posenc_runs_short(runs, p->n + p->m - 1))
-        kern->tile_gather_query(op, P, ldp, p->query_map + (p->n - 1 - i0), runs->b_min, proj, ld,
-                                cols, rows);
+    if (posenc_runs_short(runs, p->n + p->m - 1))   /* map_r0[j - r]: from key k0 by a shift */
+        kern->tile_gather_query(op, P + k0, ldp, p->query_map + (p->n - 1 - i0) + k0, runs->b_min,
+                                proj, ld, cols - k0, rows);
     else
-        term_query_table_runs(kern, op, P, ldp, runs, proj, ld, cols, i0, rows);
+        term_query_table_runs(kern, op, P, ldp, runs, proj, ld, k0, cols, i0, rows);
 }
 
 /* segment_table[h, segment_q[b, i], segment_k[b, j]], j < cols: one broadcast per key
@@ -236,27 +237,31 @@ static void term_query_table(const posenc_kernels *kern, const gemm_scratch *g,
 static void term_segments(const posenc_kernels *kern, int op, REAL *P, size_t ldp,
                           const posenc_segment_run *runs, size_t n_runs,
                           const int64_t *segment_q_b, const REAL *table_h, size_t S, size_t i0,
-                          size_t rows, size_t cols)
+                          size_t rows, size_t k0, size_t cols)
 {
     for (size_t r = 0; r < rows; ++r) {
         const REAL *table_row = table_h + (size_t)segment_q_b[i0 + r] * S;
-        for (size_t t = 0; t < n_runs && runs[t].j_begin < cols; ++t)
-            kern->row_gather(op, P + r * ldp + runs[t].j_begin, table_row + runs[t].segment, 0,
-                             posenc_min(runs[t].j_end, cols) - runs[t].j_begin);
+        for (size_t t = 0; t < n_runs && runs[t].j_begin < cols; ++t) {
+            const size_t js = posenc_max(runs[t].j_begin, k0);
+            if (js < runs[t].j_end)
+                kern->row_gather(op, P + r * ldp + js, table_row + runs[t].segment, 0,
+                                 posenc_min(runs[t].j_end, cols) - js);
+        }
     }
 }
 
-/* TUPE eq. (9): theta[0] on the [CLS] row (position 0, keys [0, m)), theta[1]
- * on column 0 of the other rows; row r of P is the query at position position0 + r. */
+/* TUPE eq. (9): theta[0] on the [CLS] row (position 0, keys [k0, m)), theta[1]
+ * on column 0 of the other rows (when k0 = 0); row r of P is the query at position
+ * position0 + r. */
 static void term_reset(const posenc_kernels *kern, REAL *P, size_t ldp, const REAL *theta_h,
-                       size_t m, size_t position0, size_t rows)
+                       size_t k0, size_t m, size_t position0, size_t rows)
 {
-    if (m == 0)
+    if (m <= k0)
         return;
     for (size_t r = 0; r < rows; ++r) {
         if (position0 + r == 0)
-            kern->row_gather(POSENC_SET, P, theta_h, 0, m);
-        else
+            kern->row_gather(POSENC_SET, P + k0, theta_h, 0, m - k0);
+        else if (k0 == 0)
             P[r * ldp] = theta_h[1];
     }
 }

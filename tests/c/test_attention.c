@@ -344,7 +344,8 @@ void test_attention(void)
     const size_t sizes[][6] = {{1, 1, 1, 1, 1, 1}, {2, 3, 7, 5, 3, 4}, {1, 2, 17, 33, 9, 3},
                                {2, 1, 33, 17, 16, 16}, {3, 2, 9, 9, 0, 2}, {2, 2, 70, 64, 16, 0},
                                {2, 1, 300, 200, 8, 5},
-                               {1, 2, 5, 301, 19, 7}};   /* the decoding path, long keys */
+                               {1, 2, 5, 301, 19, 7},     /* the decoding path, long keys */
+                               {1, 2, 3, 4500, 9, 5}};    /* keys split into chunks of 2048 */
     for (size_t c = 0; c < config_count; ++c)
         for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; ++s)
             for (size_t k = 0; k < sizeof attention_cases / sizeof attention_cases[0]; ++k) {
