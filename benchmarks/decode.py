@@ -18,9 +18,8 @@ no autograd (torch.no_grad), medians with the spread:
 * overhead: t5 and content at B=1, H=8, n=1, m=512, the NumPy API against
   posenc.torch (no grad), p50 and p99 of 2,000 calls each, one thread;
 * --busy: the steps of t5 again with a process spinning on one core, posenc
-  on the run's threads (adaptive threads: posenc.set_adaptive_threads, the
-  default), on the run's threads fixed (adaptive off) and on 1 thread, and SDPA;
-  40 steps first (a decoding loop's steady state), then 60 rounds.
+  on the run's threads and on 1 thread, and SDPA; 60 rounds (a preempted call
+  is frequent there).
 
 Results: <out>/decode-<date>.json and .md.  Targets (issue 30): faster than
 SDPA at m >= 4096 and within 1.5x of it at m = 512; within 2x of the read at
@@ -50,9 +49,8 @@ METHODS = ("t5", "content", "deberta")
 STEPS = [dict(H=8, d=64, m=512), dict(H=8, d=64, m=4096), dict(H=8, d=64, m=32768),
          dict(H=32, d=128, m=4096)]
 QUICK_STEPS = [dict(H=2, d=16, m=64), dict(H=2, d=16, m=256)]
-# --busy: steps before the timed rounds (adaptive threads have learned the busy core, as in
-# a decoding loop of many steps), and the rounds (a preempted call is frequent there)
-BUSY_WARMUP, BUSY_ROUNDS = 40, 60
+# --busy: the timed rounds (a preempted call is frequent there)
+BUSY_ROUNDS = 60
 
 
 def _step_inputs(torch, method, H, d, m, n=1, seed=0):
@@ -187,19 +185,8 @@ def run(args) -> dict:
 
                 posenc.set_num_threads(args.threads)
                 torch.set_num_threads(args.threads)
-                def fixed(call=posenc_call):
-                    posenc.set_adaptive_threads(False)
-                    try:
-                        return call()
-                    finally:
-                        posenc.set_adaptive_threads(True)
-
                 turns = {f"posenc, {args.threads} threads": posenc_call,
-                         f"posenc, {args.threads} threads fixed": fixed,
                          "posenc, 1 thread": one_thread, "SDPA": calls["SDPA"]}
-                with torch.no_grad():   # a decoding loop's steady state: the adaptive choice made
-                    for _ in range(2 if args.quick else BUSY_WARMUP):
-                        posenc_call()
                 times = _turns(torch, turns, repeats if args.quick else max(repeats, BUSY_ROUNDS),
                                max_seconds)
                 results["busy"].append(dict(method="t5", **s, times=times))
@@ -256,8 +243,7 @@ def markdown(results: dict) -> str:
         for s in results["busy"]:
             lines.append(f"| {s['H']} | {s['d']} | {s['m']} | "
                          + " | ".join(_cell(r) for r in s["times"].values()) + " |")
-        lines += ["", "Target: posenc on the run's threads no slower than on 1 thread (\"fixed\": "
-                  "adaptive threads off, every call on the run's threads).", ""]
+        lines += ["", "Target: posenc on the run's threads no slower than on 1 thread.", ""]
     return "\n".join(lines)
 
 

@@ -396,20 +396,6 @@ static PyObject *py_get_num_threads(PyObject *self, PyObject *unused)
     return PyLong_FromLong(num_threads);
 }
 
-static PyObject *py_set_adaptive_threads(PyObject *self, PyObject *arg)
-{
-    const int on = PyObject_IsTrue(arg);
-    if (on < 0)
-        return NULL;
-    posenc_set_adaptive_teams(on);
-    Py_RETURN_NONE;
-}
-
-static PyObject *py_get_adaptive_threads(PyObject *self, PyObject *unused)
-{
-    return PyBool_FromLong(posenc_get_adaptive_teams());
-}
-
 static PyObject *py_build_info(PyObject *self, PyObject *unused)
 {
 #ifdef _OPENMP
@@ -457,10 +443,6 @@ static PyMethodDef methods[] = {
     {"set_isa", py_set_isa, METH_O, "Select the ISA by name (ValueError if unsupported)."},
     {"set_num_threads", py_set_num_threads, METH_O, "Threads of every kernel call."},
     {"get_num_threads", py_get_num_threads, METH_NOARGS, "Threads of every kernel call."},
-    {"set_adaptive_threads", py_set_adaptive_threads, METH_O,
-     "Whether decoding steps choose between the thread count and one thread by speed."},
-    {"get_adaptive_threads", py_get_adaptive_threads, METH_NOARGS,
-     "Whether decoding steps choose between the thread count and one thread by speed."},
     {"build_info", py_build_info, METH_NOARGS, "Compiler, OpenMP and compiled ISAs."},
     {"_set_bfloat16", py_set_bfloat16, METH_O,
      "_set_bfloat16(num): the NumPy type number of ml_dtypes.bfloat16 (posenc sets it at\n"

@@ -493,11 +493,6 @@ int posenc_cpu_has_avx512bf16(void);
 int posenc_max_threads(void);                 /* OpenMP's default (OMP_NUM_THREADS or all cores) in
                                                  [1, POSENC_MAX_THREADS], 1 without OpenMP */
 
-/* Decoding steps' teams chosen by their measured speed (engine/threads.c), on by
- * default: 1 on, 0 off (every call on the thread count asked for). */
-void posenc_set_adaptive_teams(int on);
-int posenc_get_adaptive_teams(void);
-
 /* Per-ISA kernel tables (defined in isa/<isa>.c when compiled). */
 extern const posenc_kernels posenc_kernels_f32_scalar, posenc_kernels_f64_scalar;
 extern const posenc_kernels posenc_kernels_f32_avx2, posenc_kernels_f64_avx2;

@@ -10,8 +10,7 @@ functions in plain NumPy; ``posenc.torch`` plugs them into autograd.
 
 ISA and threads: ``posenc.capabilities()``, ``posenc.get_isa()``,
 ``posenc.set_isa(name)`` (or the POSENC_ISA environment variable),
-``posenc.set_num_threads(n)`` / ``posenc.get_num_threads()``, decoding steps'
-choice of threads by speed: ``posenc.set_adaptive_threads(on)``.  Memory of
+``posenc.set_num_threads(n)`` / ``posenc.get_num_threads()``.  Memory of
 large results: ``posenc.set_result_cache(nbytes)`` / ``posenc.get_result_cache()``.
 """
 
@@ -82,23 +81,6 @@ def set_num_threads(threads: int) -> None:
             "are not there).  Start workers with the 'spawn' or 'forkserver' method for "
             "more threads.")
     _C.set_num_threads(threads)
-
-
-def set_adaptive_threads(enabled: bool) -> None:
-    """Whether a decoding step (a fused attention of at most 16 query rows) runs on
-    the thread count or on one thread, whichever has been faster lately for steps of
-    its size (on by default).  With another process busy on one of the cores, a
-    team's thread there is preempted while it holds its share of a step, and one
-    thread is faster; on a quiet machine the team is.  Results are bitwise the same
-    either way; off, every call uses `get_num_threads()` threads."""
-    if not isinstance(enabled, bool):
-        raise TypeError(f"enabled must be a bool, got {type(enabled).__name__}")
-    _C.set_adaptive_threads(enabled)
-
-
-def get_adaptive_threads() -> bool:
-    """Whether decoding steps choose their thread count by speed (set_adaptive_threads)."""
-    return _C.get_adaptive_threads()
 
 
 def _after_fork_in_child() -> None:
@@ -209,7 +191,6 @@ globals().update(EXPORTS)      # what the methods bring: posenc.alibi_slopes, po
 __all__ = list(METHODS) + [m + "_backward" for m in METHODS] + [
     m + suffix for m in METHODS for suffix in ("_attention", "_attention_backward")] + [
     "capabilities", "get_isa", "set_isa", "get_num_threads", "set_num_threads", "build_info",
-    "set_adaptive_threads", "get_adaptive_threads",
     "set_result_cache", "get_result_cache",
     "info", "check",
     "deberta_hf_scale", "MAX_THREADS", "attention_dropout_mask", "Attention",

@@ -37,14 +37,11 @@ def rng(request):
 @pytest.fixture
 def threads():
     """posenc.set_num_threads, the previous count restored after the test (1 against
-    2 threads bitwise); decoding steps keep the count set (no adaptive choice of one
-    thread), so that a 2-thread call runs on 2."""
+    2 threads bitwise)."""
     import posenc
-    previous, adaptive = posenc.get_num_threads(), posenc.get_adaptive_threads()
-    posenc.set_adaptive_threads(False)
+    previous = posenc.get_num_threads()
     yield posenc.set_num_threads
     posenc.set_num_threads(previous)
-    posenc.set_adaptive_threads(adaptive)
 
 
 @pytest.fixture

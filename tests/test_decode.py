@@ -127,35 +127,3 @@ def test_decode_split_keys_multi_query(posenc_isa, method, rng):
     assert_attention_matches_reference(method, args, kwargs, v, rng, causal=True,
                                        query_offset=SPLIT_M - 1, key_padding_mask=_split_padding())
 
-
-def test_adaptive_threads_setting():
-    """posenc.set_adaptive_threads: on by default, a bool only, read back."""
-    previous = posenc.get_adaptive_threads()
-    try:
-        posenc.set_adaptive_threads(False)
-        assert posenc.get_adaptive_threads() is False
-        posenc.set_adaptive_threads(True)
-        assert posenc.get_adaptive_threads() is True
-        for bad in (1, "yes", None):
-            with pytest.raises(TypeError, match="enabled must be a bool"):
-                posenc.set_adaptive_threads(bad)
-        assert posenc.get_adaptive_threads() is True
-    finally:
-        posenc.set_adaptive_threads(previous)
-
-
-@pytest.mark.parametrize("method", ("t5", "deberta"))
-def test_adaptive_threads_give_the_same_bits(method, threads, rng):
-    """With adaptive threads on, a step repeated 40 times runs on the team and on one
-    thread (3 of each first, then the faster and, every 16th call, the other): every
-    result is the bits of the 1-thread call."""
-    args, kwargs, v = _inputs(method, 1, 4001, 16, 9, rng, dtype=np.float32)
-    call = lambda: getattr(posenc, method + "_attention")(  # noqa: E731
-        args[0], args[1], v, *args[2:], **kwargs, causal=True, query_offset=4000)
-    threads(1)
-    expected = call()
-    threads(2)
-    posenc.set_adaptive_threads(True)      # the fixture restores it
-    for _ in range(40):
-        got = call()
-        assert np.array_equal(got.out, expected.out) and np.array_equal(got.lse, expected.lse)

@@ -1078,12 +1078,6 @@ static int attention_forward(const posenc_problem *p, const posenc_attention *a,
     attention_ctx c;
     int status = attention_prepare(&c, p, a, kern);
     if (status == POSENC_OK) {
-        posenc_adaptive_call adaptive = {-1, 0, 0};
-        if (c.decode)   /* a step's team by its measured speed */
-            num_threads = (int)posenc_adaptive_team(
-                (size_t)(num_threads > 0 ? num_threads : 1),
-                posenc_mul_size(p->B * posenc_kv_heads(p) * p->m, (p->d + a->dv) * sizeof(REAL)),
-                &adaptive);
         const size_t threads = (size_t)(num_threads > 0 ? num_threads : 1);
         c.logits.key_direct = c.decode && p->key_table;   /* the backward projects (its tiles) */
         attention_split(&c);
@@ -1109,7 +1103,6 @@ static int attention_forward(const posenc_problem *p, const posenc_attention *a,
                                    &call);
         if (status == POSENC_OK && c.split)
             attention_merge_chunks(&c, &call.target, weights);
-        posenc_adaptive_done(&adaptive);
         posenc_free(call.start);
         posenc_free(call.target.part);
         posenc_free(call.target.part_stats);

@@ -161,28 +161,6 @@ size_t posenc_mul_size(size_t count, size_t size);
  * created (threads.c), so that a parallel region never fails to start. */
 size_t posenc_team_startable(size_t team);
 
-/*
- * A decoding step's team, chosen by speed (threads.c): on a quiet machine a step
- * is faster on the team, but with another process on one of its cores the team's
- * thread there is preempted while it holds its share, and the step waits a time
- * slice for it: then one thread is faster.  Steps of one class (the bytes of k and
- * v they read, by powers of two) run on whichever of `team` and 1 has been faster
- * lately (the median of its last 8 times per byte: a rare preempted call does not
- * count; the team must be 10 % faster), the other tried every
- * POSENC_ADAPTIVE_PROBE-th call.
- * Results are bitwise the same on any team, so the choice only moves the time.
- */
-#define POSENC_ADAPTIVE_PROBE 16
-
-typedef struct {
-    int slot;        /* -1: not measured (one thread asked, or adaptive teams off) */
-    double start;    /* seconds, CLOCK_MONOTONIC */
-    double bytes;
-} posenc_adaptive_call;
-
-size_t posenc_adaptive_team(size_t team, size_t bytes, posenc_adaptive_call *call);
-void posenc_adaptive_done(const posenc_adaptive_call *call);
-
 /* The threads of a call of `work` multiply-adds: at most one per work item,
  * and one for a small call whatever the thread count asked for; never more
  * than can start. */

@@ -304,7 +304,6 @@ static void test_matmul(void)
 int main(void)
 {
     posenc_dispatch_init();
-    posenc_set_adaptive_teams(0);   /* a 2-thread decoding step runs on 2 threads (1 vs 2 bitwise) */
     quick = getenv("POSENC_CTEST_QUICK") != NULL;
     const size_t sizes[][5] = {{1, 1, 1, 1, 1}, {2, 3, 7, 5, 3}, {1, 2, 17, 33, 9},
                                {2, 1, 33, 17, 16}, {1, 1, 65, 40, 31}, {3, 2, 9, 9, 0},
