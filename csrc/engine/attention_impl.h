@@ -102,7 +102,8 @@ static size_t attention_ws_layout(const attention_ctx *c, int backward, size_t r
         WS_TAKE(w, mem, at, scores, c->kern->mr * c->logits.m_pad);
         if (c->kern->bf16 && !c->dropout)
             WS_TAKE(w, mem, at, scores16, (c->kern->mr * c->logits.m_pad + 1) / 2);
-        WS_TAKE(w, mem, at, v_pack, packed_b_size(m, dv, nr));
+        if (!c->decode)   /* the decoding path reads v in place */
+            WS_TAKE(w, mem, at, v_pack, packed_b_size(m, dv, nr));
         WS_TAKE(w, mem, at, row_scale, c->kern->mr);
         WS_TAKE(w, mem, at, row_stats, 2 * c->kern->mr * (sizeof(double) / sizeof(REAL)));
         if (c->decode && p->rope_cos)
@@ -1080,6 +1081,7 @@ static int attention_forward(const posenc_problem *p, const posenc_attention *a,
     if (status == POSENC_OK) {
         const size_t threads = (size_t)(num_threads > 0 ? num_threads : 1);
         c.logits.key_direct = c.decode && p->key_table;   /* the backward projects (its tiles) */
+        c.logits.in_place = c.decode;                      /* and packs its k panels */
         attention_split(&c);
         attention_forward_call call = {&c, out, lse, 0,
                                        posenc_rows_per_item(BH, p->n, kern->mr, threads), NULL,

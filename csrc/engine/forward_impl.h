@@ -35,6 +35,7 @@ typedef struct {
                                  [0, query_offset + i0 + rows) only (attention_columns) */
     int key_direct;           /* the key table's term as a dot product per key (term_key_direct),
                                  no key projections: a decoding step's few rows */
+    int in_place;             /* a decoding step: k read in place, no k panels in the workspace */
 } forward_ctx;
 
 typedef struct {
@@ -66,7 +67,8 @@ static size_t forward_ws_layout(const forward_ctx *c, forward_ws *w, REAL *mem)
         w->cached_head_block = w->cached_query_table = w->cached_pos_k = -1;
     }
     at += posenc_round_up(gemm_scratch_size(c->kern), 16);
-    WS_TAKE(w, mem, at, k_pack, packed_b_size(p->d, p->m, nr));
+    if (!c->in_place)
+        WS_TAKE(w, mem, at, k_pack, packed_b_size(p->d, p->m, nr));
     WS_TAKE(w, mem, at, P, mr * c->m_pad);
     if (p->rope_cos) {
         WS_TAKE(w, mem, at, inputs.q_rot, p->n * p->d);
