@@ -9,24 +9,50 @@
  */
 #include <string.h>
 
-/* dst[r * ld + j] = scale sum_l q[r * d + l] k[j * d + l], r < rows, j < keys. */
+#ifndef VREDUCE4   /* the vector layer's one tree for four sums, or four reductions */
+#define VREDUCE4(a, b, c, d, out) \
+    ((out)[0] = (REAL)VREDUCE(a), (out)[1] = (REAL)VREDUCE(b), (out)[2] = (REAL)VREDUCE(c), \
+     (out)[3] = (REAL)VREDUCE(d))
+#define DECODE_OWN_REDUCE4
+#endif
+
+/* The lane-wise sum q_r . k_j (its horizontal sum left to the caller). */
+static inline VT KNAME(decode_lanes)(const REAL *qr, const REAL *kj, size_t d)
+{
+    const size_t whole = d / VL * VL, tail = d - whole;
+    VT acc = VZERO();
+    for (size_t l = 0; l < whole; l += VL)
+        acc = VFMA(VLOAD(qr + l), VLOAD(kj + l), acc);
+    if (tail)
+        acc = VFMA(VLOAD_PART(qr + whole, tail), VLOAD_PART(kj + whole, tail), acc);
+    return acc;
+}
+
+/*
+ * dst[r * ld + j] = scale sum_l q[r * d + l] k[j * d + l], r < rows, j < keys: each
+ * key's row loaded once for all the query rows (in L1), the rows four at a time with
+ * their four sums reduced in one tree (VREDUCE4: a grouped-query step's rows would
+ * otherwise cost a horizontal sum each per key), the rest one by one.  A sum depends
+ * only on its row's place and its key.
+ */
 static void KNAME(posenc_rows_dot)(void *dst_, size_t ld, const void *q_, size_t rows,
                                    const void *k_, size_t keys, size_t d, double scale_)
 {
     REAL *dst = (REAL *)dst_;
     const REAL *q = (const REAL *)q_, *k = (const REAL *)k_, scale = (REAL)scale_;
-    const size_t whole = d / VL * VL, tail = d - whole;
+    const size_t fours = rows / 4 * 4;
     for (size_t j = 0; j < keys; ++j) {
         const REAL *kj = k + j * d;
-        for (size_t r = 0; r < rows; ++r) {
-            const REAL *qr = q + r * d;
-            VT acc = VZERO();
-            for (size_t l = 0; l < whole; l += VL)
-                acc = VFMA(VLOAD(qr + l), VLOAD(kj + l), acc);
-            if (tail)
-                acc = VFMA(VLOAD_PART(qr + whole, tail), VLOAD_PART(kj + whole, tail), acc);
-            dst[r * ld + j] = scale * (REAL)VREDUCE(acc);
+        for (size_t r = 0; r < fours; r += 4) {
+            REAL sums[4];
+            VREDUCE4(KNAME(decode_lanes)(q + r * d, kj, d), KNAME(decode_lanes)(q + (r + 1) * d, kj, d),
+                     KNAME(decode_lanes)(q + (r + 2) * d, kj, d),
+                     KNAME(decode_lanes)(q + (r + 3) * d, kj, d), sums);
+            for (size_t u = 0; u < 4; ++u)
+                dst[(r + u) * ld + j] = scale * sums[u];
         }
+        for (size_t r = fours; r < rows; ++r)
+            dst[r * ld + j] = scale * (REAL)VREDUCE(KNAME(decode_lanes)(q + r * d, kj, d));
     }
 }
 
@@ -84,3 +110,8 @@ static void KNAME(posenc_rows_axpy)(void *out_, size_t ld_out, const void *p_, s
         }
     }
 }
+
+#ifdef DECODE_OWN_REDUCE4
+#undef VREDUCE4
+#undef DECODE_OWN_REDUCE4
+#endif

@@ -15,5 +15,6 @@
 #undef VMUL
 #undef VFMA
 #undef VREDUCE
+#undef VREDUCE4
 #undef VTRANSPOSE
 #undef KNAME
