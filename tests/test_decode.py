@@ -102,22 +102,23 @@ def _split_padding():
 def test_decode_split_keys_match_reference(posenc_isa, method, dtype, n, rng):
     """A step over more keys than a chunk: its keys split into work items whose softmax
     parts merge in chunk order (no rotation or dense term: those keep one item per
-    head).  At the cache's end; then padding that masks a whole chunk and a whole row,
-    with sinks (the merge adds them once) and a softcap; every gradient (the tiles)."""
+    head).  At the cache's end, with every gradient (the backward runs the tiles from
+    the merged lse); then padding that masks a whole chunk and a whole row, with sinks
+    (the merge adds them once) and a softcap, out and lse."""
     args, kwargs, v = _inputs(method, n, SPLIT_M, 16, 9, rng, dtype=dtype)
     assert_attention_matches_reference(method, args, kwargs, v, rng, causal=True,
-                                       query_offset=SPLIT_M - n)
+                                       query_offset=SPLIT_M - n, backward=n == 1)
     sinks = rng.standard_normal(3).astype(dtype)
     assert_attention_matches_reference(method, args, kwargs, v, rng, causal=True,
                                        query_offset=SPLIT_M - n - 3,
                                        key_padding_mask=_split_padding(), sinks=sinks,
-                                       softcap=4.0)
+                                       softcap=4.0, backward=False)
 
 
 @pytest.mark.parametrize("method", METHODS)
 def test_decode_split_keys_multi_query(posenc_isa, method, rng):
     """One key/value head (MQA) at B=2, split keys: a window reaching over two chunks,
-    sinks; then the padding of a whole chunk and row.  Float32, whose bound grows with
+    sinks, with every gradient; then the padding of a whole chunk and row (out, lse).  Float32, whose bound grows with
     m (float64's fixed 1e-12 is tighter than M4M's rel_k gradient over 4,500 keys on the
     unsplit tiles too: 1.2e-12)."""
     args, kwargs, v = _grouped(method, 1, SPLIT_M, 8, 5, 1, rng, dtype=np.float32)
@@ -125,5 +126,6 @@ def test_decode_split_keys_multi_query(posenc_isa, method, rng):
     assert_attention_matches_reference(method, args, kwargs, v, rng, causal=True,
                                        query_offset=SPLIT_M - 1, window=(3000, 0), sinks=sinks)
     assert_attention_matches_reference(method, args, kwargs, v, rng, causal=True,
-                                       query_offset=SPLIT_M - 1, key_padding_mask=_split_padding())
+                                       query_offset=SPLIT_M - 1, key_padding_mask=_split_padding(),
+                                       backward=False)
 
