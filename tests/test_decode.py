@@ -11,7 +11,7 @@ import pytest
 
 import posenc
 
-from test_attention import (_inputs, _padding, assert_attention_matches_reference,
+from test_attention import (_forward, _inputs, _padding, assert_attention_matches_reference,
                             assert_threads_bitwise)
 from test_attention_shapes import _grouped
 from posenc._registry import METHODS
@@ -129,3 +129,16 @@ def test_decode_split_keys_multi_query(posenc_isa, method, rng):
                                        query_offset=SPLIT_M - 1, key_padding_mask=_split_padding(),
                                        backward=False)
 
+
+
+@pytest.mark.parametrize("m", (M, SPLIT_M))
+def test_decode_single_row_fuses_the_key_term_bitwise(posenc_isa, m, rng):
+    """DeBERTa's step (n = 1) computes its p2c term in the content's pass over k
+    (attention_decode_fused): the same bits as the two passes a call of two rows
+    makes (its first row at the same position, the second seeing one key more)."""
+    args, kwargs, v = _inputs("deberta", 2, m, 16, 9, rng, dtype=np.float32)
+    one = _forward(posenc, "deberta", [np.ascontiguousarray(args[0][:, :, :1])] + list(args[1:]),
+                   kwargs, v, causal=True, query_offset=m - 2)
+    two = _forward(posenc, "deberta", args, kwargs, v, causal=True, query_offset=m - 2)
+    np.testing.assert_array_equal(one.out, two.out[:, :, :1])
+    np.testing.assert_array_equal(one.lse, two.lse[:, :, :1])

@@ -67,7 +67,8 @@ typedef struct {
     size_t *row_range;   /* ranged backward: each row of a block's keys [2 r, 2 r + 1) */
     REAL *cap_grad;      /* backward with softcap: 1 - tanh^2 of a block's capped logits */
     double sink_grad;    /* backward with sinks: the unit's dL/dsink so far */
-    REAL *group_q;       /* the decoding path with a rotation: a head batch's rotated q rows */
+    REAL *group_q;       /* the decoding path with a rotation: a head batch's rotated q rows;
+                            with key_fused: q's row and a key table row (attention_decode_fused) */
 } attention_ws;
 
 /* The attention's part of a thread's workspace (elements); carved into w when w != NULL. */
@@ -106,7 +107,7 @@ static size_t attention_ws_layout(const attention_ctx *c, int backward, size_t r
             WS_TAKE(w, mem, at, v_pack, packed_b_size(m, dv, nr));
         WS_TAKE(w, mem, at, row_scale, c->kern->mr);
         WS_TAKE(w, mem, at, row_stats, 2 * c->kern->mr * (sizeof(double) / sizeof(REAL)));
-        if (c->decode && p->rope_cos)
+        if (c->decode && (p->rope_cos || c->logits.key_fused))
             WS_TAKE(w, mem, at, group_q, c->kern->mr * p->d);
     }
     if (c->dropout) {
@@ -535,6 +536,52 @@ static size_t attention_decode_span(const attention_ctx *c, const decode_target 
 }
 
 /*
+ * A single row's content logits, keys [c0, cols) of unit (b, h)'s row i, into w->scores,
+ * with the key table's term (c->logits.key_fused: DeBERTa's p2c, additive, its scale the
+ * content's) in the same pass over k: along the key map's runs on which the bucket holds
+ * (the far keys), q and the bucket's table row are two rows of one rows_dot (each key
+ * loaded once for both; each sum as alone), the term moved into fw->key_proj's row that
+ * term_key_direct applies; on a run whose bucket moves, the run's content, then its terms
+ * key by key while its keys are in cache.  The same bits as the two passes.
+ */
+static void attention_decode_fused(const attention_ctx *c, forward_ws *fw, attention_ws *w,
+                                   size_t h, size_t i, size_t c0, size_t cols)
+{
+    const posenc_problem *p = c->p;
+    const posenc_kernels *kern = c->kern;
+    const posenc_runs *runs = &c->logits.terms->key_runs;
+    const size_t d = p->d, ld = c->logits.m_pad;
+    const REAL *table = (const REAL *)p->key_table + head_of(p->key_table_heads, h) * p->key_table_rows * d;
+    const REAL *k_u = fw->inputs.k;
+    REAL *pair = w->group_q, *scores = w->scores, *row = fw->key_proj;
+    memcpy(pair, fw->inputs.q + i * d, sizeof(REAL) * d);
+    size_t done = c0;   /* keys [c0, done): their content computed */
+    ptrdiff_t js, je, bs;
+    for (size_t t = posenc_runs_seek(runs, (ptrdiff_t)c0 - (ptrdiff_t)i);
+         t < runs->count && posenc_run_span(&runs->runs[t], (ptrdiff_t)i, (ptrdiff_t)c0,
+                                            (ptrdiff_t)cols, &js, &je, &bs);
+         ++t) {
+        const size_t keys = (size_t)(je - js);
+        const ptrdiff_t step = runs->runs[t].step;
+        if ((size_t)js > done)   /* keys no run maps (none: the map is total) */
+            kern->rows_dot(scores + done, ld, pair, 1, k_u + done * d, (size_t)js - done, d, p->scale);
+        done = (size_t)je;
+        if (step == 0) {
+            memcpy(pair + d, table + (size_t)bs * d, sizeof(REAL) * d);
+            kern->rows_dot(scores + js, ld, pair, 2, k_u + (size_t)js * d, keys, d, p->scale);
+            memcpy(row + js, scores + ld + js, sizeof(REAL) * keys);
+            continue;
+        }
+        kern->rows_dot(scores + js, ld, pair, 1, k_u + (size_t)js * d, keys, d, p->scale);
+        for (ptrdiff_t j = js; j < je; ++j, bs += step)
+            kern->rows_dot(row + j, 0, table + (size_t)bs * d, 1, k_u + (size_t)j * d, 1, d,
+                           p->vector_scale);
+    }
+    if (cols > done)
+        kern->rows_dot(scores + done, ld, pair, 1, k_u + done * d, cols - done, d, p->scale);
+}
+
+/*
  * Rows [r0, r1) of unit (b, h) when they are few (c->decode: a decoding step, a short
  * chunk): the prefill's tiles would pack all of k and v into GEMM panels of which a row
  * or two is used.  Here k and v stream once, in place (the ISA's rows_dot and
@@ -559,7 +606,11 @@ static void attention_decode_unit(const attention_ctx *c, forward_ws *fw, attent
         size_t c0, cols;
         const size_t keys = attention_decode_span(c, t, b, i0, rows, &c0, &cols);
         if (keys) {
-            kern->rows_dot(w->scores + c0, ld, q_u + i0 * d, rows, k_u + c0 * d, keys, d, p->scale);
+            if (c->logits.key_fused)   /* n = 1 */
+                attention_decode_fused(c, fw, w, h, i0, c0, cols);
+            else
+                kern->rows_dot(w->scores + c0, ld, q_u + i0 * d, rows, k_u + c0 * d, keys, d,
+                               p->scale);
             attention_decode_terms(c, fw, b, h, q_u, i0, rows, c0, cols, w->scores);
         }
         attention_decode_softmax(c, w, t, b, h, u * p->n + i0, i0, rows, c0, cols);
@@ -615,7 +666,7 @@ static void attention_decode_group(const attention_ctx *c, forward_ws *fw, atten
                                    size_t b, size_t g, const decode_target *t)
 {
     const size_t G = posenc_kv_group(c->p), n = c->p->n, per = c->kern->mr / n;
-    if (per < 2) {
+    if (per < 2 || G == 1) {
         for (size_t e = 0; e < G; ++e)
             attention_decode_unit(c, fw, w, b, g * G + e, 0, n, t);
         return;
@@ -1082,6 +1133,9 @@ static int attention_forward(const posenc_problem *p, const posenc_attention *a,
         const size_t threads = (size_t)(num_threads > 0 ? num_threads : 1);
         c.logits.key_direct = c.decode && p->key_table;   /* the backward projects (its tiles) */
         c.logits.in_place = c.decode;                      /* and packs its k panels */
+        c.logits.key_fused = c.logits.key_direct && p->n == 1 && kern->mr > 1 &&
+                             posenc_kv_group(p) == 1 && !p->product &&
+                             p->vector_scale == p->scale;   /* attention_decode_fused */
         attention_split(&c);
         attention_forward_call call = {&c, out, lse, 0,
                                        posenc_rows_per_item(BH, p->n, kern->mr, threads), NULL,

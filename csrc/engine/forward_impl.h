@@ -36,6 +36,8 @@ typedef struct {
     int key_direct;           /* the key table's term as a dot product per key (term_key_direct),
                                  no key projections: a decoding step's few rows */
     int in_place;             /* a decoding step: k read in place, no k panels in the workspace */
+    int key_fused;            /* key_direct's row computed by the caller with the content logits
+                                 (attention_decode_fused): term_key_direct only applies it */
 } forward_ctx;
 
 typedef struct {
@@ -163,7 +165,8 @@ static void forward_dense(const forward_ctx *c, forward_ws *w, size_t h, size_t 
  * is vector_scale k_j . key_table[h, map(j - i)], a dot product per key, along the
  * runs of the map (one rows_dot per run on which the bucket holds; a key at a time
  * where it moves), into w->key_proj's first row: k is read once per row instead of
- * being projected onto every bucket the row reaches (m x buckets).
+ * being projected onto every bucket the row reaches (m x buckets).  With c->key_fused
+ * the caller has computed that row (one row, keys [k0, cols)) in its pass over k.
  */
 static void term_key_direct(const forward_ctx *c, forward_ws *w, size_t h, int op, REAL *P,
                             size_t ldp, size_t i0, size_t rows, size_t k0, size_t cols)
@@ -178,7 +181,7 @@ static void term_key_direct(const forward_ctx *c, forward_ws *w, size_t h, int o
     for (size_t r = 0; r < rows; ++r) {
         const ptrdiff_t i = (ptrdiff_t)(i0 + r);
         ptrdiff_t js, je, bs;
-        for (size_t t = posenc_runs_seek(runs, (ptrdiff_t)k0 - i);
+        for (size_t t = c->key_fused ? runs->count : posenc_runs_seek(runs, (ptrdiff_t)k0 - i);
              t < runs->count &&
              posenc_run_span(&runs->runs[t], i, (ptrdiff_t)k0, (ptrdiff_t)cols, &js, &je, &bs);
              ++t) {
