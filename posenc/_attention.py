@@ -78,6 +78,8 @@ def attention_dropout_mask(seed: int, shape, dropout_p: float) -> np.ndarray:
 
 
 def check_seed(seed) -> int:
+    if type(seed) is int and 0 <= seed < SEED_LIMIT:   # the common case, without the ABCs
+        return seed
     if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, numbers.Integral):
         raise TypeError(f"seed must be an int, got {type(seed).__name__} {seed!r}")
     if not 0 <= int(seed) < SEED_LIMIT:
@@ -86,6 +88,8 @@ def check_seed(seed) -> int:
 
 
 def check_dropout(dropout_p) -> float:
+    if type(dropout_p) is float and 0.0 <= dropout_p < 1.0:   # the common case
+        return dropout_p
     if isinstance(dropout_p, (bool, np.bool_)) or not isinstance(dropout_p, numbers.Real):
         raise TypeError(f"dropout_p must be a real number, got {type(dropout_p).__name__} "
                         f"{dropout_p!r}")
@@ -153,9 +157,10 @@ def check_attention(problem, v, causal=False, key_padding_mask=None, window=None
     if v.dtype != p.dtype:
         raise TypeError(f"v has dtype {v.dtype} but q has dtype {p.dtype}: float inputs of one "
                         "call must share one dtype")
-    check_rank("v", v, 4, "(B, H_kv, m, dv)")
-    check_shape("v", v, (p.B, p.H_kv, p.m, None), f"(B, H_kv, m, dv) with B = {p.B}, "
-                                                   f"H_kv = {p.H_kv}, m = {p.m} from k")
+    if v.ndim != 4 or v.shape[:3] != (p.B, p.H_kv, p.m):   # the message built on failure only
+        check_rank("v", v, 4, "(B, H_kv, m, dv)")
+        check_shape("v", v, (p.B, p.H_kv, p.m, None), f"(B, H_kv, m, dv) with B = {p.B}, "
+                                                       f"H_kv = {p.H_kv}, m = {p.m} from k")
     call = AttentionCall()
     call.problem, call.v, call.dv = p, v, v.shape[3]
     call.causal = check_bool("causal", causal)

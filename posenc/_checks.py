@@ -103,6 +103,8 @@ def check_int(name: str, value, minimum: int | None = None) -> int:
 
 
 def check_bool(name: str, value) -> bool:
+    if value is True or value is False:
+        return value
     return Bool().check(name, value)
 
 

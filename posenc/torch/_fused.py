@@ -11,7 +11,6 @@ matmul.  Both return `posenc.Attention(out, lse)`.
 
 from __future__ import annotations
 
-from .._attention import ATTENTION_OPTIONS
 from .._registry import METHODS, REGISTRY, SHAPES, attention_doc
 from .._signatures import define
 from . import native
@@ -21,10 +20,8 @@ from ._common import on_c_kernels, require_tensors
 __all__ = [method + "_attention" for method in METHODS]
 
 # v and the attention's optional tensor arguments, and where they sit in `attention`
-# (v, then ATTENTION_OPTIONS in order)
 _TENSOR_OPTIONS = ("v", "key_padding_mask", "document_q", "document_k", "sinks")
-_TENSOR_AT = tuple((("v",) + tuple(name for name, _ in ATTENTION_OPTIONS)).index(name)
-                   for name in _TENSOR_OPTIONS)
+_TENSOR_AT = tuple(_fused_ops._NAMES.index(name) for name in _TENSOR_OPTIONS)
 
 
 _WHERE = ("the fused C kernels on CPU tensors, the torch-native formula (logits, mask,\n"
@@ -38,7 +35,7 @@ def _fused(method: str):
     names, optional = spec.tensors + _TENSOR_OPTIONS, spec.optional | set(_TENSOR_OPTIONS[1:])
 
     def body(tensors, params, attention, _out):
-        require_tensors(names, tensors + tuple(attention[at] for at in _TENSOR_AT), optional)
+        require_tensors(names, tensors + tuple([attention[at] for at in _TENSOR_AT]), optional)
         if on_c_kernels(tensors):
             return _fused_ops.fused_attention(method, tensors, params, attention)
         return native.attention(method, tensors, params, attention)

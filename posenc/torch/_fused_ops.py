@@ -9,6 +9,8 @@ so second derivatives are right.
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 
 from .. import _checks, _methods
@@ -26,33 +28,41 @@ OPTIONS = tuple(name for name, _ in ATTENTION_OPTIONS if name != "sinks")
 # where sinks and OPTIONS sit in `attention` (v, then ATTENTION_OPTIONS), and which
 # options may be tensors (the masks' ids)
 _NAMES = ("v",) + tuple(name for name, _ in ATTENTION_OPTIONS)
-_SINKS_AT, _OPTIONS_AT = _NAMES.index("sinks"), tuple(_NAMES.index(name) for name in OPTIONS)
-_TENSOR_OPTIONS = ("key_padding_mask", "document_q", "document_k")
+_SINKS_AT = _NAMES.index("sinks")
+_OPTIONS_AT = tuple(_NAMES.index(name) for name in OPTIONS)
+# the options that may be tensors (the masks' ids), by their place in OPTIONS; where the
+# sinks go back among them for check_attention (its arguments: ATTENTION_OPTIONS' order)
+_TENSOR_OPTIONS = tuple((OPTIONS.index(name), name)
+                        for name in ("key_padding_mask", "document_q", "document_k"))
+_SINKS_AMONG = _NAMES.index("sinks") - 1
+# _call passes the options to check_attention by position
+assert tuple(inspect.signature(check_attention).parameters)[2:] == _NAMES[1:]
 
 
 def split_attention(attention: tuple) -> tuple:
     """(v, sinks, options): options the values of OPTIONS, in order."""
-    return attention[0], attention[_SINKS_AT], tuple(attention[at] for at in _OPTIONS_AT)
+    return attention[0], attention[_SINKS_AT], tuple([attention[at] for at in _OPTIONS_AT])
 
 
 def _call(method, tensors, params, v, sinks, options):
     """The checked call, its arrays C-contiguous (to_c_array): the eager backward
     reuses it, so strided q, k, v are copied once per step, not once per C call."""
     spec = REGISTRY[method]
-    arrays = tuple(None if t is None else to_c_array(name, t)
-                   for name, t in zip(spec.tensors, tensors))
+    arrays = tuple([None if t is None else to_c_array(name, t)
+                    for name, t in zip(spec.tensors, tensors)])
     problem = _checks.check(spec, arrays, tuple(params), None)
-    named = dict(zip(OPTIONS, options))
-    for name in _TENSOR_OPTIONS:
-        if isinstance(named[name], torch.Tensor):
-            named[name] = to_c_array(name, named[name])
-    return check_attention(problem, to_c_array("v", v),
-                           sinks=None if sinks is None else to_c_array("sinks", sinks), **named)
+    options = list(options)
+    for at, name in _TENSOR_OPTIONS:
+        if isinstance(options[at], torch.Tensor):
+            options[at] = to_c_array(name, options[at])
+    options.insert(_SINKS_AMONG, None if sinks is None else to_c_array("sinks", sinks))
+    return check_attention(problem, to_c_array("v", v), *options)
 
 
 def _forward(call) -> tuple:
     """(out, lse) of the checked call, as tensors sharing the C results' memory."""
-    return tuple(to_tensor(a) for a in _methods.attention_forward(call))
+    out, lse = _methods.attention_forward(call)
+    return to_tensor(out), to_tensor(lse)
 
 
 class _FusedAttention(torch.autograd.Function):
