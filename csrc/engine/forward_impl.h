@@ -78,9 +78,12 @@ static size_t forward_ws_layout(const forward_ctx *c, forward_ws *w, REAL *mem)
     }
     if (p->query_table) {
         WS_TAKE(w, mem, at, query_proj, mr * posenc_round_up(c->terms->query_buckets, nr));
-        WS_TAKE(w, mem, at, query_table_pack, packed_b_size(p->d, c->terms->query_buckets, nr));
+        if (!c->in_place)   /* a decoding step reads the table in place (term_query_direct) */
+            WS_TAKE(w, mem, at, query_table_pack, packed_b_size(p->d, c->terms->query_buckets, nr));
     }
-    if (p->key_table) {
+    if (p->key_table && c->key_direct) {   /* one row of the term (term_key_direct) */
+        WS_TAKE(w, mem, at, key_proj, p->m);
+    } else if (p->key_table) {
         WS_TAKE(w, mem, at, key_proj, c->terms->key_buckets * p->m + key_edge_size(&c->terms->key_edges, p->m));
         WS_TAKE(w, mem, at, key_table_pack, packed_b_size(p->d, c->terms->key_buckets, nr));
     }
@@ -200,6 +203,29 @@ static void term_key_direct(const forward_ctx *c, forward_ws *w, size_t h, int o
 }
 
 /*
+ * The query table's term of rows [i0, i0 + rows) of head h, keys [k0, cols), applied to
+ * P with op, when the rows are few (c->in_place: a decoding step): their projections on
+ * the buckets they reach (forward_query_reach) as dot products with the table's rows in
+ * place (rows_dot), instead of packing the whole table for a GEMM of a row or two.
+ */
+static void term_query_direct(const forward_ctx *c, forward_ws *w, size_t h, const REAL *q_u,
+                              int op, REAL *P, size_t ldp, size_t i0, size_t rows, size_t k0,
+                              size_t cols)
+{
+    const posenc_problem *p = c->p;
+    const posenc_runs *runs = &c->terms->query_runs;
+    const size_t d = p->d, buckets = c->terms->query_buckets;
+    const size_t ld = posenc_round_up(buckets, c->kern->nr);
+    const size_t *reach = forward_query_reach(c, i0, rows);
+    const size_t lo = reach ? reach[0] : 0, hi = reach ? posenc_max(reach[0], reach[1]) : buckets;
+    const REAL *table = (const REAL *)p->query_table +
+                        (head_of(p->query_table_heads, h) * p->query_table_rows + (size_t)runs->b_min) * d;
+    c->kern->rows_dot(w->query_proj + lo, ld, q_u + i0 * d, rows, table + lo * d, hi - lo, d,
+                      p->vector_scale);
+    term_query_gather(c->kern, p, runs, w->query_proj, ld, op, P, ldp, i0, rows, k0, cols);
+}
+
+/*
  * The positional rows of tile [i0, i0 + rows) of unit (b, h), keys [k0, cols) (the
  * tiles: k0 = 0; a decoding step's split keys: its chunk's; entries before k0 may
  * be left unwritten, and TUPE's dense term is computed from key 0): returns the
@@ -242,9 +268,12 @@ static const REAL *forward_positional(const forward_ctx *c, forward_ws *w, size_
         }
     }
     if (p->query_table) {
-        term_query_table(kern, &w->scratch, p, &c->terms->query_runs, c->terms->query_buckets,
-                         w->query_table_pack, &w->cached_query_table, w->query_proj, h, q_u, op,
-                         w->P, ld, i0, rows, k0, cols, forward_query_reach(c, i0, rows));
+        if (c->in_place)
+            term_query_direct(c, w, h, q_u, op, w->P, ld, i0, rows, k0, cols);
+        else
+            term_query_table(kern, &w->scratch, p, &c->terms->query_runs, c->terms->query_buckets,
+                             w->query_table_pack, &w->cached_query_table, w->query_proj, h, q_u,
+                             op, w->P, ld, i0, rows, k0, cols, forward_query_reach(c, i0, rows));
         op = combine_op;
     }
     if (p->key_table) {

@@ -202,6 +202,19 @@ static void key_projections(const posenc_kernels *kern, const gemm_scratch *g,
  * reach[1]) (from b_min) the tile's offsets use, the only columns of proj
  * computed when the packed table is one block deep (d <= kc).
  */
+/* The query table's term of rows [i0, i0 + rows), keys [k0, cols), from their projections
+ * (proj, rows ld apart, column bucket - b_min) into P with op. */
+static void term_query_gather(const posenc_kernels *kern, const posenc_problem *p,
+                              const posenc_runs *runs, const REAL *proj, size_t ld, int op, REAL *P,
+                              size_t ldp, size_t i0, size_t rows, size_t k0, size_t cols)
+{
+    if (posenc_runs_short(runs, p->n + p->m - 1))   /* map_r0[j - r]: from key k0 by a shift */
+        kern->tile_gather_query(op, P + k0, ldp, p->query_map + (p->n - 1 - i0) + k0, runs->b_min,
+                                proj, ld, cols - k0, rows);
+    else
+        term_query_table_runs(kern, op, P, ldp, runs, proj, ld, k0, cols, i0, rows);
+}
+
 static void term_query_table(const posenc_kernels *kern, const gemm_scratch *g,
                              const posenc_problem *p, const posenc_runs *runs, size_t buckets,
                              REAL *table_pack, ptrdiff_t *cached_head, REAL *proj, size_t h,
@@ -225,11 +238,7 @@ static void term_query_table(const posenc_kernels *kern, const gemm_scratch *g,
     }
     gemm_packed(kern, g, rows, q_u + i0 * d, (ptrdiff_t)d, 1, &pb, proj + first, (ptrdiff_t)ld,
                 0, NULL, 0, NULL, 0, NULL);
-    if (posenc_runs_short(runs, p->n + p->m - 1))   /* map_r0[j - r]: from key k0 by a shift */
-        kern->tile_gather_query(op, P + k0, ldp, p->query_map + (p->n - 1 - i0) + k0, runs->b_min,
-                                proj, ld, cols - k0, rows);
-    else
-        term_query_table_runs(kern, op, P, ldp, runs, proj, ld, k0, cols, i0, rows);
+    term_query_gather(kern, p, runs, proj, ld, op, P, ldp, i0, rows, k0, cols);
 }
 
 /* segment_table[h, segment_q[b, i], segment_k[b, j]], j < cols: one broadcast per key
