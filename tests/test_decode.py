@@ -142,3 +142,18 @@ def test_decode_single_row_fuses_the_key_term_bitwise(posenc_isa, m, rng):
     two = _forward(posenc, "deberta", args, kwargs, v, causal=True, query_offset=m - 2)
     np.testing.assert_array_equal(one.out, two.out[:, :, :1])
     np.testing.assert_array_equal(one.lse, two.lse[:, :, :1])
+
+
+@pytest.mark.parametrize("d", (4, 8, 16, 32, 64, 128))
+@pytest.mark.parametrize("n", (1, 2))
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("method", ("content", "t5", "deberta"))
+def test_decode_rows_in_registers(posenc_isa, method, dtype, n, d, rng):
+    """rows_dot holds one or two query rows in registers where d is 4 or 8 of the ISA's
+    vectors (every d here is that for some ISA and dtype: AVX-512 float32 64 and 128,
+    AVX2 float64 16 and 32, ...): a step (DeBERTa's: q with its key table's row) over
+    keys that leave every remainder of the blocks of four and two keys."""
+    args, kwargs, v = _inputs(method, n, 37, d, 5, rng, dtype=dtype)
+    assert_attention_matches_reference(method, args, kwargs, v, rng, causal=True,
+                                       query_offset=37 - n, backward=False)
+    assert_attention_matches_reference(method, args, kwargs, v, rng, backward=False)

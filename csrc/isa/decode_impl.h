@@ -28,29 +28,146 @@ static inline VT KNAME(decode_lanes)(const REAL *qr, const REAL *kj, size_t d)
     return acc;
 }
 
+/* Rows [0, fours) of dst's column at dst (rows ld apart) against one key kj, four rows
+ * per tree. */
+static inline void KNAME(decode_four_rows)(REAL *dst, size_t ld, const REAL *q, size_t fours,
+                                           const REAL *kj, size_t d, REAL scale)
+{
+    for (size_t r = 0; r < fours; r += 4) {
+        REAL sums[4];
+        VREDUCE4(KNAME(decode_lanes)(q + r * d, kj, d), KNAME(decode_lanes)(q + (r + 1) * d, kj, d),
+                 KNAME(decode_lanes)(q + (r + 2) * d, kj, d),
+                 KNAME(decode_lanes)(q + (r + 3) * d, kj, d), sums);
+        for (size_t u = 0; u < 4; ++u)
+            dst[(r + u) * ld] = scale * sums[u];
+    }
+}
+
+/* Vector registers the ISA has (rows_dot holds q's rows in half of them). */
+#if defined(__AVX512F__) || defined(__aarch64__)
+#define DECODE_VECTOR_REGISTERS 32
+#else
+#define DECODE_VECTOR_REGISTERS 16
+#endif
+
+/*
+ * One or two query rows of NV whole vectors (d = NV VL) held in registers over the keys
+ * (rows_dot's common shapes: a step's q; q and a key table's row): each key's row is
+ * then the only load.  One row: four keys per tree; two rows: two keys.  The same sums
+ * as decode_lanes, lane for lane, reduced by VREDUCE's tree.
+ */
+#define DECODE_REGISTER_ROWS(NV)                                                              \
+    static void KNAME(decode_rows_##NV)(REAL *dst, size_t ld, const REAL *q, size_t rows,     \
+                                        const REAL *k, size_t keys, REAL scale)               \
+    {                                                                                         \
+        const size_t d = NV * VL;                                                             \
+        VT a[NV], b[NV];                                                                      \
+        size_t j = 0;                                                                         \
+        for (int v = 0; v < NV; ++v)                                                          \
+            a[v] = VLOAD(q + v * VL);                                                         \
+        if (rows == 1) {                                                                      \
+            for (; j + 4 <= keys; j += 4) {                                                   \
+                const REAL *kj = k + j * d;                                                   \
+                VT s0 = VZERO(), s1 = VZERO(), s2 = VZERO(), s3 = VZERO();                    \
+                for (int v = 0; v < NV; ++v) {                                                \
+                    s0 = VFMA(a[v], VLOAD(kj + v * VL), s0);                                  \
+                    s1 = VFMA(a[v], VLOAD(kj + d + v * VL), s1);                              \
+                    s2 = VFMA(a[v], VLOAD(kj + 2 * d + v * VL), s2);                          \
+                    s3 = VFMA(a[v], VLOAD(kj + 3 * d + v * VL), s3);                          \
+                }                                                                             \
+                REAL sums[4];                                                                 \
+                VREDUCE4(s0, s1, s2, s3, sums);                                               \
+                for (int u = 0; u < 4; ++u)                                                   \
+                    dst[j + u] = scale * sums[u];                                             \
+            }                                                                                 \
+            for (; j < keys; ++j) {                                                           \
+                VT s0 = VZERO();                                                              \
+                for (int v = 0; v < NV; ++v)                                                  \
+                    s0 = VFMA(a[v], VLOAD(k + j * d + v * VL), s0);                           \
+                dst[j] = scale * (REAL)VREDUCE(s0);                                           \
+            }                                                                                 \
+            return;                                                                           \
+        }                                                                                     \
+        for (int v = 0; v < NV; ++v)                                                          \
+            b[v] = VLOAD(q + d + v * VL);                                                     \
+        for (; j + 2 <= keys; j += 2) {                                                       \
+            const REAL *k0 = k + j * d, *k1 = k0 + d;                                         \
+            VT s0 = VZERO(), s1 = VZERO(), s2 = VZERO(), s3 = VZERO();                        \
+            for (int v = 0; v < NV; ++v) {                                                    \
+                const VT x0 = VLOAD(k0 + v * VL), x1 = VLOAD(k1 + v * VL);                    \
+                s0 = VFMA(a[v], x0, s0);                                                      \
+                s1 = VFMA(b[v], x0, s1);                                                      \
+                s2 = VFMA(a[v], x1, s2);                                                      \
+                s3 = VFMA(b[v], x1, s3);                                                      \
+            }                                                                                 \
+            REAL sums[4];                                                                     \
+            VREDUCE4(s0, s1, s2, s3, sums);                                                   \
+            dst[j] = scale * sums[0];                                                         \
+            dst[ld + j] = scale * sums[1];                                                    \
+            dst[j + 1] = scale * sums[2];                                                     \
+            dst[ld + j + 1] = scale * sums[3];                                                \
+        }                                                                                     \
+        for (; j < keys; ++j) {                                                               \
+            VT s0 = VZERO(), s1 = VZERO();                                                    \
+            for (int v = 0; v < NV; ++v) {                                                    \
+                const VT x = VLOAD(k + j * d + v * VL);                                       \
+                s0 = VFMA(a[v], x, s0);                                                       \
+                s1 = VFMA(b[v], x, s1);                                                       \
+            }                                                                                 \
+            dst[j] = scale * (REAL)VREDUCE(s0);                                               \
+            dst[ld + j] = scale * (REAL)VREDUCE(s1);                                          \
+        }                                                                                     \
+    }
+DECODE_REGISTER_ROWS(4)
+DECODE_REGISTER_ROWS(8)
+#undef DECODE_REGISTER_ROWS
+
 /*
  * dst[r * ld + j] = scale sum_l q[r * d + l] k[j * d + l], r < rows, j < keys: each
- * key's row loaded once for all the query rows (in L1), the rows four at a time with
- * their four sums reduced in one tree (VREDUCE4: a grouped-query step's rows would
- * otherwise cost a horizontal sum each per key), the rest one by one.  A sum depends
- * only on its row's place and its key.
+ * key's row loaded once for all the query rows (in L1), four sums reduced in one tree
+ * (VREDUCE4; a horizontal sum each would bound the loop): rows four at a time per key
+ * (a grouped-query step), a pair of rows over a pair of keys (DeBERTa's step: q and a
+ * key table's row, attention_decode_fused), a last row one key at a time.  The tree
+ * is VREDUCE's, lane for lane: a sum's bits depend on neither its row's place nor its
+ * key's.
  */
 static void KNAME(posenc_rows_dot)(void *dst_, size_t ld, const void *q_, size_t rows,
                                    const void *k_, size_t keys, size_t d, double scale_)
 {
     REAL *dst = (REAL *)dst_;
     const REAL *q = (const REAL *)q_, *k = (const REAL *)k_, scale = (REAL)scale_;
-    const size_t fours = rows / 4 * 4;
-    for (size_t j = 0; j < keys; ++j) {
+    if (rows && rows <= 2 && d == 4 * VL && rows * 4 <= DECODE_VECTOR_REGISTERS / 2) {
+        KNAME(decode_rows_4)(dst, ld, q, rows, k, keys, scale);
+        return;
+    }
+    if (rows && rows <= 2 && d == 8 * VL && rows * 8 <= DECODE_VECTOR_REGISTERS / 2) {
+        KNAME(decode_rows_8)(dst, ld, q, rows, k, keys, scale);
+        return;
+    }
+    const size_t fours = rows / 4 * 4, pairs = fours + (rows - fours) / 2 * 2;
+    size_t j = 0;
+    for (; pairs > fours && j + 2 <= keys; j += 2) {
         const REAL *kj = k + j * d;
-        for (size_t r = 0; r < fours; r += 4) {
+        KNAME(decode_four_rows)(dst + j, ld, q, fours, kj, d, scale);
+        KNAME(decode_four_rows)(dst + j + 1, ld, q, fours, kj + d, d, scale);
+        for (size_t r = fours; r < pairs; r += 2) {
+            const REAL *qr = q + r * d;
             REAL sums[4];
-            VREDUCE4(KNAME(decode_lanes)(q + r * d, kj, d), KNAME(decode_lanes)(q + (r + 1) * d, kj, d),
-                     KNAME(decode_lanes)(q + (r + 2) * d, kj, d),
-                     KNAME(decode_lanes)(q + (r + 3) * d, kj, d), sums);
-            for (size_t u = 0; u < 4; ++u)
-                dst[(r + u) * ld + j] = scale * sums[u];
+            VREDUCE4(KNAME(decode_lanes)(qr, kj, d), KNAME(decode_lanes)(qr + d, kj, d),
+                     KNAME(decode_lanes)(qr, kj + d, d), KNAME(decode_lanes)(qr + d, kj + d, d),
+                     sums);
+            dst[r * ld + j] = scale * sums[0];
+            dst[(r + 1) * ld + j] = scale * sums[1];
+            dst[r * ld + j + 1] = scale * sums[2];
+            dst[(r + 1) * ld + j + 1] = scale * sums[3];
         }
+        for (size_t r = pairs; r < rows; ++r)
+            for (size_t u = 0; u < 2; ++u)
+                dst[r * ld + j + u] = scale * (REAL)VREDUCE(KNAME(decode_lanes)(q + r * d, kj + u * d, d));
+    }
+    for (; j < keys; ++j) {   /* the keys left: each row by itself past the fours */
+        const REAL *kj = k + j * d;
+        KNAME(decode_four_rows)(dst + j, ld, q, fours, kj, d, scale);
         for (size_t r = fours; r < rows; ++r)
             dst[r * ld + j] = scale * (REAL)VREDUCE(KNAME(decode_lanes)(q + r * d, kj, d));
     }
@@ -115,3 +232,4 @@ static void KNAME(posenc_rows_axpy)(void *out_, size_t ld_out, const void *p_, s
 #undef VREDUCE4
 #undef DECODE_OWN_REDUCE4
 #endif
+#undef DECODE_VECTOR_REGISTERS

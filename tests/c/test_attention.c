@@ -345,6 +345,9 @@ void test_attention(void)
                                {2, 1, 33, 17, 16, 16}, {3, 2, 9, 9, 0, 2}, {2, 2, 70, 64, 16, 0},
                                {2, 1, 300, 200, 8, 5},
                                {1, 2, 5, 301, 19, 7},     /* the decoding path, long keys */
+                               /* its rows held in registers: d = 4 or 8 vectors (rows_dot):
+                                  NEON float32 16, 32; float64 8, 16; AVX2 32, 16; ... */
+                               {1, 2, 2, 37, 16, 5}, {1, 2, 1, 41, 32, 3}, {1, 2, 2, 19, 8, 3},
                                {1, 2, 3, 4500, 9, 5}};    /* keys split into chunks of 2048 */
     for (size_t c = 0; c < config_count; ++c)
         for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; ++s)
