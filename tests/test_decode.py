@@ -145,14 +145,20 @@ def test_decode_single_row_fuses_the_key_term_bitwise(posenc_isa, m, rng):
 
 
 @pytest.mark.parametrize("d", (4, 8, 16, 32, 64, 128))
-@pytest.mark.parametrize("n", (1, 2))
+@pytest.mark.parametrize("n", (1, 2, 3))
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("method", ("content", "t5", "deberta"))
 def test_decode_rows_in_registers(posenc_isa, method, dtype, n, d, rng):
     """rows_dot holds one or two query rows in registers where d is 4 or 8 of the ISA's
     vectors (every d here is that for some ISA and dtype: AVX-512 float32 64 and 128,
-    AVX2 float64 16 and 32, ...): a step (DeBERTa's: q with its key table's row) over
-    keys that leave every remainder of the blocks of four and two keys."""
+    AVX2 float64 16 and 32, ...), more rows a pair at a time over blocks of 32 keys: a
+    step (DeBERTa's: q with its key table's row), three rows, a grouped-query step (the
+    4 query heads of a key/value head: 4 n rows of one pass), over keys that leave every
+    remainder of the blocks."""
+    if method == "content":   # grouped: H = 8 query heads on 2 key/value heads
+        args, kwargs, v = _grouped(method, n, 77, d, 5, 2, rng, dtype=dtype)
+        assert_attention_matches_reference(method, args, kwargs, v, rng, causal=True,
+                                           query_offset=77 - n, backward=False)
     args, kwargs, v = _inputs(method, n, 37, d, 5, rng, dtype=dtype)
     assert_attention_matches_reference(method, args, kwargs, v, rng, causal=True,
                                        query_offset=37 - n, backward=False)

@@ -43,6 +43,10 @@ static inline void KNAME(decode_four_rows)(REAL *dst, size_t ld, const REAL *q, 
     }
 }
 
+/* Keys per block of rows_dot where more rows than its registers hold share the keys:
+ * each pair of rows passes over the block while it is in L1. */
+#define DECODE_DOT_KEYS 32
+
 /* Vector registers the ISA has (rows_dot holds q's rows in half of them). */
 #if defined(__AVX512F__) || defined(__aarch64__)
 #define DECODE_VECTOR_REGISTERS 32
@@ -136,12 +140,20 @@ static void KNAME(posenc_rows_dot)(void *dst_, size_t ld, const void *q_, size_t
 {
     REAL *dst = (REAL *)dst_;
     const REAL *q = (const REAL *)q_, *k = (const REAL *)k_, scale = (REAL)scale_;
-    if (rows && rows <= 2 && d == 4 * VL && rows * 4 <= DECODE_VECTOR_REGISTERS / 2) {
-        KNAME(decode_rows_4)(dst, ld, q, rows, k, keys, scale);
-        return;
-    }
-    if (rows && rows <= 2 && d == 8 * VL && rows * 8 <= DECODE_VECTOR_REGISTERS / 2) {
-        KNAME(decode_rows_8)(dst, ld, q, rows, k, keys, scale);
+    const size_t nv = d % VL ? 0 : d / VL, held = nv * 2 <= DECODE_VECTOR_REGISTERS / 2 ? 2 : 1;
+    if (rows && (nv == 4 || nv == 8) && nv <= DECODE_VECTOR_REGISTERS / 2) {
+        /* rows `held` at a time in registers, over blocks of keys that stay in L1 */
+        const size_t block = rows <= held ? keys : DECODE_DOT_KEYS;
+        for (size_t j0 = 0; j0 < keys; j0 += block) {
+            const size_t count = keys - j0 < block ? keys - j0 : block;
+            for (size_t r = 0; r < rows; r += held) {
+                const size_t these = rows - r < held ? rows - r : held;
+                if (nv == 4)
+                    KNAME(decode_rows_4)(dst + r * ld + j0, ld, q + r * d, these, k + j0 * d, count, scale);
+                else
+                    KNAME(decode_rows_8)(dst + r * ld + j0, ld, q + r * d, these, k + j0 * d, count, scale);
+            }
+        }
         return;
     }
     const size_t fours = rows / 4 * 4, pairs = fours + (rows - fours) / 2 * 2;
@@ -233,3 +245,4 @@ static void KNAME(posenc_rows_axpy)(void *out_, size_t ld_out, const void *p_, s
 #undef DECODE_OWN_REDUCE4
 #endif
 #undef DECODE_VECTOR_REGISTERS
+#undef DECODE_DOT_KEYS
