@@ -12,7 +12,7 @@ import pytest
 
 import posenc
 from posenc import reference
-from posenc._examples import METHODS, float_inputs, make_inputs, with_inputs
+from posenc._examples import METHODS, float_inputs, make_inputs
 
 SEED = int(os.environ.get("POSENC_TEST_SEED", "0"))
 
