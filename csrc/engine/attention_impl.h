@@ -542,7 +542,7 @@ static size_t attention_decode_span(const attention_ctx *c, const decode_target 
  * (the far keys), q and the bucket's table row are two rows of one rows_dot (each key
  * loaded once for both; each sum as alone), the term moved into fw->key_proj's row that
  * term_key_direct applies; on a run whose bucket moves, the run's content, then its terms
- * key by key while its keys are in cache.  The same bits as the two passes.
+ * (key_run_terms) while its keys are in cache.  The same bits as the two passes.
  */
 static void attention_decode_fused(const attention_ctx *c, forward_ws *fw, attention_ws *w,
                                    size_t h, size_t i, size_t c0, size_t cols)
@@ -551,8 +551,7 @@ static void attention_decode_fused(const attention_ctx *c, forward_ws *fw, atten
     const posenc_kernels *kern = c->kern;
     const posenc_runs *runs = &c->logits.terms->key_runs;
     const size_t d = p->d, ld = c->logits.m_pad;
-    const REAL *table = (const REAL *)p->key_table + head_of(p->key_table_heads, h) * p->key_table_rows * d;
-    const REAL *k_u = fw->inputs.k;
+    const REAL *table = key_table_of(p, h), *k_u = fw->inputs.k;
     REAL *pair = w->group_q, *scores = w->scores, *row = fw->key_proj;
     memcpy(pair, fw->inputs.q + i * d, sizeof(REAL) * d);
     size_t done = c0;   /* keys [c0, done): their content computed */
@@ -562,20 +561,17 @@ static void attention_decode_fused(const attention_ctx *c, forward_ws *fw, atten
                                             (ptrdiff_t)cols, &js, &je, &bs);
          ++t) {
         const size_t keys = (size_t)(je - js);
-        const ptrdiff_t step = runs->runs[t].step;
         if ((size_t)js > done)   /* keys no run maps (none: the map is total) */
             kern->rows_dot(scores + done, ld, pair, 1, k_u + done * d, (size_t)js - done, d, p->scale);
         done = (size_t)je;
-        if (step == 0) {
+        if (runs->runs[t].step == 0) {
             memcpy(pair + d, table + (size_t)bs * d, sizeof(REAL) * d);
             kern->rows_dot(scores + js, ld, pair, 2, k_u + (size_t)js * d, keys, d, p->scale);
             memcpy(row + js, scores + ld + js, sizeof(REAL) * keys);
             continue;
         }
         kern->rows_dot(scores + js, ld, pair, 1, k_u + (size_t)js * d, keys, d, p->scale);
-        for (ptrdiff_t j = js; j < je; ++j, bs += step)
-            kern->rows_dot(row + j, 0, table + (size_t)bs * d, 1, k_u + (size_t)j * d, 1, d,
-                           p->vector_scale);
+        key_run_terms(kern, p, table, k_u, row, js, je, bs, runs->runs[t].step);
     }
     if (cols > done)
         kern->rows_dot(scores + done, ld, pair, 1, k_u + done * d, cols - done, d, p->scale);
@@ -1131,9 +1127,8 @@ static int attention_forward(const posenc_problem *p, const posenc_attention *a,
     int status = attention_prepare(&c, p, a, kern);
     if (status == POSENC_OK) {
         const size_t threads = (size_t)(num_threads > 0 ? num_threads : 1);
-        c.logits.key_direct = c.decode && p->key_table;   /* the backward projects (its tiles) */
-        c.logits.in_place = c.decode;                      /* and packs its k panels */
-        c.logits.key_fused = c.logits.key_direct && p->n == 1 && kern->mr > 1 &&
+        c.logits.in_place = c.decode;   /* the backward projects and packs (its tiles) */
+        c.logits.key_fused = c.decode && p->key_table && p->n == 1 && kern->mr > 1 &&
                              posenc_kv_group(p) == 1 && !p->product &&
                              p->vector_scale == p->scale;   /* attention_decode_fused */
         attention_split(&c);

@@ -33,11 +33,11 @@ typedef struct {
                                  2 t + 1) of the offsets -t .. query_offset + mr - 1 (from b_min) */
     int causal;               /* a causal attention's: a tile of rows [i0, i0 + rows) reads keys
                                  [0, query_offset + i0 + rows) only (attention_columns) */
-    int key_direct;           /* the key table's term as a dot product per key (term_key_direct),
-                                 no key projections: a decoding step's few rows */
-    int in_place;             /* a decoding step: k read in place, no k panels in the workspace */
-    int key_fused;            /* key_direct's row computed by the caller with the content logits
-                                 (attention_decode_fused): term_key_direct only applies it */
+    int in_place;             /* a decoding step's few rows: k and the vector tables read in
+                                 place (no k panels, no packed tables), the key table's term a
+                                 dot product per key (term_key_direct), no key projections */
+    int key_fused;            /* term_key_direct's row computed by the caller with the content
+                                 logits (attention_decode_fused): term_key_direct only applies it */
 } forward_ctx;
 
 typedef struct {
@@ -81,7 +81,7 @@ static size_t forward_ws_layout(const forward_ctx *c, forward_ws *w, REAL *mem)
         if (!c->in_place)   /* a decoding step reads the table in place (term_query_direct) */
             WS_TAKE(w, mem, at, query_table_pack, packed_b_size(p->d, c->terms->query_buckets, nr));
     }
-    if (p->key_table && c->key_direct) {   /* one row of the term (term_key_direct) */
+    if (p->key_table && c->in_place) {   /* one row of the term (term_key_direct) */
         WS_TAKE(w, mem, at, key_proj, p->m);
     } else if (p->key_table) {
         WS_TAKE(w, mem, at, key_proj, c->terms->key_buckets * p->m + key_edge_size(&c->terms->key_edges, p->m));
@@ -162,43 +162,56 @@ static void forward_dense(const forward_ctx *c, forward_ws *w, size_t h, size_t 
                 (ptrdiff_t)dp, 1, &pb, P, (ptrdiff_t)ld, 0, NULL, 0, NULL, 0, NULL);
 }
 
+/* Head h's key table, from bucket 0 (rows of d). */
+static const REAL *key_table_of(const posenc_problem *p, size_t h)
+{
+    return (const REAL *)p->key_table + head_of(p->key_table_heads, h) * p->key_table_rows * p->d;
+}
+
+/* The key table's term of keys [js, je), one run of the key map (bucket bs at key js,
+ * moving by step per key), into row[js, je): vector_scale k_j . table[bucket], one
+ * rows_dot where the bucket holds, a key at a time where it moves. */
+static void key_run_terms(const posenc_kernels *kern, const posenc_problem *p, const REAL *table,
+                          const REAL *k_u, REAL *row, ptrdiff_t js, ptrdiff_t je, ptrdiff_t bs,
+                          ptrdiff_t step)
+{
+    const size_t d = p->d;
+    if (step == 0) {
+        kern->rows_dot(row + js, 0, table + (size_t)bs * d, 1, k_u + (size_t)js * d,
+                       (size_t)(je - js), d, p->vector_scale);
+        return;
+    }
+    for (ptrdiff_t j = js; j < je; ++j, bs += step)
+        kern->rows_dot(row + j, 0, table + (size_t)bs * d, 1, k_u + (size_t)j * d, 1, d,
+                       p->vector_scale);
+}
+
 /*
  * The key table's term of rows [i0, i0 + rows) of unit (b, h), keys [k0, cols), applied
- * to P with op, when the rows are few (c->key_direct: a decoding step): key j of row i
+ * to P with op, when the rows are few (c->in_place: a decoding step): key j of row i
  * is vector_scale k_j . key_table[h, map(j - i)], a dot product per key, along the
- * runs of the map (one rows_dot per run on which the bucket holds; a key at a time
- * where it moves), into w->key_proj's first row: k is read once per row instead of
- * being projected onto every bucket the row reaches (m x buckets).  With c->key_fused
- * the caller has computed that row (one row, keys [k0, cols)) in its pass over k.
+ * runs of the map (key_run_terms), into w->key_proj's first row: k is read once per row
+ * instead of being projected onto every bucket the row reaches (m x buckets).  With
+ * c->key_fused the caller has computed that row (one row, keys [k0, cols)) in its pass
+ * over k.
  */
 static void term_key_direct(const forward_ctx *c, forward_ws *w, size_t h, int op, REAL *P,
                             size_t ldp, size_t i0, size_t rows, size_t k0, size_t cols)
 {
-    const posenc_problem *p = c->p;
-    const posenc_kernels *kern = c->kern;
     const posenc_runs *runs = &c->terms->key_runs;
-    const size_t d = p->d;
-    const REAL *table = (const REAL *)p->key_table + head_of(p->key_table_heads, h) * p->key_table_rows * d;
-    const REAL *k_u = w->inputs.k;
+    const REAL *table = key_table_of(c->p, h);
     REAL *row = w->key_proj;
     for (size_t r = 0; r < rows; ++r) {
         const ptrdiff_t i = (ptrdiff_t)(i0 + r);
         ptrdiff_t js, je, bs;
-        for (size_t t = c->key_fused ? runs->count : posenc_runs_seek(runs, (ptrdiff_t)k0 - i);
-             t < runs->count &&
-             posenc_run_span(&runs->runs[t], i, (ptrdiff_t)k0, (ptrdiff_t)cols, &js, &je, &bs);
-             ++t) {
-            if (runs->runs[t].step == 0) {
-                kern->rows_dot(row + js, 0, table + (size_t)bs * d, 1, k_u + (size_t)js * d,
-                               (size_t)(je - js), d, p->vector_scale);
-                continue;
-            }
-            for (ptrdiff_t j = js; j < je; ++j, bs += runs->runs[t].step)
-                kern->rows_dot(row + j, 0, table + (size_t)bs * d, 1, k_u + (size_t)j * d, 1, d,
-                               p->vector_scale);
-        }
+        if (!c->key_fused)
+            for (size_t t = posenc_runs_seek(runs, (ptrdiff_t)k0 - i);
+                 t < runs->count &&
+                 posenc_run_span(&runs->runs[t], i, (ptrdiff_t)k0, (ptrdiff_t)cols, &js, &je, &bs);
+                 ++t)
+                key_run_terms(c->kern, c->p, table, w->inputs.k, row, js, je, bs, runs->runs[t].step);
         if (cols > k0)
-            kern->row_gather(op, P + r * ldp + k0, row + k0, 1, cols - k0);
+            c->kern->row_gather(op, P + r * ldp + k0, row + k0, 1, cols - k0);
     }
 }
 
@@ -277,7 +290,7 @@ static const REAL *forward_positional(const forward_ctx *c, forward_ws *w, size_
         op = combine_op;
     }
     if (p->key_table) {
-        if (c->key_direct)
+        if (c->in_place)
             term_key_direct(c, w, h, op, w->P, ld, i0, rows, k0, cols);
         else
             term_key_table(kern, op, w->P, ld, p->key_map, c->terms->key_runs.b_min, w->key_proj,
@@ -337,7 +350,7 @@ static void forward_unit_setup(const forward_ctx *c, forward_ws *w, size_t b, si
         pack_b(kern, &w->scratch, k_packed, w->k_pack, k_u, 1, (ptrdiff_t)d, d, m, (REAL)p->scale);
     else   /* the caller packs k's panels as its tiles reach them (causal_keys_reach) */
         *k_packed = packed_b_shape(kern, w->k_pack, d, m, (REAL)p->scale);
-    if (p->key_table && !c->key_direct)
+    if (p->key_table && !c->in_place)
         key_projections(kern, &w->scratch, p, c->terms->key_runs.b_min, c->terms->key_buckets, c->key_reach[0],
                         c->key_reach[1], &c->terms->key_edges, w->key_table_pack, w->key_proj, h, k_u);
     if (c->segment_rows)
