@@ -310,7 +310,7 @@ def test_fallbacks_warn_and_match_eager():
     holes = holes[None, None].expand(3, 1, n, n)
     with float64_softmax(), torch.no_grad():
         want = run(reference, ids, attention_mask=_additive(holes))
-        with pytest.warns(RuntimeWarning, match="not causal, a window"):
+        with pytest.warns(RuntimeWarning, match="custom attention mask"):
             got = run(ours, ids, attention_mask=holes)
     assert_close(want, got, 1e-10)
 
@@ -322,43 +322,51 @@ def _additive(keep):
 
 # ------------------------------------------------------------------ reading masks
 
-def _reading(keep, position_ids=None, causal=True):
+def _reading(keep, offset=0, causal=True):
     batch, _, n, m = keep.shape
-    return interface.read_mask(keep, batch, n, m, position_ids, causal)
+    return interface.read_mask(keep, batch, n, m, offset, causal)
 
 
 def test_read_mask_patterns():
+    """The patched ALiBi families' masks read at the model's own query offset (the
+    cache's): padding, a left window and packed documents; the offset is never read
+    from the mask."""
     n, m, offset = 5, 12, 7
     i = torch.arange(n)[:, None] + offset
     j = torch.arange(m)
     causal = (j <= i)[None, None].expand(2, 1, n, m)
-    reading = _reading(causal)
+    reading = _reading(causal, offset)
     assert reading == (True, offset, None, None, None)
     window = causal & (j >= i - 3)
-    assert _reading(window)[:3] == (True, offset, 3)
+    assert _reading(window, offset)[:3] == (True, offset, 3)
     padding = torch.zeros(2, m, dtype=torch.bool)
     padding[1, :4] = True
     padded = window & ~padding[:, None, None, :]
-    reading = _reading(padded)
+    reading = _reading(padded, offset)
     assert reading[:3] == (True, offset, 3)
     assert torch.equal(interface._implied(2, n, m, reading), padded[:, 0])
     assert reading.key_padding[1, :4].all() and not reading.key_padding[:, 4:].any()
-    additive = _reading(_additive(padded))
+    additive = _reading(_additive(padded), offset)
     assert additive[:3] == reading[:3] and torch.equal(additive.key_padding, reading.key_padding)
-    # bidirectional with right padding reads as padding only, not as a causal offset
+    # one decoding row that sees every key: causal at the cache's offset, never a
+    # bidirectional reading at offset 0 (ALiBi's bias would point the wrong way)
+    step = torch.ones(2, 1, 1, 9, dtype=torch.bool)
+    step[1, ..., :3] = False
+    reading = _reading(step, 8)
+    assert reading[:3] == (True, 8, None) and reading.key_padding[1, :3].all()
+    with pytest.raises(interface.Unserved, match="not causal"):
+        _reading(step, 5)                      # keys after the query's position: not causal
+    # bidirectional with right padding reads as padding only
     right = torch.ones(2, 1, 6, 6, dtype=torch.bool)
     right[1, ..., 4:] = False
     reading = _reading(right, causal=False)
     assert reading[:3] == (False, 0, None)
-    # an additive float mask reads the same as the boolean one
-    # packed documents, with and without position ids
+    # packed documents
     documents = torch.tensor([[0, 0, 0, 1, 1, 2, 2, 2, 2]])
     square = torch.arange(9)
     packed = ((square[None, :] <= square[:, None]) & (documents[0][:, None] == documents[0][None, :]))
-    positions = torch.tensor([[0, 1, 2, 0, 1, 0, 1, 2, 3]])
-    for ids in (positions, None):
-        reading = _reading(packed[None, None], ids)
-        assert torch.equal(reading.documents[0], documents)
+    reading = _reading(packed[None, None])
+    assert torch.equal(reading.documents[0], documents)
 
 
 def test_read_mask_refuses_what_it_cannot_read():

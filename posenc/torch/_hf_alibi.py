@@ -28,7 +28,8 @@ import sys
 import torch
 
 from ._common import dropout_seed
-from ._hf_interface import MaskReading, Unserved, _warn_once, mask_options, read_mask
+from ._hf_interface import (MaskReading, Unserved, _warn_once, collecting_attentions, mask_options,
+                            read_mask)
 from ._linear import project
 
 
@@ -49,10 +50,19 @@ def _check_line(alibi: torch.Tensor, slopes: torch.Tensor, positions: torch.Tens
                        "position (padding inside a row?)")
 
 
-def _reading(attention_mask, batch, n, m, convention) -> MaskReading:
+def _query_offset(cache, layer_idx) -> int:
+    """The position of the call's first query: the tokens the cache held before it
+    (the model's own count, never read from the mask)."""
+    return 0 if cache is None else int(cache.get_query_offset(layer_idx))
+
+
+def _reading(attention_mask, batch, n, m, offset, convention) -> MaskReading:
+    """The call's mask as kernel parameters, the queries at `offset` (the cache's)."""
     if attention_mask is None:
-        return MaskReading(True, m - n, None, None, None)
-    return read_mask(attention_mask, batch, n, m, causal=True, convention=convention)
+        if m != offset + n:
+            raise Unserved(f"no attention mask for {n} queries after {offset} tokens and {m} keys")
+        return MaskReading(True, offset, None, None, None)
+    return read_mask(attention_mask, batch, n, m, offset, causal=True, convention=convention)
 
 
 def _row_positions(reading: MaskReading, batch: int, m: int) -> tuple:
@@ -101,11 +111,11 @@ def _line_call(module, hidden_states, alibi, attention_mask, cache, output_atten
     """(mask reading, slopes) of a BLOOM or Falcon attention call, or Unserved."""
     batch, n, _ = hidden_states.shape
     m = alibi.shape[-1]
-    if output_attentions:
+    if output_attentions or collecting_attentions():
         raise Unserved("attention weights asked for (output_attentions)")
     if _expected_keys(cache, module.layer_idx, n) != m:
         raise Unserved("an ALiBi tensor shorter than the cache's keys")
-    reading = _reading(attention_mask, batch, n, m, convention)
+    reading = _reading(attention_mask, batch, n, m, _query_offset(cache, module.layer_idx), convention)
     return reading, _line_slopes(module, alibi, reading, batch, module.num_heads, m, rounding)
 
 
@@ -146,6 +156,8 @@ def mpt_forward(self, hidden_states, position_bias, past_key_values=None, attent
     heads, d = self.n_heads, self.head_dim
     m = _expected_keys(past_key_values, self.layer_idx, n)
     try:
+        if getattr(self, "_posenc_output_attentions", False) or collecting_attentions():
+            raise Unserved("attention weights asked for (output_attentions)")
         if position_bias is None or position_bias.dim() != 3 or position_bias.shape[:2] != (heads, 1) \
                 or not 2 <= m <= position_bias.shape[2]:
             raise Unserved("a position bias that is not MPT's (H, 1, max_seq_len) ALiBi for these keys")
@@ -154,7 +166,8 @@ def mpt_forward(self, hidden_states, position_bias, past_key_values=None, attent
         _check_line(position_bias.detach().view(1, heads, length).cpu(), slopes,
                     (torch.arange(length) - (length - 1))[None], torch.ones(1, length, dtype=torch.bool),
                     torch.float32)
-        reading = _reading(attention_mask, batch, n, m, "dropped")
+        reading = _reading(attention_mask, batch, n, m,
+                           _query_offset(past_key_values, self.layer_idx), "dropped")
     except Unserved as why:
         _warn_once(str(why))
         return self._posenc_original_forward(hidden_states, position_bias, past_key_values,
@@ -167,6 +180,16 @@ def mpt_forward(self, hidden_states, position_bias, past_key_values=None, attent
         k, v = past_key_values.update(k, v, self.layer_idx)
     out = _fused(q, k, v, slopes, self.softmax_scale, reading, self.attn_dropout_p, self.training)
     return project(self.out_proj, _merged(out)), None
+
+
+def mpt_block_forward(self, hidden_states, position_bias, attention_mask, layer_past=None,
+                      use_cache=False, output_attentions=False, **kwargs):
+    """MptBlock's forward, telling its attention whether weights are asked for (MPT's
+    block keeps output_attentions from its attention: the patched attention would
+    return None weights without this)."""
+    self.attn._posenc_output_attentions = bool(output_attentions)
+    return self._posenc_original_forward(hidden_states, position_bias, attention_mask, layer_past,
+                                         use_cache, output_attentions, **kwargs)
 
 
 # ------------------------------------------------------------------ Falcon (alibi=True)

@@ -81,7 +81,199 @@ def _warn_once(reason: str, runs: str = "the original Hugging Face forward") -> 
                       RuntimeWarning, stacklevel=_user_stacklevel())
 
 
-# ------------------------------------------------------------------ reading a mask
+@torch.compiler.assume_constant_result      # dynamo cannot trace ContextVar.get: read once
+def collecting_attentions() -> bool:        # while tracing (output_attentions is guarded)
+    try:
+        from transformers.utils.output_capturing import _active_collector
+    except ImportError:  # pragma: no cover - other transformers layouts
+        return False
+    collected = _active_collector.get()
+    return bool(collected) and ("attentions" in collected or "cross_attentions" in collected)
+
+
+
+# ------------------------------------------------------------------ positions from the model
+
+class Positions(NamedTuple):
+    """What posenc's mask function hands the attention function in place of HF's
+    (B, 1, n, m) mask: where the rows and keys sit, read from the model's own
+    arguments (HF's `q_offset`, `kv_offset`, `kv_length`: the cache's), never from
+    a mask.  Query row i sits at position q_offset + i, key j at kv_offset + j;
+    a key is kept unless causal and later than the query, outside `window`
+    ((left, right) of the query's position), in another document (`documents`,
+    (B, n) ids of packed sequences, n == m) or `key_padding` (B, kv_length), True
+    = padding).  `unserved`: why the kernel cannot serve it (None where it can);
+    `hf`: sdpa_mask's arguments, to build HF's own mask for a fallback."""
+    batch: int
+    q_length: int
+    kv_length: int
+    q_offset: object            # int, or HF's 0-dim tensor (a static cache's length)
+    kv_offset: int
+    causal: bool
+    window: tuple | None
+    documents: torch.Tensor | None
+    key_padding: torch.Tensor | None
+    unserved: str | None
+    hf: dict
+
+    # generate() prepares a static cache's masks before the forward (contiguous() on
+    # each), and the forward's create_*_mask then hands a prepared "4-D" mask on to
+    # the mask function unread (ndim): positions_mask returns it as it is
+    ndim = 4
+
+    def contiguous(self) -> "Positions":
+        return self
+
+    def hf_mask(self) -> torch.Tensor:
+        """HF's boolean (B, 1, n, m) mask of the same call (True keeps): for a fallback."""
+        from transformers.masking_utils import sdpa_mask
+
+        return sdpa_mask(**dict(self.hf, allow_is_causal_skip=False,
+                                allow_is_bidirectional_skip=False))
+
+
+def _cells(function) -> dict:
+    """A closure's free variables by name."""
+    return dict(zip(function.__code__.co_freevars,
+                    (cell.cell_contents for cell in function.__closure__ or ())))
+
+
+def _structure(function) -> tuple:
+    """(causal, window, documents) of one of HF's mask functions, read from the
+    function itself (its code and closure): causal or bidirectional, with
+    sliding-window overlays and packed sequences; None for any other function."""
+    from transformers import masking_utils as mu
+
+    code = function.__code__
+    if code is mu.causal_mask_function.__code__:
+        return True, None, None
+    if code is mu.bidirectional_mask_function.__code__:
+        return False, None, None
+    if code is _and_code():
+        base, window, documents = None, None, None
+        for part in _cells(function)["mask_functions"]:
+            part_code = part.__code__
+            if part_code is _overlay_code("sliding_window_overlay"):
+                window = (_cells(part)["sliding_window"] - 1, 0)
+            elif part_code is _overlay_code("sliding_window_bidirectional_overlay"):
+                size = _cells(part)["sliding_window"]
+                window = (size, size)
+            elif part_code is _overlay_code("packed_sequence_mask_function"):
+                documents = _cells(part)["packed_sequence_mask"]
+            elif part_code is _overlay_code("remap_positions_for_packed_sequence"):
+                # positions go up by one within a document (HF's packing): the inner
+                # function on them is the same pattern on the rows' own indices
+                inner = _structure(_cells(part)["mask_function"])
+                if inner is None or inner[2] is not None:
+                    return None
+                base, window = inner[0], inner[1] or window
+            else:
+                inner = _structure(part)
+                if inner is None or base is not None:
+                    return None
+                base, window, documents = inner[0], inner[1] or window, inner[2] or documents
+        return None if base is None else (base, window, documents)
+    return None
+
+
+_CODES: dict = {}
+
+
+def _overlay_code(name: str):
+    """The code object of HF's masking_utils factory `name`'s inner function."""
+    if name not in _CODES:
+        from transformers import masking_utils as mu
+
+        factory = getattr(mu, name)
+        argument = {"sliding_window_overlay": 1, "sliding_window_bidirectional_overlay": 1}.get(
+            name, torch.zeros(1, 1, dtype=torch.long))
+        made = factory(mu.causal_mask_function, argument) \
+            if name == "remap_positions_for_packed_sequence" else factory(argument)
+        _CODES[name] = made.__code__
+    return _CODES[name]
+
+
+def _and_code():
+    if "and_masks" not in _CODES:
+        from transformers import masking_utils as mu
+
+        _CODES["and_masks"] = mu.and_masks(mu.causal_mask_function).__code__
+    return _CODES["and_masks"]
+
+
+def _traced_structure(function, local_size, config, bidirectional_call) -> tuple:
+    """_structure while torch.compile traces (it cannot read a closure): HF's plain
+    causal and bidirectional functions by identity, and the causal sliding window
+    of create_sliding_window_causal_mask (an and_masks of the config's window);
+    None for anything else (which then runs HF's own path)."""
+    from transformers import masking_utils as mu
+
+    if function is mu.causal_mask_function:
+        return True, None, None
+    if function is mu.bidirectional_mask_function:
+        return False, None, None
+    window = getattr(config, "sliding_window", None)
+    if function.__qualname__ == "and_masks.<locals>.and_mask" and not bidirectional_call \
+            and local_size is not None and local_size == window \
+            and getattr(config, "attention_chunk_size", None) is None:
+        return True, (window - 1, 0), None
+    return None
+
+
+def positions_mask(batch_size: int, q_length: int, kv_length: int, q_offset=0, kv_offset: int = 0,
+                   mask_function=None, attention_mask=None, local_size=None, config=None,
+                   use_vmap: bool = False, device="cpu", **kwargs) -> Positions:
+    """posenc's entry on HF's AttentionMaskInterface: the call's Positions (no
+    (B, 1, n, m) tensor).  HF's create_*_mask functions call it with the cache's
+    q_offset, kv_offset and kv_length, the 2-D padding mask and the mask function
+    they composed; `attention` reads it."""
+    from transformers.masking_utils import causal_mask_function, prepare_padding_mask
+
+    if isinstance(attention_mask, Positions):   # prepared by generate() for this step
+        return attention_mask
+    mask_function = causal_mask_function if mask_function is None else mask_function
+    if isinstance(q_offset, torch.Tensor):   # a static cache's count, which its update() then
+        q_offset = q_offset.clone()          # advances in place: the position as it is now
+    hf = dict(batch_size=batch_size, q_length=q_length, kv_length=kv_length, q_offset=q_offset,
+              kv_offset=kv_offset, mask_function=mask_function, attention_mask=attention_mask,
+              local_size=local_size, use_vmap=use_vmap, device=device)
+    compiling = torch.compiler.is_compiling()
+    if compiling:
+        structure = _traced_structure(mask_function, local_size, config,
+                                      "allow_is_bidirectional_skip" in kwargs)
+    else:
+        structure = _structure(mask_function)
+    unserved = None
+    if structure is None:
+        unserved = f"a mask function posenc cannot express ({mask_function.__qualname__})"
+        structure = (True, None, None)
+    causal, window, documents = structure
+    if documents is not None and (documents.shape[-1] != q_length or q_length != kv_length):
+        unserved, documents = "packed sequences with a cache", None
+    key_padding = None
+    if attention_mask is not None:
+        keep = prepare_padding_mask(attention_mask, kv_length, kv_offset)
+        key_padding = ~keep[:, kv_offset:kv_offset + kv_length].expand(batch_size, kv_length)
+        if not compiling and not bool(key_padding.any()):
+            key_padding = None
+    if documents is not None:
+        documents = documents.expand(batch_size, q_length)
+    return Positions(batch_size, q_length, kv_length, q_offset, kv_offset, causal, window,
+                     documents, key_padding, unserved, hf)
+
+
+# ------------------------------------------------------------------ reading a mask (the patched ALiBi families)
+
+class MaskReading(NamedTuple):
+    """A mask as the fused kernel's parameters: key j of query i (at position
+    i + query_offset) is kept unless causal and j > i + query_offset, j < i +
+    query_offset - window_left, key_padding[b, j], or documents differ."""
+    causal: bool
+    query_offset: int
+    window_left: int | None
+    key_padding: torch.Tensor | None
+    documents: tuple | None
+
 
 def _allowed(mask: torch.Tensor, batch: int, n: int, m: int, convention: str) -> torch.Tensor:
     """The (B, n, m) keep pattern of an HF mask: bool (True keeps; with convention
@@ -124,34 +316,18 @@ def _implied(batch: int, n: int, m: int, reading: MaskReading) -> torch.Tensor:
     return keep
 
 
-def _documents_of(position_ids, batch: int, n: int):
-    """Packed documents from position ids, as HF finds them (a new document wherever
-    the position does not go up by one); None for one per row."""
-    from transformers.masking_utils import find_packed_sequence_indices
-
-    if position_ids is None or position_ids.dim() != 2 or position_ids.shape[-1] != n:
-        return None
-    return find_packed_sequence_indices(position_ids.expand(batch, n))
-
-
-def _candidates(keep: torch.Tensor, position_ids, causal_hint: bool):
-    """Readings that could give `keep`, the likeliest first (each is checked).  A
-    bidirectional layer's padding-only reading comes first: a causal reading of it
-    would give T5's bias a wrong query offset."""
+def _candidates(keep: torch.Tensor, causal: bool, offset: int):
+    """Readings at the model's own positions (causal, query offset) that could give
+    `keep`: key padding alone, then a left window, then documents where each row's
+    first key changes (each is checked)."""
     batch, n, m = keep.shape
     padding = ~keep.any(1)                             # keys no query sees
     key_padding = padding if torch.any(padding) else None
-    if not causal_hint:
-        yield MaskReading(False, 0, None, key_padding, None)
+    yield MaskReading(causal, offset, None, key_padding, None)
     live = keep.any(2)                                 # rows that see a key
-    if not torch.any(live):
-        yield MaskReading(False, 0, None, key_padding, None)
+    if not causal or not torch.any(live):
         return
     rows = torch.arange(n)[None, :].expand(batch, n)[live]
-    last = (m - 1 - keep.flip(2).to(torch.uint8).argmax(2))[live]
-    offset = int((last - rows).max())
-    causal = offset < m - 1
-    offset = offset if causal else 0
     first_key = keep.to(torch.uint8).argmax(2)         # each row's first key
     first = first_key[live]
 
@@ -159,40 +335,33 @@ def _candidates(keep: torch.Tensor, position_ids, causal_hint: bool):
         """The left window that explains the rows starting after `starts` (their
         document's first key) -- padding keys at the start only widen it."""
         cut = first > starts[live]
-        if not causal or not torch.any(cut):
-            return None
-        return int((rows[cut] + offset - first[cut]).max())
+        return int((rows[cut] + offset - first[cut]).max()) if torch.any(cut) else None
 
-    yield MaskReading(causal, offset, None, key_padding, None)
     zero = torch.zeros(batch, n, dtype=torch.long)
     left = window(zero)
     if left is not None:
         yield MaskReading(causal, offset, left, key_padding, None)
     if n == m and offset == 0:
-        for documents in (_documents_of(position_ids, batch, n),
-                          torch.cat([zero[:, :1], (first_key[:, 1:] != first_key[:, :-1]).long()],
-                                    1).cumsum(1)):
-            if documents is None:
-                continue
-            index = torch.arange(n).expand(batch, n)
-            starts = torch.full_like(documents, n).scatter_reduce(1, documents, index, "amin")
-            yield MaskReading(causal, offset, window(starts.gather(1, documents)), key_padding,
-                              (documents, documents))
+        documents = torch.cat([zero[:, :1], (first_key[:, 1:] != first_key[:, :-1]).long()],
+                              1).cumsum(1)
+        index = torch.arange(n).expand(batch, n)
+        starts = torch.full_like(documents, n).scatter_reduce(1, documents, index, "amin")
+        yield MaskReading(causal, offset, window(starts.gather(1, documents)), key_padding,
+                          (documents, documents))
 
 
-def read_mask(mask: torch.Tensor, batch: int, n: int, m: int, position_ids=None,
+def read_mask(mask: torch.Tensor, batch: int, n: int, m: int, query_offset: int,
               causal: bool = True, convention: str = "hf") -> MaskReading:
-    """The kernel's parameters that give exactly HF's `mask` (B|1, 1|H, n, m);
-    Unserved if none do.  `causal`: whether the layer is causal (which reading to
-    try first); `convention`: see _allowed.  Remembered per mask tensor: the
-    layers of one forward share the mask, so it is read once."""
-    key = (batch, n, m, causal, convention, None if position_ids is None else id(position_ids))
+    """The kernel's parameters that give exactly HF's `mask` (B|1, 1|H, n, m) with the
+    queries at the model's positions (query row i at query_offset + i: the cache's
+    length, never read from the mask); Unserved if none do.  `convention`: see
+    _allowed.  Remembered per mask tensor: the layers of one forward share it."""
+    key = (batch, n, m, causal, convention, query_offset)
     known = getattr(mask, "_posenc_reading", None)     # (key, reading) of an earlier layer
     if known is not None and known[0] == key:
         return known[1]
     keep = _allowed(mask.detach().cpu(), batch, n, m, convention)
-    position_ids = None if position_ids is None else position_ids.detach().cpu()
-    for reading in _candidates(keep, position_ids, causal):
+    for reading in _candidates(keep, causal, query_offset):
         if torch.equal(_implied(batch, n, m, reading), keep):
             mask._posenc_reading = (key, reading)
             return reading
@@ -210,9 +379,42 @@ def mask_options(reading: MaskReading, device) -> dict:
                 document_k=None if documents[1] is None else documents[1].to(device))
 
 
+def position_options(positions: Positions, n: int, m: int, device, positional: bool) -> dict:
+    """Positions as the fused attention's keyword arguments for n queries and m keys
+    (query_offset: the queries' position less the first key's); Unserved if the kernel
+    cannot take them.  `positional`: whether the call has a positional term (T5's
+    bias, a swapped encoding), which needs the offset as a number: while
+    torch.compile traces a static cache's step its offset is a tensor, and a plain
+    step of one row then takes causality and the window as masked keys instead."""
+    if positions.unserved is not None:
+        raise Unserved(positions.unserved)
+    if (positions.q_length, positions.kv_length) != (n, m):
+        raise Unserved(f"a mask made for {positions.q_length} queries and {positions.kv_length} "
+                       f"keys, called with {n} and {m}")
+    offset, padding = positions.q_offset - positions.kv_offset, positions.key_padding
+    documents = positions.documents
+    if isinstance(offset, torch.Tensor) and torch.compiler.is_compiling():
+        if positional or n != 1:
+            raise Unserved("a static cache's position while torch.compile traces, with "
+                           + ("a positional term" if positional else "several query rows"))
+        j = torch.arange(m, device=device)
+        hidden = (j > offset) if positions.causal else torch.zeros(m, dtype=torch.bool, device=device)
+        if positions.window is not None:
+            left, right = positions.window
+            hidden = hidden | (j < offset - left) | (j > offset + right)
+        hidden = hidden[None].expand(positions.batch, m)
+        return dict(causal=False, query_offset=0, window=None,
+                    key_padding_mask=hidden if padding is None else hidden | padding.to(device),
+                    document_q=None, document_k=None)
+    return dict(causal=positions.causal, query_offset=int(offset), window=positions.window,
+                key_padding_mask=None if padding is None else padding.to(device),
+                document_q=None if documents is None else documents.to(device),
+                document_k=None if documents is None else documents.to(device))
+
+
 # ------------------------------------------------------------------ T5's position bias
 
-def _position_bias(module, position_bias, query_offset: int):
+def _position_bias(module, position_bias):
     """posenc's t5 arguments for HF's `position_bias` (None: none or zero), or Unserved."""
     owner = getattr(position_bias, "_posenc_t5_owner", None)   # the layer that made it
     if owner is None and getattr(module, "has_relative_attention_bias", False) \
@@ -225,7 +427,7 @@ def _position_bias(module, position_bias, query_offset: int):
         return dict(bias=owner.relative_attention_bias.weight.t(),
                     num_buckets=owner.relative_attention_num_buckets,
                     max_distance=owner.relative_attention_max_distance,
-                    bidirectional=not owner.is_decoder, query_offset=query_offset)
+                    bidirectional=not owner.is_decoder)
     if not position_bias.requires_grad and not torch.any(position_bias):
         return None                          # the zeros of a layer without a bias
     raise Unserved("a position_bias tensor that no T5 layer made")
@@ -248,24 +450,25 @@ def _eager(module, query, key, value, attention_mask, is_causal, kwargs):
                                       is_causal=is_causal, **kwargs)
     n, m = query.shape[2], key.shape[2]
     if attention_mask is None and is_causal and n > 1:
-        attention_mask = torch.ones(n, m, dtype=torch.bool, device=query.device).tril()[None, None]
+        attention_mask = torch.ones(n, m, dtype=torch.bool, device=query.device).tril(m - n)[None, None]
     if attention_mask is not None and attention_mask.dtype == torch.bool:
         attention_mask = torch.zeros((), dtype=query.dtype, device=query.device).masked_fill(
             ~attention_mask, torch.finfo(query.dtype).min)
     return eager(module, query, key, value, attention_mask, **kwargs)
 
 
-def _unfused(module, encoding, query, key, value, attention_mask, is_causal, dropout, kwargs):
+def _unfused(module, encoding, query, key, value, attention_mask, is_causal, dropout, kwargs,
+             query_offset):
     """A swapped model's attention the eager way, for what the fused call cannot
-    serve: the encoding's logits (k and v repeated to the query heads), softcap,
-    HF's mask (boolean, or added; without one the query at position m - n + i),
-    softmax with the sinks, torch's dropout; returns (out (B, n, H, dv), weights
-    (B, H, n, m))."""
+    serve: the encoding's logits (k and v repeated to the query heads; query row i
+    at query_offset + i), softcap, HF's mask (boolean, or added; without one, causal
+    for the query at m - n + i), softmax with the sinks, torch's dropout; returns
+    (out (B, n, H, dv), weights (B, H, n, m))."""
     batch, heads, n, _ = query.shape
     m = key.shape[2]
     group = heads // key.shape[1]
     key, value = (x.repeat_interleave(group, dim=1) for x in (key, value))
-    logits = encoding.logits(query, key, query_offset=m - n if is_causal else 0)
+    logits = encoding.logits(query, key, query_offset=query_offset)
     softcap = kwargs.get("softcap")
     if softcap is not None:
         logits = softcap * torch.tanh(logits / softcap)
@@ -284,43 +487,58 @@ def _unfused(module, encoding, query, key, value, attention_mask, is_causal, dro
     return (weights @ value).transpose(1, 2).contiguous(), weights
 
 
+def _served_options(module, query, key, attention_mask, is_causal, kwargs):
+    """(keyword arguments of the fused call, T5's arguments or None) of a call the
+    kernel serves; Unserved otherwise."""
+    if kwargs.get("output_attentions") or collecting_attentions():
+        raise Unserved("attention weights asked for (output_attentions)")
+    if kwargs.get("cache") is not None:
+        raise Unserved("a paged cache")
+    n, m = query.shape[2], key.shape[2]
+    encoding = getattr(module, "_posenc_encoding", None)   # swap_positional_encoding's
+    position_bias = None if encoding is not None else kwargs.get("position_bias")
+    t5 = None if position_bias is None else _position_bias(module, position_bias)
+    if isinstance(attention_mask, Positions):
+        options = position_options(attention_mask, n, m, query.device,
+                                   encoding is not None or t5 is not None)
+    elif attention_mask is None:   # a layer called without a mask (no mask function ran)
+        options = dict(causal=bool(is_causal), query_offset=m - n if is_causal else 0, window=None,
+                       key_padding_mask=None, document_q=None, document_k=None)
+    else:
+        raise Unserved("a custom attention mask tensor (posenc takes positions from the "
+                       "model's mask function)")
+    return options, t5
+
+
 def attention(module, query, key, value, attention_mask, dropout: float = 0.0,
               scaling: float | None = None, is_causal: bool | None = None, **kwargs):
-    """HF's attention-interface function for "posenc": returns (out (B, n, H, dv), None)."""
+    """HF's attention-interface function for "posenc": returns (out (B, n, H, dv), None).
+    `attention_mask` is posenc's Positions (positions_mask made it), None, or a
+    tensor (a custom mask: HF's own path)."""
     from . import content_attention, t5_attention
 
     is_causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    encoding = getattr(module, "_posenc_encoding", None)
     try:
-        if kwargs.get("output_attentions"):
-            raise Unserved("attention weights asked for (output_attentions)")
-        if kwargs.get("cache") is not None:
-            raise Unserved("a paged cache")
-        batch, _, n, _ = query.shape
-        m = key.shape[2]
-        if attention_mask is None:  # HF leaves it out for n == m or n == 1 without padding
-            reading = MaskReading(bool(is_causal), m - n if is_causal else 0, None, None, None)
-        else:
-            reading = read_mask(attention_mask, batch, n, m, kwargs.get("position_ids"),
-                                bool(is_causal))
-        encoding = getattr(module, "_posenc_encoding", None)   # swap_positional_encoding's
-        position_bias = None if encoding is not None else kwargs.get("position_bias")
-        t5 = None if position_bias is None else _position_bias(module, position_bias,
-                                                                reading.query_offset)
+        options, t5 = _served_options(module, query, key, attention_mask, is_causal, kwargs)
     except Unserved as why:
         _warn(str(why))
-        encoding = getattr(module, "_posenc_encoding", None)
+        n, m = query.shape[2], key.shape[2]
+        offset = m - n if is_causal else 0
+        if isinstance(attention_mask, Positions):
+            offset = attention_mask.q_offset - attention_mask.kv_offset
+            attention_mask = attention_mask.hf_mask()
         if encoding is not None:            # the model's eager attention lacks the swapped encoding
             return _unfused(module, encoding, query, key, value, attention_mask, is_causal, dropout,
-                            kwargs)
+                            kwargs, offset)
         return _eager(module, query, key, value, attention_mask, is_causal,
                       dict(kwargs, dropout=dropout, scaling=scaling))
-    options = dict(mask_options(reading, query.device), softcap=kwargs.get("softcap"),
-                   sinks=kwargs.get("s_aux"), dropout_p=dropout, seed=dropout_seed(dropout))
+    options.update(softcap=kwargs.get("softcap"), sinks=kwargs.get("s_aux"), dropout_p=dropout,
+                   seed=dropout_seed(dropout))
     if encoding is not None:
         out = encoding.attention(query, key, value, **options).out
     elif t5 is not None:
         bias = t5.pop("bias").to(query.dtype)
-        options["query_offset"] = t5.pop("query_offset")
         out = t5_attention(query, key, value, bias, scale=1.0 if scaling is None else scaling,
                            **t5, **options).out
     else:
@@ -329,10 +547,10 @@ def attention(module, query, key, value, attention_mask, dropout: float = 0.0,
 
 
 def register() -> None:
-    """Add "posenc" to HF's attention and mask interfaces (the mask: HF's boolean
-    sdpa mask, which `attention` reads back as the kernel's parameters)."""
+    """Add "posenc" to HF's attention and mask interfaces (the mask function:
+    positions_mask, whose Positions `attention` reads)."""
     from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+    from transformers.masking_utils import AttentionMaskInterface
 
     AttentionInterface.register(NAME, attention)
-    AttentionMaskInterface.register(NAME, sdpa_mask)
+    AttentionMaskInterface.register(NAME, positions_mask)

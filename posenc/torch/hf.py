@@ -47,7 +47,7 @@ import torch
 
 from . import _hf_alibi, _hf_swap, _linear
 from ._common import dropout_seed
-from ._hf_interface import _WARNED, _warn_once  # noqa: F401  (_WARNED: the tests clear it)
+from ._hf_interface import _WARNED, _warn_once, collecting_attentions  # noqa: F401  (_WARNED: the tests clear it)
 from ._hf_interface import Unserved as _Unsupported
 from ._hf_swap import describe, from_pretrained, swap_positional_encoding
 from ._linear import project
@@ -56,6 +56,8 @@ __all__ = ["patch", "unpatch", "is_patched", "swap_positional_encoding", "from_p
            "describe"]
 
 _SUBCLASSES: dict = {}
+# served classes that are not attention layers (patched for what they hand their attention)
+_HELPERS = {"MptBlock"}
 
 
 class _SharedT5Bias:
@@ -71,16 +73,6 @@ class _SharedT5Bias:
 
     def materialize(self, query_length, key_length, device):
         return self.owner.compute_bias(query_length, key_length, device=device, past_seen_tokens=self.past)
-
-
-@torch.compiler.assume_constant_result      # dynamo cannot trace ContextVar.get: read once
-def _collecting_attentions() -> bool:        # while tracing (output_attentions is guarded)
-    try:
-        from transformers.utils.output_capturing import _active_collector
-    except ImportError:  # pragma: no cover - other transformers layouts
-        return False
-    collected = _active_collector.get()
-    return bool(collected) and ("attentions" in collected or "cross_attentions" in collected)
 
 
 # the dtypes posenc's ops take (bfloat16 and float16 through the C kernels on CPU)
@@ -241,7 +233,7 @@ def _t5_family_attention(self, hidden_states, mask, key_value_states, past_key_v
     unexpected = set(kwargs) - _ALLOWED_KWARGS
     if unexpected:
         raise _Unsupported(f"unexpected argument(s) {sorted(unexpected)}")
-    if kwargs.get("output_attentions") or _collecting_attentions():
+    if kwargs.get("output_attentions") or collecting_attentions():
         raise _Unsupported("attention weights requested (output_attentions)")
     implementation = getattr(self.config, "_attn_implementation", None) or "eager"
     if implementation not in ("eager", "sdpa"):
@@ -340,7 +332,7 @@ def _deberta_posenc(self, hidden_states, attention_mask, output_attentions, quer
     import posenc.buckets
     import posenc.torch as pt
 
-    if output_attentions or _collecting_attentions():
+    if output_attentions or collecting_attentions():
         raise _Unsupported("attention weights requested (output_attentions)")
     if query_states is not None:
         raise _Unsupported("DeBERTa query_states (enhanced mask decoder)")
@@ -458,6 +450,7 @@ def _served():
                                    _deberta_forward),
                                   ("bloom.modeling_bloom", "BloomAttention", _hf_alibi.bloom_forward),
                                   ("mpt.modeling_mpt", "MptAttention", _hf_alibi.mpt_forward),
+                                  ("mpt.modeling_mpt", "MptBlock", _hf_alibi.mpt_block_forward),
                                   ("falcon.modeling_falcon", "FalconAttention",
                                    _hf_alibi.falcon_forward)):
         try:
@@ -494,7 +487,7 @@ def patch(model):
                 _warn_once(f"{cls.__name__} overrides {base.__name__}.forward; left unpatched")
             else:
                 module.__class__ = _patched_class(cls, forward)
-                count += 1
+                count += base.__name__ not in _HELPERS
             break
     if not count and getattr(model, "_supports_attention_backend", False) \
             and model.config._attn_implementation != "posenc":
