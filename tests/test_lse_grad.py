@@ -69,6 +69,28 @@ def test_d_lse_matches_reference(posenc_isa, method, dtype, shape, rng):
         assert np.isfinite(g.q).all()
 
 
+@pytest.mark.parametrize("method", ["content", "t5", "tupe"])
+def test_d_lse_float16_is_the_float32_engine_narrowed(posenc_isa, method, rng):
+    """float16 with a float32 d_lse (lse's dtype): every gradient narrow(the float32
+    engine on the widened inputs), as without d_lse (engine_lp.c widens d_lse as lse)."""
+    args, kwargs, v = _inputs(method, 7, 9, 8, 5, rng, dtype=np.float16)
+    attention = dict(causal=True, sinks=rng.standard_normal(3).astype(np.float16))
+    got = _forward(posenc, method, args, kwargs, v, **attention)
+    d_out = rng.standard_normal(got.out.shape).astype(np.float16)
+    d_lse = rng.standard_normal(got.lse.shape).astype(np.float32)
+    grads = _backward(posenc, method, d_out, args, kwargs, v, got, d_lse=d_lse, **attention)
+    wide = lambda x: x.astype(np.float32) if isinstance(x, np.ndarray) and x.dtype == np.float16 \
+        else x  # noqa: E731
+    args32, kwargs32 = [wide(a) for a in args], {k: wide(x) for k, x in kwargs.items()}
+    want = _backward(posenc, method, wide(d_out), args32, kwargs32, wide(v),
+                     (wide(got.out), got.lse), d_lse=d_lse, sinks=wide(attention["sinks"]),
+                     causal=True)
+    for field in grads._fields:
+        g, w = getattr(grads, field), getattr(want, field)
+        if g is not None:
+            assert np.array_equal(g, w.astype(g.dtype)), field
+
+
 def test_d_lse_is_checked(rng):
     args, kwargs, v = _inputs("content", 3, 4, 2, 2, rng)
     out = _forward(posenc, "content", args, kwargs, v)

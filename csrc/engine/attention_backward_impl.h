@@ -5,9 +5,10 @@
  * Per unit, row block by row block (row_block rows, the backward's own
  * blocking): the block's logits recomputed, P = exp(A + Mask - lse) (no
  * stored probabilities), dV += (P D)^T.dO, dP = D (dO.V^T), dS = P (dP -
- * delta), delta = rowsum(dO out) - dL/dlse (dlse_i/dA_ij = P_ij), and dS handed to the logits' backward
- * (backward_unit_block) for dq, dk and every table / segment / reset slot;
- * the dense factor's gradients go to per-unit slots (backward_dense_block).
+ * delta), delta = rowsum(dO out) - dL/dlse (dlse_i/dA_ij = P_ij), and dS
+ * handed to the logits' backward (backward_unit_block) for dq, dk and every
+ * table / segment / reset slot; the dense factor's gradients go to per-unit
+ * slots (backward_dense_block).
  * With `causal` a block's rows hold its first `cols` keys only, and every
  * GEMM skips, tile by tile, the keys a tile of rows cannot see (the logits,
  * dO.V^T, dq) or the rows that cannot see a tile of keys (dV, dk).

@@ -318,7 +318,8 @@ static REAL attention_softmax_row(const attention_ctx *c, attention_ws *w, REAL 
     memset(x + c0, 0, sizeof(REAL) * (lo - c0));
     memset(x + hi, 0, sizeof(REAL) * (c1 - hi));
     const int nan_sink = sink != sink && row_max != -INFINITY;   /* the row sees a key */
-    if (row_max == -INFINITY || nan_sink) {   /* every key masked, or NaN among masked keys (row_max passes NaN over) */
+    /* every key masked, NaN among masked keys (row_max passes NaN over), or a NaN sink */
+    if (row_max == -INFINITY || nan_sink) {
         const REAL fill = nan_sink || attention_has_nan(row, len) ? (REAL)NAN : (REAL)0;
         for (size_t j = 0; j < len; ++j)
             row[j] = fill;
