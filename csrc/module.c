@@ -430,7 +430,8 @@ static PyMethodDef methods[] = {
      "Private: use the posenc package."},
     {"attention_backward", (PyCFunction)(void (*)(void))py_attention_backward, METH_FASTCALL,
      "attention_backward(d_out, config, v, out, lse, key_padding_mask, causal, dropout_p, seed,\n"
-     "needs)\n\nThe 9 gradients of backward, then dv (bit 9 of needs).  Private: use the\n"
+     "window, document_q, document_k, softcap, sinks, needs, d_lse)\n\nThe gradients of\n"
+     "backward, then dv and dsinks (bits of needs); d_lse: dL/dlse or None.  Private: use the\n"
      "posenc package."},
     {"matmul", (PyCFunction)(void (*)(void))py_matmul, METH_FASTCALL,
      "matmul(a, b, bias)\n\na (M, K) @ b (K, N) [+ bias (N,)], float32 or float64, as a new array\n"

@@ -14,13 +14,13 @@ typedef struct {
     posenc_problem p;
     posenc_attention att;
     int typenum;
-    PyArrayObject *v, *mask, *d_out, *out, *lse, *document_q, *document_k, *sinks;
+    PyArrayObject *v, *mask, *d_out, *out, *lse, *d_lse, *document_q, *document_k, *sinks;
 } attention_call;
 
 static void attention_call_release(attention_call *call)
 {
     PyArrayObject *arrays[] = {call->v, call->mask, call->d_out, call->out, call->lse,
-                               call->document_q, call->document_k, call->sinks};
+                               call->d_lse, call->document_q, call->document_k, call->sinks};
     for (size_t t = 0; t < sizeof arrays / sizeof arrays[0]; ++t)
         Py_XDECREF(arrays[t]);
     release(&call->a);
@@ -185,19 +185,19 @@ done:
 
 /*
  * attention_backward(d_out, config, v, out, lse, key_padding_mask, causal,
- * dropout_p, seed, window, document_q, document_k, softcap, sinks, needs)
- * -> the gradients of backward (ENGINE_GRADS order, the same rules), then dv
+ * dropout_p, seed, window, document_q, document_k, softcap, sinks, needs,
+ * d_lse) -> the gradients of backward (ENGINE_GRADS order, the same rules), then dv
  * (bit GR_COUNT of needs), then dsinks (float64 (H,), bit GR_COUNT + 1, with
- * sinks).
+ * sinks); d_lse: dL/dlse (B, H, n) of lse's dtype, or None (lse unused).
  */
 static PyObject *py_attention_backward(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     attention_call call = {{{NULL}}};
     PyArrayObject *grads[GR_COUNT + 2] = {NULL};
     PyObject *result = NULL;
-    if (check_arity(nargs, 15, "attention_backward(d_out, config, v, out, lse, key_padding_mask, "
+    if (check_arity(nargs, 16, "attention_backward(d_out, config, v, out, lse, key_padding_mask, "
                                "causal, dropout_p, seed, window, document_q, document_k, softcap, "
-                               "sinks, needs)") ||
+                               "sinks, needs, d_lse)") ||
         parse_attention(&call, args, 1, 2, 5))
         goto done;
     const unsigned long needs = PyLong_AsUnsignedLongMask(args[14]);
@@ -212,6 +212,12 @@ static PyObject *py_attention_backward(PyObject *self, PyObject *const *args, Py
         !(call.lse = as_float_array(args[4], lse_typenum(p->dtype), "lse")) ||
         check_dims(call.lse, "lse", 3, dims))
         goto done;
+    if (args[15] != Py_None) {
+        if (!(call.d_lse = as_float_array(args[15], lse_typenum(p->dtype), "d_lse")) ||
+            check_dims(call.d_lse, "d_lse", 3, dims))
+            goto done;
+        call.att.d_lse = PyArray_DATA(call.d_lse);
+    }
     posenc_grads g;
     if (new_grads(args[1], &call.a, (unsigned int)(needs & ((1u << GR_COUNT) - 1)), typenum,
                   grads, &g))

@@ -203,6 +203,8 @@ typedef struct {
     const double *sinks;              /* (H): a logit per head in every row's softmax with no
                                          value (lse includes exp(sinks[h])); NULL: none */
     double *grad_sinks;               /* the backward's output (H): dL/dsinks; NULL: not wanted */
+    const void *d_lse;                /* the backward's input (B, H, n), lse's dtype: dL/dlse
+                                         (dlse_i/dA_ij = P_ij); NULL: lse unused */
 } posenc_attention;
 
 /* A window side without a bound. */
@@ -218,7 +220,8 @@ int posenc_attention_forward(const posenc_problem *p, const posenc_attention *a,
                              void *lse, int num_threads);
 
 /*
- * The gradients of L given d_out = dL/dout (out and lse from the forward):
+ * The gradients of L given d_out = dL/dout (out and lse from the forward)
+ * and, where a->d_lse is set, dL/dlse:
  * every wanted gradient of g (as posenc_backward's) and grad_v (B, H, m,
  * dv; NULL = not wanted).  The probabilities are recomputed from q, k and
  * lse row block by row block: per-thread scratch O(row_block m) (row_block

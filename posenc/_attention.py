@@ -134,6 +134,17 @@ def check_softcap(softcap):
     return softcap
 
 
+def _document_ids(name: str, ids: np.ndarray) -> np.ndarray:
+    """Document ids as int64 by value (SPEC §7: int64 -1 and uint8 255 differ, whatever
+    the two dtypes); an id outside the int64 range (uint64 >= 2**63) is a ValueError."""
+    if ids.dtype == np.int64:
+        return ids
+    if ids.dtype.kind == "u" and ids.dtype.itemsize == 8 and ids.size and ids.max() >= 2**63:
+        raise ValueError(f"{name} holds an id outside the int64 range: {int(ids.max())} "
+                         f"(dtype {ids.dtype}); document ids are compared as int64 values")
+    return ids.astype(np.int64)
+
+
 def _check_documents(p, document_q, document_k):
     if (document_q is None) != (document_k is None):
         missing = "document_k" if document_k is None else "document_q"
@@ -145,7 +156,7 @@ def _check_documents(p, document_q, document_k):
     require_index_array("document_k", document_k)
     check_shape("document_q", document_q, (p.B, p.n), "(B, n)")
     check_shape("document_k", document_k, (p.B, p.m), "(B, m)")
-    return document_q, document_k
+    return _document_ids("document_q", document_q), _document_ids("document_k", document_k)
 
 
 def check_attention(problem, v, causal=False, key_padding_mask=None, window=None,
@@ -200,14 +211,17 @@ def check_attention_out(out, call: AttentionCall) -> None:
     p.out = out
 
 
-def check_attention_grad(d_out, out, lse, call: AttentionCall) -> None:
-    """d_out and out (B, H, n, dv) of q's dtype, lse (B, H, n) of the forward's lse
-    dtype (q's; float32 for bfloat16 and float16)."""
+def check_attention_grad(d_out, out, lse, d_lse, call: AttentionCall) -> None:
+    """d_out and out (B, H, n, dv) of q's dtype, lse and d_lse = dL/dlse (None: lse
+    unused) (B, H, n) of the forward's lse dtype (q's; float32 for bfloat16 and float16)."""
     p = call.problem
     for name, value, shape, layout, dtype in (
             ("d_out", d_out, (p.B, p.H, p.n, call.dv), "(B, H, n, dv)", p.dtype),
             ("out", out, (p.B, p.H, p.n, call.dv), "(B, H, n, dv)", p.dtype),
-            ("lse", lse, (p.B, p.H, p.n), "(B, H, n)", lse_dtype(p.dtype))):
+            ("lse", lse, (p.B, p.H, p.n), "(B, H, n)", lse_dtype(p.dtype)),
+            ("d_lse", d_lse, (p.B, p.H, p.n), "(B, H, n)", lse_dtype(p.dtype))):
+        if value is None and name == "d_lse":
+            continue
         require_ndarray(name, value)
         if value.dtype != dtype:
             if dtype == p.dtype:

@@ -15,8 +15,10 @@ and the fused attention of SPEC §6 on the same configured logits:
     _C.attention_forward(config, v, key_padding_mask, causal, dropout_p, seed, out)
         -> (out (B, H, n, dv), lse (B, H, n)); key_padding_mask None or bool (B, m)
     _C.attention_backward(d_out, config, v, out, lse, key_padding_mask, causal,
-                          dropout_p, seed, needs)
-        -> the gradients of ENGINE_GRADS, then dv (bit len(ENGINE_GRADS) of needs)
+                          dropout_p, seed, window, document_q, document_k, softcap, sinks,
+                          needs, d_lse)
+        -> the gradients of ENGINE_GRADS, then dv (bit len(ENGINE_GRADS) of needs) and
+           dsinks; d_lse: dL/dlse (B, H, n) of lse's dtype, or None (lse unused)
 
 `needs` is one bit mask in ENGINE_GRADS order (bit t asks for entry t).  When
 `key_table` is the same object as `query_table` with the same map object (M4,

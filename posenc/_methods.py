@@ -139,14 +139,15 @@ def attention_forward(call, config: EngineConfig | None = None) -> tuple:
                                 *_attention_arguments(call), p.out)
 
 
-def attention_backward(call, d_out, out, lse, fields: int | None = None,
+def attention_backward(call, d_out, out, lse, d_lse=None, fields: int | None = None,
                        config: EngineConfig | None = None):
-    """The <Method>AttentionGrads of a checked attention call given d_out = dL/dout
-    and the forward's out and lse; `fields` (a bit mask over its fields q, k, v,
-    the method's parameters; all by default) limits the work to those asked for."""
+    """The <Method>AttentionGrads of a checked attention call given d_out = dL/dout,
+    the forward's out and lse and d_lse = dL/dlse (None: lse unused); `fields` (a bit
+    mask over its fields q, k, v, the method's parameters; all by default) limits the
+    work to those asked for."""
     p = call.problem
     sources = ATTENTION_SOURCES[p.method]
     fields, needs = _needs(sources, fields)
     raw = _C.attention_backward(d_out, configure(p) if config is None else config, call.v, out,
-                                lse, *_attention_arguments(call), needs)
+                                lse, *_attention_arguments(call), needs, d_lse)
     return _gradients(p, ATTENTION_GRAD_TYPES[p.method], sources, fields, raw)

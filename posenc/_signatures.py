@@ -17,9 +17,10 @@ The four forms (SPEC §3 and §6), for a method `m` with arguments `<args>`:
                             document_k=None, softcap=None, sinks=None, query_offset=0,
                             dropout_p=0.0, seed=0, out=None)
     attention_backward  m_attention_backward(d_out, q, k, v, <args>, out, lse, *, <keywords>,
-                            causal=False, ..., seed=0)
+                            causal=False, ..., seed=0, d_lse=None)
 
-and the body is called as body([G | d_out,] tensors, params, [attention,] [out | (out, lse)]),
+and the body is called as body([G | d_out,] tensors, params, [attention,]
+[out | (out, lse, d_lse)]),
 `params` ending with query_offset, `attention` = (v, then posenc._attention.ATTENTION_OPTIONS
 in order: causal, key_padding_mask, window, document_q, document_k, softcap, sinks, dropout_p,
 seed).
@@ -54,7 +55,7 @@ def arguments(method: str, form: str) -> str:
         return f"{head}{positional}, *, {tail}" + (", out=None" if form == "logits" else "")
     if form == "attention":
         return f"q, k, v{positional}, *, {keywords}, {ATTENTION_KEYWORDS}, out=None"
-    return f"d_out, q, k, v{positional}, out, lse, *, {keywords}, {ATTENTION_KEYWORDS}"
+    return f"d_out, q, k, v{positional}, out, lse, *, {keywords}, {ATTENTION_KEYWORDS}, d_lse=None"
 
 
 def define(method: str, body, *, name: str, doc: str, form: str = "logits", out: bool = True,
@@ -70,7 +71,7 @@ def define(method: str, body, *, name: str, doc: str, form: str = "logits", out:
     if form.startswith("attention"):
         call.append("(v, " + ", ".join(name for name, _ in ATTENTION_OPTIONS) + ")")
     call.insert(0, {"logits_backward": "G", "attention_backward": "d_out"}.get(form, ""))
-    call.append({"logits": "out", "attention": "out", "attention_backward": "(out, lse)"}.get(
+    call.append({"logits": "out", "attention": "out", "attention_backward": "(out, lse, d_lse)"}.get(
         form, "None") if out or form == "attention_backward" else "None")
     signature = arguments(method, form)
     if not out:

@@ -682,8 +682,9 @@ def _probabilities(call, lse=None):
     sinks = _sink_logits(call)
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         if lse is None:
-            row_max = scores.max(axis=-1) if call.problem.m else np.full(scores.shape[:-1],
-                                                                         -np.inf)
+            keys_max = scores.max(axis=-1) if call.problem.m else np.full(scores.shape[:-1],
+                                                                          -np.inf)
+            row_max = keys_max
             if sinks is not None:
                 row_max = np.where(np.isnan(row_max), row_max, np.maximum(row_max, sinks))
             shift = np.where(np.isneginf(row_max), 0.0, row_max)
@@ -691,6 +692,8 @@ def _probabilities(call, lse=None):
             if sinks is not None:
                 total = total + np.exp(sinks - shift)
             lse = np.log(total) + shift
+            if sinks is not None:   # every key masked: lse = the sink (+inf too, SPEC §7)
+                lse = np.where(np.isneginf(keys_max), sinks, lse)
         shifted = scores - np.where(np.isneginf(lse), 0.0, lse)[..., None]
         P = np.where(np.isneginf(scores), 0.0, np.exp(shifted))
     return P, lse, t
@@ -707,10 +710,11 @@ def _attention_forward(call):
     return Attention(result, np.ascontiguousarray(lse, dtype=lse_dtype(p.dtype)))
 
 
-def _attention_backward(call, d_out, out, lse):
-    """dV = (P D)^T dO; dS = P (D (dO V^T) - rowsum(dO out)), times 1 - tanh^2 under a
-    softcap; dsinks = -sum_i exp(sink - lse_i) rowsum(dO out)_i; the rest is the
-    logits' backward of dS."""
+def _attention_backward(call, d_out, out, lse, d_lse=None):
+    """dV = (P D)^T dO; dS = P (D (dO V^T) - rowsum(dO out)) + P dL/dlse (dlse_i/dA_ij =
+    P_ij), times 1 - tanh^2 under a softcap; dsinks = -sum_i exp(sink - lse_i)
+    rowsum(dO out)_i + sum_i exp(sink - lse_i) dL/dlse_i; the rest is the logits'
+    backward of dS."""
     p = call.problem
     lse = _wide(lse)
     P, _, t = _probabilities(call, lse)
@@ -720,6 +724,8 @@ def _attention_backward(call, d_out, out, lse):
     d_p = D * np.einsum("bhid,bhjd->bhij", d_out, v)
     delta = np.einsum("bhid,bhid->bhi", d_out, _wide(out))
     d_s = P * (d_p - delta[..., None])
+    if d_lse is not None:       # lse_i = log sum_j exp(A_ij): dlse_i/dA_ij = P_ij
+        d_s = d_s + P * _wide(d_lse)[..., None]
     if t is not None:
         d_s = d_s * (1.0 - t * t)
     grads = _method_grads(p, d_s)
@@ -728,6 +734,9 @@ def _attention_backward(call, d_out, out, lse):
     if sinks is not None:
         with np.errstate(over="ignore", invalid="ignore"):
             grads["sinks"] = -(np.exp(sinks - lse) * delta).sum(axis=(0, 2))
+            if d_lse is not None:   # dlse_i/dsink = exp(sink - lse_i)
+                grads["sinks"] = grads["sinks"] + (np.exp(sinks - lse) * _wide(d_lse)).sum(
+                    axis=(0, 2))
     fields = ATTENTION_GRAD_TYPES[p.method]._fields
     return ATTENTION_GRAD_TYPES[p.method](**{
         name: None if grads.get(name) is None

@@ -58,8 +58,10 @@ def _assert_close(got, want, tol, what):
     assert error <= tol * scale, f"{what}: normwise error {error / scale:.3g} > {tol:.3g}"
 
 
-def assert_attention_matches_reference(method, args, kwargs, v, rng, *, backward=True, **attention):
-    """posenc == reference: out, lse and (backward) every gradient (q, k, v, the method's)."""
+def assert_attention_matches_reference(method, args, kwargs, v, rng, *, backward=True, d_lse=None,
+                                       **attention):
+    """posenc == reference: out, lse and (backward) every gradient (q, k, v, the method's),
+    given d_out (drawn from rng) and d_lse = dL/dlse (None: lse unused)."""
     dtype = args[0].dtype
     B, H, n, d = args[0].shape
     m, dv = v.shape[2], v.shape[3]
@@ -83,8 +85,10 @@ def assert_attention_matches_reference(method, args, kwargs, v, rng, *, backward
     if not backward:
         return got, None
     d_out = rng.standard_normal(got.out.shape)
-    grads = _backward(posenc, method, d_out.astype(dtype), args, kwargs, v, got, **attention)
-    want_grads = _backward(reference, method, d_out, a64, k64, v64, want, **wide)
+    grads = _backward(posenc, method, d_out.astype(dtype), args, kwargs, v, got, d_lse=d_lse,
+                      **attention)
+    want_grads = _backward(reference, method, d_out, a64, k64, v64, want,
+                           d_lse=None if d_lse is None else d_lse.astype(np.float64), **wide)
     assert type(grads).__name__ == type(want_grads).__name__
     inputs = dict(float_inputs(method, args, kwargs), v=v, sinks=attention.get("sinks"))
     for field in want_grads._fields:
@@ -414,6 +418,6 @@ def test_binding_rejects_bad_attention_arguments(rng):
     out, lse = _C.attention_forward(*ok)
     rest = (None, False, 0.0, 0, None, None, None, None, None)
     with pytest.raises(ValueError):
-        _C.attention_backward(out[:, :, :2], config, v, out, lse, *rest, 1023)
+        _C.attention_backward(out[:, :, :2], config, v, out, lse, *rest, 1023, None)
     with pytest.raises(TypeError):
         _C.attention_backward(out, config, v, out, lse, *rest)

@@ -5,9 +5,10 @@
  * Per unit, row block by row block (row_block rows, the backward's own
  * blocking): the block's logits recomputed, P = exp(A + Mask - lse) (no
  * stored probabilities), dV += (P D)^T.dO, dP = D (dO.V^T), dS = P (dP -
- * rowsum(dO out)), and dS handed to the logits' backward
- * (backward_unit_block) for dq, dk and every table / segment / reset slot;
- * the dense factor's gradients go to per-unit slots (backward_dense_block).
+ * delta), delta = rowsum(dO out) - dL/dlse (dlse_i/dA_ij = P_ij), and dS
+ * handed to the logits' backward (backward_unit_block) for dq, dk and every
+ * table / segment / reset slot; the dense factor's gradients go to per-unit
+ * slots (backward_dense_block).
  * With `causal` a block's rows hold its first `cols` keys only, and every
  * GEMM skips, tile by tile, the keys a tile of rows cannot see (the logits,
  * dO.V^T, dq) or the rows that cannot see a tile of keys (dV, dk).
@@ -20,6 +21,7 @@ typedef struct {
     const attention_ctx *a;
     const backward_ctx *g;
     const REAL *d_out, *out, *lse;
+    const REAL *d_lse;                 /* dL/dlse (B, H, n); NULL: lse unused */
     REAL *grad_v;
     REAL *pos_q_slots, *pos_k_slots;   /* the dense factor's gradients per unit */
     double *sink_slots;                /* dL/dsinks per unit, reduced over b in order */
@@ -91,8 +93,9 @@ static REAL *attention_unit_dv(const attention_grad_ctx *gc, const attention_ws 
  * Rows [blk0, blk0 + rows) of unit u: their probabilities P (scores, 0
  * where masked) recomputed from the logits (capped: softcap) and lse, P D
  * (dropped, with dropout), and their D (dO.V^T - delta) P, the gradient dS
- * of their logits (grad, when need_ds; times 1 - tanh^2 with softcap); dV
- * += (P D)^T.dO; the sink's gradient, -sum exp(sink - lse) delta.  Without
+ * of their logits (grad, when need_ds; times 1 - tanh^2 with softcap), delta
+ * = rowsum(dO out) - dL/dlse; dV += (P D)^T.dO; the sink's gradient, -sum
+ * exp(sink - lse) delta (NaN with a NaN sink).  Without
  * `limits` the rows hold keys [0, cols); a ranged block's (limits) each
  * tile its span, and every row is valid (0 where masked) on [limits->first,
  * cols), or from key 0 where the logits' gradients read there
@@ -111,6 +114,7 @@ static void attention_backward_block(const attention_grad_ctx *gc, forward_ws *f
     const REAL *d_out_blk = gc->d_out + (u * n + blk0) * dv;
     const REAL *out_blk = gc->out + (u * n + blk0) * dv;
     const REAL *lse_blk = gc->lse + u * n + blk0;
+    const REAL *d_lse_blk = gc->d_lse ? gc->d_lse + u * n + blk0 : NULL;
     const double sink = c->a->sinks ? c->a->sinks[h] : -INFINITY;
     const int need_delta = gc->need_ds || (c->a->grad_sinks && c->a->sinks);
     const delta_rows deltas = delta_rows_of(&fw->scratch, d_out_blk, out_blk, rows, dv);
@@ -175,8 +179,9 @@ static void attention_backward_block(const attention_grad_ctx *gc, forward_ws *f
         }
         if (!need_delta)
             continue;
-        const double delta = row_delta(&deltas, r);
-        if (sink > -INFINITY)   /* the sink's probability exp(sink - lse), with no value: dP 0 */
+        /* dL/dlse_i P_ij joins dS_ij = P_ij (dP_ij - delta_i) as -dL/dlse_i in delta_i */
+        const double delta = row_delta(&deltas, r) - (d_lse_blk ? (double)d_lse_blk[r] : 0.0);
+        if (sink != -INFINITY)   /* the sink's probability exp(sink - lse), with no value: dP 0 */
             w->sink_grad -= exp(sink - (double)lse_blk[r]) * delta;
         if (!gc->need_ds)
             continue;
@@ -318,7 +323,7 @@ static int attention_backward(const posenc_problem *p, const posenc_attention *a
     posenc_grads logit_grads = *grads;
     logit_grads.pos_q = logit_grads.pos_k = NULL;
     attention_grad_ctx gc = {&c, &g, (const REAL *)d_out, (const REAL *)out, (const REAL *)lse,
-                             (REAL *)grad_v, NULL, NULL, NULL, 0};
+                             (const REAL *)a->d_lse, (REAL *)grad_v, NULL, NULL, NULL, 0};
     memset(&g, 0, sizeof g);
     int status = attention_prepare(&c, p, a, kern);
     if (status == POSENC_OK)

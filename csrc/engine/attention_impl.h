@@ -291,7 +291,8 @@ static int attention_has_nan(const REAL *x, size_t len)
  * computed keys [c0, c1): the row's range (attention_row_range) capped
  * (softcap), masked, then exp(x - shift) D, and 0 elsewhere in [c0, c1);
  * returns 1 / sum (the row's scale, 0 for a row whose keys are all masked:
- * then x is 0; NaN, and x NaN, for a row whose only unmasked logits are NaN)
+ * then x is 0; NaN, and x NaN, for a row whose only unmasked logits are NaN,
+ * or that sees a key beside a NaN sink: SPEC §6, NaN parameters propagate)
  * and writes stats[0] + log stats[1], its lse, as two terms (the caller takes
  * a tile's logs in one loop, where they overlap: -inf, the sink or NaN and 1
  * for those rows).  The shift is the row's max, or the head's sink where it
@@ -316,8 +317,10 @@ static REAL attention_softmax_row(const attention_ctx *c, attention_ws *w, REAL 
     const double row_max = c->kern->row_max(row, len);
     memset(x + c0, 0, sizeof(REAL) * (lo - c0));
     memset(x + hi, 0, sizeof(REAL) * (c1 - hi));
-    if (row_max == -INFINITY) {   /* every key masked, or NaN among masked keys (row_max passes NaN over) */
-        const REAL fill = attention_has_nan(row, len) ? (REAL)NAN : (REAL)0;
+    const int nan_sink = sink != sink && row_max != -INFINITY;   /* the row sees a key */
+    /* every key masked, NaN among masked keys (row_max passes NaN over), or a NaN sink */
+    if (row_max == -INFINITY || nan_sink) {
+        const REAL fill = nan_sink || attention_has_nan(row, len) ? (REAL)NAN : (REAL)0;
         for (size_t j = 0; j < len; ++j)
             row[j] = fill;
         stats[0] = fill == 0 ? sink : (double)fill;   /* a NaN row: out and lse NaN, as the reference's */
@@ -329,7 +332,7 @@ static REAL attention_softmax_row(const attention_ctx *c, attention_ws *w, REAL 
         return fill;
     }
     const double shift = sink > row_max ? sink : row_max;
-    const double sink_term = sink > -INFINITY ? exp(sink - shift) : 0.0;
+    const double sink_term = sink != -INFINITY ? exp(sink - shift) : 0.0;
 #ifdef ENGINE_BF16_GEMM
     if (x16) {
         const double sum16 = c->kern->bf16->exp_row(x16 + lo, row, len, shift) + sink_term;
@@ -675,8 +678,9 @@ static void attention_decode_group(const attention_ctx *c, forward_ws *fw, atten
  * A split call's rows (c->split): chunk parts merged in chunk order, per query row of
  * the call: M the largest part max (and the sink), sum = sum_s e^(max_s - M) sum_s
  * (+ e^(sink - M)), out = sum_s e^(max_s - M) part_s / sum, lse = M + log sum; a NaN
- * part makes the row NaN, a row with every key masked gives 0 (lse: the sink, or -inf),
- * as the unsplit rows do.  The same order for any team: the same bits.
+ * part makes the row NaN, and so does a NaN sink in a row that sees a key; a row with
+ * every key masked gives 0 (lse: the sink, or -inf), as the unsplit rows do.  The same
+ * order for any team: the same bits.
  */
 static void attention_merge_chunks(const attention_ctx *c, const decode_target *t, REAL *weights)
 {
@@ -685,7 +689,8 @@ static void attention_merge_chunks(const attention_ctx *c, const decode_target *
     for (size_t q = 0; q < rows; ++q) {
         const double *st = t->part_stats + q * S * 2;
         const size_t h = q / p->n % p->H;
-        double top = c->a->sinks ? c->a->sinks[h] : -INFINITY;
+        const double sink = c->a->sinks ? c->a->sinks[h] : -INFINITY;
+        double top = -INFINITY;   /* the parts' max, then the sink's */
         int nan = 0;
         for (size_t s = 0; s < S; ++s) {
             if (st[2 * s] != st[2 * s] || st[2 * s + 1] != st[2 * s + 1])
@@ -693,14 +698,17 @@ static void attention_merge_chunks(const attention_ctx *c, const decode_target *
             else if (st[2 * s] > top)
                 top = st[2 * s];
         }
+        nan |= sink != sink && top != -INFINITY;   /* a NaN sink and a key seen */
         REAL *out = t->out + q * dv;
-        if (nan || top == -INFINITY) {
+        if (nan || top == -INFINITY) {   /* NaN, or every key masked: lse the sink (or -inf) */
             const REAL fill = nan ? (REAL)NAN : (REAL)0;
             for (size_t e = 0; e < dv; ++e)
                 out[e] = fill;
-            t->lse[q] = nan ? (REAL)NAN : (REAL)top;
+            t->lse[q] = nan ? (REAL)NAN : (REAL)sink;
             continue;
         }
+        if (sink > top)
+            top = sink;
         double sum = c->a->sinks ? exp(c->a->sinks[h] - top) : 0.0;
         for (size_t s = 0; s < S; ++s) {
             const double f = st[2 * s] == -INFINITY ? 0.0 : exp(st[2 * s] - top);

@@ -352,7 +352,7 @@ static posenc_problem lp_slice(const posenc_problem *p, size_t b0, size_t nb, si
  * budget (so the float32 engine's per-head blocks, TUPE's and DIET-ABS's
  * batch-free terms, serve all of them, as in a float32 call), else whole
  * batch rows, else heads of one batch row.  A chunk's per-unit arrays (q, k,
- * v, G, d_out, out, lse; the results) are gathered, widened, into float32
+ * v, G, d_out, out, lse, d_lse; the results) are gathered, widened, into float32
  * regions of the arena sized for one chunk, at most about
  * POSENC_LP_CHUNK_BYTES (the logits) or POSENC_LP_ATTENTION_CHUNK_BYTES,
  * and the results scattered back, narrowed: nothing of O(B H n m) or of the
@@ -363,8 +363,8 @@ static posenc_problem lp_slice(const posenc_problem *p, size_t b0, size_t nb, si
  * the float32 engine's bits, a larger one the same float32 terms in another
  * association (equal to rounding, deterministic for any thread count).
  */
-enum { S_Q, S_K, S_V, S_G, S_D_OUT, S_OUT_IN, S_LSE_IN, S_RESULT, S_LSE, S_DQ, S_DK, S_DV,
-       S_COUNT };
+enum { S_Q, S_K, S_V, S_G, S_D_OUT, S_OUT_IN, S_LSE_IN, S_D_LSE_IN, S_RESULT, S_LSE, S_DQ, S_DK,
+       S_DV, S_COUNT };
 #define S_FIRST_OUTPUT S_RESULT
 
 typedef enum { LP_LOGITS, LP_LOGITS_BACKWARD, LP_ATTENTION, LP_ATTENTION_BACKWARD } lp_kind;
@@ -562,6 +562,7 @@ static int lp_chunks(lp_kind kind, const posenc_problem *p, lp_stream *st, const
                 a32.document_k = att->document_k ? att->document_k + b0 * p->m : NULL;
                 a32.sinks = att->sinks ? att->sinks + h0 : NULL;
                 a32.grad_sinks = att->grad_sinks ? sink_part : NULL;   /* added below */
+                a32.d_lse = REGION(S_D_LSE_IN);   /* NULL without */
                 a32.batch_offset = att->batch_offset + b0;   /* the dropout's (b, h) */
                 a32.head_offset = att->head_offset + h0;
             }
@@ -691,6 +692,7 @@ static int lp_attention_backward(const posenc_problem *p, const posenc_attention
     st[S_DK] = (lp_stream){NULL, g->k, p->m * p->d, 0, 0};
     st[S_DV] = (lp_stream){NULL, grad_v, p->m * att->dv, 0, 0};
     st[S_LSE_IN] = (lp_stream){lse, NULL, p->n, 1, 0};
+    st[S_D_LSE_IN] = (lp_stream){att->d_lse, NULL, p->n, 1, 0};   /* float32, as lse */
     return lp_chunks(LP_ATTENTION_BACKWARD, p, st, g, att, num_threads);
 }
 

@@ -2,7 +2,9 @@
 method.  The forward checks and configures once and keeps the checked call
 on ``ctx``; the backward is one C call for exactly the gradients autograd
 needs (v, q, k and the method's parameters), recomputing the logits tile by
-tile from q, k and lse (no stored probabilities).  Under
+tile from q, k and lse (no stored probabilities).  lse is an output like out:
+a loss may use both, and dL/dlse joins the backward (None where lse is unused:
+the C call then does what it does without).  Under
 ``create_graph=True`` the backward differentiates the native formula instead,
 so second derivatives are right.
 """
@@ -74,12 +76,14 @@ class _FusedAttention(torch.autograd.Function):
         out, lse = _forward(call)
         ctx.method, ctx.params, ctx.options, ctx.call = method, params, options, call
         ctx.save_for_backward(v, sinks, out, lse, *tensors)
-        ctx.mark_non_differentiable(lse)
+        ctx.set_materialize_grads(False)    # d_lse None where the loss does not use lse
         return out, lse
 
     @staticmethod
-    def backward(ctx, d_out, _d_lse):
+    def backward(ctx, d_out, d_lse):
         v, sinks, out, lse, *tensors = ctx.saved_tensors
+        if d_out is None:                   # the loss uses lse only
+            d_out = torch.zeros_like(out)
         fields = ATTENTION_GRAD_TYPES[ctx.method]._fields    # q, k, v, the method's floats, sinks
         names = REGISTRY[ctx.method].tensors
         # the position of each field among apply's inputs
@@ -96,25 +100,34 @@ class _FusedAttention(torch.autograd.Function):
         if not wanted:
             return tuple(result)
         if torch.is_grad_enabled():             # create_graph: a differentiable backward
-            grads = _native_gradients(ctx, d_out, saved, tensors, wanted)
+            grads = _native_gradients(ctx, d_out, d_lse, saved, tensors, wanted)
         else:
             grads = [None if g is None else to_tensor(g) for g in _methods.attention_backward(
-                ctx.call, to_c_array("d_out", d_out), to_numpy("out", out), lse.numpy(), wanted)]
+                ctx.call, to_c_array("d_out", d_out), to_numpy("out", out), lse.numpy(),
+                _lse_grad(d_lse), fields=wanted)]
         for bit, (name, grad) in enumerate(zip(fields, grads)):
             if wanted >> bit & 1:
                 result[position[name]] = grad
         return tuple(result)
 
 
-def _native_gradients(ctx, d_out, saved, tensors, wanted: int) -> list:
+def _lse_grad(d_lse):
+    """dL/dlse as the C call takes it: a C-contiguous array, or None (lse unused)."""
+    return None if d_lse is None else to_c_array("d_lse", d_lse)
+
+
+def _native_gradients(ctx, d_out, d_lse, saved, tensors, wanted: int) -> list:
     fields = ATTENTION_GRAD_TYPES[ctx.method]._fields
     asked = [name for bit, name in enumerate(fields) if wanted >> bit & 1]
     attention = dict(zip(OPTIONS, ctx.options), sinks=saved["sinks"])
-    out = native.attention(ctx.method, tuple(tensors), ctx.params,
-                           (saved["v"],) + tuple(attention[name] for name, _ in ATTENTION_OPTIONS)
-                           ).out
-    grads = torch.autograd.grad(out, [saved[name] for name in asked], d_out, create_graph=True,
-                                allow_unused=True)
+    result = native.attention(ctx.method, tuple(tensors), ctx.params,
+                              (saved["v"],) + tuple(attention[name]
+                                                    for name, _ in ATTENTION_OPTIONS))
+    outputs, upstream = (result.out,), (d_out,)
+    if d_lse is not None:
+        outputs, upstream = (result.out, result.lse), (d_out, d_lse)
+    grads = torch.autograd.grad(outputs, [saved[name] for name in asked], upstream,
+                                create_graph=True, allow_unused=True)
     found = dict(zip(asked, grads))
     return [found.get(name) for name in fields]
 
@@ -164,7 +177,7 @@ def _schema(method: str, backward: bool) -> str:
     args += ["Tensor v"] + [f"Tensor{'?' if name in spec.optional else ''} {name}"
                             for name in spec.tensors]
     if backward:
-        args += ["Tensor out", "Tensor lse"]
+        args += ["Tensor out", "Tensor lse", "Tensor? d_lse"]
     args += [f"{kind} {name}" for name, kind in PARAMS[method]]
     args += ["Tensor? sinks"] + [f"{_OPTION_TYPES[name]} {name}" for name in OPTIONS]
     if backward:
@@ -195,12 +208,12 @@ def _define(method: str):
     def backward(d_out, *args):
         *args, needs = args
         v, tensors = args[0], args[1:1 + count]
-        out, lse = args[1 + count:3 + count]
-        rest = (v,) + tuple(tensors) + tuple(args[3 + count:])
+        out, lse, d_lse = args[1 + count:4 + count]
+        rest = (v,) + tuple(tensors) + tuple(args[4 + count:])
         v, tensors, values, sinks, options = split(rest)
         call = _call(method, tensors, values, v, sinks, options)
         grads = _methods.attention_backward(call, to_c_array("d_out", d_out), to_numpy("out", out),
-                                            lse.numpy(), needs)
+                                            lse.numpy(), _lse_grad(d_lse), fields=needs)
         return [d_out.new_empty(0) if g is None else to_tensor(g) for g in grads]
 
     forward_op = torch.library.custom_op(f"posenc::{method}_attention", forward, mutates_args=(),
@@ -220,7 +233,7 @@ def _define(method: str):
     @backward_op.register_fake
     def _(d_out, *args):
         *args, needs = args
-        inputs = dict(zip(names, args[1:1 + count]), v=args[0], sinks=args[3 + count + params])
+        inputs = dict(zip(names, args[1:1 + count]), v=args[0], sinks=args[4 + count + params])
         return [inputs[name].new_empty(inputs[name].shape)
                 if needs >> bit & 1 and inputs[name] is not None else d_out.new_empty(0)
                 for bit, name in enumerate(fields)]
@@ -229,7 +242,7 @@ def _define(method: str):
         ctx.save_for_backward(*inputs[:1 + count], inputs[1 + count + params], *output)
         ctx.rest = inputs[1 + count:]
 
-    def gradients(ctx, d_out, _d_lse):
+    def gradients(ctx, d_out, d_lse):
         v, *rest = ctx.saved_tensors
         tensors, sinks, (out, lse) = rest[:count], rest[count], rest[count + 1:]
         position = {name: 1 + names.index(name) for name in fields if name not in ("v", "sinks")}
@@ -242,7 +255,7 @@ def _define(method: str):
                 needs |= 1 << bit
         result = [None] * (1 + count + len(ctx.rest))
         if needs:
-            grads = backward_op(d_out, v, *tensors, out, lse, *ctx.rest, needs)
+            grads = backward_op(d_out, v, *tensors, out, lse, d_lse, *ctx.rest, needs)
             for bit, name in enumerate(fields):
                 if needs >> bit & 1:
                     result[position[name]] = grads[bit]

@@ -282,6 +282,19 @@ def rope(q, k, cos, sin, *, cos_k=None, sin_k=None, interleaved=False, positions
 
 # ------------------------------------------------------------------ fused attention
 
+def document_ids(name: str, ids):
+    """Document ids as int64 by value (SPEC §7), as posenc._attention's: a uint64 id
+    >= 2**63 is a ValueError (checked on CPU outside torch.compile: elsewhere it would
+    cost a device synchronisation, as check_segment_range's)."""
+    if ids.dtype == torch.uint64:
+        wide = ids.view(torch.int64)                 # the same bits: >= 2**63 is negative
+        if ids.device.type == "cpu" and not torch.compiler.is_compiling() and (wide < 0).any():
+            raise ValueError(f"{name} holds an id outside the int64 range (dtype "
+                             f"{ids.dtype}); document ids are compared as int64 values")
+        return wide
+    return ids.to(torch.int64)
+
+
 def attention_mask(q, k, query_offset: int, causal: bool, key_padding_mask, window, document_q,
           document_k):
     """(B|1, 1, n, m) bool, True where a logit is masked (SPEC §6, §7), or None."""
@@ -298,8 +311,9 @@ def attention_mask(q, k, query_offset: int, causal: bool, key_padding_mask, wind
         if right is not None:
             masked.append(offset > right)
     if document_q is not None:
-        masked.append(document_q.to(q.device)[:, None, :, None]
-                      != document_k.to(q.device)[:, None, None, :])
+        document_q, document_k = (document_ids(name, ids.to(q.device)) for name, ids in
+                                  (("document_q", document_q), ("document_k", document_k)))
+        masked.append(document_q[:, None, :, None] != document_k[:, None, None, :])
     if key_padding_mask is not None:
         masked.append(key_padding_mask.to(device=q.device, dtype=torch.bool)[:, None, None, :])
     result = None
