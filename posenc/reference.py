@@ -27,6 +27,7 @@ Slow by design: memory O(H n m d).  Use it on test-sized problems.
 
 from __future__ import annotations
 
+import copy
 import math
 
 import numpy as np
@@ -699,10 +700,50 @@ def _probabilities(call, lse=None):
     return P, lse, t
 
 
+def _unread(masked, x) -> np.ndarray:
+    """(B, m): keys masked for some row whose rows of x (B, H|H_kv, m, ...) hold an Inf
+    or NaN: the keys a masked key's "never read" (SPEC §6) must keep out of a product."""
+    bad = ~np.isfinite(x).all(axis=tuple(range(3, x.ndim))).all(axis=1)
+    return masked.any(axis=(1, 2)) & bad
+
+
+def _masked_product(weights, masked, v) -> np.ndarray:
+    """sum_j weights_ij v_j over the keys row i sees: a masked key's v is never read
+    (its 0 weight times a NaN or Inf would be NaN).  (B, H, n, m) x (B, H, m, dv)."""
+    if not _unread(masked, v).any():
+        return np.einsum("bhij,bhjd->bhid", weights, v)
+    with np.errstate(invalid="ignore"):
+        terms = np.where(masked[..., None], 0.0, weights[..., None] * v[:, :, None])
+    return terms.sum(axis=3)
+
+
+def _masked_key_grads(p, d_s, masked) -> dict:
+    """The method's gradients of sum(dS * A) (_method_grads), where a key masked for a
+    row is never read for that row: when some masked key's k holds an Inf or NaN, row
+    by row on a copy of the problem whose k is 0 at that row's masked keys (the
+    gradients are linear in dS: the rows' sum, and row i's dq from row i's copy)."""
+    k = p.arrays["k"]
+    if not _unread(masked, k).any():
+        return _method_grads(p, d_s)
+    total = {}
+    for i in range(p.n):
+        row = copy.copy(p)
+        row.arrays = dict(p.arrays)
+        row.arrays["k"] = np.where(masked[:, :, i, :, None], np.zeros((), k.dtype), k)
+        d_s_row = np.zeros_like(d_s)
+        d_s_row[:, :, i] = d_s[:, :, i]
+        for name, grad in _method_grads(row, d_s_row).items():
+            if grad is not None and name == "q":   # row i's own: the others read its k
+                grad = np.where(np.arange(p.n)[:, None] == i, grad, 0.0)
+            total[name] = grad if total.get(name) is None or grad is None else total[name] + grad
+    return total
+
+
 def _attention_forward(call):
     p = call.problem
     P, lse, _ = _probabilities(call)
-    out = np.einsum("bhij,bhjd->bhid", P * _dropout_scale(call), per_query_head(call.v, p.H))
+    out = _masked_product(P * _dropout_scale(call), _attention_mask(call),
+                          per_query_head(call.v, p.H))
     result = narrow(out, p.dtype)
     if p.out is not None:
         p.out[...] = result
@@ -721,14 +762,17 @@ def _attention_backward(call, d_out, out, lse, d_lse=None):
     D = _dropout_scale(call)
     d_out, v = _wide(d_out), per_query_head(call.v, p.H)
     grad_v = fold_groups(np.einsum("bhij,bhid->bhjd", P * D, d_out), p.H_kv)
-    d_p = D * np.einsum("bhid,bhjd->bhij", d_out, v)
+    masked = _attention_mask(call)
+    with np.errstate(invalid="ignore"):
+        d_p = np.where(masked, 0.0, D * np.einsum("bhid,bhjd->bhij", d_out, v))
     delta = np.einsum("bhid,bhid->bhi", d_out, _wide(out))
     d_s = P * (d_p - delta[..., None])
     if d_lse is not None:       # lse_i = log sum_j exp(A_ij): dlse_i/dA_ij = P_ij
         d_s = d_s + P * _wide(d_lse)[..., None]
+    d_s = np.where(masked, 0.0, d_s)
     if t is not None:
-        d_s = d_s * (1.0 - t * t)
-    grads = _method_grads(p, d_s)
+        d_s = np.where(masked, 0.0, d_s * (1.0 - t * t))
+    grads = _masked_key_grads(p, d_s, masked)
     grads["v"] = grad_v
     sinks = _sink_logits(call)
     if sinks is not None:

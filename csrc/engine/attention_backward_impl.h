@@ -171,7 +171,7 @@ static void attention_backward_block(const attention_grad_ctx *gc, forward_ws *f
         REAL *cap_grad = c->softcap > 0 ? w->cap_grad + r * m + lo : NULL;
         if (cap_grad)
             attention_cap_row(c, P + lo, cap_grad, len);
-        attention_mask_row(c, P, b, i, lo, hi);
+        attention_mask_row(c, P, b, i, lo, hi, (REAL)-INFINITY);
         kern->row_exp(P + lo, len, (double)lse_blk[r]);
         if (c->dropout) {
             attention_drop_row(c, w, b, h, i, hi);
@@ -195,6 +195,7 @@ static void attention_backward_block(const attention_grad_ctx *gc, forward_ws *f
         kern->row_gather(POSENC_MUL, dS_row, P + lo, 1, len);
         if (cap_grad)
             kern->row_gather(POSENC_MUL, dS_row, cap_grad, 1, len);
+        attention_mask_row(c, dS, b, i, lo, hi, (REAL)0);   /* not (dO.v - delta) 0: v unread */
     }
     if (gc->grad_v && dv && cols > first)   /* dV += (P D)^T.dO over the keys the block sees */
         gemm(kern, &fw->scratch, w->d_out_pack, cols - first, dv, rows,
@@ -329,6 +330,8 @@ static int attention_backward(const posenc_problem *p, const posenc_attention *a
     if (status == POSENC_OK)
         status = backward_prepare(&g, p, kern, NULL, &logit_grads, attention_last_offset(p, a),
                                   c.logits.terms);   /* the logits' term data, built once */
+    const masked_keys hidden = {&c, attention_hidden_zero, attention_hidden_rows};
+    g.masked_keys = &hidden;
     const int dense = p->pos_q && (grads->pos_q || grads->pos_k);
     if (status == POSENC_OK &&
         (zeroed_slots(&gc.pos_q_slots, dense && grads->pos_q, posenc_mul_size(BH, p->n * p->d_p)) ||

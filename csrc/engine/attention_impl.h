@@ -234,26 +234,111 @@ static block_limits attention_block_limits(const attention_ctx *c, attention_ws 
     return limits;
 }
 
-/* Keys [lo, hi) of row i of batch row b masked to -inf where padding or (a
- * scattered document) another document's. */
+/* Keys [lo, hi) of row i of batch row b set to `fill` where padding or (a scattered
+ * document) another document's: -inf on the logits, 0 on dS (written, not computed:
+ * whatever the key's k and v, SPEC §6). */
 static void attention_mask_row(const attention_ctx *c, REAL *x, size_t b, size_t i, size_t lo,
-                               size_t hi)
+                               size_t hi, REAL fill)
 {
-    static const REAL minus_inf = (REAL)-INFINITY;
     if (c->padding_start)
         for (size_t t = c->padding_start[b]; t < c->padding_start[b + 1]; ++t) {
             const size_t js = posenc_max(c->padding_runs[2 * t], lo);
             const size_t je = posenc_min(c->padding_runs[2 * t + 1], hi);
             if (js < je)
-                c->kern->row_gather(POSENC_SET, x + js, &minus_inf, 0, je - js);
+                c->kern->row_gather(POSENC_SET, x + js, &fill, 0, je - js);
         }
     if (c->doc_scattered && c->doc_scattered[b]) {
         const posenc_problem *p = c->p;
         const int64_t id = c->a->document_q[b * p->n + i], *doc = c->a->document_k + b * p->m;
         for (size_t j = lo; j < hi; ++j)
             if (doc[j] != id)
-                x[j] = minus_inf;
+                x[j] = fill;
     }
+}
+
+/*
+ * A masked key is never read (SPEC §6): its probability is written 0, but P.v, dO.v^T
+ * and dS.k would still multiply that 0 by its v or k row (0 NaN = NaN).  Padding keys
+ * are masked for every row of a unit: their rows of the packed v are zeroed
+ * (attention_zero_padding).  A key at the edge of a tile's rows' ranges is seen by some
+ * of its rows only: where such a key holds an Inf or NaN (attention_tile_unread, over
+ * those few keys), the tile's products go row by row over each row's own range, the
+ * same sums (a zero weight times a finite value adds nothing), so finite inputs give
+ * the same bits on either path.
+ */
+
+/* Whether x[j], j < len, are all finite (x 0 is 0 for those only). */
+static int attention_finite(const REAL *x, size_t len)
+{
+    REAL sum = 0;
+    for (size_t j = 0; j < len; ++j)
+        sum += x[j] * (REAL)0;
+    return sum == 0;
+}
+
+/* The padded keys of batch row b in [from, to): their rows of pb (packed from key
+ * `first`: the packed v, or dq's k) set to 0. */
+static void attention_zero_padding(const attention_ctx *c, const packed_b *pb, size_t b,
+                                   size_t from, size_t to, size_t first)
+{
+    if (!c->padding_start || pb->bf16 || from >= to)
+        return;
+    for (size_t t = c->padding_start[b]; t < c->padding_start[b + 1]; ++t) {
+        const size_t js = posenc_max(c->padding_runs[2 * t], from);
+        const size_t je = posenc_min(c->padding_runs[2 * t + 1], to);
+        if (js < je)
+            packed_b_zero_rows(pb, c->kern->kc, js - first, je - first);
+    }
+}
+
+/* Whether some key of [c0, c1) that a row of [i0, i0 + rows) of batch row b does not
+ * see holds an Inf or NaN in its row of x (width elements a key): the keys outside
+ * every row's range, the whole span with a scattered document, and with `padding`
+ * the padded keys. */
+static int attention_tile_unread(const attention_ctx *c, size_t b, size_t i0, size_t rows,
+                                 size_t c0, size_t c1, const REAL *x, size_t width, int padding)
+{
+    size_t all_lo = c0, all_hi = c1;   /* the keys every row sees (less padding) */
+    for (size_t r = 0; r < rows; ++r) {
+        size_t lo, hi;
+        attention_row_range(c, b, i0 + r, &lo, &hi);
+        all_lo = posenc_max(all_lo, lo);
+        all_hi = posenc_min(all_hi, hi);
+    }
+    if (all_hi <= all_lo || (c->doc_scattered && c->doc_scattered[b]))
+        all_lo = all_hi = c1;
+    if (!attention_finite(x + c0 * width, (all_lo - c0) * width) ||
+        !attention_finite(x + all_hi * width, (c1 - all_hi) * width))
+        return 1;
+    if (padding && c->padding_start)
+        for (size_t t = c->padding_start[b]; t < c->padding_start[b + 1]; ++t) {
+            const size_t js = posenc_max(c->padding_runs[2 * t], all_lo);
+            const size_t je = posenc_min(c->padding_runs[2 * t + 1], all_hi);
+            if (js < je && !attention_finite(x + js * width, (je - js) * width))
+                return 1;
+        }
+    return 0;
+}
+
+/* Row i of batch row b's copy of keys [c0, c1) of x (width elements a key) with the
+ * rows of the keys it does not see set to 0. */
+static void attention_seen_rows(const attention_ctx *c, REAL *copy, const REAL *x, size_t width,
+                                size_t b, size_t i, size_t c0, size_t c1)
+{
+    size_t lo, hi;
+    attention_row_range(c, b, i, &lo, &hi);
+    lo = posenc_min(posenc_max(lo, c0), c1);
+    hi = posenc_max(posenc_min(hi, c1), lo);
+    memset(copy, 0, sizeof(REAL) * (lo - c0) * width);
+    memcpy(copy + (lo - c0) * width, x + lo * width, sizeof(REAL) * (hi - lo) * width);
+    memset(copy + (hi - c0) * width, 0, sizeof(REAL) * (c1 - hi) * width);
+    const posenc_problem *p = c->p;
+    const uint8_t *padded = c->a->key_padding_mask ? c->a->key_padding_mask + b * p->m : NULL;
+    const int scattered = c->doc_scattered && c->doc_scattered[b];
+    for (size_t j = lo; j < hi && (padded || scattered); ++j)   /* padding, another document's */
+        if ((padded && padded[j]) ||
+            (scattered && c->a->document_k[b * p->m + j] != c->a->document_q[b * p->n + i]))
+            memset(copy + (j - c0) * width, 0, sizeof(REAL) * width);
 }
 
 /* softcap: x[j] = cap tanh(x[j] / cap), j < len; with grad (the backward) also
@@ -313,7 +398,7 @@ static REAL attention_softmax_row(const attention_ctx *c, attention_ws *w, REAL 
     const double sink = c->a->sinks ? c->a->sinks[h] : -INFINITY;
     if (c->softcap > 0)
         attention_cap_row(c, row, NULL, len);
-    attention_mask_row(c, x, b, i, lo, hi);
+    attention_mask_row(c, x, b, i, lo, hi, (REAL)-INFINITY);
     const double row_max = c->kern->row_max(row, len);
     memset(x + c0, 0, sizeof(REAL) * (lo - c0));
     memset(x + hi, 0, sizeof(REAL) * (c1 - hi));
@@ -471,7 +556,7 @@ static void attention_softmax_part(const attention_ctx *c, REAL *x, size_t b, si
     const size_t len = hi - lo;
     if (c->softcap > 0)
         attention_cap_row(c, row, NULL, len);
-    attention_mask_row(c, x, b, i, lo, hi);
+    attention_mask_row(c, x, b, i, lo, hi, (REAL)-INFINITY);
     const double row_max = len ? c->kern->row_max(row, len) : -INFINITY;
     memset(x + c0, 0, sizeof(REAL) * (lo - c0));
     memset(x + hi, 0, sizeof(REAL) * (c1 - hi));
@@ -487,27 +572,41 @@ static void attention_softmax_part(const attention_ctx *c, REAL *x, size_t b, si
     stats[1] = c->kern->row_exp(row, len, row_max);
 }
 
+/* A decoding tile's rows: row r is query i0 + r % per_head of batch row b (the rows of
+ * several heads of a key/value head follow each other), row0 + r of the call's B H n. */
+typedef struct {
+    size_t b, i0, per_head, row0;
+} decode_rows;
+
 /* The decoding path's out rows of a tile (`rows` rows of w->scores over keys [c0, c0 +
  * keys) from query (b, h_first)'s row i0, the heads' rows consecutive): P.v into the
  * target's rows (rows_axpy: the keys in order), then each row scaled by its 1 / sum
  * (w->row_scale) or, split, left unnormalised with its part's statistics. */
 static void attention_decode_out(const attention_ctx *c, const attention_ws *w,
-                                 const decode_target *t, size_t row0, size_t rows, const REAL *v_u,
-                                 size_t c0, size_t keys)
+                                 const decode_target *t, const decode_rows *x, size_t rows,
+                                 const REAL *v_u, size_t c0, size_t keys)
 {
-    const size_t dv = c->a->dv;
-    if (c->split) {
-        REAL *part = t->part + (row0 * c->chunks + t->s) * dv;
-        if (dv)
-            c->kern->rows_axpy(part, c->chunks * dv, w->scores + c0, c->logits.m_pad, rows,
-                               v_u + c0 * dv, keys, dv);
-        return;
-    }
+    const size_t dv = c->a->dv, ld = c->split ? c->chunks * dv : dv;
     if (dv == 0)
         return;
-    REAL *out_rows = t->out + row0 * dv;
-    c->kern->rows_axpy(out_rows, dv, w->scores + c0, c->logits.m_pad, rows, v_u + c0 * dv, keys,
-                       dv);
+    REAL *out_rows = c->split ? t->part + (x->row0 * c->chunks + t->s) * dv : t->out + x->row0 * dv;
+    REAL *seen = NULL;   /* a masked key's v not finite: row by row over the v rows it sees */
+    if (attention_tile_unread(c, x->b, x->i0, posenc_min(rows, x->per_head), c0, c0 + keys, v_u,
+                              dv, 1))
+        seen = (REAL *)posenc_alloc(keys * dv, sizeof(REAL));
+    if (seen) {
+        for (size_t r = 0; r < rows; ++r) {
+            attention_seen_rows(c, seen, v_u, dv, x->b, x->i0 + r % x->per_head, c0, c0 + keys);
+            c->kern->rows_axpy(out_rows + r * ld, ld, w->scores + r * c->logits.m_pad + c0,
+                               c->logits.m_pad, 1, seen, keys, dv);
+        }
+        posenc_free(seen);
+    } else {
+        c->kern->rows_axpy(out_rows, ld, w->scores + c0, c->logits.m_pad, rows, v_u + c0 * dv,
+                           keys, dv);
+    }
+    if (c->split)
+        return;
     for (size_t r = 0; r < rows; ++r)
         c->kern->row_gather(POSENC_MUL, out_rows + r * dv, &w->row_scale[r], 0, dv);
 }
@@ -613,7 +712,8 @@ static void attention_decode_unit(const attention_ctx *c, forward_ws *fw, attent
             attention_decode_terms(c, fw, b, h, q_u, i0, rows, c0, cols, w->scores);
         }
         attention_decode_softmax(c, w, t, b, h, u * p->n + i0, i0, rows, c0, cols);
-        attention_decode_out(c, w, t, u * p->n + i0, rows, v_u, c0, keys);
+        const decode_rows x = {b, i0, rows, u * p->n + i0};
+        attention_decode_out(c, w, t, &x, rows, v_u, c0, keys);
     }
 }
 
@@ -656,7 +756,8 @@ static void attention_decode_heads(const attention_ctx *c, forward_ws *fw, atten
         }
         attention_decode_softmax(c, &head, t, b, h, (u0 + e) * n, 0, n, c0, cols);
     }
-    attention_decode_out(c, w, t, u0 * n, rows, v_u, c0, keys);
+    const decode_rows x = {b, 0, n, u0 * n};
+    attention_decode_out(c, w, t, &x, rows, v_u, c0, keys);
 }
 
 /* The decoding path for key/value head g of batch row b: its query heads in batches of
@@ -724,6 +825,60 @@ static void attention_merge_chunks(const attention_ctx *c, const decode_target *
     }
 }
 
+/* C's rows = A's rows . B (B packed from key `first`: its keys' rows) for rows [i0, i0 +
+ * rows) of batch row b, row by row over each row's range, so that no row reads a key it
+ * does not see (attention_tile_unread); with a scattered document, on a copy of the
+ * packed B with the other documents' keys zeroed.  P.v (A = P) and dq = dS.k. */
+static void attention_rows_product(const attention_ctx *c, gemm_scratch *scratch,
+                                   const packed_b *pb, const REAL *A, size_t lda, REAL *C,
+                                   size_t ldc, size_t b, size_t i0, size_t rows, size_t first)
+{
+    const posenc_problem *p = c->p;
+    const int scattered = c->doc_scattered && c->doc_scattered[b];
+    const size_t size = pb->K * pb->n_pad;
+    packed_b own = *pb;
+    if (scattered && !(own.data = (REAL *)posenc_alloc(size, sizeof(REAL))))
+        own = *pb;   /* out of memory: the rows' ranges alone */
+    for (size_t r = 0; r < rows; ++r) {
+        size_t lo, hi;
+        attention_row_range(c, b, i0 + r, &lo, &hi);
+        lo = posenc_max(lo, first);
+        hi = posenc_max(hi, lo);
+        const size_t k_range[2] = {lo - first, hi - first};
+        if (own.data != pb->data) {
+            const int64_t id = c->a->document_q[b * p->n + i0 + r];
+            const int64_t *doc = c->a->document_k + b * p->m;
+            memcpy(own.data, pb->data, sizeof(REAL) * size);
+            for (size_t j = lo; j < hi; ++j)
+                if (doc[j] != id)
+                    packed_b_zero_rows(&own, c->kern->kc, j - first, j - first + 1);
+        }
+        gemm_packed(c->kern, scratch, 1, A + r * lda, (ptrdiff_t)lda, 1, &own, C + r * ldc,
+                    (ptrdiff_t)ldc, 0, NULL, 0, NULL, 0, k_range);
+    }
+    if (own.data != pb->data)
+        posenc_free(own.data);
+}
+
+/* masked_keys' (backward_impl.h) zero_keys: the padded keys of the packed k. */
+static void attention_hidden_zero(const void *c_, const packed_b *pb, size_t b, size_t first)
+{
+    attention_zero_padding((const attention_ctx *)c_, pb, b, first, first + pb->K, first);
+}
+
+/* masked_keys' rows: dq's tile row by row where a key it does not see is not finite. */
+static int attention_hidden_rows(const void *c_, gemm_scratch *s, const packed_b *pb,
+                                 const REAL *G, size_t ldg, REAL *dq, size_t ldq, size_t b,
+                                 size_t i0, size_t rows, size_t first, size_t c1, const REAL *k)
+{
+    const attention_ctx *c = (const attention_ctx *)c_;
+    if (!c->ranged || !attention_tile_unread(c, b, i0, rows, first, posenc_max(c1, first), k,
+                                             c->p->d, 0))
+        return 0;
+    attention_rows_product(c, s, pb, G, ldg, dq, ldq, b, i0, rows, first);
+    return 1;
+}
+
 /* Rows [r0, r1) of unit (b, h): out and lse. */
 static void attention_forward_unit(const attention_ctx *c, forward_ws *fw, attention_ws *w,
                                    size_t b, size_t h, size_t r0, size_t r1, REAL *out, REAL *lse)
@@ -741,10 +896,12 @@ static void attention_forward_unit(const attention_ctx *c, forward_ws *fw, atten
     }
     const int by_tiles = c->ranged && !kern->bf16;   /* causal_keys */
     forward_unit_setup(&c->logits, fw, b, h, r0, r1, &k_packed, !by_tiles);
-    if (by_tiles)
+    if (by_tiles) {
         v_packed = packed_b_shape(kern, w->v_pack, m, dv, 1);
-    else
+    } else {
         pack_b(kern, &fw->scratch, &v_packed, w->v_pack, v_u, (ptrdiff_t)dv, 1, m, dv, 1);
+        attention_zero_padding(c, &v_packed, b, 0, m, 0);
+    }
     causal_keys keys = {{{&k_packed, fw->inputs.k, p->d, 0}, {&v_packed, v_u, dv, 1}}, 0, 0};
     for (size_t i0 = r0; i0 < r1; i0 += kern->mr) {
         const size_t rows = posenc_min(kern->mr, r1 - i0);
@@ -752,7 +909,9 @@ static void attention_forward_unit(const attention_ctx *c, forward_ws *fw, atten
         attention_span(c, b, i0, rows, &c0, &cols);
         if (by_tiles) {   /* the keys of the tile after the next asked for */
             attention_span(c, b, i0, posenc_min(3 * kern->mr, r1 - i0), &ahead0, &ahead);
+            const size_t packed = keys.done;
             causal_keys_reach(kern, &keys, cols, posenc_max(ahead, cols));
+            attention_zero_padding(c, &v_packed, b, packed, keys.done, 0);
         }
         if (c0 < cols)
             forward_tile(&c->logits, fw, b, h, &k_packed, i0, rows, c0, cols, w->scores,
@@ -765,8 +924,13 @@ static void attention_forward_unit(const attention_ctx *c, forward_ws *fw, atten
             gemm_twin_set(&fw->scratch, w->scores, w->scores16, rows * ld);
 #endif
         const size_t k_range[2] = {c0, cols};   /* the keys the tile sees */
-        gemm_packed(kern, &fw->scratch, rows, w->scores, (ptrdiff_t)ld, 1, &v_packed,
-                    out_u + i0 * dv, (ptrdiff_t)dv, 0, NULL, 0, NULL, 0, k_range);
+        if (c->ranged && !kern->bf16 &&
+            attention_tile_unread(c, b, i0, rows, c0, cols, v_u, dv, 0))
+            attention_rows_product(c, &fw->scratch, &v_packed, w->scores, ld, out_u + i0 * dv,
+                                   dv, b, i0, rows, 0);
+        else
+            gemm_packed(kern, &fw->scratch, rows, w->scores, (ptrdiff_t)ld, 1, &v_packed,
+                        out_u + i0 * dv, (ptrdiff_t)dv, 0, NULL, 0, NULL, 0, k_range);
         fw->scratch.local.src = NULL;
         for (size_t r = 0; r < rows; ++r)
             kern->row_gather(POSENC_MUL, out_u + (i0 + r) * dv, &w->row_scale[r], 0, dv);

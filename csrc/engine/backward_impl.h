@@ -42,7 +42,23 @@ typedef struct {
     posenc_spans query_spans, key_spans;   /* where Gq and Gk are zero */
     REAL *offset_slots, *segment_slots, *theta_slots, *query_table_slots, *key_table_slots;
     REAL *pos_q_slots, *pos_k_slots;
+    const struct masked_keys *masked_keys;   /* a fused attention's, or NULL */
 } backward_ctx;
+
+/*
+ * A fused attention's masked keys, which dq = dS.k must not read (SPEC §6: dS is 0
+ * there, its k may be NaN): the packed k's rows of keys masked for every row zeroed
+ * (zero_keys: keys [from, to) of batch row b, packed from key `first`), and a tile of
+ * rows whose masked keys hold an Inf or NaN redone row by row over the keys each row
+ * sees (rows: 1 when it did so).  Set by attention_backward (attention_impl.h).
+ */
+typedef struct masked_keys {
+    const void *attention;
+    void (*zero_keys)(const void *attention, const packed_b *pb, size_t b, size_t first);
+    int (*rows)(const void *attention, gemm_scratch *s, const packed_b *pb, const REAL *G,
+                size_t ldg, REAL *dq, size_t ldq, size_t b, size_t i0, size_t rows, size_t first,
+                size_t c1, const REAL *k);
+} masked_keys;
 
 typedef struct {
     gemm_scratch scratch;
@@ -432,9 +448,28 @@ static void backward_unit_block(const backward_ctx *c, backward_ws *w, size_t u,
         const size_t skip = first && tiles <= BLOCK_TILES_MAX ? first : 0;
         for (size_t t = 0; skip && t < 2 * tiles; ++t)
             from_first[t] = posenc_max(limits->row_keys[t], skip) - skip;
-        gemm(kern, &w->scratch, w->b_pack, rows_blk, d, cols - skip, Gc + skip, (ptrdiff_t)ldg,
-             1, k_u + skip * d, (ptrdiff_t)d, 1, s, dq_u + blk0 * d, (ptrdiff_t)d, 0,
-             skip ? from_first : limits ? limits->row_keys : NULL);
+        const masked_keys *hidden = c->masked_keys;
+        const size_t *k_range = skip ? from_first : limits ? limits->row_keys : NULL;
+        if (!hidden || kern->bf16) {
+            gemm(kern, &w->scratch, w->b_pack, rows_blk, d, cols - skip, Gc + skip,
+                 (ptrdiff_t)ldg, 1, k_u + skip * d, (ptrdiff_t)d, 1, s, dq_u + blk0 * d,
+                 (ptrdiff_t)d, 0, k_range);
+        } else if (rows_blk && d) {
+            packed_b keys;
+            pack_b(kern, &w->scratch, &keys, w->b_pack, k_u + skip * d, (ptrdiff_t)d, 1,
+                   cols - skip, d, s);
+            hidden->zero_keys(hidden->attention, &keys, b, skip);
+            for (size_t i0 = blk0; i0 < blk0 + rows_blk; i0 += mr) {   /* tile by tile */
+                const size_t tile = posenc_min(mr, blk0 + rows_blk - i0), t = (i0 - blk0) / mr;
+                const size_t *range = k_range ? k_range + 2 * t : NULL;
+                const REAL *G_tile = Gc + (i0 - blk0) * ldg + skip;
+                REAL *dq_tile = dq_u + i0 * d;
+                if (!hidden->rows(hidden->attention, &w->scratch, &keys, G_tile, ldg, dq_tile, d,
+                                  b, i0, tile, skip, range ? skip + range[1] : cols, k_u))
+                    gemm_packed(kern, &w->scratch, tile, G_tile, (ptrdiff_t)ldg, 1, &keys,
+                                dq_tile, (ptrdiff_t)d, 0, NULL, 0, NULL, 0, range);
+            }
+        }
     }
     if (dk_u && c->need_content) {
         if (blk0 == 0) {   /* keys no block reaches yet */

@@ -200,6 +200,20 @@ static void packed_b_skip(packed_b *pb, size_t first)
     pb->N -= first;
 }
 
+/* Rows [l0, l1) of K of a packed REAL operand set to 0 in every panel: keys that its
+ * GEMM must not read (a masked key's NaN times its zero weight would be NaN). */
+static void packed_b_zero_rows(const packed_b *pb, size_t kc_max, size_t l0, size_t l1)
+{
+    const size_t nr = pb->nr;
+    for (size_t pc = l0 / kc_max * kc_max; pc < l1; pc += kc_max) {
+        const size_t kc = posenc_min(kc_max, pb->K - pc);
+        const size_t lo = posenc_max(pc, l0), hi = posenc_min(pc + kc, l1);
+        REAL *block = pb->data + pc * pb->n_pad + (lo - pc) * nr;
+        for (size_t j = 0; j < pb->N; j += nr)
+            memset(block + (j / nr) * kc * nr, 0, sizeof(REAL) * (hi - lo) * nr);
+    }
+}
+
 #ifdef ENGINE_BF16_GEMM
 /* pack_b for the bfloat16 GEMM (rs or cs 1, as there): B's rows or columns
  * rounded into pair panels, or taken from its bfloat16 twin (gemm_shadow). */
