@@ -232,3 +232,52 @@ def test_no_served_call_receives_a_dense_mask(monkeypatch):
     finally:
         interface.register()
     assert seen and all(isinstance(mask, interface.Positions) for mask in seen)
+
+
+COMPILED = {"llama": None, "mistral": True, "gemma2": True, "gpt_oss": True}
+
+
+@pytest.mark.parametrize("family", list(COMPILED))
+def test_compiled_static_cache_decoding_loop(family):
+    """torch.compile(model.forward, fullgraph=True) over a static cache: 8 decoding
+    steps equal the eager steps (and HF's eager attention's), and none after the
+    first recompiles (fail_on_recompile).  A static cache's position reaches the
+    kernel as a tensor (no specialisation on it).  The sliding-window families
+    compile with dynamic=True: HF's own StaticSlidingWindowLayer keeps its length as
+    a Python int that its mask sizes read (HF's sdpa recompiles there too without it)."""
+    net = model(family, torch.float32, "posenc")
+    reference = model(family, torch.float32, "eager")
+    ids, mask = _batch(True)
+    ids, mask = ids[:, :PREFIX], mask[:, :PREFIX]
+    B, length = ids.shape[0], PREFIX + 8 + 2
+
+    def decode(owner, forward, compiled):
+        """The logits of 8 steps after an eager prefill, `forward` running the steps."""
+        cache = transformers.StaticCache(config=owner.config, max_cache_len=length)
+        full = torch.zeros(B, length, dtype=mask.dtype)       # one shape for every step
+        full[:, :PREFIX] = mask
+        out = owner(ids, attention_mask=mask, past_key_values=cache, use_cache=True)
+        token, logits = out.logits[:, -1:].argmax(-1), []
+        try:
+            for step in range(8):
+                full = full.clone()
+                full[:, PREFIX + step] = 1
+                if compiled and step == 1:
+                    torch.compiler.set_stance("fail_on_recompile")
+                position = (full.cumsum(-1) - 1)[:, PREFIX + step:PREFIX + step + 1].clone()
+                out = forward(token, attention_mask=full, past_key_values=cache, use_cache=True,
+                              position_ids=position)
+                logits.append(out.logits)
+                token = out.logits[:, -1:].argmax(-1)
+        finally:
+            torch.compiler.set_stance("default")
+        return torch.cat(logits, 1)
+
+    torch._dynamo.reset()
+    with torch.no_grad():
+        eager = decode(net, net.forward, False)
+        compiled = decode(net, torch.compile(net.forward, fullgraph=True, dynamic=COMPILED[family]),
+                          True)
+        hf = decode(reference, reference.forward, False)
+    assert_close(eager, compiled, 1e-5)
+    assert_close(hf, eager, 1e-4)
