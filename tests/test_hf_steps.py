@@ -281,3 +281,22 @@ def test_compiled_static_cache_decoding_loop(family):
         hf = decode(reference, reference.forward, False)
     assert_close(eager, compiled, 1e-5)
     assert_close(hf, eager, 1e-4)
+
+
+def test_the_docs_fallback_table_is_measured():
+    """docs/huggingface.md's table of what falls back is benchmarks/hf_fallbacks.py's
+    output, measured now."""
+    import os
+    import sys
+
+    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir)
+    if not os.path.exists(os.path.join(root, "benchmarks", "hf_fallbacks.py")):
+        pytest.skip("needs the source tree (benchmarks/hf_fallbacks.py)")
+    sys.path.insert(0, os.path.join(root, "benchmarks"))
+    try:
+        import hf_fallbacks
+    finally:
+        sys.path.pop(0)
+    with open(os.path.join(root, "docs", "huggingface.md")) as f:
+        docs = f.read()
+    assert hf_fallbacks.table() in docs
