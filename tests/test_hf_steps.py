@@ -300,3 +300,13 @@ def test_the_docs_fallback_table_is_measured():
     with open(os.path.join(root, "docs", "huggingface.md")) as f:
         docs = f.read()
     assert hf_fallbacks.table() in docs
+
+
+@pytest.mark.parametrize("family", list(ALIBI))
+def test_patched_alibi_generate_with_and_without_the_cache(family):
+    """The patched ALiBi families' greedy tokens with the cache equal those without
+    it (HF's tokens: test_hf_interface.test_alibi_families_generate)."""
+    net = posenc.torch.hf.patch(alibi_model(family))
+    ids, mask = _batch(True)
+    ids[mask == 0] = 0
+    assert torch.equal(_generate(net, ids, mask), _generate(net, ids, mask, use_cache=False))
