@@ -25,18 +25,9 @@ sys.path.insert(0, os.path.join(HERE, os.pardir, "tests"))
 import transformers  # noqa: E402
 
 import posenc.torch.hf as hf  # noqa: E402
-from test_hf_interface import alibi_model, model  # noqa: E402
+from test_hf_interface import alibi_model, model, t5_model  # noqa: E402
 
 N = 8
-
-
-def _t5():
-    torch.manual_seed(0)
-    config = transformers.T5Config(vocab_size=61, d_model=32, d_kv=8, d_ff=48, num_layers=2,
-                                   num_decoder_layers=2, num_heads=4, decoder_start_token_id=0)
-    net = transformers.T5ForConditionalGeneration(config).double().eval()
-    net.set_attn_implementation("posenc")
-    return net
 
 
 def _swapped(method):
@@ -53,7 +44,7 @@ MODELS = {
     "GPT-NeoX": (lambda: model("gpt_neox", torch.float64, "posenc"), "interface", True),
     "GPT-2": (lambda: model("gpt2", torch.float64, "posenc"), "interface", True),
     "BERT": (lambda: model("bert", torch.float64, "posenc"), "interface", False),
-    "T5": (_t5, "interface", True),
+    "T5": (lambda: t5_model("posenc"), "interface", True),
     "BLOOM": (lambda: hf.patch(alibi_model("bloom")), "patch", True),
     "MPT": (lambda: hf.patch(alibi_model("mpt")), "patch", True),
     "Falcon (alibi)": (lambda: hf.patch(alibi_model("falcon")), "patch", True),

@@ -94,12 +94,22 @@ def cmd_plot(args) -> int:
         return 2
 
 
-PASSTHROUGH = {"bench": cmd_bench, "rank": cmd_rank, "plot": cmd_plot}
+def cmd_lab(args) -> int:
+    from posenc import lab
+
+    try:
+        return lab.main(args.rest) or 0
+    except ImportError as exc:      # no torch (or matplotlib, transformers): how to get it
+        print(f"posenc lab: {exc}", file=sys.stderr)
+        return 2
+
+
+PASSTHROUGH = {"bench": cmd_bench, "rank": cmd_rank, "plot": cmd_plot, "lab": cmd_lab}
 
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    # bench, rank and plot parse their own options (argparse.REMAINDER would not
+    # bench, rank, plot and lab parse their own options (argparse.REMAINDER would not
     # take ones that start with '-')
     if argv and argv[0] in PASSTHROUGH:
         return PASSTHROUGH[argv[0]](argparse.Namespace(rest=argv[1:]))
@@ -125,7 +135,9 @@ def main(argv=None) -> int:
 
     for name, text in (("bench", "benchmarks against PyTorch and the machine's limits (--help)"),
                        ("rank", "DIET Theorem 1: rank of additive vs per-head positional attention (--help)"),
-                       ("plot", "heatmaps of positional attention (--help)")):
+                       ("plot", "heatmaps of positional attention (--help)"),
+                       ("lab", "train encodings short, test them long: extrapolate, tasks, plot "
+                               "(--help)")):
         sub.add_parser(name, help=text, add_help=False)
 
     args = parser.parse_args(argv)

@@ -254,17 +254,23 @@ def test_switching_back_is_bit_identical(family):
     assert not torch.equal(before, served) or family == "bert"   # it did run posenc
 
 
-def test_t5_on_the_interface():
-    """T5 calls the interface with HF's position bias: posenc runs its t5 kernel
-    with the layer's bucket table (no (1, H, n, m) bias is read), logits and the
-    bias table's gradient as HF's, and generate() gives HF's tokens."""
+def t5_model(implementation="eager"):
+    """A tiny random float64 T5 (8 buckets over 16 positions) on `implementation`."""
     torch.manual_seed(0)
     config = transformers.T5Config(
         vocab_size=VOCAB, d_model=32, d_kv=8, d_ff=48, num_layers=2, num_decoder_layers=2,
         num_heads=4, relative_attention_num_buckets=8, relative_attention_max_distance=16,
         decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)
-    reference = transformers.T5ForConditionalGeneration(config).double().eval()
-    reference.set_attn_implementation("eager")
+    built = transformers.T5ForConditionalGeneration(config).double().eval()
+    built.set_attn_implementation(implementation)
+    return built
+
+
+def test_t5_on_the_interface():
+    """T5 calls the interface with HF's position bias: posenc runs its t5 kernel
+    with the layer's bucket table (no (1, H, n, m) bias is read), logits and the
+    bias table's gradient as HF's, and generate() gives HF's tokens."""
+    reference = t5_model("eager")
     ours = twin(reference)
     ids, mask = batch("t5", left_padding=False, n=13)
     labels = torch.randint(2, VOCAB, (3, 20), generator=torch.Generator().manual_seed(4))

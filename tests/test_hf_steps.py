@@ -24,7 +24,7 @@ transformers = pytest.importorskip("transformers")
 import posenc.torch.hf  # noqa: E402  (registers "posenc")
 from posenc.torch._hf_swap import ENCODINGS  # noqa: E402
 from test_hf_interface import (ALIBI, FLOAT64, VOCAB, alibi_model, assert_close,  # noqa: E402
-                               float64_softmax, model)
+                               float64_softmax, model, t5_model)
 
 pytestmark = pytest.mark.usefixtures("no_hf_fallback")
 
@@ -109,23 +109,12 @@ def test_bert_decoder_steps(cache, padded):
     check_steps(_bert_decoder(), torch.float64, cache, padded)
 
 
-def _t5(implementation):
-    torch.manual_seed(0)
-    config = transformers.T5Config(
-        vocab_size=VOCAB, d_model=32, d_kv=8, d_ff=48, num_layers=2, num_decoder_layers=2,
-        num_heads=4, relative_attention_num_buckets=8, relative_attention_max_distance=16,
-        decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)
-    net = transformers.T5ForConditionalGeneration(config).double().eval()
-    net.set_attn_implementation(implementation)
-    return net
-
-
 @pytest.mark.parametrize("padded", [True, False], ids=["padded", "unpadded"])
 @pytest.mark.parametrize("cache", ["dynamic", "static"])
 def test_t5_decoder_steps_with_a_padded_decoder_mask(cache, padded):
     """T5 on the interface: the decoder's relative bias at the cache's positions (a
     padded decoder_attention_mask once put the cached step's query at 0)."""
-    net = _t5("posenc")
+    net = t5_model("posenc")
     encoder_ids, encoder_mask = _batch(True)
     with torch.no_grad():
         encoded = net.get_encoder()(input_ids=encoder_ids, attention_mask=encoder_mask)

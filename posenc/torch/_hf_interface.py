@@ -36,17 +36,6 @@ from ._common import dropout_seed
 NAME = "posenc"
 
 
-class MaskReading(NamedTuple):
-    """A mask as the fused kernel's parameters: key j of query i (at position
-    i + query_offset) is kept unless causal and j > i + query_offset, j < i +
-    query_offset - window_left, key_padding[b, j], or documents differ."""
-    causal: bool
-    query_offset: int
-    window_left: int | None
-    key_padding: torch.Tensor | None
-    documents: tuple | None
-
-
 class Unserved(Exception):
     """A call the fused kernel cannot serve exactly; its text is the reason."""
 

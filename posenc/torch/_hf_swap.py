@@ -24,7 +24,6 @@ rank=head_dim (DIET-ABS).  `params` override any of them.
 
 from __future__ import annotations
 
-import inspect
 import json
 import os
 
@@ -37,8 +36,7 @@ from ._encodings import PositionalEncoding
 CONFIG_KEY = "posenc_encoding"
 
 # method -> its posenc.torch.nn class, from the classes themselves
-ENCODINGS = {cls.method: cls for cls in vars(encodings).values()
-             if isinstance(cls, type) and issubclass(cls, PositionalEncoding) and cls.method}
+ENCODINGS = encodings.encoding_classes()
 
 _ROTARY_SUFFIX = "RotaryEmbedding"
 _ABSOLUTE_NAMES = ("position_embeddings", "wpe", "embed_positions")
@@ -104,23 +102,17 @@ def _own_encodings(model) -> list:
     return found
 
 
-def _arguments(cls, model, layer, params: dict) -> dict:
+def _context(model, layer) -> dict:
+    """The encoding's constructor arguments that come from the model (and its defaults)."""
     config = model.config
     heads = config.num_attention_heads
     head_dim = getattr(layer, "head_dim", None) or config.hidden_size // heads
     causal = bool(getattr(layer, "is_causal", True))
-    context = dict(num_heads=heads, head_dim=head_dim, d_model=config.hidden_size,
-                   max_len=config.max_position_embeddings,
-                   max_position_embeddings=config.max_position_embeddings,
-                   max_distance=128, rank=head_dim, scale=layer.scaling,
-                   bidirectional=not causal, reset_cls=not causal)
-    accepted = inspect.signature(cls.__init__).parameters
-    unknown = sorted(set(params) - set(accepted) - {"self"})
-    if unknown:
-        raise TypeError(f"{cls.__name__} ({cls.method}) takes no argument {', '.join(unknown)}; "
-                        f"it takes {', '.join(name for name in accepted if name != 'self')}")
-    return {name: params.get(name, context.get(name)) for name in accepted
-            if name in params or name in context}
+    return dict(num_heads=heads, head_dim=head_dim, d_model=config.hidden_size,
+                max_len=config.max_position_embeddings,
+                max_position_embeddings=config.max_position_embeddings,
+                max_distance=128, rank=head_dim, scale=layer.scaling,
+                bidirectional=not causal, reset_cls=not causal)
 
 
 def swap_positional_encoding(model, method: str, *, share: bool | None = None, **params):
@@ -146,11 +138,11 @@ def swap_positional_encoding(model, method: str, *, share: bool | None = None, *
                          f"{type(model).__name__} to replace")
     cls = ENCODINGS[method]
     dtype, device = next(model.parameters()).dtype, next(model.parameters()).device
-    first = cls(**_arguments(cls, model, layers[0], params))
+    first = encodings.build_encoding(method, _context(model, layers[0]), params)
     if share is None:
         share = cls.shared_across_layers or not any(True for _ in first.parameters())
-    built = [first] + ([] if share else [cls(**_arguments(cls, model, layer, params))
-                                          for layer in layers[1:]])
+    built = [first] + ([] if share else [encodings.build_encoding(method, _context(model, layer),
+                                                                  params) for layer in layers[1:]])
     container = PositionalEncodings(method, share, built).to(dtype=dtype, device=device)
     model.posenc_encodings = container
     for index, layer in enumerate(layers):

@@ -56,6 +56,8 @@ __all__ = [
     "SegmentAttention",
     "ShawRelative",
     "T5RelativeBias",
+    "build_encoding",
+    "encoding_classes",
 ]
 
 
@@ -653,3 +655,29 @@ class RotaryEmbedding(PositionalEncoding):
         return "rope", dict(cos=cos, sin=sin, cos_k=cos_k, sin_k=sin_k,
                             interleaved=self.interleaved, scale=self.scale,
                             query_offset=query_offset)
+
+
+def encoding_classes() -> dict:
+    """method -> its encoding class of this module (the class's `method`)."""
+    return {cls.method: cls for cls in globals().values()
+            if isinstance(cls, type) and issubclass(cls, PositionalEncoding) and cls.method}
+
+
+def build_encoding(method: str, context: dict, params: dict | None = None) -> PositionalEncoding:
+    """An encoding of `method` for a model of `context`'s shape (num_heads, head_dim,
+    d_model, max_len, max_distance, ...): its class's constructor takes what it
+    accepts of `context`, and `params` override (an argument it does not take is a
+    TypeError naming the ones it does)."""
+    import inspect
+
+    classes = encoding_classes()
+    if method not in classes:
+        raise ValueError(f"unknown method {method!r}; choose one of {', '.join(sorted(classes))}")
+    cls, params = classes[method], dict(params or {})
+    accepted = inspect.signature(cls.__init__).parameters
+    unknown = sorted(set(params) - set(accepted) - {"self"})
+    if unknown:
+        raise TypeError(f"{cls.__name__} ({cls.method}) takes no argument {', '.join(unknown)}; "
+                        f"it takes {', '.join(name for name in accepted if name != 'self')}")
+    return cls(**{name: params.get(name, context.get(name)) for name in accepted
+                  if name in params or name in context})
