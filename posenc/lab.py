@@ -383,6 +383,8 @@ def extrapolate(encodings=None, preset: str | Preset = "default", data=None, see
 # ------------------------------------------------------------------ synthetic tasks
 
 TASKS = ("copy", "reverse", "recall", "sort")
+# the tasks' default encodings: one of each family (--encodings for every one)
+TASK_ENCODINGS = ("nope", "rope", "alibi", "kerple", "t5", "relative_bias")
 SEP, PAD = 0, 1                      # task tokens; items are 2 .. vocab - 1
 
 
@@ -431,11 +433,12 @@ def task_accuracy(model, task: str, items: int, vocab: int, seed: int, rows: int
 
 def tasks(encodings=None, task_names=None, preset: str | Preset = "default", seed: int = 0,
           hf: bool = False, quiet: bool = False, log=print) -> dict:
-    """Train each encoding on each task at the preset's length (items =
-    train_length // 4), test at its multiples up to 4x; the result as a dict."""
+    """Train each encoding (default TASK_ENCODINGS) on each task at the preset's
+    length (items = train_length // 4), test at its multiples up to 4x; the result
+    as a dict."""
     torch = _torch()
     chosen = PRESETS[preset] if isinstance(preset, str) else preset
-    names, task_names = list(encodings or ENCODINGS), list(task_names or TASKS)
+    names, task_names = list(encodings or TASK_ENCODINGS), list(task_names or TASKS)
     vocab = 64
     items = max(4, chosen.train_length // 4)
     sizes = [items * k for k in chosen.multiples if k <= 4]
@@ -501,6 +504,7 @@ def plot(results: list, path: str, labels: list | None = None) -> list:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        import matplotlib.ticker
     except ImportError:
         raise ImportError("the lab's plots need matplotlib: pip install 'posenc[plot]'") from None
     labels = labels or [str(i) for i in range(len(results))]
@@ -511,32 +515,44 @@ def plot(results: list, path: str, labels: list | None = None) -> list:
         panels = ["nonoverlapping", "sliding"]
     else:
         panels = list(results[0]["results"])
-    figure, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4.2), squeeze=False)
+    figure, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels) + 2.2, 4.2),
+                                squeeze=False)
+    names = list(dict.fromkeys(name for result in results for rows in (
+        [result["results"]] if kind == "extrapolate" else result["results"].values())
+        for name in rows))
+    colors = {name: plt.get_cmap("tab20")(i % 20) for i, name in enumerate(names)}
+    styles = ["-", "--", ":", "-."]
     for axis, panel in zip(axes[0], panels):
-        for result, label in zip(results, labels):
+        for run, (result, label) in enumerate(zip(results, labels)):
             suffix = f" [{label}]" if len(results) > 1 else ""
+            style = dict(marker="o", markersize=3.5, linestyle=styles[run % len(styles)])
             if kind == "extrapolate":
-                rows = result["results"]
-                for name, row in rows.items():
-                    x = result["lengths"]
-                    axis.plot(x, [row[panel][str(n)] for n in x], marker="o", label=name + suffix)
+                x = result["lengths"]
+                for name, row in result["results"].items():
+                    axis.plot(x, [row[panel][str(n)] for n in x], color=colors[name],
+                              label=name + suffix, **style)
                 axis.axvline(result["preset"]["train_length"], color="0.6", linestyle=":")
                 axis.set_xscale("log", base=2)
                 axis.set_yscale("log")
-                axis.set_xlabel("evaluation length (bytes)")
+                axis.set_xticks(x, [str(n) for n in x])
+                axis.yaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
+                axis.yaxis.set_minor_formatter(matplotlib.ticker.ScalarFormatter())
+                axis.set_xlabel("evaluation length (bytes); dotted: training length")
                 axis.set_ylabel("perplexity per byte")
                 axis.set_title(f"{panel} windows")
             else:
+                x = result["items"]
                 for name, row in result["results"][panel].items():
-                    x = result["items"]
-                    axis.plot(x, [row["accuracy"][str(n)]["token"] for n in x], marker="o",
-                              label=name + suffix)
-                axis.axvline(result["items"][0], color="0.6", linestyle=":")
-                axis.set_xlabel("items (trained at the first)")
+                    axis.plot(x, [row["accuracy"][str(n)]["token"] for n in x],
+                              color=colors[name], label=name + suffix, **style)
+                axis.axvline(x[0], color="0.6", linestyle=":")
+                axis.set_xticks(x, [str(n) for n in x])
+                axis.set_xlabel("items (dotted: trained)")
                 axis.set_ylabel("token accuracy")
                 axis.set_ylim(0, 1.02)
                 axis.set_title(panel)
-    axes[0][-1].legend(fontsize=7, ncol=2, loc="best")
+            axis.grid(True, which="major", alpha=0.3)
+    axes[0][-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0))
     figure.tight_layout()
     stem = os.path.splitext(path)[0]
     written = []
