@@ -18,6 +18,10 @@ from posenc.testing import seed_from_env
 
 SEED = seed_from_env()
 collect_ignore = ["user_project"]    # a user's project, run by test_testing.py from outside
+# posenc's own fixtures (posenc_isa, posenc_inputs): the installed entry point registers
+# them; named here too, so that a build in place (`python setup.py build_ext --inplace`,
+# posenc not installed) tests the same.  The same name: one registration either way.
+pytest_plugins = ["posenc._pytest_plugin"]
 
 
 def pytest_report_header(config):

@@ -13,6 +13,14 @@ import posenc
 from posenc import reference
 from posenc._examples import make_inputs
 
+try:                # a module-level importorskip would skip the NumPy tests too
+    import torch
+
+    import posenc.torch as pt
+except ImportError:
+    torch = pt = None
+needs_torch = pytest.mark.skipif(torch is None, reason="needs torch (pip install torch)")
+
 INT_DTYPES = [np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64]
 
 
@@ -140,12 +148,10 @@ def test_plot_without_matplotlib_is_one_line(tmp_path):
     assert 'pip install "posenc[plot]"' in result.stderr
 
 
-torch = pytest.importorskip("torch")
-import posenc.torch as pt  # noqa: E402
-
-
-@pytest.mark.parametrize("dtype", [torch.uint16, torch.uint32, torch.uint64, torch.int8])
-def test_torch_segment_ids_of_unsigned_dtypes(dtype):
+@needs_torch
+@pytest.mark.parametrize("dtype_name", ["uint16", "uint32", "uint64", "int8"])
+def test_torch_segment_ids_of_unsigned_dtypes(dtype_name):
+    dtype = getattr(torch, dtype_name)
     args, kw = make_inputs("diet_rel", 2, 3, 5, 4, 3, rng=np.random.default_rng(0))
     want = reference.diet_rel(*args, **kw)
     targs = [torch.from_numpy(a) for a in args]
@@ -158,6 +164,7 @@ def test_torch_segment_ids_of_unsigned_dtypes(dtype):
         np.testing.assert_allclose(got.numpy(), want, rtol=1e-12, atol=1e-12)
 
 
+@needs_torch
 def test_torch_wrong_segment_dtype_names_what_is_expected():
     q = torch.zeros(1, 1, 2, 2, dtype=torch.float64)
     with pytest.raises(TypeError, match="segment_q must have an integer dtype"):
@@ -168,12 +175,14 @@ def test_torch_wrong_segment_dtype_names_what_is_expected():
                     segment_table=torch.zeros(1, 1, 1, dtype=torch.float64))
 
 
+@needs_torch
 def test_torch_none_for_a_required_table():
     q = torch.zeros(1, 1, 2, 2)
     with pytest.raises(TypeError, match="bias is required: a torch.Tensor"):
         pt.t5(q, q, None)
 
 
+@needs_torch
 @pytest.mark.parametrize("transform", ["grad", "vmap"])
 def test_torch_func_transforms(transform):
     """torch.func transforms run through the native formula (wrapped tensors have
