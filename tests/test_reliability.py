@@ -135,17 +135,42 @@ def test_thread_count_from_the_environment_is_clamped():
     assert result.returncode == 0 and int(result.stdout) == posenc.MAX_THREADS
 
 
+def _blocked(tmp_path, module: str, error: str = "ImportError") -> dict:
+    """An environment in which `import <module>` fails as if it were not installed."""
+    blocker = tmp_path / module
+    blocker.mkdir()
+    (blocker / "__init__.py").write_text(f"raise {error}('{module} is blocked for this test', "
+                                         f"name='{module}')\n")
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])}
+
+
 def test_plot_without_matplotlib_is_one_line(tmp_path):
     """`posenc plot` with matplotlib missing: one line saying what to install."""
-    blocker = tmp_path / "matplotlib"
-    blocker.mkdir()
-    (blocker / "__init__.py").write_text("raise ImportError('matplotlib is blocked for this test')\n")
     result = subprocess.run([sys.executable, "-m", "posenc", "plot", "--method", "t5",
                              "--random-params", "-o", str(tmp_path / "x.png")], capture_output=True, text=True,
-                            env={**os.environ, "PYTHONPATH": str(tmp_path)}, timeout=120)
+                            env=_blocked(tmp_path, "matplotlib"), timeout=120)
     assert result.returncode == 2, result.stderr
     assert result.stderr.strip().count("\n") == 0, result.stderr
     assert 'pip install "posenc[plot]"' in result.stderr
+
+
+def test_check_without_ml_dtypes_says_what_it_skipped(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "posenc", "check", "--methods", "content",
+                             "--isa", "scalar"], capture_output=True, text=True, timeout=120,
+                            env=_blocked(tmp_path, "ml_dtypes"))
+    assert result.returncode == 0, result.stderr
+    assert "3 dtypes" in result.stdout
+    assert "skipped: bfloat16 (needs ml_dtypes, which is not installed: pip install ml_dtypes" \
+        in result.stdout
+
+
+def test_posenc_torch_without_torch_says_what_to_install(tmp_path):
+    result = subprocess.run([sys.executable, "-c", "import posenc.torch"], capture_output=True,
+                            text=True, timeout=120,
+                            env=_blocked(tmp_path, "torch", "ModuleNotFoundError"))
+    assert result.returncode == 1
+    assert "ModuleNotFoundError: posenc.torch needs PyTorch, which is not installed: " \
+           "pip install torch" in result.stderr, result.stderr[-2000:]
 
 
 @needs_torch
