@@ -21,6 +21,28 @@ except ImportError:
     torch = pt = None
 needs_torch = pytest.mark.skipif(torch is None, reason="needs torch (pip install torch)")
 
+# the directory the posenc under test is imported from: an in-place build's checkout, or
+# site-packages
+POSENC_HOME = os.path.dirname(os.path.dirname(os.path.abspath(posenc.__file__)))
+
+
+def _python(args, tmp_path, env=None, blocked=None, blocked_error="ImportError"):
+    """`python *args` in tmp_path, importing the posenc under test -- not the sources of
+    the directory pytest runs in (an unpacked sdist's are not built) -- with `import
+    <blocked>` failing as if it were not installed."""
+    paths = [POSENC_HOME]
+    if blocked:
+        blocker = tmp_path / "blocked" / blocked
+        blocker.mkdir(parents=True)
+        (blocker / "__init__.py").write_text(
+            f"raise {blocked_error}('{blocked} is blocked for this test', name='{blocked}')\n")
+        paths.insert(0, str(blocker.parent))
+    environment = {**os.environ, **(env or {})}
+    paths += [path for path in environment.get("PYTHONPATH", "").split(os.pathsep) if path]
+    environment["PYTHONPATH"] = os.pathsep.join(paths)
+    return subprocess.run([sys.executable, *args], cwd=tmp_path, env=environment,
+                          capture_output=True, text=True, timeout=120)
+
 INT_DTYPES = [np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64]
 
 
@@ -107,8 +129,7 @@ def test_fork_after_the_parent_used_threads(kind, tmp_path):
         pytest.importorskip("torch")
     script = tmp_path / "fork_script.py"
     script.write_text(_FORK_SCRIPT)
-    result = subprocess.run([sys.executable, str(script), kind], capture_output=True, text=True,
-                            timeout=120)
+    result = _python([str(script), kind], tmp_path)
     assert result.returncode == 0 and result.stdout.startswith("ok 4"), result.stderr[-2000:]
 
 
@@ -128,36 +149,24 @@ def test_forked_child_refuses_more_threads():
     assert b"fork()" in os.read(read, 400)
 
 
-def test_thread_count_from_the_environment_is_clamped():
-    result = subprocess.run([sys.executable, "-c", "import posenc; print(posenc.get_num_threads())"],
-                            capture_output=True, text=True, timeout=60,
-                            env={**__import__("os").environ, "OMP_NUM_THREADS": "100000"})
+def test_thread_count_from_the_environment_is_clamped(tmp_path):
+    result = _python(["-c", "import posenc; print(posenc.get_num_threads())"], tmp_path,
+                     env={"OMP_NUM_THREADS": "100000"})
     assert result.returncode == 0 and int(result.stdout) == posenc.MAX_THREADS
-
-
-def _blocked(tmp_path, module: str, error: str = "ImportError") -> dict:
-    """An environment in which `import <module>` fails as if it were not installed."""
-    blocker = tmp_path / module
-    blocker.mkdir()
-    (blocker / "__init__.py").write_text(f"raise {error}('{module} is blocked for this test', "
-                                         f"name='{module}')\n")
-    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])}
 
 
 def test_plot_without_matplotlib_is_one_line(tmp_path):
     """`posenc plot` with matplotlib missing: one line saying what to install."""
-    result = subprocess.run([sys.executable, "-m", "posenc", "plot", "--method", "t5",
-                             "--random-params", "-o", str(tmp_path / "x.png")], capture_output=True, text=True,
-                            env=_blocked(tmp_path, "matplotlib"), timeout=120)
+    result = _python(["-m", "posenc", "plot", "--method", "t5", "--random-params", "-o",
+                      str(tmp_path / "x.png")], tmp_path, blocked="matplotlib")
     assert result.returncode == 2, result.stderr
     assert result.stderr.strip().count("\n") == 0, result.stderr
     assert "needs matplotlib, which is not installed: pip install matplotlib" in result.stderr
 
 
 def test_check_without_ml_dtypes_says_what_it_skipped(tmp_path):
-    result = subprocess.run([sys.executable, "-m", "posenc", "check", "--methods", "content",
-                             "--isa", "scalar"], capture_output=True, text=True, timeout=120,
-                            env=_blocked(tmp_path, "ml_dtypes"))
+    result = _python(["-m", "posenc", "check", "--methods", "content", "--isa", "scalar"],
+                     tmp_path, blocked="ml_dtypes")
     assert result.returncode == 0, result.stderr
     assert "3 dtypes" in result.stdout
     assert "skipped: bfloat16 (needs ml_dtypes, which is not installed: pip install ml_dtypes" \
@@ -165,9 +174,8 @@ def test_check_without_ml_dtypes_says_what_it_skipped(tmp_path):
 
 
 def test_posenc_torch_without_torch_says_what_to_install(tmp_path):
-    result = subprocess.run([sys.executable, "-c", "import posenc.torch"], capture_output=True,
-                            text=True, timeout=120,
-                            env=_blocked(tmp_path, "torch", "ModuleNotFoundError"))
+    result = _python(["-c", "import posenc.torch"], tmp_path, blocked="torch",
+                     blocked_error="ModuleNotFoundError")
     assert result.returncode == 1
     assert "ModuleNotFoundError: posenc.torch needs PyTorch, which is not installed: " \
            "pip install torch" in result.stderr, result.stderr[-2000:]
@@ -285,11 +293,9 @@ def test_result_cache_knob_checks_its_argument():
 
 @pytest.mark.parametrize("value, budget", [("64M", 64 << 20), ("0", 0), ("1048576", 1 << 20),
                                            ("lots", 256 << 20)])
-def test_result_cache_from_the_environment(value, budget):
+def test_result_cache_from_the_environment(value, budget, tmp_path):
     code = "import warnings, posenc; print(posenc.get_result_cache())"
-    env = dict(__import__("os").environ, POSENC_RESULT_CACHE=value)
-    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                         timeout=120)
+    run = _python(["-c", code], tmp_path, env={"POSENC_RESULT_CACHE": value})
     assert run.returncode == 0, run.stderr
     assert int(run.stdout) == budget
     assert ("POSENC_RESULT_CACHE=lots" in run.stderr) == (value == "lots")
