@@ -3,8 +3,6 @@ and what was expected, whatever the namespace; odd but valid inputs that
 must work (unsigned segment ids, torch.func transforms, any-case ISA names)."""
 
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -20,28 +18,6 @@ try:                # a module-level importorskip would skip the NumPy tests too
 except ImportError:
     torch = pt = None
 needs_torch = pytest.mark.skipif(torch is None, reason="needs torch (pip install torch)")
-
-# the directory the posenc under test is imported from: an in-place build's checkout, or
-# site-packages
-POSENC_HOME = os.path.dirname(os.path.dirname(os.path.abspath(posenc.__file__)))
-
-
-def _python(args, tmp_path, env=None, blocked=None, blocked_error="ImportError"):
-    """`python *args` in tmp_path, importing the posenc under test -- not the sources of
-    the directory pytest runs in (an unpacked sdist's are not built) -- with `import
-    <blocked>` failing as if it were not installed."""
-    paths = [POSENC_HOME]
-    if blocked:
-        blocker = tmp_path / "blocked" / blocked
-        blocker.mkdir(parents=True)
-        (blocker / "__init__.py").write_text(
-            f"raise {blocked_error}('{blocked} is blocked for this test', name='{blocked}')\n")
-        paths.insert(0, str(blocker.parent))
-    environment = {**os.environ, **(env or {})}
-    paths += [path for path in environment.get("PYTHONPATH", "").split(os.pathsep) if path]
-    environment["PYTHONPATH"] = os.pathsep.join(paths)
-    return subprocess.run([sys.executable, *args], cwd=tmp_path, env=environment,
-                          capture_output=True, text=True, timeout=120)
 
 INT_DTYPES = [np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64]
 
@@ -122,14 +98,14 @@ if __name__ == "__main__":
 
 
 @pytest.mark.parametrize("kind", ["pool", "dataloader"])
-def test_fork_after_the_parent_used_threads(kind, tmp_path):
+def test_fork_after_the_parent_used_threads(kind, tmp_path, python):
     """A fork() child (multiprocessing pool, DataLoader worker) of a parent whose
     OpenMP threads ran returns in seconds, on one thread, with the same numbers."""
     if kind == "dataloader":
         pytest.importorskip("torch")
     script = tmp_path / "fork_script.py"
     script.write_text(_FORK_SCRIPT)
-    result = _python([str(script), kind], tmp_path)
+    result = python(str(script), kind)
     assert result.returncode == 0 and result.stdout.startswith("ok 4"), result.stderr[-2000:]
 
 
@@ -149,33 +125,33 @@ def test_forked_child_refuses_more_threads():
     assert b"fork()" in os.read(read, 400)
 
 
-def test_thread_count_from_the_environment_is_clamped(tmp_path):
-    result = _python(["-c", "import posenc; print(posenc.get_num_threads())"], tmp_path,
-                     env={"OMP_NUM_THREADS": "100000"})
+def test_thread_count_from_the_environment_is_clamped(python):
+    result = python("-c", "import posenc; print(posenc.get_num_threads())",
+                    env={"OMP_NUM_THREADS": "100000"})
     assert result.returncode == 0 and int(result.stdout) == posenc.MAX_THREADS
 
 
-def test_plot_without_matplotlib_is_one_line(tmp_path):
+def test_plot_without_matplotlib_is_one_line(tmp_path, python):
     """`posenc plot` with matplotlib missing: one line saying what to install."""
-    result = _python(["-m", "posenc", "plot", "--method", "t5", "--random-params", "-o",
-                      str(tmp_path / "x.png")], tmp_path, blocked="matplotlib")
+    result = python("-m", "posenc", "plot", "--method", "t5", "--random-params", "-o",
+                    str(tmp_path / "x.png"), blocked="matplotlib")
     assert result.returncode == 2, result.stderr
     assert result.stderr.strip().count("\n") == 0, result.stderr
     assert "needs matplotlib, which is not installed: pip install matplotlib" in result.stderr
 
 
-def test_check_without_ml_dtypes_says_what_it_skipped(tmp_path):
-    result = _python(["-m", "posenc", "check", "--methods", "content", "--isa", "scalar"],
-                     tmp_path, blocked="ml_dtypes")
+def test_check_without_ml_dtypes_says_what_it_skipped(python):
+    result = python("-m", "posenc", "check", "--methods", "content", "--isa", "scalar",
+                    blocked="ml_dtypes")
     assert result.returncode == 0, result.stderr
     assert "3 dtypes" in result.stdout
     assert "skipped: bfloat16 (needs ml_dtypes, which is not installed: pip install ml_dtypes" \
         in result.stdout
 
 
-def test_posenc_torch_without_torch_says_what_to_install(tmp_path):
-    result = _python(["-c", "import posenc.torch"], tmp_path, blocked="torch",
-                     blocked_error="ModuleNotFoundError")
+def test_posenc_torch_without_torch_says_what_to_install(python):
+    result = python("-c", "import posenc.torch", blocked="torch",
+                    blocked_error="ModuleNotFoundError")
     assert result.returncode == 1
     assert "ModuleNotFoundError: posenc.torch needs PyTorch, which is not installed: " \
            "pip install torch" in result.stderr, result.stderr[-2000:]
@@ -293,9 +269,9 @@ def test_result_cache_knob_checks_its_argument():
 
 @pytest.mark.parametrize("value, budget", [("64M", 64 << 20), ("0", 0), ("1048576", 1 << 20),
                                            ("lots", 256 << 20)])
-def test_result_cache_from_the_environment(value, budget, tmp_path):
+def test_result_cache_from_the_environment(value, budget, python):
     code = "import warnings, posenc; print(posenc.get_result_cache())"
-    run = _python(["-c", code], tmp_path, env={"POSENC_RESULT_CACHE": value})
+    run = python("-c", code, env={"POSENC_RESULT_CACHE": value})
     assert run.returncode == 0, run.stderr
     assert int(run.stdout) == budget
     assert ("POSENC_RESULT_CACHE=lots" in run.stderr) == (value == "lots")
