@@ -79,8 +79,16 @@ class BuildExt(build_ext):
         super().build_extension(ext)
 
 
-openmp_flags = ["-fopenmp"] if OPENMP else []
-link_flags = list(openmp_flags)
+if not OPENMP:
+    openmp_flags, openmp_link = [], []
+elif sys.platform == "darwin":
+    # Apple clang has no -fopenmp driver flag: the pragmas through the preprocessor and
+    # LLVM's libomp (Homebrew's; CPPFLAGS/LDFLAGS point at it, delocate bundles it:
+    # [tool.cibuildwheel.macos] in pyproject.toml)
+    openmp_flags, openmp_link = ["-Xpreprocessor", "-fopenmp"], ["-lomp"]
+else:
+    openmp_flags = openmp_link = ["-fopenmp"]
+link_flags = list(openmp_link)
 if SANITIZE:
     link_flags += ["-fsanitize=address,undefined"]
 

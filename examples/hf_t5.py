@@ -1,9 +1,20 @@
 """Hugging Face models on posenc's fused attention: a tiny T5 learns to copy
 a sequence, then generates with the cache; a tiny DeBERTa-v2 classifier
 learns which of two tokens is more frequent.  Random weights from configs,
-no model hub; runs in a few seconds on CPU.
+no model hub.
 
-    python examples/hf_t5.py [--steps 200]
+    python examples/hf_t5.py [--steps 1200] [--deberta-steps 100]
+
+One run (torch 2.13.0 CPU, one thread, AMD EPYC): 34 s of CPU time in all.
+T5, 1200 steps: 89 % of the held-out tokens right, 73 % of 64 sequences
+copied exactly (fewer steps copy less: 800 steps at a lower rate, 50 %);
+DeBERTa, 100 steps: 100 % of 256 held-out sequences.  The wall time is the
+CPU time on an idle core, more on a loaded one (84 s on 2 cores that other
+jobs shared).
+
+The copy task needs positions: T5's cross-attention has none, so the encoder
+has to tell each token where it stands from the relative bias alone (32
+buckets: every offset of these 8-token sequences its own).
 """
 
 from __future__ import annotations
@@ -14,6 +25,7 @@ import torch
 from transformers import (DebertaV2Config, DebertaV2ForSequenceClassification, T5Config,
                           T5ForConditionalGeneration)
 
+import posenc
 from posenc.torch import hf
 
 VOCAB, PAD, EOS = 16, 0, 1
@@ -30,14 +42,15 @@ def copy_batch(generator, batch=32, length=8):
     return ids, mask.long(), labels
 
 
-def train_t5(steps: int) -> float:
+def train_t5(steps: int, lr: float = 5e-3) -> float:
     """Fine-tune on the copy task; the fraction of held-out tokens generate() gets right."""
     torch.manual_seed(0)
     config = T5Config(vocab_size=VOCAB, d_model=64, d_kv=16, d_ff=128, num_layers=2, num_heads=4,
-                      relative_attention_num_buckets=8, relative_attention_max_distance=16,
+                      relative_attention_num_buckets=32, relative_attention_max_distance=32,
                       dropout_rate=0.0, decoder_start_token_id=PAD, pad_token_id=PAD, eos_token_id=EOS)
     model = hf.patch(T5ForConditionalGeneration(config))
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=lr, total_steps=max(steps, 1))
     generator = torch.Generator().manual_seed(1)
     model.train()
     for step in range(steps):
@@ -46,6 +59,7 @@ def train_t5(steps: int) -> float:
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
+        schedule.step()
         if step % 50 == 0 or step == steps - 1:
             print(f"t5 step {step:4d}  loss {loss.item():.3f}")
     model.eval()
@@ -96,10 +110,20 @@ def train_deberta(steps: int) -> float:
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--steps", type=int, default=1200, help="T5's training steps")
+    parser.add_argument("--deberta-steps", type=int, default=100)
     args = parser.parse_args(argv)
-    train_t5(args.steps)
-    train_deberta(args.steps)
+    # one thread each: on problems this small a team's start and barriers cost more than
+    # the work, and much more on shared cores
+    threads = torch.get_num_threads(), posenc.get_num_threads()
+    torch.set_num_threads(1)
+    posenc.set_num_threads(1)
+    try:
+        train_t5(args.steps)
+        train_deberta(args.deberta_steps)
+    finally:
+        torch.set_num_threads(threads[0])
+        posenc.set_num_threads(threads[1])
 
 
 if __name__ == "__main__":

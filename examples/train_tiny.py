@@ -11,7 +11,7 @@ formulas (posenc.torch.use_native) on the same model: each step on its own,
 the two alternating, the median step of each (with one thread, by the CPU
 time of the process, which other processes on shared cores do not inflate).
 
-    python examples/train_tiny.py            # all encodings, well under a minute in all
+    python examples/train_tiny.py            # all encodings: about 63 s of CPU time in all
     python examples/train_tiny.py --quick    # smoke run: a few steps each
 """
 

@@ -163,9 +163,10 @@ class CheckResult:
     """The rows of a check (``posenc._check.CheckRow``), ``passed``, and the
     text of ``python -m posenc check`` as repr (HTML in a notebook)."""
 
-    def __init__(self, rows, methods, isas, dtypes, shape: dict, seconds: float):
+    def __init__(self, rows, methods, isas, dtypes, shape: dict, seconds: float,
+                 skipped: tuple = ()):
         self.rows, self.methods, self.isas, self.dtypes = list(rows), methods, isas, dtypes
-        self.shape, self.seconds = shape, seconds
+        self.shape, self.seconds, self.skipped = shape, seconds, tuple(skipped)
 
     @property
     def passed(self) -> bool:
@@ -190,7 +191,7 @@ class CheckResult:
         return (f"{len(self.rows) - len(self.failed)} passed, {len(self.failed)} failed "
                 f"({len(self.methods)} methods x {len(self.isas)} ISAs x {len(self.dtypes)} "
                 f"dtypes x logits and fused attention, forward and backward) in "
-                f"{self.seconds:.1f} s")
+                f"{self.seconds:.1f} s" + "".join(f"; skipped: {why}" for why in self.skipped))
 
     def __repr__(self) -> str:
         from ._check import F64_RTOL, format_table
@@ -216,8 +217,8 @@ def check(methods=None, isas=None, *, dtypes=None, B: int = 2, H: int = 3,
 
     ``methods``, ``isas``: names (a str or a list; default all, all usable);
     ValueError for an unknown method or an ISA this CPU lacks.  ``dtypes``:
-    names, default float32, float64, bfloat16 (when ml_dtypes is installed)
-    and float16.  The sizes,
+    names, default float32, float64, bfloat16 (when ml_dtypes is installed;
+    ``.skipped`` and the summary say so when it is not) and float16.  The sizes,
     ``shared`` (head axis 1) and ``seed`` are those of the command.  Returns a
     :class:`CheckResult`: ``.passed``, ``.rows``, ``.failed``; its repr is
     the command's output, an HTML table in a notebook.  ``progress``: a bar
@@ -236,6 +237,9 @@ def check(methods=None, isas=None, *, dtypes=None, B: int = 2, H: int = 3,
         if isa not in posenc.capabilities():
             raise ValueError(f"ISA {isa!r} is not available here; available: "
                              f"{', '.join(posenc.capabilities())}")
+    skipped = ()
+    if not dtypes and _dtypes.BFLOAT16 is None:
+        skipped = (f"bfloat16 ({_dtypes.BFLOAT16_MISSING})",)
     dtypes = [dtypes] if isinstance(dtypes, str) else list(dtypes or _check.DTYPES)
     for dtype in dtypes:
         _dtypes.by_name(dtype)          # ValueError for an unknown one, or bfloat16 without ml_dtypes
@@ -245,4 +249,5 @@ def check(methods=None, isas=None, *, dtypes=None, B: int = 2, H: int = 3,
     with Progress(total, "posenc check", progress) as bar:
         rows = _check.run_check(methods, isas, dtypes, **shape,
                                 progress=lambda row: bar.update(f"{row.method} {row.isa}"))
-    return CheckResult(rows, methods, isas, tuple(dtypes), shape, time.perf_counter() - start)
+    return CheckResult(rows, methods, isas, tuple(dtypes), shape, time.perf_counter() - start,
+                       skipped)

@@ -23,6 +23,9 @@ BFLOAT16 = np.dtype(ml_dtypes.bfloat16) if ml_dtypes is not None else None
 # The 16-bit storage types available here, and every float dtype.
 LOW_PRECISION = tuple(t for t in (BFLOAT16, FLOAT16) if t is not None)
 FLOAT_DTYPES = (FLOAT32, FLOAT64) + LOW_PRECISION
+# what a user without ml_dtypes reads (check's summary, by_name's error)
+BFLOAT16_MISSING = ("needs ml_dtypes, which is not installed: pip install ml_dtypes, "
+                    "or pip install \".[bf16]\" in posenc's checkout")
 TEXT = "float32, float64, bfloat16 (with ml_dtypes installed) or float16"
 
 # Unit roundoff of each 16-bit type's one rounding (docs/validation.md).
@@ -44,7 +47,7 @@ def by_name(name: str) -> np.dtype:
         if dtype.name == name:
             return dtype
     if name == "bfloat16":
-        raise ValueError("bfloat16 needs ml_dtypes (pip install 'posenc[bf16]')")
+        raise ValueError(f"bfloat16 {BFLOAT16_MISSING}")
     raise ValueError(f"unknown dtype {name!r}; expected one of "
                      f"{', '.join(t.name for t in FLOAT_DTYPES)}")
 

@@ -245,7 +245,9 @@ def _plot_rank_rows(rows: Sequence[RankRow], n: int, d_model: int, d_head: int, 
     try:
         from matplotlib.figure import Figure
     except ImportError as exc:   # pragma: no cover - depends on the environment
-        raise ImportError('saving a PNG needs matplotlib: pip install "posenc[plot]"') from exc
+        from posenc.plot import INSTALL_HINT
+
+        raise ImportError(f"saving a PNG: {INSTALL_HINT}") from exc
     d_p = [r.d_p for r in rows]
     fig = Figure(figsize=(10, 4), layout="constrained")
     left, right = fig.subplots(1, 2)

@@ -19,7 +19,7 @@ standard-normal random ``q``, ``k`` (one sample, batch 0), and the titles say so
 Each head shows either ``softmax(positional)`` over keys (the default, the
 position-only attention) or the raw positional term (``raw=True``).
 
-matplotlib is optional (``pip install "posenc[plot]"``): the functions that
+matplotlib is optional (``pip install matplotlib``, or the ``plot`` extra): the functions that
 compute (:func:`random_params`, :func:`load_params`, :func:`positional_term`,
 ...) work without it; the ones that draw raise an ImportError saying how to
 install it.  Figures are built with ``matplotlib.figure.Figure`` directly, no
@@ -63,7 +63,8 @@ POSITIONAL_METHODS = tuple(name for name, spec in REGISTRY.items() if spec.terms
 CONTENT_FREE = tuple(name for name in POSITIONAL_METHODS if not REGISTRY[name].product
                      and not any(term.reads_qk for term in REGISTRY[name].terms))
 _SEGMENT_METHODS = tuple(name for name, spec in REGISTRY.items() if spec.term(Segments))
-INSTALL_HINT = 'plotting needs matplotlib, which is not installed: pip install "posenc[plot]"'
+INSTALL_HINT = ('plotting needs matplotlib, which is not installed: pip install matplotlib, '
+                'or pip install ".[plot]" in posenc\'s checkout')
 
 
 def _check_method(method: str) -> str:

@@ -149,8 +149,7 @@ def _as_array(value, what: str) -> np.ndarray:
         value = value.detach().cpu().resolve_conj().resolve_neg()
         if str(value.dtype) == "torch.bfloat16":
             if _dtypes.BFLOAT16 is None:
-                raise TypeError(f"{what}: torch.bfloat16 needs ml_dtypes for NumPy "
-                                "(pip install 'posenc[bf16]')")
+                raise TypeError(f"{what}: torch.bfloat16 as NumPy {_dtypes.BFLOAT16_MISSING}")
             import torch
 
             return value.view(torch.int16).numpy().view(_dtypes.BFLOAT16)

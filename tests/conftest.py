@@ -8,6 +8,9 @@ that used `rng`, so a failure can be replayed:
     POSENC_TEST_SEED=17 python -m pytest tests/test_reference.py
 """
 
+import os
+import subprocess
+import sys
 import warnings
 import zlib
 
@@ -18,6 +21,10 @@ from posenc.testing import seed_from_env
 
 SEED = seed_from_env()
 collect_ignore = ["user_project"]    # a user's project, run by test_testing.py from outside
+# posenc's own fixtures (posenc_isa, posenc_inputs): the installed entry point registers
+# them; named here too, so that a build in place (`python setup.py build_ext --inplace`,
+# posenc not installed) tests the same.  The same name: one registration either way.
+pytest_plugins = ["posenc._pytest_plugin"]
 
 
 def pytest_report_header(config):
@@ -32,6 +39,34 @@ def rng(request):
     does not change the numbers another test draws."""
     test_key = zlib.crc32(request.node.nodeid.encode())
     return np.random.default_rng([SEED, test_key])
+
+
+@pytest.fixture
+def python(tmp_path):
+    """``python(*args, env=None, blocked=None, blocked_error="ImportError")``: runs
+    ``python *args`` in tmp_path, importing the posenc under test (an in-place build's
+    checkout or site-packages, put first on PYTHONPATH) -- never the sources of the
+    directory pytest runs in, which in an unpacked sdist are not built -- with
+    ``import <blocked>`` failing as if it were not installed."""
+    import posenc
+
+    home = os.path.dirname(os.path.dirname(os.path.abspath(posenc.__file__)))
+
+    def run(*args, env=None, blocked=None, blocked_error="ImportError", timeout=300):
+        paths = [home]
+        if blocked:
+            blocker = tmp_path / "blocked" / blocked
+            blocker.mkdir(parents=True)
+            (blocker / "__init__.py").write_text(
+                f"raise {blocked_error}('{blocked} is blocked for this test', name='{blocked}')\n")
+            paths.insert(0, str(blocker.parent))
+        environment = {**os.environ, **(env or {})}
+        paths += [path for path in environment.get("PYTHONPATH", "").split(os.pathsep) if path]
+        environment["PYTHONPATH"] = os.pathsep.join(paths)
+        return subprocess.run([sys.executable, *args], cwd=tmp_path, env=environment,
+                              capture_output=True, text=True, timeout=timeout)
+
+    return run
 
 
 @pytest.fixture

@@ -156,7 +156,7 @@ def test_rank_report_and_main_print_the_table(capsys):
 
 
 def test_rank_report_png(tmp_path):
-    pytest.importorskip("matplotlib", reason='matplotlib not installed: pip install "posenc[plot]"')
+    pytest.importorskip("matplotlib", reason="matplotlib not installed: pip install matplotlib")
     png = tmp_path / "rank.png"
     analysis.main(["--n", "32", "--d-model", "48", "--d-head", "8", "--png", str(png)])
     data = png.read_bytes()

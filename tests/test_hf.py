@@ -331,7 +331,7 @@ def test_example_runs(monkeypatch, capsys):
 
     path = pathlib.Path(__file__).resolve().parent.parent / "examples" / "hf_t5.py"
     module = runpy.run_path(str(path), run_name="hf_t5_example")
-    module["main"](["--steps", "3"])
+    module["main"](["--steps", "3", "--deberta-steps", "3"])
     out = capsys.readouterr().out
     assert "t5 generate()" in out and "deberta majority token" in out
 

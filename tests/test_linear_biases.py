@@ -15,6 +15,15 @@ import posenc
 from posenc import reference, testing
 from posenc._examples import make_inputs, trainable_inputs, with_inputs
 
+try:                # a module-level importorskip would skip the NumPy tests too
+    import torch
+
+    import posenc.torch as pt
+    from posenc.torch import nn as pnn
+except ImportError:
+    torch = pt = pnn = None
+needs_torch = pytest.mark.skipif(torch is None, reason="needs torch (pip install torch)")
+
 DTYPES = ["float32", "float64", "float16"] + (["bfloat16"] if posenc._dtypes.BFLOAT16 else [])
 CASES = [("alibi", {}), ("kerple", {"kind": "log"}), ("kerple", {"kind": "power"}),
          ("relative_bias", {})]
@@ -127,19 +136,14 @@ def test_alibi_slopes_follow_the_paper():
             posenc.alibi_slopes(bad)
 
 
-torch = pytest.importorskip("torch")
-import posenc.torch as pt  # noqa: E402
-from posenc.torch import nn as pnn  # noqa: E402
-
-transformers = pytest.importorskip("transformers")
-
-
+@needs_torch
 @pytest.mark.parametrize("heads", [12, 10])
 def test_bloom_alibi_attention(heads, rng):
     """HF BLOOM: build_alibi_tensor's slopes are posenc.alibi_slopes (to float32
     rounding: BLOOM computes them in float32), and with them its attention -- alibi + q k^T / sqrt(d), causal and padding masks, softmax, v --
     equals posenc's alibi_attention for the valid queries of a left-padded batch:
     BLOOM's m (j - pad) and ALiBi's -m |j - i| differ by a constant per row."""
+    pytest.importorskip("transformers")
     from transformers.models.bloom.modeling_bloom import build_alibi_tensor
 
     B, n, d = 2, 9, 4
@@ -170,6 +174,7 @@ def test_bloom_alibi_attention(heads, rng):
     assert (got.out - exact_out)[rows].abs().max() <= 1e-12
 
 
+@needs_torch
 def test_modules_keep_their_parameters_positive(rng):
     alibi = pnn.ALiBi(10)
     assert not list(alibi.parameters())                      # the paper's: fixed slopes
@@ -194,13 +199,19 @@ def test_modules_keep_their_parameters_positive(rng):
         pnn.KERPLE(4, "cubic")
 
 
+@needs_torch
 def test_relative_bias_trains_its_function_of_the_offset(rng):
     """RelativeBias with bias_fn: the table's gradient from the fused kernels reaches
     the function's parameters (as autograd through the native formula does)."""
     torch.manual_seed(0)
     function = torch.nn.Sequential(torch.nn.Unflatten(0, (-1, 1)), torch.nn.Linear(1, 8),
                                    torch.nn.Tanh(), torch.nn.Linear(8, 3))
-    module = pnn.RelativeBias(3, 4, bias_fn=torch.nn.Sequential(function, _Transpose())).double()
+
+    class Transpose(torch.nn.Module):
+        def forward(self, x):          # (2t + 1, H) -> (H, 2t + 1)
+            return x.transpose(0, 1)
+
+    module = pnn.RelativeBias(3, 4, bias_fn=torch.nn.Sequential(function, Transpose())).double()
     q = torch.from_numpy(rng.standard_normal((2, 3, 6, 4)))
     grads = []
     for native in (False, True):
@@ -211,8 +222,3 @@ def test_relative_bias_trains_its_function_of_the_offset(rng):
     for c_grad, native_grad in zip(*grads):
         assert c_grad.abs().max() > 0
         torch.testing.assert_close(c_grad, native_grad, rtol=1e-10, atol=1e-12)
-
-
-class _Transpose(torch.nn.Module):
-    def forward(self, x):          # (2t + 1, H) -> (H, 2t + 1)
-        return x.transpose(0, 1)

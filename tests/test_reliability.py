@@ -3,8 +3,6 @@ and what was expected, whatever the namespace; odd but valid inputs that
 must work (unsigned segment ids, torch.func transforms, any-case ISA names)."""
 
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -12,6 +10,14 @@ import pytest
 import posenc
 from posenc import reference
 from posenc._examples import make_inputs
+
+try:                # a module-level importorskip would skip the NumPy tests too
+    import torch
+
+    import posenc.torch as pt
+except ImportError:
+    torch = pt = None
+needs_torch = pytest.mark.skipif(torch is None, reason="needs torch (pip install torch)")
 
 INT_DTYPES = [np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64]
 
@@ -92,15 +98,14 @@ if __name__ == "__main__":
 
 
 @pytest.mark.parametrize("kind", ["pool", "dataloader"])
-def test_fork_after_the_parent_used_threads(kind, tmp_path):
+def test_fork_after_the_parent_used_threads(kind, tmp_path, python):
     """A fork() child (multiprocessing pool, DataLoader worker) of a parent whose
     OpenMP threads ran returns in seconds, on one thread, with the same numbers."""
     if kind == "dataloader":
         pytest.importorskip("torch")
     script = tmp_path / "fork_script.py"
     script.write_text(_FORK_SCRIPT)
-    result = subprocess.run([sys.executable, str(script), kind], capture_output=True, text=True,
-                            timeout=120)
+    result = python(str(script), kind)
     assert result.returncode == 0 and result.stdout.startswith("ok 4"), result.stderr[-2000:]
 
 
@@ -120,32 +125,42 @@ def test_forked_child_refuses_more_threads():
     assert b"fork()" in os.read(read, 400)
 
 
-def test_thread_count_from_the_environment_is_clamped():
-    result = subprocess.run([sys.executable, "-c", "import posenc; print(posenc.get_num_threads())"],
-                            capture_output=True, text=True, timeout=60,
-                            env={**__import__("os").environ, "OMP_NUM_THREADS": "100000"})
+def test_thread_count_from_the_environment_is_clamped(python):
+    result = python("-c", "import posenc; print(posenc.get_num_threads())",
+                    env={"OMP_NUM_THREADS": "100000"})
     assert result.returncode == 0 and int(result.stdout) == posenc.MAX_THREADS
 
 
-def test_plot_without_matplotlib_is_one_line(tmp_path):
+def test_plot_without_matplotlib_is_one_line(tmp_path, python):
     """`posenc plot` with matplotlib missing: one line saying what to install."""
-    blocker = tmp_path / "matplotlib"
-    blocker.mkdir()
-    (blocker / "__init__.py").write_text("raise ImportError('matplotlib is blocked for this test')\n")
-    result = subprocess.run([sys.executable, "-m", "posenc", "plot", "--method", "t5",
-                             "--random-params", "-o", str(tmp_path / "x.png")], capture_output=True, text=True,
-                            env={**os.environ, "PYTHONPATH": str(tmp_path)}, timeout=120)
+    result = python("-m", "posenc", "plot", "--method", "t5", "--random-params", "-o",
+                    str(tmp_path / "x.png"), blocked="matplotlib")
     assert result.returncode == 2, result.stderr
     assert result.stderr.strip().count("\n") == 0, result.stderr
-    assert 'pip install "posenc[plot]"' in result.stderr
+    assert "needs matplotlib, which is not installed: pip install matplotlib" in result.stderr
 
 
-torch = pytest.importorskip("torch")
-import posenc.torch as pt  # noqa: E402
+def test_check_without_ml_dtypes_says_what_it_skipped(python):
+    result = python("-m", "posenc", "check", "--methods", "content", "--isa", "scalar",
+                    blocked="ml_dtypes")
+    assert result.returncode == 0, result.stderr
+    assert "3 dtypes" in result.stdout
+    assert "skipped: bfloat16 (needs ml_dtypes, which is not installed: pip install ml_dtypes" \
+        in result.stdout
 
 
-@pytest.mark.parametrize("dtype", [torch.uint16, torch.uint32, torch.uint64, torch.int8])
-def test_torch_segment_ids_of_unsigned_dtypes(dtype):
+def test_posenc_torch_without_torch_says_what_to_install(python):
+    result = python("-c", "import posenc.torch", blocked="torch",
+                    blocked_error="ModuleNotFoundError")
+    assert result.returncode == 1
+    assert "ModuleNotFoundError: posenc.torch needs PyTorch, which is not installed: " \
+           "pip install torch" in result.stderr, result.stderr[-2000:]
+
+
+@needs_torch
+@pytest.mark.parametrize("dtype_name", ["uint16", "uint32", "uint64", "int8"])
+def test_torch_segment_ids_of_unsigned_dtypes(dtype_name):
+    dtype = getattr(torch, dtype_name)
     args, kw = make_inputs("diet_rel", 2, 3, 5, 4, 3, rng=np.random.default_rng(0))
     want = reference.diet_rel(*args, **kw)
     targs = [torch.from_numpy(a) for a in args]
@@ -158,6 +173,7 @@ def test_torch_segment_ids_of_unsigned_dtypes(dtype):
         np.testing.assert_allclose(got.numpy(), want, rtol=1e-12, atol=1e-12)
 
 
+@needs_torch
 def test_torch_wrong_segment_dtype_names_what_is_expected():
     q = torch.zeros(1, 1, 2, 2, dtype=torch.float64)
     with pytest.raises(TypeError, match="segment_q must have an integer dtype"):
@@ -168,12 +184,14 @@ def test_torch_wrong_segment_dtype_names_what_is_expected():
                     segment_table=torch.zeros(1, 1, 1, dtype=torch.float64))
 
 
+@needs_torch
 def test_torch_none_for_a_required_table():
     q = torch.zeros(1, 1, 2, 2)
     with pytest.raises(TypeError, match="bias is required: a torch.Tensor"):
         pt.t5(q, q, None)
 
 
+@needs_torch
 @pytest.mark.parametrize("transform", ["grad", "vmap"])
 def test_torch_func_transforms(transform):
     """torch.func transforms run through the native formula (wrapped tensors have
@@ -251,11 +269,9 @@ def test_result_cache_knob_checks_its_argument():
 
 @pytest.mark.parametrize("value, budget", [("64M", 64 << 20), ("0", 0), ("1048576", 1 << 20),
                                            ("lots", 256 << 20)])
-def test_result_cache_from_the_environment(value, budget):
+def test_result_cache_from_the_environment(value, budget, python):
     code = "import warnings, posenc; print(posenc.get_result_cache())"
-    env = dict(__import__("os").environ, POSENC_RESULT_CACHE=value)
-    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                         timeout=120)
+    run = python("-c", code, env={"POSENC_RESULT_CACHE": value})
     assert run.returncode == 0, run.stderr
     assert int(run.stdout) == budget
     assert ("POSENC_RESULT_CACHE=lots" in run.stderr) == (value == "lots")

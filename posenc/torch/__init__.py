@@ -21,6 +21,17 @@ attention, and a full self-attention layer) are in `posenc.torch.nn`.
 
 from __future__ import annotations
 
+try:
+    import torch as _torch  # noqa: F401  (the hint below instead of a bare ModuleNotFoundError)
+except ModuleNotFoundError as _error:
+    if _error.name != "torch":
+        raise
+    raise ModuleNotFoundError(
+        "posenc.torch needs PyTorch, which is not installed: pip install torch "
+        "(a CPU-only build: pip install torch --index-url https://download.pytorch.org/whl/cpu), "
+        "or pip install \".[torch]\" in posenc's checkout",
+        name="torch") from None
+
 from .._registry import METHODS
 from . import native, nn
 from ._common import native_forced, use_native

@@ -165,9 +165,8 @@ def _numpy_dtype(name: str, dtype: torch.dtype) -> np.dtype:
         if _dtypes.BFLOAT16 is None:
             raise TypeError(
                 f"{name} has dtype torch.bfloat16: the C kernels read it as an "
-                "ml_dtypes.bfloat16 array, and ml_dtypes is not installed (pip install "
-                "'posenc[bf16]'; or posenc.torch.use_native(True) for the torch-native "
-                "formulas)")
+                f"ml_dtypes.bfloat16 array, which {_dtypes.BFLOAT16_MISSING}; or "
+                "posenc.torch.use_native(True) for the torch-native formulas")
         return _dtypes.BFLOAT16
     expected = "an integer dtype" if name in INDEX_TENSORS else f"dtype {_dtypes.TEXT}"
     raise TypeError(f"{name} must have {expected}, got {dtype}")
