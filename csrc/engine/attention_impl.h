@@ -879,6 +879,28 @@ static int attention_hidden_rows(const void *c_, gemm_scratch *s, const packed_b
     return 1;
 }
 
+/* masked_keys' unread_nonfinite: whether a key some row of batch row b does not see
+ * holds an Inf or NaN in k (attention_tile_unread over the unit's rows: those keys only). */
+static int attention_hidden_nonfinite(const void *c_, size_t b, const REAL *k)
+{
+    const attention_ctx *c = (const attention_ctx *)c_;
+    return attention_tile_unread(c, b, 0, c->p->n, 0, c->p->m, k, c->p->d, 1);
+}
+
+/* masked_keys' unseen_zero: x[j] = 0 for the keys j < cols that row i of batch row b
+ * does not see. */
+static void attention_hidden_unseen(const void *c_, REAL *x, size_t b, size_t i, size_t cols)
+{
+    const attention_ctx *c = (const attention_ctx *)c_;
+    size_t lo, hi;
+    attention_row_range(c, b, i, &lo, &hi);
+    lo = posenc_min(lo, cols);
+    hi = posenc_max(posenc_min(hi, cols), lo);
+    memset(x, 0, sizeof(REAL) * lo);
+    memset(x + hi, 0, sizeof(REAL) * (cols - hi));
+    attention_mask_row(c, x, b, i, lo, hi, (REAL)0);
+}
+
 /* Rows [r0, r1) of unit (b, h): out and lse. */
 static void attention_forward_unit(const attention_ctx *c, forward_ws *fw, attention_ws *w,
                                    size_t b, size_t h, size_t r0, size_t r1, REAL *out, REAL *lse)
