@@ -15,14 +15,7 @@ import pytest
 
 import posenc
 from posenc import reference
-from posenc._registry import METHODS, REGISTRY, KeyTable
-
-# Not yet: where a masked key's k is not finite, a product's factors (M2, M4M: dS times
-# q.k at the key: dq, dk) and a key table's gradient (M4, M4M, DeBERTa: the key-side bucket
-# sums times k) still read it; their other gradients are checked.
-READS_MASKED_K = {name for name in METHODS
-                  if REGISTRY[name].product or any(isinstance(term, KeyTable)
-                                                   for term in REGISTRY[name].terms)}
+from posenc._registry import METHODS
 
 from test_attention import _backward, _forward, _inputs
 
@@ -73,8 +66,6 @@ def _plant(args, v, keys, fill):
 
 def _check(namespace, method, n, m, dtype, fill, rng, *, exact, backward=True):
     d, dv = 5, 3
-    unchecked = () if namespace is reference or method not in READS_MASKED_K else \
-        ("q", "k", "rel", "rel_k", "pos_query", "pos_key")
     for name, attention, keys, rows in scenarios(n, m):
         args, kwargs, v = _inputs(method, n, m, d, dv, rng, dtype=dtype)
         planted_args, planted_v = _plant(args, v, keys, fill)
@@ -91,15 +82,14 @@ def _check(namespace, method, n, m, dtype, fill, rng, *, exact, backward=True):
         got_g = _backward(namespace, method, d_out, planted_args, kwargs, planted_v, got,
                           **attention)
         if rows is not None:   # the rows that see the key are NaN: only their dq is theirs
-            if "q" not in unchecked:
-                _same(got_g.q[:, :, rows], want_g.q[:, :, rows], exact, what + " dq")
+            _same(got_g.q[:, :, rows], want_g.q[:, :, rows], exact, what + " dq")
             continue
         for field in want_g._fields:
             g, w = getattr(got_g, field), getattr(want_g, field)
-            if w is not None and field not in unchecked:
+            if w is not None:
                 _same(g, w, exact, f"{what} d{field}")
         assert not got_g.v[:, :, keys].any(), what
-        assert "k" in unchecked or not got_g.k[:, :, keys].any(), what
+        assert not got_g.k[:, :, keys].any(), what
 
 
 def _same(got, want, exact, what):
@@ -135,15 +125,3 @@ def test_split_keys(posenc_isa, method, rng):
 def test_reference(method, n, rng):
     for fill in (np.nan, np.inf):
         _check(reference, method, n, 45, np.float64, fill, rng, exact=False)
-
-
-@pytest.mark.xfail(strict=True, reason="product factors and key-table gradients read masked k")
-@pytest.mark.parametrize("method", sorted(READS_MASKED_K))
-def test_what_is_left(method, rng):
-    args, kwargs, v = _inputs(method, 37, 45, 5, 3, rng)
-    attention = {"key_padding_mask": _padding(2, 45, np.arange(15, 20))}
-    planted, planted_v = _plant(args, v, np.arange(15, 20), np.nan)
-    saved = _forward(posenc, method, planted, kwargs, planted_v, **attention)
-    d_out = rng.standard_normal(saved.out.shape)
-    grads = _backward(posenc, method, d_out, planted, kwargs, planted_v, saved, **attention)
-    assert all(np.isfinite(g).all() for g in grads if g is not None)

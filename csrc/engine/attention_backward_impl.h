@@ -330,7 +330,8 @@ static int attention_backward(const posenc_problem *p, const posenc_attention *a
     if (status == POSENC_OK)
         status = backward_prepare(&g, p, kern, NULL, &logit_grads, attention_last_offset(p, a),
                                   c.logits.terms);   /* the logits' term data, built once */
-    const masked_keys hidden = {&c, attention_hidden_zero, attention_hidden_rows};
+    const masked_keys hidden = {&c, attention_hidden_zero, attention_hidden_rows,
+                                attention_hidden_nonfinite, attention_hidden_unseen};
     g.masked_keys = &hidden;
     const int dense = p->pos_q && (grads->pos_q || grads->pos_k);
     if (status == POSENC_OK &&

@@ -264,17 +264,9 @@ static void attention_mask_row(const attention_ctx *c, REAL *x, size_t b, size_t
  * of its rows only: where such a key holds an Inf or NaN (attention_tile_unread, over
  * those few keys), the tile's products go row by row over each row's own range, the
  * same sums (a zero weight times a finite value adds nothing), so finite inputs give
- * the same bits on either path.
+ * the same bits on either path.  The check is all_finite (backward_vectors_impl.h):
+ * sixteen sums side by side, not one chain of additions per tile.
  */
-
-/* Whether x[j], j < len, are all finite (x 0 is 0 for those only). */
-static int attention_finite(const REAL *x, size_t len)
-{
-    REAL sum = 0;
-    for (size_t j = 0; j < len; ++j)
-        sum += x[j] * (REAL)0;
-    return sum == 0;
-}
 
 /* The padded keys of batch row b in [from, to): their rows of pb (packed from key
  * `first`: the packed v, or dq's k) set to 0. */
@@ -307,14 +299,14 @@ static int attention_tile_unread(const attention_ctx *c, size_t b, size_t i0, si
     }
     if (all_hi <= all_lo || (c->doc_scattered && c->doc_scattered[b]))
         all_lo = all_hi = c1;
-    if (!attention_finite(x + c0 * width, (all_lo - c0) * width) ||
-        !attention_finite(x + all_hi * width, (c1 - all_hi) * width))
+    if (!all_finite(x + c0 * width, (all_lo - c0) * width) ||
+        !all_finite(x + all_hi * width, (c1 - all_hi) * width))
         return 1;
     if (padding && c->padding_start)
         for (size_t t = c->padding_start[b]; t < c->padding_start[b + 1]; ++t) {
             const size_t js = posenc_max(c->padding_runs[2 * t], all_lo);
             const size_t je = posenc_min(c->padding_runs[2 * t + 1], all_hi);
-            if (js < je && !attention_finite(x + js * width, (je - js) * width))
+            if (js < je && !all_finite(x + js * width, (je - js) * width))
                 return 1;
         }
     return 0;
@@ -877,6 +869,28 @@ static int attention_hidden_rows(const void *c_, gemm_scratch *s, const packed_b
         return 0;
     attention_rows_product(c, s, pb, G, ldg, dq, ldq, b, i0, rows, first);
     return 1;
+}
+
+/* masked_keys' unread_nonfinite: whether a key some row of batch row b does not see
+ * holds an Inf or NaN in k (attention_tile_unread over the unit's rows: those keys only). */
+static int attention_hidden_nonfinite(const void *c_, size_t b, const REAL *k)
+{
+    const attention_ctx *c = (const attention_ctx *)c_;
+    return attention_tile_unread(c, b, 0, c->p->n, 0, c->p->m, k, c->p->d, 1);
+}
+
+/* masked_keys' unseen_zero: x[j] = 0 for the keys j < cols that row i of batch row b
+ * does not see. */
+static void attention_hidden_unseen(const void *c_, REAL *x, size_t b, size_t i, size_t cols)
+{
+    const attention_ctx *c = (const attention_ctx *)c_;
+    size_t lo, hi;
+    attention_row_range(c, b, i, &lo, &hi);
+    lo = posenc_min(lo, cols);
+    hi = posenc_max(posenc_min(hi, cols), lo);
+    memset(x, 0, sizeof(REAL) * lo);
+    memset(x + hi, 0, sizeof(REAL) * (cols - hi));
+    attention_mask_row(c, x, b, i, lo, hi, (REAL)0);
 }
 
 /* Rows [r0, r1) of unit (b, h): out and lse. */

@@ -46,11 +46,14 @@ typedef struct {
 } backward_ctx;
 
 /*
- * A fused attention's masked keys, which dq = dS.k must not read (SPEC §6: dS is 0
- * there, its k may be NaN): the packed k's rows of keys masked for every row zeroed
- * (zero_keys: keys [from, to) of batch row b, packed from key `first`), and a tile of
- * rows whose masked keys hold an Inf or NaN redone row by row over the keys each row
- * sees (rows: 1 when it did so).  Set by attention_backward (attention_impl.h).
+ * A fused attention's masked keys, which no gradient may read (SPEC §6: dS is 0
+ * there, its k may be NaN).  dq = dS.k: the packed k's rows of keys masked for every
+ * row zeroed (zero_keys: keys [from, to) of batch row b, packed from key `first`), and
+ * a tile of rows whose masked keys hold an Inf or NaN redone row by row over the keys
+ * each row sees (rows: 1 when it did so).  The factors and the key-side bucket sums,
+ * where a key some row of batch row b does not see holds an Inf or NaN in k
+ * (unread_nonfinite, over those keys only): row i's keys [0, cols) that it does not
+ * see set to 0 in a row x (unseen_zero).  Set by attention_backward (attention_impl.h).
  */
 typedef struct masked_keys {
     const void *attention;
@@ -58,6 +61,8 @@ typedef struct masked_keys {
     int (*rows)(const void *attention, gemm_scratch *s, const packed_b *pb, const REAL *G,
                 size_t ldg, REAL *dq, size_t ldq, size_t b, size_t i0, size_t rows, size_t first,
                 size_t c1, const REAL *k);
+    int (*unread_nonfinite)(const void *attention, size_t b, const REAL *k);
+    void (*unseen_zero)(const void *attention, REAL *x, size_t b, size_t i, size_t cols);
 } masked_keys;
 
 typedef struct {
@@ -82,6 +87,8 @@ typedef struct {
     REAL *key_edge_sums;      /* 2 x m: the low edge's keys, then the high one's */
     size_t lo_first, lo_end, hi_first, hi_end;
     ptrdiff_t cached_query_table;
+    int k_unread;             /* a masked key of the unit holds an Inf or NaN in k (masked_keys):
+                                 the product's factors zeroed where a row does not see a key */
 } backward_ws;
 
 static void backward_product_tile(const backward_ctx *c, backward_ws *w, size_t u, size_t b,
@@ -401,6 +408,9 @@ static void backward_unit_begin(const backward_ctx *c, backward_ws *w, size_t u,
     const REAL *k_u = w->inputs.k;
     if (c->need_query_side) memset(w->query_side, 0, sizeof(REAL) * p->n * c->terms->query_buckets);
     if (c->need_key_side) memset(w->key_side, 0, sizeof(REAL) * m * c->terms->key_buckets);
+    const masked_keys *hidden = c->masked_keys;
+    w->k_unread = hidden && p->product && !c->kern->bf16 &&
+                  hidden->unread_nonfinite(hidden->attention, u / p->H, k_u);
     if (p->product) {
         pack_b(c->kern, &w->scratch, k_packed, w->k_pack, k_u, 1, (ptrdiff_t)d, d, m, (REAL)p->scale);
         if (p->key_table)

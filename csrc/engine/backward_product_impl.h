@@ -55,6 +55,13 @@ static void backward_product_tile(const backward_ctx *c, backward_ws *w, size_t 
     if (p->key_table)
         term_key_table(kern, POSENC_SET, w->key_factor, ld, p->key_map, c->terms->key_runs.b_min,
                        w->key_proj, c->terms->key_buckets, &c->terms->key_edges, n, m, width, i0, rows);
+    /* a masked key's Inf or NaN k: q.k and k's factor 0 at the keys a row does not see */
+    for (size_t r = 0; w->k_unread && r < rows; ++r) {
+        const masked_keys *hidden = c->masked_keys;
+        hidden->unseen_zero(hidden->attention, w->content + r * ld, b, i0 + r, width);
+        if (p->key_table)
+            hidden->unseen_zero(hidden->attention, w->key_factor + r * ld, b, i0 + r, width);
+    }
 
     const REAL *by_offset = p->table ? c->terms->table_by_offset + head_of(p->table_heads, h) * c->offsets
                                      : NULL;

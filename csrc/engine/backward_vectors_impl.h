@@ -82,20 +82,93 @@ static void bucket_reach(const backward_ctx *c, int key_side, size_t x, REAL *re
 }
 
 /*
+ * A fused attention's key side (masked_keys): seen[j buckets + r] = 1 for the buckets
+ * r that key j reaches with the rows that see it, else 0, so that a key masked for a
+ * row is never read for it (SPEC §6: its entries of Gk are 0, and 0 times its Inf or
+ * NaN would be NaN).  Batch row b; NULL out of memory.
+ */
+static unsigned char *key_side_seen(const backward_ctx *c, size_t b, size_t buckets)
+{
+    const posenc_problem *p = c->p;
+    const masked_keys *hidden = c->masked_keys;
+    const size_t n = p->n, m = p->m, i_lo = c->cls_row0 ? 1 : 0, jb = c->masked ? 1 : 0;
+    unsigned char *seen = (unsigned char *)posenc_alloc(posenc_mul_size(m, buckets), 1);
+    REAL *row = (REAL *)posenc_alloc(m, sizeof(REAL));
+    if (!seen || !row) {
+        posenc_free(seen);
+        posenc_free(row);
+        return NULL;
+    }
+    memset(seen, 0, m * buckets);
+    for (size_t i = i_lo; i < n; ++i) {
+        static const REAL one = 1;
+        c->kern->row_gather(POSENC_SET, row, &one, 0, m);
+        hidden->unseen_zero(hidden->attention, row, b, i, m);
+        const int64_t *map = p->key_map + (n - 1 - i);   /* key j's bucket: map[j] */
+        for (size_t j = jb; j < m; ++j) {
+            const size_t r = (size_t)(map[j] - c->terms->key_runs.b_min);
+            if (row[j] != 0 && r < buckets)
+                seen[j * buckets + r] = 1;
+        }
+    }
+    posenc_free(row);
+    return seen;
+}
+
+/*
+ * A fused attention's k for the key side's bucket sums (masked_keys): a copy of the
+ * unit's k with the rows of the keys that no row of batch row b sees set to 0.  Their
+ * rows of Gk are 0, so the GEMM's sums are those of k itself, and a masked key's Inf or
+ * NaN stays out of them (SPEC §6).  NULL out of memory.
+ */
+static REAL *key_side_seen_k(const backward_ctx *c, size_t b, const REAL *k)
+{
+    const posenc_problem *p = c->p;
+    const masked_keys *hidden = c->masked_keys;
+    const size_t n = p->n, m = p->m, d = p->d;
+    REAL *copy = (REAL *)posenc_alloc(posenc_mul_size(m, d), sizeof(REAL));
+    REAL *seen = (REAL *)posenc_alloc(2 * m, sizeof(REAL)), *row = seen + m;
+    if (copy && seen) {
+        static const REAL zero = 0, one = 1;
+        c->kern->row_gather(POSENC_SET, seen, &zero, 0, m);
+        for (size_t i = 0; i < n; ++i) {   /* seen[j] != 0: some row sees key j */
+            c->kern->row_gather(POSENC_SET, row, &one, 0, m);
+            hidden->unseen_zero(hidden->attention, row, b, i, m);
+            c->kern->row_gather(POSENC_ADD, seen, row, 1, m);
+        }
+        for (size_t j = 0; j < m; ++j)
+            if (seen[j] != 0)
+                memcpy(copy + j * d, k + j * d, sizeof(REAL) * d);
+            else
+                memset(copy + j * d, 0, sizeof(REAL) * d);
+    } else {
+        posenc_free(copy);
+        copy = NULL;
+    }
+    posenc_free(seen);
+    return copy;
+}
+
+/*
  * backward_vector_table's GEMMs without their products of exact zeros: row
  * x of X times only the table rows it reaches (dx), or into only those slot
  * rows (slot).  For a table (dx) or an x (slot) holding Inf or NaN, where
- * 0 * Inf would put a NaN into gradients that do not depend on it.
+ * 0 * Inf would put a NaN into gradients that do not depend on it.  `seen`
+ * (key side, key_side_seen): the buckets a key reaches with the rows that see it.
  */
 static void vector_table_exact(const backward_ctx *c, backward_ws *w, int key_side,
                                const REAL *X, size_t buckets, const REAL *table, const REAL *x,
-                               REAL vs, REAL *dx, REAL *slot)
+                               REAL vs, REAL *dx, REAL *slot, const unsigned char *seen)
 {
     const size_t d = c->p->d, rows = key_side ? c->p->m : c->p->n;
     if (slot)
         memset(slot, 0, sizeof(REAL) * buckets * d);
     for (size_t row = 0; row < rows; ++row) {
-        bucket_reach(c, key_side, row, w->reach);
+        if (seen)
+            for (size_t r = 0; r < buckets; ++r)
+                w->reach[r] = seen[row * buckets + r];
+        else
+            bucket_reach(c, key_side, row, w->reach);
         for (size_t r = 0; r < buckets; ++r) {
             if (w->reach[r] == 0)
                 continue;
@@ -137,16 +210,27 @@ static void backward_vector_table(const backward_ctx *c, backward_ws *w, size_t 
     REAL *slot = slots ? slots + u * buckets * d : NULL;
     const REAL *x_values = x;
     const int exact_dx = dx && !all_finite(table, buckets * d);
-    const int exact_slot = slot && !x_all_finite(&w->scratch, x, rows * d, w->x_wide, &x_values);
+    int exact_slot = slot && !x_all_finite(&w->scratch, x, rows * d, w->x_wide, &x_values);
+    REAL *seen_k = NULL;   /* k less the keys no row sees, where k is not finite */
+    if (exact_slot && key_side && c->masked_keys && x_values == x &&
+        (seen_k = key_side_seen_k(c, u / p->H, x))) {
+        x = x_values = seen_k;
+        exact_slot = !all_finite(seen_k, rows * d);
+    }
     if (dx && !exact_dx)
         gemm(kern, &w->scratch, w->b_pack, rows, d, buckets, X, (ptrdiff_t)buckets, 1, table,
              (ptrdiff_t)d, 1, vs, dx, (ptrdiff_t)d, 1, spans->by_row);
     if (slot && !exact_slot)
         gemm(kern, &w->scratch, w->b_pack, buckets, d, rows, X, 1, (ptrdiff_t)buckets, x,
              (ptrdiff_t)d, 1, vs, slot, (ptrdiff_t)d, 0, spans->by_bucket);
-    if (exact_dx || exact_slot)
+    if (exact_dx || exact_slot) {
+        unsigned char *seen =
+            key_side && c->masked_keys ? key_side_seen(c, u / p->H, buckets) : NULL;
         vector_table_exact(c, w, key_side, X, buckets, table, x_values, vs, exact_dx ? dx : NULL,
-                           exact_slot ? slot : NULL);
+                           exact_slot ? slot : NULL, seen);
+        posenc_free(seen);
+    }
+    posenc_free(seen_k);
 }
 
 /*
