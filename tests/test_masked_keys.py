@@ -125,3 +125,41 @@ def test_split_keys(posenc_isa, method, rng):
 def test_reference(method, n, rng):
     for fill in (np.nan, np.inf):
         _check(reference, method, n, 45, np.float64, fill, rng, exact=False)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_torch_native_formula_never_reads_keys_no_row_sees(method, rng):
+    """posenc.torch's native formulas (off the CPU, and create_graph) take the rule for
+    the keys no row sees -- padding, other documents, a decoding step's future
+    (a cache's unused slots): NaN planted there changes no output and no gradient,
+    and those keys' dk, dv are 0.  (A key some rows see, the causal diagonal of a
+    prefill, is the kernels' alone: the native matmuls read it for every row.)"""
+    torch = pytest.importorskip("torch")
+    import posenc.torch as pt
+
+    def call(args, kwargs, v, attention):
+        tensors = [torch.tensor(a, requires_grad=np.issubdtype(a.dtype, np.floating))
+                   if isinstance(a, np.ndarray) else a for a in args]
+        tv = torch.tensor(v, requires_grad=True)
+        options = {key: torch.tensor(value) if isinstance(value, np.ndarray) else value
+                   for key, value in attention.items()}
+        extra = {key: torch.tensor(value) if isinstance(value, np.ndarray) else value
+                 for key, value in kwargs.items()}
+        with pt.use_native(True):
+            out, lse = getattr(pt, method + "_attention")(tensors[0], tensors[1], tv, *tensors[2:],
+                                                          **extra, **options)
+        finite = torch.isfinite(lse)
+        (out.sum() + torch.where(finite, lse, 0.0).sum()).backward()
+        return out.detach(), lse.detach(), tensors[1].grad, tv.grad
+
+    n, m = 3, 29
+    for name, attention, keys, rows in scenarios(n, m):
+        if rows is not None:
+            continue
+        args, kwargs, v = _inputs(method, n, m, 5, 3, rng)
+        planted_args, planted_v = _plant(args, v, keys, np.nan)
+        want, got = call(args, kwargs, v, attention), call(planted_args, kwargs, planted_v, attention)
+        for w, g, what in zip(want, got, ("out", "lse", "dk", "dv")):
+            assert torch.equal(torch.nan_to_num(w, neginf=-1.0), torch.nan_to_num(g, neginf=-1.0)) \
+                and not torch.isnan(g).any(), f"{method} {name} {what}"
+        assert not got[2][:, :, keys].any() and not got[3][:, :, keys].any()

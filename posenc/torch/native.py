@@ -346,12 +346,19 @@ def attention(method: str, tensors: tuple, params: tuple, attention: tuple) -> A
     if not torch.compiler.is_compiling():
         validate_attention(method, tensors, params, attention)
     names = tuple(name for name, _ in spec.params)
-    logits = _FORMULAS[method](**dict(zip(spec.tensors, tensors)), **dict(zip(names, params)))
-    if options["softcap"] is not None:                 # Gemma 2
-        logits = options["softcap"] * torch.tanh(logits / options["softcap"])
     q, k = tensors[0], tensors[1]
     masked = attention_mask(q, k, params[-1], options["causal"], options["key_padding_mask"],
                    options["window"], options["document_q"], options["document_k"])
+    if masked is not None:
+        # keys no row sees (padding, other documents, a cache's unused slots) never
+        # read: their k and v rows enter as zeros (a NaN there would reach the rows
+        # through the matmuls, 0 * NaN); their gradients are zero
+        unseen = masked.all(dim=-2)[..., None]                     # (B|1, 1, m, 1)
+        k, v = torch.where(unseen, 0.0, k), torch.where(unseen, 0.0, v)
+        tensors = (q, k) + tuple(tensors[2:])
+    logits = _FORMULAS[method](**dict(zip(spec.tensors, tensors)), **dict(zip(names, params)))
+    if options["softcap"] is not None:                 # Gemma 2
+        logits = options["softcap"] * torch.tanh(logits / options["softcap"])
     if masked is not None:
         logits = logits.masked_fill(masked, float("-inf"))
     probabilities, lse = softmax(logits, options["sinks"])
