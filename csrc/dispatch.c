@@ -2,8 +2,8 @@
  * dispatch.c -- which kernels run.  At import (posenc_dispatch_init) the
  * ISAs the CPU and OS support (cpu.c) and this build compiled are composed
  * into one table per ISA and dtype: the scalar kernels first, then
- * overridden entry by entry by the ISA (STYLE.md 2), so every entry has a
- * fallback.
+ * overridden entry by entry by the ISA (the entries posenc.h's
+ * POSENC_KERNEL_ENTRIES lists), so every entry has a fallback.
  */
 #include "posenc.h"
 
@@ -42,8 +42,21 @@ static const posenc_kernels *compiled_table(posenc_isa isa, posenc_dtype dtype)
     }
 }
 
-/* Scalar first, then each entry the ISA provides (STYLE.md 2); a kernel
- * brings the block sizes it was written for. */
+/* posenc_kernels has the entries POSENC_KERNEL_ENTRIES lists and no others
+ * (besides name and bf16): fill_table copies every one of them. */
+#define COUNT_FN(...) +sizeof(void (*)(void))
+#define COUNT_SIZE(...) +sizeof(size_t)
+_Static_assert(sizeof(posenc_kernels) == sizeof(const char *) + sizeof(const void *)
+                   POSENC_KERNEL_ENTRIES(COUNT_FN, COUNT_SIZE, COUNT_FN),
+               "posenc_kernels has an entry POSENC_KERNEL_ENTRIES does not list");
+_Static_assert(sizeof(posenc_convert) == sizeof(const char *) POSENC_CONVERT_ENTRIES(COUNT_FN),
+               "posenc_convert has an entry POSENC_CONVERT_ENTRIES does not list");
+#undef COUNT_FN
+#undef COUNT_SIZE
+
+/* Scalar first, then each entry the ISA provides, so that every entry has a
+ * fallback; a group of entries (the microkernels with their packing and
+ * block sizes) is taken only whole. */
 static void fill_table(posenc_kernels *dst, posenc_isa isa, posenc_dtype dtype)
 {
     const posenc_kernels *base = compiled_table(POSENC_ISA_SCALAR, dtype);
@@ -52,33 +65,13 @@ static void fill_table(posenc_kernels *dst, posenc_isa isa, posenc_dtype dtype)
     if (!over || over == base)
         return;
     dst->name = over->name;
-    if (over->ukr && over->ukr_narrow && over->pack_rows && over->pack_cols) {
-        dst->ukr = over->ukr;
-        dst->ukr_narrow = over->ukr_narrow;
-        dst->mr = over->mr;
-        dst->nr = over->nr;
-        dst->nr_narrow = over->nr_narrow;
-        dst->kc = over->kc;
-        dst->pack_rows = over->pack_rows;   /* panels as wide as the ISA's vectors pad them */
-        dst->pack_cols = over->pack_cols;
-    }
-    if (over->tile_gather_key && over->tile_scatter_key) {
-        dst->tile_gather_key = over->tile_gather_key;
-        dst->tile_scatter_key = over->tile_scatter_key;
-        dst->key_block = over->key_block;
-    }
-    if (over->row_gather) dst->row_gather = over->row_gather;
-    if (over->row_scatter_add) dst->row_scatter_add = over->row_scatter_add;
-    if (over->row_mul) dst->row_mul = over->row_mul;
-    if (over->diagonal_sums) dst->diagonal_sums = over->diagonal_sums;
-    if (over->tile_gather_query) dst->tile_gather_query = over->tile_gather_query;
-    if (over->store_fence) dst->store_fence = over->store_fence;
-    if (over->row_max) dst->row_max = over->row_max;
-    if (over->row_exp) dst->row_exp = over->row_exp;
-    if (over->row_softcap) dst->row_softcap = over->row_softcap;
-    if (over->rows_dot) dst->rows_dot = over->rows_dot;
-    if (over->rows_axpy) dst->rows_axpy = over->rows_axpy;
-    if (over->dropout_row) dst->dropout_row = over->dropout_row;
+    int gemm = 1, key_tile = 1;   /* the groups of POSENC_KERNEL_ENTRIES: all set by `over` */
+#define NOTHING(...)
+#define COMPLETE(group, entry) group = group && over->entry;
+    POSENC_KERNEL_ENTRIES(COMPLETE, NOTHING, NOTHING)
+#define TAKE_GROUP(group, entry) if (group) dst->entry = over->entry;
+#define TAKE(entry) if (over->entry) dst->entry = over->entry;
+    POSENC_KERNEL_ENTRIES(TAKE_GROUP, TAKE_GROUP, TAKE)
 }
 
 /* The conversions (posenc_convert): composed[isa] like the kernels, scalar first. */
@@ -110,11 +103,12 @@ static const posenc_convert *compiled_convert(posenc_isa isa)
 static void override_convert(posenc_convert *dst, const posenc_convert *over)
 {
     dst->name = over->name;
-    if (over->bf16_to_f32) dst->bf16_to_f32 = over->bf16_to_f32;
-    if (over->f32_to_bf16) dst->f32_to_bf16 = over->f32_to_bf16;
-    if (over->f16_to_f32) dst->f16_to_f32 = over->f16_to_f32;
-    if (over->f32_to_f16) dst->f32_to_f16 = over->f32_to_f16;
+    POSENC_CONVERT_ENTRIES(TAKE)
 }
+#undef NOTHING
+#undef COMPLETE
+#undef TAKE_GROUP
+#undef TAKE
 
 /* Scalar, the ISA's, then on avx512 AVX512-BF16's where the CPU has it. */
 static void fill_convert(posenc_convert *dst, posenc_isa isa)
@@ -175,6 +169,18 @@ int posenc_set_isa(posenc_isa isa)
 }
 
 posenc_isa posenc_get_isa(void) { return (posenc_isa)__atomic_load_n(&active_isa, __ATOMIC_ACQUIRE); }
+
+const posenc_kernels *posenc_kernels_compiled(posenc_isa isa, posenc_dtype dtype)
+{
+    return isa >= 0 && isa < POSENC_ISA_COUNT && (dtype == POSENC_F32 || dtype == POSENC_F64)
+               ? compiled_table(isa, dtype)
+               : NULL;
+}
+
+const posenc_convert *posenc_convert_compiled(posenc_isa isa)
+{
+    return isa >= 0 && isa < POSENC_ISA_COUNT ? compiled_convert(isa) : NULL;
+}
 
 const posenc_kernels *posenc_kernels_for(posenc_isa isa, posenc_dtype dtype)
 {

@@ -367,6 +367,27 @@ typedef struct {
 } posenc_kernels;
 
 /*
+ * Every entry of posenc_kernels but name and bf16, in the groups by which an
+ * ISA's table overrides the scalar one (dispatch.c): a group is taken whole
+ * when the ISA sets all of its functions, with the sizes they were written
+ * for (an ISA's microkernel with the scalar one's packing would be wrong).
+ * GROUP_FN(group, entry) and GROUP_SIZE(group, entry) are the entries of a
+ * group of several; FN(entry) a function that is a group of its own.  A
+ * field added to posenc_kernels and not here fails to compile (dispatch.c
+ * counts them), and tests/c/test_engine.c checks that every entry each ISA
+ * sets is the one its composed table runs.
+ */
+#define POSENC_KERNEL_ENTRIES(GROUP_FN, GROUP_SIZE, FN)                                            \
+    GROUP_FN(gemm, ukr) GROUP_FN(gemm, ukr_narrow) GROUP_FN(gemm, pack_rows)                      \
+    GROUP_FN(gemm, pack_cols) GROUP_SIZE(gemm, mr) GROUP_SIZE(gemm, nr)                           \
+    GROUP_SIZE(gemm, nr_narrow) GROUP_SIZE(gemm, kc)                                              \
+    GROUP_FN(key_tile, tile_gather_key) GROUP_FN(key_tile, tile_scatter_key)                      \
+    GROUP_SIZE(key_tile, key_block)                                                               \
+    FN(row_gather) FN(row_scatter_add) FN(row_mul) FN(diagonal_sums) FN(tile_gather_query)        \
+    FN(store_fence) FN(row_max) FN(row_exp) FN(row_softcap) FN(rows_dot) FN(rows_axpy)            \
+    FN(dropout_row)
+
+/*
  * Rows of conversions between float and the 16-bit floats, bfloat16 and
  * IEEE binary16 (float16), held as their bit patterns (uint16_t); the
  * foundation of the low-precision dtypes (docs/low_precision.md).  One
@@ -388,6 +409,9 @@ typedef struct {
     void (*f16_to_f32)(float *dst, const uint16_t *src, size_t len);
     void (*f32_to_f16)(uint16_t *dst, const float *src, size_t len);
 } posenc_convert;
+
+/* The entries of posenc_convert but name (dispatch.c takes each one an ISA sets). */
+#define POSENC_CONVERT_ENTRIES(FN) FN(bf16_to_f32) FN(f32_to_bf16) FN(f16_to_f32) FN(f32_to_f16)
 
 /*
  * The bfloat16 content GEMM of AVX512-BF16 (vdpbf16ps, docs/low_precision.md
@@ -470,6 +494,11 @@ const posenc_kernels *posenc_bf16_gemm_kernels(void);
  * avx512, AVX512-BF16's where the CPU has it); NULL where not supported. */
 const posenc_convert *posenc_convert_for(posenc_isa isa);
 const posenc_convert *posenc_active_convert(void);
+
+/* dispatch.c: an ISA's own table as compiled (isa/<isa>.c), before the
+ * scalar one fills what it leaves out; NULL where not compiled. */
+const posenc_kernels *posenc_kernels_compiled(posenc_isa isa, posenc_dtype dtype);
+const posenc_convert *posenc_convert_compiled(posenc_isa isa);
 
 /* Filled by dispatch.c: kernels[isa][dtype], NULL where not compiled/supported. */
 const posenc_kernels *posenc_kernels_for(posenc_isa isa, posenc_dtype dtype);

@@ -144,6 +144,68 @@ static void test_shared_table(void)
     }
 }
 
+/*
+ * The dispatch tables: every entry an ISA's own table sets (POSENC_KERNEL_ENTRIES,
+ * POSENC_CONVERT_ENTRIES) is the one its composed table runs, and the
+ * sizes of a group come with its functions; an entry it leaves out is the
+ * scalar one's (printed, so that a kernel an ISA lacks is seen).
+ */
+static void test_dispatch_tables(void)
+{
+    for (int isa = 0; isa < POSENC_ISA_COUNT; ++isa) {
+        if (!posenc_isa_supported((posenc_isa)isa))
+            continue;
+        const char *name = posenc_isa_name((posenc_isa)isa);
+        for (int dt = 0; dt < 2; ++dt) {
+            const posenc_dtype dtype = dt ? POSENC_F64 : POSENC_F32;
+            const posenc_kernels *own = posenc_kernels_compiled((posenc_isa)isa, dtype);
+            const posenc_kernels *run = posenc_kernels_for((posenc_isa)isa, dtype);
+            const posenc_kernels *scalar = posenc_kernels_compiled(POSENC_ISA_SCALAR, dtype);
+            EXPECT(own && run && scalar, "%s: its tables", name);
+            if (!own || !run || !scalar)
+                continue;
+            EXPECT(!strcmp(run->name, own->name), "%s %s: the table's name", name, run->name);
+            char fallback[512] = "";
+#define FUNCTION_TAKEN(entry)                                                                     \
+    if (own->entry)                                                                               \
+        EXPECT((void (*)(void))run->entry == (void (*)(void))own->entry,                          \
+               "%s %s: its " #entry " is not the one run", name, dt ? "f64" : "f32");             \
+    else {                                                                                        \
+        EXPECT((void (*)(void))run->entry == (void (*)(void))scalar->entry,                       \
+               "%s %s: " #entry " not the scalar fallback", name, dt ? "f64" : "f32");            \
+        strncat(fallback, " " #entry, sizeof fallback - strlen(fallback) - 1);                    \
+    }
+            int gemm = 1, key_tile = 1;   /* the groups own sets whole */
+#define NOTHING(...)
+#define COMPLETE(group, entry) group = group && own->entry;
+            POSENC_KERNEL_ENTRIES(COMPLETE, NOTHING, NOTHING)
+#define GROUP_FUNCTION(group, entry) FUNCTION_TAKEN(entry)
+#define GROUP_SIZE(group, entry)                                                                  \
+    EXPECT(run->entry == (group ? own->entry : scalar->entry), "%s %s: " #entry " of its group",  \
+           name, dt ? "f64" : "f32");
+            POSENC_KERNEL_ENTRIES(GROUP_FUNCTION, GROUP_SIZE, FUNCTION_TAKEN)
+#undef NOTHING
+#undef COMPLETE
+#undef GROUP_SIZE
+#undef GROUP_FUNCTION
+#undef FUNCTION_TAKEN
+            if (dt == 0 && isa != POSENC_ISA_SCALAR)
+                printf("dispatch: %s float32 runs the scalar kernel for:%s\n", name,
+                       *fallback ? fallback : " nothing");
+        }
+        const posenc_convert *own = posenc_convert_compiled((posenc_isa)isa);
+        const posenc_convert *run = posenc_convert_for((posenc_isa)isa);
+        EXPECT(own && run, "%s: its conversions", name);
+#define CONVERT_TAKEN(entry)                                                                      \
+    if (own && run && own->entry)                                                                 \
+        EXPECT(run->entry == own->entry ||                                                     \
+                   (isa == POSENC_ISA_AVX512 && posenc_cpu_has_avx512bf16()),                              \
+               "%s: its conversion " #entry " is not the one run", name);
+        POSENC_CONVERT_ENTRIES(CONVERT_TAKEN)
+#undef CONVERT_TAKEN
+    }
+}
+
 /* 8: panels of every depth and width around the vectors' against their definitions
  * (past the columns a zero of either sign: pack_rows's tail lanes are alpha 0). */
 static void test_packing(void)
@@ -372,6 +434,7 @@ int main(void)
         }
     }
     test_shared_table();
+    test_dispatch_tables();
     test_packing();
     test_matmul();
     test_philox();
