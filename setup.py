@@ -109,7 +109,7 @@ def extension(name, sources, isa_dir, isas=ISAS):
 
 
 ENGINE = ["csrc/engine/" + name for name in (
-    "engine.c", "engine_f32.c", "engine_f64.c", "engine_lp.c", "bf16dot.c", "runs.c", "spans.c",
+    "entry.c", "engine_f32.c", "engine_f64.c", "engine_lp.c", "bf16dot.c", "runs.c", "spans.c",
     "alloc.c", "threads.c", "philox.c")]
 
 setup(

@@ -17,7 +17,7 @@
  *   gcc -O3 -std=c11 -Icsrc $A -mavx512bw -mavx512bf16 -c csrc/isa/avx512bf16.c -o $O/bf16.o
  *   gcc -O3 -std=c11 -Icsrc $A -mavx512bw -mavx512bf16 -c benchmarks/bf16dot_timing.c -o $O/main.o
  *   gcc -O3 -std=c11 -Icsrc -fopenmp -DPOSENC_HAVE_AVX2 -DPOSENC_HAVE_AVX512 \
- *       -DPOSENC_HAVE_AVX512BF16 csrc/dispatch.c csrc/cpu.c csrc/engine/engine.c \
+ *       -DPOSENC_HAVE_AVX512BF16 csrc/dispatch.c csrc/cpu.c csrc/engine/entry.c \
  *       csrc/engine/engine_f32.c csrc/engine/engine_f64.c csrc/engine/runs.c csrc/engine/spans.c \
  *       csrc/engine/alloc.c csrc/engine/threads.c csrc/engine/philox.c csrc/engine/bf16dot.c \
  *       $O/scalar.o $O/avx2.o $O/avx512.o $O/bf16.o $O/main.o -lm -o $O/bf16dot_timing

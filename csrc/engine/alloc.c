@@ -1,10 +1,9 @@
 /*
  * alloc.c -- the engine's workspace: 64-byte aligned blocks (a cache line,
- * and the alignment of an AVX-512 vector), sizes checked for overflow, and
- * the per-thread arenas of a team.
+ * and the alignment of an AVX-512 vector), sizes checked for overflow.
  */
 #define _POSIX_C_SOURCE 200809L
-#include "engine.h"
+#include "alloc.h"
 
 #include <stdint.h>
 #include <stdlib.h>
@@ -29,19 +28,3 @@ void *posenc_alloc(size_t count, size_t size)
 }
 
 void posenc_free(void *ptr) { free(ptr); }
-
-int posenc_run_team(size_t team, size_t ws_bytes, void (*fn)(void *arg, void *ws), void *arg)
-{
-    const size_t ws = posenc_round_up(ws_bytes ? ws_bytes : 1, POSENC_ALIGN);
-    char *arena = (char *)posenc_alloc(team ? team : 1, ws);
-    if (!arena)
-        return POSENC_ENOMEM;
-    if (team <= 1) {
-        fn(arg, arena);
-    } else {
-#pragma omp parallel num_threads((int)team)
-        fn(arg, arena + (size_t)posenc_thread_id() * ws);
-    }
-    posenc_free(arena);
-    return POSENC_OK;
-}

@@ -16,6 +16,54 @@
  * Slots are reduced in a fixed order: results are bitwise identical for
  * any thread count.
  */
+#ifndef POSENC_ENGINE_ATTENTION_BACKWARD_IMPL_H
+#define POSENC_ENGINE_ATTENTION_BACKWARD_IMPL_H
+
+#include "attention_impl.h"
+#include "backward_impl.h"
+#include "forward_impl.h"
+
+/* masked_keys' (backward_impl.h) zero_keys: the padded keys of the packed k. */
+static void attention_hidden_zero(const void *c_, const packed_b *pb, size_t b, size_t first)
+{
+    attention_zero_padding((const attention_ctx *)c_, pb, b, first, first + pb->K, first);
+}
+
+/* masked_keys' rows: dq's tile row by row where a key it does not see is not finite. */
+static int attention_hidden_rows(const void *c_, gemm_scratch *s, const packed_b *pb,
+                                 const REAL *G, size_t ldg, REAL *dq, size_t ldq, size_t b,
+                                 size_t i0, size_t rows, size_t first, size_t c1, const REAL *k)
+{
+    const attention_ctx *c = (const attention_ctx *)c_;
+    if (!c->ranged || !attention_tile_unread(c, b, i0, rows, first, posenc_max(c1, first), k,
+                                             c->p->d, 0))
+        return 0;
+    attention_rows_product(c, s, pb, G, ldg, dq, ldq, b, i0, rows, first);
+    return 1;
+}
+
+/* masked_keys' unread_nonfinite: whether a key some row of batch row b does not see
+ * holds an Inf or NaN in k (attention_tile_unread over the unit's rows: those keys only). */
+static int attention_hidden_nonfinite(const void *c_, size_t b, const REAL *k)
+{
+    const attention_ctx *c = (const attention_ctx *)c_;
+    return attention_tile_unread(c, b, 0, c->p->n, 0, c->p->m, k, c->p->d, 1);
+}
+
+/* masked_keys' unseen_zero: x[j] = 0 for the keys j < cols that row i of batch row b
+ * does not see. */
+static void attention_hidden_unseen(const void *c_, REAL *x, size_t b, size_t i, size_t cols)
+{
+    const attention_ctx *c = (const attention_ctx *)c_;
+    size_t lo, hi;
+    attention_row_range(c, b, i, &lo, &hi);
+    lo = posenc_min(lo, cols);
+    hi = posenc_max(posenc_min(hi, cols), lo);
+    memset(x, 0, sizeof(REAL) * lo);
+    memset(x + hi, 0, sizeof(REAL) * (cols - hi));
+    attention_mask_row(c, x, b, i, lo, hi, (REAL)0);
+}
+
 
 typedef struct {
     const attention_ctx *a;
@@ -377,3 +425,5 @@ done:
     attention_release(&c);
     return status;
 }
+
+#endif /* POSENC_ENGINE_ATTENTION_BACKWARD_IMPL_H */

@@ -4,6 +4,12 @@
  * factors are rebuilt and multiplied into the effective gradients that
  * backward_impl.h's GEMMs and scatters consume.
  */
+#ifndef POSENC_ENGINE_BACKWARD_PRODUCT_IMPL_H
+#define POSENC_ENGINE_BACKWARD_PRODUCT_IMPL_H
+
+#include "gemm_impl.h"
+#include "terms_impl.h"
+#include "backward_rows_impl.h"
 
 /* The product mode's workspace regions (see backward_ws). */
 static void backward_product_ws(const backward_ctx *c, backward_ws *w, REAL *mem, size_t *at)
@@ -107,3 +113,5 @@ static void backward_product_tile(const backward_ctx *c, backward_ws *w, size_t 
     if (c->need_key_side)
         scatter_key_side(c, w, w->key_tile_grad, ld, width, i0, rows, 0, 0);
 }
+
+#endif /* POSENC_ENGINE_BACKWARD_PRODUCT_IMPL_H */

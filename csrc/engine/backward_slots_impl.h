@@ -5,6 +5,11 @@
  * for any number of threads), released; and the zero gradients of an empty
  * problem.  Types and phases in backward_impl.h.
  */
+#ifndef POSENC_ENGINE_BACKWARD_SLOTS_IMPL_H
+#define POSENC_ENGINE_BACKWARD_SLOTS_IMPL_H
+
+#include "terms_impl.h"
+#include "backward_rows_impl.h"
 
 /*
  * out[head_of(h)][at + t] += slots[b * H + h][t], t < width, in (h, b)
@@ -197,3 +202,5 @@ static int backward_prepare(backward_ctx *c, const posenc_problem *p, const pose
         return POSENC_ENOMEM;
     return POSENC_OK;
 }
+
+#endif /* POSENC_ENGINE_BACKWARD_SLOTS_IMPL_H */

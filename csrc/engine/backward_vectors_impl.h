@@ -4,6 +4,12 @@
  * bucket matrices, and where an input is not finite the IEEE-exact
  * fallbacks.  Types and the unit's flow in backward_impl.h.
  */
+#ifndef POSENC_ENGINE_BACKWARD_VECTORS_IMPL_H
+#define POSENC_ENGINE_BACKWARD_VECTORS_IMPL_H
+
+#include "gemm_impl.h"
+#include "terms_impl.h"
+#include "backward_rows_impl.h"
 
 /* Whether x[0 .. count) are all finite: x - x is 0 for a finite x, NaN for
  * Inf or NaN (16 sums side by side, so that the compiler vectorizes them). */
@@ -252,3 +258,5 @@ static void exact_content_grad(const backward_ctx *c, REAL *dx, const REAL *vect
             dx[t] = (REAL)(s * content + vs * (double)vector_grad[t]);
     }
 }
+
+#endif /* POSENC_ENGINE_BACKWARD_VECTORS_IMPL_H */

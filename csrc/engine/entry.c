@@ -1,5 +1,5 @@
 /*
- * engine.c -- the engine's entry points: validation (posenc_validate, run
+ * entry.c -- the engine's entry points: validation (posenc_validate, run
  * once by the caller) and the dispatch to the dtype-specialised engines
  * (engine_lp.c serves bfloat16 and float16 through the float32 one).
  */

@@ -8,6 +8,12 @@
  * once.  Positional terms that do not depend on b (dense factor, scalar
  * table, reset) are computed once per head into a head block when B > 1.
  */
+#ifndef POSENC_ENGINE_FORWARD_IMPL_H
+#define POSENC_ENGINE_FORWARD_IMPL_H
+
+#include "gemm_impl.h"
+#include "rope_impl.h"
+#include "terms_impl.h"
 
 /* Dense terms are precomputed per head when they are reused over a batch
  * and the head block fits this budget per thread; otherwise per row tile. */
@@ -607,3 +613,5 @@ static int forward(const posenc_problem *p, void *out, int num_threads)
     forward_release(&c);
     return status;
 }
+
+#endif /* POSENC_ENGINE_FORWARD_IMPL_H */

@@ -5,6 +5,13 @@
  * be, a per-tile epilogue that adds or multiplies a positional row block;
  * the microkernel stores the tails itself.
  */
+#ifndef POSENC_ENGINE_GEMM_IMPL_H
+#define POSENC_ENGINE_GEMM_IMPL_H
+
+#include "engine.h"
+
+#include <math.h>
+#include <string.h>
 
 #ifdef ENGINE_BF16_GEMM
 #include "../isa/convert_scalar.h"   /* posenc_bf16_from_f32_bits */
@@ -496,3 +503,5 @@ static void gemm(const posenc_kernels *kern, const gemm_scratch *s, REAL *b_pack
     pack_b(kern, s, &pb, b_pack, B, b_rs, b_cs, Kd, N, beta);
     gemm_packed(kern, s, M, A, a_rs, a_cs, &pb, C, ldc, accumulate, NULL, 0, NULL, 0, k_range);
 }
+
+#endif /* POSENC_ENGINE_GEMM_IMPL_H */

@@ -8,6 +8,10 @@
  * of A (mr x kc in L1).  Threads split C's rows in whole tiles, each
  * packing its own B blocks: the results do not depend on the team.
  */
+#ifndef POSENC_ENGINE_MATMUL_IMPL_H
+#define POSENC_ENGINE_MATMUL_IMPL_H
+
+#include "gemm_impl.h"
 
 /* Columns of a packed B block: kc x nc of REAL in about 256 KiB (L2). */
 static size_t matmul_nc(const posenc_kernels *kern)
@@ -90,3 +94,5 @@ static int matmul(const posenc_matmul_problem *mm, int num_threads)
     return posenc_run_team(posenc_team_for(threads, call.items, work),
                            matmul_ws_layout(kern, NULL, NULL) * sizeof(REAL), matmul_team, &call);
 }
+
+#endif /* POSENC_ENGINE_MATMUL_IMPL_H */

@@ -10,6 +10,10 @@
  * sums are complete (backward_unit_end).  Nothing of the size of q or k is
  * kept between the forward and the backward.
  */
+#ifndef POSENC_ENGINE_ROPE_IMPL_H
+#define POSENC_ENGINE_ROPE_IMPL_H
+
+#include "gemm_impl.h"
 
 /* A unit's q and k as the terms read them: the inputs in place, or their
  * rotated rows (row r at q + r d, k + r d either way). */
@@ -120,3 +124,5 @@ static void unit_inputs_grads(const posenc_problem *p, size_t u, REAL *dq, REAL 
     if (dk)
         rope_rows(p, dk, dk, b, 0, p->m, 1, 1, scale);
 }
+
+#endif /* POSENC_ENGINE_ROPE_IMPL_H */

@@ -1,7 +1,9 @@
 /*
  * runs.c -- bucket maps as runs over offsets, segment ids as runs over keys.
  */
-#include "engine.h"
+#include "runs.h"
+#include "../posenc.h"
+#include "alloc.h"
 
 #include <string.h>
 

@@ -2,7 +2,9 @@
  * spans.c -- where a bucket matrix of the backward is zero (posenc_spans, see
  * engine.h), so its GEMMs can skip those blocks.
  */
-#include "engine.h"
+#include "spans.h"
+#include "../posenc.h"
+#include "alloc.h"
 
 #include <string.h>
 

@@ -8,6 +8,10 @@
  * causal tile sees) with `op`: SET for the first term, then ADD (sum) or
  * MUL (product).
  */
+#ifndef POSENC_ENGINE_TERMS_IMPL_H
+#define POSENC_ENGINE_TERMS_IMPL_H
+
+#include "gemm_impl.h"
 
 /* The head of a parameter whose head axis has `heads` entries (H or 1). */
 static inline size_t head_of(size_t heads, size_t h) { return heads == 1 ? 0 : h; }
@@ -336,3 +340,5 @@ static void term_data_release(term_data *t)
     posenc_runs_free(&t->key_runs);
     posenc_segment_runs_free(&t->segment_runs);
 }
+
+#endif /* POSENC_ENGINE_TERMS_IMPL_H */

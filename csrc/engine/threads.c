@@ -16,7 +16,7 @@
  * limit) every regrowth is probed too.
  */
 #define _POSIX_C_SOURCE 200809L
-#include "engine.h"
+#include "threads.h"
 
 #if defined(_OPENMP) && (defined(__unix__) || defined(__APPLE__))
 #include <pthread.h>
@@ -144,3 +144,18 @@ size_t posenc_team_startable(size_t team) { return team; }
 
 #endif
 
+int posenc_run_team(size_t team, size_t ws_bytes, void (*fn)(void *arg, void *ws), void *arg)
+{
+    const size_t ws = posenc_round_up(ws_bytes ? ws_bytes : 1, POSENC_ALIGN);
+    char *arena = (char *)posenc_alloc(team ? team : 1, ws);
+    if (!arena)
+        return POSENC_ENOMEM;
+    if (team <= 1) {
+        fn(arg, arena);
+    } else {
+#pragma omp parallel num_threads((int)team)
+        fn(arg, arena + (size_t)posenc_thread_id() * ws);
+    }
+    posenc_free(arena);
+    return POSENC_OK;
+}

@@ -1,0 +1,284 @@
+/*
+ * attention_decode_impl.h -- the fused attention's decoding path, for one
+ * dtype (REAL, set by engine_<dtype>.c): calls of few query rows (a
+ * decoding step, a short chunk; attention_ctx's decode) stream k and v
+ * once, in place, through the ISA's rows_dot and rows_axpy instead of
+ * packing them into GEMM panels of which a row or two would be used; the
+ * query heads of one key/value head (GQA) share the pass.  Its rows go to
+ * out and lse, or, for a step whose keys are split among threads, to the
+ * chunk parts attention_split_impl.h merges.
+ */
+#ifndef POSENC_ENGINE_ATTENTION_DECODE_IMPL_H
+#define POSENC_ENGINE_ATTENTION_DECODE_IMPL_H
+
+#include "attention_impl.h"
+
+/* The decoding path's positional rows of head h (its q from row 0 at q_u; rows
+ * [i0, i0 + rows), keys [c0, cols)) onto the content logits (row r at scores + r ld),
+ * added or multiplied as the tiles' epilogue does (forward_positional). */
+static void attention_decode_terms(const attention_ctx *c, forward_ws *fw, size_t b, size_t h,
+                                   const REAL *q_u, size_t i0, size_t rows, size_t c0,
+                                   size_t cols, REAL *scores)
+{
+    const size_t ld = c->logits.m_pad;
+    ptrdiff_t ldp = 0;
+    const REAL *P = forward_positional(&c->logits, fw, b, h, q_u, i0, rows, c0, cols, &ldp);
+    if (!P)
+        return;
+    for (size_t r = 0; r < rows; ++r)
+        c->kern->row_gather(c->p->product ? POSENC_MUL : POSENC_ADD, scores + r * ld + c0,
+                            P + (ptrdiff_t)r * ldp + c0, 1, cols - c0);
+}
+
+/*
+ * Where a decoding step's rows go: out and lse, normalised; or, when its keys are
+ * split among work items (c->split: chunks of c->split keys, chunk s of keys
+ * [k0, k1)), chunk s's out rows unnormalised, sum_j exp(x_j - max) v_j, and its
+ * rows' max and sum, which attention_merge_chunks merges in chunk order.
+ */
+typedef struct {
+    size_t k0, k1, s;
+    REAL *out, *lse;        /* the call's: (B H n) x dv, B H n */
+    REAL *part;             /* split: (B H n) x S x dv, S = c->chunks */
+    double *part_stats;     /* split: (B H n) x S x 2 */
+} decode_target;
+
+/* Chunk t->s's softmax part of the logits row x of query i of unit (b, h), its keys
+ * [c0, c1) computed (within the chunk): the row's range there capped, masked, then
+ * exp(x - max), 0 elsewhere in [c0, c1); stats: the part's max (-inf when every key
+ * is masked: then its sum is 0; NaN when its only unmasked logits are NaN) and sum.
+ * The sink and dropout are not here (a split call has no dropout; the merge adds
+ * the sink). */
+static void attention_softmax_part(const attention_ctx *c, REAL *x, size_t b, size_t i,
+                                   const decode_target *t, size_t c0, size_t c1, double *stats)
+{
+    size_t lo, hi;
+    attention_row_range(c, b, i, &lo, &hi);
+    lo = posenc_max(lo, posenc_max(c0, t->k0));
+    hi = posenc_min(hi, posenc_min(c1, t->k1));
+    if (lo >= hi)
+        lo = hi = c0;
+    REAL *row = x + lo;
+    const size_t len = hi - lo;
+    if (c->softcap > 0)
+        attention_cap_row(c, row, NULL, len);
+    attention_mask_row(c, x, b, i, lo, hi, (REAL)-INFINITY);
+    const double row_max = len ? c->kern->row_max(row, len) : -INFINITY;
+    memset(x + c0, 0, sizeof(REAL) * (lo - c0));
+    memset(x + hi, 0, sizeof(REAL) * (c1 - hi));
+    if (row_max == -INFINITY) {
+        const int nan = attention_has_nan(row, len);
+        for (size_t j = 0; j < len; ++j)
+            row[j] = nan ? (REAL)NAN : (REAL)0;
+        stats[0] = nan ? NAN : -INFINITY;
+        stats[1] = 0;
+        return;
+    }
+    stats[0] = row_max;
+    stats[1] = c->kern->row_exp(row, len, row_max);
+}
+
+/* A decoding tile's rows: row r is query i0 + r % per_head of batch row b (the rows of
+ * several heads of a key/value head follow each other), row0 + r of the call's B H n. */
+typedef struct {
+    size_t b, i0, per_head, row0;
+} decode_rows;
+
+/* The decoding path's out rows of a tile (`rows` rows of w->scores over keys [c0, c0 +
+ * keys) from query (b, h_first)'s row i0, the heads' rows consecutive): P.v into the
+ * target's rows (rows_axpy: the keys in order), then each row scaled by its 1 / sum
+ * (w->row_scale) or, split, left unnormalised with its part's statistics. */
+static void attention_decode_out(const attention_ctx *c, const attention_ws *w,
+                                 const decode_target *t, const decode_rows *x, size_t rows,
+                                 const REAL *v_u, size_t c0, size_t keys)
+{
+    const size_t dv = c->a->dv, ld = c->split ? c->chunks * dv : dv;
+    if (dv == 0)
+        return;
+    REAL *out_rows = c->split ? t->part + (x->row0 * c->chunks + t->s) * dv : t->out + x->row0 * dv;
+    REAL *seen = NULL;   /* a masked key's v not finite: row by row over the v rows it sees */
+    if (attention_tile_unread(c, x->b, x->i0, posenc_min(rows, x->per_head), c0, c0 + keys, v_u,
+                              dv, 1))
+        seen = (REAL *)posenc_alloc(keys * dv, sizeof(REAL));
+    if (seen) {
+        for (size_t r = 0; r < rows; ++r) {
+            attention_seen_rows(c, seen, v_u, dv, x->b, x->i0 + r % x->per_head, c0, c0 + keys);
+            c->kern->rows_axpy(out_rows + r * ld, ld, w->scores + r * c->logits.m_pad + c0,
+                               c->logits.m_pad, 1, seen, keys, dv);
+        }
+        posenc_free(seen);
+    } else {
+        c->kern->rows_axpy(out_rows, ld, w->scores + c0, c->logits.m_pad, rows, v_u + c0 * dv,
+                           keys, dv);
+    }
+    if (c->split)
+        return;
+    for (size_t r = 0; r < rows; ++r)
+        c->kern->row_gather(POSENC_MUL, out_rows + r * dv, &w->row_scale[r], 0, dv);
+}
+
+/* The softmax rows of a decoding tile (rows i0.. of unit (b, h), query row row0 of the
+ * call's B H n): the tiles' (probabilities, lse), or, split, the chunk's parts. */
+static void attention_decode_softmax(const attention_ctx *c, attention_ws *w,
+                                     const decode_target *t, size_t b, size_t h, size_t row0,
+                                     size_t i0, size_t rows, size_t c0, size_t cols)
+{
+    if (!c->split) {
+        attention_tile_softmax(c, w, b, h, i0, rows, c0, cols, t->lse + row0 - i0);
+        return;
+    }
+    const size_t ld = c->logits.m_pad;
+    for (size_t r = 0; r < rows; ++r)
+        attention_softmax_part(c, w->scores + r * ld, b, i0 + r, t, c0, cols,
+                               t->part_stats + ((row0 + r) * c->chunks + t->s) * 2);
+}
+
+/* A tile's keys: the union of its rows' ranges (attention_span) within the target's. */
+static size_t attention_decode_span(const attention_ctx *c, const decode_target *t, size_t b,
+                                    size_t i0, size_t rows, size_t *c0, size_t *cols)
+{
+    attention_span(c, b, i0, rows, c0, cols);
+    *c0 = posenc_max(*c0, t->k0);
+    *cols = posenc_max(*c0, posenc_min(*cols, t->k1));
+    return *cols - *c0;
+}
+
+/*
+ * A single row's content logits, keys [c0, cols) of unit (b, h)'s row i, into w->scores,
+ * with the key table's term (c->logits.key_fused: DeBERTa's p2c, additive, its scale the
+ * content's) in the same pass over k: along the key map's runs on which the bucket holds
+ * (the far keys), q and the bucket's table row are two rows of one rows_dot (each key
+ * loaded once for both; each sum as alone), the term moved into fw->key_proj's row that
+ * term_key_direct applies; on a run whose bucket moves, the run's content, then its terms
+ * (key_run_terms) while its keys are in cache.  The same bits as the two passes.
+ */
+static void attention_decode_fused(const attention_ctx *c, forward_ws *fw, attention_ws *w,
+                                   size_t h, size_t i, size_t c0, size_t cols)
+{
+    const posenc_problem *p = c->p;
+    const posenc_kernels *kern = c->kern;
+    const posenc_runs *runs = &c->logits.terms->key_runs;
+    const size_t d = p->d, ld = c->logits.m_pad;
+    const REAL *table = key_table_of(p, h), *k_u = fw->inputs.k;
+    REAL *pair = w->group_q, *scores = w->scores, *row = fw->key_proj;
+    memcpy(pair, fw->inputs.q + i * d, sizeof(REAL) * d);
+    size_t done = c0;   /* keys [c0, done): their content computed */
+    ptrdiff_t js, je, bs;
+    for (size_t t = posenc_runs_seek(runs, (ptrdiff_t)c0 - (ptrdiff_t)i);
+         t < runs->count && posenc_run_span(&runs->runs[t], (ptrdiff_t)i, (ptrdiff_t)c0,
+                                            (ptrdiff_t)cols, &js, &je, &bs);
+         ++t) {
+        const size_t keys = (size_t)(je - js);
+        if ((size_t)js > done)   /* keys no run maps (none: the map is total) */
+            kern->rows_dot(scores + done, ld, pair, 1, k_u + done * d, (size_t)js - done, d, p->scale);
+        done = (size_t)je;
+        if (runs->runs[t].step == 0) {
+            memcpy(pair + d, table + (size_t)bs * d, sizeof(REAL) * d);
+            kern->rows_dot(scores + js, ld, pair, 2, k_u + (size_t)js * d, keys, d, p->scale);
+            memcpy(row + js, scores + ld + js, sizeof(REAL) * keys);
+            continue;
+        }
+        kern->rows_dot(scores + js, ld, pair, 1, k_u + (size_t)js * d, keys, d, p->scale);
+        key_run_terms(kern, p, table, k_u, row, js, je, bs, runs->runs[t].step);
+    }
+    if (cols > done)
+        kern->rows_dot(scores + done, ld, pair, 1, k_u + done * d, cols - done, d, p->scale);
+}
+
+/*
+ * Rows [r0, r1) of unit (b, h) when they are few (c->decode: a decoding step, a short
+ * chunk): the prefill's tiles would pack all of k and v into GEMM panels of which a row
+ * or two is used.  Here k and v stream once, in place (the ISA's rows_dot and
+ * rows_axpy: each key's row loaded once for all the query rows): the content logits of
+ * the tile's keys, the method's positional rows added or multiplied as the tiles'
+ * epilogue does (forward_positional), the softmax rows as the tiles', then P.v.  No
+ * exact scales, bfloat16 GEMM or expanded segment rows here (attention_prepare).  The
+ * keys: the target's (all, or a chunk of a split call).
+ */
+static void attention_decode_unit(const attention_ctx *c, forward_ws *fw, attention_ws *w,
+                                  size_t b, size_t h, size_t r0, size_t r1, const decode_target *t)
+{
+    const posenc_problem *p = c->p;
+    const posenc_kernels *kern = c->kern;
+    const size_t m = p->m, d = p->d, dv = c->a->dv, u = b * p->H + h, ld = c->logits.m_pad;
+    const REAL *v_u = (const REAL *)c->a->v + posenc_kv_unit(p, u) * m * dv;
+    packed_b shape;
+    forward_unit_setup(&c->logits, fw, b, h, r0, r1, &shape, 0);   /* inputs, terms: no panels */
+    const REAL *q_u = fw->inputs.q, *k_u = fw->inputs.k;
+    for (size_t i0 = r0; i0 < r1; i0 += kern->mr) {
+        const size_t rows = posenc_min(kern->mr, r1 - i0);
+        size_t c0, cols;
+        const size_t keys = attention_decode_span(c, t, b, i0, rows, &c0, &cols);
+        if (keys) {
+            if (c->logits.key_fused)   /* n = 1 */
+                attention_decode_fused(c, fw, w, h, i0, c0, cols);
+            else
+                kern->rows_dot(w->scores + c0, ld, q_u + i0 * d, rows, k_u + c0 * d, keys, d,
+                               p->scale);
+            attention_decode_terms(c, fw, b, h, q_u, i0, rows, c0, cols, w->scores);
+        }
+        attention_decode_softmax(c, w, t, b, h, u * p->n + i0, i0, rows, c0, cols);
+        const decode_rows x = {b, i0, rows, u * p->n + i0};
+        attention_decode_out(c, w, t, &x, rows, v_u, c0, keys);
+    }
+}
+
+/*
+ * The decoding path for `heads` query heads from h_first of one key/value head (GQA),
+ * all of their n rows (heads n <= mr): k and v stream once for all of them.  The
+ * content logits of every row in one rows_dot (q's rows of the heads are contiguous,
+ * or rotated into w->group_q), each head's positional rows and softmax rows on its
+ * block of w->scores, then one rows_axpy into the heads' out rows (contiguous too).
+ */
+static void attention_decode_heads(const attention_ctx *c, forward_ws *fw, attention_ws *w,
+                                   size_t b, size_t h_first, size_t heads, const decode_target *t)
+{
+    const posenc_problem *p = c->p;
+    const posenc_kernels *kern = c->kern;
+    const size_t n = p->n, m = p->m, d = p->d, dv = c->a->dv, ld = c->logits.m_pad;
+    const size_t u0 = b * p->H + h_first, rows = heads * n;
+    const REAL *v_u = (const REAL *)c->a->v + posenc_kv_unit(p, u0) * m * dv;
+    unit_inputs_at(p, &fw->scratch, &fw->inputs, b, h_first, 0, n);
+    const REAL *k_u = fw->inputs.k, *q_rows = (const REAL *)p->q + u0 * n * d;
+    if (p->rope_cos) {
+        for (size_t e = 0; e < heads; ++e)
+            rope_rows(p, w->group_q + e * n * d, q_rows + e * n * d, b, 0, n, 0, 0, NULL);
+        q_rows = w->group_q;
+    }
+    size_t c0, cols;
+    const size_t keys = attention_decode_span(c, t, b, 0, n, &c0, &cols);
+    if (keys)
+        kern->rows_dot(w->scores + c0, ld, q_rows, rows, k_u + c0 * d, keys, d, p->scale);
+    for (size_t e = 0; e < heads; ++e) {
+        const size_t h = h_first + e;
+        attention_ws head = *w;   /* head e's block of the scores and row statistics */
+        head.scores = w->scores + e * n * ld;
+        head.row_scale = w->row_scale + e * n;
+        head.row_stats = w->row_stats + 2 * e * n;
+        if (keys && c->decode_terms) {
+            packed_b shape;
+            forward_unit_setup(&c->logits, fw, b, h, 0, n, &shape, 0);
+            attention_decode_terms(c, fw, b, h, q_rows + e * n * d, 0, n, c0, cols, head.scores);
+        }
+        attention_decode_softmax(c, &head, t, b, h, (u0 + e) * n, 0, n, c0, cols);
+    }
+    const decode_rows x = {b, 0, n, u0 * n};
+    attention_decode_out(c, w, t, &x, rows, v_u, c0, keys);
+}
+
+/* The decoding path for key/value head g of batch row b: its query heads in batches of
+ * mr / n (one pass over k and v each), or one by one where n > mr / 2. */
+static void attention_decode_group(const attention_ctx *c, forward_ws *fw, attention_ws *w,
+                                   size_t b, size_t g, const decode_target *t)
+{
+    const size_t G = posenc_kv_group(c->p), n = c->p->n, per = c->kern->mr / n;
+    if (per < 2 || G == 1) {
+        for (size_t e = 0; e < G; ++e)
+            attention_decode_unit(c, fw, w, b, g * G + e, 0, n, t);
+        return;
+    }
+    for (size_t e = 0; e < G; e += per)
+        attention_decode_heads(c, fw, w, b, g * G + e, posenc_min(per, G - e), t);
+}
+
+#endif /* POSENC_ENGINE_ATTENTION_DECODE_IMPL_H */
