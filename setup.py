@@ -2,8 +2,8 @@
 measuring loops).
 
 The engine, dispatch and bindings are compiled at the target's baseline; each
-per-ISA file is compiled on its own with its own flags (STYLE.md 3), so a
-wheel built here imports on any x86-64 and picks its kernels at run time.
+per-ISA file is compiled on its own with its own flags, so a wheel built
+here imports on any x86-64 and picks its kernels at run time.
 No -march=native anywhere.
 
 Environment:

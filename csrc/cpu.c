@@ -1,8 +1,9 @@
 /*
  * cpu.c -- what the CPU and the OS can run, detected once: cpuid *and*
- * XGETBV on x86 (the OS must save the ymm/zmm state, STYLE.md 4), getauxval
- * on Linux/AArch64.  Compiled into posenc._C (dispatch.c) and posenc._machine
- * alike; whether an ISA's kernels were compiled is each module's business.
+ * XGETBV on x86 (the OS must save the ymm/zmm state, else AVX faults),
+ * getauxval on Linux/AArch64.  Compiled into posenc._C (dispatch.c) and
+ * posenc._machine alike; whether an ISA's kernels were compiled is each
+ * module's business.
  */
 #include "posenc.h"
 

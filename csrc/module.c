@@ -1,8 +1,8 @@
 /*
  * module.c -- posenc._C, the CPython/NumPy binding.  Thin: parse, convert
- * (aligned, native, C-contiguous: STYLE.md 6), check that the problem is
- * consistent so the engine can never read out of bounds, release the GIL,
- * call, wrap.  The user-facing, per-method messages come from
+ * (aligned, native, C-contiguous: the engine indexes raw memory), check
+ * that the problem is consistent so the engine can never read out of
+ * bounds, release the GIL, call, wrap.  The user-facing, per-method messages come from
  * posenc/_checks.py, which runs first; the checks here are the safety net
  * for direct calls of this private module.  One translation unit in parts:
  * module_config.h (EngineConfig -> problem), module_results.h (result

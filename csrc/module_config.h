@@ -1,8 +1,9 @@
 /*
  * module_config.h -- posenc._C's reading of an EngineConfig
  * (posenc/_engine.py) into a posenc_problem: each array converted once
- * (aligned, native, C-contiguous: STYLE.md 6), shapes checked, then the one
- * posenc_validate of a call, so the engine can never read out of bounds.
+ * (aligned, native, C-contiguous: the engine indexes raw memory), shapes
+ * checked, then the one posenc_validate of a call, so the engine can never
+ * read out of bounds.
  * Included by module.c (one translation unit: the binding).
  */
 
@@ -169,9 +170,9 @@ static int check_float_array(PyObject *obj, int typenum, const char *name, const
     return 0;
 }
 
-/* An aligned, native-endian, C-contiguous array of `typenum` (STYLE.md 6):
- * obj itself when it already is one (the common case, no call into NumPy's
- * converter), else a copy.  NULL with an exception. */
+/* An aligned, native-endian, C-contiguous array of `typenum` (the engine
+ * indexes raw memory): obj itself when it already is one (the common case,
+ * no call into NumPy's converter), else a copy.  NULL with an exception. */
 static PyArrayObject *as_float_array(PyObject *obj, int typenum, const char *name)
 {
     if (check_float_array(obj, typenum, name, "q"))

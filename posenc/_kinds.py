@@ -1,4 +1,4 @@
-"""The kinds a method is made of, each owning its behaviour (STYLE.md 14).
+"""The kinds a method is made of, each owning its behaviour.
 
 A method (posenc._registry) is the content term ``s q_i.k_j`` plus terms of
 the kinds below, with at most one bucket map; a kind is a class, and adding

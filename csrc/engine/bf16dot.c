@@ -20,7 +20,7 @@ typedef struct {
     float scale;
     int stream;              /* POSENC_UKR_STREAM: the logits go straight to memory */
     size_t items, chunks, rows_per_chunk;
-    size_t panel_elements;   /* one pair panel: round_up(d, 2) x nr */
+    size_t panel_elements;   /* one pair panel: posenc_round_up(d, 2) x nr */
     uint16_t *out;
 } bf16dot_work;
 

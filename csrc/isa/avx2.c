@@ -17,8 +17,9 @@
 
 /*
  * The dropout's keep decisions (philox_impl.h) on 8 blocks (32 keys) at a
- * time: as isa/avx512.c, with max_epu32 for the unsigned compare AVX2 lacks,
- * and the words packed to bytes and moved to key order by one byte shuffle.
+ * time: as isa/avx512.c, with _mm256_max_epu32 for the unsigned compare
+ * AVX2 lacks, and the words packed to bytes and moved to key order by one
+ * byte shuffle.
  */
 static inline void philox_mul(__m256i a, __m256i m, __m256i *hi, __m256i *lo)
 {

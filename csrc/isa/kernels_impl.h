@@ -7,7 +7,9 @@
  *
  * From the vector layer:
  *   REAL            float or double
- *   KNAME(x)        x ## _<dtype>_<isa>, the kernel names (STYLE.md 1)
+ *   KNAME(x)        x ## _<dtype>_<isa>, the kernel names: one per dtype and
+ *                   ISA, as a file includes this twice and every ISA's
+ *                   tables link into one module
  *   ISA_STRING      "avx512", ...
  *   VT, VL          vector type and its number of lanes
  *   VLOAD(p), VSTORE(p, v)    unaligned load / store of VL elements

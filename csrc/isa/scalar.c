@@ -1,6 +1,7 @@
 /*
  * scalar.c -- the portable kernels: plain C at the baseline of the target,
- * the fallback for every entry of the dispatch table (STYLE.md 2).
+ * the fallback for every entry of the dispatch table (dispatch.c's
+ * fill_table lays each ISA's own entries over these).
  * Register tile 4 x 4.  Its conversions are the bit-level reference
  * (convert_scalar.h).
  */

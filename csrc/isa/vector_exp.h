@@ -10,11 +10,12 @@
  * chain of VL scalar comparisons.
  *
  * exp(x) = 2^n exp(r), n = round(x log2 e), r = x - n ln 2 in two parts
- * (Cody-Waite; ln2_hi has trailing zero bits, so n ln2_hi is exact), exp(r)
- * on |r| <= ln(2)/2 by its Taylor polynomial (degree 7 in float: truncation
- * below 5e-9; 13 in double: below 5e-18), Horner with FMA.  -inf and
- * arguments whose exp underflows give +0 exactly (a masked logit); NaN
- * stays NaN; +inf and overflowing arguments give +inf.
+ * (Cody-Waite; ln 2's high part, EXP_LN2_HI_*, has trailing zero bits, so n
+ * times it is exact), exp(r) on |r| <= ln(2)/2 by its Taylor polynomial
+ * (degree 7 in float: truncation below 5e-9; 13 in double: below 5e-18),
+ * Horner with FMA.  -inf and arguments whose exp underflows give +0
+ * exactly (a masked logit); NaN stays NaN; +inf and overflowing arguments
+ * give +inf.
  */
 #ifndef POSENC_VECTOR_EXP_H
 #define POSENC_VECTOR_EXP_H
