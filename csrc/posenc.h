@@ -3,7 +3,7 @@
  *
  * Every method of docs/spec.md §3 is one `posenc_problem`: the content term
  * s * q_i.k_j plus positional terms of five kinds, combined by sum or by
- * product (STYLE.md "One engine, many methods"), and optionally a rotation
+ * product (docs/internals.md §1, the term algebra), and optionally a rotation
  * of q and k (rope):
  *
  *   dense         dense_scale * pos_q_i . pos_k_j                  (TUPE, DIET-ABS)
@@ -131,7 +131,8 @@ typedef struct {
 } posenc_problem;
 
 /*
- * The float arrays of a problem besides q and k, written once (STYLE.md 13):
+ * The float arrays of a problem besides q and k, written once (one list, so
+ * that its users cannot drift apart):
  * the gradients' struct below, the low-precision engine's widening and
  * slicing (engine_lp.c), the binding's config fields and gradient tuple
  * (module_config.h, hence posenc._engine's EngineConfig and ENGINE_GRADS)
@@ -421,7 +422,7 @@ typedef struct {
  * pack: one B panel from `cols` (<= nr) rows of B (row c at src + c * rs,
  *   kc elements each) in pairs along the depth:
  *   dst[(l / 2) * 2 nr + 2 c + l % 2] = src[c * rs + l], l < kc, c < cols;
- *   zero for c >= cols and for l = kc when kc is odd (round_up(kc, 2) x nr).
+ *   zero for c >= cols and for l = kc when kc is odd (posenc_round_up(kc, 2) x nr).
  * ukr: the mr x nr tile C[r, c] = narrow(s sum_l a[r * lda + l] b(l, c)
  *   [op P[r * ldp + c]]), l < kc (any kc, 0 included), A rows read in place
  *   (never past a[r * lda + kc - 1], nor rows >= rows); the sums in float32
@@ -452,7 +453,7 @@ typedef struct posenc_bf16_kernels_s {
      *   product first), depth kc, from a B panel of pack's layout and A as
      *   bfloat16 rows (POSENC_UKR_A_ROWS: a[r * lda + l], rows >= rows not
      *   read) or as a pair panel (word t * lda + r holds elements 2 t, 2 t + 1
-     *   of row r, lda >= mr, round_up(kc, 2) / 2 pair rows, every row readable).
+     *   of row r, lda >= mr, posenc_round_up(kc, 2) / 2 pair rows, every row readable).
      * pack_f32: pack's panel from float32 rows of B^T (row c at src + c * rs).
      * pack_pairs: a pair panel `width` (<= 128) wide from float32 rows along the
      *   depth: word t * width + c holds elements (2 t, c) and (2 t + 1, c),
@@ -460,7 +461,7 @@ typedef struct posenc_bf16_kernels_s {
      *   [ranges[2 (c / tile)], ranges[2 (c / tile) + 1]) (a range per tile of
      *   columns: B's one, or the A tiles' k ranges) and c < cols, zero
      *   elsewhere, pair rows up to the largest range's end; it may write up to
-     *   round_up(width, 16) - width words past the panel's end (scratch the
+     *   posenc_round_up(width, 16) - width words past the panel's end (scratch the
      *   caller leaves free: gemm_scratch's a_pack). */
     void (*ukr_f32)(size_t kc, const uint16_t *a, ptrdiff_t lda, const uint16_t *b, float *c,
                     ptrdiff_t ldc, size_t rows, size_t cols, float scale, const float *p,

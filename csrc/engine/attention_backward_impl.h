@@ -131,7 +131,7 @@ static double row_delta(const delta_rows *x, size_t r)
 
 /* Where unit u's dV goes: its value head's gradient, or with grouped-query
  * attention the thread's dv_unit, added into the value head's after the unit,
- * the query heads of a group in order on one thread (attention_backward_item). */
+ * the query heads of a group in order on one thread (attention_backward_unit). */
 static REAL *attention_unit_dv(const attention_grad_ctx *gc, const attention_ws *w, size_t u)
 {
     return w->dv_unit ? w->dv_unit : gc->grad_v + u * gc->a->p->m * gc->a->a->dv;

@@ -38,7 +38,7 @@ typedef struct {
     size_t *query_reach;      /* NULL, or a causal attention's: the query table's buckets [2 t,
                                  2 t + 1) of the offsets -t .. query_offset + mr - 1 (from b_min) */
     int causal;               /* a causal attention's: a tile of rows [i0, i0 + rows) reads keys
-                                 [0, query_offset + i0 + rows) only (attention_columns) */
+                                 [0, query_offset + i0 + rows) only (attention_span) */
     int in_place;             /* a decoding step's few rows: k and the vector tables read in
                                  place (no k panels, no packed tables), the key table's term a
                                  dot product per key (term_key_direct), no key projections */

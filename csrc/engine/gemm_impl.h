@@ -166,7 +166,7 @@ typedef struct {
     posenc_ukr ukr;
     /* the bfloat16 GEMM (kern->bf16, float32 only): data holds its pair
      * panels (bfloat16: block pc at + pc * n_pad, panel jp of a block of
-     * depth kc at + jp * round_up(kc, 2) * nr), B unscaled and `scale`
+     * depth kc at + jp * posenc_round_up(kc, 2) * nr), B unscaled and `scale`
      * applied to each tile's sums; NULL: REAL panels with the scale in them */
     const posenc_bf16_kernels *bf16;
     REAL scale;

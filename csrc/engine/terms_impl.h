@@ -87,7 +87,7 @@ static void term_query_table_runs(const posenc_kernels *kern, int op, REAL *P, s
  * offsets (a clipped map's j - i <= -t and >= t).  Along a row a key-side
  * term reads a diagonal of proj, one gather per key; in an edge it reads one
  * column of proj, which key_projections copies contiguous once per unit
- * (edge_cols: lo's m keys, then hi's), so that a tile's keys in an edge go
+ * (key_edge_size's 2 m elements: lo's m keys, then hi's), so that a tile's keys in an edge go
  * through a row operation instead.  The same values either way.
  */
 typedef struct {
