@@ -7,7 +7,6 @@ import ast
 import glob
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -210,9 +209,8 @@ def test_suite_imports_one_way():
     assert not _suite_imports(SUITE / "posenc_bench" / "__init__.py")
 
 
-def test_posenc_bench_without_a_suite_says_where_it_is(tmp_path):
-    result = subprocess.run([sys.executable, "-m", "posenc", "bench", "--suite", str(tmp_path)],
-                            capture_output=True, text=True, timeout=120)
+def test_posenc_bench_without_a_suite_says_where_it_is(tmp_path, python):
+    result = python("-m", "posenc", "bench", "--suite", str(tmp_path), timeout=120)
     assert result.returncode == 2
     assert result.stdout == "" and len(result.stderr.strip().splitlines()) == 1
     assert "benchmarks/run.py" in result.stderr and "Traceback" not in result.stderr

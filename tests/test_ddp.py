@@ -47,13 +47,19 @@ def report(tmp_path_factory):
 
     if not dist.is_available() or not dist.is_gloo_available():
         pytest.skip("torch.distributed with the gloo backend is not available")
-    path = tmp_path_factory.mktemp("ddp") / "report.json"
+    import posenc
+
+    work = tmp_path_factory.mktemp("ddp")
+    path = work / "report.json"
+    # the posenc under test (an in-place build's checkout, or site-packages) first on the
+    # path, run outside the checkout: in an unpacked sdist the checkout's posenc is unbuilt
+    home = os.path.dirname(os.path.dirname(os.path.abspath(posenc.__file__)))
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + [p for p in [env.get("PYTHONPATH")] if p])
+    env["PYTHONPATH"] = os.pathsep.join([home] + [p for p in [env.get("PYTHONPATH")] if p])
     done = subprocess.run([sys.executable, str(ROOT / "examples" / "ddp.py"), "--model", "both",
                            "--steps", str(STEPS), "--world-size", "2", "--sync", "mean,sum,none",
                            "--report", str(path)],
-                          env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
+                          env=env, cwd=work, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "ranks bitwise identical: True" in done.stdout
     return json.loads(path.read_text())

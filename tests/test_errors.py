@@ -3,9 +3,6 @@ expected and received (SPEC §5), for every public function, as a table of
 (function, case, exception, message fragments).  posenc and posenc.reference
 raise the same exception for the same input."""
 
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -234,9 +231,8 @@ def test_array_errors_show_the_way_out():
             call()
 
 
-def test_a_bad_posenc_isa_variable_is_named():
-    result = subprocess.run([sys.executable, "-c", "import posenc"], capture_output=True,
-                            text=True, env=dict(os.environ, POSENC_ISA="foo"), timeout=120)
+def test_a_bad_posenc_isa_variable_is_named(python):
+    result = python("-c", "import posenc", env={"POSENC_ISA": "foo"}, timeout=120)
     assert result.returncode == 1
     assert ("ValueError: the POSENC_ISA environment variable: unknown ISA 'foo'; this CPU "
             "supports") in result.stderr, result.stderr

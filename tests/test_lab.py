@@ -8,8 +8,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import subprocess
-import sys
 import zlib
 from dataclasses import replace
 
@@ -122,23 +120,22 @@ def test_tasks_train_and_measure_accuracy():
     assert "| recall | alibi |" in lab.table(result)
 
 
-def test_command_line_writes_json_and_plots_and_replots(text_folder, tmp_path):
+def test_command_line_writes_json_and_plots_and_replots(text_folder, tmp_path, python):
     pytest.importorskip("matplotlib")
     out = str(tmp_path / "run")
-    command = [sys.executable, "-m", "posenc", "lab", "extrapolate", "--preset", "smoke",
+    command = ["-m", "posenc", "lab", "extrapolate", "--preset", "smoke",
                "--steps", "2", "--encodings", "nope", "alibi", "--data", text_folder,
                "--quiet", "--out", out]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    done = python(*command)
     assert done.returncode == 0, done.stderr
     assert "| alibi |" in done.stdout and "sliding windows" in done.stdout
     for extension in (".json", ".png", ".svg"):
         assert os.path.getsize(out + extension) > 100
-    again = subprocess.run([sys.executable, "-m", "posenc", "lab", "plot", out + ".json",
-                            out + ".json", "--out", str(tmp_path / "both")],
-                           capture_output=True, text=True, timeout=300)
+    again = python("-m", "posenc", "lab", "plot", out + ".json", out + ".json",
+                   "--out", str(tmp_path / "both"))
     assert again.returncode == 0, again.stderr
     assert os.path.exists(str(tmp_path / "both.png")) and "| nope |" in again.stdout
-    bad = subprocess.run(command[:5] + ["--encodings", "fire"], capture_output=True, text=True)
+    bad = python(*command[:4], "--encodings", "fire")
     assert bad.returncode == 2 and "invalid choice: 'fire'" in bad.stderr
 
 

@@ -24,8 +24,6 @@ mixed dtypes refused with the dtypes named, and posenc without ml_dtypes
 (float16 only).  bfloat16 cases are skipped when ml_dtypes is not installed.
 """
 
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -438,7 +436,7 @@ def test_binding_refuses_a_dtype_that_is_not_bfloat16():
         _C._set_bfloat16(np.dtype(np.float16).num)
 
 
-def test_without_ml_dtypes_float16_works_and_bfloat16_is_named():
+def test_without_ml_dtypes_float16_works_and_bfloat16_is_named(python):
     """posenc imported with ml_dtypes hidden: float16 runs and checks, bfloat16 is
     named as needing ml_dtypes."""
     code = """
@@ -463,6 +461,5 @@ result = posenc.check("content", dtypes=["float16"])
 assert result.passed, result
 print("ok")
 """
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=120)
+    done = python("-c", code, timeout=120)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import copy
 import math
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -281,14 +279,15 @@ def test_defaults_and_ignored_keys():
     assert set(ROPE_TYPES) == {"default", "linear", "dynamic", "yarn", "longrope", "llama3"}
 
 
-def test_imports_without_torch():
+def test_imports_without_torch(python):
     code = ("import sys; sys.modules['torch'] = None; sys.modules['transformers'] = None\n"
             "from posenc.rotary import rope_tables, xpos_tables\n"
             "rope_tables(5, 8, rope_parameters={'rope_type': 'yarn', 'factor': 2.0}, "
             "max_position_embeddings=64); xpos_tables(5, 8)\n"
             "assert not any(m.split('.')[0] == 'torch' and sys.modules[m] is not None "
             "for m in sys.modules)")
-    subprocess.run([sys.executable, "-c", code], check=True)
+    done = python("-c", code)
+    assert done.returncode == 0, done.stderr
 
 
 # ---------------------------------------------------------------------------

@@ -273,7 +273,9 @@ def run_worker(spec: dict, env_changes: dict | None = None, timeout: float = 180
     value, or to None to remove it. Returns its JSON answer, or {'error': ...}.
 
     The child imports the suite by path (benchmarks/ on PYTHONPATH) and the
-    posenc this process imported (its parent directory after it)."""
+    posenc this process imported (its parent directory after it); it runs in
+    benchmarks/, since `-m` puts the working directory first on the path (in an
+    unpacked sdist that would be the unbuilt sources' posenc)."""
     env = dict(os.environ)
     for name, value in (env_changes or {}).items():
         if value is None:
@@ -285,8 +287,8 @@ def run_worker(spec: dict, env_changes: dict | None = None, timeout: float = 180
                                                     env.get("PYTHONPATH")) if p)
     try:
         done = subprocess.run([sys.executable, "-m", "posenc_bench.worker", json.dumps(spec)],
-                              env=env, capture_output=True, text=True, timeout=timeout,
-                              check=False)
+                              env=env, cwd=SUITE_ROOT, capture_output=True, text=True,
+                              timeout=timeout, check=False)
     except subprocess.TimeoutExpired:
         return {"error": f"timed out after {timeout:.0f} s"}
     lines = done.stdout.strip().splitlines()
