@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import glob
 import json
 import os
 import platform
@@ -257,6 +258,15 @@ def worker(spec: dict, build=None) -> None:
 
 # ------------------------------------------------------------------ the parent
 
+def _posenc_home() -> str:
+    """The directory of the posenc this process imports (a checkout built in place,
+    or site-packages): the workers import that one, not the checkout's sources (in
+    an unpacked sdist those are not built)."""
+    import posenc
+
+    return os.path.dirname(os.path.dirname(os.path.abspath(posenc.__file__)))
+
+
 class Case:
     """A running worker process for (model, implementation); `script` runs the
     worker (benchmarks/hf_floor.py's cases run its own)."""
@@ -267,7 +277,8 @@ class Case:
         self.implementation = implementation
         self.stderr = tempfile.TemporaryFile(mode="w+")
         spec = dict(model=model, implementation=implementation, quick=quick, threads=threads, batch=batch)
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [_posenc_home(),
+                                                                        os.environ.get("PYTHONPATH")])))
         self.process = subprocess.Popen([sys.executable, self.script, "--worker", json.dumps(spec)],
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr,
                                         text=True, env=env)
@@ -539,7 +550,8 @@ def main(argv=None) -> int:
     if args.worker:
         worker(json.loads(args.worker))
         return 0
-    sys.path.insert(0, ROOT)
+    if glob.glob(os.path.join(ROOT, "posenc", "_C*")):   # a checkout built in place
+        sys.path.insert(0, ROOT)
     import torch
     import transformers
 
