@@ -87,7 +87,7 @@ def on_c_kernels(tensors) -> bool:
     vmap, jacrev: their wrapped tensors have no storage a kernel could read,
     so the native formula, which torch.func can transform, serves them), and
     not bfloat16 where ml_dtypes is missing."""
-    return (tensors[0].device.type == "cpu" and not _BACKEND.native
+    return (tensors[0].is_cpu and not _BACKEND.native
             and not torch._C._are_functorch_transforms_active()
             and (_dtypes.BFLOAT16 is not None or not _runs_bfloat16(tensors[0])))
 
@@ -137,8 +137,7 @@ def check_seed_tensor(seed: torch.Tensor) -> torch.Tensor:
 def require_tensors(names, values, optional=()) -> None:
     """TypeError unless every value is a tensor (None only where `optional`);
     ValueError on mixed devices."""
-    device = None
-    first = None
+    on_cpu = True      # every tensor on the CPU: no device objects built (a decoding step's path)
     for name, value in zip(names, values):
         if value is None:
             if name not in optional:
@@ -148,6 +147,14 @@ def require_tensors(names, values, optional=()) -> None:
             raise TypeError(
                 f"{name} must be a torch.Tensor, got {type(value).__module__}."
                 f"{type(value).__qualname__}")
+        on_cpu = on_cpu and value.is_cpu
+    if on_cpu:
+        return
+    device = None
+    first = None
+    for name, value in zip(names, values):
+        if value is None:
+            continue
         if device is None:
             device, first = value.device, name
         elif value.device != device:
