@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import functools
 
+import sys
+
 import numpy as np
 
 from ._dtypes import FLOAT_DTYPES, LOW_PRECISION
@@ -229,6 +231,13 @@ _PLANS = {name: _plan(spec) for name, spec in REGISTRY.items()}
 
 
 def check(spec, tensors: tuple, params: tuple, out) -> Problem:
+    """Validate one call of method `spec` (a posenc._registry.Method): its
+    fast check (_FAST, generated from its plan) for the common call, which
+    hands any other to `check_call`."""
+    return _FAST[spec.name](spec, tensors, params, out)
+
+
+def check_call(spec, tensors: tuple, params: tuple, out) -> Problem:
     """Validate one call of method `spec` (a posenc._registry.Method).
 
     `tensors` and `params` are the call's values in the order of
@@ -300,6 +309,88 @@ def check(spec, tensors: tuple, params: tuple, out) -> Problem:
     if out is not None:
         check_out(out, p)
     return p
+
+
+def _fast_check(spec):
+    """`check_call` of `spec` for the common call, generated from its plan
+    (unrolled: no loop over the plan, no list of the parameters): every
+    float tensor an exact ndarray of one dtype of posenc's, q and k 4-D
+    with the same B, H and d, every parameter of its one fast type, the
+    scale None or a float, the offset an int in range, no `out`.  Any other
+    call goes to check_call, which gives it the same Problem or the same
+    error; the term checks are the same calls either way.  The size-1 call
+    of issue-free inputs is where this counts: the checks are most of its
+    cost."""
+    plan_tensors, _, plan_types, map_positions, terms = _PLANS[spec.name]
+    if None in plan_types:      # a parameter always checked (a choice): the general path
+        return check_call
+    tensor_names = [f"t{t}" for t in range(len(plan_tensors))]
+    param_names = [f"p{t}" for t in range(len(plan_types))]
+    slow = "return _module.check_call(spec, tensors, params, out)"
+    lines = [f"def fast(spec, tensors, params, out):",
+             f"    if out is not None or len(tensors) != {len(plan_tensors)} or "
+             f"len(params) != {len(plan_types) + 2}:",
+             f"        {slow}",
+             f"    {', '.join(tensor_names)}, = tensors",
+             f"    if t0.__class__ is not _ndarray or t1.__class__ is not _ndarray:",
+             f"        {slow}",
+             f"    dtype = t0.dtype",
+             f"    if not (dtype is _F32 or dtype is _F64 or dtype in _LOW) or "
+             f"t1.dtype is not dtype:",
+             f"        {slow}"]
+    arrays = ['"q": t0', '"k": t1']
+    optional = []
+    for t, (name, is_optional, is_float) in enumerate(plan_tensors[2:], start=2):
+        value = f"t{t}"
+        if is_float:
+            test = f"{value}.__class__ is not _ndarray or {value}.dtype is not dtype"
+            lines += [f"    if {value} is not None and ({test}):" if is_optional
+                      else f"    if {test}:", f"        {slow}"]
+        elif not is_optional:
+            lines += [f"    if {value} is None:", f"        {slow}"]
+        (optional if is_optional else arrays).append((name, value) if is_optional
+                                                     else f'"{name}": {value}')
+    lines += ["    q_shape, k_shape = t0.shape, t1.shape",
+              "    if len(q_shape) != 4 or len(k_shape) != 4 or q_shape[0] != k_shape[0] or "
+              "q_shape[1] != k_shape[1] or q_shape[3] != k_shape[3]:",
+              f"        {slow}",
+              "    B, H, n, d = q_shape",
+              "    m = k_shape[2]",
+              f"    {''.join(name + ', ' for name in param_names)}scale, query_offset = params"]
+    if param_names:
+        lines += ["    if " + " or ".join(f"{name}.__class__ is not _T{t}"
+                                          for t, name in enumerate(param_names)) + ":",
+                  f"        {slow}"]
+    lines += ["    if scale is None:", "        scale = spec.default_scale(d)",
+              "    elif scale.__class__ is not float:", f"        {slow}",
+              "    if query_offset.__class__ is not int or query_offset < 0 or "
+              "query_offset > _MAX_QUERY_OFFSET - n - m:", f"        {slow}",
+              "    arrays = {" + ", ".join(arrays) + "}"]
+    for name, value in optional:
+        lines += [f"    if {value} is not None:", f'        arrays["{name}"] = {value}']
+    lines += ["    p = _Problem(spec.name, dtype, B, H, n, m, d, arrays)",
+              "    p.scale = scale",
+              "    p.query_offset = query_offset",
+              f"    p.values = values = ({''.join(name + ', ' for name in param_names)})"]
+    if map_positions is None:
+        lines.append("    rows = None")
+    else:
+        picked = (param_names[map_positions] if map_positions.__class__ is slice
+                  else [param_names[t] for t in map_positions])
+        lines += [f"    p.map_values = map_values = ({''.join(name + ', ' for name in picked)})",
+                  f"    rows = _map_rows({spec.bucket!r}, map_values)"]
+    lines += [f"    _term{t}.check(p, arrays, rows)" for t in range(len(terms))]
+    lines.append("    return p")
+    namespace = {"_module": sys.modules[__name__], "_ndarray": np.ndarray, "_F32": _F32, "_F64": _F64,
+                 "_LOW": LOW_PRECISION, "_MAX_QUERY_OFFSET": MAX_QUERY_OFFSET,
+                 "_Problem": Problem, "_map_rows": _map_rows,
+                 **{f"_T{t}": kind for t, kind in enumerate(plan_types)},
+                 **{f"_term{t}": term for t, term in enumerate(terms)}}
+    exec(compile("\n".join(lines) + "\n", f"<posenc check of {spec.name}>", "exec"), namespace)
+    return namespace["fast"]
+
+
+_FAST = {name: _fast_check(spec) for name, spec in REGISTRY.items()}
 
 
 def _checker(method: str):
