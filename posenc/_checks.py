@@ -327,16 +327,16 @@ def _fast_check(spec):
     tensor_names = [f"t{t}" for t in range(len(plan_tensors))]
     param_names = [f"p{t}" for t in range(len(plan_types))]
     slow = "return _module.check_call(spec, tensors, params, out)"
-    lines = [f"def fast(spec, tensors, params, out):",
+    lines = ["def fast(spec, tensors, params, out):",
              f"    if out is not None or len(tensors) != {len(plan_tensors)} or "
              f"len(params) != {len(plan_types) + 2}:",
              f"        {slow}",
              f"    {', '.join(tensor_names)}, = tensors",
-             f"    if t0.__class__ is not _ndarray or t1.__class__ is not _ndarray:",
+             "    if t0.__class__ is not _ndarray or t1.__class__ is not _ndarray:",
              f"        {slow}",
-             f"    dtype = t0.dtype",
-             f"    if not (dtype is _F32 or dtype is _F64 or dtype in _LOW) or "
-             f"t1.dtype is not dtype:",
+             "    dtype = t0.dtype",
+             "    if not (dtype is _F32 or dtype is _F64 or dtype in _LOW) or "
+             "t1.dtype is not dtype:",
              f"        {slow}"]
     arrays = ['"q": t0', '"k": t1']
     optional = []
