@@ -23,7 +23,7 @@
 #include "backward_impl.h"
 #include "forward_impl.h"
 
-/* masked_keys' (backward_impl.h) zero_keys: the padded keys of the packed k. */
+/* masked_keys' (backward_rows_impl.h) zero_keys: the padded keys of the packed k. */
 static void attention_hidden_zero(const void *c_, const packed_b *pb, size_t b, size_t first)
 {
     attention_zero_padding((const attention_ctx *)c_, pb, b, first, first + pb->K, first);

@@ -46,7 +46,7 @@ typedef struct {
  * each row sees (rows: 1 when it did so).  The factors and the key-side bucket sums,
  * where a key some row of batch row b does not see holds an Inf or NaN in k
  * (unread_nonfinite, over those keys only): row i's keys [0, cols) that it does not
- * see set to 0 in a row x (unseen_zero).  Set by attention_backward (attention_impl.h).
+ * see set to 0 in a row x (unseen_zero).  Set by attention_backward (attention_backward_impl.h).
  */
 typedef struct masked_keys {
     const void *attention;

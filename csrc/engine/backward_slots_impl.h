@@ -3,7 +3,7 @@
  * allocated and zeroed (backward_prepare), summed into the outputs in a
  * fixed (h, b) order (backward_reduce: the gradients are bitwise identical
  * for any number of threads), released; and the zero gradients of an empty
- * problem.  Types and phases in backward_impl.h.
+ * problem.  Types in backward_rows_impl.h, phases in backward_impl.h.
  */
 #ifndef POSENC_ENGINE_BACKWARD_SLOTS_IMPL_H
 #define POSENC_ENGINE_BACKWARD_SLOTS_IMPL_H

@@ -2,7 +2,7 @@
  * backward_vectors_impl.h -- the gradients through the vector tables (Shaw,
  * M4, M4M, DeBERTa) of one unit, for one dtype: the GEMMs through the
  * bucket matrices, and where an input is not finite the IEEE-exact
- * fallbacks.  Types and the unit's flow in backward_impl.h.
+ * fallbacks.  Types in backward_rows_impl.h, the unit's flow in backward_impl.h.
  */
 #ifndef POSENC_ENGINE_BACKWARD_VECTORS_IMPL_H
 #define POSENC_ENGINE_BACKWARD_VECTORS_IMPL_H

@@ -1,6 +1,6 @@
 /*
  * spans.c -- where a bucket matrix of the backward is zero (posenc_spans, see
- * engine.h), so its GEMMs can skip those blocks.
+ * spans.h), so its GEMMs can skip those blocks.
  */
 #include "spans.h"
 #include "../posenc.h"

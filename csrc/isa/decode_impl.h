@@ -1,5 +1,5 @@
 /*
- * decode_impl.h -- the decoding path's products (engine/attention_impl.h,
+ * decode_impl.h -- the decoding path's products (engine/attention_decode_impl.h,
  * attention_decode_unit), for one ISA and dtype: included by kernels_impl.h.
  * A step has a few query rows against many keys: k and v are streamed once,
  * in place, each key's row loaded once for all the query rows (which stay in
