@@ -262,6 +262,16 @@ def test_pages_have_python_blocks():
         assert not stray, f"output blocks not right after a python block (unchecked): {stray}"
 
 
+def test_validation_names_every_test_file():
+    """docs/validation.md's table of the suite names every test file there is,
+    and none that is not."""
+    text = (ROOT / "docs" / "validation.md").read_text()
+    named = set(re.findall(r"`(test_\w+\.py)`", text))
+    files = {path.name for path in (ROOT / "tests").glob("test_*.py")}
+    assert files - named == set(), f"not in docs/validation.md: {sorted(files - named)}"
+    assert named - files == set(), f"docs/validation.md names no such file: {sorted(named - files)}"
+
+
 def test_relative_links_point_at_files():
     """Links between the pages and into the repository resolve.  performance.md
     links to benchmark results that are generated and committed with it."""
