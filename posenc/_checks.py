@@ -13,7 +13,6 @@ what was expected and what was received.
 from __future__ import annotations
 
 import functools
-
 import sys
 
 import numpy as np
@@ -371,7 +370,7 @@ def _fast_check(spec):
     lines += ["    p = _Problem(spec.name, dtype, B, H, n, m, d, arrays)",
               "    p.scale = scale",
               "    p.query_offset = query_offset",
-              f"    p.values = values = ({''.join(name + ', ' for name in param_names)})"]
+              f"    p.values = ({''.join(name + ', ' for name in param_names)})"]
     if map_positions is None:
         lines.append("    rows = None")
     else:

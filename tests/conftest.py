@@ -41,16 +41,23 @@ def rng(request):
     return np.random.default_rng([SEED, test_key])
 
 
-@pytest.fixture
-def python(tmp_path):
-    """``python(*args, env=None, blocked=None, blocked_error="ImportError")``: runs
-    ``python *args`` in tmp_path, importing the posenc under test (an in-place build's
-    checkout or site-packages, put first on PYTHONPATH) -- never the sources of the
-    directory pytest runs in, which in an unpacked sdist are not built -- with
-    ``import <blocked>`` failing as if it were not installed."""
+@pytest.fixture(scope="session")
+def posenc_home():
+    """The directory that holds the posenc under test (an in-place build's checkout,
+    or site-packages): what a Python started by a test puts first on PYTHONPATH, so
+    that it never imports the sources of the directory pytest runs in, which in an
+    unpacked sdist are not built."""
     import posenc
 
-    home = os.path.dirname(os.path.dirname(os.path.abspath(posenc.__file__)))
+    return os.path.dirname(os.path.dirname(os.path.abspath(posenc.__file__)))
+
+
+@pytest.fixture
+def python(tmp_path, posenc_home):
+    """``python(*args, env=None, blocked=None, blocked_error="ImportError")``: runs
+    ``python *args`` in tmp_path, importing the posenc under test (posenc_home first
+    on PYTHONPATH), with ``import <blocked>`` failing as if it were not installed."""
+    home = posenc_home
 
     def run(*args, env=None, blocked=None, blocked_error="ImportError", timeout=300):
         paths = [home]

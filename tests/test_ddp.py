@@ -42,20 +42,15 @@ FUSED_NODES = {"t5": 2 + 2 * 2, "deberta": 2}       # attention layers: T5 encod
 
 
 @pytest.fixture(scope="module")
-def report(tmp_path_factory):
+def report(tmp_path_factory, posenc_home):
     import torch.distributed as dist
 
     if not dist.is_available() or not dist.is_gloo_available():
         pytest.skip("torch.distributed with the gloo backend is not available")
-    import posenc
-
-    work = tmp_path_factory.mktemp("ddp")
+    work = tmp_path_factory.mktemp("ddp")     # run outside the checkout, as conftest's python
     path = work / "report.json"
-    # the posenc under test (an in-place build's checkout, or site-packages) first on the
-    # path, run outside the checkout: in an unpacked sdist the checkout's posenc is unbuilt
-    home = os.path.dirname(os.path.dirname(os.path.abspath(posenc.__file__)))
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([home] + [p for p in [env.get("PYTHONPATH")] if p])
+    env["PYTHONPATH"] = os.pathsep.join([posenc_home] + [p for p in [env.get("PYTHONPATH")] if p])
     done = subprocess.run([sys.executable, str(ROOT / "examples" / "ddp.py"), "--model", "both",
                            "--steps", str(STEPS), "--world-size", "2", "--sync", "mean,sum,none",
                            "--report", str(path)],
