@@ -119,12 +119,21 @@ static int new_grads(PyObject *config, const converted *a, unsigned int needs, i
         needs &= ~(1u << GR_key_table);
     }
     void *data[GR_COUNT] = {NULL};
+    memset(g, 0, sizeof *g);
     for (int t = 0; t < GR_COUNT; ++t) {
         PyArrayObject *src = a->arr[grad_source[t]];
         if (!src || !(needs & (1u << t)))
             continue;
-        /* of its input's dtype: the problem's, or a 16-bit problem's float32 table */
-        if (!(grads[t] = new_result(PyArray_NDIM(src), PyArray_DIMS(src), PyArray_TYPE(src))))
+        /* of its input's dtype: the problem's, or a 16-bit problem's float32 table; a
+         * term module's per unit, (B, H, per_unit) (csrc/terms.h) */
+        npy_intp per_unit[3] = {0};
+        if (t >= GR_FIRST_TERM_) {
+            per_unit[0] = PyArray_DIM(a->arr[CF_q], 0);
+            per_unit[1] = PyArray_DIM(a->arr[CF_q], 1);
+            per_unit[2] = PyArray_DIM(src, 2);
+        }
+        if (!(grads[t] = new_result(PyArray_NDIM(src), t >= GR_FIRST_TERM_ ? per_unit : PyArray_DIMS(src),
+                                    PyArray_TYPE(src))))
             return -1;
         data[t] = PyArray_DATA(grads[t]);
     }
@@ -137,6 +146,12 @@ static int new_grads(PyObject *config, const converted *a, unsigned int needs, i
 #undef GRAD_SKIP_
     if (shared_table)
         g->key_table = data[GR_query_table];
+    int place[POSENC_TERM_COUNT] = {0}, entry = GR_FIRST_TERM_;
+    for (int t = 0; t < TERM_FIELD_COUNT; ++t) {
+        const int k = term_fields[t].kind, at = place[k]++;
+        if (term_fields[t].grad)
+            g->terms[k][at] = data[entry++];
+    }
     return 0;
 }
 

@@ -12,7 +12,8 @@
  * names from _C.CONFIG_FIELDS): the binding reads any tuple of exactly
  * CF_COUNT items positionally.  The float arrays are q, k and posenc.h's
  * POSENC_ARRAYS; then the integer arrays (bucket maps over the offsets,
- * segment ids, rotation positions) and the scalars.
+ * segment ids, rotation positions), the scalars, and the term modules'
+ * arrays (csrc/terms.h: <kind>_<array>, float64 (B|1, H|1, per_unit)).
  */
 #define CONFIG_INDEX_FIELDS(X) \
     X(table_map) X(query_map) X(key_map) X(segment_q) X(segment_k) X(positions_q) X(positions_k)
@@ -20,6 +21,10 @@
     X(product) X(scale) X(dense_scale) X(vector_scale) X(rope_interleaved) X(query_offset)
 
 #define CF_ENUM_(name, ...) CF_##name,
+#define CF_TERM_ENUM_(kind, name, required, grad) CF_##kind##_##name,
+#define CF_TERM_NAME_(kind, name, required, grad) #kind "_" #name,
+#define GR_TERM_NAME_(kind, name, required, grad) POSENC_TERM_IF_##grad(#kind "_" #name,)
+#define CF_TERM_SKIP_(name, per_unit, valid, why, ARRAYS) ARRAYS
 enum {
     CF_q, CF_k,
     POSENC_ARRAYS(CF_ENUM_, CF_ENUM_)
@@ -27,13 +32,14 @@ enum {
     CF_INDEX_BEFORE_ = CF_FIRST_INDEX_ - 1,
     CONFIG_INDEX_FIELDS(CF_ENUM_)
     CONFIG_SCALAR_FIELDS(CF_ENUM_)
+    POSENC_TERMS(CF_TERM_SKIP_, CF_TERM_ENUM_)
     CF_COUNT
 };
 
 #define CF_NAME_(name, ...) #name,
 static const char *const config_names[CF_COUNT] = {
     "q", "k", POSENC_ARRAYS(CF_NAME_, CF_NAME_) CONFIG_INDEX_FIELDS(CF_NAME_)
-    CONFIG_SCALAR_FIELDS(CF_NAME_)};
+    CONFIG_SCALAR_FIELDS(CF_NAME_) POSENC_TERMS(CF_TERM_SKIP_, CF_TERM_NAME_)};
 
 /* The float and the integer array fields. */
 static const int float_fields[] = {CF_q, CF_k, POSENC_ARRAYS(CF_ENUM_, CF_ENUM_)};
@@ -45,17 +51,33 @@ static const int index_fields[] = {CONFIG_INDEX_FIELDS(CF_INDEX_)};
  * q, k, then the parameters of POSENC_ARRAYS (its constants have none). */
 #define GR_ENUM_(name, ...) GR_##name,
 #define GR_SKIP_(...)
-enum { GR_q, GR_k, POSENC_ARRAYS(GR_ENUM_, GR_SKIP_) GR_COUNT };
+#define GR_TERM_ENUM_(kind, name, required, grad) POSENC_TERM_IF_##grad(GR_##kind##_##name,)
+enum { GR_q, GR_k, POSENC_ARRAYS(GR_ENUM_, GR_SKIP_) GR_FIRST_TERM_,
+       GR_TERM_BEFORE_ = GR_FIRST_TERM_ - 1, POSENC_TERMS(CF_TERM_SKIP_, GR_TERM_ENUM_) GR_COUNT };
+#undef GR_TERM_ENUM_
 #undef GR_ENUM_
 #undef CF_ENUM_
+#undef CF_TERM_ENUM_
 
 /* The config field each gradient is shaped like, and the gradients' names. */
 #define GR_SOURCE_(name, ...) CF_##name,
-static const int grad_source[GR_COUNT] = {CF_q, CF_k, POSENC_ARRAYS(GR_SOURCE_, GR_SKIP_)};
+#define GR_TERM_SOURCE_(kind, name, required, grad) POSENC_TERM_IF_##grad(CF_##kind##_##name,)
+static const int grad_source[GR_COUNT] = {CF_q, CF_k, POSENC_ARRAYS(GR_SOURCE_, GR_SKIP_)
+                                          POSENC_TERMS(CF_TERM_SKIP_, GR_TERM_SOURCE_)};
+#undef GR_TERM_SOURCE_
 #undef GR_SOURCE_
-static const char *const grad_names[GR_COUNT] = {"q", "k", POSENC_ARRAYS(CF_NAME_, GR_SKIP_)};
+static const char *const grad_names[GR_COUNT] = {"q", "k", POSENC_ARRAYS(CF_NAME_, GR_SKIP_)
+                                                 POSENC_TERMS(CF_TERM_SKIP_, GR_TERM_NAME_)};
 #undef CF_NAME_
 #undef GR_SKIP_
+
+/* The term modules' arrays: their config fields, kinds, whether they have a gradient (then
+ * the next GR_ entry from GR_FIRST_TERM_), in order. */
+#define TERM_FIELD_(kind, name, required, grad) {CF_##kind##_##name, POSENC_TERM_##kind, grad},
+static const struct { int field, kind, grad; } term_fields[] = {POSENC_TERMS(CF_TERM_SKIP_, TERM_FIELD_)};
+#undef TERM_FIELD_
+#undef GR_TERM_NAME_
+#define TERM_FIELD_COUNT ((int)(sizeof term_fields / sizeof term_fields[0]))
 
 /* Every array a call converts (one per config field), released on the one exit path. */
 typedef struct {
@@ -240,6 +262,42 @@ static int read_double(PyObject *config, int field, double *value)
     if (*value == -1.0 && PyErr_Occurred()) {
         PyErr_Format(PyExc_TypeError, "%s must be a float", config_names[field]);
         return -1;
+    }
+    return 0;
+}
+
+/*
+ * The term modules' arrays of config (csrc/terms.h) into p's terms: each
+ * float64 (B|1, H|1, per_unit), converted as the other float arrays; p's
+ * shape set.  0, or -1 with an exception.
+ */
+static int build_terms(PyObject *config, converted *a, posenc_problem *p)
+{
+    const int typenum = NPY_DOUBLE;
+    int place[POSENC_TERM_COUNT] = {0};
+    for (int t = 0; t < TERM_FIELD_COUNT; ++t) {
+        const int field = term_fields[t].field, k = term_fields[t].kind;
+        const int at = place[k]++;
+        PyObject *obj = PyTuple_GET_ITEM(config, field);
+        if (obj == Py_None)
+            continue;
+        if (check_float_array(obj, typenum, config_names[field], "every term module") ||
+            !(a->arr[field] = as_float_array(obj, typenum, config_names[field])))
+            return -1;
+        const npy_intp per_unit = (npy_intp)posenc_term_per_unit(p, k), any = -1;
+        if (check_dims(a->arr[field], config_names[field], 3, (npy_intp[]){any, any, per_unit}))
+            return -1;
+        const size_t batches = (size_t)PyArray_DIM(a->arr[field], 0);
+        const size_t heads = (size_t)PyArray_DIM(a->arr[field], 1);
+        if ((batches != p->B && batches != 1) || (heads != p->H && heads != 1)) {
+            PyErr_Format(PyExc_ValueError, "%s must be (B|1, H|1, %zd), got (%zu, %zu, %zd)",
+                         config_names[field], (Py_ssize_t)per_unit, batches, heads,
+                         (Py_ssize_t)per_unit);
+            return -1;
+        }
+        p->terms[k].array[at] = (posenc_term_array){
+            PyArray_DATA(a->arr[field]), batches == 1 ? 0 : heads * (size_t)per_unit,
+            heads == 1 ? 0 : (size_t)per_unit};
     }
     return 0;
 }
@@ -430,6 +488,8 @@ static int build_problem(PyObject *config, converted *a, posenc_problem *p)
     p->d = (size_t)d;
     p->q = DATA(CF_q);
     p->k = DATA(CF_k);
+    if (build_terms(config, a, p))
+        return -1;
     const char *why = NULL;
     if (posenc_validate(p, &why) != POSENC_OK) {
         PyErr_Format(PyExc_ValueError, "inconsistent problem: %s", why);

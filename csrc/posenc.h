@@ -31,6 +31,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "terms.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -62,6 +64,25 @@ typedef struct {
     size_t units, per_unit, units_per_row, src_units_per_row;
     int unwritten;
 } posenc_bf16_shadow;
+
+/*
+ * A term module's array (terms.h): element (b, h, t) at data + b batch_stride
+ * + h head_stride + t (elements; a stride 0 on an axis of 1, broadcast).
+ */
+typedef struct {
+    const void *data;             /* NULL: not given */
+    size_t batch_stride, head_stride;
+} posenc_term_array;
+
+/* A term module of a problem: present when array[0] is given. */
+typedef struct {
+    posenc_term_array array[POSENC_TERM_ARRAYS_MAX];
+} posenc_term;
+
+/* The kinds of terms.h, as indices into a problem's terms[]. */
+#define POSENC_TERM_ENUM_(name, ...) POSENC_TERM_##name,
+enum { POSENC_TERMS(POSENC_TERM_ENUM_, ) POSENC_TERM_COUNT };
+#undef POSENC_TERM_ENUM_
 
 typedef struct {
     posenc_dtype dtype;
@@ -128,7 +149,35 @@ typedef struct {
      * bfloat16 twins (engine_lp.c) */
     const posenc_bf16_shadow *bf16_shadows;
     size_t bf16_shadow_count;
+    /* the term modules (terms.h), by kind: added to the logits like the
+     * positional terms above (sum mode, no rotation) */
+    posenc_term terms[POSENC_TERM_COUNT];
 } posenc_problem;
+
+/* The term modules of csrc/terms.h: the elements per (b, h) unit of kind k's
+ * arrays, whether p has kind k (its first array given), and any kind. */
+static inline size_t posenc_term_per_unit(const posenc_problem *p, int k)
+{
+    switch (k) {
+#define POSENC_TERM_PER_UNIT_(name, per_unit, ...) case POSENC_TERM_##name: return (per_unit);
+    POSENC_TERMS(POSENC_TERM_PER_UNIT_, )
+#undef POSENC_TERM_PER_UNIT_
+    default: return 0;
+    }
+}
+
+static inline int posenc_term_present(const posenc_problem *p, int k)
+{
+    return p->terms[k].array[0].data != NULL;
+}
+
+static inline int posenc_terms_any(const posenc_problem *p)
+{
+    for (int k = 0; k < POSENC_TERM_COUNT; ++k)
+        if (posenc_term_present(p, k))
+            return 1;
+    return 0;
+}
 
 /*
  * The float arrays of a problem besides q and k, written once (one list, so
@@ -166,6 +215,11 @@ typedef struct {
 typedef struct {
     void *q, *k;
     POSENC_ARRAYS(POSENC_GRAD_FIELD_, POSENC_NO_FIELD_)
+    /* the term modules' gradients (terms.h), per unit: unit (b, h) of kind k's
+     * array a at terms[k][a] + (b term_units_per_row + h) per_unit elements
+     * (term_units_per_row: H, or 0 for H; a larger problem's H in a slice of it) */
+    void *terms[POSENC_TERM_COUNT][POSENC_TERM_ARRAYS_MAX];
+    size_t term_units_per_row;
 } posenc_grads;
 
 /* Check that a problem is consistent (maps and ids in range, product rules).

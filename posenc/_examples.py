@@ -9,7 +9,7 @@ import numpy as np
 from ._kinds import Example
 from ._registry import GRAD_FIELDS, METHODS, REGISTRY, Dense
 
-__all__ = ["METHODS", "make_inputs", "float_inputs", "trainable_inputs", "with_inputs",
+__all__ = ["METHODS", "make_inputs", "key_count", "float_inputs", "trainable_inputs", "with_inputs",
            "dense_rank"]
 
 
@@ -53,6 +53,13 @@ def make_inputs(method: str, B: int, H: int, n: int, m: int, d: int, *, dtype=np
     kw.update({name: values[name] for name in spec.tensors
                if name in spec.optional and name in values})
     return args, kw
+
+
+def key_count(method: str, n: int, m: int, query_offset: int = 0) -> int:
+    """The keys m of an example of `method` meant to have m: m itself, or at least
+    query_offset + n for a method whose queries are among the keys (FoX), so that
+    tests and checks of every method can share their shapes."""
+    return max(m, query_offset + n) if REGISTRY[method].queries_among_keys else m
 
 
 def dense_rank(method: str, args, kwargs) -> int:

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import buckets
+from ._dtypes import narrow
 
 # ------------------------------------------------------------------ parameters
 
@@ -378,6 +379,7 @@ class Term:
     params: dict = {}       # its own typed parameters, name -> Param
     uses_map = False        # reads the method's bucket map
     reads_qk = False        # the term depends on q or k (its picture needs them)
+    queries_among_keys = False   # every query among the keys: query_offset + n <= m (FoX)
     computes_operands = False   # the logits' GEMM reads operands it computed (rotated q, k)
 
     @property
@@ -818,3 +820,78 @@ class Rotary(Term):
         for side in ("q", "k"):
             if grads.get(side) is not None:
                 grads[side] = self._absolute_rotation(p, side, grads[side])
+
+
+@dataclass(frozen=True)
+class ForgetGates(Term):
+    """The Forgetting Transformer's data-dependent decay (FoX, SPEC §3.17), the
+    engine's `fox` term module (csrc/engine/term_fox_impl.h): log forget gates
+    (B, H|1, m) over the keys, and optionally the reverse direction's (the
+    bidirectional form).  D_ij is the sum of the gates strictly after j up to i'
+    (j <= i'), or of the reverse gates after i' up to j (j > i'); every query is
+    among the keys (query_offset + n <= m).
+
+    The engine reads the gates in float64 with their prefix sums when every gate
+    is finite (a row constant minus a key vector: nothing of n x m is formed;
+    a difference of prefix sums is not the sum where a gate is Inf or NaN).
+    Its gradients are the gates' per (b, h) unit, summed here over the heads a
+    shared gate serves."""
+
+    name: str = "log_fgate"
+    reverse: str = "log_fgate_reverse"
+    queries_among_keys = True
+
+    @property
+    def tensors(self):
+        return (self.name, self.reverse)
+
+    def check(self, p, arrays, rows):
+        for name in self.tensors:
+            gates = arrays.get(name)
+            if gates is None:
+                continue
+            shape = gates.shape
+            if len(shape) != 3 or shape[0] != p.B or shape[2] != p.m or \
+                    (shape[1] != p.H and shape[1] != 1):
+                check_shape(name, gates, (p.B, {p.H, 1}, p.m), "(B, H|1, m)")
+        if p.n and p.query_offset + p.n > p.m:
+            raise ValueError(
+                f"fox needs every query among the keys: query_offset + n = "
+                f"{p.query_offset} + {p.n} > m = {p.m} (FoX's decay sums the keys' gates "
+                "between a key and the query's own position)")
+
+    def configure(self, slots, field, spec, p, arrays):
+        for name, slot in ((self.name, "fox_gates"), (self.reverse, "fox_gates_reverse")):
+            gates = arrays.get(name)
+            if gates is None:
+                continue
+            gates = np.ascontiguousarray(gates, dtype=np.float64)
+            slots[field[slot]] = gates
+            if np.isfinite(gates).all():
+                slots[field[slot.replace("gates", "cum")]] = np.cumsum(gates, axis=2)
+
+    def gradients(self, spec):
+        return ((self.name, "fox_gates", functools.partial(self._finish, self.name)),
+                (self.reverse, "fox_gates_reverse", functools.partial(self._finish, self.reverse)))
+
+    @staticmethod
+    def _finish(name: str, p, grad: np.ndarray) -> np.ndarray:
+        """The gates' gradient from the engine's per unit (B, H, m), float64: summed
+        over the heads a shared gate serves, in the call's dtype."""
+        if p.arrays[name].shape[1] == 1:
+            grad = grad.sum(axis=1, keepdims=True)
+        return narrow(grad, p.dtype)
+
+    def example(self, ctx, spec, values):
+        # FoX's gates: log sigmoid of a linear map of the input (forget gates near 1)
+        def gates():
+            x = ctx.rng.standard_normal((ctx.B, ctx.heads, ctx.m)) + 2.0
+            return (-np.logaddexp(0.0, -x)).astype(ctx.dtype)
+        drawn = {self.name: gates()}
+        if ctx.options["wanted"].get(self.reverse, True):
+            drawn[self.reverse] = gates()
+        return drawn
+
+    def picture(self, ctx, spec, params):
+        x = ctx.rng.standard_normal((1, ctx.H, ctx.n)) + 3.0
+        return {self.name: -np.logaddexp(0.0, -x)}

@@ -11,6 +11,8 @@ A method is the content term ``s q_i.k_j`` plus terms of a few kinds
     Reset(name)              TUPE's [CLS] reset by theta
     OffsetBias(names, ...)   a function of the offset with per-head parameters (ALiBi, KERPLE)
     Rotary()                 q and k rotated by their positions (RoPE, xPos)
+    ForgetGates()            FoX's decay: sums of per-token log forget gates between key
+                             and query (a term module of the engine: csrc/terms.h)
 
 with at most one bucket map (`MAPS`) from the offset to a table row.  Each
 kind owns its checks, engine configuration, gradients, example inputs and
@@ -38,13 +40,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 
-from ._kinds import (COMMON_PARAMS, MAPS, Choice, Dense, KeyTable, OffsetBias, QueryTable,
-                     Reset, Rotary, Segments, Table, diagonal_map, diagonal_offsets)
+from ._kinds import (COMMON_PARAMS, MAPS, Choice, Dense, ForgetGates, KeyTable, OffsetBias,
+                     QueryTable, Reset, Rotary, Segments, Table, diagonal_map, diagonal_offsets)
 from .rotary import rope_tables, xpos_tables
 
 __all__ = ["REGISTRY", "METHODS", "INDEX_TENSORS", "EXPORTS", "Method", "MAPS", "Dense", "Table",
-           "QueryTable", "KeyTable", "Reset", "Segments", "OffsetBias", "Rotary", "diagonal_map",
-           "diagonal_offsets"]
+           "QueryTable", "KeyTable", "Reset", "Segments", "OffsetBias", "Rotary", "ForgetGates",
+           "diagonal_map", "diagonal_offsets"]
 
 # Every function's last keyword (SPEC §1): query row i sits at position query_offset + i.
 COMMON_KEYWORDS = ", query_offset=0"
@@ -142,6 +144,11 @@ class Method:
         if self.scale_factor is None:
             return "1"
         return "1/sqrt(d)" if self.scale_factor == 1 else f"1/sqrt({self.scale_factor}d)"
+
+    @property
+    def queries_among_keys(self) -> bool:
+        """Whether every query must be among the keys, query_offset + n <= m (FoX)."""
+        return any(term.queries_among_keys for term in self.terms)
 
     def term(self, kind):
         """The terms of one kind."""
@@ -375,6 +382,22 @@ are constants (their gradient fields are None); s = 1/sqrt(d).""",
         bench=Bench(((1, 0, 0, 0, 1), (2, 0, 0, 0, 1)), ("C + N", "2C + N"), (5, 0, 0),
                     group="additive"),
         exports=(rope_tables, xpos_tables)),
+)
+
+_ENTRIES += (
+    Method(
+        "fox", "FoX, Lin et al. 2025 (Forgetting Transformer)",
+        "log_fgate, *, log_fgate_reverse=None, scale=None",
+        terms=(ForgetGates(),),
+        formula="""\
+Forgetting Transformer, Lin et al. 2025 (SPEC 3.17): A_ij = s q_i.k_j + D_ij, i' = query_offset + i,
+D_ij = sum_{l=j+1}^{i'} log_fgate[b, h, l] for j <= i' (0 on the diagonal) and, for j > i',
+sum_{l=i'+1}^{j} log_fgate_reverse[b, h, l] (the bidirectional form) or 0 without it;
+log_fgate, log_fgate_reverse (B, H|1, m): FoX's log sigmoid(w.x_l + b) per key token, with
+gradients; every query among the keys (query_offset + n <= m); s = 1/sqrt(d).""",
+        bench=Bench(((1, 0, 0, 0, 2), (2, 0, 0, 0, 2)), ("C + 2N", "2C + 2N"), (3, 0, 2),
+                    group="additive"),
+        plot_init={"log_fgate": 1.0}),
 )
 
 REGISTRY = {entry.name: entry for entry in _ENTRIES}

@@ -834,6 +834,49 @@ def _attention_backward_function(method: str):
 
 # --------------------------------------------------- the public functions
 
+# SPEC 3.17  FoX (Lin et al. 2025): A_ij = s q_i.k_j + D_ij, D_ij the log forget gates summed
+# between key j and the query's position i' (the reverse gates past i' when given)
+def _fox_gates(p, name):
+    """The gates (B, H, m) in float64, or None."""
+    gates = p.arrays.get(name)
+    return None if gates is None else np.broadcast_to(_wide(gates), (p.B, p.H, p.m))
+
+
+def _fox_logits(p):
+    gates, reverse = _fox_gates(p, "log_fgate"), _fox_gates(p, "log_fgate_reverse")
+    D = np.zeros((p.B, p.H, p.n, p.m))
+    for i in range(p.n):
+        t = p.params["query_offset"] + i                  # i' < m
+        # j < i': log_fgate[j + 1] + ... + log_fgate[i'], summed from i' down
+        D[:, :, i, :t] = np.cumsum(gates[..., t:0:-1], axis=-1)[..., ::-1]
+        if reverse is not None:                           # j > i': reverse[i' + 1] + ... + reverse[j]
+            D[:, :, i, t + 1:] = np.cumsum(reverse[..., t + 1:], axis=-1)
+    return _content_logits(p) + D
+
+
+def _fox_grads(p, G):
+    grads = _content_term_grads(p, G)
+    # d D_ij / d log_fgate[l] = 1 for j < l <= i': row i gives every l <= i' the sum of its
+    # G over the keys j < l; the reverse gates l > i' the sum over the keys j >= l
+    gates = np.zeros((p.B, p.H, p.m))
+    reverse = np.zeros((p.B, p.H, p.m))
+    for i in range(p.n):
+        t = p.params["query_offset"] + i
+        before = np.cumsum(G[:, :, i, :t], axis=-1)       # sum_{j < l} G_ij at l - 1
+        gates[..., 1:t + 1] += before
+        after = np.cumsum(G[:, :, i, ::-1], axis=-1)[..., ::-1]   # sum_{j >= l} G_ij at l
+        reverse[..., t + 1:] += after[..., t + 1:]
+    grads["log_fgate"] = _fold_heads_axis1(gates, p.arrays["log_fgate"])
+    grads["log_fgate_reverse"] = (None if p.arrays.get("log_fgate_reverse") is None else
+                                  _fold_heads_axis1(reverse, p.arrays["log_fgate_reverse"]))
+    return grads
+
+
+def _fold_heads_axis1(grad: np.ndarray, param) -> np.ndarray:
+    """The gradient (B, H, m) of a (B, H|1, m) parameter: summed over heads when shared."""
+    return grad.sum(axis=1, keepdims=True) if param.shape[1] == 1 else grad
+
+
 def _method_grads(p, G) -> dict:
     """The method's float64 gradients of sum(G * A), k's summed over its query heads."""
     grads = globals()[f"_{p.method}_grads"](p, G)

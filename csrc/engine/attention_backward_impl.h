@@ -392,7 +392,8 @@ static int attention_backward(const posenc_problem *p, const posenc_attention *a
     if (status != POSENC_OK)
         goto done;
     gc.need_ds = grads->q || grads->k || grads->pos_q || grads->pos_k || grads->table ||
-                 grads->query_table || grads->key_table || grads->segment_table || grads->theta;
+                 grads->query_table || grads->key_table || grads->segment_table || grads->theta ||
+                 g.need_modules;
 
     if ((status = attention_run(&c, &g, num_threads, p->B * posenc_kv_heads(p),
                                 attention_backward_unit, &gc)))

@@ -725,13 +725,13 @@ static int attention_prepare(attention_ctx *c, const posenc_problem *p, const po
         c->block_align = kern->mr / x * keys.nr;
     }
     c->grads_from_first = !(p->pos_q || p->query_table || p->key_table || p->segment_table ||
-                            p->theta || p->product);
+                            p->theta || p->product || c->logits.modules);
     c->logits.head_blocks = c->logits.head_blocks &&
                             posenc_mul_size(p->n * p->m, sizeof(REAL)) <= ATTENTION_HEAD_BLOCK_BYTES;
     c->decode = p->n <= ATTENTION_DECODE_ROWS && !kern->bf16 && !c->logits.scales.exact &&
                 !c->logits.segment_rows;
     c->decode_terms = p->pos_q || p->table || p->query_table || p->key_table ||
-                      p->segment_table || p->theta;
+                      p->segment_table || p->theta || c->logits.modules;
     if (status == POSENC_OK && (attention_padding_runs(c) || attention_documents(c)))
         status = POSENC_ENOMEM;
     if (status == POSENC_OK)

@@ -94,6 +94,8 @@ static void backward_sum_rows(const backward_ctx *c, backward_ws *w, size_t u, s
         if (per_row)
             backward_row_positional(c, w, u, b, i, &rg, cols);
     }
+    if (c->need_modules)
+        terms_grad_rows(p, c->g, u, G_blk, m, blk0, rows, first, cols);
     const size_t skip = c->cls_row0 && blk0 == 0;   /* the [CLS] row */
     if (c->need_offsets && rows > skip)   /* from `first` on: G is 0 before it */
         kern->diagonal_sums(c->offset_slots + u * c->offsets + (n - 1 - (blk0 + skip)),
@@ -151,6 +153,8 @@ static void backward_unit_begin(const backward_ctx *c, backward_ws *w, size_t u,
     const posenc_problem *p = c->p;
     const size_t m = p->m, d = p->d, h = u % p->H;
     const REAL *k_u = w->inputs.k;
+    if (c->need_modules)
+        terms_grads_begin(p, c->g, u);
     if (c->need_query_side) memset(w->query_side, 0, sizeof(REAL) * p->n * c->terms->query_buckets);
     if (c->need_key_side) memset(w->key_side, 0, sizeof(REAL) * m * c->terms->key_buckets);
     const masked_keys *hidden = c->masked_keys;
@@ -389,7 +393,7 @@ static void backward_team(void *arg, void *ws)
     const posenc_grads *g = c->g;
     const int phase1 = c->need_content || c->need_query_side || c->need_key_side ||
                        c->need_offsets || (p->segment_table && g->segment_table) ||
-                       (p->theta && g->theta);
+                       (p->theta && g->theta) || c->need_modules;
     backward_ws w;
     backward_ws_layout(c, &w, (REAL *)ws);
     if (phase1) {

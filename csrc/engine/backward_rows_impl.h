@@ -12,6 +12,7 @@
 #include "gemm_impl.h"
 #include "rope_impl.h"
 #include "terms_impl.h"
+#include "term_kinds_impl.h"
 
 typedef struct {
     const posenc_problem *p;    /* the call's problem, or scales.unit: every sum unscaled,
@@ -27,6 +28,7 @@ typedef struct {
     int need_query_side;        /* Gq: for dq or the query table's gradient */
     int need_key_side;          /* Gk: for dk or the key table's gradient */
     int need_offsets;           /* the scalar table's gradient, along the offsets */
+    int need_modules;           /* a term module's gradient (term_kinds_impl.h) */
     int reads_g;                /* the positional gradients read G itself (not only the GEMMs) */
     int unit_reads_g;           /* ... in phase 1, beyond theta's [CLS] row and column 0 */
     term_data own_terms;        /* built by backward_prepare unless given one */

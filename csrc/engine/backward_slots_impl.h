@@ -127,6 +127,8 @@ static void backward_zero(const posenc_problem *p, const posenc_grads *g)
     for (size_t t = 0; t < sizeof outs / sizeof outs[0]; ++t)
         if (outs[t].ptr && outs[t].count)
             memset(outs[t].ptr, 0, sizeof(REAL) * outs[t].count);
+    for (size_t u = 0; u < BH; ++u)   /* the term modules' (n = 0 or m = 0: no rows) */
+        terms_grads_begin(p, g, u);
 }
 
 static void backward_release(backward_ctx *c)
@@ -175,8 +177,9 @@ static int backward_prepare(backward_ctx *c, const posenc_problem *p, const pose
     c->need_query_side = p->query_table && (g->q || g->query_table);
     c->need_key_side = p->key_table && (g->k || g->key_table);
     c->need_offsets = p->table && g->table;
+    c->need_modules = terms_grads_wanted(p, g);
     c->unit_reads_g = p->product || c->need_query_side || c->need_key_side || c->need_offsets ||
-                      (p->segment_table && g->segment_table);
+                      (p->segment_table && g->segment_table) || c->need_modules;
     c->reads_g = c->unit_reads_g || c->masked || (p->pos_q && (g->pos_q || g->pos_k));
     c->terms = terms ? terms : &c->own_terms;
     /* the table along the offsets is product mode's factor; the segment runs, its gradient's */

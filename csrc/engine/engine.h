@@ -43,7 +43,6 @@ static inline size_t posenc_kv_unit(const posenc_problem *p, size_t u)
     return (u / p->H) * posenc_kv_heads(p) + (u % p->H) / group;
 }
 
-
 /* Whether logits `out` of `rows` rows of m items of `itemsize` bytes go
  * straight to memory: logits much larger than the caches are written with
  * non-temporal stores (POSENC_UKR_STREAM: no read-for-ownership of their

@@ -290,6 +290,7 @@ static void lp_arena_free(lp_arena *a)
 
 /* ----------------------------------------------------------- sub-problems */
 
+
 /* The heads field of parameter array t (A_FIRST_PARAM ...) of p, and in
  * *per_head its elements per head; NULL for a constant (no head axis). */
 static size_t *param_heads(posenc_problem *p, int t, size_t *per_head)
@@ -341,6 +342,13 @@ static posenc_problem lp_slice(const posenc_problem *p, size_t b0, size_t nb, si
             *heads = nh;
         }
     }
+    /* the term modules' arrays (float64, csrc/terms.h): from unit (b0, h0) */
+    for (int k = 0; k < POSENC_TERM_COUNT; ++k)
+        for (int t = 0; t < POSENC_TERM_ARRAYS_MAX; ++t) {
+            posenc_term_array *x = &s.terms[k].array[t];
+            if (x->data)
+                x->data = (const double *)x->data + b0 * x->batch_stride + h0 * x->head_stride;
+        }
     return s;
 }
 
@@ -544,6 +552,14 @@ static int lp_chunks(lp_kind kind, const posenc_problem *p, lp_stream *st, const
             posenc_grads gs = part;
             gs.q = g && g->q ? REGION(S_DQ) : NULL;
             gs.k = g && g->k ? REGION(S_DK) : NULL;
+            /* the term modules' gradients: float64 per unit, written in place */
+            memset(gs.terms, 0, sizeof gs.terms);
+            gs.term_units_per_row = g && g->term_units_per_row ? g->term_units_per_row : p->H;
+            for (int k = 0; g && k < POSENC_TERM_COUNT; ++k)
+                for (int t = 0; t < POSENC_TERM_ARRAYS_MAX; ++t)
+                    if (g->terms[k][t])
+                        gs.terms[k][t] = (double *)g->terms[k][t] +
+                                         (b0 * gs.term_units_per_row + h0) * posenc_term_per_unit(p, k);
             void **gs_at[A_GRAD_COUNT];
             grad_slots(&gs, gs_at);
             for (int t = A_FIRST_PARAM; t < A_GRAD_COUNT; ++t) {

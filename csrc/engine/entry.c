@@ -32,6 +32,33 @@ static int rope_valid(const posenc_problem *p)
     return p->positions_k ? in_range(p->positions_k, p->B * p->m, P) : p->m <= P;
 }
 
+/* The term modules of p (csrc/terms.h): each present one with its required arrays, in
+ * sum mode without the rotation, and its own condition; NULL, or why not. */
+static const char *terms_invalid(const posenc_problem *p)
+{
+#define TERM_ARRAY_(kind, name, required, grad) \
+    if ((required) && !t->array[a].data) \
+        return #kind ": its " #name " array is required"; \
+    ++a;
+#define TERM_CHECK_(name, per_unit, valid, reason, ARRAYS) \
+    { \
+        const posenc_term *t = &p->terms[POSENC_TERM_##name]; \
+        int a = 0; \
+        if (t->array[0].data || t->array[1].data) { \
+            ARRAYS \
+            (void)a; \
+            if (p->product || p->rope_cos) \
+                return #name ": a term module is added to the content, without rotation"; \
+            if (!(valid)) \
+                return reason; \
+        } \
+    }
+    POSENC_TERMS(TERM_CHECK_, TERM_ARRAY_)
+#undef TERM_CHECK_
+#undef TERM_ARRAY_
+    return NULL;
+}
+
 int posenc_validate(const posenc_problem *p, const char **why)
 {
     const char *reason = NULL;
@@ -75,6 +102,8 @@ int posenc_validate(const posenc_problem *p, const char **why)
     else if (p->rope_cos && !rope_valid(p))
         reason = "rotation: tables cos, sin (and the keys') of rope_positions x rope_pairs, "
                  "2 rope_pairs <= d, every position within the tables, no positional term";
+    else
+        reason = terms_invalid(p);
     if (why)
         *why = reason;
     return reason ? POSENC_EINVAL : POSENC_OK;

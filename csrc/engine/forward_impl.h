@@ -14,6 +14,7 @@
 #include "gemm_impl.h"
 #include "rope_impl.h"
 #include "terms_impl.h"
+#include "term_kinds_impl.h"
 
 /* Dense terms are precomputed per head when they are reused over a batch
  * and the head block fits this budget per thread; otherwise per row tile. */
@@ -27,7 +28,7 @@ typedef struct {
     int head_blocks;          /* dense/table/reset of a head precomputed in a head block */
     size_t out_heads;         /* units per batch row of out: H, or p->bf16_out_heads */
     size_t out_size;          /* bytes of an element of out: REAL's, or bfloat16's */
-    int batch_terms;          /* query table, key table or segments present */
+    int batch_terms;          /* query table, key table, segments or a term module present */
     int toeplitz_only;        /* the scalar table is the only positional term */
     int stream;               /* write the logits with non-temporal stores */
     int segment_rows;         /* segments added by the epilogue from expanded rows (no reset) */
@@ -44,6 +45,7 @@ typedef struct {
                                  dot product per key (term_key_direct), no key projections */
     int key_fused;            /* term_key_direct's row computed by the caller with the content
                                  logits (attention_decode_fused): term_key_direct only applies it */
+    int modules;              /* a term module present (term_kinds_impl.h) */
 } forward_ctx;
 
 typedef struct {
@@ -312,6 +314,8 @@ static const REAL *forward_positional(const forward_ctx *c, forward_ws *w, size_
                       S, i0, rows, k0, cols);
         op = combine_op;
     }
+    if (c->modules)   /* the term modules (csrc/terms.h): sum mode only */
+        op = terms_rows(p, op, w->P, ld, b, h, i0, rows, k0, cols);
     if (op == POSENC_SET)
         return NULL; /* content only */
     if (p->theta)
@@ -470,6 +474,10 @@ static void forward_tile_exact(const forward_ctx *c, forward_ws *w, size_t b, si
                           S, i0, rows, 0, cols);
             exact_apply(POSENC_ADD, X, 1, P, ld, rows, cols);
         }
+        if (c->modules) {
+            terms_rows(p, POSENC_SET, P, ld, b, h, i0, rows, 0, cols);
+            exact_apply(POSENC_ADD, X, 1, P, ld, rows, cols);
+        }
     }
     for (size_t r = 0; r < rows; ++r)
         for (size_t j = 0; j < cols; ++j)
@@ -542,7 +550,9 @@ static int forward_prepare(forward_ctx *c, const posenc_problem *p, const posenc
     /* Segments ride on the epilogue's second source unless a reset must
      * override them (sum mode only: product mode has no segments). */
     c->segment_rows = p->segment_table && !p->theta && !p->product && !c->scales.exact;
-    c->batch_terms = p->query_table || p->key_table || (p->segment_table && !c->segment_rows);
+    c->modules = posenc_terms_any(p);
+    c->batch_terms = p->query_table || p->key_table || (p->segment_table && !c->segment_rows) ||
+                     c->modules;
     c->head_blocks = p->pos_q && p->B > 1 && !c->scales.exact &&
                      posenc_mul_size(n * m, sizeof(REAL)) <= HEAD_BLOCK_BUDGET;
     c->toeplitz_only = p->table && !p->pos_q && !c->batch_terms && !p->theta;

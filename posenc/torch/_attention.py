@@ -56,7 +56,8 @@ class PositionalSelfAttention(nn.Module):
     * ``document_ids`` (B, n) ints: packed sequences (HF's
       ``DataCollatorWithFlattening``, flash-attn's ``cu_seqlens``): a query sees
       the keys of its own document only (with a cache, the cache holds the keys'
-      ids as a fourth entry);
+      ids as a fourth entry; with an encoding that reads the layer input, FoX's
+      `ForgetGates`, the keys' gates as a fifth);
     * ``segment_ids`` (B, n) ints for encodings with segment attention;
       ``state``: the encoding's `positional(n, m)`, computed once by a model
       whose layers share the encoding (TUPE, DIET-ABS), used on the logits path.
@@ -120,6 +121,19 @@ class PositionalSelfAttention(nn.Module):
             k, v = self.encoding.project_keys(k, v)
         return q, k, v
 
+    def _input_state(self, x, state, past_key_value):
+        """An encoding that reads the layer input (FoX's gates): its state for every key,
+        the cached keys' (the cache's fifth entry) then the new tokens'."""
+        if not self.encoding.reads_input or state is not None:
+            return state
+        state = self.encoding.input_state(x)
+        if past_key_value is not None:
+            if len(past_key_value) < 5 or past_key_value[4] is None:
+                raise ValueError(f"{type(self.encoding).__name__} with a key/value cache: the "
+                                 "cache must hold the keys' gates (a cache of this layer)")
+            state = torch.cat([past_key_value[4], state], dim=2)
+        return state
+
     def _state(self, q, k, state):
         if state is None and self.encoding.uses_attention_projections:
             state = self.encoding.positional(q.shape[2], k.shape[2], query_proj=self.q_proj,
@@ -135,6 +149,7 @@ class PositionalSelfAttention(nn.Module):
         offset = 0 if past_key_value is None else past_key_value[0].shape[2]
         segment_k = None if self.encoding.projects_keys else _key_segments(segment_ids,
                                                                            past_key_value)
+        state = self._input_state(x, state, past_key_value)
         logits = self.encoding.logits(q, k, state=self._state(q, k, state),
                                       segment_q=segment_ids, segment_k=segment_k,
                                       query_offset=offset)
@@ -166,8 +181,11 @@ class PositionalSelfAttention(nn.Module):
         segment_k = None if self.encoding.projects_keys else _key_segments(segment_ids,
                                                                            past_key_value)
         document_k = _cached(document_ids, past_key_value, 3, "document_ids")
+        state = self._input_state(x, state, past_key_value)
         cache = (k, v) if segment_k is None and document_k is None else (
             (k, v, segment_k) if document_k is None else (k, v, segment_k, document_k))
+        if self.encoding.reads_input:   # the keys' gates, fifth
+            cache = (k, v, segment_k, document_k, state)
         padding = None if self.encoding.projects_keys else key_padding_mask
         shapes = dict(window=self.window, document_q=document_ids, document_k=document_k,
                       softcap=self.softcap, sinks=self.sinks)

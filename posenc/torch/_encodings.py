@@ -47,6 +47,9 @@ class PositionalEncoding(nn.Module):
 
     uses_attention_projections = False
     projects_keys = False
+    # `input_state(x)` gives `state` from the layer's input (FoX's gates), per token:
+    # the layer passes it, and caches the keys' for decoding
+    reads_input = False
 
     def __init__(self, num_heads: int):
         super().__init__()

@@ -31,8 +31,8 @@ from .._attention import ATTENTION_OPTIONS, Attention, attention_dropout_mask
 from .._registry import REGISTRY
 from ._common import bucket_index, check_segment_range, seed_value, validate, validate_attention
 
-__all__ = ["alibi", "attention", "content", "deberta", "diet_abs", "diet_rel", "m2", "m4", "m4m",
-           "kerple", "relative_bias", "rope", "shaw", "t5", "tupe"]
+__all__ = ["alibi", "attention", "content", "deberta", "diet_abs", "diet_rel", "fox", "m2", "m4",
+           "m4m", "kerple", "relative_bias", "rope", "shaw", "t5", "tupe"]
 
 
 def _check(method, tensors, params):
@@ -246,6 +246,28 @@ def kerple(q, k, r1, r2, *, kind="log", scale=None, query_offset=0):
     else:                              # its power kernel, 0^r2 = 0 (no NaN in r2's gradient)
         kernel = torch.where(distance > 0, distance.clamp(min=1) ** r2, 0.0)
     return _content(q, k, _scale(scale, q.shape[-1])) - r1 * kernel
+
+
+def _fox_prefix(gates):
+    """The gates' inclusive prefix sums over the keys, in float32 at least (B, H|1, m)."""
+    return torch.cumsum(gates.to(torch.promote_types(gates.dtype, torch.float32)), dim=-1)
+
+
+def fox(q, k, log_fgate, *, log_fgate_reverse=None, scale=None, query_offset=0):
+    _check("fox", {"q": q, "k": k, "log_fgate": log_fgate,
+                   "log_fgate_reverse": log_fgate_reverse},
+           {"scale": scale, "query_offset": query_offset})
+    # FoX's decay as its authors compute it: differences of the gates' prefix sums
+    rows = torch.arange(q.shape[-2], device=q.device) + query_offset
+    before = torch.arange(k.shape[-2], device=q.device)[None, :] <= rows[:, None]   # j <= i'
+    c = _fox_prefix(log_fgate)
+    decay = c[..., rows, None] - c[..., None, :]
+    other = torch.zeros((), dtype=decay.dtype, device=q.device)
+    if log_fgate_reverse is not None:
+        r = _fox_prefix(log_fgate_reverse)
+        other = r[..., None, :] - r[..., rows, None]
+    decay = torch.where(before, decay, other)
+    return _content(q, k, _scale(scale, q.shape[-1])) + decay.to(q.dtype)
 
 
 def _rotate(x, cos, sin, positions, interleaved: bool):

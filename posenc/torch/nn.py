@@ -45,6 +45,7 @@ __all__ = [
     "DIETRel",
     "DebertaRelative",
     "DebertaRelativeEmbeddings",
+    "ForgetGates",
     "KERPLE",
     "M2Relative",
     "M4MRelative",
@@ -533,6 +534,53 @@ class RelativeBias(PositionalEncoding):
     def arguments(self, q, k, *, state=None, segment_q=None, segment_k=None, query_offset=0):
         return "relative_bias", dict(bias=self.bias(), max_distance=self.max_distance,
                                      scale=self.scale, query_offset=query_offset)
+
+
+class ForgetGates(PositionalEncoding):
+    """The Forgetting Transformer's forget gates: Lin et al. 2025, *Forgetting
+    Transformer: Softmax Attention with a Forget Gate* (SPEC 3.17).
+
+    Each head forgets at a rate the tokens choose: ``f_t = σ(w_h·x_t + b_h)``
+    from the layer's input ``x_t`` (a linear map ``d_model → num_heads``), and
+    ``A_ij = q_i·k_j/sqrt(d) + Σ_{l=j+1}^{i} log f_l``: a data-dependent ALiBi,
+    computed fused (the kernels read the gates' prefix sums; nothing of
+    ``(n, m)`` is formed).  ``bidirectional=True`` adds a second set of gates
+    for the keys after the query (the encoder form).  The bias starts at
+    ``bias_init`` (5: gates of σ(5) ≈ 0.993, little forgetting at first).
+
+    The gates come from the layer input, so the layer hands them over:
+    `PositionalSelfAttention` calls ``input_state(x)`` (``reads_input``) and
+    keeps the gates of cached keys in its cache; called directly,
+    ``logits(q, k, state=(log_fgate, log_fgate_reverse))`` takes them
+    ``(B, H, m)`` each (the second None unless bidirectional).
+    """
+
+    method = "fox"
+    reads_input = True
+
+    def __init__(self, num_heads: int, d_model: int, *, bidirectional: bool = False,
+                 scale: float | None = None, bias_init: float = 5.0):
+        super().__init__(num_heads)
+        self.bidirectional, self.scale = bidirectional, scale
+        self.gate_proj = nn.Linear(d_model, num_heads * (2 if bidirectional else 1))
+        nn.init.constant_(self.gate_proj.bias, bias_init)
+
+    def input_state(self, x: torch.Tensor) -> torch.Tensor:
+        """The log forget gates of the tokens of x (B, n, d_model): (B, H, n), or
+        (B, 2H, n) with the reverse direction's after (bidirectional)."""
+        return torch.nn.functional.logsigmoid(self.gate_proj(x)).transpose(1, 2)
+
+    def arguments(self, q, k, *, state=None, segment_q=None, segment_k=None, query_offset=0):
+        if state is None:
+            raise ValueError("ForgetGates needs the keys' log forget gates: state = "
+                             "input_state(x) of the layer's input (PositionalSelfAttention "
+                             "passes it)")
+        if isinstance(state, torch.Tensor):
+            gates, reverse = (state.chunk(2, dim=1) if self.bidirectional else (state, None))
+        else:
+            gates, reverse = state
+        return "fox", dict(log_fgate=gates, log_fgate_reverse=reverse, scale=self.scale,
+                           query_offset=query_offset)
 
 
 class ALiBi(PositionalEncoding):

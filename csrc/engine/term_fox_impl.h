@@ -1,0 +1,119 @@
+/*
+ * term_fox_impl.h -- the Forgetting Transformer's decay (docs/spec.md §3.17),
+ * a term module (csrc/terms.h), for one dtype (REAL).
+ *
+ * Arrays, per unit (b, h), over the keys, float64: gates, the log forget
+ * gates; gates_reverse (the bidirectional form, optional); cum and
+ * cum_reverse, their inclusive prefix sums c_t = sum_{l <= t} gates[l], given
+ * when every gate is finite.  With i' = query_offset + i (< m, checked):
+ *   D_ij = sum_{l = j+1}^{i'} gates[l]            (j <= i'; D_ii' = 0)
+ *   D_ij = sum_{l = i'+1}^{j} gates_reverse[l]    (j > i'; 0 without them)
+ * With the prefix sums, c_{i'} - c_j and r_j - r_{i'}: a row constant and a
+ * key vector, in float64, rounded once (nothing of n x m is formed).  A
+ * difference of prefix sums is not the sum where a gate is Inf or NaN (inf -
+ * inf): without them the rows are summed as written, from i' outwards.
+ * Gradients of the gates, summed as the formula reads: row i gives gate l <=
+ * i' the sum of its G over the keys j < l, and reverse gate l > i' the sum
+ * over the keys j >= l (running sums along the row, so an Inf or NaN of G
+ * reaches exactly the gates whose sums hold it).
+ */
+#ifndef POSENC_ENGINE_TERM_FOX_IMPL_H
+#define POSENC_ENGINE_TERM_FOX_IMPL_H
+
+#include "term_unit_impl.h"
+
+/* dst[j] (op) sign (a - x[j]), j < len (op SET or ADD, sign 1 or -1). */
+static void fox_row(int op, REAL *dst, double a, const double *x, double sign, size_t len)
+{
+    if (op == POSENC_SET)
+        for (size_t j = 0; j < len; ++j)
+            dst[j] = (REAL)(sign * (a - x[j]));
+    else
+        for (size_t j = 0; j < len; ++j)
+            dst[j] += (REAL)(sign * (a - x[j]));
+}
+
+static void fox_put(int op, REAL *dst, double value)
+{
+    *dst = op == POSENC_SET ? (REAL)value : *dst + (REAL)value;
+}
+
+/* Keys [lo, hi) of row i' summed as written: before i' (after = 0) the gates
+ * j+1 .. i' accumulated from i' down, after it the reverse gates i'+1 .. j. */
+static void fox_row_literal(int op, REAL *dst, const double *gate, size_t i, size_t lo, size_t hi,
+                            int after)
+{
+    double sum = 0;
+    if (!after) {
+        for (size_t j = i; j-- > lo;) {
+            sum += gate[j + 1];
+            if (j < hi)
+                fox_put(op, dst + j, sum);
+        }
+    } else {
+        for (size_t j = i + 1; j < hi; ++j) {
+            sum += gate[j];
+            if (j >= lo)
+                fox_put(op, dst + j, sum);
+        }
+    }
+}
+
+static void term_fox_rows(const term_unit *t, int op, REAL *P, size_t ldp, size_t i0,
+                          size_t rows, size_t k0, size_t cols)
+{
+    const double *gate = t->array[0], *gate_r = t->array[1], *c = t->array[2], *r = t->array[3];
+    for (size_t e = 0; e < rows; ++e) {
+        const size_t i = t->p->query_offset + i0 + e;   /* < m */
+        REAL *row = P + e * ldp;
+        const size_t split = posenc_max(k0, posenc_min(i + 1, cols));   /* keys j <= i' end */
+        if (split > k0) {
+            if (c) {
+                fox_row(op, row + k0, c[i], c + k0, 1, split - k0);
+            } else {
+                if (i < split)
+                    fox_put(op, row + i, 0);
+                fox_row_literal(op, row, gate, i, k0, posenc_min(split, i), 0);
+            }
+        }
+        if (cols > split) {
+            if (!gate_r) {
+                if (op == POSENC_SET)
+                    memset(row + split, 0, sizeof(REAL) * (cols - split));
+            } else if (r) {
+                fox_row(op, row + split, r[i], r + split, -1, cols - split);
+            } else {
+                fox_row_literal(op, row, gate_r, i, split, cols, 1);
+            }
+        }
+    }
+}
+
+static void term_fox_grad_rows(const term_unit *t, double *const *grad, const REAL *G,
+                               size_t ldg, size_t i0, size_t rows, size_t first, size_t cols)
+{
+    double *dgate = grad[0], *dgate_r = grad[1];
+    for (size_t e = 0; e < rows; ++e) {
+        const size_t i = t->p->query_offset + i0 + e;
+        const REAL *g = G + e * ldg;
+        const size_t split = posenc_min(i + 1, cols);   /* keys j <= i' end */
+        if (dgate) {   /* gate l in (first, i']: sum_{first <= j < l} G_ij */
+            double sum = 0;
+            for (size_t l = first + 1; l <= i && l <= cols; ++l) {
+                sum += g[l - 1];
+                dgate[l] += sum;
+            }
+            for (size_t l = cols + 1; l <= i; ++l)   /* keys past cols: G is 0 there */
+                dgate[l] += sum;
+        }
+        if (dgate_r && cols > split) {   /* gate l in (i', cols): sum_{l <= j < cols} G_ij */
+            double sum = 0;
+            for (size_t l = cols; l-- > split;) {
+                sum += g[l];
+                dgate_r[l] += sum;
+            }
+        }
+    }
+}
+
+#endif /* POSENC_ENGINE_TERM_FOX_IMPL_H */

@@ -1,0 +1,96 @@
+/*
+ * term_kinds_impl.h -- the term modules of csrc/terms.h as the engine runs
+ * them, for one dtype (REAL, set by engine_<dtype>.c): one table of
+ * functions per kind (term_kind), filled from the list, and the loops over
+ * a problem's present modules that the forward, the decoding path and the
+ * backward call.  A kind's file (term_<name>_impl.h) defines
+ * term_<name>_rows and term_<name>_grad_rows with the signatures below.
+ */
+#ifndef POSENC_ENGINE_TERM_KINDS_IMPL_H
+#define POSENC_ENGINE_TERM_KINDS_IMPL_H
+
+#include "term_unit_impl.h"
+
+#define POSENC_TERM_FILES
+#include "../terms.h"
+
+#define TERM_KIND_(name, ...) {term_##name##_rows, term_##name##_grad_rows},
+static const term_kind term_kinds[POSENC_TERM_COUNT] = {POSENC_TERMS(TERM_KIND_, )};
+#undef TERM_KIND_
+
+static term_unit term_unit_of(const posenc_problem *p, int k, size_t b, size_t h)
+{
+    term_unit t = {p, &p->terms[k], {NULL}, b, h};
+    for (int a = 0; a < POSENC_TERM_ARRAYS_MAX; ++a) {
+        const posenc_term_array *x = &p->terms[k].array[a];
+        if (x->data)
+            t.array[a] = (const double *)x->data + b * x->batch_stride + h * x->head_stride;
+    }
+    return t;
+}
+
+/* Every present module on rows [i0, i0 + rows) of unit (b, h), keys [k0, cols), into P:
+ * the first with op, the others added.  Returns the op for the next term. */
+static int terms_rows(const posenc_problem *p, int op, REAL *P, size_t ldp, size_t b, size_t h,
+                      size_t i0, size_t rows, size_t k0, size_t cols)
+{
+    for (int k = 0; k < POSENC_TERM_COUNT; ++k)
+        if (posenc_term_present(p, k)) {
+            const term_unit t = term_unit_of(p, k, b, h);
+            term_kinds[k].rows(&t, op, P, ldp, i0, rows, k0, cols);
+            op = POSENC_ADD;
+        }
+    return op;
+}
+
+/* Unit u's gradients of kind k (NULL where not wanted) in g. */
+static void terms_unit_grads(const posenc_problem *p, const posenc_grads *g, int k, size_t u,
+                             double **grad)
+{
+    const size_t per_row = g->term_units_per_row ? g->term_units_per_row : p->H;
+    const size_t at = (u / p->H * per_row + u % p->H) * posenc_term_per_unit(p, k);
+    for (int a = 0; a < POSENC_TERM_ARRAYS_MAX; ++a)
+        grad[a] = g->terms[k][a] && p->terms[k].array[a].data ? (double *)g->terms[k][a] + at : NULL;
+}
+
+/* Whether g wants a gradient of a term module of p. */
+static int terms_grads_wanted(const posenc_problem *p, const posenc_grads *g)
+{
+    for (int k = 0; k < POSENC_TERM_COUNT; ++k)
+        for (int a = 0; a < POSENC_TERM_ARRAYS_MAX; ++a)
+            if (posenc_term_present(p, k) && p->terms[k].array[a].data && g->terms[k][a])
+                return 1;
+    return 0;
+}
+
+/* Unit u's wanted module gradients zeroed (its first rows follow). */
+static void terms_grads_begin(const posenc_problem *p, const posenc_grads *g, size_t u)
+{
+    for (int k = 0; k < POSENC_TERM_COUNT; ++k) {
+        double *grad[POSENC_TERM_ARRAYS_MAX];
+        terms_unit_grads(p, g, k, u, grad);
+        for (int a = 0; a < POSENC_TERM_ARRAYS_MAX; ++a)
+            if (grad[a])
+                memset(grad[a], 0, sizeof(double) * posenc_term_per_unit(p, k));
+    }
+}
+
+/* Rows [i0, i0 + rows) of unit u's logits gradient into its module gradients. */
+static void terms_grad_rows(const posenc_problem *p, const posenc_grads *g, size_t u,
+                            const REAL *G, size_t ldg, size_t i0, size_t rows, size_t first,
+                            size_t cols)
+{
+    for (int k = 0; k < POSENC_TERM_COUNT; ++k) {
+        double *grad[POSENC_TERM_ARRAYS_MAX];
+        terms_unit_grads(p, g, k, u, grad);
+        int wanted = 0;
+        for (int a = 0; a < POSENC_TERM_ARRAYS_MAX; ++a)
+            wanted |= grad[a] != NULL;
+        if (wanted) {
+            const term_unit t = term_unit_of(p, k, u / p->H, u % p->H);
+            term_kinds[k].grad_rows(&t, grad, G, ldg, i0, rows, first, cols);
+        }
+    }
+}
+
+#endif /* POSENC_ENGINE_TERM_KINDS_IMPL_H */

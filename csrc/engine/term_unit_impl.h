@@ -1,0 +1,36 @@
+/*
+ * term_unit_impl.h -- what a term module's functions (csrc/terms.h,
+ * term_kinds_impl.h) get and what they are, for one dtype (REAL): the one
+ * header a kind's file (term_<name>_impl.h) includes.
+ */
+#ifndef POSENC_ENGINE_TERM_UNIT_IMPL_H
+#define POSENC_ENGINE_TERM_UNIT_IMPL_H
+
+#include <string.h>
+
+#include "engine.h"
+
+/* What a kind's functions get: the problem, the term, its unit's arrays. */
+typedef struct {
+    const posenc_problem *p;
+    const posenc_term *term;
+    const double *array[POSENC_TERM_ARRAYS_MAX];   /* unit (b, h)'s, NULL where not given */
+    size_t b, h;
+} term_unit;
+
+/*
+ * rows: the term on rows [i0, i0 + rows) of the unit, keys [k0, cols), applied
+ *   to P (row r at P + r ldp, key j at column j) with op (POSENC_SET or ADD).
+ * grad_rows: rows [i0, i0 + rows) of the logits' gradient (row r at G + r ldg;
+ *   zero outside keys [first, cols), which are all it may read) into the
+ *   unit's gradients grad[a] (NULL: not wanted), zeroed when the unit began;
+ *   called for a unit's rows in order, so that its sums have one order.
+ */
+typedef struct {
+    void (*rows)(const term_unit *t, int op, REAL *P, size_t ldp, size_t i0, size_t rows,
+                 size_t k0, size_t cols);
+    void (*grad_rows)(const term_unit *t, double *const *grad, const REAL *G, size_t ldg,
+                      size_t i0, size_t rows, size_t first, size_t cols);
+} term_kind;
+
+#endif /* POSENC_ENGINE_TERM_UNIT_IMPL_H */

@@ -1,0 +1,48 @@
+/*
+ * terms.h -- the positional term modules: one line of POSENC_TERMS per kind,
+ * the one list that registers a kind.  A kind is a C file of its own,
+ * csrc/engine/term_<name>_impl.h (its rows on a tile and on the decoding
+ * path, and its gradient rows: docs/internals.md, "Term modules"), included
+ * below; everything else (the problem's and the gradients' fields, the
+ * binding's config fields and gradients, the low-precision engine's slices,
+ * the validation) is derived from its line:
+ *
+ *   TERM(name, per_unit, valid, why, ARRAYS)
+ *     per_unit  elements of each of its arrays per (b, h) unit: an
+ *               expression of the problem `p`
+ *     valid     an expression of `p` that must hold when the term is present
+ *     why       posenc_validate's reason when it does not
+ *     ARRAYS    ARRAY(name, array, required, grad) for each of its float
+ *               arrays (at most POSENC_TERM_ARRAYS_MAX), in order; a term
+ *               is present when its first (required) array is given; grad 1:
+ *               the array has a gradient, 0: a constant (as derived sums)
+ *
+ * A module's arrays are float64 (B|1, H|1, per_unit) whatever the problem's
+ * dtype (they are small: a few numbers per token, as FoX's gates and their
+ * prefix sums, whose differences must not lose the digits a float32 would);
+ * their gradients are float64 per unit, (B, H, per_unit), the caller
+ * reducing over the axes its arrays broadcast.  Module terms are added (sum mode, no
+ * rotation); a kind's own file says what it computes.
+ */
+#ifndef POSENC_TERMS_H
+#define POSENC_TERMS_H
+
+#define POSENC_TERM_ARRAYS_MAX 4
+
+#define POSENC_TERMS(TERM, ARRAY)                                                      \
+    TERM(fox, p->m, p->query_offset + p->n <= p->m,                                    \
+         "fox: every query is among the keys (query_offset + n <= m)",                \
+         ARRAY(fox, gates, 1, 1) ARRAY(fox, gates_reverse, 0, 1) ARRAY(fox, cum, 0, 0)      \
+         ARRAY(fox, cum_reverse, 0, 0))
+
+/* POSENC_TERM_IF_<grad>(x): x for an array with a gradient (the X-macros' filter). */
+#define POSENC_TERM_IF_1(...) __VA_ARGS__
+#define POSENC_TERM_IF_0(...)
+
+#endif /* POSENC_TERMS_H */
+
+/* The kinds' files, for the engine's templates (term_kinds_impl.h) only. */
+#if defined(POSENC_TERM_FILES) && !defined(POSENC_TERM_FILES_INCLUDED)
+#define POSENC_TERM_FILES_INCLUDED
+#include "engine/term_fox_impl.h"
+#endif
