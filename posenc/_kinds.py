@@ -380,6 +380,7 @@ class Term:
     uses_map = False        # reads the method's bucket map
     reads_qk = False        # the term depends on q or k (its picture needs them)
     queries_among_keys = False   # every query among the keys: query_offset + n <= m (FoX)
+    head_axis = 0           # of its tensors: where the head axis (H|1) is ((B, H|1, m): 1)
     computes_operands = False   # the logits' GEMM reads operands it computed (rotated q, k)
 
     @property
@@ -840,6 +841,7 @@ class ForgetGates(Term):
     name: str = "log_fgate"
     reverse: str = "log_fgate_reverse"
     queries_among_keys = True
+    head_axis = 1
 
     @property
     def tensors(self):
@@ -893,5 +895,6 @@ class ForgetGates(Term):
         return drawn
 
     def picture(self, ctx, spec, params):
+        """One sequence's gates per head (a picture is of one batch row)."""
         x = ctx.rng.standard_normal((1, ctx.H, ctx.n)) + 3.0
         return {self.name: -np.logaddexp(0.0, -x)}

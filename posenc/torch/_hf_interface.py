@@ -457,7 +457,8 @@ def _unfused(module, encoding, query, key, value, attention_mask, is_causal, dro
     m = key.shape[2]
     group = heads // key.shape[1]
     key, value = (x.repeat_interleave(group, dim=1) for x in (key, value))
-    logits = encoding.logits(query, key, query_offset=query_offset)
+    logits = encoding.logits(query, key, query_offset=query_offset,
+                             state=_input_state(module, encoding, query_offset, m))
     softcap = kwargs.get("softcap")
     if softcap is not None:
         logits = softcap * torch.tanh(logits / softcap)
@@ -474,6 +475,32 @@ def _unfused(module, encoding, query, key, value, attention_mask, is_causal, dro
     weights = torch.softmax(logits, dim=-1).nan_to_num(0.0)[..., :m]
     weights = torch.nn.functional.dropout(weights, p=dropout, training=module.training)
     return (weights @ value).transpose(1, 2).contiguous(), weights
+
+
+def _input_state(module, encoding, query_offset: int, m: int):
+    """The state of an encoding that reads the layer input (FoX's gates), or None: from
+    the layer's hidden states (its forward pre-hook, swap_positional_encoding), the new
+    tokens' at positions query_offset.. after the earlier ones this layer kept (a cached
+    decoding step; position 0 starts a sequence), zeros for keys past them (a static
+    cache's unwritten slots, masked)."""
+    if not encoding.reads_input:
+        return None
+    x = module.__dict__.pop("_posenc_input", None)
+    if x is None:
+        raise ValueError(f"{type(encoding).__name__} reads the layer's input, which this "
+                         "attention call did not get (swap_positional_encoding's hook on "
+                         f"{type(module).__name__})")
+    new = encoding.input_state(x)                      # (B, G, n)
+    kept = module.__dict__.get("_posenc_state")
+    if query_offset:
+        if kept is None or kept.shape[2] < query_offset or kept.shape[0] != new.shape[0]:
+            raise ValueError(f"{type(encoding).__name__}: a decoding step at position "
+                             f"{query_offset} without this layer's earlier gates")
+        new = torch.cat([kept[:, :, :query_offset], new], dim=2)
+    module.__dict__["_posenc_state"] = new.detach()
+    if new.shape[2] < m:
+        new = torch.nn.functional.pad(new, (0, m - new.shape[2]))
+    return new[:, :, :m]
 
 
 def _served_options(module, query, key, attention_mask, is_causal, kwargs):
@@ -525,7 +552,8 @@ def attention(module, query, key, value, attention_mask, dropout: float = 0.0,
     options.update(softcap=kwargs.get("softcap"), sinks=kwargs.get("s_aux"), dropout_p=dropout,
                    seed=dropout_seed(dropout))
     if encoding is not None:
-        out = encoding.attention(query, key, value, **options).out
+        out = encoding.attention(query, key, value, **options, state=_input_state(
+            module, encoding, options["query_offset"], key.shape[2])).out
     elif t5 is not None:
         bias = t5.pop("bias").to(query.dtype)
         out = t5_attention(query, key, value, bias, scale=1.0 if scaling is None else scaling,

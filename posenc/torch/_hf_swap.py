@@ -115,6 +115,12 @@ def _context(model, layer) -> dict:
                 bidirectional=not causal, reset_cls=not causal)
 
 
+def _keep_input(layer, args, kwargs):
+    """A forward pre-hook: the layer's hidden states kept for its attention call
+    (posenc.torch._hf_interface._input_state), for an encoding that reads them."""
+    layer.__dict__["_posenc_input"] = args[0] if args else kwargs["hidden_states"]
+
+
 def swap_positional_encoding(model, method: str, *, share: bool | None = None, **params):
     """Replace `model`'s positional encoding by posenc's `method` (in place); returns
     `model`, now on attn_implementation="posenc".  See the module's text."""
@@ -147,6 +153,8 @@ def swap_positional_encoding(model, method: str, *, share: bool | None = None, *
     model.posenc_encodings = container
     for index, layer in enumerate(layers):
         object.__setattr__(layer, "_posenc_encoding", container.for_layer(index))
+        if cls.reads_input:   # FoX's gates come from the layer's hidden states
+            layer.register_forward_pre_hook(_keep_input, with_kwargs=True)
     for parent, name, child in own:
         setattr(parent, name, IdentityRotation(child) if isinstance(child, nn.Module)
                 and not isinstance(child, nn.Embedding) else NoPositions(child))
