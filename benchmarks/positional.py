@@ -1,7 +1,7 @@
 #!/usr/bin/env python
-"""The encodings people train today on the fused kernels (issue 27): RoPE, ALiBi,
-KERPLE and any bias of the offset, against fused content and against what a user
-has without posenc.
+"""The encodings people train today on the fused kernels: RoPE, ALiBi, KERPLE, any
+bias of the offset and FoX's data-dependent decay (the engine's first term
+module), against fused content and against what a user has without posenc.
 
     python benchmarks/positional.py [--quick] [--threads 2] [--out DIR]
 
@@ -10,12 +10,15 @@ every comparison timed in turns (measure_interleaved: a slow stretch of the
 machine hits all of a comparison's calls alike), float32 and bfloat16:
 
 * fused forward and forward+backward (q, k, v and the parameters requiring grad:
-  ALiBi's slopes, KERPLE's r1 and r2, relative_bias's table; RoPE's tables are
-  constants) of content, rope, alibi, kerple, relative_bias: each ÷ content's;
+  ALiBi's slopes, KERPLE's r1 and r2, relative_bias's table, FoX's gates (both
+  directions: the attention is not causal); RoPE's tables are constants) of
+  content, rope, alibi, kerple, relative_bias, fox: each ÷ content's;
 * rope against HuggingFace's path: transformers' Llama apply_rotary_pos_emb on
   q and k, then torch SDPA;
-* alibi and kerple with learnable parameters against torch SDPA with the bias
-  materialised from them (torch-native, requiring grad: SDPA's math kernel);
+* alibi, kerple and fox with learnable parameters against torch SDPA with the bias
+  materialised from them (torch-native, requiring grad: SDPA's math kernel; for
+  fox the differences of the gates' prefix sums, as x-transformers'
+  DataDependentAlibi forms them);
 * the peak memory of forward+backward at n = 4096 (a process per case, VmHWM
   above the inputs; benchmarks/attention.py's worker), each ÷ content's.
 
@@ -41,7 +44,8 @@ from posenc_bench.machine import cpu_family, cpu_model  # noqa: E402
 from posenc_bench.report import script_main  # noqa: E402
 
 HEADLINE = dict(B=8, H=12, n=512, d=64)
-METHODS = ("content", "rope", "alibi", "kerple", "relative_bias")
+METHODS = ("content", "rope", "alibi", "kerple", "relative_bias", "fox")
+BIASED = ("alibi", "kerple", "fox")       # against SDPA with the bias materialised
 DTYPES = ("float32", "bfloat16")
 FLOPS = {"fwd": 4, "fwd+bwd": 14}        # x B H n m d
 
@@ -139,7 +143,7 @@ def run(args) -> dict:
         else:
             results["hf_rope"][name] = _turns(torch, {"posenc": calls["rope"], "hf+sdpa": hf},
                                               d_out, repeats, max_seconds)
-        for method in ("alibi", "kerple"):
+        for method in BIASED:
             args_, kwargs_, v, _ = inputs[method]
             results["sdpa_bias"].setdefault(name, {})[method] = _turns(
                 torch, {"posenc": calls[method],
@@ -182,7 +186,7 @@ def markdown(results: dict) -> str:
     shape, machine = results["shape"], results["machine"]
     peaks = ", ".join(f"{k} {v / 1e9:.0f} GFLOP/s" if v else f"{k} not measured"
                       for k, v in results["peaks"].items())
-    lines = [f"# Fused RoPE, ALiBi, KERPLE, relative bias: B={shape['B']} H={shape['H']} "
+    lines = [f"# Fused RoPE, ALiBi, KERPLE, relative bias, FoX: B={shape['B']} H={shape['H']} "
              f"n=m={shape['n']} d=dv={shape['d']}, {machine['threads']} threads",
              "", f"CPU {machine['cpu']} ({machine.get('cpu_family', '?')}); posenc "
              f"{machine['posenc']} ({machine['isa']}), torch "
@@ -212,7 +216,7 @@ def markdown(results: dict) -> str:
         lines += [_versus(results, [dtype], dtype, direction, r, "hf+sdpa")
                   for direction, r in turns.items()]
     lines += ["", "Target: faster forward+backward than HF's path.", "",
-              "## alibi, kerple with learnable parameters against SDPA with the bias "
+              "## alibi, kerple, fox with learnable parameters against SDPA with the bias "
               "materialised (requiring grad)", "",
               "| dtype | method | direction | posenc ms | % peak | SDPA + bias ms | speed-up |",
               "|---|---|---|---|---|---|---|"]

@@ -81,5 +81,6 @@ void test_attention(void);
 void test_convert(void);
 void test_lp(void);
 void test_bf16dot(void);
+void test_terms(void);
 
 #endif /* POSENC_TEST_HARNESS_H */

@@ -444,6 +444,7 @@ int main(void)
     test_convert();
     test_lp();
     test_bf16dot();
+    test_terms();
     printf("%d checks, %d failures\n", checks, failures);
     return failures ? 1 : 0;
 }

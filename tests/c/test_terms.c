@@ -1,0 +1,316 @@
+/*
+ * test_terms.c -- the term modules of csrc/terms.h without Python: FoX's decay
+ * (csrc/engine/term_fox_impl.h) on the logits and their gradients, float32 and
+ * float64, against naive double loops written from docs/spec.md §3.17; every
+ * ISA against scalar, one and two threads bitwise; a gate of -inf (the rows
+ * summed as written); the fused attention's decoding rows equal to the full
+ * call's; posenc_validate's refusal of a query past the keys.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "harness.h"
+
+/* A FoX problem's inputs, in double, and its problem (pointers set per dtype). */
+typedef struct {
+    size_t B, H, n, m, d, offset;
+    double *q, *k, *gates, *back, *cum, *cum_back, *G;
+    float *q32, *k32, *G32;
+    posenc_problem p;
+} fox_data;
+
+static double *doubles(size_t len)
+{
+    double *x = malloc(sizeof(double) * (len ? len : 1));
+    for (size_t t = 0; t < len; ++t)
+        x[t] = urand();
+    return x;
+}
+
+static float *floats(const double *x, size_t len)
+{
+    float *y = malloc(sizeof(float) * (len ? len : 1));
+    for (size_t t = 0; t < len; ++t)
+        y[t] = (float)x[t];
+    return y;
+}
+
+/* Inclusive prefix sums along the keys of (B, H, m) gates; NULL where one is not finite. */
+static double *prefix(const double *gates, size_t units, size_t m)
+{
+    double *c = malloc(sizeof(double) * (units * m ? units * m : 1));
+    for (size_t u = 0; u < units; ++u) {
+        double sum = 0;
+        for (size_t t = 0; t < m; ++t) {
+            if (!isfinite(gates[u * m + t])) {
+                free(c);
+                return NULL;
+            }
+            c[u * m + t] = sum += gates[u * m + t];
+        }
+    }
+    return c;
+}
+
+static void fox_build(fox_data *f, size_t B, size_t H, size_t n, size_t m, size_t d, size_t offset,
+                      int reverse, int bad_gate)
+{
+    memset(f, 0, sizeof *f);
+    f->B = B, f->H = H, f->n = n, f->m = m, f->d = d, f->offset = offset;
+    f->q = doubles(B * H * n * d);
+    f->k = doubles(B * H * m * d);
+    f->G = doubles(B * H * n * m);
+    f->gates = doubles(B * H * m);
+    for (size_t t = 0; t < B * H * m; ++t)
+        f->gates[t] = -0.5 * (f->gates[t] + 1.0);   /* log gates in (-1, 0] */
+    if (bad_gate && m > 2)
+        f->gates[m / 2] = -INFINITY;                 /* unit 0: a forget gate of exactly 0 */
+    f->back = reverse ? doubles(B * H * m) : NULL;
+    f->cum = prefix(f->gates, B * H, m);
+    f->cum_back = f->back ? prefix(f->back, B * H, m) : NULL;
+    f->q32 = floats(f->q, B * H * n * d);
+    f->k32 = floats(f->k, B * H * m * d);
+    f->G32 = floats(f->G, B * H * n * m);
+}
+
+static void fox_point(fox_data *f, posenc_dtype dtype)
+{
+    posenc_problem *p = &f->p;
+    memset(p, 0, sizeof *p);
+    p->dtype = dtype;
+    p->B = f->B, p->H = f->H, p->n = f->n, p->m = f->m, p->d = f->d;
+    p->scale = 0.5;
+    p->query_offset = f->offset;
+    p->q = dtype == POSENC_F64 ? (const void *)f->q : f->q32;
+    p->k = dtype == POSENC_F64 ? (const void *)f->k : f->k32;
+    posenc_term *t = &p->terms[POSENC_TERM_fox];
+    const double *arrays[4] = {f->gates, f->back, f->cum, f->cum_back};
+    for (int a = 0; a < 4; ++a)
+        if (arrays[a])
+            t->array[a] = (posenc_term_array){arrays[a], f->H * f->m, f->m};
+}
+
+static void fox_release(fox_data *f)
+{
+    double *d[] = {f->q, f->k, f->gates, f->back, f->cum, f->cum_back, f->G};
+    float *s[] = {f->q32, f->k32, f->G32};
+    for (size_t t = 0; t < sizeof d / sizeof d[0]; ++t)
+        free(d[t]);
+    for (size_t t = 0; t < sizeof s / sizeof s[0]; ++t)
+        free(s[t]);
+}
+
+/* The naive logit (b, h, i, j) and the naive gradients of the gates, docs/spec.md §3.17. */
+static double fox_naive_logit(const fox_data *f, size_t b, size_t h, size_t i, size_t j)
+{
+    const size_t u = b * f->H + h, t = f->offset + i;
+    double dot = 0, decay = 0;
+    for (size_t e = 0; e < f->d; ++e)
+        dot += f->q[(u * f->n + i) * f->d + e] * f->k[(u * f->m + j) * f->d + e];
+    if (j <= t)
+        for (size_t l = j + 1; l <= t; ++l)
+            decay += f->gates[u * f->m + l];
+    else if (f->back)
+        for (size_t l = t + 1; l <= j; ++l)
+            decay += f->back[u * f->m + l];
+    return 0.5 * dot + decay;
+}
+
+static void fox_naive_grads(const fox_data *f, double *dgates, double *dback)
+{
+    const size_t units = f->B * f->H, n = f->n, m = f->m;
+    memset(dgates, 0, sizeof(double) * units * m);
+    memset(dback, 0, sizeof(double) * units * m);
+    for (size_t u = 0; u < units; ++u)
+        for (size_t i = 0; i < n; ++i)
+            for (size_t j = 0; j < m; ++j) {
+                const size_t t = f->offset + i;
+                const double g = f->G[(u * n + i) * m + j];
+                if (j <= t)
+                    for (size_t l = j + 1; l <= t; ++l)
+                        dgates[u * m + l] += g;
+                else if (f->back)
+                    for (size_t l = t + 1; l <= j; ++l)
+                        dback[u * m + l] += g;
+            }
+}
+
+/* Forward and backward of f in dtype, on the active ISA: logits and the gates' gradients
+ * in double. */
+static int fox_run(fox_data *f, posenc_dtype dtype, int threads, double *out, double *dgates,
+                   double *dback)
+{
+    fox_point(f, dtype);
+    const size_t logits = f->B * f->H * f->n * f->m, grads = f->B * f->H * f->m;
+    const size_t size = dtype == POSENC_F64 ? sizeof(double) : sizeof(float);
+    void *raw = malloc(size * (logits ? logits : 1));
+    posenc_grads g;
+    memset(&g, 0, sizeof g);
+    g.terms[POSENC_TERM_fox][0] = dgates;
+    g.terms[POSENC_TERM_fox][1] = f->back ? dback : NULL;
+    const char *why = NULL;
+    int status = posenc_validate(&f->p, &why);
+    if (status == POSENC_OK)
+        status = posenc_forward(&f->p, raw, threads);
+    if (status == POSENC_OK)
+        status = posenc_backward(&f->p, dtype == POSENC_F64 ? (const void *)f->G : f->G32, &g,
+                                 threads);
+    for (size_t t = 0; t < logits; ++t)
+        out[t] = dtype == POSENC_F64 ? ((double *)raw)[t] : ((float *)raw)[t];
+    if (!f->back)
+        memset(dback, 0, sizeof(double) * grads);
+    free(raw);
+    return status;
+}
+
+/* Equal where both are finite (within rtol of the scale), the same non-finite elsewhere. */
+static void compare_ieee(const char *what, const double *got, const double *want, size_t len,
+                         double rtol)
+{
+    double scale = 0;
+    for (size_t t = 0; t < len; ++t)
+        if (isfinite(want[t]))
+            scale = fmax(scale, fabs(want[t]));
+    size_t bad = 0;
+    for (size_t t = 0; t < len; ++t) {
+        const int ok = isfinite(want[t]) ? isfinite(got[t]) && fabs(got[t] - want[t]) <= rtol * (scale + 1)
+                       : isnan(want[t]) ? isnan(got[t]) : got[t] == want[t];
+        bad += !ok;
+    }
+    EXPECT(bad == 0, "%s: %zu of %zu elements differ", what, bad, len);
+}
+
+static void fox_case(size_t B, size_t H, size_t n, size_t m, size_t d, size_t offset, int reverse,
+                     int bad_gate)
+{
+    fox_data f;
+    fox_build(&f, B, H, n, m, d, offset, reverse, bad_gate);
+    const size_t logits = B * H * n * m, grads = B * H * m;
+    double *naive = malloc(sizeof(double) * (logits ? logits : 1));
+    double *dg = malloc(sizeof(double) * (grads ? grads : 1));
+    double *db = malloc(sizeof(double) * (grads ? grads : 1));
+    for (size_t b = 0, t = 0; b < B; ++b)
+        for (size_t h = 0; h < H; ++h)
+            for (size_t i = 0; i < n; ++i)
+                for (size_t j = 0; j < m; ++j)
+                    naive[t++] = fox_naive_logit(&f, b, h, i, j);
+    fox_naive_grads(&f, dg, db);
+    for (int dt = 0; dt < 2; ++dt) {
+        const posenc_dtype dtype = dt ? POSENC_F64 : POSENC_F32;
+        const double rtol = dt ? 1e-12 : 2e-5;
+        double *base[3], *one[3], *two[3];
+        for (int x = 0; x < 3; ++x) {
+            const size_t len = x ? grads : logits;
+            base[x] = malloc(sizeof(double) * (len ? len : 1));
+            one[x] = malloc(sizeof(double) * (len ? len : 1));
+            two[x] = malloc(sizeof(double) * (len ? len : 1));
+        }
+        char what[200];
+        posenc_set_isa(POSENC_ISA_SCALAR);
+        EXPECT(fox_run(&f, dtype, 1, base[0], base[1], base[2]) == POSENC_OK, "fox status");
+        snprintf(what, sizeof what, "fox %s %zux%zux%zux%zu offset %zu%s%s scalar vs naive",
+                 dt ? "f64" : "f32", B, H, n, m, offset, reverse ? " reverse" : "",
+                 bad_gate ? " -inf gate" : "");
+        compare_ieee(what, base[0], naive, logits, rtol);
+        compare_ieee(what, base[1], dg, grads, rtol);
+        compare_ieee(what, base[2], db, grads, rtol);
+        for (int isa = 0; isa < POSENC_ISA_COUNT; ++isa) {
+            if (!posenc_isa_supported((posenc_isa)isa))
+                continue;
+            posenc_set_isa((posenc_isa)isa);
+            EXPECT(fox_run(&f, dtype, 1, one[0], one[1], one[2]) == POSENC_OK, "fox status");
+            EXPECT(fox_run(&f, dtype, 2, two[0], two[1], two[2]) == POSENC_OK, "fox status");
+            for (int x = 0; x < 3; ++x) {
+                snprintf(what, sizeof what, "fox %s %zux%zux%zux%zu %s %s", dt ? "f64" : "f32", B,
+                         H, n, m, posenc_isa_name((posenc_isa)isa), x ? "gradient" : "logits");
+                compare_ieee(what, one[x], base[x], x ? grads : logits, rtol);
+                EXPECT(memcmp(one[x], two[x], sizeof(double) * (x ? grads : logits)) == 0,
+                       "%s: 1 and 2 threads differ", what);
+            }
+        }
+        for (int x = 0; x < 3; ++x) {
+            free(base[x]);
+            free(one[x]);
+            free(two[x]);
+        }
+    }
+    free(naive);
+    free(dg);
+    free(db);
+    fox_release(&f);
+}
+
+/* A decoding step (one query row at position t over keys 0..t) of the fused attention
+ * equals row t of the full causal call. */
+static void fox_decoding_rows(void)
+{
+    const size_t B = 2, H = 3, n = 12, d = 8, dv = 5;
+    fox_data f;
+    fox_build(&f, B, H, n, n, d, 0, 0, 0);
+    double *v = doubles(B * H * n * dv);
+    double *full = malloc(sizeof(double) * B * H * n * dv), *lse = malloc(sizeof(double) * B * H * n);
+    posenc_attention a;
+    memset(&a, 0, sizeof a);
+    a.v = v, a.dv = dv, a.causal = 1;
+    for (int isa = 0; isa < POSENC_ISA_COUNT; ++isa) {
+        if (!posenc_isa_supported((posenc_isa)isa))
+            continue;
+        posenc_set_isa((posenc_isa)isa);
+        fox_point(&f, POSENC_F64);
+        EXPECT(posenc_attention_forward(&f.p, &a, full, lse, 1) == POSENC_OK, "fox attention");
+        double worst = 0;
+        for (size_t t = 0; t < n; ++t) {
+            /* the step's q row t and keys 0..t: gathered per unit */
+            double *q = malloc(sizeof(double) * B * H * d), *k = malloc(sizeof(double) * B * H * (t + 1) * d);
+            double *vv = malloc(sizeof(double) * B * H * (t + 1) * dv);
+            double *gates = malloc(sizeof(double) * B * H * (t + 1)), *cum = malloc(sizeof(double) * B * H * (t + 1));
+            double out[B * H * dv], step_lse[B * H];
+            for (size_t u = 0; u < B * H; ++u) {
+                memcpy(q + u * d, f.q + (u * n + t) * d, sizeof(double) * d);
+                memcpy(k + u * (t + 1) * d, f.k + u * n * d, sizeof(double) * (t + 1) * d);
+                memcpy(vv + u * (t + 1) * dv, v + u * n * dv, sizeof(double) * (t + 1) * dv);
+                memcpy(gates + u * (t + 1), f.gates + u * n, sizeof(double) * (t + 1));
+                memcpy(cum + u * (t + 1), f.cum + u * n, sizeof(double) * (t + 1));
+            }
+            posenc_problem p = f.p;
+            p.n = 1, p.m = t + 1, p.query_offset = t, p.q = q, p.k = k;
+            p.terms[POSENC_TERM_fox].array[0] = (posenc_term_array){gates, H * (t + 1), t + 1};
+            p.terms[POSENC_TERM_fox].array[2] = (posenc_term_array){cum, H * (t + 1), t + 1};
+            posenc_attention sa = a;
+            sa.v = vv;
+            EXPECT(posenc_validate(&p, NULL) == POSENC_OK, "fox step valid");
+            EXPECT(posenc_attention_forward(&p, &sa, out, step_lse, 1) == POSENC_OK, "fox step");
+            for (size_t u = 0; u < B * H; ++u)
+                for (size_t e = 0; e < dv; ++e)
+                    worst = fmax(worst, fabs(out[u * dv + e] - full[(u * n + t) * dv + e]));
+            free(q), free(k), free(vv), free(gates), free(cum);
+        }
+        EXPECT(worst <= 1e-13, "fox decoding rows (%s): differ from the full call by %g",
+               posenc_isa_name((posenc_isa)isa), worst);
+    }
+    free(v), free(full), free(lse);
+    fox_release(&f);
+}
+
+void test_terms(void)
+{
+    const size_t sizes[][6] = {{1, 1, 1, 1, 1, 0}, {2, 3, 7, 9, 3, 2}, {1, 2, 17, 33, 9, 16},
+                               {2, 1, 33, 33, 16, 0}, {1, 1, 65, 70, 31, 5}, {2, 3, 70, 80, 16, 10}};
+    for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; ++s) {
+        const size_t *z = sizes[s];
+        if (skip_size(z[2], z[3]))
+            continue;
+        for (int reverse = 0; reverse < 2; ++reverse)
+            fox_case(z[0], z[1], z[2], z[3], z[4], z[5], reverse, s == 2);
+    }
+    fox_decoding_rows();
+    fox_data f;   /* a query past the keys */
+    fox_build(&f, 1, 1, 4, 4, 2, 1, 0, 0);
+    fox_point(&f, POSENC_F64);
+    const char *why = NULL;
+    EXPECT(posenc_validate(&f.p, &why) == POSENC_EINVAL && why && strstr(why, "fox"),
+           "fox: query_offset + n > m accepted");
+    fox_release(&f);
+    printf("term modules: fox\n");
+}
