@@ -13,7 +13,7 @@
  * CF_COUNT items positionally.  The float arrays are q, k and posenc.h's
  * POSENC_ARRAYS; then the integer arrays (bucket maps over the offsets,
  * segment ids, rotation positions), the scalars, and the term modules'
- * arrays (csrc/terms.h: <kind>_<array>, float64 (B|1, H|1, per_unit)).
+ * arrays (csrc/terms.h: <kind>_<array>, float64 (B|1, H|1, length)).
  */
 #define CONFIG_INDEX_FIELDS(X) \
     X(table_map) X(query_map) X(key_map) X(segment_q) X(segment_k) X(positions_q) X(positions_k)
@@ -21,10 +21,10 @@
     X(product) X(scale) X(dense_scale) X(vector_scale) X(rope_interleaved) X(query_offset)
 
 #define CF_ENUM_(name, ...) CF_##name,
-#define CF_TERM_ENUM_(kind, name, required, grad) CF_##kind##_##name,
-#define CF_TERM_NAME_(kind, name, required, grad) #kind "_" #name,
-#define GR_TERM_NAME_(kind, name, required, grad) POSENC_TERM_IF_##grad(#kind "_" #name,)
-#define CF_TERM_SKIP_(name, per_unit, valid, why, ARRAYS) ARRAYS
+#define CF_TERM_ENUM_(kind, name, required, grad, length) CF_##kind##_##name,
+#define CF_TERM_NAME_(kind, name, required, grad, length) #kind "_" #name,
+#define GR_TERM_NAME_(kind, name, required, grad, length) POSENC_TERM_IF_##grad(#kind "_" #name,)
+#define CF_TERM_SKIP_(name, valid, why, ARRAYS) ARRAYS
 enum {
     CF_q, CF_k,
     POSENC_ARRAYS(CF_ENUM_, CF_ENUM_)
@@ -51,7 +51,7 @@ static const int index_fields[] = {CONFIG_INDEX_FIELDS(CF_INDEX_)};
  * q, k, then the parameters of POSENC_ARRAYS (its constants have none). */
 #define GR_ENUM_(name, ...) GR_##name,
 #define GR_SKIP_(...)
-#define GR_TERM_ENUM_(kind, name, required, grad) POSENC_TERM_IF_##grad(GR_##kind##_##name,)
+#define GR_TERM_ENUM_(kind, name, required, grad, length) POSENC_TERM_IF_##grad(GR_##kind##_##name,)
 enum { GR_q, GR_k, POSENC_ARRAYS(GR_ENUM_, GR_SKIP_) GR_FIRST_TERM_,
        GR_TERM_BEFORE_ = GR_FIRST_TERM_ - 1, POSENC_TERMS(CF_TERM_SKIP_, GR_TERM_ENUM_) GR_COUNT };
 #undef GR_TERM_ENUM_
@@ -61,7 +61,7 @@ enum { GR_q, GR_k, POSENC_ARRAYS(GR_ENUM_, GR_SKIP_) GR_FIRST_TERM_,
 
 /* The config field each gradient is shaped like, and the gradients' names. */
 #define GR_SOURCE_(name, ...) CF_##name,
-#define GR_TERM_SOURCE_(kind, name, required, grad) POSENC_TERM_IF_##grad(CF_##kind##_##name,)
+#define GR_TERM_SOURCE_(kind, name, required, grad, length) POSENC_TERM_IF_##grad(CF_##kind##_##name,)
 static const int grad_source[GR_COUNT] = {CF_q, CF_k, POSENC_ARRAYS(GR_SOURCE_, GR_SKIP_)
                                           POSENC_TERMS(CF_TERM_SKIP_, GR_TERM_SOURCE_)};
 #undef GR_TERM_SOURCE_
@@ -73,8 +73,18 @@ static const char *const grad_names[GR_COUNT] = {"q", "k", POSENC_ARRAYS(CF_NAME
 
 /* The term modules' arrays: their config fields, kinds, whether they have a gradient (then
  * the next GR_ entry from GR_FIRST_TERM_), in order. */
-#define TERM_FIELD_(kind, name, required, grad) {CF_##kind##_##name, POSENC_TERM_##kind, grad},
+#define TERM_FIELD_(kind, name, required, grad, length) {CF_##kind##_##name, POSENC_TERM_##kind, grad},
 static const struct { int field, kind, grad; } term_fields[] = {POSENC_TERMS(CF_TERM_SKIP_, TERM_FIELD_)};
+
+/* The length (elements per unit) term_fields[t]'s array must have in p, or 0 (any). */
+static size_t term_field_length(const posenc_problem *p, int t)
+{
+    int at = 0;
+#define TERM_LENGTH_(kind, name, required, grad, length) if (at++ == t) return (size_t)(length);
+    POSENC_TERMS(CF_TERM_SKIP_, TERM_LENGTH_)
+#undef TERM_LENGTH_
+    return 0;
+}
 #undef TERM_FIELD_
 #undef GR_TERM_NAME_
 #define TERM_FIELD_COUNT ((int)(sizeof term_fields / sizeof term_fields[0]))
@@ -268,8 +278,8 @@ static int read_double(PyObject *config, int field, double *value)
 
 /*
  * The term modules' arrays of config (csrc/terms.h) into p's terms: each
- * float64 (B|1, H|1, per_unit), converted as the other float arrays; p's
- * shape set.  0, or -1 with an exception.
+ * float64 (B|1, H|1, length) (the list's length, or any), converted as the
+ * other float arrays; p's shape set.  0, or -1 with an exception.
  */
 static int build_terms(PyObject *config, converted *a, posenc_problem *p)
 {
@@ -284,9 +294,11 @@ static int build_terms(PyObject *config, converted *a, posenc_problem *p)
         if (check_float_array(obj, typenum, config_names[field], "every term module") ||
             !(a->arr[field] = as_float_array(obj, typenum, config_names[field])))
             return -1;
-        const npy_intp per_unit = (npy_intp)posenc_term_per_unit(p, k), any = -1;
-        if (check_dims(a->arr[field], config_names[field], 3, (npy_intp[]){any, any, per_unit}))
+        const npy_intp length = (npy_intp)term_field_length(p, t), any = -1;
+        if (check_dims(a->arr[field], config_names[field], 3,
+                       (npy_intp[]){any, any, length ? length : any}))
             return -1;
+        const npy_intp per_unit = PyArray_DIM(a->arr[field], 2);
         const size_t batches = (size_t)PyArray_DIM(a->arr[field], 0);
         const size_t heads = (size_t)PyArray_DIM(a->arr[field], 1);
         if ((batches != p->B && batches != 1) || (heads != p->H && heads != 1)) {
@@ -297,7 +309,7 @@ static int build_terms(PyObject *config, converted *a, posenc_problem *p)
         }
         p->terms[k].array[at] = (posenc_term_array){
             PyArray_DATA(a->arr[field]), batches == 1 ? 0 : heads * (size_t)per_unit,
-            heads == 1 ? 0 : (size_t)per_unit};
+            heads == 1 ? 0 : (size_t)per_unit, (size_t)per_unit};
     }
     return 0;
 }

@@ -66,12 +66,14 @@ typedef struct {
 } posenc_bf16_shadow;
 
 /*
- * A term module's array (terms.h): element (b, h, t) at data + b batch_stride
- * + h head_stride + t (elements; a stride 0 on an axis of 1, broadcast).
+ * A term module's array (terms.h): element (b, h, t), t < per_unit, at data +
+ * b batch_stride + h head_stride + t (elements; a stride 0 on an axis of 1,
+ * broadcast).
  */
 typedef struct {
     const void *data;             /* NULL: not given */
     size_t batch_stride, head_stride;
+    size_t per_unit;              /* its elements per (b, h) unit */
 } posenc_term_array;
 
 /* A term module of a problem: present when array[0] is given. */
@@ -154,18 +156,7 @@ typedef struct {
     posenc_term terms[POSENC_TERM_COUNT];
 } posenc_problem;
 
-/* The term modules of csrc/terms.h: the elements per (b, h) unit of kind k's
- * arrays, whether p has kind k (its first array given), and any kind. */
-static inline size_t posenc_term_per_unit(const posenc_problem *p, int k)
-{
-    switch (k) {
-#define POSENC_TERM_PER_UNIT_(name, per_unit, ...) case POSENC_TERM_##name: return (per_unit);
-    POSENC_TERMS(POSENC_TERM_PER_UNIT_, )
-#undef POSENC_TERM_PER_UNIT_
-    default: return 0;
-    }
-}
-
+/* Whether p has term module k (csrc/terms.h: its first array given), and any. */
 static inline int posenc_term_present(const posenc_problem *p, int k)
 {
     return p->terms[k].array[0].data != NULL;
@@ -216,7 +207,8 @@ typedef struct {
     void *q, *k;
     POSENC_ARRAYS(POSENC_GRAD_FIELD_, POSENC_NO_FIELD_)
     /* the term modules' gradients (terms.h), per unit: unit (b, h) of kind k's
-     * array a at terms[k][a] + (b term_units_per_row + h) per_unit elements
+     * array a at terms[k][a] + (b term_units_per_row + h) per_unit elements (the
+     * array's per_unit)
      * (term_units_per_row: H, or 0 for H; a larger problem's H in a slice of it) */
     void *terms[POSENC_TERM_COUNT][POSENC_TERM_ARRAYS_MAX];
     size_t term_units_per_row;

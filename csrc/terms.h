@@ -7,21 +7,23 @@
  * binding's config fields and gradients, the low-precision engine's slices,
  * the validation) is derived from its line:
  *
- *   TERM(name, per_unit, valid, why, ARRAYS)
- *     per_unit  elements of each of its arrays per (b, h) unit: an
- *               expression of the problem `p`
- *     valid     an expression of `p` that must hold when the term is present
+ *   TERM(name, valid, why, ARRAYS)
+ *     valid     an expression of the problem `p` that must hold when the
+ *               term is present (it may call a function of the kind's file
+ *               outside its REAL part: entry.c includes the files without REAL)
  *     why       posenc_validate's reason when it does not
- *     ARRAYS    ARRAY(name, array, required, grad) for each of its float
- *               arrays (at most POSENC_TERM_ARRAYS_MAX), in order; a term
- *               is present when its first (required) array is given; grad 1:
- *               the array has a gradient, 0: a constant (as derived sums)
+ *     ARRAYS    ARRAY(name, array, required, grad, length) for each of its
+ *               float arrays (at most POSENC_TERM_ARRAYS_MAX), in order; a
+ *               term is present when its first (required) array is given;
+ *               grad 1: the array has a gradient, 0: a constant (as derived
+ *               sums); length: its elements per (b, h) unit, an expression
+ *               of `p`, or 0 for the array's own (a table's rows)
  *
- * A module's arrays are float64 (B|1, H|1, per_unit) whatever the problem's
+ * A module's arrays are float64 (B|1, H|1, length) whatever the problem's
  * dtype (they are small: a few numbers per token, as FoX's gates and their
  * prefix sums, whose differences must not lose the digits a float32 would);
- * their gradients are float64 per unit, (B, H, per_unit), the caller
- * reducing over the axes its arrays broadcast.  Module terms are added (sum mode, no
+ * their gradients are float64 per unit, (B, H, length), the caller reducing
+ * over the axes its arrays broadcast.  Module terms are added (sum mode, no
  * rotation); a kind's own file says what it computes.
  */
 #ifndef POSENC_TERMS_H
@@ -30,10 +32,10 @@
 #define POSENC_TERM_ARRAYS_MAX 4
 
 #define POSENC_TERMS(TERM, ARRAY)                                                      \
-    TERM(fox, p->m, p->query_offset + p->n <= p->m,                                    \
+    TERM(fox, p->query_offset + p->n <= p->m,                                          \
          "fox: every query is among the keys (query_offset + n <= m)",                \
-         ARRAY(fox, gates, 1, 1) ARRAY(fox, gates_reverse, 0, 1) ARRAY(fox, cum, 0, 0)      \
-         ARRAY(fox, cum_reverse, 0, 0))
+         ARRAY(fox, gates, 1, 1, p->m) ARRAY(fox, gates_reverse, 0, 1, p->m)                \
+         ARRAY(fox, cum, 0, 0, p->m) ARRAY(fox, cum_reverse, 0, 0, p->m))
 
 /* POSENC_TERM_IF_<grad>(x): x for an array with a gradient (the X-macros' filter). */
 #define POSENC_TERM_IF_1(...) __VA_ARGS__
@@ -41,7 +43,8 @@
 
 #endif /* POSENC_TERMS_H */
 
-/* The kinds' files, for the engine's templates (term_kinds_impl.h) only. */
+/* The kinds' files: their REAL parts for the engine's templates (term_kinds_impl.h),
+ * the rest (validation) for entry.c. */
 #if defined(POSENC_TERM_FILES) && !defined(POSENC_TERM_FILES_INCLUDED)
 #define POSENC_TERM_FILES_INCLUDED
 #include "engine/term_fox_impl.h"

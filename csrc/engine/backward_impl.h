@@ -64,6 +64,9 @@ static size_t backward_ws_layout(const backward_ctx *c, backward_ws *w, REAL *me
         WS_TAKE(w, mem, at, grad_sum, c->row_block * m);
     if (c->kern->bf16 && c->reads_g)
         WS_TAKE(w, mem, at, g_block, c->row_block * m);
+    if (c->need_modules)
+        WS_TAKE(w, mem, at, term_scratch,
+                terms_grad_scratch(p) * (sizeof(double) / sizeof(REAL)));
     if (c->need_key_side && key_edge_size(&c->terms->key_edges, m))
         WS_TAKE(w, mem, at, key_edge_sums, key_edge_size(&c->terms->key_edges, m));
     return posenc_round_up(at, POSENC_ALIGN / sizeof(REAL));
@@ -95,7 +98,8 @@ static void backward_sum_rows(const backward_ctx *c, backward_ws *w, size_t u, s
             backward_row_positional(c, w, u, b, i, &rg, cols);
     }
     if (c->need_modules)
-        terms_grad_rows(p, c->g, u, G_blk, m, blk0, rows, first, cols);
+        terms_grad_rows(p, c->g, u, G_blk, m, blk0, rows, first, cols,
+                        (double *)(void *)w->term_scratch);
     const size_t skip = c->cls_row0 && blk0 == 0;   /* the [CLS] row */
     if (c->need_offsets && rows > skip)   /* from `first` on: G is 0 before it */
         kern->diagonal_sums(c->offset_slots + u * c->offsets + (n - 1 - (blk0 + skip)),

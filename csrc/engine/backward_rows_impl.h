@@ -80,6 +80,7 @@ typedef struct {
     /* Gk's edge columns (scatter_key_side): keys [lo_first, lo_end) of the low
      * edge's column and [hi_first, hi_end) of the high edge's held contiguous */
     REAL *key_edge_sums;      /* 2 x m: the low edge's keys, then the high one's */
+    REAL *term_scratch;       /* the term modules' gradient rows: terms_grad_scratch doubles */
     size_t lo_first, lo_end, hi_first, hi_end;
     ptrdiff_t cached_query_table;
     int k_unread;             /* a masked key of the unit holds an Inf or NaN in k (masked_keys):

@@ -559,7 +559,8 @@ static int lp_chunks(lp_kind kind, const posenc_problem *p, lp_stream *st, const
                 for (int t = 0; t < POSENC_TERM_ARRAYS_MAX; ++t)
                     if (g->terms[k][t])
                         gs.terms[k][t] = (double *)g->terms[k][t] +
-                                         (b0 * gs.term_units_per_row + h0) * posenc_term_per_unit(p, k);
+                                         (b0 * gs.term_units_per_row + h0) *
+                                             p->terms[k].array[t].per_unit;
             void **gs_at[A_GRAD_COUNT];
             grad_slots(&gs, gs_at);
             for (int t = A_FIRST_PARAM; t < A_GRAD_COUNT; ++t) {

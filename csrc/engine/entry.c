@@ -5,6 +5,9 @@
  */
 #include "engine.h"
 
+#define POSENC_TERM_FILES   /* the kinds' validation (their files without REAL) */
+#include "../terms.h"
+
 static int check_heads(size_t heads, size_t H) { return heads == H || heads == 1; }
 
 /* Every index (map entries, segment ids) in [0, count). */
@@ -36,15 +39,17 @@ static int rope_valid(const posenc_problem *p)
  * sum mode without the rotation, and its own condition; NULL, or why not. */
 static const char *terms_invalid(const posenc_problem *p)
 {
-#define TERM_ARRAY_(kind, name, required, grad) \
+#define TERM_ARRAY_(kind, name, required, grad, length) \
     if ((required) && !t->array[a].data) \
         return #kind ": its " #name " array is required"; \
+    if (t->array[a].data && (length) && t->array[a].per_unit != (size_t)(length)) \
+        return #kind ": its " #name " array has the wrong length"; \
     ++a;
-#define TERM_CHECK_(name, per_unit, valid, reason, ARRAYS) \
+#define TERM_CHECK_(name, valid, reason, ARRAYS) \
     { \
         const posenc_term *t = &p->terms[POSENC_TERM_##name]; \
         int a = 0; \
-        if (t->array[0].data || t->array[1].data) { \
+        if (posenc_term_present(p, POSENC_TERM_##name) || t->array[1].data) { \
             ARRAYS \
             (void)a; \
             if (p->product || p->rope_cos) \

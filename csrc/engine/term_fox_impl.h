@@ -12,13 +12,14 @@
  * key vector, in float64, rounded once (nothing of n x m is formed).  A
  * difference of prefix sums is not the sum where a gate is Inf or NaN (inf -
  * inf): without them the rows are summed as written, from i' outwards.
- * Gradients of the gates, summed as the formula reads: row i gives gate l <=
- * i' the sum of its G over the keys j < l, and reverse gate l > i' the sum
- * over the keys j >= l (running sums along the row, so an Inf or NaN of G
- * reaches exactly the gates whose sums hold it).
+ * Gradients of the gates: row i gives gate l <= i' the sum of its G over the
+ * keys j < l, and reverse gate l > i' the sum over the keys j >= l, in
+ * double, from column sums of a block's rows (term_fox_grad_rows), so that
+ * an Inf or NaN of G reaches exactly the gates whose sums hold it.
  */
 #ifndef POSENC_ENGINE_TERM_FOX_IMPL_H
 #define POSENC_ENGINE_TERM_FOX_IMPL_H
+#ifdef REAL   /* (entry.c reads the kinds' validation, which fox's list line holds) */
 
 #include "term_unit_impl.h"
 
@@ -89,31 +90,85 @@ static void term_fox_rows(const term_unit *t, int op, REAL *P, size_t ldp, size_
     }
 }
 
+/* sum_{j < len} x[j] in four running sums (one chain would wait on each add). */
+static double fox_sum(const double *x, size_t len)
+{
+    double s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+    size_t j = 0;
+    for (; j + 4 <= len; j += 4) {
+        s0 += x[j];
+        s1 += x[j + 1];
+        s2 += x[j + 2];
+        s3 += x[j + 3];
+    }
+    for (; j < len; ++j)
+        s0 += x[j];
+    return (s0 + s1) + (s2 + s3);
+}
+
+/* x[j] += g[j], j in [from, to) (a row of G into a double column sum). */
+static void fox_add_row(double *x, const REAL *g, size_t from, size_t to)
+{
+    for (size_t j = from; j < to; ++j)
+        x[j] += (double)g[j];
+}
+
+/*
+ * The gates' gradients of a block of rows t_e = query_offset + i0 + e (e < rows), keys
+ * [first, cols): gate l gets sum over the rows with t_e >= l of their G over j < l,
+ * reverse gate l over the rows with t_e < l of their G over j >= l.  Gates every row
+ * reaches (l <= t_0, reverse l > t_last) from the block's column sums S, one running
+ * sum along the keys; the others (t_0 < l <= t_last) from the column sums of the rows
+ * past (before) l, grown a row at a time.  Vector-wide adds, in double: no chain of n m
+ * dependent additions.
+ */
 static void term_fox_grad_rows(const term_unit *t, double *const *grad, const REAL *G,
-                               size_t ldg, size_t i0, size_t rows, size_t first, size_t cols)
+                               size_t ldg, size_t i0, size_t rows, size_t first, size_t cols,
+                               double *scratch)
 {
     double *dgate = grad[0], *dgate_r = grad[1];
-    for (size_t e = 0; e < rows; ++e) {
-        const size_t i = t->p->query_offset + i0 + e;
-        const REAL *g = G + e * ldg;
-        const size_t split = posenc_min(i + 1, cols);   /* keys j <= i' end */
-        if (dgate) {   /* gate l in (first, i']: sum_{first <= j < l} G_ij */
-            double sum = 0;
-            for (size_t l = first + 1; l <= i && l <= cols; ++l) {
-                sum += g[l - 1];
-                dgate[l] += sum;
-            }
-            for (size_t l = cols + 1; l <= i; ++l)   /* keys past cols: G is 0 there */
-                dgate[l] += sum;
+    const size_t m = t->p->m, t0 = t->p->query_offset + i0, t1 = t0 + rows - 1;
+    if (!rows || first >= cols)
+        return;
+    double *S = scratch, *A = scratch + m;
+    memset(S + first, 0, sizeof(double) * (cols - first));
+    for (size_t e = 0; e < rows; ++e)
+        fox_add_row(S, G + e * ldg, first, cols);
+    if (dgate) {
+        double sum = 0;   /* gates l in (first, t0]: sum_{first <= j < l} S[j] */
+        for (size_t l = first + 1; l <= t0; ++l) {
+            if (l <= cols)
+                sum += S[l - 1];
+            dgate[l] += sum;
         }
-        if (dgate_r && cols > split) {   /* gate l in (i', cols): sum_{l <= j < cols} G_ij */
-            double sum = 0;
-            for (size_t l = cols; l-- > split;) {
-                sum += g[l];
-                dgate_r[l] += sum;
-            }
+        memset(A + first, 0, sizeof(double) * (cols - first));
+        for (size_t l = t1; l > t0; --l) {   /* rows e >= l - t0 */
+            fox_add_row(A, G + (l - t0) * ldg, first, cols);
+            if (l > first)
+                dgate[l] += fox_sum(A + first, posenc_min(l, cols) - first);
+        }
+    }
+    if (dgate_r) {
+        double sum = 0;   /* reverse gates l in (t1, cols): sum_{max(l, first) <= j < cols} S[j] */
+        for (size_t l = cols; l-- > t1 + 1;) {
+            if (l >= first)
+                sum += S[l];
+            dgate_r[l] += sum;
+        }
+        memset(A + first, 0, sizeof(double) * (cols - first));
+        for (size_t l = t0 + 1; l <= t1 && l < cols; ++l) {   /* rows e < l - t0 */
+            fox_add_row(A, G + (l - t0 - 1) * ldg, first, cols);
+            const size_t from = posenc_max(l, first);
+            dgate_r[l] += fox_sum(A + from, cols - from);
         }
     }
 }
 
+/* term_fox_grad_rows' column sums: two rows of m doubles. */
+static size_t term_fox_grad_scratch(const posenc_problem *p)
+{
+    return 2 * p->m;
+}
+
+#endif /* REAL */
 #endif /* POSENC_ENGINE_TERM_FOX_IMPL_H */

@@ -14,7 +14,7 @@
 #define POSENC_TERM_FILES
 #include "../terms.h"
 
-#define TERM_KIND_(name, ...) {term_##name##_rows, term_##name##_grad_rows},
+#define TERM_KIND_(name, ...) {term_##name##_rows, term_##name##_grad_rows, term_##name##_grad_scratch},
 static const term_kind term_kinds[POSENC_TERM_COUNT] = {POSENC_TERMS(TERM_KIND_, )};
 #undef TERM_KIND_
 
@@ -48,9 +48,11 @@ static void terms_unit_grads(const posenc_problem *p, const posenc_grads *g, int
                              double **grad)
 {
     const size_t per_row = g->term_units_per_row ? g->term_units_per_row : p->H;
-    const size_t at = (u / p->H * per_row + u % p->H) * posenc_term_per_unit(p, k);
-    for (int a = 0; a < POSENC_TERM_ARRAYS_MAX; ++a)
-        grad[a] = g->terms[k][a] && p->terms[k].array[a].data ? (double *)g->terms[k][a] + at : NULL;
+    const size_t unit = u / p->H * per_row + u % p->H;
+    for (int a = 0; a < POSENC_TERM_ARRAYS_MAX; ++a) {
+        const posenc_term_array *x = &p->terms[k].array[a];
+        grad[a] = g->terms[k][a] && x->data ? (double *)g->terms[k][a] + unit * x->per_unit : NULL;
+    }
 }
 
 /* Whether g wants a gradient of a term module of p. */
@@ -71,14 +73,25 @@ static void terms_grads_begin(const posenc_problem *p, const posenc_grads *g, si
         terms_unit_grads(p, g, k, u, grad);
         for (int a = 0; a < POSENC_TERM_ARRAYS_MAX; ++a)
             if (grad[a])
-                memset(grad[a], 0, sizeof(double) * posenc_term_per_unit(p, k));
+                memset(grad[a], 0, sizeof(double) * p->terms[k].array[a].per_unit);
     }
 }
 
-/* Rows [i0, i0 + rows) of unit u's logits gradient into its module gradients. */
+/* The doubles of a thread's scratch for the present modules' gradient rows. */
+static size_t terms_grad_scratch(const posenc_problem *p)
+{
+    size_t most = 0;
+    for (int k = 0; k < POSENC_TERM_COUNT; ++k)
+        if (posenc_term_present(p, k))
+            most = posenc_max(most, term_kinds[k].grad_scratch(p));
+    return most;
+}
+
+/* Rows [i0, i0 + rows) of unit u's logits gradient into its module gradients (scratch:
+ * terms_grad_scratch(p) doubles). */
 static void terms_grad_rows(const posenc_problem *p, const posenc_grads *g, size_t u,
                             const REAL *G, size_t ldg, size_t i0, size_t rows, size_t first,
-                            size_t cols)
+                            size_t cols, double *scratch)
 {
     for (int k = 0; k < POSENC_TERM_COUNT; ++k) {
         double *grad[POSENC_TERM_ARRAYS_MAX];
@@ -88,7 +101,7 @@ static void terms_grad_rows(const posenc_problem *p, const posenc_grads *g, size
             wanted |= grad[a] != NULL;
         if (wanted) {
             const term_unit t = term_unit_of(p, k, u / p->H, u % p->H);
-            term_kinds[k].grad_rows(&t, grad, G, ldg, i0, rows, first, cols);
+            term_kinds[k].grad_rows(&t, grad, G, ldg, i0, rows, first, cols, scratch);
         }
     }
 }

@@ -24,13 +24,15 @@ typedef struct {
  * grad_rows: rows [i0, i0 + rows) of the logits' gradient (row r at G + r ldg;
  *   zero outside keys [first, cols), which are all it may read) into the
  *   unit's gradients grad[a] (NULL: not wanted), zeroed when the unit began;
- *   called for a unit's rows in order, so that its sums have one order.
+ *   called for a unit's rows in order, so that its sums have one order;
+ *   scratch: the thread's grad_scratch(p) doubles.
  */
 typedef struct {
     void (*rows)(const term_unit *t, int op, REAL *P, size_t ldp, size_t i0, size_t rows,
                  size_t k0, size_t cols);
     void (*grad_rows)(const term_unit *t, double *const *grad, const REAL *G, size_t ldg,
-                      size_t i0, size_t rows, size_t first, size_t cols);
+                      size_t i0, size_t rows, size_t first, size_t cols, double *scratch);
+    size_t (*grad_scratch)(const posenc_problem *p);
 } term_kind;
 
 #endif /* POSENC_ENGINE_TERM_UNIT_IMPL_H */

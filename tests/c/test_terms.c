@@ -88,7 +88,7 @@ static void fox_point(fox_data *f, posenc_dtype dtype)
     const double *arrays[4] = {f->gates, f->back, f->cum, f->cum_back};
     for (int a = 0; a < 4; ++a)
         if (arrays[a])
-            t->array[a] = (posenc_term_array){arrays[a], f->H * f->m, f->m};
+            t->array[a] = (posenc_term_array){arrays[a], f->H * f->m, f->m, f->m};
 }
 
 static void fox_release(fox_data *f)
@@ -275,8 +275,8 @@ static void fox_decoding_rows(void)
             }
             posenc_problem p = f.p;
             p.n = 1, p.m = t + 1, p.query_offset = t, p.q = q, p.k = k;
-            p.terms[POSENC_TERM_fox].array[0] = (posenc_term_array){gates, H * (t + 1), t + 1};
-            p.terms[POSENC_TERM_fox].array[2] = (posenc_term_array){cum, H * (t + 1), t + 1};
+            p.terms[POSENC_TERM_fox].array[0] = (posenc_term_array){gates, H * (t + 1), t + 1, t + 1};
+            p.terms[POSENC_TERM_fox].array[2] = (posenc_term_array){cum, H * (t + 1), t + 1, t + 1};
             posenc_attention sa = a;
             sa.v = vv;
             EXPECT(posenc_validate(&p, NULL) == POSENC_OK, "fox step valid");
