@@ -115,10 +115,10 @@ static void fox_add_row(double *x, const REAL *g, size_t from, size_t to)
 
 /*
  * The gates' gradients of a block of rows t_e = query_offset + i0 + e (e < rows), keys
- * [first, cols): gate l gets sum over the rows with t_e >= l of their G over j < l,
+ * [first, cols): gate l gets the sum over the rows with t_e >= l of their G over j < l,
  * reverse gate l over the rows with t_e < l of their G over j >= l.  Gates every row
- * reaches (l <= t_0, reverse l > t_last) from the block's column sums S, one running
- * sum along the keys; the others (t_0 < l <= t_last) from the column sums of the rows
+ * reaches (l <= t0, reverse l > t1) from the block's column sums S, one running
+ * sum along the keys; the others (t0 < l <= t1) from the column sums of the rows
  * past (before) l, grown a row at a time.  Vector-wide adds, in double: no chain of n m
  * dependent additions.
  */
