@@ -98,7 +98,7 @@ static void backward_sum_rows(const backward_ctx *c, backward_ws *w, size_t u, s
             backward_row_positional(c, w, u, b, i, &rg, cols);
     }
     if (c->need_modules)
-        terms_grad_rows(p, c->g, u, G_blk, m, blk0, rows, first, cols,
+        terms_grad_rows(p, kern, c->g, u, G_blk, m, blk0, rows, first, cols,
                         (double *)(void *)w->term_scratch);
     const size_t skip = c->cls_row0 && blk0 == 0;   /* the [CLS] row */
     if (c->need_offsets && rows > skip)   /* from `first` on: G is 0 before it */

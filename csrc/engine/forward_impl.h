@@ -315,7 +315,7 @@ static const REAL *forward_positional(const forward_ctx *c, forward_ws *w, size_
         op = combine_op;
     }
     if (c->modules)   /* the term modules (csrc/terms.h): sum mode only */
-        op = terms_rows(p, op, w->P, ld, b, h, i0, rows, k0, cols);
+        op = terms_rows(p, kern, op, w->P, ld, b, h, i0, rows, k0, cols);
     if (op == POSENC_SET)
         return NULL; /* content only */
     if (p->theta)
@@ -475,7 +475,7 @@ static void forward_tile_exact(const forward_ctx *c, forward_ws *w, size_t b, si
             exact_apply(POSENC_ADD, X, 1, P, ld, rows, cols);
         }
         if (c->modules) {
-            terms_rows(p, POSENC_SET, P, ld, b, h, i0, rows, 0, cols);
+            terms_rows(p, kern, POSENC_SET, P, ld, b, h, i0, rows, 0, cols);
             exact_apply(POSENC_ADD, X, 1, P, ld, rows, cols);
         }
     }

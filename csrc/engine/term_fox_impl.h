@@ -13,9 +13,9 @@
  * difference of prefix sums is not the sum where a gate is Inf or NaN (inf -
  * inf): without them the rows are summed as written, from i' outwards.
  * Gradients of the gates: row i gives gate l <= i' the sum of its G over the
- * keys j < l, and reverse gate l > i' the sum over the keys j >= l, in
- * double, from column sums of a block's rows (term_fox_grad_rows), so that
- * an Inf or NaN of G reaches exactly the gates whose sums hold it.
+ * keys j < l, and reverse gate l > i' the sum over the keys j >= l, from
+ * column sums of a block's rows (term_fox_grad_rows), so that an Inf or NaN
+ * of G reaches exactly the gates whose sums hold it.
  */
 #ifndef POSENC_ENGINE_TERM_FOX_IMPL_H
 #define POSENC_ENGINE_TERM_FOX_IMPL_H
@@ -90,50 +90,28 @@ static void term_fox_rows(const term_unit *t, int op, REAL *P, size_t ldp, size_
     }
 }
 
-/* sum_{j < len} x[j] in four running sums (one chain would wait on each add). */
-static double fox_sum(const double *x, size_t len)
-{
-    double s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-    size_t j = 0;
-    for (; j + 4 <= len; j += 4) {
-        s0 += x[j];
-        s1 += x[j + 1];
-        s2 += x[j + 2];
-        s3 += x[j + 3];
-    }
-    for (; j < len; ++j)
-        s0 += x[j];
-    return (s0 + s1) + (s2 + s3);
-}
-
-/* x[j] += g[j], j in [from, to) (a row of G into a double column sum). */
-static void fox_add_row(double *x, const REAL *g, size_t from, size_t to)
-{
-    for (size_t j = from; j < to; ++j)
-        x[j] += (double)g[j];
-}
-
 /*
  * The gates' gradients of a block of rows t_e = query_offset + i0 + e (e < rows), keys
  * [first, cols): gate l gets the sum over the rows with t_e >= l of their G over j < l,
  * reverse gate l over the rows with t_e < l of their G over j >= l.  Gates every row
  * reaches (l <= t0, reverse l > t1) from the block's column sums S, one running
- * sum along the keys; the others (t0 < l <= t1) from the column sums of the rows
- * past (before) l, grown a row at a time.  Vector-wide adds, in double: no chain of n m
- * dependent additions.
+ * sum along the keys (in double); the others (t0 < l <= t1) from the column sums A of
+ * the rows past (before) l, grown a row at a time.  The column sums and A's sums are
+ * the kernels' row operations (vector-wide, in REAL): no chain of n m dependent adds.
  */
 static void term_fox_grad_rows(const term_unit *t, double *const *grad, const REAL *G,
                                size_t ldg, size_t i0, size_t rows, size_t first, size_t cols,
                                double *scratch)
 {
+    const posenc_kernels *kern = t->kern;
     double *dgate = grad[0], *dgate_r = grad[1];
     const size_t m = t->p->m, t0 = t->p->query_offset + i0, t1 = t0 + rows - 1;
     if (!rows || first >= cols)
         return;
-    double *S = scratch, *A = scratch + m;
-    memset(S + first, 0, sizeof(double) * (cols - first));
+    REAL *S = (REAL *)(void *)scratch, *A = S + m;
+    const size_t width = cols - first;
     for (size_t e = 0; e < rows; ++e)
-        fox_add_row(S, G + e * ldg, first, cols);
+        kern->row_gather(e ? POSENC_ADD : POSENC_SET, S + first, G + e * ldg + first, 1, width);
     if (dgate) {
         double sum = 0;   /* gates l in (first, t0]: sum_{first <= j < l} S[j] */
         for (size_t l = first + 1; l <= t0; ++l) {
@@ -141,11 +119,14 @@ static void term_fox_grad_rows(const term_unit *t, double *const *grad, const RE
                 sum += S[l - 1];
             dgate[l] += sum;
         }
-        memset(A + first, 0, sizeof(double) * (cols - first));
         for (size_t l = t1; l > t0; --l) {   /* rows e >= l - t0 */
-            fox_add_row(A, G + (l - t0) * ldg, first, cols);
-            if (l > first)
-                dgate[l] += fox_sum(A + first, posenc_min(l, cols) - first);
+            kern->row_gather(l == t1 ? POSENC_SET : POSENC_ADD, A + first,
+                             G + (l - t0) * ldg + first, 1, width);
+            if (l > first) {
+                REAL part = 0;
+                kern->row_scatter_add(&part, 0, A + first, posenc_min(l, cols) - first);
+                dgate[l] += part;
+            }
         }
     }
     if (dgate_r) {
@@ -155,16 +136,18 @@ static void term_fox_grad_rows(const term_unit *t, double *const *grad, const RE
                 sum += S[l];
             dgate_r[l] += sum;
         }
-        memset(A + first, 0, sizeof(double) * (cols - first));
         for (size_t l = t0 + 1; l <= t1 && l < cols; ++l) {   /* rows e < l - t0 */
-            fox_add_row(A, G + (l - t0 - 1) * ldg, first, cols);
+            kern->row_gather(l == t0 + 1 ? POSENC_SET : POSENC_ADD, A + first,
+                             G + (l - t0 - 1) * ldg + first, 1, width);
             const size_t from = posenc_max(l, first);
-            dgate_r[l] += fox_sum(A + from, cols - from);
+            REAL part = 0;
+            kern->row_scatter_add(&part, 0, A + from, cols - from);
+            dgate_r[l] += part;
         }
     }
 }
 
-/* term_fox_grad_rows' column sums: two rows of m doubles. */
+/* term_fox_grad_rows' column sums: two rows of m (REAL, in doubles' room). */
 static size_t term_fox_grad_scratch(const posenc_problem *p)
 {
     return 2 * p->m;

@@ -18,9 +18,10 @@
 static const term_kind term_kinds[POSENC_TERM_COUNT] = {POSENC_TERMS(TERM_KIND_, )};
 #undef TERM_KIND_
 
-static term_unit term_unit_of(const posenc_problem *p, int k, size_t b, size_t h)
+static term_unit term_unit_of(const posenc_problem *p, const posenc_kernels *kern, int k,
+                              size_t b, size_t h)
 {
-    term_unit t = {p, &p->terms[k], {NULL}, b, h};
+    term_unit t = {p, kern, &p->terms[k], {NULL}, b, h};
     for (int a = 0; a < POSENC_TERM_ARRAYS_MAX; ++a) {
         const posenc_term_array *x = &p->terms[k].array[a];
         if (x->data)
@@ -31,12 +32,13 @@ static term_unit term_unit_of(const posenc_problem *p, int k, size_t b, size_t h
 
 /* Every present module on rows [i0, i0 + rows) of unit (b, h), keys [k0, cols), into P:
  * the first with op, the others added.  Returns the op for the next term. */
-static int terms_rows(const posenc_problem *p, int op, REAL *P, size_t ldp, size_t b, size_t h,
-                      size_t i0, size_t rows, size_t k0, size_t cols)
+static int terms_rows(const posenc_problem *p, const posenc_kernels *kern, int op, REAL *P,
+                      size_t ldp, size_t b, size_t h, size_t i0, size_t rows, size_t k0,
+                      size_t cols)
 {
     for (int k = 0; k < POSENC_TERM_COUNT; ++k)
         if (posenc_term_present(p, k)) {
-            const term_unit t = term_unit_of(p, k, b, h);
+            const term_unit t = term_unit_of(p, kern, k, b, h);
             term_kinds[k].rows(&t, op, P, ldp, i0, rows, k0, cols);
             op = POSENC_ADD;
         }
@@ -89,9 +91,9 @@ static size_t terms_grad_scratch(const posenc_problem *p)
 
 /* Rows [i0, i0 + rows) of unit u's logits gradient into its module gradients (scratch:
  * terms_grad_scratch(p) doubles). */
-static void terms_grad_rows(const posenc_problem *p, const posenc_grads *g, size_t u,
-                            const REAL *G, size_t ldg, size_t i0, size_t rows, size_t first,
-                            size_t cols, double *scratch)
+static void terms_grad_rows(const posenc_problem *p, const posenc_kernels *kern,
+                            const posenc_grads *g, size_t u, const REAL *G, size_t ldg, size_t i0,
+                            size_t rows, size_t first, size_t cols, double *scratch)
 {
     for (int k = 0; k < POSENC_TERM_COUNT; ++k) {
         double *grad[POSENC_TERM_ARRAYS_MAX];
@@ -100,7 +102,7 @@ static void terms_grad_rows(const posenc_problem *p, const posenc_grads *g, size
         for (int a = 0; a < POSENC_TERM_ARRAYS_MAX; ++a)
             wanted |= grad[a] != NULL;
         if (wanted) {
-            const term_unit t = term_unit_of(p, k, u / p->H, u % p->H);
+            const term_unit t = term_unit_of(p, kern, k, u / p->H, u % p->H);
             term_kinds[k].grad_rows(&t, grad, G, ldg, i0, rows, first, cols, scratch);
         }
     }

@@ -10,9 +10,11 @@
 
 #include "engine.h"
 
-/* What a kind's functions get: the problem, the term, its unit's arrays. */
+/* What a kind's functions get: the problem, the kernels it runs on, the term, its
+ * unit's arrays. */
 typedef struct {
     const posenc_problem *p;
+    const posenc_kernels *kern;
     const posenc_term *term;
     const double *array[POSENC_TERM_ARRAYS_MAX];   /* unit (b, h)'s, NULL where not given */
     size_t b, h;
