@@ -258,15 +258,6 @@ def worker(spec: dict, build=None) -> None:
 
 # ------------------------------------------------------------------ the parent
 
-def _posenc_home() -> str:
-    """The directory of the posenc this process imports (a checkout built in place,
-    or site-packages): the workers import that one, not the checkout's sources (in
-    an unpacked sdist those are not built)."""
-    import posenc
-
-    return os.path.dirname(os.path.dirname(os.path.abspath(posenc.__file__)))
-
-
 class Case:
     """A running worker process for (model, implementation); `script` runs the
     worker (benchmarks/hf_floor.py's cases run its own)."""
@@ -277,7 +268,9 @@ class Case:
         self.implementation = implementation
         self.stderr = tempfile.TemporaryFile(mode="w+")
         spec = dict(model=model, implementation=implementation, quick=quick, threads=threads, batch=batch)
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [_posenc_home(),
+        from posenc._paths import package_home   # the workers import this posenc
+
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [package_home(),
                                                                         os.environ.get("PYTHONPATH")])))
         self.process = subprocess.Popen([sys.executable, self.script, "--worker", json.dumps(spec)],
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr,

@@ -39,13 +39,12 @@ def _bench_suite(explicit):
     the package (an editable install), else ./benchmarks; None if none holds it."""
     import os
 
-    import posenc
+    from ._paths import package_home
 
     if explicit:
         places = [explicit, os.path.join(explicit, "benchmarks")]
     else:
-        checkout = os.path.dirname(os.path.dirname(os.path.abspath(posenc.__file__)))
-        places = [os.path.join(checkout, "benchmarks"), "benchmarks"]
+        places = [os.path.join(package_home(), "benchmarks"), "benchmarks"]
     for place in places:
         if os.path.isfile(os.path.join(place, "posenc_bench", "cli.py")):
             return os.path.abspath(place)

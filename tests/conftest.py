@@ -47,9 +47,9 @@ def posenc_home():
     or site-packages): what a Python started by a test puts first on PYTHONPATH, so
     that it never imports the sources of the directory pytest runs in, which in an
     unpacked sdist are not built."""
-    import posenc
+    from posenc._paths import package_home
 
-    return os.path.dirname(os.path.dirname(os.path.abspath(posenc.__file__)))
+    return package_home()
 
 
 @pytest.fixture

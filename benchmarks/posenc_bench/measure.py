@@ -18,6 +18,7 @@ import sys
 import time
 
 import posenc
+from posenc._paths import package_home
 
 perf_counter = time.perf_counter
 
@@ -282,8 +283,7 @@ def run_worker(spec: dict, env_changes: dict | None = None, timeout: float = 180
             env.pop(name, None)
         else:
             env[name] = str(value)
-    package_root = os.path.dirname(os.path.dirname(os.path.abspath(posenc.__file__)))
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (SUITE_ROOT, package_root,
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (SUITE_ROOT, package_home(),
                                                     env.get("PYTHONPATH")) if p)
     try:
         done = subprocess.run([sys.executable, "-m", "posenc_bench.worker", json.dumps(spec)],
