@@ -39,7 +39,7 @@ import dataclasses
 import numpy as np
 
 from . import _C, _checks, _dtypes, reference
-from ._examples import METHODS, dense_rank, float_inputs, make_inputs, with_inputs
+from ._examples import METHODS, dense_rank, float_inputs, key_count, make_inputs, with_inputs
 from ._registry import GRAD_FIELDS, REGISTRY
 
 F64_RTOL = 1e-12
@@ -173,6 +173,7 @@ def check_one(method: str, dtype, *, B=2, H=3, n=33, m=17, d=16, shared=False, s
     import posenc
 
     rng = np.random.default_rng(seed)
+    m = key_count(method, n, m)         # fox: every query among the keys
     args, kwargs = make_inputs(method, B, H, n, m, d, dtype=dtype, rng=rng, shared=shared)
     G = rng.standard_normal((B, H, n, m)).astype(dtype)
     args64, kwargs64 = _as64(method, args, kwargs)
@@ -320,6 +321,7 @@ def check_attention_one(method: str, dtype, *, B=2, H=3, n=33, m=17, d=16, share
     import posenc
 
     rng = np.random.default_rng(seed)
+    m = key_count(method, n, m, ATTENTION_OPTIONS["query_offset"])
     args, kwargs, v, options = _attention_inputs(method, dtype, rng, B, H, n, m, d, shared)
     d_out = rng.standard_normal((B, H, n, v.shape[-1])).astype(dtype)
     args64, kwargs64 = _as64(method, args, kwargs)

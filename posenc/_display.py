@@ -184,7 +184,8 @@ class CheckResult:
         return (f"posenc {posenc.__version__} check: every method x ISA x dtype, logits and "
                 f"fused attention, against "
                 f"posenc.reference (B={s['B']} H={s['H']} n={s['n']} m={s['m']} d={s['d']}"
-                f"{' shared parameters' if s['shared'] else ''}, seed {s['seed']})")
+                f"{' shared parameters' if s['shared'] else ''}, seed {s['seed']}; a method "
+                f"whose queries are among the keys, fox, with m at least query_offset + n)")
 
     @property
     def summary(self) -> str:

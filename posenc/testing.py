@@ -50,7 +50,7 @@ from . import _dtypes, reference
 from ._check import (F64_RTOL, _as64, attention_bounds, bound, compare, grad_magnitudes,
                      logit_operands_rounded, magnitude, magnitude_coefficient, overflow_allowed,
                      within)
-from ._examples import dense_rank, float_inputs, make_inputs, with_inputs
+from ._examples import dense_rank, float_inputs, key_count, make_inputs, with_inputs
 from ._registry import GRAD_FIELDS, METHODS
 
 __all__ = ["Inputs", "random_inputs", "assert_logits_close", "assert_grads_close",
@@ -102,11 +102,12 @@ class Inputs:
         return Inputs(self.method, args, kwargs)
 
 
-def random_inputs(method: str, B: int = 2, H: int = 3, n: int = 7, m: int = 5, d: int = 4,
-                  dtype=np.float64, seed=0, **options) -> Inputs:
+def random_inputs(method: str, B: int = 2, H: int = 3, n: int = 7, m: int | None = None,
+                  d: int = 4, dtype=np.float64, seed=0, **options) -> Inputs:
     """Random inputs of ``posenc.<method>``: an :class:`Inputs` (``args, kwargs``).
 
-    ``q (B, H, n, d)``, ``k (B, H, m, d)`` and every parameter of the method
+    ``q (B, H, n, d)``, ``k (B, H, m, d)`` (``m`` by default 5, or ``n`` for a
+    method whose queries are among the keys: ``fox``) and every parameter of the method
     standard normal (the tables of the product methods around 1), drawn from
     ``numpy.random.default_rng(seed)`` (an int, a sequence of ints or a
     Generator).  ``dtype`` is float32, float64, bfloat16 (``ml_dtypes.bfloat16``)
@@ -125,6 +126,8 @@ def random_inputs(method: str, B: int = 2, H: int = 3, n: int = 7, m: int = 5, d
     unknown = sorted(set(options) - set(_OPTIONS))
     if unknown:
         raise TypeError(f"unknown option(s) {', '.join(unknown)}; expected {', '.join(_OPTIONS)}")
+    if m is None:
+        m = key_count(method, n, 5)
     args, kwargs = make_inputs(method, B, H, n, m, d, dtype=dtype,
                                rng=np.random.default_rng(seed), **options)
     return Inputs(method, tuple(args), kwargs)

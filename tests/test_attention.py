@@ -19,7 +19,7 @@ import pytest
 
 import posenc
 from posenc import _C, reference
-from posenc._examples import float_inputs, make_inputs, with_inputs
+from posenc._examples import float_inputs, key_count, make_inputs, with_inputs
 from posenc._registry import METHODS, REGISTRY, Dense
 
 EPS32 = float(np.finfo(np.float32).eps)
@@ -123,6 +123,7 @@ CASES = [  # n, m, d, dv, attention keywords
 @pytest.mark.parametrize("method", METHODS)
 def test_methods_match_reference(posenc_isa, method, dtype, rng):
     for n, m, d, dv, attention in CASES:
+        m = key_count(method, n, m, attention.get("query_offset", 0))
         args, kwargs, v = _inputs(method, n, m, d, dv, rng, dtype=dtype)
         attention = dict(attention)
         if attention.get("key_padding_mask") == "padding":
@@ -148,6 +149,7 @@ def test_causal_over_several_row_blocks(posenc_isa, method, dtype, rng):
     block and each tile of rows or keys in it computes only the keys it sees, the later blocks
     starting past key 0 of their tiles' rows (dk, dV), with n > m, n < m and query_offset > 0."""
     for n, m, query_offset in ((300, 270, 0), (270, 300, 0), (280, 300, 13), (290, 40, 5)):
+        m = key_count(method, n, m, query_offset)
         args, kwargs, v = _inputs(method, n, m, 5, 3, rng, dtype=dtype, B=1, H=2)
         assert_attention_matches_reference(method, args, kwargs, v, rng, causal=True,
                                            query_offset=query_offset)
@@ -324,7 +326,8 @@ def test_one_and_two_threads_are_bitwise_equal(method, threads, rng):
 def test_one_unit_causal_split_over_threads(method, threads, rng):
     """One unit and two threads: the forward splits its rows into chunks of equal causal work
     (not equal rows); bitwise what one thread computes, and the reference's values."""
-    args, kwargs, v = _inputs(method, 150, 140, 16, 9, rng, dtype=np.float32, B=1, H=1)
+    args, kwargs, v = _inputs(method, 150, key_count(method, 150, 140, 3), 16, 9, rng,
+                              dtype=np.float32, B=1, H=1)
     attention = {"causal": True, "query_offset": 3}
     results = []
     for count in (1, 2):

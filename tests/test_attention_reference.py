@@ -8,7 +8,7 @@ import pytest
 
 import posenc.reference as ref
 from posenc._attention import attention_dropout_mask, philox4x32
-from posenc._examples import make_inputs, trainable_inputs, with_inputs
+from posenc._examples import key_count, make_inputs, trainable_inputs, with_inputs
 from posenc._registry import METHODS
 
 B, H, D, DV = 2, 3, 4, 5
@@ -45,6 +45,7 @@ def _literal(method, args, kwargs, v, *, causal=False, key_padding_mask=None, qu
 @pytest.mark.parametrize("method", METHODS)
 @pytest.mark.parametrize("n, m, causal", [(5, 7, True), (7, 5, True), (6, 6, False), (1, 4, False)])
 def test_attention_equals_literal_softmax(method, n, m, causal, rng):
+    m = key_count(method, n, m)
     args, kwargs, v = _call(method, n, m, rng)
     mask = np.zeros((B, m), dtype=bool)
     mask[1, -2:] = True
@@ -58,8 +59,9 @@ def test_attention_equals_literal_softmax(method, n, m, causal, rng):
 
 @pytest.mark.parametrize("method", METHODS)
 def test_fully_masked_rows_give_zeros_and_no_nan(method, rng):
-    args, kwargs, v = _call(method, 4, 3, rng)
-    mask = np.zeros((B, 3), dtype=bool)
+    m = key_count(method, 4, 3)
+    args, kwargs, v = _call(method, 4, m, rng)
+    mask = np.zeros((B, m), dtype=bool)
     mask[0] = True                                  # batch 0: every key is padding
     attention = ref.__dict__[method + "_attention"]
     got = attention(*args[:2], v, *args[2:], **kwargs, key_padding_mask=mask)

@@ -18,7 +18,7 @@ import pytest
 
 import posenc
 from posenc import reference
-from posenc._examples import make_inputs, trainable_inputs, with_inputs
+from posenc._examples import key_count, make_inputs, trainable_inputs, with_inputs
 from posenc._registry import METHODS, REGISTRY
 
 from test_attention_reference import numeric_gradients
@@ -48,6 +48,7 @@ GQA_CASES = [  # n, m, d, dv, attention keywords
 @pytest.mark.parametrize("method", METHODS)
 def test_grouped_query_attention_matches_reference(posenc_isa, method, dtype, kv_heads, rng):
     for n, m, d, dv, attention in GQA_CASES:
+        m = key_count(method, n, m, attention.get("query_offset", 0))
         args, kwargs, v = _grouped(method, n, m, d, dv, kv_heads, rng, dtype=dtype)
         attention = dict(attention)
         if attention.get("key_padding_mask") == "padding":

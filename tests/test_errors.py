@@ -9,14 +9,19 @@ import pytest
 
 import posenc
 from posenc import reference
-from posenc._examples import METHODS, float_inputs, make_inputs, with_inputs
+from posenc._examples import METHODS, float_inputs, key_count, make_inputs, with_inputs
 from posenc._registry import GRAD_FIELDS, REGISTRY
 
 B, H, N, M, D = 2, 3, 5, 4, 3
 
 
+def _keys(method):
+    """M, or N for a method whose queries are among the keys (fox)."""
+    return key_count(method, N, M)
+
+
 def _valid(method):
-    return make_inputs(method, B, H, N, M, D, rng=np.random.default_rng(0))
+    return make_inputs(method, B, H, N, _keys(method), D, rng=np.random.default_rng(0))
 
 
 def _mutations(method):
@@ -52,13 +57,26 @@ def _mutations(method):
         add((f"{name} rank 5", set_arg(name, lambda v: v[None]), ValueError, [name, "dimensions"]))
     add(("k float32 vs q float64", set_arg("k", lambda v: v.astype(np.float32)), TypeError,
          ["k", "float32", "q", "float64"]))
-    add(("k batch", set_arg("k", lambda v: np.concatenate([v, v])), ValueError, ["k", "(2, 3, m, 3)", "(4, 3, 4, 3)"]))
-    add(("k heads", set_arg("k", lambda v: v[:, :2]), ValueError, ["k", "(2, 2, 4, 3)"]))
-    add(("k depth", set_arg("k", lambda v: v[..., :2]), ValueError, ["k", "(2, 3, 4, 2)"]))
+    m = _keys(method)
+    add(("k batch", set_arg("k", lambda v: np.concatenate([v, v])), ValueError, ["k", "(2, 3, m, 3)", f"(4, 3, {m}, 3)"]))
+    add(("k heads", set_arg("k", lambda v: v[:, :2]), ValueError, ["k", f"(2, 2, {m}, 3)"]))
+    add(("k depth", set_arg("k", lambda v: v[..., :2]), ValueError, ["k", f"(2, 3, {m}, 2)"]))
 
     params = [f for f in GRAD_FIELDS[method] if f not in ("q", "k", "segment_table")]
     given = float_inputs(method, *_valid(method))
+    axis = {name: term.head_axis for term in REGISTRY[method].terms for name in term.tensors}
+
+    def heads(name, count):
+        """The parameter with `count` heads on its head axis (a head repeated)."""
+        at = axis.get(name, 0)
+        value = given[name]
+        shape = list(value.shape)
+        shape[at] = count
+        repeat = lambda v: np.take(v, [t % v.shape[at] for t in range(count)], axis=at)
+        return repeat, f"got {tuple(shape)}"
+
     for name in params:
+
         if name not in given:      # an optional table not given by the examples (xPos's)
             continue
         add((f"{name} int", set_arg(name, lambda v: v.astype(np.int32)), TypeError, [name, "int32"]))
@@ -66,10 +84,10 @@ def _mutations(method):
         add((f"{name} not array", set_arg(name, lambda v: 1.5), TypeError, [name, "numpy.ndarray"]))
         add((f"{name} rank", set_arg(name, lambda v: v[None]), ValueError, [name, "got"]))
         if name not in REGISTRY[method].constant:     # a head axis H or 1
-            add((f"{name} heads 2", set_arg(name, lambda v: np.concatenate([v[:1], v[:1]])),
-                 ValueError, [name, "H|1", "got (2"]))
-            add((f"{name} heads 4", set_arg(name, lambda v: np.concatenate([v, v[:1]])), ValueError,
-                 [name, "got (4"]))
+            two, two_shape = heads(name, 2)
+            four, four_shape = heads(name, 4)
+            add((f"{name} heads 2", set_arg(name, two), ValueError, [name, "H|1", two_shape]))
+            add((f"{name} heads 4", set_arg(name, four), ValueError, [name, four_shape]))
         if given[name].ndim >= 2:
             add((f"{name} rows", set_arg(name, lambda v: v[:, :-1]), ValueError, [name, "got"]))
         if name in ("rel_k", "pos_key", "pos_query"):
@@ -137,10 +155,11 @@ def test_backward_errors(method, case, mutate, exc, fragments):
             assert fragment in str(info.value)
 
 
-def _out_cases():
+def _out_cases(M=M):
     base = np.zeros((B, H, N, M))
     return [
-        ("wrong shape", lambda a, k: np.zeros((B, H, M, N)), ValueError, ["out", "(2, 3, 5, 4)", "(2, 3, 4, 5)"]),
+        ("wrong shape", lambda a, k: np.zeros((B, H, N + 1, M)), ValueError,
+         ["out", f"(2, 3, 5, {M})", f"(2, 3, 6, {M})"]),
         ("wrong dtype", lambda a, k: np.zeros((B, H, N, M), np.float32), TypeError, ["out", "float64", "float32"]),
         ("int dtype", lambda a, k: np.zeros((B, H, N, M), np.int64), TypeError, ["out", "int64"]),
         ("non-contiguous", lambda a, k: np.zeros((B, H, N, 2 * M))[..., ::2], ValueError, ["out", "C-contiguous"]),
@@ -153,13 +172,14 @@ def _out_cases():
     ]
 
 
-OUT_CASES = [(method, *case) for method in METHODS for case in _out_cases()]
+OUT_CASES = [(method, *case) for method in METHODS for case in _out_cases(_keys(method))]
 
 
 @pytest.mark.parametrize("method,case,make_out,exc,fragments", OUT_CASES,
                          ids=[f"{c[0]}-{c[1]}" for c in OUT_CASES])
 def test_out_errors(method, case, make_out, exc, fragments):
     args, kw = _valid(method)
+    M = _keys(method)
     if case == "aliases q":   # a q buffer large enough to hold the logits too
         big = np.zeros((B, H, N, M * D))
         args = [big[..., :D].copy(), args[1]] + list(args[2:])
@@ -179,11 +199,12 @@ def test_out_errors(method, case, make_out, exc, fragments):
 @pytest.mark.parametrize("method", METHODS)
 def test_grad_errors(method):
     args, kw = _valid(method)
+    M = _keys(method)
     cases = [
-        (np.zeros((B, H, M, N)), ValueError, ["G", "(2, 3, 5, 4)", "got (2, 3, 4, 5)"]),
+        (np.zeros((B, H, N + 1, M)), ValueError, ["G", f"(2, 3, 5, {M})", f"got (2, 3, 6, {M})"]),
         (np.zeros((B, H, N, M), np.float32), TypeError, ["G", "float32"]),
         (np.zeros((B, H, N, M), np.int32), TypeError, ["G", "int32"]),
-        (np.zeros((H, N, M)), ValueError, ["G", "4 dimensions", "got shape (3, 5, 4)"]),
+        (np.zeros((H, N, M)), ValueError, ["G", "4 dimensions", f"got shape (3, 5, {M})"]),
         ([0.0], TypeError, ["G", "numpy.ndarray"]),
     ]
     for G, exc, fragments in cases:

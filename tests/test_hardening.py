@@ -12,7 +12,7 @@ import pytest
 
 import posenc
 from posenc import reference
-from posenc._examples import METHODS, float_inputs, make_inputs
+from posenc._examples import METHODS, float_inputs, key_count, make_inputs
 
 SEED = int(os.environ.get("POSENC_TEST_SEED", "0"))
 
@@ -24,9 +24,10 @@ def _rss_bytes():
 
 def _calls(method, rng):
     """(name, callable) pairs: forward, backward, out=, and error paths."""
-    args, kw = make_inputs(method, 2, 2, 6, 5, 3, rng=rng)
-    G = rng.standard_normal((2, 2, 6, 5))
-    out = np.empty((2, 2, 6, 5))
+    m = key_count(method, 6, 5)
+    args, kw = make_inputs(method, 2, 2, 6, m, 3, rng=rng)
+    G = rng.standard_normal((2, 2, 6, m))
+    out = np.empty((2, 2, 6, m))
     fwd = getattr(posenc, method)
     bwd = getattr(posenc, method + "_backward")
     bad_q = [args[0].astype(np.float32)] + list(args[1:])
@@ -148,8 +149,9 @@ def test_concurrent_python_threads():
 @pytest.mark.parametrize("method", METHODS)
 def test_repeated_runs_bitwise(method):
     rng = np.random.default_rng(SEED)
-    args, kw = make_inputs(method, 3, 2, 50, 41, 24, dtype=np.float32, rng=rng)
-    G = rng.standard_normal((3, 2, 50, 41)).astype(np.float32)
+    m = key_count(method, 50, 41)
+    args, kw = make_inputs(method, 3, 2, 50, m, 24, dtype=np.float32, rng=rng)
+    G = rng.standard_normal((3, 2, 50, m)).astype(np.float32)
     first = (getattr(posenc, method)(*args, **kw), getattr(posenc, method + "_backward")(G, *args, **kw))
     for _ in range(5):
         again = (getattr(posenc, method)(*args, **kw), getattr(posenc, method + "_backward")(G, *args, **kw))

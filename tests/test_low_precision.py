@@ -30,7 +30,7 @@ import pytest
 
 import posenc
 from posenc import _C, _check, _dtypes, reference
-from posenc._examples import float_inputs, make_inputs, with_inputs
+from posenc._examples import float_inputs, key_count, make_inputs, with_inputs
 from posenc._registry import METHODS
 
 BF16 = pytest.param("bfloat16", marks=pytest.mark.skipif(
@@ -111,6 +111,7 @@ def test_logits_forward_backward(posenc_isa, method, dtype, size, rng):
     n, m, d, options = size
     options = dict(options)
     query_offset = options.pop("query_offset", 0)
+    m = key_count(method, n, m, query_offset)
     args, kwargs = _inputs(method, dtype, n, m, d, rng, **options)
     kwargs["query_offset"] = query_offset
     args32, kwargs32 = _cast(method, args, kwargs, np.float32)
@@ -182,6 +183,7 @@ def _attention_backward(namespace, method, d_out, args, kwargs, v, saved, option
 @pytest.mark.parametrize("method", METHODS)
 def test_attention_forward_backward(posenc_isa, method, dtype, case, rng):
     n, m, d, dv, options = ATTENTION_CASES[case]
+    m = key_count(method, n, m, options.get("query_offset", 0))
     options = dict(options)
     layout = {key: options.pop(key) for key in ("shared", "strided", "kv_heads", "H")
               if key in options}
@@ -253,7 +255,8 @@ def test_non_finite_q_and_k_in_bfloat16(posenc_isa, method, rng):
     from the bfloat16 inputs there (engine_lp.c leaves q and k unwidened)."""
     if _dtypes.BFLOAT16 is None:
         pytest.skip("bfloat16 needs ml_dtypes")
-    n, m, d = 17, 9, 5
+    n, d = 17, 5
+    m = key_count(method, n, 9)
     args, kwargs = _inputs(method, "bfloat16", n, m, d, rng)
     floats = float_inputs(method, args, kwargs)
     q, k = floats["q"].copy(), floats["k"].copy()

@@ -12,6 +12,7 @@ import pytest
 
 import posenc
 from posenc import reference
+from posenc._examples import key_count
 from posenc._registry import METHODS, REGISTRY
 
 from test_attention import (_backward, _forward, _inputs, _padding, _wide,
@@ -28,8 +29,9 @@ SHAPES = {
 }
 
 
-def _attention(shape, rng, dtype, H=3):
+def _attention(shape, rng, dtype, H=3, method="content"):
     n, m, attention = SHAPES[shape]
+    m = key_count(method, n, m, attention.get("query_offset", 0))
     attention = dict(attention, sinks=rng.standard_normal(H).astype(dtype))
     if attention.get("key_padding_mask") == "padding":
         attention["key_padding_mask"] = _padding(2, m)      # row 1 fully masked: lse the sink
@@ -45,7 +47,7 @@ def test_d_lse_matches_reference(posenc_isa, method, dtype, shape, rng):
     gradient whatever its d_lse."""
     if shape == "split" and dtype == np.float32:
         pytest.skip("split keys: float64 (the same engine code as float32)")
-    n, m, attention = _attention(shape, rng, dtype)
+    n, m, attention = _attention(shape, rng, dtype, method=method)
     args, kwargs, v = _inputs(method, n, m, 8, 5, rng, dtype=dtype)
     d_lse = rng.standard_normal((2, 3, n)).astype(dtype)
     replay = copy.deepcopy(rng)            # the d_out the check draws

@@ -73,8 +73,9 @@ def test_gradient_fields_and_types(method):
     fields = GRAD_FIELDS[method]
     assert fields == spec.grad_fields == GRAD_TYPES[method]._fields
     assert getattr(posenc, GRAD_TYPES[method].__name__) is GRAD_TYPES[method]
-    args, kwargs = _examples.make_inputs(method, 2, 3, 5, 4, 3, rng=np.random.default_rng(0))
-    G = np.ones((2, 3, 5, 4))
+    m = _examples.key_count(method, 5, 4)
+    args, kwargs = _examples.make_inputs(method, 2, 3, 5, m, 3, rng=np.random.default_rng(0))
+    G = np.ones((2, 3, 5, m))
     for namespace in (posenc, reference):
         grads = getattr(namespace, method + "_backward")(G, *args, **kwargs)
         assert type(grads) is GRAD_TYPES[method]

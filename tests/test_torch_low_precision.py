@@ -26,7 +26,7 @@ import posenc.torch as pt  # noqa: E402
 from posenc import _dtypes  # noqa: E402
 from posenc._check import (attention_bounds, bound, grad_magnitudes,  # noqa: E402
                            logit_operands_rounded, magnitude, magnitude_coefficient)
-from posenc._examples import dense_rank, float_inputs, make_inputs, with_inputs  # noqa: E402
+from posenc._examples import dense_rank, float_inputs, key_count, make_inputs, with_inputs  # noqa: E402
 from posenc._registry import METHODS, REGISTRY  # noqa: E402
 from posenc.torch import nn as pnn  # noqa: E402
 from posenc.torch._common import to_c_array, to_numpy, to_tensor  # noqa: E402
@@ -61,14 +61,19 @@ def _assert_within(got, want, tolerance, what):
                              f"{int(outside.sum())} of {error.size} outside")
 
 
+def _keys(method) -> int:
+    """M, or the keys fox needs (every query among them, at the attention's offset)."""
+    return key_count(method, N, M, ATTENTION["query_offset"])
+
+
 def _rounded(method, dtype, rng, attention=False):
     """The inputs drawn in float64 and rounded to `dtype`: (args64, kwargs64) with
     the rounded values exactly in float64, and {name: rounded float64 array}
     of the float inputs (v too for the attention)."""
-    args, kwargs = make_inputs(method, B, H, N, M, D, rng=rng)
+    args, kwargs = make_inputs(method, B, H, N, _keys(method), D, rng=rng)
     floats = dict(float_inputs(method, args, kwargs))
     if attention:
-        floats["v"] = rng.standard_normal((B, H, M, DV))
+        floats["v"] = rng.standard_normal((B, H, _keys(method), DV))
     exact = {name: torch.from_numpy(x).to(dtype).double().numpy() for name, x in floats.items()}
     args64, kwargs64 = with_inputs(method, args, kwargs, exact)
     return args64, kwargs64, exact
@@ -120,7 +125,7 @@ def test_logits_forward_and_backward(method, dtype, rng):
     logits64, leaves64 = _call(method, args64, kwargs64, exact, torch.float64)
     grads64 = torch.autograd.grad(logits64, list(_trainable(leaves64).values()), G.double())
     magnitudes = grad_magnitudes(method, np.abs(G.double().numpy()), args64, kwargs64)
-    depth += N + M
+    depth += N + _keys(method)
     for name, grad, grad64 in zip(leaves, grads, grads64):
         assert grad.dtype == dtype, name
         want = grad64.numpy()
@@ -137,7 +142,8 @@ def _delta_term(method, args64, kwargs64, d_out64, out64, options):
     rounded to u; it enters dS = P∘(dP − delta) as P_ij times that, and q, k and
     the tables through the logits' backward on |inputs|.  Returned without u:
     {field: bound / u}; v's gradient (Pᵀ dO) does not read delta."""
-    eye = np.broadcast_to(np.eye(M), (B, H, M, M))      # v = I: out = the probabilities
+    m = _keys(method)
+    eye = np.broadcast_to(np.eye(m), (B, H, m, m))      # v = I: out = the probabilities
     P = getattr(ref, method + "_attention")(*args64[:2], eye, *args64[2:], **kwargs64,
                                             **options).out          # softmax(A + mask)
     spread = P * np.einsum("bhid,bhid->bhi", np.abs(d_out64), np.abs(out64))[..., None]
@@ -151,7 +157,7 @@ def _delta_term(method, args64, kwargs64, d_out64, out64, options):
 def test_attention_forward_and_backward(method, dtype, rng):
     args64, kwargs64, exact = _rounded(method, dtype, rng, attention=True)
     v64 = exact["v"]
-    mask = np.zeros((B, M), dtype=bool)
+    mask = np.zeros((B, _keys(method)), dtype=bool)
     mask[1, -2:] = True
     options = dict(ATTENTION, key_padding_mask=mask)
     got, leaves = _call(method, args64, kwargs64, exact, dtype,
