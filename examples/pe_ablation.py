@@ -28,7 +28,7 @@ import torch
 VOCAB, K = 32, 8                 # tokens 0, 1 are [SEP] and [MASK]
 SEP, MASK = 0, 1
 METHODS = ("rope", "alibi", "t5", "diet_abs", "diet_rel", "kerple", "content", "relative_bias",
-           "shaw", "m2", "m4", "m4m", "tupe", "deberta")
+           "shaw", "m2", "m4", "m4m", "tupe", "deberta", "fox")
 LABELS = {"content": "nope"}
 
 

@@ -180,12 +180,16 @@ class CheckResult:
     def header(self) -> str:
         import posenc
 
+        from ._registry import REGISTRY
+
         s = self.shape
+        among = [m for m in self.methods if REGISTRY[m].queries_among_keys]
+        keys = (f"; {', '.join(among)}: m at least query_offset + n, every query among the keys"
+                if among else "")
         return (f"posenc {posenc.__version__} check: every method x ISA x dtype, logits and "
                 f"fused attention, against "
                 f"posenc.reference (B={s['B']} H={s['H']} n={s['n']} m={s['m']} d={s['d']}"
-                f"{' shared parameters' if s['shared'] else ''}, seed {s['seed']}; a method "
-                f"whose queries are among the keys, fox, with m at least query_offset + n)")
+                f"{' shared parameters' if s['shared'] else ''}, seed {s['seed']}{keys})")
 
     @property
     def summary(self) -> str:
