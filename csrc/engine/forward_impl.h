@@ -62,6 +62,7 @@ typedef struct {
     REAL *segment_expanded;   /* segment_rows: row s = segment_table[h, s, segment_k[b, j]], S x m */
     const REAL **segment_row; /* segment_rows: the tile's rows of segment_expanded, mr pointers */
     double *exact;            /* scales.exact: a tile's logits and batch-free terms, 2 x mr x m_pad */
+    REAL *term_unit;          /* modules: the unit's data of the term modules (terms_unit) */
     ptrdiff_t cached_head_block, cached_query_table, cached_pos_k;   /* heads held, or -1 */
 } forward_ws;
 
@@ -105,6 +106,8 @@ static size_t forward_ws_layout(const forward_ctx *c, forward_ws *w, REAL *mem)
     }
     if (c->scales.exact)
         WS_TAKE(w, mem, at, exact, 2 * mr * c->m_pad * (sizeof(double) / sizeof(REAL)));
+    if (c->modules)
+        WS_TAKE(w, mem, at, term_unit, terms_unit_scratch(p));
     return posenc_round_up(at, POSENC_ALIGN / sizeof(REAL));
 }
 
@@ -315,7 +318,7 @@ static const REAL *forward_positional(const forward_ctx *c, forward_ws *w, size_
         op = combine_op;
     }
     if (c->modules)   /* the term modules (csrc/terms.h): sum mode only */
-        op = terms_rows(p, kern, op, w->P, ld, b, h, i0, rows, k0, cols);
+        op = terms_rows(p, kern, op, w->P, ld, b, h, i0, rows, k0, cols, w->term_unit);
     if (op == POSENC_SET)
         return NULL; /* content only */
     if (p->theta)
@@ -365,6 +368,8 @@ static void forward_unit_setup(const forward_ctx *c, forward_ws *w, size_t b, si
                         c->key_reach[1], &c->terms->key_edges, w->key_table_pack, w->key_proj, h, k_u);
     if (c->segment_rows)
         forward_expand_segments(c, w, b, h);
+    if (c->modules)
+        terms_unit(p, kern, b, h, w->term_unit);
 }
 
 /* X[r * cols + j] (op) factor P[r * ld + j], r < rows, j < cols, in double (op ADD or MUL). */
@@ -475,7 +480,7 @@ static void forward_tile_exact(const forward_ctx *c, forward_ws *w, size_t b, si
             exact_apply(POSENC_ADD, X, 1, P, ld, rows, cols);
         }
         if (c->modules) {
-            terms_rows(p, kern, POSENC_SET, P, ld, b, h, i0, rows, 0, cols);
+            terms_rows(p, kern, POSENC_SET, P, ld, b, h, i0, rows, 0, cols, w->term_unit);
             exact_apply(POSENC_ADD, X, 1, P, ld, rows, cols);
         }
     }

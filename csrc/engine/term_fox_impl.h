@@ -9,7 +9,9 @@
  *   D_ij = sum_{l = j+1}^{i'} gates[l]            (j <= i'; D_ii' = 0)
  *   D_ij = sum_{l = i'+1}^{j} gates_reverse[l]    (j > i'; 0 without them)
  * With the prefix sums, c_{i'} - c_j and r_j - r_{i'}: a row constant and a
- * key vector, in float64, rounded once (nothing of n x m is formed).  A
+ * key vector (nothing of n x m is formed), each prefix sum split once per unit
+ * into REAL parts c = hi + lo (term_fox_unit), D = (hi_{i'} - hi_j) + (lo_{i'}
+ * - lo_j) in REAL: within 2 u |D| (+ u^2 |c|), with REAL's vector width.  A
  * difference of prefix sums is not the sum where a gate is Inf or NaN (inf -
  * inf): without them the rows are summed as written, from i' outwards.
  * Gradients of the gates: row i gives gate l <= i' the sum of its G over the
@@ -23,15 +25,37 @@
 
 #include "term_unit_impl.h"
 
-/* dst[j] (op) sign (a - x[j]), j < len (op SET or ADD, sign 1 or -1). */
-static void fox_row(int op, REAL *dst, double a, const double *x, double sign, size_t len)
+/* The unit's prefix sums split into REAL parts, hi = (REAL) c, lo = (REAL)(c - hi):
+ * cum's at unit_data (hi, then lo: m each), cum_reverse's after them. */
+static void term_fox_unit(const term_unit *t)
+{
+    const size_t m = t->p->m;
+    for (int side = 0; side < 2; ++side) {
+        const double *c = t->array[2 + side];
+        REAL *hi = t->unit_data + 2 * side * m, *lo = hi + m;
+        for (size_t j = 0; c && j < m; ++j) {
+            hi[j] = (REAL)c[j];
+            lo[j] = (REAL)(c[j] - (double)hi[j]);
+        }
+    }
+}
+
+static size_t term_fox_unit_scratch(const posenc_problem *p)
+{
+    return 4 * p->m;
+}
+
+/* dst[j] (op) sign ((hi_a - hi[j]) + (lo_a - lo[j])), j < len: a prefix sum at a minus
+ * those at the keys, in its REAL parts (op SET or ADD, sign 1 or -1). */
+static void fox_row(int op, REAL *dst, REAL hi_a, REAL lo_a, const REAL *hi, const REAL *lo,
+                    REAL sign, size_t len)
 {
     if (op == POSENC_SET)
         for (size_t j = 0; j < len; ++j)
-            dst[j] = (REAL)(sign * (a - x[j]));
+            dst[j] = sign * ((hi_a - hi[j]) + (lo_a - lo[j]));
     else
         for (size_t j = 0; j < len; ++j)
-            dst[j] += (REAL)(sign * (a - x[j]));
+            dst[j] += sign * ((hi_a - hi[j]) + (lo_a - lo[j]));
 }
 
 static void fox_put(int op, REAL *dst, double value)
@@ -64,13 +88,15 @@ static void term_fox_rows(const term_unit *t, int op, REAL *P, size_t ldp, size_
                           size_t rows, size_t k0, size_t cols)
 {
     const double *gate = t->array[0], *gate_r = t->array[1], *c = t->array[2], *r = t->array[3];
+    const size_t m = t->p->m;
+    const REAL *hi = t->unit_data, *lo = hi + m, *hi_r = lo + m, *lo_r = hi_r + m;
     for (size_t e = 0; e < rows; ++e) {
         const size_t i = t->p->query_offset + i0 + e;   /* < m */
         REAL *row = P + e * ldp;
         const size_t split = posenc_max(k0, posenc_min(i + 1, cols));   /* keys j <= i' end */
         if (split > k0) {
             if (c) {
-                fox_row(op, row + k0, c[i], c + k0, 1, split - k0);
+                fox_row(op, row + k0, hi[i], lo[i], hi + k0, lo + k0, 1, split - k0);
             } else {
                 if (i < split)
                     fox_put(op, row + i, 0);
@@ -82,7 +108,8 @@ static void term_fox_rows(const term_unit *t, int op, REAL *P, size_t ldp, size_
                 if (op == POSENC_SET)
                     memset(row + split, 0, sizeof(REAL) * (cols - split));
             } else if (r) {
-                fox_row(op, row + split, r[i], r + split, -1, cols - split);
+                fox_row(op, row + split, hi_r[i], lo_r[i], hi_r + split, lo_r + split, -1,
+                        cols - split);
             } else {
                 fox_row_literal(op, row, gate_r, i, split, cols, 1);
             }

@@ -14,14 +14,16 @@
 #define POSENC_TERM_FILES
 #include "../terms.h"
 
-#define TERM_KIND_(name, ...) {term_##name##_rows, term_##name##_grad_rows, term_##name##_grad_scratch},
+#define TERM_KIND_(name, ...)                                                      \
+    {term_##name##_unit, term_##name##_unit_scratch, term_##name##_rows,         \
+     term_##name##_grad_rows, term_##name##_grad_scratch},
 static const term_kind term_kinds[POSENC_TERM_COUNT] = {POSENC_TERMS(TERM_KIND_, )};
 #undef TERM_KIND_
 
 static term_unit term_unit_of(const posenc_problem *p, const posenc_kernels *kern, int k,
                               size_t b, size_t h)
 {
-    term_unit t = {p, kern, &p->terms[k], {NULL}, b, h};
+    term_unit t = {p, kern, &p->terms[k], {NULL}, b, h, NULL};
     for (int a = 0; a < POSENC_TERM_ARRAYS_MAX; ++a) {
         const posenc_term_array *x = &p->terms[k].array[a];
         if (x->data)
@@ -30,16 +32,42 @@ static term_unit term_unit_of(const posenc_problem *p, const posenc_kernels *ker
     return t;
 }
 
-/* Every present module on rows [i0, i0 + rows) of unit (b, h), keys [k0, cols), into P:
- * the first with op, the others added.  Returns the op for the next term. */
-static int terms_rows(const posenc_problem *p, const posenc_kernels *kern, int op, REAL *P,
-                      size_t ldp, size_t b, size_t h, size_t i0, size_t rows, size_t k0,
-                      size_t cols)
+/* The REAL elements of a thread's unit data for the present modules (terms_unit). */
+static size_t terms_unit_scratch(const posenc_problem *p)
+{
+    size_t total = 0;
+    for (int k = 0; k < POSENC_TERM_COUNT; ++k)
+        if (posenc_term_present(p, k))
+            total += posenc_round_up(term_kinds[k].unit_scratch(p), 16);
+    return total;
+}
+
+/* Each present module's unit data of unit (b, h) formed in scratch (terms_unit_scratch). */
+static void terms_unit(const posenc_problem *p, const posenc_kernels *kern, size_t b, size_t h,
+                       REAL *scratch)
 {
     for (int k = 0; k < POSENC_TERM_COUNT; ++k)
         if (posenc_term_present(p, k)) {
-            const term_unit t = term_unit_of(p, kern, k, b, h);
+            term_unit t = term_unit_of(p, kern, k, b, h);
+            t.unit_data = scratch;
+            term_kinds[k].unit(&t);
+            scratch += posenc_round_up(term_kinds[k].unit_scratch(p), 16);
+        }
+}
+
+/* Every present module on rows [i0, i0 + rows) of unit (b, h), keys [k0, cols), into P:
+ * the first with op, the others added (scratch: terms_unit formed it for the unit).
+ * Returns the op for the next term. */
+static int terms_rows(const posenc_problem *p, const posenc_kernels *kern, int op, REAL *P,
+                      size_t ldp, size_t b, size_t h, size_t i0, size_t rows, size_t k0,
+                      size_t cols, REAL *scratch)
+{
+    for (int k = 0; k < POSENC_TERM_COUNT; ++k)
+        if (posenc_term_present(p, k)) {
+            term_unit t = term_unit_of(p, kern, k, b, h);
+            t.unit_data = scratch;
             term_kinds[k].rows(&t, op, P, ldp, i0, rows, k0, cols);
+            scratch += posenc_round_up(term_kinds[k].unit_scratch(p), 16);
             op = POSENC_ADD;
         }
     return op;

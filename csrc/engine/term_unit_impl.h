@@ -18,11 +18,16 @@ typedef struct {
     const posenc_term *term;
     const double *array[POSENC_TERM_ARRAYS_MAX];   /* unit (b, h)'s, NULL where not given */
     size_t b, h;
+    REAL *unit_data;        /* the forward's: what the kind's `unit` formed for (b, h),
+                               unit_scratch(p) elements (NULL elsewhere) */
 } term_unit;
 
 /*
+ * unit: what the forward's rows of unit (b, h) read, formed once per unit into
+ *   t->unit_data (unit_scratch(p) elements of REAL, a thread's).
  * rows: the term on rows [i0, i0 + rows) of the unit, keys [k0, cols), applied
- *   to P (row r at P + r ldp, key j at column j) with op (POSENC_SET or ADD).
+ *   to P (row r at P + r ldp, key j at column j) with op (POSENC_SET or ADD);
+ *   `unit` ran for the unit.
  * grad_rows: rows [i0, i0 + rows) of the logits' gradient (row r at G + r ldg;
  *   zero outside keys [first, cols), which are all it may read) into the
  *   unit's gradients grad[a] (NULL: not wanted), zeroed when the unit began;
@@ -30,6 +35,8 @@ typedef struct {
  *   scratch: the thread's grad_scratch(p) doubles.
  */
 typedef struct {
+    void (*unit)(const term_unit *t);
+    size_t (*unit_scratch)(const posenc_problem *p);
     void (*rows)(const term_unit *t, int op, REAL *P, size_t ldp, size_t i0, size_t rows,
                  size_t k0, size_t cols);
     void (*grad_rows)(const term_unit *t, double *const *grad, const REAL *G, size_t ldg,
