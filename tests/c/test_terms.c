@@ -39,7 +39,8 @@ static float *floats(const double *x, size_t len)
 /* Inclusive prefix sums along the keys of (B, H, m) gates; NULL where one is not finite. */
 static double *prefix(const double *gates, size_t units, size_t m)
 {
-    double *c = malloc(sizeof(double) * (units * m ? units * m : 1));
+    const size_t len = units * m;
+    double *c = malloc(sizeof(double) * (len > 0 ? len : 1));
     for (size_t u = 0; u < units; ++u) {
         double sum = 0;
         for (size_t t = 0; t < m; ++t) {
