@@ -150,6 +150,14 @@ class Method:
         """Whether every query must be among the keys, query_offset + n <= m (FoX)."""
         return any(term.queries_among_keys for term in self.terms)
 
+    def head_axis(self, name: str) -> int:
+        """The axis of tensor `name` that is its head axis (H|1): its term's (0, or 1 for
+        FoX's (B, H|1, m) gates)."""
+        for term in self.terms:
+            if name in term.tensors:
+                return term.head_axis
+        return 0
+
     def term(self, kind):
         """The terms of one kind."""
         return tuple(t for t in self.terms if isinstance(t, kind))

@@ -180,9 +180,8 @@ def load_params(path, method: str) -> dict:
 def _heads_and_length(method: str, params: dict, n: Optional[int]) -> tuple:
     """(H, n) from the parameter arrays (head axis: H or 1) and the requested n."""
     spec = REGISTRY[method]
-    axis = {name: term.head_axis for term in spec.terms for name in term.tensors}
-    heads = [np.shape(v)[axis.get(name, 0)] for name, v in params.items()   # with a head axis
-             if isinstance(v, np.ndarray) and v.ndim > axis.get(name, 0)
+    heads = [np.shape(v)[spec.head_axis(name)] for name, v in params.items()   # with a head axis
+             if isinstance(v, np.ndarray) and v.ndim > spec.head_axis(name)
              and name in spec.grad_fields and name not in spec.constant
              and name not in ("q", "k")]
     heads += [np.shape(params[name])[-3] for name in ("q", "k")    # given q, k: (B,) H, n, d

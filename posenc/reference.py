@@ -59,13 +59,14 @@ def _per_head(param, H: int) -> np.ndarray:
     return np.broadcast_to(wide, (H,) + wide.shape[1:])
 
 
-def _fold_heads(grad: np.ndarray, param) -> np.ndarray:
-    """Gradient of a (H|1, ...) parameter from its per-head gradient (H, ...).
+def _fold_heads(grad: np.ndarray, param, axis: int = 0) -> np.ndarray:
+    """Gradient of a (H|1, ...) parameter from its per-head gradient (H, ...), the head
+    axis at `axis` (FoX's (B, H|1, m) gates: 1).
 
     A shared parameter (head axis 1) feeds every head: its gradient is the
     sum over heads."""
-    if param.shape[0] == 1 and grad.shape[0] != 1:
-        grad = grad.sum(axis=0, keepdims=True)
+    if param.shape[axis] == 1 and grad.shape[axis] != 1:
+        grad = grad.sum(axis=axis, keepdims=True)
     return grad
 
 
@@ -866,15 +867,10 @@ def _fox_grads(p, G):
         gates[..., 1:t + 1] += before
         after = np.cumsum(G[:, :, i, ::-1], axis=-1)[..., ::-1]   # sum_{j >= l} G_ij at l
         reverse[..., t + 1:] += after[..., t + 1:]
-    grads["log_fgate"] = _fold_heads_axis1(gates, p.arrays["log_fgate"])
+    grads["log_fgate"] = _fold_heads(gates, p.arrays["log_fgate"], axis=1)
     grads["log_fgate_reverse"] = (None if p.arrays.get("log_fgate_reverse") is None else
-                                  _fold_heads_axis1(reverse, p.arrays["log_fgate_reverse"]))
+                                  _fold_heads(reverse, p.arrays["log_fgate_reverse"], axis=1))
     return grads
-
-
-def _fold_heads_axis1(grad: np.ndarray, param) -> np.ndarray:
-    """The gradient (B, H, m) of a (B, H|1, m) parameter: summed over heads when shared."""
-    return grad.sum(axis=1, keepdims=True) if param.shape[1] == 1 else grad
 
 
 def _method_grads(p, G) -> dict:

@@ -64,11 +64,9 @@ def _mutations(method):
 
     params = [f for f in GRAD_FIELDS[method] if f not in ("q", "k", "segment_table")]
     given = float_inputs(method, *_valid(method))
-    axis = {name: term.head_axis for term in REGISTRY[method].terms for name in term.tensors}
-
     def heads(name, count):
         """The parameter with `count` heads on its head axis (a head repeated)."""
-        at = axis.get(name, 0)
+        at = REGISTRY[method].head_axis(name)
         value = given[name]
         shape = list(value.shape)
         shape[at] = count

@@ -108,8 +108,8 @@ def test_shared_parameters(isa, method, rng):
     args, kw = make_inputs(method, 2, 3, 9, m, 5, rng=rng, shared=True)
     assert_matches_reference(method, args, kw, rng)
     floats = float_inputs(method, args, kw)
-    axis = {name: term.head_axis for term in REGISTRY[method].terms for name in term.tensors}
-    tiled = {name: np.repeat(v, 3, axis=axis.get(name, 0)) for name, v in floats.items()
+    axis = REGISTRY[method].head_axis
+    tiled = {name: np.repeat(v, 3, axis=axis(name)) for name, v in floats.items()
              if name not in ("q", "k") and name not in REGISTRY[method].constant}
     targs, tkw = with_inputs(method, args, kw, tiled)
     np.testing.assert_allclose(getattr(posenc, method)(*args, **kw),
@@ -119,7 +119,7 @@ def test_shared_parameters(isa, method, rng):
     full = getattr(posenc, method + "_backward")(G, *targs, **tkw)
     for name in tiled:
         np.testing.assert_allclose(getattr(shared, name),
-                                   getattr(full, name).sum(axis.get(name, 0), keepdims=True),
+                                   getattr(full, name).sum(axis(name), keepdims=True),
                                    rtol=1e-12, atol=1e-12, err_msg=name)
 
 
@@ -136,8 +136,7 @@ def test_mixed_head_axes(isa, method, rng):
               if k not in ("q", "k") and k not in REGISTRY[method].constant}
     assert len(floats) >= 2
     first = sorted(floats)[0]
-    axis = {name: term.head_axis for term in REGISTRY[method].terms for name in term.tensors}
-    shared = np.take(floats[first], [0], axis=axis.get(first, 0))   # its head axis of 1
+    shared = np.take(floats[first], [0], axis=REGISTRY[method].head_axis(first))   # a head axis of 1
     args, kw = with_inputs(method, args, kw, {first: shared})
     assert_matches_reference(method, args, kw, rng)
 

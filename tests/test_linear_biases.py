@@ -14,6 +14,7 @@ import pytest
 import posenc
 from posenc import reference, testing
 from posenc._examples import make_inputs, trainable_inputs, with_inputs
+from test_attention_reference import numeric_gradients
 
 try:                # a module-level importorskip would skip the NumPy tests too
     import torch
@@ -74,14 +75,7 @@ def test_finite_differences(method, options, rng):
     grads = getattr(posenc, method + "_attention_backward")(
         weights, args[0], args[1], v, *args[2:], result.out, result.lse, **kwargs, **attention)
     logit_grads = getattr(posenc, method + "_backward")(G, *args, **kwargs, query_offset=2)
-    for name, value in floats.items():
-        numeric = np.zeros(value.shape)
-        for index in np.ndindex(value.shape):
-            bumped = dict(floats, **{name: value.copy()})
-            bumped[name][index] += 1e-6
-            up = loss(bumped)
-            bumped[name][index] -= 2e-6
-            numeric[index] = (up - loss(bumped)) / 2e-6
+    for name, numeric in numeric_gradients(loss, floats).items():
         analytic = getattr(grads, name) + getattr(logit_grads, name)
         np.testing.assert_allclose(analytic, numeric, rtol=1e-6, atol=1e-6, err_msg=name)
 

@@ -48,8 +48,10 @@ static const char *terms_invalid(const posenc_problem *p)
 #define TERM_CHECK_(name, valid, reason, ARRAYS) \
     { \
         const posenc_term *t = &p->terms[POSENC_TERM_##name]; \
-        int a = 0; \
-        if (posenc_term_present(p, POSENC_TERM_##name) || t->array[1].data) { \
+        int a = 0, given = 0; \
+        for (int x = 0; x < POSENC_TERM_ARRAYS_MAX; ++x) \
+            given |= t->array[x].data != NULL; \
+        if (given) { \
             ARRAYS \
             (void)a; \
             if (p->product || p->rope_cos) \

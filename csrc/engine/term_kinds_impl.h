@@ -3,8 +3,9 @@
  * them, for one dtype (REAL, set by engine_<dtype>.c): one table of
  * functions per kind (term_kind), filled from the list, and the loops over
  * a problem's present modules that the forward, the decoding path and the
- * backward call.  A kind's file (term_<name>_impl.h) defines
- * term_<name>_rows and term_<name>_grad_rows with the signatures below.
+ * backward call.  A kind's file (term_<name>_impl.h) defines the functions of
+ * term_kind (term_unit_impl.h): term_<name>_unit, _unit_scratch, _rows,
+ * _grad_rows and _grad_scratch.
  */
 #ifndef POSENC_ENGINE_TERM_KINDS_IMPL_H
 #define POSENC_ENGINE_TERM_KINDS_IMPL_H
@@ -32,13 +33,19 @@ static term_unit term_unit_of(const posenc_problem *p, const posenc_kernels *ker
     return t;
 }
 
+/* Kind k's REAL elements in a thread's unit data (aligned for the next kind's). */
+static size_t term_unit_data_size(const posenc_problem *p, int k)
+{
+    return posenc_round_up(term_kinds[k].unit_scratch(p), 16);
+}
+
 /* The REAL elements of a thread's unit data for the present modules (terms_unit). */
 static size_t terms_unit_scratch(const posenc_problem *p)
 {
     size_t total = 0;
     for (int k = 0; k < POSENC_TERM_COUNT; ++k)
         if (posenc_term_present(p, k))
-            total += posenc_round_up(term_kinds[k].unit_scratch(p), 16);
+            total += term_unit_data_size(p, k);
     return total;
 }
 
@@ -51,7 +58,7 @@ static void terms_unit(const posenc_problem *p, const posenc_kernels *kern, size
             term_unit t = term_unit_of(p, kern, k, b, h);
             t.unit_data = scratch;
             term_kinds[k].unit(&t);
-            scratch += posenc_round_up(term_kinds[k].unit_scratch(p), 16);
+            scratch += term_unit_data_size(p, k);
         }
 }
 
@@ -67,7 +74,7 @@ static int terms_rows(const posenc_problem *p, const posenc_kernels *kern, int o
             term_unit t = term_unit_of(p, kern, k, b, h);
             t.unit_data = scratch;
             term_kinds[k].rows(&t, op, P, ldp, i0, rows, k0, cols);
-            scratch += posenc_round_up(term_kinds[k].unit_scratch(p), 16);
+            scratch += term_unit_data_size(p, k);
             op = POSENC_ADD;
         }
     return op;

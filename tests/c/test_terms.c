@@ -312,6 +312,10 @@ void test_terms(void)
     const char *why = NULL;
     EXPECT(posenc_validate(&f.p, &why) == POSENC_EINVAL && why && strstr(why, "fox"),
            "fox: query_offset + n > m accepted");
+    f.p.query_offset = 0;   /* prefix sums without the gates they sum: refused */
+    f.p.terms[POSENC_TERM_fox].array[0].data = NULL;
+    EXPECT(posenc_validate(&f.p, &why) == POSENC_EINVAL && why && strstr(why, "gates"),
+           "fox: cum without gates accepted");
     fox_release(&f);
     printf("term modules: fox\n");
 }
