@@ -42,7 +42,7 @@ static const char *terms_invalid(const posenc_problem *p)
 #define TERM_ARRAY_(kind, name, required, grad, length) \
     if ((required) && !t->array[a].data) \
         return #kind ": its " #name " array is required"; \
-    if (t->array[a].data && (length) && t->array[a].per_unit != (size_t)(length)) \
+    if (t->array[a].data && (size_t)(length) != 0 && t->array[a].per_unit != (size_t)(length)) \
         return #kind ": its " #name " array has the wrong length"; \
     ++a;
 #define TERM_CHECK_(name, valid, reason, ARRAYS) \
