@@ -9,8 +9,8 @@ import numpy as np
 from ._kinds import Example
 from ._registry import GRAD_FIELDS, METHODS, REGISTRY, Dense
 
-__all__ = ["METHODS", "make_inputs", "key_count", "float_inputs", "trainable_inputs", "with_inputs",
-           "dense_rank"]
+__all__ = ["METHODS", "make_inputs", "key_count", "query_rows", "float_inputs", "trainable_inputs",
+           "with_inputs", "dense_rank"]
 
 
 def make_inputs(method: str, B: int, H: int, n: int, m: int, d: int, *, dtype=np.float64,
@@ -20,7 +20,8 @@ def make_inputs(method: str, B: int, H: int, n: int, m: int, d: int, *, dtype=np
                 att_span: int = 8, rotary_dim: int | None = None, kv_heads: int | None = None):
     """(args, kwargs) for posenc.<method>(*args, **kwargs).
 
-    Required tensors are positional, optional ones and parameters keywords.
+    Tensors before the signature's `*` are positional, those after it (optional ones,
+    coordinates) and parameters keywords.
     shared=True gives every positional parameter a head axis of 1.
     Parameters are drawn standard normal; the tables of product methods (m2)
     around 1 so the logits keep the content's scale; each term kind draws its
@@ -49,9 +50,9 @@ def make_inputs(method: str, B: int, H: int, n: int, m: int, d: int, *, dtype=np
                                                             m, d)}
     for term in spec.terms:
         values.update(term.example(ctx, spec, values))
-    args = [values[name] for name in spec.tensors if name not in spec.optional]
+    args = [values[name] for name in spec.tensors if name not in spec.keyword_only]
     kw.update({name: values[name] for name in spec.tensors
-               if name in spec.optional and name in values})
+               if name in spec.keyword_only and name in values})
     return args, kw
 
 
@@ -60,6 +61,22 @@ def key_count(method: str, n: int, m: int, query_offset: int = 0) -> int:
     query_offset + n for a method whose queries are among the keys (FoX), so that
     tests and checks of every method can share their shapes."""
     return max(m, query_offset + n) if REGISTRY[method].queries_among_keys else m
+
+
+def query_rows(method: str, args, kwargs, rows):
+    """(args, kwargs) of the call restricted to query rows `rows` (a slice): q's, and those
+    of every tensor with a row per query (Method.query_tensors: absolute factors, segment
+    ids, coordinates) -- a decoding step's call, with query_offset at the rows' start."""
+    spec = REGISTRY[method]
+    args, kwargs = list(args), dict(kwargs)
+    args[0] = args[0][:, :, rows]
+    for name in spec.query_tensors:
+        if kwargs.get(name) is not None:
+            kwargs[name] = kwargs[name][:, rows]
+        elif name not in spec.keyword_only:
+            position = spec.tensors.index(name)
+            args[position] = args[position][:, rows]
+    return args, kwargs
 
 
 def dense_rank(method: str, args, kwargs) -> int:

@@ -382,6 +382,7 @@ class Term:
     queries_among_keys = False   # every query among the keys: query_offset + n <= m (FoX)
     head_axis = 0           # of its tensors: where the head axis (H|1) is ((B, H|1, m): 1)
     computes_operands = False   # the logits' GEMM reads operands it computed (rotated q, k)
+    query_tensors: tuple = ()   # of its tensors: those with a row per query (axis 1)
 
     @property
     def tensors(self) -> tuple:
@@ -429,6 +430,10 @@ class Dense(Term):
     @property
     def tensors(self):
         return (self.query, self.key)
+
+    @property
+    def query_tensors(self):
+        return (self.query,)
 
     def check(self, p, arrays, rows):
         pos_q, pos_k = arrays[self.query], arrays[self.key]
@@ -569,6 +574,7 @@ class Segments(Term):
     """segment_table[h, segment_q[b, i], segment_k[b, j]]: all three or none (DIET)."""
 
     index = ("segment_q", "segment_k")
+    query_tensors = ("segment_q",)
 
     @property
     def tensors(self):
@@ -723,6 +729,7 @@ class Rotary(Term):
 
     constant = ("cos", "sin", "cos_k", "sin_k")
     index = ("positions_q", "positions_k")
+    query_tensors = ("positions_q",)
     params = {"interleaved": Bool()}
     reads_qk = computes_operands = True
 

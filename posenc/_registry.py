@@ -81,6 +81,7 @@ class Method:
     # derived in __post_init__
     tensors: tuple = ()           # tensor arguments in signature order
     optional: frozenset = frozenset()
+    keyword_only: frozenset = frozenset()   # tensors after `*` (required ones too: coordinates)
     index: frozenset = frozenset()     # integer tensors (ids, positions)
     constant: frozenset = frozenset()  # float tensors without a gradient (tables of constants)
     params: tuple = ()            # (name, default or REQUIRED) in signature order
@@ -94,10 +95,12 @@ class Method:
         for term in self.terms:
             kinds.update(term.params)
         kinds.update(COMMON_PARAMS)
-        tensors, optional, params, arguments = [], set(), [], []
+        tensors, optional, params, arguments, keyword = [], set(), [], [], set()
+        star = False
         for text in ("q, k, " + self.signature + COMMON_KEYWORDS).split(","):
             text = text.strip()
             if text == "*":
+                star = True
                 continue
             name, _, default = (part.strip() for part in text.partition("="))
             arguments.append(name)
@@ -107,6 +110,8 @@ class Method:
                 tensors.append(name)
                 if default:
                     optional.add(name)
+                if star:
+                    keyword.add(name)
         names = [name for name, _ in params]
         if names[-2:] != ["scale", "query_offset"] or set(names) != set(kinds):
             raise AssertionError(f"{self.name}: the parameters must be the map's and the terms' "
@@ -117,6 +122,7 @@ class Method:
         setattr_ = object.__setattr__
         setattr_(self, "tensors", tuple(tensors))
         setattr_(self, "optional", frozenset(optional))
+        setattr_(self, "keyword_only", frozenset(keyword))
         setattr_(self, "index", frozenset(index))
         setattr_(self, "constant", frozenset(constant))
         setattr_(self, "params", tuple(params))
@@ -157,6 +163,12 @@ class Method:
             if name in term.tensors:
                 return term.head_axis
         return 0
+
+    @property
+    def query_tensors(self) -> tuple:
+        """Its tensors with a row per query on axis 1 (DIET-ABS's pos_q, segment ids,
+        2-D coordinates): what a call of a subset of q's rows slices with them."""
+        return tuple(name for term in self.terms for name in term.query_tensors)
 
     def term(self, kind):
         """The terms of one kind."""

@@ -19,8 +19,8 @@ import pytest
 
 import posenc
 from posenc import _C, reference
-from posenc._examples import float_inputs, key_count, make_inputs, with_inputs
-from posenc._registry import METHODS, REGISTRY, Dense
+from posenc._examples import float_inputs, key_count, make_inputs, query_rows, with_inputs
+from posenc._registry import METHODS, REGISTRY
 
 EPS32 = float(np.finfo(np.float32).eps)
 
@@ -234,28 +234,12 @@ def test_causal_rows_see_only_their_past(rng):
 
 # ------------------------------------------------------- query_offset
 
-def _rows(method, args, kwargs, rows):
-    """The call restricted to query rows `rows` (absolute rows and ids sliced too)."""
-    args, kwargs = list(args), dict(kwargs)
-    args[0] = args[0][:, :, rows]
-    spec = REGISTRY[method]
-    for term in spec.term(Dense):
-        if term.query in kwargs:
-            kwargs[term.query] = kwargs[term.query][:, rows]
-        else:
-            position = spec.tensors.index(term.query)
-            args[position] = args[position][:, rows]
-    if "segment_q" in kwargs:
-        kwargs["segment_q"] = kwargs["segment_q"][:, rows]
-    return args, kwargs
-
-
 @pytest.mark.parametrize("method", METHODS)
 def test_one_query_step_is_the_last_row_of_the_causal_pass(method, rng):
     n = 9
     args, kwargs, v = _inputs(method, n, n, 4, 3, rng)
     full = _forward(posenc, method, args, kwargs, v, causal=True)
-    step_args, step_kwargs = _rows(method, args, kwargs, slice(n - 1, n))
+    step_args, step_kwargs = query_rows(method, args, kwargs, slice(n - 1, n))
     step = _forward(posenc, method, step_args, step_kwargs, v, causal=True, query_offset=n - 1)
     np.testing.assert_allclose(step.out, full.out[:, :, -1:], rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(step.lse, full.lse[:, :, -1:], rtol=1e-12, atol=1e-12)
@@ -265,7 +249,7 @@ def test_one_query_step_is_the_last_row_of_the_causal_pass(method, rng):
     full_grads = _backward(posenc, method, d_out, args, kwargs, v, full, causal=True)
     step_grads = _backward(posenc, method, d_out[:, :, -1:], step_args, step_kwargs, v, step,
                            causal=True, query_offset=n - 1)
-    sliced = {"q"} | {term.query for term in REGISTRY[method].term(Dense)}
+    sliced = {"q"} | set(REGISTRY[method].query_tensors)
     for name in full_grads._fields:
         want, got = getattr(full_grads, name), getattr(step_grads, name)
         if want is None:

@@ -8,7 +8,7 @@ import pytest
 
 import posenc.reference as ref
 from posenc._attention import attention_dropout_mask, philox4x32
-from posenc._examples import key_count, make_inputs, trainable_inputs, with_inputs
+from posenc._examples import key_count, make_inputs, query_rows, trainable_inputs, with_inputs
 from posenc._registry import METHODS
 
 B, H, D, DV = 2, 3, 4, 5
@@ -82,12 +82,7 @@ def test_one_query_step_is_the_last_row(method, rng):
     args, kwargs, v = _call(method, 6, 6, rng)
     attention = ref.__dict__[method + "_attention"]
     full = attention(*args[:2], v, *args[2:], **kwargs, causal=True)
-    step_args = [args[0][:, :, -1:], args[1]] + list(args[2:])
-    step_kw = dict(kwargs)
-    if method in ("tupe", "diet_abs"):                 # absolute rows: the caller's
-        step_args[2] = args[2][:, -1:]
-    if "segment_q" in kwargs:
-        step_kw["segment_q"] = kwargs["segment_q"][:, -1:]
+    step_args, step_kw = query_rows(method, args, kwargs, slice(-1, None))
     step = attention(*step_args[:2], v, *step_args[2:], **step_kw, causal=True, query_offset=5)
     np.testing.assert_allclose(step.out, full.out[:, :, -1:], rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(step.lse, full.lse[:, :, -1:], rtol=1e-12, atol=1e-12)

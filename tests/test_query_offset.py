@@ -7,23 +7,11 @@ import pytest
 
 import posenc
 from posenc import reference
-from posenc._examples import make_inputs
-from posenc._registry import METHODS, REGISTRY, Dense
+from posenc._examples import make_inputs, query_rows
+from posenc._registry import METHODS
 
 torch = pytest.importorskip("torch")
 import posenc.torch as pt  # noqa: E402
-
-
-def _step(method, args, kwargs, rows):
-    """The call restricted to query rows `rows` (absolute tables and ids sliced)."""
-    args = [args[0][:, :, rows]] + list(args[1:])
-    kwargs = dict(kwargs)
-    for term in REGISTRY[method].term(Dense):   # an absolute method's rows are the caller's
-        position = REGISTRY[method].tensors.index(term.query)
-        args[position] = args[position][:, rows]
-    if "segment_q" in kwargs:
-        kwargs["segment_q"] = kwargs["segment_q"][:, rows]
-    return args, kwargs
 
 
 @pytest.mark.parametrize("offset_rows", [(8, slice(8, 9)), (3, slice(3, 7))], ids=["step", "block"])
@@ -33,7 +21,7 @@ def test_rows_at_an_offset_equal_the_full_rows(method, offset_rows, rng):
     args, kwargs = make_inputs(method, 2, 3, 9, 9, 4, rng=rng)
     full = getattr(reference, method)(*args, **kwargs)[:, :, rows]
     G = rng.standard_normal(full.shape)
-    sub_args, sub_kwargs = _step(method, args, kwargs, rows)
+    sub_args, sub_kwargs = query_rows(method, args, kwargs, rows)
     want_grads = getattr(reference, method + "_backward")(G, *sub_args, **sub_kwargs,
                                                            query_offset=offset)
     np.testing.assert_allclose(getattr(reference, method)(*sub_args, **sub_kwargs,
