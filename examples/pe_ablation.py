@@ -25,10 +25,11 @@ import time
 
 import torch
 
+from posenc.torch.nn import encoding_classes
+
 VOCAB, K = 32, 8                 # tokens 0, 1 are [SEP] and [MASK]
 SEP, MASK = 0, 1
-METHODS = ("rope", "alibi", "t5", "diet_abs", "diet_rel", "kerple", "content", "relative_bias",
-           "shaw", "m2", "m4", "m4m", "tupe", "deberta", "fox")
+METHODS = tuple(encoding_classes())     # every encoding of posenc.torch.nn, in its order
 LABELS = {"content": "nope"}
 
 

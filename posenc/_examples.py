@@ -50,6 +50,7 @@ def make_inputs(method: str, B: int, H: int, n: int, m: int, d: int, *, dtype=np
                                                             m, d)}
     for term in spec.terms:
         values.update(term.example(ctx, spec, values))
+    kw.update({name: values[name] for name, _ in spec.params if name in values})   # a term's
     args = [values[name] for name in spec.tensors if name not in spec.keyword_only]
     kw.update({name: values[name] for name in spec.tensors
                if name in spec.keyword_only and name in values})
