@@ -35,7 +35,15 @@
     TERM(fox, p->query_offset + p->n <= p->m,                                          \
          "fox: every query is among the keys (query_offset + n <= m)",                \
          ARRAY(fox, gates, 1, 1, p->m) ARRAY(fox, gates_reverse, 0, 1, p->m)                \
-         ARRAY(fox, cum, 0, 0, p->m) ARRAY(fox, cum_reverse, 0, 0, p->m))
+         ARRAY(fox, cum, 0, 0, p->m) ARRAY(fox, cum_reverse, 0, 0, p->m))                  \
+    TERM(relative_bias_2d, term_relative_bias_2d_valid(p),                             \
+         "relative_bias_2d: coordinates integers in [0, 2^30) or (-1, -1) (a global "    \
+         "token), shared by the heads; one (t_y, t_x) >= 0; a table of T or T + 3 "       \
+         "entries (T + 3 with a global token)",                                          \
+         ARRAY(relative_bias_2d, bias, 1, 1, 0)                                          \
+         ARRAY(relative_bias_2d, coords_q, 1, 0, 2 * p->n)                               \
+         ARRAY(relative_bias_2d, coords_k, 1, 0, 2 * p->m)                               \
+         ARRAY(relative_bias_2d, distance, 1, 0, 2))
 
 /* POSENC_TERM_IF_<grad>(x): x for an array with a gradient (the X-macros' filter). */
 #define POSENC_TERM_IF_1(...) __VA_ARGS__
@@ -48,4 +56,5 @@
 #if defined(POSENC_TERM_FILES) && !defined(POSENC_TERM_FILES_INCLUDED)
 #define POSENC_TERM_FILES_INCLUDED
 #include "engine/term_fox_impl.h"
+#include "engine/term_relative_bias_2d_impl.h"
 #endif

@@ -111,6 +111,33 @@ class Choice(Param):
         return value
 
 
+@dataclass(frozen=True)
+class IntPair(Param):
+    """An int t >= 0, meaning (t, t), or a pair (t_y, t_x) of them: a distance per axis
+    of a grid (relative_bias_2d's max_distance), normalised to the pair."""
+
+    types = ()              # always checked: normalised to a tuple
+    schema = "int[2]"
+
+    def check(self, name, value):
+        values = np.asarray(value) if isinstance(value, (tuple, list, np.ndarray)) else None
+        if values is None:
+            values = np.asarray([Int().check(name, value)] * 2)
+        if values.ndim == 0:
+            values = np.asarray([values.item()] * 2, dtype=object)
+        if values.shape != (2,) or not all(
+                isinstance(v, numbers.Integral) and not isinstance(v, (bool, np.bool_))
+                for v in values.tolist()):
+            raise TypeError(f"{name} must be an int or a pair of ints (t_y, t_x), got "
+                            f"{type(value).__name__} {value!r}")
+        pair = tuple(int(v) for v in values.tolist())
+        if min(pair) < 0:
+            raise ValueError(f"{name} must be >= 0, got {value!r}")
+        if max(pair) >= 2 ** 30:
+            raise ValueError(f"{name} must be < 2**30, got {value!r}")
+        return pair
+
+
 # Every function's last two parameters (SPEC §1): the scale and the query offset.
 COMMON_PARAMS = {"scale": Scale(), "query_offset": Offset(minimum=0)}
 
@@ -905,3 +932,119 @@ class ForgetGates(Term):
         """One sequence's gates per head (a picture is of one batch row)."""
         x = ctx.rng.standard_normal((1, ctx.H, ctx.n)) + 3.0
         return {self.name: -np.logaddexp(0.0, -x)}
+
+
+def _grid(count: int, width: int, start: int = 0) -> np.ndarray:
+    """(count, 2) coordinates (y, x) of tokens start, start + 1, ... of a raster of `width`."""
+    t = np.arange(start, start + count)
+    return np.stack([t // width, t % width], axis=-1)
+
+
+@dataclass(frozen=True)
+class Grid2D(Term):
+    """A 2-D relative position bias (Swin, BEiT; SPEC §3.19), the engine's
+    `relative_bias_2d` term module (csrc/engine/term_relative_bias_2d_impl.h):
+    tokens at integer coordinates (y, x) (coords_q (B|1, n, 2), coords_k
+    (B|1, m, 2)), (-1, -1) a global token (BEiT's [CLS]); the bias of a pair is
+    bias[h, (dy + t_y)(2 t_x + 1) + dx + t_x], dy, dx the key's coordinates minus
+    the query's clipped to max_distance (t_y, t_x); bucket T, T + 1, T + 2 for a
+    global query, a global key, both (T = (2 t_y + 1)(2 t_x + 1)).
+
+    The engine reads the table and the coordinates in float64 (the coordinates
+    exactly: integers below 2^30) and gives the table's gradient per (b, h)
+    unit, summed here over the batch and the heads a shared table serves."""
+
+    name: str = "bias"
+    index = ("coords_q", "coords_k")
+    query_tensors = ("coords_q",)
+    params = {"max_distance": IntPair()}
+
+    @property
+    def tensors(self):
+        return (self.name,) + self.index
+
+    @staticmethod
+    def buckets(max_distance) -> int:
+        """T = (2 t_y + 1)(2 t_x + 1): the table's entries for ordinary tokens."""
+        ty, tx = max_distance
+        return (2 * ty + 1) * (2 * tx + 1)
+
+    @staticmethod
+    def _global(name: str, coords: np.ndarray) -> np.ndarray:
+        """Which tokens are global ((-1, -1)); a ValueError naming any other negative
+        coordinate or one past 2^30."""
+        negative = coords < 0
+        is_global = (coords == -1).all(axis=-1)
+        bad = (negative.any(axis=-1) & ~is_global) | (coords >= 2 ** 30).any(axis=-1)
+        if bad.any():
+            b, t = (int(x) for x in np.argwhere(bad)[0])
+            raise ValueError(f"{name}[{b}, {t}] = {tuple(int(c) for c in coords[b, t])}: a "
+                             "coordinate is an integer in [0, 2**30), or (-1, -1) for a global "
+                             "token")
+        return is_global
+
+    def check(self, p, arrays, rows):
+        T = self.buckets(p.params["max_distance"])
+        any_global = False
+        for name, count, letter in (("coords_q", p.n, "n"), ("coords_k", p.m, "m")):
+            coords = require_index_array(name, arrays[name])
+            if coords.ndim != 3 or coords.shape[0] not in (p.B, 1) or \
+                    coords.shape[1:] != (count, 2):
+                check_shape(name, coords, ({p.B, 1}, count, 2), f"(B|1, {letter}, 2)")
+            any_global |= bool(self._global(name, coords).any())
+        bias = arrays[self.name]
+        lengths = {T + 3} if any_global else {T, T + 3}
+        if bias.ndim != 2 or bias.shape[0] not in (p.H, 1) or bias.shape[1] not in lengths:
+            layout = ("(H|1, T + 3): a global token's buckets are T .. T + 2" if any_global else
+                      "(H|1, T) or (H|1, T + 3)")
+            check_shape(self.name, bias, ({p.H, 1}, lengths),
+                        f"{layout}, T = (2 t_y + 1)(2 t_x + 1) = {T} for max_distance "
+                        f"{p.params['max_distance']}")
+
+    def configure(self, slots, field, spec, p, arrays):
+        bias = np.ascontiguousarray(arrays[self.name], dtype=np.float64)
+        slots[field["relative_bias_2d_bias"]] = bias[None]
+        for name in self.index:
+            coords = np.ascontiguousarray(arrays[name], dtype=np.float64)
+            slots[field["relative_bias_2d_" + name]] = coords.reshape(coords.shape[0], 1,
+                                                                      2 * coords.shape[1])
+        slots[field["relative_bias_2d_distance"]] = np.asarray(
+            p.params["max_distance"], dtype=np.float64).reshape(1, 1, 2)
+
+    def gradients(self, spec):
+        return ((self.name, "relative_bias_2d_bias", self._finish),)
+
+    def _finish(self, p, grad: np.ndarray) -> np.ndarray:
+        """The table's gradient from the engine's per unit (B, H, L), float64: summed over
+        the batch and the heads a shared table serves, in the call's dtype."""
+        grad = grad.sum(axis=0)
+        if p.arrays[self.name].shape[0] == 1:
+            grad = grad.sum(axis=0, keepdims=True)
+        return narrow(grad, p.dtype)
+
+    def example(self, ctx, spec, values):
+        """Rasters of a width per batch (about sqrt(m)), the queries at the last n keys'
+        places; batch 0's first token global on both sides, batch 1's keys shuffled (runs
+        of one key); max_distance (t, t - 1), t from make_inputs' max_distance."""
+        t = ctx.options["max_distance"]
+        distance = (t, max(0, t - 1))
+        width = max(1, int(np.ceil(np.sqrt(max(ctx.m, 1)))))
+        coords_q = np.zeros((ctx.B, ctx.n, 2), dtype=np.int64)
+        coords_k = np.zeros((ctx.B, ctx.m, 2), dtype=np.int64)
+        for b in range(ctx.B):
+            coords_q[b] = _grid(ctx.n, width + b, max(ctx.m - ctx.n, 0))
+            coords_k[b] = _grid(ctx.m, width + b)
+        if ctx.B and ctx.n > 1 and ctx.m > 1:
+            coords_q[0, 0] = coords_k[0, 0] = -1
+        if ctx.B > 1:
+            coords_k[1] = coords_k[1][ctx.rng.permutation(ctx.m)]
+        return {self.name: ctx.normal(ctx.heads, self.buckets(distance) + 3),
+                "coords_q": coords_q, "coords_k": coords_k, "max_distance": distance}
+
+    def picture(self, ctx, spec, params):
+        """n tokens on a square-ish raster (rows of ceil(sqrt(n))), the distance its width."""
+        width = max(1, int(np.ceil(np.sqrt(ctx.n))))
+        distance = (width - 1, width - 1)
+        coords = _grid(ctx.n, width)[None]
+        bias = ctx.draw(self.name, (ctx.H, self.buckets(distance)))
+        return {self.name: bias, "coords_q": coords, "coords_k": coords, "max_distance": distance}

@@ -13,6 +13,8 @@ A method is the content term ``s q_i.k_j`` plus terms of a few kinds
     Rotary()                 q and k rotated by their positions (RoPE, xPos)
     ForgetGates()            FoX's decay: sums of per-token log forget gates between key
                              and query (a term module of the engine: csrc/terms.h)
+    Grid2D()                 bias[h, bucket(clipped 2-D offset)] of tokens on a grid
+                             (Swin, BEiT: a term module)
 
 with at most one bucket map (`MAPS`) from the offset to a table row.  Each
 kind owns its checks, engine configuration, gradients, example inputs and
@@ -40,12 +42,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 
-from ._kinds import (COMMON_PARAMS, MAPS, Choice, Dense, ForgetGates, KeyTable, OffsetBias,
-                     QueryTable, Reset, Rotary, Segments, Table, diagonal_map, diagonal_offsets)
+from ._kinds import (COMMON_PARAMS, MAPS, Choice, Dense, ForgetGates, Grid2D, KeyTable,
+                     OffsetBias, QueryTable, Reset, Rotary, Segments, Table, diagonal_map,
+                     diagonal_offsets)
 from .rotary import rope_tables, xpos_tables
 
 __all__ = ["REGISTRY", "METHODS", "INDEX_TENSORS", "EXPORTS", "Method", "MAPS", "Dense", "Table",
-           "QueryTable", "KeyTable", "Reset", "Segments", "OffsetBias", "Rotary", "ForgetGates",
+           "QueryTable", "KeyTable", "Reset", "Segments", "OffsetBias", "Rotary", "ForgetGates", "Grid2D",
            "diagonal_map", "diagonal_offsets"]
 
 # Every function's last keyword (SPEC §1): query row i sits at position query_offset + i.
@@ -418,6 +421,23 @@ gradients; every query among the keys (query_offset + n <= m); s = 1/sqrt(d)."""
         bench=Bench(((1, 0, 0, 0, 2), (2, 0, 0, 0, 2)), ("C + 2N", "2C + 2N"), (3, 0, 2),
                     group="additive"),
         plot_init={"log_fgate": 1.0}),
+)
+
+_ENTRIES += (
+    Method(
+        "relative_bias_2d", "2-D relative position bias (Swin, BEiT)",
+        "bias, *, coords_q, coords_k, max_distance, scale=None",
+        terms=(Grid2D(),),
+        formula="""\
+2-D relative position bias, Swin (Liu et al. 2021) and BEiT (Bao et al. 2022) (SPEC 3.19):
+A_ij = s q_i.k_j + bias[h, (dy + t_y)(2 t_x + 1) + dx + t_x], dy = clip(y_k[j] - y_q[i], t_y),
+dx = clip(x_k[j] - x_q[i], t_x); coords_q (B|1, n, 2), coords_k (B|1, m, 2) integer (y, x),
+(-1, -1) a global token ([CLS]: buckets T, T + 1, T + 2 for a global query, a global key,
+both; T = (2 t_y + 1)(2 t_x + 1)); max_distance t or (t_y, t_x); bias (H|1, T) or (H|1, T + 3),
+HF Swin's and BEiT's tables reversed (they index query minus key); s = 1/sqrt(d).""",
+        bench=Bench(((1, 0, 0, 0, 2), (2, 0, 0, 0, 2)), ("C + 2N", "2C + 2N"), (3, 0, 2),
+                    group="additive"),
+        plot_init={"bias": 2.0}),
 )
 
 REGISTRY = {entry.name: entry for entry in _ENTRIES}

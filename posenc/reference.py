@@ -873,6 +873,40 @@ def _fox_grads(p, G):
     return grads
 
 
+# SPEC 3.19  A_ij = s q_i.k_j + bias[h, (dy + t_y)(2 t_x + 1) + dx + t_x], (dy, dx) the key's
+# coordinates minus the query's clipped to (t_y, t_x); T, T + 1, T + 2 for global tokens
+def _relative_bias_2d_rows(p):
+    """The table entry of every pair, (B|1, n, m)."""
+    ty, tx = p.params["max_distance"]
+    T = (2 * ty + 1) * (2 * tx + 1)
+    cq = np.asarray(p.arrays["coords_q"], dtype=np.int64)[:, :, None, :]     # (B|1, n, 1, 2)
+    ck = np.asarray(p.arrays["coords_k"], dtype=np.int64)[:, None, :, :]     # (B|1, 1, m, 2)
+    dy = np.clip(ck[..., 0] - cq[..., 0], -ty, ty)
+    dx = np.clip(ck[..., 1] - cq[..., 1], -tx, tx)
+    rows = (dy + ty) * (2 * tx + 1) + dx + tx
+    global_q, global_k = (cq == -1).all(axis=-1), (ck == -1).all(axis=-1)
+    rows = np.where(global_q & global_k, T + 2,
+                    np.where(global_q, T, np.where(global_k, T + 1, rows)))
+    return np.broadcast_to(rows, (max(cq.shape[0], ck.shape[0]), p.n, p.m))
+
+
+def _relative_bias_2d_logits(p):
+    bias = _per_head(p.arrays["bias"], p.H)                               # (H, L)
+    term = bias[:, _relative_bias_2d_rows(p)]                             # (H, B|1, n, m)
+    return _content_logits(p) + np.moveaxis(term, 0, 1)
+
+
+def _relative_bias_2d_grads(p, G):
+    grads = _content_term_grads(p, G)
+    # d bias[h, row(b, i, j)] / d bias[h, r] = 1 where row(b, i, j) == r
+    rows = np.broadcast_to(_relative_bias_2d_rows(p), (p.B, p.n, p.m))
+    table = np.zeros((p.H, p.arrays["bias"].shape[1]))
+    for h in range(p.H):
+        np.add.at(table[h], rows, G[:, h])
+    grads["bias"] = _fold_heads(table, p.arrays["bias"])
+    return grads
+
+
 def _method_grads(p, G) -> dict:
     """The method's float64 gradients of sum(G * A), k's summed over its query heads."""
     grads = globals()[f"_{p.method}_grads"](p, G)

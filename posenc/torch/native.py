@@ -32,7 +32,7 @@ from .._registry import REGISTRY
 from ._common import bucket_index, check_segment_range, seed_value, validate, validate_attention
 
 __all__ = ["alibi", "attention", "content", "deberta", "diet_abs", "diet_rel", "fox", "m2", "m4",
-           "m4m", "kerple", "relative_bias", "rope", "shaw", "t5", "tupe"]
+           "m4m", "kerple", "relative_bias", "relative_bias_2d", "rope", "shaw", "t5", "tupe"]
 
 
 def _check(method, tensors, params):
@@ -219,6 +219,32 @@ def relative_bias(q, k, bias, *, max_distance, scale=None, query_offset=0):
            {"max_distance": max_distance, "scale": scale, "query_offset": query_offset})
     index = _clipped_index(max_distance, q, k, query_offset)
     return _content(q, k, _scale(scale, q.shape[-1])) + _scalar_bias(bias, index)
+
+
+def _grid_index(coords_q, coords_k, max_distance):
+    """The table entry of every pair (B|1, n, m), as Swin's relative_position_index (in
+    posenc's key-minus-query order), global tokens ((-1, -1)) at T, T + 1, T + 2."""
+    ty, tx = REGISTRY["relative_bias_2d"].param_kinds["max_distance"].check(
+        "max_distance", max_distance)
+    T = (2 * ty + 1) * (2 * tx + 1)
+    cq, ck = coords_q.long()[:, :, None, :], coords_k.long()[:, None, :, :]
+    delta = ck - cq                                                      # (B|1, n, m, 2)
+    index = ((delta[..., 0].clamp(-ty, ty) + ty) * (2 * tx + 1)
+             + delta[..., 1].clamp(-tx, tx) + tx)
+    global_q, global_k = (cq == -1).all(-1), (ck == -1).all(-1)
+    return torch.where(global_q, torch.where(global_k, T + 2, T),
+                       torch.where(global_k, T + 1, index))
+
+
+def relative_bias_2d(q, k, bias, *, coords_q, coords_k, max_distance, scale=None,
+                     query_offset=0):
+    _check("relative_bias_2d", {"q": q, "k": k, "bias": bias, "coords_q": coords_q,
+                                "coords_k": coords_k},
+           {"max_distance": max_distance, "scale": scale, "query_offset": query_offset})
+    index = _grid_index(coords_q, coords_k, max_distance)
+    # Swin's and BEiT's gather of the table by the pairs' index, per head
+    term = bias[:, index].transpose(0, 1)                                # (B|1, H|1, n, m)
+    return _content(q, k, _scale(scale, q.shape[-1])) + term.to(q.dtype)
 
 
 def _distance(q, k, query_offset):

@@ -45,6 +45,7 @@ __all__ = [
     "DIETRel",
     "DebertaRelative",
     "DebertaRelativeEmbeddings",
+    "ContinuousPositionBias",
     "ForgetGates",
     "KERPLE",
     "M2Relative",
@@ -53,6 +54,7 @@ __all__ = [
     "PositionalEncoding",
     "PositionalSelfAttention",
     "RelativeBias",
+    "RelativeBias2D",
     "RotaryEmbedding",
     "SegmentAttention",
     "ShawRelative",
@@ -534,6 +536,129 @@ class RelativeBias(PositionalEncoding):
     def arguments(self, q, k, *, state=None, segment_q=None, segment_k=None, query_offset=0):
         return "relative_bias", dict(bias=self.bias(), max_distance=self.max_distance,
                                      scale=self.scale, query_offset=query_offset)
+
+
+class ContinuousPositionBias(nn.Module):
+    """Swin Transformer V2's continuous position bias (Liu et al. 2022, §3.3): a small
+    network of the log-spaced 2-D offset, a `bias_fn` for `RelativeBias2D`.
+
+    The offsets (dy, dx) of a (2 t_y + 1) x (2 t_x + 1) window, query minus key as
+    Swin-v2 writes them, divided by ``pretrained`` (t_y, t_x) (or max_distance), times
+    8, then ``sign(x) log2(1 + |x|) / log2(8)``; ``Linear(2, hidden)``, ReLU,
+    ``Linear(hidden, num_heads, bias=False)``, and ``16 sigmoid``: HuggingFace
+    Swinv2's ``continuous_position_bias_mlp`` and layout, so its weights load as they
+    are (``mlp.0``, ``mlp.2``).  Returns the ``(num_heads, T)`` bias in posenc's
+    order (key minus query: Swin's table reversed).
+    """
+
+    def __init__(self, num_heads: int, max_distance, *, hidden: int = 512,
+                 pretrained=None):
+        super().__init__()
+        kind = REGISTRY["relative_bias_2d"].param_kinds["max_distance"]
+        self.max_distance = kind.check("max_distance", max_distance)
+        self.pretrained = (self.max_distance if pretrained is None
+                           else kind.check("pretrained", pretrained))
+        self.mlp = nn.Sequential(nn.Linear(2, hidden, bias=True), nn.ReLU(inplace=True),
+                                 nn.Linear(hidden, num_heads, bias=False))
+
+    def offsets(self, dtype=None, device=None) -> torch.Tensor:
+        """(T, 2) Swin-v2's normalised log-spaced offsets, in Swin's (query-minus-key) order."""
+        ty, tx = self.max_distance
+        dy = torch.arange(-ty, ty + 1, dtype=torch.float32, device=device)
+        dx = torch.arange(-tx, tx + 1, dtype=torch.float32, device=device)
+        table = torch.stack(torch.meshgrid(dy, dx, indexing="ij"), dim=-1)
+        table = table / torch.tensor([max(t, 1) for t in self.pretrained], device=device) * 8
+        table = torch.sign(table) * torch.log2(table.abs() + 1.0) / math.log2(8)
+        return table.reshape(-1, 2).to(dtype or torch.get_default_dtype())
+
+    def forward(self, offsets=None) -> torch.Tensor:
+        weight = self.mlp[0].weight
+        swin = self.mlp(self.offsets(weight.dtype, weight.device))       # (T, H), Swin's order
+        return (16 * torch.sigmoid(swin)).flip(0).transpose(0, 1)        # (H, T), posenc's
+
+
+class RelativeBias2D(PositionalEncoding):
+    """A 2-D relative position bias (SPEC 3.19): Swin (Liu et al. 2021) and BEiT (Bao et
+    al. 2022).  ``A_ij = q_i·k_j/sqrt(d) + bias[h, bucket(dy, dx)]``, (dy, dx) the key's
+    grid coordinates minus the query's clipped to ``max_distance``; fused, with the
+    table's gradient.
+
+    Token p of a sequence sits on a raster of ``grid = (rows, cols)`` at
+    ``(p // cols, p % cols)`` (after a global [CLS] token, ``cls_token=True``: BEiT's,
+    with its three buckets T, T + 1, T + 2); without a grid on one row, ``(0, p)`` (a
+    1-D relative bias: an int max_distance t is then (0, t)).  ``max_distance`` (t_y,
+    t_x) defaults to the grid's (rows - 1, cols - 1): every offset its own bucket, as
+    Swin's windows and BEiT's patches.  ``logits(q, k, state=(coords_q, coords_k))``
+    takes any other coordinates ((B|1, n, 2), (B|1, m, 2) integers).
+
+    ``bias_fn`` (an ``nn.Module``, as `ContinuousPositionBias`: Swin-v2) gives the
+    ``(H|1, T)`` bias of the T offsets; the global buckets then have a table of their
+    own.  Without one the bias is a learned table (``per_head``) N(0, init_std²)
+    (Swin's and BEiT's truncated-normal 0.02).  Load HF Swin's or BEiT's
+    ``relative_position_bias_table`` (T [+ 3], H) as ``table = hf.T`` with its first
+    T rows reversed (`from_hf_table`).
+    """
+
+    method = "relative_bias_2d"
+
+    def __init__(self, num_heads: int, max_distance=None, *, grid=None, cls_token: bool = False,
+                 bias_fn: nn.Module | None = None, per_head: bool = True,
+                 scale: float | None = None, init_std: float = 0.02):
+        super().__init__(num_heads)
+        kind = REGISTRY["relative_bias_2d"].param_kinds["max_distance"]
+        if grid is not None:
+            grid = tuple(kind.check("grid", grid))
+            if min(grid) < 1:
+                raise ValueError(f"grid must be (rows, cols) >= 1, got {grid}")
+            if max_distance is None:
+                max_distance = (grid[0] - 1, grid[1] - 1)
+        elif max_distance is None:
+            raise ValueError("RelativeBias2D needs a grid (rows, cols) or a max_distance")
+        elif isinstance(max_distance, int):
+            max_distance = (0, max_distance)          # one row of tokens: a 1-D bias
+        self.max_distance = kind.check("max_distance", max_distance)
+        self.grid, self.cls_token, self.scale, self.bias_fn = grid, cls_token, scale, bias_fn
+        heads = num_heads if per_head else 1
+        T = (2 * self.max_distance[0] + 1) * (2 * self.max_distance[1] + 1)
+        self.table = (None if bias_fn is not None else
+                      _table(heads, T + 3 if cls_token else T, init_std=init_std))
+        self.global_table = (_table(heads, 3, init_std=init_std)
+                             if bias_fn is not None and cls_token else None)
+
+    def bias(self) -> torch.Tensor:
+        """The (H|1, T) bias, or (H|1, T + 3) with the global token's."""
+        if self.bias_fn is None:
+            return self.table
+        bias = self.bias_fn()
+        if self.global_table is not None:
+            bias = torch.cat([bias, self.global_table.to(bias.dtype).expand(len(bias), 3)], 1)
+        return bias
+
+    @staticmethod
+    def from_hf_table(table: torch.Tensor, buckets: int) -> torch.Tensor:
+        """HF Swin's / BEiT's relative_position_bias_table (T [+ 3], H) as posenc's bias
+        (H, T [+ 3]): its first T rows reversed (they index query minus key)."""
+        return torch.cat([table[:buckets].flip(0), table[buckets:]], 0).transpose(0, 1)
+
+    def coords(self, positions: torch.Tensor) -> torch.Tensor:
+        """(len, 2) coordinates of sequence positions (the global token's (-1, -1))."""
+        if self.cls_token:
+            positions = positions - 1
+        if self.grid is None:
+            coords = torch.stack([torch.zeros_like(positions), positions], -1)
+        else:
+            coords = torch.stack([positions // self.grid[1], positions % self.grid[1]], -1)
+        return torch.where((positions < 0)[:, None], -1, coords)
+
+    def arguments(self, q, k, *, state=None, segment_q=None, segment_k=None, query_offset=0):
+        if state is None:
+            rows = torch.arange(q.shape[-2], device=q.device) + int(query_offset)
+            state = (self.coords(rows)[None], self.coords(torch.arange(k.shape[-2],
+                                                                       device=q.device))[None])
+        coords_q, coords_k = state
+        return "relative_bias_2d", dict(bias=self.bias(), coords_q=coords_q, coords_k=coords_k,
+                                        max_distance=self.max_distance, scale=self.scale,
+                                        query_offset=query_offset)
 
 
 class ForgetGates(PositionalEncoding):
