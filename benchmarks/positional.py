@@ -44,8 +44,8 @@ from posenc_bench.machine import cpu_family, cpu_model  # noqa: E402
 from posenc_bench.report import script_main  # noqa: E402
 
 HEADLINE = dict(B=8, H=12, n=512, d=64)
-METHODS = ("content", "rope", "alibi", "kerple", "relative_bias", "fox")
-BIASED = ("alibi", "kerple", "fox")       # against SDPA with the bias materialised
+METHODS = ("content", "rope", "alibi", "kerple", "relative_bias", "fox", "relative_bias_2d")
+BIASED = ("alibi", "kerple", "fox", "relative_bias_2d")   # against SDPA with the bias materialised
 DTYPES = ("float32", "bfloat16")
 FLOPS = {"fwd": 4, "fwd+bwd": 14}        # x B H n m d
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from posenc._examples import make_inputs
-from posenc._registry import METHODS, REGISTRY, KeyTable, QueryTable
+from posenc._registry import METHODS, REGISTRY, Grid2D, KeyTable, QueryTable
 
 # Parameters at benchmark sizes, per bucket map, as the papers' models use them.
 MAP_PARAMETERS = {
@@ -48,7 +48,25 @@ def case_inputs(method: str, B: int, H: int, n: int, m: int, d: int, seed: int =
         att_span=MAP_PARAMETERS["deberta"]["att_span"], segments=SEGMENTS,
         shared=_bench(method).shared_table, d_p=d, theta=True, bias=True)
     kwargs.update(MAP_PARAMETERS.get(spec.bucket, {}))   # whatever make_inputs' defaults
+    if spec.term(Grid2D):
+        args, kwargs = _vit_grid(args, kwargs, n, m, seed)
     return args, kwargs
+
+
+def _vit_grid(args, kwargs, n: int, m: int, seed: int):
+    """A 2-D bias as a ViT's (BEiT's, Swin's in one window): the m keys on a raster of
+    ceil(sqrt(m)) columns, the queries at the last n keys' places, every offset its own
+    bucket (max_distance = (rows - 1, cols - 1)), a table per head, no global token."""
+    cols = max(1, int(np.ceil(np.sqrt(max(m, 1)))))
+    rows = max(1, -(-m // cols))
+    t = np.arange(m)
+    coords_k = np.stack([t // cols, t % cols], axis=-1)[None]
+    distance = (rows - 1, cols - 1)
+    buckets = (2 * rows - 1) * (2 * cols - 1)
+    heads = args[0].shape[1]
+    bias = np.random.default_rng(seed + 2).standard_normal((heads, buckets)).astype(np.float32)
+    return [args[0], args[1], bias], dict(kwargs, coords_q=coords_k[:, max(m - n, 0):][:, :n],
+                                          coords_k=coords_k, max_distance=distance)
 
 
 def describe(method: str) -> str:
@@ -63,11 +81,13 @@ def describe(method: str) -> str:
     for name in spec.tensors[2:]:
         if name in given:
             shape = ", ".join(probe.get(size, str(size)) for size in given[name].shape)
-            shared = " shared by the heads" if given[name].shape[0] == 1 and \
-                name not in ("segment_q", "segment_k") else ""
+            shared = (" shared by the heads" if given[name].shape[0] == 1 and
+                      name not in spec.index else "")
             parts.append(f"{name} ({shape}){shared}")
     defaults = dict(spec.params)
     parts += [f"{name}={kwargs.get(name, defaults[name])}" for name in spec.map_params]
+    parts += [f"{name}={kwargs[name]}" for name, _ in spec.params[:-2]
+              if name not in spec.map_params and name in kwargs]      # a term's (a grid's distance)
     parts.append(f"s = {spec.scale_text}")
     return ", ".join(parts)
 

@@ -16,7 +16,8 @@
  * run is at most three pieces, a clipped bucket repeated, a stretch of the
  * table, the other clipped bucket (the kernels' row_gather, strides 0 and 1);
  * nothing of n x m is indexed.  The gradient takes the same pieces back: the
- * sum of a clipped piece into its bucket, the stretch added entry by entry.
+ * sum of a clipped piece into its bucket, the stretch added entry by entry, in
+ * a REAL table per call (a block of rows), added to the double gradient after.
  */
 #ifndef POSENC_ENGINE_TERM_RELATIVE_BIAS_2D_IMPL_H
 #define POSENC_ENGINE_TERM_RELATIVE_BIAS_2D_IMPL_H
@@ -153,6 +154,47 @@ typedef struct {
         }                                                                                    \
     } while (0)
 
+/* Pieces shorter than this are copied here, longer ones by the kernels (a call costs
+ * more than a short row: a raster's runs are a grid row, often a few dozen keys). */
+#define RB2D_SHORT 48
+
+/* dst[u] (op)= src[u * step], u < piece.len (op SET or ADD). */
+static inline void rb2d_put(const posenc_kernels *kern, int op, REAL *restrict dst,
+                            const REAL *restrict src, rb2d_piece piece)
+{
+    const size_t len = piece.len;
+    if (len >= RB2D_SHORT) {
+        kern->row_gather(op, dst, src, piece.step, len);
+    } else if (piece.step) {
+        if (op == POSENC_SET)
+            for (size_t u = 0; u < len; ++u) dst[u] = src[u];
+        else
+            for (size_t u = 0; u < len; ++u) dst[u] += src[u];
+    } else {
+        const REAL value = src[0];
+        if (op == POSENC_SET)
+            for (size_t u = 0; u < len; ++u) dst[u] = value;
+        else
+            for (size_t u = 0; u < len; ++u) dst[u] += value;
+    }
+}
+
+/* dst[u * step] += src[u] (step 0: the sum into dst[0]), u < piece.len. */
+static inline void rb2d_take(const posenc_kernels *kern, REAL *restrict dst,
+                             const REAL *restrict src, rb2d_piece piece)
+{
+    const size_t len = piece.len;
+    if (len >= RB2D_SHORT) {
+        kern->row_scatter_add(dst, piece.step, src, len);
+    } else if (piece.step) {
+        for (size_t u = 0; u < len; ++u) dst[u] += src[u];
+    } else {
+        REAL sum = 0;
+        for (size_t u = 0; u < len; ++u) sum += src[u];
+        dst[0] += sum;
+    }
+}
+
 static void term_relative_bias_2d_rows(const term_unit *t, int op, REAL *P, size_t ldp, size_t i0,
                                        size_t rows, size_t k0, size_t cols)
 {
@@ -165,15 +207,15 @@ static void term_relative_bias_2d_rows(const term_unit *t, int op, REAL *P, size
     const int32_t *run_end = (const int32_t *)(const void *)(table + posenc_round_up(L, 16));
     for (size_t e = 0; e < rows; ++e) {
         REAL *row = P + e * ldp;
-#define RB2D_PUT_(piece)                                                                     \
-        kern->row_gather(op, row + (piece).j, table + (piece).at, (piece).step, (piece).len)
+#define RB2D_PUT_(piece) rb2d_put(kern, op, row + (piece).j, table + (piece).at, (piece))
         RB2D_PIECES(coords_q + 2 * (i0 + e), coords_k, run_end, T, ty, tx, k0, cols, RB2D_PUT_);
 #undef RB2D_PUT_
     }
 }
 
-/* The table's gradient of rows [i0, i0 + rows): each piece's G back into its buckets (a
- * clipped piece's sum in REAL, by the kernels, then in double). */
+/* The table's gradient of rows [i0, i0 + rows): each piece's G added back into its buckets
+ * of a REAL table (a stretch entry by entry, a clipped piece's sum into its bucket: the
+ * kernels' row_scatter_add), added to the unit's double gradient once per call. */
 static void term_relative_bias_2d_grad_rows(const term_unit *t, double *const *grad,
                                             const REAL *G, size_t ldg, size_t i0, size_t rows,
                                             size_t first, size_t cols, double *scratch)
@@ -183,35 +225,29 @@ static void term_relative_bias_2d_grad_rows(const term_unit *t, double *const *g
     const double *coords_q = t->array[RB2D_COORDS_Q], *coords_k = t->array[RB2D_COORDS_K];
     const int64_t ty = (int64_t)t->array[RB2D_DISTANCE][0], tx = (int64_t)t->array[RB2D_DISTANCE][1];
     const size_t T = (size_t)((2 * ty + 1) * (2 * tx + 1));
+    const size_t L = t->term->array[RB2D_BIAS].per_unit, m = t->p->m;
     if (!dbias || !rows || first >= cols)
         return;
     int32_t *run_end = (int32_t *)(void *)scratch;
-    rb2d_runs(run_end, coords_k, t->p->m);
+    REAL *table = (REAL *)(void *)(scratch + posenc_round_up((m + 1) / 2, 8));
+    rb2d_runs(run_end, coords_k, m);
+    memset(table, 0, sizeof(REAL) * L);
     for (size_t e = 0; e < rows; ++e) {
         const REAL *g = G + e * ldg;
-#define RB2D_TAKE_(piece)                                                                    \
-        do {                                                                                 \
-            const REAL *from_ = g + (piece).j;                                               \
-            if ((piece).step) {                                                              \
-                double *to_ = dbias + (piece).at;                                            \
-                for (size_t u_ = 0; u_ < (piece).len; ++u_)                                  \
-                    to_[u_] += (double)from_[u_];                                            \
-            } else {                                                                         \
-                REAL part_ = 0;                                                              \
-                kern->row_scatter_add(&part_, 0, from_, (piece).len);                        \
-                dbias[(piece).at] += (double)part_;                                          \
-            }                                                                                \
-        } while (0)
+#define RB2D_TAKE_(piece) rb2d_take(kern, table + (piece).at, g + (piece).j, (piece))
         RB2D_PIECES(coords_q + 2 * (i0 + e), coords_k, run_end, T, ty, tx, first, cols,
                     RB2D_TAKE_);
 #undef RB2D_TAKE_
     }
+    for (size_t e = 0; e < L; ++e)
+        dbias[e] += (double)table[e];
 }
 
-/* term_relative_bias_2d_grad_rows' runs: m int32 in doubles' room. */
+/* term_relative_bias_2d_grad_rows' runs (m int32) and table (L REAL), in doubles' room. */
 static size_t term_relative_bias_2d_grad_scratch(const posenc_problem *p)
 {
-    return (p->m + 1) / 2;
+    const size_t L = p->terms[POSENC_TERM_relative_bias_2d].array[RB2D_BIAS].per_unit;
+    return posenc_round_up((p->m + 1) / 2, 8) + L;
 }
 
 #endif /* REAL */
