@@ -502,6 +502,11 @@ static int build_problem(PyObject *config, converted *a, posenc_problem *p)
     p->k = DATA(CF_k);
     if (build_terms(config, a, p))
         return -1;
+    const posenc_term_array *token = p->terms[POSENC_TERM_rope_token].array;
+    if (token[0].data) {   /* per-token rotary tables (terms.h): their pairs per row */
+        p->rope_pairs = p->n ? token[0].per_unit / p->n : p->m ? token[2].per_unit / p->m : 0;
+        p->rope_interleaved = interleaved;
+    }
     const char *why = NULL;
     if (posenc_validate(p, &why) != POSENC_OK) {
         PyErr_Format(PyExc_ValueError, "inconsistent problem: %s", why);

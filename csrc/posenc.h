@@ -129,7 +129,9 @@ typedef struct {
      * (rope_cos_k, rope_sin_k), which are rope_cos, rope_sin unless xPos gives its
      * own; pair t is (x_t, x_{t + rope_pairs}) (half split) or (x_{2t}, x_{2t+1})
      * (rope_interleaved); p_q(i) = positions_q[b, i] or query_offset + i, p_k(j)
-     * = positions_k[b, j] or j.  Only with the content term (no positional term). */
+     * = positions_k[b, j] or j.  Only with the content term (no positional term).
+     * Per-token tables instead: the rope_token module (terms.h), rope_cos NULL,
+     * rope_pairs and rope_interleaved as here. */
     const void *rope_cos, *rope_sin, *rope_cos_k, *rope_sin_k;   /* (rope_positions, rope_pairs) */
     size_t rope_positions, rope_pairs;
     const int64_t *positions_q;   /* (B, n) or NULL */
@@ -152,7 +154,8 @@ typedef struct {
     const posenc_bf16_shadow *bf16_shadows;
     size_t bf16_shadow_count;
     /* the term modules (terms.h), by kind: added to the logits like the
-     * positional terms above (sum mode, no rotation) */
+     * positional terms above (sum mode, no rotation), or (rope_token) the rotation's
+     * per-token tables */
     posenc_term terms[POSENC_TERM_COUNT];
 } posenc_problem;
 
@@ -160,6 +163,13 @@ typedef struct {
 static inline int posenc_term_present(const posenc_problem *p, int k)
 {
     return p->terms[k].array[0].data != NULL;
+}
+
+/* Whether p rotates q and k: by the (P, r) tables (rope_cos), or per token (the
+ * rope_token module: rows of its float64 tables, docs/spec.md §3.16). */
+static inline int posenc_rotates(const posenc_problem *p)
+{
+    return p->rope_cos != NULL || posenc_term_present(p, POSENC_TERM_rope_token);
 }
 
 static inline int posenc_terms_any(const posenc_problem *p)

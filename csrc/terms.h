@@ -19,7 +19,8 @@
  *               sums); length: its elements per (b, h) unit, an expression
  *               of `p`, or 0 for the array's own (a table's rows)
  *
- * A module's arrays are float64 (B|1, H|1, length) whatever the problem's
+ * A kind whose rows are NULL adds nothing: it rotates q and k (rope_token, read by
+ * csrc/engine/rope_impl.h).  A module's arrays are float64 (B|1, H|1, length) whatever the problem's
  * dtype (they are small: a few numbers per token, as FoX's gates and their
  * prefix sums, whose differences must not lose the digits a float32 would);
  * their gradients are float64 per unit, (B, H, length), the caller reducing
@@ -43,7 +44,12 @@
          ARRAY(relative_bias_2d, bias, 1, 1, 0)                                          \
          ARRAY(relative_bias_2d, coords_q, 1, 0, 2 * p->n)                               \
          ARRAY(relative_bias_2d, coords_k, 1, 0, 2 * p->m)                               \
-         ARRAY(relative_bias_2d, distance, 1, 0, 2))
+         ARRAY(relative_bias_2d, distance, 1, 0, 2))                                     \
+    TERM(rope_token, term_rope_token_valid(p),                                         \
+         "rope_token: per-token rotary tables (no (P, r) tables, no positions), "         \
+         "cos and sin n x rope_pairs, cos_k and sin_k m x rope_pairs, 2 rope_pairs <= d", \
+         ARRAY(rope_token, cos, 1, 1, 0) ARRAY(rope_token, sin, 1, 1, 0)                  \
+         ARRAY(rope_token, cos_k, 1, 1, 0) ARRAY(rope_token, sin_k, 1, 1, 0))
 
 /* POSENC_TERM_IF_<grad>(x): x for an array with a gradient (the X-macros' filter). */
 #define POSENC_TERM_IF_1(...) __VA_ARGS__
@@ -57,4 +63,5 @@
 #define POSENC_TERM_FILES_INCLUDED
 #include "engine/term_fox_impl.h"
 #include "engine/term_relative_bias_2d_impl.h"
+#include "engine/term_rope_token_impl.h"
 #endif

@@ -410,6 +410,7 @@ class Term:
     head_axis = 0           # of its tensors: where the head axis (H|1) is ((B, H|1, m): 1)
     computes_operands = False   # the logits' GEMM reads operands it computed (rotated q, k)
     query_tensors: tuple = ()   # of its tensors: those with a row per query (axis 1)
+    grad_requires: dict = {}    # engine gradient -> the engine gradient it is formed from
 
     @property
     def tensors(self) -> tuple:
@@ -417,6 +418,10 @@ class Term:
 
     def check(self, p, arrays: dict, rows) -> None:
         """Shapes and values of its given tensors (q, k and the parameters checked)."""
+
+    def trainable(self, name: str, value) -> bool:
+        """Whether its constant `name` has a gradient in the form of `value` (no)."""
+        return False
 
     def configure(self, slots: list, field: dict, spec, p, arrays: dict) -> None:
         """Its engine slots into `slots` (field: slot index by EngineConfig name)."""
@@ -751,8 +756,15 @@ class Rotary(Term):
     """The rotation of q and k (RoPE, xPos), in the engine where they are read
     (SPEC §3.12): tables cos, sin (P, r) (cos_k, sin_k for the keys, both or
     neither), positions_q (B, n) and positions_k (B, m) or the defaults
-    query_offset + i and j, `interleaved` pairs.  The tables are constants:
-    their gradient fields are None."""
+    query_offset + i and j, `interleaved` pairs.  The (P, r) tables are
+    constants: their gradient fields are None.
+
+    Or per token (SPEC §3.16: M-RoPE, 2-D RoPE, learned frequencies): cos, sin
+    (B|1, H|1, n, r), query row i's own, and cos_k, sin_k (B|1, H_kv|1, m, r),
+    required; no positions.  The engine reads them as its rope_token module
+    (csrc/engine/term_rope_token_impl.h: float64 per (b, h) unit, a key head's
+    tables repeated for its query heads) and gives their gradients per unit,
+    folded here over the batch, the groups and the heads they broadcast over."""
 
     constant = ("cos", "sin", "cos_k", "sin_k")
     index = ("positions_q", "positions_k")
@@ -764,7 +776,39 @@ class Rotary(Term):
     def tensors(self):
         return self.constant + self.index
 
+    def trainable(self, name, value):
+        return len(value.shape) == 4          # per-token tables have gradients
+
+    @staticmethod
+    def per_token(arrays) -> bool:
+        """Whether the call's tables are per token (4-D: SPEC §3.16)."""
+        return arrays["cos"].ndim == 4
+
+    def _check_per_token(self, p, arrays):
+        cos, sin, cos_k, sin_k = (arrays.get(name) for name in self.constant)
+        check_rank("cos", cos, 4, "(B|1, H|1, n, r)")
+        pairs = cos.shape[3]
+        layout = "(B|1, H|1, n, r) per-token tables (spec §3.16)"
+        check_shape("cos", cos, ({p.B, 1}, {p.H, 1}, p.n, pairs), layout)
+        check_shape("sin", sin, ({p.B, 1}, {p.H, 1}, p.n, pairs), layout + " as cos")
+        if cos_k is None or sin_k is None:
+            raise ValueError("per-token tables (cos of 4 dimensions) need the keys' own: "
+                             f"cos_k and sin_k (B|1, H_kv|1, m, r); missing "
+                             f"{' and '.join(n for n, v in (('cos_k', cos_k), ('sin_k', sin_k)) if v is None)}")
+        layout_k = "(B|1, H_kv|1, m, r) as cos's r"
+        check_shape("cos_k", cos_k, ({p.B, 1}, {p.H_kv, 1}, p.m, pairs), layout_k)
+        check_shape("sin_k", sin_k, ({p.B, 1}, {p.H_kv, 1}, p.m, pairs), layout_k)
+        for name in self.index:
+            if arrays.get(name) is not None:
+                raise ValueError(f"{name} goes with (P, r) tables: per-token tables are the "
+                                 "tokens' own rows (spec §3.16)")
+        if 2 * pairs > p.d:
+            raise ValueError(f"cos and sin rotate 2 r = {2 * pairs} dimensions (shape "
+                             f"{shape_str(cos.shape)}), more than q's d = {p.d}")
+
     def check(self, p, arrays, rows):
+        if arrays["cos"].ndim == 4:
+            return self._check_per_token(p, arrays)
         cos, sin = arrays["cos"], arrays["sin"]
         check_rank("cos", cos, 2, "(P, r)")
         P, pairs = cos.shape
@@ -797,10 +841,42 @@ class Rotary(Term):
                              f"{shape_str(cos.shape)} (P, r): longer tables, or positions_k")
 
     def configure(self, slots, field, spec, p, arrays):
+        slots[field["rope_interleaved"]] = p.params["interleaved"]
+        if self.per_token(arrays):       # the rope_token module's float64 (B|1, H|1, rows r)
+            for name in self.constant:
+                table = np.asarray(arrays[name], dtype=np.float64)
+                if name.endswith("_k") and table.shape[1] != 1 and p.H != p.H_kv:
+                    table = np.repeat(table, p.H // p.H_kv, axis=1)   # a key head's per query head
+                table = np.ascontiguousarray(table)
+                slots[field["rope_token_" + name]] = table.reshape(table.shape[0], table.shape[1], -1)
+            return
         for name in self.tensors:
             slots[field[name if name.startswith("positions") else "rope_" + name]] = \
                 arrays.get(name)
-        slots[field["rope_interleaved"]] = p.params["interleaved"]
+
+    def gradients(self, spec):
+        return tuple((name, "rope_token_" + name, functools.partial(self._finish, name))
+                     for name in self.constant)
+
+    # the engine's table gradients are formed from dq and dk (rope_impl.h)
+    grad_requires = {"rope_token_cos": "q", "rope_token_sin": "q", "rope_token_cos_k": "k",
+                     "rope_token_sin_k": "k"}
+
+    @staticmethod
+    def _finish(name: str, p, grad: np.ndarray) -> np.ndarray:
+        """A per-token table's gradient from the engine's per unit (B, H, rows r): summed
+        over the query heads of a key head's group (cos_k, sin_k), then over the batch
+        and heads its table broadcasts over, in the call's dtype."""
+        table = p.arrays[name]
+        B, H = grad.shape[:2]
+        grad = grad.reshape(B, H, -1, table.shape[3])
+        if name.endswith("_k") and p.H_kv != H:
+            grad = grad.reshape(B, p.H_kv, H // p.H_kv, *grad.shape[2:]).sum(axis=2)
+        if table.shape[0] == 1:
+            grad = grad.sum(axis=0, keepdims=True)
+        if table.shape[1] == 1:
+            grad = grad.sum(axis=1, keepdims=True)
+        return narrow(grad, p.dtype)
 
     def example(self, ctx, spec, values):
         from .rotary import rope_tables
@@ -826,16 +902,19 @@ class Rotary(Term):
         """x (B, H, L, d) >= 0 rotated in absolute values by the tables of `side` (q or
         k): |c| x_a + |s| x_b on both of a pair (the bound of either rotated
         component, and of either component of the rotation's transpose)."""
-        pairs = p.arrays["cos"].shape[1]
+        pairs = p.arrays["cos"].shape[-1]
         first = np.arange(pairs) * 2 if p.params["interleaved"] else np.arange(pairs)
         second = first + 1 if p.params["interleaved"] else first + pairs
         key = side == "k" and p.arrays.get("cos_k") is not None
         cos = np.abs(np.asarray(p.arrays["cos_k" if key else "cos"], dtype=np.float64))
         sin = np.abs(np.asarray(p.arrays["sin_k" if key else "sin"], dtype=np.float64))
-        given = p.arrays.get("positions_" + side)
-        positions = (np.asarray(given, dtype=np.intp)[:, None, :] if given is not None else
-                     np.arange(x.shape[2]) + (p.query_offset if side == "q" else 0))
-        c, s = cos[positions], sin[positions]
+        if cos.ndim == 4:           # per token: the rows themselves
+            c, s = cos, sin
+        else:
+            given = p.arrays.get("positions_" + side)
+            positions = (np.asarray(given, dtype=np.intp)[:, None, :] if given is not None else
+                         np.arange(x.shape[2]) + (p.query_offset if side == "q" else 0))
+            c, s = cos[positions], sin[positions]
         y = x.copy()
         y[..., first] = x[..., first] * c + x[..., second] * s
         y[..., second] = x[..., second] * c + x[..., first] * s

@@ -88,15 +88,23 @@ def field_mask(method: str, wanted) -> int:
     return sum(1 << t for t, name in enumerate(fields) if name in wanted)
 
 
+# engine entry -> the entry it is formed from (a per-token rotary table's: dq or dk)
+_REQUIRES = {ENGINE_GRADS.index(engine): ENGINE_GRADS.index(source)
+             for spec in REGISTRY.values() for term in spec.terms
+             for engine, source in term.grad_requires.items()}
+
+
 def _needs(sources, fields: int | None) -> tuple:
     """(fields, needs): all fields when None (those with an engine entry), and their
-    engine bits."""
+    engine bits (with the entries they are formed from)."""
     if fields is None:
         fields = (1 << len(sources)) - 1
     needs = 0
     for bit, (entry, _) in enumerate(sources):
         if fields >> bit & 1 and entry is not None:
             needs |= 1 << entry
+            if entry in _REQUIRES:
+                needs |= 1 << _REQUIRES[entry]
     return fields, needs
 
 

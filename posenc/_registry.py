@@ -173,6 +173,13 @@ class Method:
         2-D coordinates): what a call of a subset of q's rows slices with them."""
         return tuple(name for term in self.terms for name in term.query_tensors)
 
+    def trainable(self, name: str, value) -> bool:
+        """Whether input `name` of a call (value: its array or tensor) has a gradient:
+        it is not a constant, or its term makes it trainable in this form (RoPE's
+        per-token tables, spec §3.16; the (P, r) tables stay constants)."""
+        return name not in self.constant or any(
+            name in term.constant and term.trainable(name, value) for term in self.terms)
+
     def term(self, kind):
         """The terms of one kind."""
         return tuple(t for t in self.terms if isinstance(t, kind))

@@ -153,6 +153,7 @@ def load_params(path, method: str) -> dict:
     unknown or missing name is a ValueError.
     """
     allowed = method_arguments(method) + ["q", "k"]
+    keywords = {name for name, _ in REGISTRY[method].params}
     with np.load(path, allow_pickle=False) as data:
         unknown = sorted(set(data.files) - set(allowed))
         if unknown:
@@ -163,6 +164,8 @@ def load_params(path, method: str) -> dict:
             value = data[name]
             if value.ndim == 0:            # a keyword saved as a 0-d array
                 value = value.item()
+            elif value.ndim == 1 and name in keywords:   # a pair (a 2-D max_distance)
+                value = tuple(value.tolist())
             params[name] = value
     _infer_keywords(method, params)
     required = [name for name, p in inspect.signature(getattr(posenc, method)).parameters.items()

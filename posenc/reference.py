@@ -492,6 +492,25 @@ def _kerple_grads(p, G):
 
 
 # SPEC 3.12  A_ij = s rot(q_i, p_q(i)) . rot_k(k_j, p_k(j))  (RoPE, Su et al. 2021)
+# SPEC 3.16  per-token tables: row i of cos, sin (B|1, H|1, n, r) rotates q_i, row j of
+# cos_k, sin_k (B|1, H_kv|1, m, r) k_j
+def _rope_rows(p, side: str) -> tuple:
+    """The cos and sin rows of every q row (side q) or k row (side k, a key head's
+    repeated for its query heads), float64, broadcasting against (B, H, rows, r)."""
+    key = side == "k"
+    cos = p.arrays["cos_k" if key and p.arrays.get("cos_k") is not None else "cos"]
+    sin = p.arrays["sin_k" if key and p.arrays.get("sin_k") is not None else "sin"]
+    if cos.ndim == 4:                                   # per token: each row its own
+        if key and cos.shape[1] != 1:
+            return per_query_head(cos, p.H), per_query_head(sin, p.H)
+        return _wide(cos), _wide(sin)
+    rows = p.m if key else p.n
+    given = p.arrays.get("positions_k" if key else "positions_q")
+    positions = (np.asarray(given, dtype=np.intp)[:, None, :] if given is not None else
+                 np.arange(rows) + (0 if key else p.params["query_offset"]))
+    return _wide(cos)[positions], _wide(sin)[positions]
+
+
 def _rope_rotated(p, side: str, transpose: bool = False, x=None):
     """x (q or k by default) rotated pair by pair by the rows of its positions:
     (x_a, x_b) -> (x_a c - x_b sn, x_b c + x_a sn), pairs (t, t + r) or (2t, 2t + 1);
@@ -499,13 +518,9 @@ def _rope_rotated(p, side: str, transpose: bool = False, x=None):
     key = side == "k"
     x = _wide(x) if x is not None else (
         per_query_head(p.arrays["k"], p.H) if key else _wide(p.arrays["q"]))
-    cos = p.arrays["cos_k" if key and "cos_k" in p.arrays else "cos"]
-    sin = p.arrays["sin_k" if key and "sin_k" in p.arrays else "sin"]
-    r, rows = cos.shape[1], x.shape[2]
-    given = p.arrays.get("positions_k" if key else "positions_q")
-    positions = (np.asarray(given, dtype=np.intp)[:, None, :] if given is not None else
-                 np.arange(rows) + (0 if key else p.params["query_offset"]))
-    c, sn = _wide(cos)[positions], _wide(sin)[positions] * (-1.0 if transpose else 1.0)
+    c, sn = _rope_rows(p, side)
+    sn = sn * (-1.0 if transpose else 1.0)
+    r = c.shape[-1]
     first = np.arange(r) * 2 if p.params["interleaved"] else np.arange(r)
     second = first + 1 if p.params["interleaved"] else first + r
     y = x.copy()
@@ -523,8 +538,26 @@ def _rope_grads(p, G):
     q_rot, k_rot, s = _rope_rotated(p, "q"), _rope_rotated(p, "k"), p.params["scale"]
     grad_q_rot = s * np.einsum("bhij,bhjd->bhid", G, k_rot)
     grad_k_rot = s * np.einsum("bhij,bhid->bhjd", G, q_rot)
-    return {"q": _rope_rotated(p, "q", transpose=True, x=grad_q_rot),
-            "k": _rope_rotated(p, "k", transpose=True, x=grad_k_rot)}
+    grads = {"q": _rope_rotated(p, "q", transpose=True, x=grad_q_rot),
+             "k": _rope_rotated(p, "k", transpose=True, x=grad_k_rot)}
+    if p.arrays["cos"].ndim == 4:
+        # per-token tables (SPEC 3.16): a pair (x_a, x_b) -> (x_a c - x_b sn, x_b c + x_a sn),
+        # so d/dc = g_a x_a + g_b x_b and d/dsn = g_b x_a - g_a x_b, g the rotated rows'
+        r = p.arrays["cos"].shape[-1]
+        first = np.arange(r) * 2 if p.params["interleaved"] else np.arange(r)
+        second = first + 1 if p.params["interleaved"] else first + r
+        for side, g, x in (("", grad_q_rot, _wide(p.arrays["q"])),
+                           ("_k", grad_k_rot, per_query_head(p.arrays["k"], p.H))):
+            dc = g[..., first] * x[..., first] + g[..., second] * x[..., second]
+            ds = g[..., second] * x[..., first] - g[..., first] * x[..., second]
+            for name, grad in (("cos" + side, dc), ("sin" + side, ds)):
+                table = p.arrays[name]
+                if side:                                # summed over a key head's group
+                    grad = fold_groups(grad, p.H_kv)
+                if table.shape[0] == 1:
+                    grad = grad.sum(axis=0, keepdims=True)
+                grads[name] = _fold_heads(grad, table, axis=1)
+    return grads
 
 
 # SPEC 3.11  A_ij = s (q_i.k_j + q_i.pos_k_j + pos_q_i.k_j + pos_q_i.pos_k_j)

@@ -57,11 +57,13 @@ def test_every_namespace_has_the_method(method):
     # the reference's own formulas, written from the paper
     assert callable(getattr(reference, f"_{method}_logits"))
     assert callable(getattr(reference, f"_{method}_grads"))
-    # torch: the custom ops, and one nn module computing the method
+    # torch: the custom ops, and one nn module computing the method (besides its variants:
+    # rope's per-token encodings)
     assert method in _ops.FORWARD and method in _ops.BACKWARD
     assert hasattr(torch.ops.posenc, method) and hasattr(torch.ops.posenc, method + "_backward")
     modules = [cls for cls in vars(pnn).values() if isinstance(cls, type)
-               and issubclass(cls, pnn.PositionalEncoding) and cls.method == method]
+               and issubclass(cls, pnn.PositionalEncoding) and cls.method == method
+               and not cls.variant]
     assert len(modules) == 1, (method, modules)
     # benchmark facts
     assert spec.bench is not None and len(spec.bench.flops) == 2 and len(spec.bench.flop_text) == 2
@@ -102,8 +104,8 @@ def test_engine_configuration(method):
     assert len(set(entries)) == len(entries)
     floats = _examples.float_inputs(method, args, kwargs)
     for field, (entry, finish) in zip(spec.grad_fields, sources):
-        if field in spec.constant:       # no gradient: the rotation's tables
-            assert entry is None
+        if field in spec.constant:       # the rotation's tables: per-token ones' only
+            assert entry is not None and getattr(config, ENGINE_GRADS[entry]) is None
         elif finish is None:             # the engine's array is the argument itself
             assert getattr(config, ENGINE_GRADS[entry]) is floats[field], (field, entry)
         else:                            # a parameter of an array the engine reads

@@ -240,9 +240,10 @@ static void attention_decode_heads(const attention_ctx *c, forward_ws *fw, atten
     const REAL *v_u = (const REAL *)c->a->v + posenc_kv_unit(p, u0) * m * dv;
     unit_inputs_at(p, &fw->scratch, &fw->inputs, b, h_first, 0, n);
     const REAL *k_u = fw->inputs.k, *q_rows = (const REAL *)p->q + u0 * n * d;
-    if (p->rope_cos) {
+    if (posenc_rotates(p)) {
         for (size_t e = 0; e < heads; ++e)
-            rope_rows(p, w->group_q + e * n * d, q_rows + e * n * d, b, 0, n, 0, 0, NULL);
+            rope_rows(p, w->group_q + e * n * d, q_rows + e * n * d, b, h_first + e, 0, n, 0, 0,
+                      NULL);
         q_rows = w->group_q;
     }
     size_t c0, cols;

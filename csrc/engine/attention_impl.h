@@ -113,7 +113,7 @@ static size_t attention_ws_layout(const attention_ctx *c, int backward, size_t r
             WS_TAKE(w, mem, at, v_pack, packed_b_size(m, dv, nr));
         WS_TAKE(w, mem, at, row_scale, c->kern->mr);
         WS_TAKE(w, mem, at, row_stats, 2 * c->kern->mr * (sizeof(double) / sizeof(REAL)));
-        if (c->decode && (p->rope_cos || c->logits.key_fused))
+        if (c->decode && (posenc_rotates(p) || c->logits.key_fused))
             WS_TAKE(w, mem, at, group_q, c->kern->mr * p->d);
     }
     if (c->dropout) {

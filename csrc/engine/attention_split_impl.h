@@ -24,7 +24,7 @@ static void attention_split(attention_ctx *c)
     const posenc_problem *p = c->p;
     c->split = 0;
     c->chunks = 1;
-    if (c->decode && !c->dropout && !p->rope_cos && !p->pos_q && p->m > ATTENTION_SPLIT_KEYS) {
+    if (c->decode && !c->dropout && !posenc_rotates(p) && !p->pos_q && p->m > ATTENTION_SPLIT_KEYS) {
         c->split = ATTENTION_SPLIT_KEYS;
         c->chunks = (p->m + ATTENTION_SPLIT_KEYS - 1) / ATTENTION_SPLIT_KEYS;
     }

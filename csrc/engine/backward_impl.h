@@ -45,7 +45,7 @@ static size_t backward_ws_layout(const backward_ctx *c, backward_ws *w, REAL *me
     const size_t buckets = posenc_max(c->terms->query_buckets, c->terms->key_buckets);
     const size_t depth = posenc_max(posenc_max(n, m), posenc_max(buckets, c->row_block));
     WS_TAKE(w, mem, at, b_pack, packed_b_size(depth, posenc_max(d, p->d_p), nr));
-    if (p->rope_cos && c->G) {   /* the logits' backward rotates its own (the attention's shares) */
+    if (posenc_rotates(p) && c->G) {   /* the logits' backward rotates its own (the attention's shares) */
         WS_TAKE(w, mem, at, inputs.q_rot, n * d);
         WS_TAKE(w, mem, at, inputs.k_rot, m * d);
     }
@@ -254,9 +254,9 @@ static void backward_unit_end(const backward_ctx *c, backward_ws *w, size_t u)
     const posenc_problem *p = c->p;
     const posenc_grads *g = c->g;
     const size_t n = p->n, m = p->m, d = p->d, h = u % p->H;
-    if (p->rope_cos) {
-        unit_inputs_grads(p, u, g->q ? (REAL *)g->q + u * n * d : NULL, backward_unit_dk(c, w, u),
-                          c->scales.exact ? &c->scales.scale : NULL);
+    if (posenc_rotates(p)) {
+        unit_inputs_grads(p, g, &w->scratch, &w->inputs, u, g->q ? (REAL *)g->q + u * n * d : NULL,
+                          backward_unit_dk(c, w, u), c->scales.exact ? &c->scales.scale : NULL);
         return;
     }
     scatter_key_edges_end(c, w);

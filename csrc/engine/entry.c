@@ -54,8 +54,11 @@ static const char *terms_invalid(const posenc_problem *p)
         if (given) { \
             ARRAYS \
             (void)a; \
-            if (p->product || p->rope_cos) \
-                return #name ": a term module is added to the content, without rotation"; \
+            if (p->product || p->rope_cos || \
+                (POSENC_TERM_##name != POSENC_TERM_rope_token && \
+                 posenc_term_present(p, POSENC_TERM_rope_token))) \
+                return #name ": a term module goes with the content alone (sum mode, " \
+                             "one rotation at most)"; \
             if (!(valid)) \
                 return reason; \
         } \

@@ -81,7 +81,7 @@ static size_t forward_ws_layout(const forward_ctx *c, forward_ws *w, REAL *mem)
     if (!c->in_place)
         WS_TAKE(w, mem, at, k_pack, packed_b_size(p->d, p->m, nr));
     WS_TAKE(w, mem, at, P, mr * c->m_pad);
-    if (p->rope_cos) {
+    if (posenc_rotates(p)) {
         WS_TAKE(w, mem, at, inputs.q_rot, p->n * p->d);
         WS_TAKE(w, mem, at, inputs.k_rot, p->m * p->d);
     }
@@ -555,7 +555,7 @@ static int forward_prepare(forward_ctx *c, const posenc_problem *p, const posenc
     /* Segments ride on the epilogue's second source unless a reset must
      * override them (sum mode only: product mode has no segments). */
     c->segment_rows = p->segment_table && !p->theta && !p->product && !c->scales.exact;
-    c->modules = posenc_terms_any(p);
+    c->modules = terms_additive(p);
     c->batch_terms = p->query_table || p->key_table || (p->segment_table && !c->segment_rows) ||
                      c->modules;
     c->head_blocks = p->pos_q && p->B > 1 && !c->scales.exact &&

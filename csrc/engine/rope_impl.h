@@ -14,6 +14,7 @@
 #define POSENC_ENGINE_ROPE_IMPL_H
 
 #include "gemm_impl.h"
+#include "term_kinds_impl.h"
 
 /* A unit's q and k as the terms read them: the inputs in place, or their
  * rotated rows (row r at q + r d, k + r d either way). */
@@ -22,49 +23,87 @@ typedef struct {
     REAL *q_rot, *k_rot;   /* with a rotation: n x d and m x d of the thread's workspace */
 } unit_inputs;
 
+/* Row r's cos and sin of a (P, r) table (REAL) or of a per-token table (float64, the
+ * rope_token module: row r of unit (b, h)'s): one of each pair of pointers is set. */
+typedef struct {
+    const REAL *c, *s;
+    const double *cd, *sd;
+} rope_row;
+
+static rope_row rope_row_at(const posenc_problem *p, size_t b, size_t h, size_t r, int key_side)
+{
+    const size_t pairs = p->rope_pairs;
+    rope_row row = {NULL, NULL, NULL, NULL};
+    if (!p->rope_cos) {   /* per token */
+        const posenc_term_array *a = p->terms[POSENC_TERM_rope_token].array + (key_side ? 2 : 0);
+        const size_t at = r * pairs;
+        row.cd = (const double *)a[0].data + b * a[0].batch_stride + h * a[0].head_stride + at;
+        row.sd = (const double *)a[1].data + b * a[1].batch_stride + h * a[1].head_stride + at;
+        return row;
+    }
+    const size_t rows = key_side ? p->m : p->n;
+    const int64_t *positions = key_side ? p->positions_k : p->positions_q;
+    const size_t pos = positions ? (size_t)positions[b * rows + r]
+                                 : key_side ? r : p->query_offset + r;
+    row.c = (const REAL *)(key_side ? p->rope_cos_k : p->rope_cos) + pos * pairs;
+    row.s = (const REAL *)(key_side ? p->rope_sin_k : p->rope_sin) + pos * pairs;
+    return row;
+}
+
+/* Pair t's cos and sin of a row, in REAL or in double. */
+#define ROPE_C(row, t) ((row).c ? (row).c[t] : (REAL)(row).cd[t])
+#define ROPE_S(row, t) ((row).c ? (row).s[t] : (REAL)(row).sd[t])
+#define ROPE_CD(row, t) ((row).c ? (double)(row).c[t] : (row).cd[t])
+#define ROPE_SD(row, t) ((row).c ? (double)(row).s[t] : (row).sd[t])
+
 /*
  * Rows [r0, r1) of unit (b, h)'s q (key_side 0) or k (key_side 1), src
  * row r at src + r d, rotated by their positions into dst (the same
  * layout; dst may be src): each pair (x, y) of a row at position pos goes
- * to (x c - y s, y c + x s) with c = cos[pos, t], s = sin[pos, t], or with
+ * to (x c - y s, y c + x s) with c = cos[pos, t], s = sin[pos, t] (per-token
+ * tables: their row r), or with
  * `adjoint` (the transpose: the gradient's way back) to (x c + y s, y c - x s).
  * With `scale` (not NULL) x and y are first multiplied by *scale, in double
  * with one rounding at the end (the exact path of a scale past REAL's
  * range: the reference's order, s x then the rotation).  Dimensions past the
  * 2 rope_pairs rotated ones are copied (scaled likewise).
  */
-static void rope_rows(const posenc_problem *p, REAL *dst, const REAL *src, size_t b, size_t r0,
-                      size_t r1, int key_side, int adjoint, const double *scale)
+static void rope_rows(const posenc_problem *p, REAL *dst, const REAL *src, size_t b, size_t h,
+                      size_t r0, size_t r1, int key_side, int adjoint, const double *scale)
 {
-    const size_t d = p->d, pairs = p->rope_pairs, rows = key_side ? p->m : p->n;
-    const REAL *cos_table = (const REAL *)(key_side ? p->rope_cos_k : p->rope_cos);
-    const REAL *sin_table = (const REAL *)(key_side ? p->rope_sin_k : p->rope_sin);
-    const int64_t *positions = key_side ? p->positions_k : p->positions_q;
+    const size_t d = p->d, pairs = p->rope_pairs;
     const REAL sign = adjoint ? (REAL)-1 : (REAL)1;
     /* pair t is (x[t * step], x[t * step + other]) */
     const size_t step = p->rope_interleaved ? 2 : 1, other = p->rope_interleaved ? 1 : pairs;
     for (size_t r = r0; r < r1; ++r) {
-        const size_t pos = positions ? (size_t)positions[b * rows + r]
-                                     : key_side ? r : p->query_offset + r;
-        const REAL *c = cos_table + pos * pairs, *s = sin_table + pos * pairs;
+        const rope_row row = rope_row_at(p, b, h, r, key_side);
         const REAL *x = src + r * d;
         REAL *y = dst + r * d;
         if (scale) {
             const double f = *scale;
             for (size_t t = 0; t < pairs; ++t) {
                 const double x0 = f * (double)x[t * step], x1 = f * (double)x[t * step + other];
-                const double sn = (double)sign * (double)s[t];
-                y[t * step] = (REAL)(x0 * (double)c[t] - x1 * sn);
-                y[t * step + other] = (REAL)(x1 * (double)c[t] + x0 * sn);
+                const double c = ROPE_CD(row, t), sn = (double)sign * ROPE_SD(row, t);
+                y[t * step] = (REAL)(x0 * c - x1 * sn);
+                y[t * step + other] = (REAL)(x1 * c + x0 * sn);
             }
             for (size_t e = 2 * pairs; e < d; ++e)
                 y[e] = (REAL)(f * (double)x[e]);
             continue;
         }
-        for (size_t t = 0; t < pairs; ++t) {
-            const REAL x0 = x[t * step], x1 = x[t * step + other], sn = sign * s[t];
-            y[t * step] = x0 * c[t] - x1 * sn;
-            y[t * step + other] = x1 * c[t] + x0 * sn;
+        if (row.c) {
+            for (size_t t = 0; t < pairs; ++t) {
+                const REAL x0 = x[t * step], x1 = x[t * step + other], sn = sign * row.s[t];
+                y[t * step] = x0 * row.c[t] - x1 * sn;
+                y[t * step + other] = x1 * row.c[t] + x0 * sn;
+            }
+        } else {
+            for (size_t t = 0; t < pairs; ++t) {
+                const REAL x0 = x[t * step], x1 = x[t * step + other];
+                const REAL c = (REAL)row.cd[t], sn = sign * (REAL)row.sd[t];
+                y[t * step] = x0 * c - x1 * sn;
+                y[t * step + other] = x1 * c + x0 * sn;
+            }
         }
         if (y != x && d > 2 * pairs)
             memcpy(y + 2 * pairs, x + 2 * pairs, sizeof(REAL) * (d - 2 * pairs));
@@ -99,30 +138,68 @@ static void unit_inputs_at(const posenc_problem *p, const gemm_scratch *s, unit_
     const size_t u = b * p->H + h, n = p->n, m = p->m, d = p->d;
     const REAL *q = (const REAL *)p->q + u * n * d;
     const REAL *k = (const REAL *)p->k + posenc_kv_unit(p, u) * m * d;
-    if (!p->rope_cos) {
+    if (!posenc_rotates(p)) {
         x->q = q;
         x->k = k;
         return;
     }
-    rope_rows(p, x->q_rot, unit_rows(s, x->q_rot, q, n, d, r0, r1), b, r0, r1, 0, 0, NULL);
-    rope_rows(p, x->k_rot, unit_rows(s, x->k_rot, k, m, d, 0, m), b, 0, m, 1, 0, NULL);
+    rope_rows(p, x->q_rot, unit_rows(s, x->q_rot, q, n, d, r0, r1), b, h, r0, r1, 0, 0, NULL);
+    rope_rows(p, x->k_rot, unit_rows(s, x->k_rot, k, m, d, 0, m), b, h, 0, m, 1, 0, NULL);
     x->q = x->q_rot;
     x->k = x->k_rot;
 }
 
+/*
+ * The per-token tables' gradients of unit u's side (rope_token: grad[0] cos', grad[1]
+ * sin', either NULL) from the gradient dx of its rotated rows (before the adjoint: `f`
+ * the scale its sums still need, 1 when they have it) and the rows x as given: a pair
+ * (x0, x1) went to (x0 c - x1 s, x1 c + x0 s), so c gets g0 x0 + g1 x1 and s gets
+ * g1 x0 - g0 x1, in double, written (each row's once).
+ */
+static void rope_token_grads(const posenc_problem *p, double *const *grad, const REAL *dx,
+                             const REAL *x, size_t rows, double f)
+{
+    const size_t d = p->d, pairs = p->rope_pairs;
+    const size_t step = p->rope_interleaved ? 2 : 1, other = p->rope_interleaved ? 1 : pairs;
+    for (size_t r = 0; r < rows; ++r)
+        for (size_t t = 0; t < pairs; ++t) {
+            const double g0 = f * (double)dx[r * d + t * step];
+            const double g1 = f * (double)dx[r * d + t * step + other];
+            const double x0 = (double)x[r * d + t * step], x1 = (double)x[r * d + t * step + other];
+            if (grad[0])
+                grad[0][r * pairs + t] = g0 * x0 + g1 * x1;
+            if (grad[1])
+                grad[1][r * pairs + t] = g1 * x0 - g0 * x1;
+        }
+}
+
 /* The gradients of unit u's rotated q and k (dq, dk: NULL where not
  * wanted) taken back through the rotation, in place: the adjoint; with
- * `scale` (the exact path) the sums scaled by it first, in double. */
-static void unit_inputs_grads(const posenc_problem *p, size_t u, REAL *dq, REAL *dk,
-                              const double *scale)
+ * `scale` (the exact path) the sums scaled by it first, in double.  Per-token
+ * tables get their gradients first (g's, from dq and dk and the rows as given:
+ * widened into x's rotated rows, which the unit no longer reads). */
+static void unit_inputs_grads(const posenc_problem *p, const posenc_grads *g, const gemm_scratch *s,
+                              unit_inputs *x, size_t u, REAL *dq, REAL *dk, const double *scale)
 {
-    if (!p->rope_cos)
+    if (!posenc_rotates(p))
         return;
-    const size_t b = u / p->H;
+    const size_t b = u / p->H, h = u % p->H, n = p->n, m = p->m, d = p->d;
+    if (!p->rope_cos) {
+        double *grad[POSENC_TERM_ARRAYS_MAX];
+        terms_unit_grads(p, g, POSENC_TERM_rope_token, u, grad);
+        const double f = scale ? *scale : 1.0;
+        if (dq && (grad[ROPE_TOKEN_COS] || grad[ROPE_TOKEN_SIN]))
+            rope_token_grads(p, grad + ROPE_TOKEN_COS, dq,
+                             unit_rows(s, x->q_rot, (const REAL *)p->q + u * n * d, n, d, 0, n), n, f);
+        if (dk && (grad[ROPE_TOKEN_COS_K] || grad[ROPE_TOKEN_SIN_K]))
+            rope_token_grads(p, grad + ROPE_TOKEN_COS_K, dk,
+                             unit_rows(s, x->k_rot, (const REAL *)p->k + posenc_kv_unit(p, u) * m * d,
+                                       m, d, 0, m), m, f);
+    }
     if (dq)
-        rope_rows(p, dq, dq, b, 0, p->n, 0, 1, scale);
+        rope_rows(p, dq, dq, b, h, 0, n, 0, 1, scale);
     if (dk)
-        rope_rows(p, dk, dk, b, 0, p->m, 1, 1, scale);
+        rope_rows(p, dk, dk, b, h, 0, m, 1, 1, scale);
 }
 
 #endif /* POSENC_ENGINE_ROPE_IMPL_H */

@@ -5,7 +5,8 @@
  * a problem's present modules that the forward, the decoding path and the
  * backward call.  A kind's file (term_<name>_impl.h) defines the functions of
  * term_kind (term_unit_impl.h): term_<name>_unit, _unit_scratch, _rows,
- * _grad_rows and _grad_scratch.
+ * _grad_rows and _grad_scratch (all NULL for a kind that adds nothing: the
+ * rotation's per-token tables, read by rope_impl.h).
  */
 #ifndef POSENC_ENGINE_TERM_KINDS_IMPL_H
 #define POSENC_ENGINE_TERM_KINDS_IMPL_H
@@ -33,6 +34,22 @@ static term_unit term_unit_of(const posenc_problem *p, const posenc_kernels *ker
     return t;
 }
 
+/* Whether p has kind k and it adds (a kind with rows; rope_token rotates instead:
+ * rope_impl.h). */
+static int term_adds(const posenc_problem *p, int k)
+{
+    return posenc_term_present(p, k) && term_kinds[k].rows != NULL;
+}
+
+/* Whether p has a term module that adds to the logits. */
+static int terms_additive(const posenc_problem *p)
+{
+    for (int k = 0; k < POSENC_TERM_COUNT; ++k)
+        if (term_adds(p, k))
+            return 1;
+    return 0;
+}
+
 /* Kind k's REAL elements in a thread's unit data (aligned for the next kind's). */
 static size_t term_unit_data_size(const posenc_problem *p, int k)
 {
@@ -44,7 +61,7 @@ static size_t terms_unit_scratch(const posenc_problem *p)
 {
     size_t total = 0;
     for (int k = 0; k < POSENC_TERM_COUNT; ++k)
-        if (posenc_term_present(p, k))
+        if (term_adds(p, k))
             total += term_unit_data_size(p, k);
     return total;
 }
@@ -54,7 +71,7 @@ static void terms_unit(const posenc_problem *p, const posenc_kernels *kern, size
                        REAL *scratch)
 {
     for (int k = 0; k < POSENC_TERM_COUNT; ++k)
-        if (posenc_term_present(p, k)) {
+        if (term_adds(p, k)) {
             term_unit t = term_unit_of(p, kern, k, b, h);
             t.unit_data = scratch;
             term_kinds[k].unit(&t);
@@ -70,7 +87,7 @@ static int terms_rows(const posenc_problem *p, const posenc_kernels *kern, int o
                       size_t cols, REAL *scratch)
 {
     for (int k = 0; k < POSENC_TERM_COUNT; ++k)
-        if (posenc_term_present(p, k)) {
+        if (term_adds(p, k)) {
             term_unit t = term_unit_of(p, kern, k, b, h);
             t.unit_data = scratch;
             term_kinds[k].rows(&t, op, P, ldp, i0, rows, k0, cols);
@@ -97,7 +114,7 @@ static int terms_grads_wanted(const posenc_problem *p, const posenc_grads *g)
 {
     for (int k = 0; k < POSENC_TERM_COUNT; ++k)
         for (int a = 0; a < POSENC_TERM_ARRAYS_MAX; ++a)
-            if (posenc_term_present(p, k) && p->terms[k].array[a].data && g->terms[k][a])
+            if (term_adds(p, k) && p->terms[k].array[a].data && g->terms[k][a])
                 return 1;
     return 0;
 }
@@ -106,6 +123,8 @@ static int terms_grads_wanted(const posenc_problem *p, const posenc_grads *g)
 static void terms_grads_begin(const posenc_problem *p, const posenc_grads *g, size_t u)
 {
     for (int k = 0; k < POSENC_TERM_COUNT; ++k) {
+        if (!term_adds(p, k))
+            continue;
         double *grad[POSENC_TERM_ARRAYS_MAX];
         terms_unit_grads(p, g, k, u, grad);
         for (int a = 0; a < POSENC_TERM_ARRAYS_MAX; ++a)
@@ -119,7 +138,7 @@ static size_t terms_grad_scratch(const posenc_problem *p)
 {
     size_t most = 0;
     for (int k = 0; k < POSENC_TERM_COUNT; ++k)
-        if (posenc_term_present(p, k))
+        if (term_adds(p, k))
             most = posenc_max(most, term_kinds[k].grad_scratch(p));
     return most;
 }
@@ -131,6 +150,8 @@ static void terms_grad_rows(const posenc_problem *p, const posenc_kernels *kern,
                             size_t rows, size_t first, size_t cols, double *scratch)
 {
     for (int k = 0; k < POSENC_TERM_COUNT; ++k) {
+        if (!term_adds(p, k))
+            continue;
         double *grad[POSENC_TERM_ARRAYS_MAX];
         terms_unit_grads(p, g, k, u, grad);
         int wanted = 0;

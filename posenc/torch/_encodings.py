@@ -41,6 +41,9 @@ class PositionalEncoding(nn.Module):
     """
 
     method = ""         # the posenc method whose logits it computes
+    # another form of its method's encoding (MRoPE of rope): not the one
+    # posenc.torch.nn.build_encoding (and the HF swap) builds for the method
+    variant = False
     # whether the method's paper shares one encoding across a model's layers
     # (posenc.torch.hf.swap_positional_encoding's default)
     shared_across_layers = False

@@ -91,10 +91,10 @@ class _FusedAttention(torch.autograd.Function):
         position.update(v=3, sinks=4)
         saved = dict(zip(names, tensors), v=v, sinks=sinks)
         wanted = 0
-        constant = REGISTRY[ctx.method].constant       # no gradient: RoPE's tables
+        spec = REGISTRY[ctx.method]      # no gradient: RoPE's (P, r) tables
         for bit, name in enumerate(fields):
             if (ctx.needs_input_grad[position[name]] and saved[name] is not None
-                    and name not in constant):
+                    and spec.trainable(name, saved[name])):
                 wanted |= 1 << bit
         result = [None] * (5 + len(tensors))
         if not wanted:
@@ -251,7 +251,7 @@ def _define(method: str):
         needs = 0
         for bit, name in enumerate(fields):
             if ctx.needs_input_grad[position[name]] and saved[name] is not None and \
-                    name not in REGISTRY[method].constant:
+                    REGISTRY[method].trainable(name, saved[name]):
                 needs |= 1 << bit
         result = [None] * (1 + count + len(ctx.rest))
         if needs:

@@ -45,9 +45,6 @@ def _grad_positions(method: str) -> tuple:
 
 
 GRAD_POSITIONS = {method: _grad_positions(method) for method in REGISTRY}
-# Per gradient field, whether it has a gradient (not a constant: RoPE's tables).
-TRAINABLE = {method: tuple(field not in REGISTRY[method].constant for field in GRAD_FIELDS[method])
-             for method in REGISTRY}
 
 
 def _problem(method: str, tensors, params) -> _checks.Problem:
@@ -81,8 +78,10 @@ class _Logits(torch.autograd.Function):
         saved = ctx.saved_tensors
         positions = GRAD_POSITIONS[ctx.method]
         fields = 0
-        for bit, (position, trainable) in enumerate(zip(positions, TRAINABLE[ctx.method])):
-            if trainable and ctx.needs_input_grad[2 + position] and saved[position] is not None:
+        spec = REGISTRY[ctx.method]
+        for bit, (position, name) in enumerate(zip(positions, GRAD_FIELDS[ctx.method])):
+            if ctx.needs_input_grad[2 + position] and saved[position] is not None and \
+                    spec.trainable(name, saved[position]):
                 fields |= 1 << bit
         if not fields:
             return (None, None) + (None,) * len(saved)
@@ -180,8 +179,9 @@ def _define(method: str):
     def gradients(ctx, grad):
         saved = ctx.saved_tensors
         needs = 0
-        for bit, (position, trainable) in enumerate(zip(positions, TRAINABLE[method])):
-            if trainable and ctx.needs_input_grad[position] and saved[position] is not None:
+        for bit, (position, name) in enumerate(zip(positions, fields)):
+            if ctx.needs_input_grad[position] and saved[position] is not None and \
+                    REGISTRY[method].trainable(name, saved[position]):
                 needs |= 1 << bit
         result = [None] * (len(names) + len(PARAMS[method]))
         if needs:
@@ -213,4 +213,4 @@ def run(method: str, tensors: tuple, params: tuple):
     return _Logits.apply(method, params, *tensors)
 
 
-__all__ = ["BACKWARD", "FORWARD", "PARAMS", "TRAINABLE", "run", "tensor_names"]
+__all__ = ["BACKWARD", "FORWARD", "PARAMS", "run", "tensor_names"]

@@ -301,7 +301,7 @@ def _rotate(x, cos, sin, positions, interleaved: bool):
     half split, rotate_half; GPT-J's for interleaved pairs), rows `positions` ((B, L)
     or (L,)) of the (P, r) tables; dimensions past 2r (partial rotary) pass."""
     r = cos.shape[-1]
-    c, s = cos[positions], sin[positions]
+    c, s = (cos, sin) if positions is None else (cos[positions], sin[positions])
     if c.dim() == 3:                              # per batch row: (B, 1, L, r)
         c, s = c.unsqueeze(1), s.unsqueeze(1)
     if interleaved:
@@ -315,9 +315,16 @@ def _rotate(x, cos, sin, positions, interleaved: bool):
 
 def rope(q, k, cos, sin, *, cos_k=None, sin_k=None, interleaved=False, positions_q=None,
          positions_k=None, scale=None, query_offset=0):
+    if cos.dim() == 4 and cos_k is not None and sin_k is not None:
+        # per-token tables (SPEC 3.16): the keys' follow k, repeated per query head
+        cos_k, sin_k = per_query_head(cos_k, q.shape[1]), per_query_head(sin_k, q.shape[1])
     _check("rope", {"q": q, "k": k, "cos": cos, "sin": sin, "cos_k": cos_k, "sin_k": sin_k,
                     "positions_q": positions_q, "positions_k": positions_k},
            {"interleaved": interleaved, "scale": scale, "query_offset": query_offset})
+    if cos.dim() == 4:       # each row its own (HF's position_embeddings, M-RoPE, 2-D RoPE)
+        q = _rotate(q, cos, sin, None, interleaved)
+        k = _rotate(k, cos_k, sin_k, None, interleaved)
+        return _content(q, k, _scale(scale, q.shape[-1]))
     if positions_q is None:
         positions_q = torch.arange(q.shape[-2], device=q.device) + query_offset
     if positions_k is None:

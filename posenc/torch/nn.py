@@ -39,6 +39,7 @@ from ._encodings import (
 
 __all__ = [
     "ALiBi",
+    "AxialRoPE2D",
     "TUPE",
     "Content",
     "DIETAbs",
@@ -49,12 +50,14 @@ __all__ = [
     "ForgetGates",
     "KERPLE",
     "M2Relative",
+    "MRoPE",
     "M4MRelative",
     "M4Relative",
     "PositionalEncoding",
     "PositionalSelfAttention",
     "RelativeBias",
     "RelativeBias2D",
+    "RoPEMixed",
     "RotaryEmbedding",
     "SegmentAttention",
     "ShawRelative",
@@ -647,7 +650,7 @@ class RelativeBias2D(PositionalEncoding):
         if self.grid is None:
             coords = torch.stack([torch.zeros_like(positions), positions], -1)
         else:
-            coords = torch.stack([positions // self.grid[1], positions % self.grid[1]], -1)
+            coords = torch.stack(_raster(positions, self.grid[1]), -1).long()
         return torch.where((positions < 0)[:, None], -1, coords)
 
     def arguments(self, q, k, *, state=None, segment_q=None, segment_k=None, query_offset=0):
@@ -830,10 +833,188 @@ class RotaryEmbedding(PositionalEncoding):
                             query_offset=query_offset)
 
 
+class _TokenRotary(PositionalEncoding):
+    """Base of the rotary encodings whose angles a model computes per token (spec
+    §3.16): ``angles(positions, state)`` gives the ``(B|1, H|1, L, r)`` angles of
+    sequence positions ``positions`` (L,), and the rotation runs on the per-token
+    tables ``cos``, ``sin`` of them (queries at ``query_offset + i``, keys at ``j``)
+    in the fused kernels, their gradients flowing back into whatever computed the
+    angles (RoPE-Mixed's frequencies).  A variant of ``rope``: `build_encoding`
+    and the HF swap take `RotaryEmbedding` for that method."""
+
+    method = "rope"
+    variant = True
+    interleaved = False
+
+    def __init__(self, num_heads: int, head_dim: int, *, scale: float | None = None):
+        super().__init__(num_heads)
+        if head_dim < 2:
+            raise ValueError(f"head_dim must be >= 2 to rotate a pair, got {head_dim}")
+        self.head_dim, self.scale = head_dim, scale
+
+    def angles(self, positions: torch.Tensor, state=None) -> torch.Tensor:
+        raise NotImplementedError
+
+    def tables(self, positions: torch.Tensor, state=None, dtype=None) -> tuple:
+        """(cos, sin) of the angles, (B|1, H|1, L, r), in `dtype`."""
+        angles = self.angles(positions, state)
+        return angles.cos().to(dtype or angles.dtype), angles.sin().to(dtype or angles.dtype)
+
+    def arguments(self, q, k, *, state=None, segment_q=None, segment_k=None, query_offset=0):
+        rows = torch.arange(q.shape[-2], device=q.device) + int(query_offset)
+        cos, sin = self.tables(rows, state, q.dtype)
+        cos_k, sin_k = self.tables(torch.arange(k.shape[-2], device=q.device), state, q.dtype)
+        return "rope", dict(cos=cos, sin=sin, cos_k=cos_k, sin_k=sin_k,
+                            interleaved=self.interleaved, scale=self.scale,
+                            query_offset=query_offset)
+
+
+def _raster(positions: torch.Tensor, cols: int) -> tuple:
+    """(row, col) float64 of positions on a raster of `cols` columns (by floor of a
+    float division: torch.compile's inductor miscompiles an integer arange's // and %)."""
+    t = positions.to(torch.float64)
+    row = torch.floor(t / cols)
+    return row, t - cols * row
+
+
+def _inverse_frequencies(dim: int, base: float, step: int = 2, device=None) -> torch.Tensor:
+    """1 / base^(t / dim), t = 0, step, ... < dim, in float32 as HF computes them."""
+    return 1.0 / (base ** (torch.arange(0, dim, step, dtype=torch.float, device=device) / dim))
+
+
+class MRoPE(_TokenRotary):
+    """Multimodal rotary position embedding: Qwen2-VL's M-RoPE (Wang et al. 2024, §2.1)
+    and Qwen3-VL's interleaved layout.  Each token has three positions (temporal,
+    height, width: ``state = position_ids (3, B, m)`` over the keys, the queries
+    reading theirs at ``query_offset + i``; without it, text, the three are the
+    sequence position and this is RoPE).  The ``head_dim / 2`` pairs are split by
+    ``mrope_section``: consecutive sections of the three axes (Qwen2-VL), or with
+    ``interleaved_sections`` pair t on axis t mod 3 within the sections' reach
+    (Qwen3-VL).  The angles are HF's (``position * inv_freq`` in float32, times
+    ``attention_scaling``); half-split pairs."""
+
+    def __init__(self, num_heads: int, head_dim: int, mrope_section=(16, 24, 24), *,
+                 interleaved_sections: bool = False, rope_theta: float = 10000.0,
+                 attention_scaling: float = 1.0, scale: float | None = None):
+        super().__init__(num_heads, head_dim, scale=scale)
+        self.mrope_section = tuple(int(x) for x in mrope_section)
+        pairs = head_dim // 2
+        if len(self.mrope_section) != 3 or sum(self.mrope_section) != pairs:
+            raise ValueError(f"mrope_section must be three sections of the head_dim / 2 = "
+                             f"{pairs} pairs, got {mrope_section}")
+        self.interleaved_sections, self.rope_theta = interleaved_sections, rope_theta
+        self.attention_scaling = attention_scaling
+        axis = torch.zeros(pairs, dtype=torch.long)
+        if interleaved_sections:           # Qwen3-VL: T H W T H W ..., then T
+            for a in (1, 2):
+                axis[a:3 * self.mrope_section[a]:3] = a
+        else:                              # Qwen2-VL: T..T H..H W..W
+            axis[self.mrope_section[0]:] = 1
+            axis[self.mrope_section[0] + self.mrope_section[1]:] = 2
+        self.register_buffer("axis_of_pair", axis, persistent=False)
+        self.register_buffer("inv_freq", _inverse_frequencies(head_dim, rope_theta),
+                             persistent=False)
+
+    def angles(self, positions, state=None):
+        if state is None:                  # text: every axis the sequence position
+            ids = positions[None, None, :].expand(3, 1, -1)
+        else:
+            ids = state[..., positions]                       # (3, B, L)
+        freqs = ids[..., None].float() * self.inv_freq.to(ids.device)   # (3, B, L, r)
+        index = self.axis_of_pair.to(ids.device)[None, None, None, :].expand(1, *freqs.shape[1:])
+        return torch.gather(freqs, 0, index)[0][:, None]      # (B, 1, L, r)
+
+    def tables(self, positions, state=None, dtype=None):
+        angles = self.angles(positions, state)
+        cos, sin = angles.cos() * self.attention_scaling, angles.sin() * self.attention_scaling
+        return cos.to(dtype or cos.dtype), sin.to(dtype or sin.dtype)
+
+
+class AxialRoPE2D(_TokenRotary):
+    """2-D axial rotary embedding of a patch grid ``grid = (rows, cols)`` (tokens in
+    raster order after ``prefix_tokens`` unrotated ones: [CLS], registers): half the
+    pairs rotate by the patch's row, half by its column.  ``style="pixtral"``
+    (Pixtral, HF PixtralVisionRotaryEmbedding): integer (row, col), the pairs of
+    1/θ^(2t/d) split even/odd between the axes; ``style="dinov3"`` (DINOv3, HF
+    DINOv3ViTRopePositionEmbedding): patch centres in [-1, 1], angles 2π c·f with
+    f = 1/θ^(4t/d).  Half-split pairs."""
+
+    def __init__(self, num_heads: int, head_dim: int, grid, *, style: str = "pixtral",
+                 rope_theta: float | None = None, prefix_tokens: int = 0,
+                 scale: float | None = None):
+        super().__init__(num_heads, head_dim, scale=scale)
+        if style not in ("pixtral", "dinov3"):
+            raise ValueError(f"style must be 'pixtral' or 'dinov3', got {style!r}")
+        if head_dim % 4:
+            raise ValueError(f"head_dim must be a multiple of 4 (two axes of pairs), got {head_dim}")
+        self.grid, self.style, self.prefix_tokens = tuple(int(g) for g in grid), style, prefix_tokens
+        self.rope_theta = rope_theta if rope_theta is not None else (
+            10000.0 if style == "pixtral" else 100.0)
+        if style == "pixtral":
+            inv = _inverse_frequencies(head_dim, self.rope_theta)
+            freqs = torch.cat([inv[0::2], inv[1::2]])
+        else:
+            freqs = 1 / self.rope_theta ** torch.arange(0, 1, 4 / head_dim, dtype=torch.float32)
+        self.register_buffer("freqs", freqs, persistent=False)
+
+    def coordinates(self, positions) -> torch.Tensor:
+        """(L, 2) float32 (row, col) of positions (prefix tokens: 0, unrotated)."""
+        rows, cols = self.grid
+        yx = torch.stack(_raster((positions - self.prefix_tokens).clamp(min=0), cols), -1).float()
+        if self.style == "dinov3":
+            yx = 2.0 * (yx + 0.5) / torch.tensor([rows, cols], dtype=torch.float32,
+                                                 device=yx.device) - 1.0
+        return yx
+
+    def angles(self, positions, state=None):
+        yx = self.coordinates(positions)
+        freqs = self.freqs.to(yx.device)
+        if self.style == "pixtral":
+            half = len(freqs) // 2
+            angles = torch.cat([yx[:, :1] * freqs[:half], yx[:, 1:] * freqs[half:]], -1)
+        else:
+            angles = (2 * math.pi * yx[:, :, None] * freqs).flatten(1, 2)
+        angles = torch.where((positions < self.prefix_tokens)[:, None], 0.0, angles)
+        return angles[None, None]                              # (1, 1, L, r)
+
+
+class RoPEMixed(_TokenRotary):
+    """RoPE-Mixed: Heo et al. 2024, *Rotary Position Embedding for Vision
+    Transformer* (eq. (11)): learnable frequencies per head mixing both axes, the
+    angle of pair t of head h at patch (x, y) ``x·ω_x[h, t] + y·ω_y[h, t]``;
+    ``freqs (2, H, head_dim / 2)`` initialised as the authors do (magnitudes
+    1/θ^(4t/d), θ = 10, at a random direction per head and its perpendicular),
+    trained through the per-token tables' gradient of the fused kernels.  Tokens
+    on ``grid = (rows, cols)`` after ``prefix_tokens`` unrotated ones; interleaved
+    pairs (the authors' complex rotation)."""
+
+    interleaved = True
+
+    def __init__(self, num_heads: int, head_dim: int, grid, *, rope_theta: float = 10.0,
+                 prefix_tokens: int = 0, scale: float | None = None):
+        super().__init__(num_heads, head_dim, scale=scale)
+        if head_dim % 4:
+            raise ValueError(f"head_dim must be a multiple of 4, got {head_dim}")
+        self.grid, self.prefix_tokens = tuple(int(g) for g in grid), prefix_tokens
+        magnitude = 1 / rope_theta ** (torch.arange(0, head_dim, 4)[:head_dim // 4].float() / head_dim)
+        phase = torch.rand(num_heads, 1) * 2 * math.pi
+        fx = torch.cat([magnitude * torch.cos(phase), magnitude * torch.cos(math.pi / 2 + phase)], -1)
+        fy = torch.cat([magnitude * torch.sin(phase), magnitude * torch.sin(math.pi / 2 + phase)], -1)
+        self.freqs = nn.Parameter(torch.stack([fx, fy]))       # (2, H, d / 2)
+
+    def angles(self, positions, state=None):
+        y, x = (c.to(self.freqs.dtype) for c in
+                _raster((positions - self.prefix_tokens).clamp(min=0), self.grid[1]))
+        angles = x[None, :, None] * self.freqs[0][:, None] + y[None, :, None] * self.freqs[1][:, None]
+        angles = torch.where((positions < self.prefix_tokens)[None, :, None], 0.0, angles)
+        return angles[None]                                    # (1, H, L, r)
+
+
 def encoding_classes() -> dict:
     """method -> its encoding class of this module (the class's `method`)."""
     return {cls.method: cls for cls in globals().values()
-            if isinstance(cls, type) and issubclass(cls, PositionalEncoding) and cls.method}
+            if isinstance(cls, type) and issubclass(cls, PositionalEncoding) and cls.method
+            and not cls.variant}
 
 
 def build_encoding(method: str, context: dict, params: dict | None = None) -> PositionalEncoding:
