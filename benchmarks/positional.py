@@ -13,8 +13,10 @@ machine hits all of a comparison's calls alike), float32 and bfloat16:
   ALiBi's slopes, KERPLE's r1 and r2, relative_bias's table, FoX's gates (both
   directions: the attention is not causal); RoPE's tables are constants) of
   content, rope, alibi, kerple, relative_bias, fox: each ÷ content's;
+* rope with per-token tables (spec §3.16: one (1, H, n, r) table per head requiring
+  grad, as RoPE-Mixed's learned frequencies give them), "rope/token", ÷ content's;
 * rope against HuggingFace's path: transformers' Llama apply_rotary_pos_emb on
-  q and k, then torch SDPA;
+  q and k, then torch SDPA; the same with the per-token tables (requiring grad);
 * alibi, kerple and fox with learnable parameters against torch SDPA with the bias
   materialised from them (torch-native, requiring grad: SDPA's math kernel; for
   fox the differences of the gates' prefix sums, as x-transformers'
@@ -76,11 +78,31 @@ def _fused(torch, method, args, kwargs, v):
                                                      **kwargs).out
 
 
+TOKEN = "rope/token"      # rope with per-token tables
+
+
+def _token_inputs(torch, rope_inputs):
+    """rope's call with per-token tables: the (P, r) tables' rows per head (1, H, n, r),
+    requiring grad (learned angles), the keys' the same rows."""
+    args, kwargs, v, d_out = rope_inputs
+    q, k, cos, sin = args
+    H, n = q.shape[1], q.shape[2]
+    per_token = lambda t: t.detach()[:n][None, None].expand(1, H, n, -1).contiguous()
+    tables = [per_token(t).requires_grad_() for t in (cos, sin, cos, sin)]
+    return [q, k, tables[0], tables[1]], dict(kwargs, cos_k=tables[2], sin_k=tables[3]), v, d_out
+
+
 def _hf_rope(torch, args, v):
     """HF Llama's rotation (apply_rotary_pos_emb with the full-width cos, sin) + SDPA."""
     from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
     q, k, cos, sin = args
+    if cos.dim() == 4:     # per-token tables (requiring grad): concatenated inside the call
+        def call():
+            cos_full, sin_full = (torch.cat([t, t], dim=-1)[0] for t in (cos, sin))  # (H, n, 2r)
+            q_rot, k_rot = apply_rotary_pos_emb(q, k, cos_full, sin_full, unsqueeze_dim=0)
+            return torch.nn.functional.scaled_dot_product_attention(q_rot, k_rot, v)
+        return call
     cos_full, sin_full = (torch.cat([t, t], dim=-1)[:q.shape[2]][None] for t in (cos, sin))
 
     def call():
@@ -129,20 +151,22 @@ def run(args) -> dict:
     for name in DTYPES:
         dtype = getattr(torch, name)
         inputs = {m: _inputs(torch, m, shape, dtype) for m in METHODS}
+        inputs[TOKEN] = _token_inputs(torch, inputs["rope"])
         d_out = inputs["content"][3]
-        calls = {m: _fused(torch, m, *inputs[m][:3]) for m in METHODS}
+        calls = {m: _fused(torch, m.split("/")[0], *inputs[m][:3]) for m in inputs}
         results["fused"][name] = _turns(torch, calls, d_out, repeats, max_seconds)
         print(f"{name} fused fwd / fwd+bwd ms: " + ", ".join(
             f"{m} {results['fused'][name]['fwd'][m]['median_ms']:.1f}/"
-            f"{results['fused'][name]['fwd+bwd'][m]['median_ms']:.1f}" for m in METHODS),
+            f"{results['fused'][name]['fwd+bwd'][m]['median_ms']:.1f}" for m in calls),
             flush=True)
-        try:
-            hf = _hf_rope(torch, inputs["rope"][0], inputs["rope"][2])
-        except ImportError as error:
-            results["hf_rope"][name] = {"error": str(error)}
-        else:
-            results["hf_rope"][name] = _turns(torch, {"posenc": calls["rope"], "hf+sdpa": hf},
-                                              d_out, repeats, max_seconds)
+        for label in ("rope", TOKEN):
+            try:
+                hf = _hf_rope(torch, inputs[label][0], inputs[label][2])
+            except ImportError as error:
+                results["hf_rope"][f"{name} {label}"] = {"error": str(error)}
+            else:
+                results["hf_rope"][f"{name} {label}"] = _turns(
+                    torch, {"posenc": calls[label], "hf+sdpa": hf}, d_out, repeats, max_seconds)
         for method in BIASED:
             args_, kwargs_, v, _ = inputs[method]
             results["sdpa_bias"].setdefault(name, {})[method] = _turns(
@@ -209,11 +233,12 @@ def markdown(results: dict) -> str:
     lines += ["## rope against HuggingFace's rotation + torch SDPA", "",
               "| dtype | direction | posenc rope ms | % peak | HF apply_rotary_pos_emb + SDPA ms | "
               "speed-up |", "|---|---|---|---|---|---|"]
-    for dtype, turns in results["hf_rope"].items():
+    for case, turns in results["hf_rope"].items():
+        dtype = case.split()[0]
         if "error" in turns:
             lines.append(f"| {dtype} | — | {turns['error']} | | | |")
             continue
-        lines += [_versus(results, [dtype], dtype, direction, r, "hf+sdpa")
+        lines += [_versus(results, [case], dtype, direction, r, "hf+sdpa")
                   for direction, r in turns.items()]
     lines += ["", "Target: faster forward+backward than HF's path.", "",
               "## alibi, kerple, fox with learnable parameters against SDPA with the bias "

@@ -251,8 +251,10 @@ def test_positional_benchmark_runs(tmp_path):
     data = json.loads(json_file.read_text())
     for dtype in positional.DTYPES:
         for direction in ("fwd", "fwd+bwd"):
-            assert set(data["fused"][dtype][direction]) == set(positional.METHODS)
-            assert data["hf_rope"][dtype][direction]["hf+sdpa"]["median_ms"] > 0
+            assert set(data["fused"][dtype][direction]) == set(positional.METHODS) | {
+                positional.TOKEN}
+            for label in ("rope", positional.TOKEN):
+                assert data["hf_rope"][f"{dtype} {label}"][direction]["hf+sdpa"]["median_ms"] > 0
             for method in ("alibi", "kerple"):
                 assert data["sdpa_bias"][dtype][method][direction]["sdpa+bias"]["median_ms"] > 0
     assert all("peak_bytes" in entry for entry in data["memory"].values())
