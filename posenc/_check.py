@@ -168,13 +168,25 @@ def overflow_allowed(got: np.ndarray, ref: np.ndarray, bound32: np.ndarray, dtyp
             (np.abs(ref) + bound32 >= _dtypes.FLOAT16_OVERFLOW))
 
 
+# Forms of a method the check runs beside the methods: name -> (method, make_inputs options)
+FORMS = {"rope/token": ("rope", dict(rope_per_token=True))}     # per-token tables (spec §3.16)
+CASES = METHODS + tuple(FORMS)
+
+
+def _case(name: str) -> tuple:
+    """(method, make_inputs options) of a method or a form."""
+    return FORMS.get(name, (name, {}))
+
+
 def check_one(method: str, dtype, *, B=2, H=3, n=33, m=17, d=16, shared=False, seed=0):
-    """Forward and backward of the active ISA against the reference, for one configuration."""
+    """Forward and backward of the active ISA against the reference, for one configuration
+    (`method`: a method, or a form of FORMS)."""
     import posenc
 
+    method, form = _case(method)
     rng = np.random.default_rng(seed)
     m = key_count(method, n, m)         # fox: every query among the keys
-    args, kwargs = make_inputs(method, B, H, n, m, d, dtype=dtype, rng=rng, shared=shared)
+    args, kwargs = make_inputs(method, B, H, n, m, d, dtype=dtype, rng=rng, shared=shared, **form)
     G = rng.standard_normal((B, H, n, m)).astype(dtype)
     args64, kwargs64 = _as64(method, args, kwargs)
     G64 = G.astype(np.float64)
@@ -210,13 +222,13 @@ ATTENTION_OPTIONS = dict(causal=True, query_offset=3, dropout_p=0.1, seed=5, win
                          softcap=8.0)
 
 
-def _attention_inputs(method, dtype, rng, B, H, n, m, d, shared):
+def _attention_inputs(method, dtype, rng, B, H, n, m, d, shared, form=None):
     """(args, kwargs, v, options): one key/value head for the H query heads
     (multi-query), dv != d, ATTENTION_OPTIONS with key padding (a fully masked batch
     row), two documents (keys from m // 2 on, and the queries at those positions) and
     a sink per head."""
     args, kwargs = make_inputs(method, B, H, n, m, d, dtype=dtype, rng=rng, shared=shared,
-                               kv_heads=1)
+                               kv_heads=1, **(form or {}))
     v = rng.standard_normal((B, 1, m, d + 3)).astype(dtype)        # dv != d
     mask = np.zeros((B, m), dtype=bool)
     mask[-1, m // 2:] = True                                        # padding
@@ -320,9 +332,10 @@ def check_attention_one(method: str, dtype, *, B=2, H=3, n=33, m=17, d=16, share
     of the active ISA against the reference."""
     import posenc
 
+    method, form = _case(method)
     rng = np.random.default_rng(seed)
     m = key_count(method, n, m, ATTENTION_OPTIONS["query_offset"])
-    args, kwargs, v, options = _attention_inputs(method, dtype, rng, B, H, n, m, d, shared)
+    args, kwargs, v, options = _attention_inputs(method, dtype, rng, B, H, n, m, d, shared, form)
     d_out = rng.standard_normal((B, H, n, v.shape[-1])).astype(dtype)
     args64, kwargs64 = _as64(method, args, kwargs)
     v64, d_out64 = v.astype(np.float64), d_out.astype(np.float64)
@@ -361,7 +374,7 @@ OPS = ("logits", "attention")
 DTYPES = tuple(dtype.name for dtype in _dtypes.FLOAT_DTYPES)   # bfloat16 with ml_dtypes
 
 
-def run_check(methods=METHODS, isas=None, dtypes=DTYPES, progress=None, ops=OPS,
+def run_check(methods=CASES, isas=None, dtypes=DTYPES, progress=None, ops=OPS,
               **shape) -> list:
     """A CheckRow per method x op x ISA x dtype; `progress(row)` after each, when given."""
     isas = list(isas) if isas else list(_C.capabilities())

@@ -183,7 +183,7 @@ class CheckResult:
         from ._registry import REGISTRY
 
         s = self.shape
-        among = [m for m in self.methods if REGISTRY[m].queries_among_keys]
+        among = [m for m in self.methods if m in REGISTRY and REGISTRY[m].queries_among_keys]
         keys = (f"; {', '.join(among)}: m at least query_offset + n, every query among the keys"
                 if among else "")
         return (f"posenc {posenc.__version__} check: every method x ISA x dtype, logits and "
@@ -193,8 +193,13 @@ class CheckResult:
 
     @property
     def summary(self) -> str:
+        from ._check import FORMS
+
+        forms = sum(name in FORMS for name in self.methods)
+        counted = f"{len(self.methods) - forms} methods" + (f" + {forms} form" + "s" * (forms > 1)
+                                                           if forms else "")
         return (f"{len(self.rows) - len(self.failed)} passed, {len(self.failed)} failed "
-                f"({len(self.methods)} methods x {len(self.isas)} ISAs x {len(self.dtypes)} "
+                f"({counted} x {len(self.isas)} ISAs x {len(self.dtypes)} "
                 f"dtypes x logits and fused attention, forward and backward) in "
                 f"{self.seconds:.1f} s" + "".join(f"; skipped: {why}" for why in self.skipped))
 
@@ -232,12 +237,12 @@ def check(methods=None, isas=None, *, dtypes=None, B: int = 2, H: int = 3,
     import posenc
     from posenc import _check, _dtypes
 
-    methods = [methods] if isinstance(methods, str) else list(methods or posenc.METHODS)
+    methods = [methods] if isinstance(methods, str) else list(methods or _check.CASES)
     isas = [isas] if isinstance(isas, str) else list(isas or posenc.capabilities())
-    unknown = [name for name in methods if name not in posenc.METHODS]
+    unknown = [name for name in methods if name not in _check.CASES]
     if unknown:
         raise ValueError(f"unknown method(s) {', '.join(unknown)}; choose from "
-                         f"{', '.join(posenc.METHODS)}")
+                         f"{', '.join(_check.CASES)}")
     for isa in isas:
         if isa not in posenc.capabilities():
             raise ValueError(f"ISA {isa!r} is not available here; available: "

@@ -17,7 +17,8 @@ def make_inputs(method: str, B: int, H: int, n: int, m: int, d: int, *, dtype=np
                 rng=None, shared: bool = False, max_distance: int = 4, segments: int = 3,
                 theta: bool = True, bias: bool = True, d_p: int | None = None,
                 log_buckets: bool = True, num_buckets: int = 16, t5_max_distance: int = 40,
-                att_span: int = 8, rotary_dim: int | None = None, kv_heads: int | None = None):
+                att_span: int = 8, rotary_dim: int | None = None, kv_heads: int | None = None,
+                rope_per_token: bool = False):
     """(args, kwargs) for posenc.<method>(*args, **kwargs).
 
     Tensors before the signature's `*` are positional, those after it (optional ones,
@@ -29,6 +30,8 @@ def make_inputs(method: str, B: int, H: int, n: int, m: int, d: int, *, dtype=np
     and `rotary_dim` rotated dimensions, d by default).  The optional terms
     (TUPE's bias and theta, DIET's segments) are given unless turned off.
     Dense factors have rank d_p (default d, or d // 2 when unscaled: DIET-ABS).
+    rope_per_token=True gives rope per-token tables (spec §3.16): the queries'
+    (1, H|1, n, r), the keys' (B, 1, m, r).
     kv_heads gives k that many heads (a divisor of H: grouped-query attention).
     """
     if method not in REGISTRY:
@@ -38,6 +41,7 @@ def make_inputs(method: str, B: int, H: int, n: int, m: int, d: int, *, dtype=np
     options = dict(max_distance=max_distance, segments=segments, d_p=d_p,
                    log_buckets=log_buckets, num_buckets=num_buckets,
                    t5_max_distance=t5_max_distance, att_span=att_span, rotary_dim=rotary_dim,
+                   rope_per_token=rope_per_token,
                    wanted={"bias": bias, "theta": theta, "segment_table": bool(segments)})
     kw: dict = {}
     rows = None

@@ -885,6 +885,11 @@ class Rotary(Term):
         pairs = ctx.options["rotary_dim"] // 2 if ctx.options["rotary_dim"] else ctx.d // 2
         cos, sin = rope_tables(positions, 2 * pairs, dtype=np.float64) if pairs else (
             np.ones((positions, 0)), np.zeros((positions, 0)))
+        if ctx.options["rope_per_token"]:    # spec §3.16: rows of their own
+            queries = np.arange(ctx.heads * ctx.n).reshape(1, ctx.heads, ctx.n) % positions
+            keys = (np.arange(ctx.m)[None, None] + 3 * np.arange(ctx.B)[:, None, None]) % positions
+            return {"cos": cos[queries].astype(ctx.dtype), "sin": sin[queries].astype(ctx.dtype),
+                    "cos_k": cos[keys].astype(ctx.dtype), "sin_k": sin[keys].astype(ctx.dtype)}
         return {"cos": cos.astype(ctx.dtype), "sin": sin.astype(ctx.dtype)}
 
     def picture(self, ctx, spec, params):
@@ -930,7 +935,28 @@ class Rotary(Term):
                 values[name] = np.full_like(values[name], name.startswith("cos"))
 
     def grad_magnitudes(self, p, grads):
-        """dq and dk taken back through the rotation's transpose, in absolute values."""
+        """dq and dk taken back through the rotation's transpose, in absolute values;
+        per-token tables' from them before (the rotated rows' gradient G: c gets
+        G_a |x_a| + G_b |x_b|, and so does s), reduced as each table broadcasts."""
+        if self.per_token(p.arrays):
+            pairs = p.arrays["cos"].shape[-1]
+            first = np.arange(pairs) * 2 if p.params["interleaved"] else np.arange(pairs)
+            second = first + 1 if p.params["interleaved"] else first + pairs
+            for side, suffix in (("q", ""), ("k", "_k")):
+                if grads.get(side) is None:
+                    continue
+                x = np.abs(np.asarray(p.arrays[side], dtype=np.float64))
+                g = grads[side]
+                bound = g[..., first] * x[..., first] + g[..., second] * x[..., second]
+                for name in ("cos" + suffix, "sin" + suffix):
+                    if grads.get(name) is None:
+                        continue
+                    table, b = p.arrays[name], bound
+                    if table.shape[0] == 1:
+                        b = b.sum(axis=0, keepdims=True)
+                    if table.shape[1] == 1:
+                        b = b.sum(axis=1, keepdims=True)
+                    grads[name] = b
         for side in ("q", "k"):
             if grads.get(side) is not None:
                 grads[side] = self._absolute_rotation(p, side, grads[side])
