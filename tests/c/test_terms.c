@@ -8,7 +8,10 @@
  * relative bias (csrc/engine/term_relative_bias_2d_impl.h) the same way from
  * docs/spec.md §3.19: rasters whose rows clip, a global token, keys out of
  * order, a table shared by the heads and coordinates by the batch; the
- * validation of coordinates and table lengths.
+ * validation of coordinates and table lengths.  The rotation's per-token tables
+ * (csrc/engine/term_rope_token_impl.h, read by rope_impl.h) from docs/spec.md
+ * §3.16: logits, dq, dk (grouped-query heads) and the four tables' gradients
+ * against naive loops, every ISA, threads, and their validation.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -483,6 +486,211 @@ static void rb2d_validation(void)
     rb2d_release(&r);
 }
 
+/* ------------------------------------------------------------ rope_token */
+
+/* Per-token tables: the queries' (B, H, n, pairs) and the keys' per query head (B, H, m,
+ * pairs, a key head's repeated for its group), cos then sin, as the binding passes them. */
+typedef struct {
+    size_t B, H, H_kv, n, m, d, pairs;
+    double *q, *k, *G, *table[4];
+    float *q32, *k32, *G32;
+    posenc_problem p;
+} token_data;
+
+static void token_build(token_data *t, size_t B, size_t H, size_t H_kv, size_t n, size_t m,
+                        size_t d, size_t pairs)
+{
+    memset(t, 0, sizeof *t);
+    t->B = B, t->H = H, t->H_kv = H_kv, t->n = n, t->m = m, t->d = d, t->pairs = pairs;
+    t->q = doubles(B * H * n * d), t->k = doubles(B * H_kv * m * d), t->G = doubles(B * H * n * m);
+    for (int a = 0; a < 4; ++a) {
+        const size_t rows = a < 2 ? n : m;
+        t->table[a] = doubles(B * H * rows * pairs);
+        if (a >= 2)   /* a key head's rows, the same for the query heads of its group */
+            for (size_t b = 0; b < B; ++b)
+                for (size_t h = 0; h < H; ++h)
+                    memcpy(t->table[a] + (b * H + h) * rows * pairs,
+                           t->table[a] + (b * H + h - h % (H / H_kv)) * rows * pairs,
+                           sizeof(double) * rows * pairs);
+    }
+    t->q32 = floats(t->q, B * H * n * d), t->k32 = floats(t->k, B * H_kv * m * d);
+    t->G32 = floats(t->G, B * H * n * m);
+}
+
+static void token_point(token_data *t, posenc_dtype dtype)
+{
+    posenc_problem *p = &t->p;
+    memset(p, 0, sizeof *p);
+    p->dtype = dtype;
+    p->B = t->B, p->H = t->H, p->H_kv = t->H_kv, p->n = t->n, p->m = t->m, p->d = t->d;
+    p->scale = 0.5;
+    p->rope_pairs = t->pairs;
+    p->q = dtype == POSENC_F64 ? (const void *)t->q : t->q32;
+    p->k = dtype == POSENC_F64 ? (const void *)t->k : t->k32;
+    for (int a = 0; a < 4; ++a) {
+        const size_t len = (a < 2 ? t->n : t->m) * t->pairs;
+        p->terms[POSENC_TERM_rope_token].array[a] = (posenc_term_array){t->table[a], t->H * len, len, len};
+    }
+}
+
+static void token_release(token_data *t)
+{
+    double *d[] = {t->q, t->k, t->G, t->table[0], t->table[1], t->table[2], t->table[3]};
+    float *s[] = {t->q32, t->k32, t->G32};
+    for (size_t x = 0; x < sizeof d / sizeof d[0]; ++x)
+        free(d[x]);
+    for (size_t x = 0; x < sizeof s / sizeof s[0]; ++x)
+        free(s[x]);
+}
+
+/* Row r of unit (b, h)'s side (0: q, 1: k) rotated by its own table row (half split). */
+static void token_rotate(const token_data *t, int side, size_t b, size_t h, size_t r, double *y)
+{
+    const size_t d = t->d, pairs = t->pairs, rows = side ? t->m : t->n;
+    const double *x = side ? t->k + ((b * t->H_kv + h / (t->H / t->H_kv)) * t->m + r) * d
+                           : t->q + ((b * t->H + h) * t->n + r) * d;
+    const double *c = t->table[2 * side] + ((b * t->H + h) * rows + r) * pairs;
+    const double *s = t->table[2 * side + 1] + ((b * t->H + h) * rows + r) * pairs;
+    for (size_t e = 0; e < d; ++e)
+        y[e] = x[e];
+    for (size_t u = 0; u < pairs; ++u) {
+        y[u] = x[u] * c[u] - x[u + pairs] * s[u];
+        y[u + pairs] = x[u + pairs] * c[u] + x[u] * s[u];
+    }
+}
+
+/* The naive logits, dq, dk and the tables' per-unit gradients (docs/spec.md §3.16). */
+static void token_naive(const token_data *t, double *A, double *dq, double *dk, double **dt)
+{
+    const size_t B = t->B, H = t->H, n = t->n, m = t->m, d = t->d, pairs = t->pairs;
+    double *qr = malloc(sizeof(double) * n * d), *kr = malloc(sizeof(double) * m * d);
+    double *gq = calloc(n * d + 1, sizeof(double)), *gk = calloc(m * d + 1, sizeof(double));
+    memset(dk, 0, sizeof(double) * B * t->H_kv * m * d);
+    for (size_t b = 0; b < B; ++b)
+        for (size_t h = 0; h < H; ++h) {
+            const size_t u = b * H + h, kv = b * t->H_kv + h / (H / t->H_kv);
+            for (size_t i = 0; i < n; ++i) token_rotate(t, 0, b, h, i, qr + i * d);
+            for (size_t j = 0; j < m; ++j) token_rotate(t, 1, b, h, j, kr + j * d);
+            memset(gq, 0, sizeof(double) * n * d), memset(gk, 0, sizeof(double) * m * d);
+            for (size_t i = 0; i < n; ++i)
+                for (size_t j = 0; j < m; ++j) {
+                    double dot = 0;
+                    for (size_t e = 0; e < d; ++e) dot += qr[i * d + e] * kr[j * d + e];
+                    A[(u * n + i) * m + j] = 0.5 * dot;
+                    const double g = 0.5 * t->G[(u * n + i) * m + j];
+                    for (size_t e = 0; e < d; ++e) {
+                        gq[i * d + e] += g * kr[j * d + e];
+                        gk[j * d + e] += g * qr[i * d + e];
+                    }
+                }
+            for (int side = 0; side < 2; ++side) {   /* the adjoint, and the tables' */
+                const size_t rows = side ? m : n;
+                const double *g = side ? gk : gq;
+                for (size_t r = 0; r < rows; ++r) {
+                    const double *x = side ? t->k + (kv * m + r) * d : t->q + (u * n + r) * d;
+                    const double *c = t->table[2 * side] + (u * rows + r) * pairs;
+                    const double *s = t->table[2 * side + 1] + (u * rows + r) * pairs;
+                    double *out = side ? dk + (kv * m + r) * d : dq + (u * n + r) * d;
+                    for (size_t e = 2 * pairs; e < d; ++e)
+                        out[e] = (side ? out[e] : 0) + g[r * d + e];
+                    for (size_t v = 0; v < pairs; ++v) {
+                        const double g0 = g[r * d + v], g1 = g[r * d + v + pairs];
+                        out[v] = (side ? out[v] : 0) + g0 * c[v] + g1 * s[v];
+                        out[v + pairs] = (side ? out[v + pairs] : 0) + g1 * c[v] - g0 * s[v];
+                        dt[2 * side][(u * rows + r) * pairs + v] = g0 * x[v] + g1 * x[v + pairs];
+                        dt[2 * side + 1][(u * rows + r) * pairs + v] = g1 * x[v] - g0 * x[v + pairs];
+                    }
+                }
+            }
+        }
+    free(qr), free(kr), free(gq), free(gk);
+}
+
+/* Logits, dq, dk and the tables' gradients of t in dtype (all in double). */
+static int token_run(token_data *t, posenc_dtype dtype, int threads, double *A, double *dq,
+                     double *dk, double **dt)
+{
+    token_point(t, dtype);
+    const size_t sizes[3] = {t->B * t->H * t->n * t->m, t->B * t->H * t->n * t->d,
+                             t->B * t->H_kv * t->m * t->d};
+    const size_t item = dtype == POSENC_F64 ? sizeof(double) : sizeof(float);
+    void *raw[3];
+    for (int x = 0; x < 3; ++x)
+        raw[x] = malloc(item * (sizes[x] + 1));
+    posenc_grads g;
+    memset(&g, 0, sizeof g);
+    g.q = raw[1], g.k = raw[2];
+    for (int a = 0; a < 4; ++a)
+        g.terms[POSENC_TERM_rope_token][a] = dt[a];
+    int status = posenc_validate(&t->p, NULL);
+    if (status == POSENC_OK)
+        status = posenc_forward(&t->p, raw[0], threads);
+    if (status == POSENC_OK)
+        status = posenc_backward(&t->p, dtype == POSENC_F64 ? (const void *)t->G : t->G32, &g,
+                                 threads);
+    double *outs[3] = {A, dq, dk};
+    for (int x = 0; x < 3; ++x) {
+        for (size_t e = 0; e < sizes[x]; ++e)
+            outs[x][e] = dtype == POSENC_F64 ? ((double *)raw[x])[e] : ((float *)raw[x])[e];
+        free(raw[x]);
+    }
+    return status;
+}
+
+static void token_case(size_t B, size_t H, size_t H_kv, size_t n, size_t m, size_t d, size_t pairs)
+{
+    token_data t;
+    token_build(&t, B, H, H_kv, n, m, d, pairs);
+    /* outputs: logits, dq, dk, the four tables' gradients */
+    const size_t len[7] = {B * H * n * m, B * H * n * d, B * H_kv * m * d, B * H * n * pairs,
+                           B * H * n * pairs, B * H * m * pairs, B * H * m * pairs};
+    double *naive[7], *base[7], *one[7], *two[7];
+    for (int x = 0; x < 7; ++x) {
+        naive[x] = calloc(len[x] + 1, sizeof(double)), base[x] = calloc(len[x] + 1, sizeof(double));
+        one[x] = calloc(len[x] + 1, sizeof(double)), two[x] = calloc(len[x] + 1, sizeof(double));
+    }
+    token_naive(&t, naive[0], naive[1], naive[2], naive + 3);
+    for (int dt = 0; dt < 2; ++dt) {
+        const posenc_dtype dtype = dt ? POSENC_F64 : POSENC_F32;
+        const double rtol = (dt ? 1e-12 : 2e-5) * (double)(n + m + d);
+        char what[200];
+        posenc_set_isa(POSENC_ISA_SCALAR);
+        EXPECT(token_run(&t, dtype, 1, base[0], base[1], base[2], base + 3) == POSENC_OK,
+               "rope_token status");
+        for (int x = 0; x < 7; ++x) {
+            snprintf(what, sizeof what, "rope_token %s %zux%zux%zux%zu output %d scalar vs naive",
+                     dt ? "f64" : "f32", B, H, n, m, x);
+            compare_ieee(what, base[x], naive[x], len[x], rtol);
+        }
+        for (int isa = 0; isa < POSENC_ISA_COUNT; ++isa) {
+            if (!posenc_isa_supported((posenc_isa)isa))
+                continue;
+            posenc_set_isa((posenc_isa)isa);
+            EXPECT(token_run(&t, dtype, 1, one[0], one[1], one[2], one + 3) == POSENC_OK, "status");
+            EXPECT(token_run(&t, dtype, 2, two[0], two[1], two[2], two + 3) == POSENC_OK, "status");
+            for (int x = 0; x < 7; ++x) {
+                snprintf(what, sizeof what, "rope_token %s %zux%zux%zux%zu %s output %d",
+                         dt ? "f64" : "f32", B, H, n, m, posenc_isa_name((posenc_isa)isa), x);
+                compare_ieee(what, one[x], base[x], len[x], rtol);
+                EXPECT(memcmp(one[x], two[x], sizeof(double) * len[x]) == 0,
+                       "%s: 1 and 2 threads differ", what);
+            }
+        }
+    }
+    /* validation: positions beside per-token tables, a table of the wrong length */
+    token_point(&t, POSENC_F64);
+    const int64_t positions[64] = {0};
+    t.p.positions_q = B * n <= 64 ? positions : NULL;
+    EXPECT(!t.p.positions_q || posenc_validate(&t.p, NULL) == POSENC_EINVAL,
+           "rope_token: positions accepted");
+    token_point(&t, POSENC_F64);
+    t.p.terms[POSENC_TERM_rope_token].array[2].per_unit += 1;
+    EXPECT(posenc_validate(&t.p, NULL) == POSENC_EINVAL, "rope_token: a table's length accepted");
+    for (int x = 0; x < 7; ++x)
+        free(naive[x]), free(base[x]), free(one[x]), free(two[x]);
+    token_release(&t);
+}
+
 void test_terms(void)
 {
     const size_t sizes[][6] = {{1, 1, 1, 1, 1, 0}, {2, 3, 7, 9, 3, 2}, {1, 2, 17, 33, 9, 16},
@@ -515,5 +723,12 @@ void test_terms(void)
             rb2d_case(z[0], z[1], z[2], z[3], z[4], z[5], z[6], z[7], (int)z[8], (int)z[9]);
     }
     rb2d_validation();
-    printf("term modules: fox, relative_bias_2d\n");
+    const size_t tokens[][7] = {{1, 1, 1, 1, 1, 2, 1}, {2, 4, 2, 7, 17, 8, 3}, {1, 2, 1, 33, 20, 16, 8},
+                                {2, 2, 2, 65, 70, 32, 16}};
+    for (size_t s = 0; s < sizeof tokens / sizeof tokens[0]; ++s) {
+        const size_t *z = tokens[s];
+        if (!skip_size(z[3], z[4]))
+            token_case(z[0], z[1], z[2], z[3], z[4], z[5], z[6]);
+    }
+    printf("term modules: fox, relative_bias_2d, rope_token\n");
 }
