@@ -226,7 +226,8 @@ def check(methods=None, isas=None, *, dtypes=None, B: int = 2, H: int = 3,
     posenc.reference: ``python -m posenc check`` as a function.
 
     ``methods``, ``isas``: names (a str or a list; default all, all usable);
-    ValueError for an unknown method or an ISA this CPU lacks.  ``dtypes``:
+    the methods' names may include a form of a method (``rope/token``: rope with
+    per-token tables); ValueError for an unknown method or an ISA this CPU lacks.  ``dtypes``:
     names, default float32, float64, bfloat16 (when ml_dtypes is installed;
     ``.skipped`` and the summary say so when it is not) and float16.  The sizes,
     ``shared`` (head axis 1) and ``seed`` are those of the command.  Returns a
