@@ -848,7 +848,8 @@ class Rotary(Term):
                 if name.endswith("_k") and table.shape[1] != 1 and p.H != p.H_kv:
                     table = np.repeat(table, p.H // p.H_kv, axis=1)   # a key head's per query head
                 table = np.ascontiguousarray(table)
-                slots[field["rope_token_" + name]] = table.reshape(table.shape[0], table.shape[1], -1)
+                slots[field["rope_token_" + name]] = table.reshape(
+                    table.shape[0], table.shape[1], table.shape[2] * table.shape[3])
             return
         for name in self.tensors:
             slots[field[name if name.startswith("positions") else "rope_" + name]] = \
@@ -869,7 +870,7 @@ class Rotary(Term):
         and heads its table broadcasts over, in the call's dtype."""
         table = p.arrays[name]
         B, H = grad.shape[:2]
-        grad = grad.reshape(B, H, -1, table.shape[3])
+        grad = grad.reshape(B, H, table.shape[2], table.shape[3])
         if name.endswith("_k") and p.H_kv != H:
             grad = grad.reshape(B, p.H_kv, H // p.H_kv, *grad.shape[2:]).sum(axis=2)
         if table.shape[0] == 1:

@@ -176,6 +176,27 @@ def test_one_and_two_threads_bitwise(threads, rng):
             np.testing.assert_array_equal(x, y)
 
 
+def test_zero_sizes(posenc_isa, rng):
+    """B, H, n, m or d of 0: empty results, and every table's gradient zero (the keys'
+    with no query row: written though no unit ran)."""
+    from posenc._examples import make_inputs
+
+    for B, H, n, m, d in ((0, 2, 3, 3, 4), (2, 0, 3, 3, 4), (2, 2, 0, 3, 4), (2, 2, 3, 0, 4),
+                          (2, 2, 3, 4, 0)):
+        args, kwargs = make_inputs("rope", B, H, n, m, d, rng=rng, rope_per_token=True)
+        G = np.ones((B, H, n, m))
+        got = posenc.rope_backward(G, *args, **kwargs)
+        want = reference.rope_backward(G, *args, **kwargs)
+        for name in got._fields:
+            np.testing.assert_array_equal(getattr(got, name), getattr(want, name), err_msg=name)
+        v = np.ones((B, H, m, 3))
+        out = posenc.rope_attention(args[0], args[1], v, *args[2:], **kwargs)
+        grads = posenc.rope_attention_backward(np.ones(out.out.shape), args[0], args[1], v,
+                                               *args[2:], out.out, out.lse, **kwargs)
+        for name in TABLES:
+            assert not np.any(getattr(grads, name)), name
+
+
 @pytest.mark.parametrize("namespace", [posenc, reference], ids=["posenc", "reference"])
 def test_errors(namespace, rng):
     q, k, t = _call(rng, 2, 4, 2, 3, 5, 4, 2)

@@ -119,12 +119,11 @@ static int terms_grads_wanted(const posenc_problem *p, const posenc_grads *g)
     return 0;
 }
 
-/* Unit u's wanted module gradients zeroed (its first rows follow). */
+/* Unit u's wanted module gradients zeroed (its first rows follow; the rotation's are
+ * written whole at the unit's end, zeroed here for a problem without rows). */
 static void terms_grads_begin(const posenc_problem *p, const posenc_grads *g, size_t u)
 {
     for (int k = 0; k < POSENC_TERM_COUNT; ++k) {
-        if (!term_adds(p, k))
-            continue;
         double *grad[POSENC_TERM_ARRAYS_MAX];
         terms_unit_grads(p, g, k, u, grad);
         for (int a = 0; a < POSENC_TERM_ARRAYS_MAX; ++a)
