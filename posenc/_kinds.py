@@ -873,11 +873,7 @@ class Rotary(Term):
         grad = grad.reshape(B, H, table.shape[2], table.shape[3])
         if name.endswith("_k") and p.H_kv != H:
             grad = grad.reshape(B, p.H_kv, H // p.H_kv, *grad.shape[2:]).sum(axis=2)
-        if table.shape[0] == 1:
-            grad = grad.sum(axis=0, keepdims=True)
-        if table.shape[1] == 1:
-            grad = grad.sum(axis=1, keepdims=True)
-        return narrow(grad, p.dtype)
+        return narrow(Rotary._fold(grad, table), p.dtype)
 
     def example(self, ctx, spec, values):
         from .rotary import rope_tables
@@ -904,13 +900,29 @@ class Rotary(Term):
         return {"cos": cos, "sin": sin, "q": ones, "k": ones}
 
     @staticmethod
+    def _pairs(p) -> tuple:
+        """(first, second): the indices of each rotated pair's two components, (t, t + r)
+        or, interleaved, (2t, 2t + 1)."""
+        pairs = p.arrays["cos"].shape[-1]
+        first = np.arange(pairs) * 2 if p.params["interleaved"] else np.arange(pairs)
+        return first, first + 1 if p.params["interleaved"] else first + pairs
+
+    @staticmethod
+    def _fold(grad: np.ndarray, table: np.ndarray) -> np.ndarray:
+        """A (B, H, ...) per-token table's gradient summed over the batch and head axes
+        `table` broadcasts over (size 1)."""
+        if table.shape[0] == 1:
+            grad = grad.sum(axis=0, keepdims=True)
+        if table.shape[1] == 1:
+            grad = grad.sum(axis=1, keepdims=True)
+        return grad
+
+    @staticmethod
     def _absolute_rotation(p, side: str, x: np.ndarray) -> np.ndarray:
         """x (B, H, L, d) >= 0 rotated in absolute values by the tables of `side` (q or
         k): |c| x_a + |s| x_b on both of a pair (the bound of either rotated
         component, and of either component of the rotation's transpose)."""
-        pairs = p.arrays["cos"].shape[-1]
-        first = np.arange(pairs) * 2 if p.params["interleaved"] else np.arange(pairs)
-        second = first + 1 if p.params["interleaved"] else first + pairs
+        first, second = Rotary._pairs(p)
         key = side == "k" and p.arrays.get("cos_k") is not None
         cos = np.abs(np.asarray(p.arrays["cos_k" if key else "cos"], dtype=np.float64))
         sin = np.abs(np.asarray(p.arrays["sin_k" if key else "sin"], dtype=np.float64))
@@ -940,9 +952,7 @@ class Rotary(Term):
         per-token tables' from them before (the rotated rows' gradient G: c gets
         G_a |x_a| + G_b |x_b|, and so does s), reduced as each table broadcasts."""
         if self.per_token(p.arrays):
-            pairs = p.arrays["cos"].shape[-1]
-            first = np.arange(pairs) * 2 if p.params["interleaved"] else np.arange(pairs)
-            second = first + 1 if p.params["interleaved"] else first + pairs
+            first, second = self._pairs(p)
             for side, suffix in (("q", ""), ("k", "_k")):
                 if grads.get(side) is None:
                     continue
@@ -950,14 +960,8 @@ class Rotary(Term):
                 g = grads[side]
                 bound = g[..., first] * x[..., first] + g[..., second] * x[..., second]
                 for name in ("cos" + suffix, "sin" + suffix):
-                    if grads.get(name) is None:
-                        continue
-                    table, b = p.arrays[name], bound
-                    if table.shape[0] == 1:
-                        b = b.sum(axis=0, keepdims=True)
-                    if table.shape[1] == 1:
-                        b = b.sum(axis=1, keepdims=True)
-                    grads[name] = b
+                    if grads.get(name) is not None:
+                        grads[name] = self._fold(bound, p.arrays[name])
         for side in ("q", "k"):
             if grads.get(side) is not None:
                 grads[side] = self._absolute_rotation(p, side, grads[side])

@@ -494,6 +494,13 @@ def _kerple_grads(p, G):
 # SPEC 3.12  A_ij = s rot(q_i, p_q(i)) . rot_k(k_j, p_k(j))  (RoPE, Su et al. 2021)
 # SPEC 3.16  per-token tables: row i of cos, sin (B|1, H|1, n, r) rotates q_i, row j of
 # cos_k, sin_k (B|1, H_kv|1, m, r) k_j
+def _rope_pairs(p) -> tuple:
+    """(first, second): each pair's two components, (t, t + r) or (2t, 2t + 1)."""
+    r = p.arrays["cos"].shape[-1]
+    first = np.arange(r) * 2 if p.params["interleaved"] else np.arange(r)
+    return first, first + 1 if p.params["interleaved"] else first + r
+
+
 def _rope_rows(p, side: str) -> tuple:
     """The cos and sin rows of every q row (side q) or k row (side k, a key head's
     repeated for its query heads), float64, broadcasting against (B, H, rows, r)."""
@@ -520,9 +527,7 @@ def _rope_rotated(p, side: str, transpose: bool = False, x=None):
         per_query_head(p.arrays["k"], p.H) if key else _wide(p.arrays["q"]))
     c, sn = _rope_rows(p, side)
     sn = sn * (-1.0 if transpose else 1.0)
-    r = c.shape[-1]
-    first = np.arange(r) * 2 if p.params["interleaved"] else np.arange(r)
-    second = first + 1 if p.params["interleaved"] else first + r
+    first, second = _rope_pairs(p)
     y = x.copy()
     y[..., first] = x[..., first] * c - x[..., second] * sn
     y[..., second] = x[..., second] * c + x[..., first] * sn
@@ -543,9 +548,7 @@ def _rope_grads(p, G):
     if p.arrays["cos"].ndim == 4:
         # per-token tables (SPEC 3.16): a pair (x_a, x_b) -> (x_a c - x_b sn, x_b c + x_a sn),
         # so d/dc = g_a x_a + g_b x_b and d/dsn = g_b x_a - g_a x_b, g the rotated rows'
-        r = p.arrays["cos"].shape[-1]
-        first = np.arange(r) * 2 if p.params["interleaved"] else np.arange(r)
-        second = first + 1 if p.params["interleaved"] else first + r
+        first, second = _rope_pairs(p)
         for side, g, x in (("", grad_q_rot, _wide(p.arrays["q"])),
                            ("_k", grad_k_rot, per_query_head(p.arrays["k"], p.H))):
             dc = g[..., first] * x[..., first] + g[..., second] * x[..., second]

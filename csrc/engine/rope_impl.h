@@ -50,9 +50,7 @@ static rope_row rope_row_at(const posenc_problem *p, size_t b, size_t h, size_t 
     return row;
 }
 
-/* Pair t's cos and sin of a row, in REAL or in double. */
-#define ROPE_C(row, t) ((row).c ? (row).c[t] : (REAL)(row).cd[t])
-#define ROPE_S(row, t) ((row).c ? (row).s[t] : (REAL)(row).sd[t])
+/* Pair t's cos and sin of a row, in double (the exact path's). */
 #define ROPE_CD(row, t) ((row).c ? (double)(row).c[t] : (row).cd[t])
 #define ROPE_SD(row, t) ((row).c ? (double)(row).s[t] : (row).sd[t])
 

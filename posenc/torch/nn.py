@@ -845,6 +845,7 @@ class _TokenRotary(PositionalEncoding):
     method = "rope"
     variant = True
     interleaved = False
+    attention_scaling = 1.0     # the tables' factor (HF's attention_scaling: MRoPE's)
 
     def __init__(self, num_heads: int, head_dim: int, *, scale: float | None = None):
         super().__init__(num_heads)
@@ -856,9 +857,12 @@ class _TokenRotary(PositionalEncoding):
         raise NotImplementedError
 
     def tables(self, positions: torch.Tensor, state=None, dtype=None) -> tuple:
-        """(cos, sin) of the angles, (B|1, H|1, L, r), in `dtype`."""
+        """(cos, sin) of the angles, (B|1, H|1, L, r), times attention_scaling, in `dtype`."""
         angles = self.angles(positions, state)
-        return angles.cos().to(dtype or angles.dtype), angles.sin().to(dtype or angles.dtype)
+        cos, sin = angles.cos(), angles.sin()
+        if self.attention_scaling != 1.0:
+            cos, sin = cos * self.attention_scaling, sin * self.attention_scaling
+        return cos.to(dtype or cos.dtype), sin.to(dtype or sin.dtype)
 
     def arguments(self, q, k, *, state=None, segment_q=None, segment_k=None, query_offset=0):
         rows = torch.arange(q.shape[-2], device=q.device) + int(query_offset)
@@ -923,12 +927,6 @@ class MRoPE(_TokenRotary):
         freqs = ids[..., None].float() * self.inv_freq.to(ids.device)   # (3, B, L, r)
         index = self.axis_of_pair.to(ids.device)[None, None, None, :].expand(1, *freqs.shape[1:])
         return torch.gather(freqs, 0, index)[0][:, None]      # (B, 1, L, r)
-
-    def tables(self, positions, state=None, dtype=None):
-        angles = self.angles(positions, state)
-        cos, sin = angles.cos() * self.attention_scaling, angles.sin() * self.attention_scaling
-        return cos.to(dtype or cos.dtype), sin.to(dtype or sin.dtype)
-
 
 class AxialRoPE2D(_TokenRotary):
     """2-D axial rotary embedding of a patch grid ``grid = (rows, cols)`` (tokens in
