@@ -100,7 +100,7 @@ def grad_magnitudes(method, weights, args64, kwargs64, **options) -> dict:
     grads = {name: None if value is None else np.abs(value)
              for name, value in grads._asdict().items()}
     for term in REGISTRY[method].terms if problem is not None else ():
-        term.grad_magnitudes(problem, grads)
+        term.grad_magnitudes(problem, grads, weights)
     return grads
 
 

@@ -33,7 +33,8 @@ class Problem:
     first use)."""
 
     __slots__ = ("method", "dtype", "B", "H", "H_kv", "n", "m", "d", "arrays", "scale",
-                 "query_offset", "map_values", "values", "d_p", "out", "_params", "_bucket_rows")
+                 "query_offset", "map_values", "values", "d_p", "out", "seen", "_params",
+                 "_bucket_rows")
 
     def __init__(self, method, dtype, B, H, n, m, d, arrays=None, params=None, out=None):
         self.method, self.dtype = method, dtype
@@ -47,6 +48,7 @@ class Problem:
         self.values = ()          # every parameter before scale, checked, in signature order
         self.d_p = None           # rank of the dense factor
         self.out = out
+        self.seen = None          # posenc.reference's fused attention: the keys each row sees
         self._bucket_rows = None
 
     def bucket_rows(self, spec) -> np.ndarray:

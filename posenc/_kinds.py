@@ -406,10 +406,14 @@ class Term:
     params: dict = {}       # its own typed parameters, name -> Param
     uses_map = False        # reads the method's bucket map
     reads_qk = False        # the term depends on q or k (its picture needs them)
+    reads_mask = False      # the term reads which keys a row sees (CoPE's gates): a fused
+                            # attention's masks reach its logits
     queries_among_keys = False   # every query among the keys: query_offset + n <= m (FoX)
     head_axis = 0           # of its tensors: where the head axis (H|1) is ((B, H|1, m): 1)
     computes_operands = False   # the logits' GEMM reads operands it computed (rotated q, k)
     query_tensors: tuple = ()   # of its tensors: those with a row per query (axis 1)
+    depth_tensors: tuple = ()   # of its tensors: those whose last axis is q's depth d (a
+                                # picture's q and k take their width: posenc.plot)
     grad_requires: dict = {}    # engine gradient -> the engine gradient it is formed from
 
     @property
@@ -445,10 +449,10 @@ class Term:
         (the error bounds' M, posenc._check), changed in place where the term needs
         more than absolute values; p: the checked call."""
 
-    def grad_magnitudes(self, p, grads: dict) -> None:
-        """The gradients' magnitudes (`grads`: the backward of non-negative weights on
-        the inputs of `magnitudes`), changed in place where the term takes a gradient
-        further than those inputs (the rotation's adjoint)."""
+    def grad_magnitudes(self, p, grads: dict, weights: np.ndarray) -> None:
+        """The gradients' magnitudes (`grads`: the backward of the non-negative `weights`
+        (B, H, n, m) on the inputs of `magnitudes`), changed in place where the term takes
+        a gradient further than those inputs (the rotation's adjoint, CoPE's gates)."""
 
 
 @dataclass(frozen=True)
@@ -465,6 +469,10 @@ class Dense(Term):
 
     @property
     def query_tensors(self):
+        return (self.query,)
+
+    @property
+    def depth_tensors(self):        # TUPE's pos_q: d wide (a picture's q and k too)
         return (self.query,)
 
     def check(self, p, arrays, rows):
@@ -509,6 +517,10 @@ class _Mapped(Term):
     @property
     def tensors(self):
         return (self.name,)
+
+    @property
+    def depth_tensors(self):
+        return (self.name,) if self.vectors else ()
 
     def check(self, p, arrays, rows):
         table = arrays.get(self.name)
@@ -947,7 +959,7 @@ class Rotary(Term):
             if name in values:
                 values[name] = np.full_like(values[name], name.startswith("cos"))
 
-    def grad_magnitudes(self, p, grads):
+    def grad_magnitudes(self, p, grads, weights):
         """dq and dk taken back through the rotation's transpose, in absolute values;
         per-token tables' from them before (the rotated rows' gradient G: c gets
         G_a |x_a| + G_b |x_b|, and so does s), reduced as each table broadcasts."""
@@ -1158,3 +1170,4 @@ class Grid2D(Term):
         coords = _grid(ctx.n, width)[None]
         bias = ctx.draw(self.name, (ctx.H, self.buckets(distance)))
         return {self.name: bias, "coords_q": coords, "coords_k": coords, "max_distance": distance}
+

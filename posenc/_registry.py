@@ -155,6 +155,12 @@ class Method:
         return "1/sqrt(d)" if self.scale_factor == 1 else f"1/sqrt({self.scale_factor}d)"
 
     @property
+    def reads_mask(self) -> bool:
+        """Whether its logits read which keys a row sees (CoPE's gates): a fused
+        attention's masks reach them (posenc.reference, posenc.torch.native)."""
+        return any(term.reads_mask for term in self.terms)
+
+    @property
     def queries_among_keys(self) -> bool:
         """Whether every query must be among the keys, query_offset + n <= m (FoX)."""
         return any(term.queries_among_keys for term in self.terms)

@@ -20,7 +20,8 @@ The four forms (SPEC §3 and §6), for a method `m` with arguments `<args>`:
                             causal=False, ..., seed=0, d_lse=None)
 
 and the body is called as body([G | d_out,] tensors, params, [attention,]
-[out | (out, lse, d_lse)]),
+[out | (out, lse, d_lse)]) (a parameter named as an attention option, cope's `causal`,
+is that option in the attention forms: attention_option),
 `params` ending with query_offset, `attention` = (v, then posenc._attention.ATTENTION_OPTIONS
 in order: causal, key_padding_mask, window, document_q, document_k, softcap, sinks, dropout_p,
 seed).
@@ -43,11 +44,24 @@ ATTENTION_KEYWORDS = ", ".join(
 FORMS = ("logits", "logits_backward", "attention", "attention_backward")
 
 
+def attention_option(name: str) -> bool:
+    """Whether a method's parameter `name` is, in the attention forms, the attention's
+    option of that name (cope's logits take `causal`: its gates' keys; the fused
+    attention's `causal` is it)."""
+    return name in _OPTION_NAMES
+
+
+_OPTION_NAMES = frozenset(name for name, _ in ATTENTION_OPTIONS)
+
+
 def arguments(method: str, form: str) -> str:
     """The argument list of `method`'s function of `form` (see the module's docstring)."""
     spec = REGISTRY[method]
     positional, _, keywords = spec.signature.partition("*")
     positional = "".join(f", {name.strip()}" for name in positional.split(",") if name.strip())
+    if form.startswith("attention"):      # the attention's own option stands for it
+        keywords = ",".join(part for part in keywords.split(",")
+                            if not attention_option(part.partition("=")[0].strip()))
     keywords = keywords.strip().lstrip(",").strip()
     if form.startswith("logits"):
         head = ("G, " if form == "logits_backward" else "") + "q, k"

@@ -201,10 +201,13 @@ def _heads_and_length(method: str, params: dict, n: Optional[int]) -> tuple:
     return H, int(n)
 
 
-def _vector_width(params: dict, d: Optional[int]) -> int:
-    for name in ("rel_k", "pos_key", "pos_q"):
-        if name in params:
-            return int(np.shape(params[name])[-1])
+def _vector_width(method: str, params: dict, d: Optional[int]) -> int:
+    """d: the width of the method's parameters of q's depth (its terms' depth_tensors),
+    else the given d, else 64."""
+    for term in REGISTRY[method].terms:
+        for name in term.depth_tensors:
+            if name in params:
+                return int(np.shape(params[name])[-1])
     return 64 if d is None else int(d)
 
 
@@ -240,7 +243,7 @@ def positional_term(method: str, params: dict, n: Optional[int] = None, *,
     """
     _check_method(method)
     H, n = _heads_and_length(method, params, n)
-    q, k, note = _inputs(method, params, H, n, _vector_width(params, d), rng)
+    q, k, note = _inputs(method, params, H, n, _vector_width(method, params, d), rng)
     kwargs = {name: value for name, value in params.items()
               if name not in ("q", "k", "segment_q", "segment_k")}
     scale = kwargs.pop("scale", None)

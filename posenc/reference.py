@@ -697,9 +697,18 @@ def _dropout_scale(call) -> np.ndarray | float:
     return keep / (1.0 - call.dropout_p)
 
 
+def _seen(call):
+    """The call's problem, with the keys each row sees set where its method's logits
+    read them (CoPE's gates: REGISTRY[m].reads_mask)."""
+    p = call.problem
+    if REGISTRY[p.method].reads_mask:
+        p.seen = ~_attention_mask(call)
+    return p
+
+
 def _capped_logits(call):
     """(A, tanh(A / softcap) or None): the method's logits, soft-capped (SPEC §7)."""
-    p = call.problem
+    p = _seen(call)
     logits = globals()[f"_{p.method}_logits"](p)
     if call.softcap is None:
         return logits, None
@@ -809,7 +818,7 @@ def _attention_backward(call, d_out, out, lse, d_lse=None):
     d_s = np.where(masked, 0.0, d_s)
     if t is not None:
         d_s = np.where(masked, 0.0, d_s * (1.0 - t * t))
-    grads = _masked_key_grads(p, d_s, masked)
+    grads = _masked_key_grads(_seen(call), d_s, masked)
     grads["v"] = grad_v
     sinks = _sink_logits(call)
     if sinks is not None:

@@ -9,7 +9,7 @@ import pytest
 import posenc.reference as ref
 from posenc._attention import attention_dropout_mask, philox4x32
 from posenc._examples import key_count, make_inputs, query_rows, trainable_inputs, with_inputs
-from posenc._registry import METHODS
+from posenc._registry import METHODS, REGISTRY
 
 B, H, D, DV = 2, 3, 4, 5
 
@@ -20,9 +20,18 @@ def _call(method, n, m, rng, **kw):
     return args, kwargs, v
 
 
+def _row_logits(method, args, kwargs, b, i, allowed, query_offset):
+    """Logits of row i of batch row b over the keys it sees, from the reference logits of
+    that query alone and those keys alone (CoPE: its gates count the keys the row sees)."""
+    q, k = args[0][b:b + 1, :, i:i + 1], args[1][b:b + 1, :, allowed]
+    return getattr(ref, method)(q, k, *args[2:], **dict(kwargs, causal=False),
+                                query_offset=query_offset + i)[0, :, 0]
+
+
 def _literal(method, args, kwargs, v, *, causal=False, key_padding_mask=None, query_offset=0,
              dropout_p=0.0, seed=0):
-    """softmax(A + Mask) D v by loops over rows, from the reference logits."""
+    """softmax(A + Mask) D v by loops over rows, from the reference logits (a method whose
+    logits read the mask: row by row over the keys the row sees, _row_logits)."""
     A = getattr(ref, method)(*args, **kwargs, query_offset=query_offset)
     n, m = A.shape[2:]
     keep = attention_dropout_mask(seed, A.shape, dropout_p) / (1 - dropout_p)
@@ -35,7 +44,8 @@ def _literal(method, args, kwargs, v, *, causal=False, key_padding_mask=None, qu
                            and not (key_padding_mask is not None and key_padding_mask[b, j])]
                 if not allowed:
                     continue
-                row = A[b, h, i, allowed]
+                row = (_row_logits(method, args, kwargs, b, i, allowed, query_offset)[h]
+                       if REGISTRY[method].reads_mask else A[b, h, i, allowed])
                 lse[b, h, i] = np.log(np.sum(np.exp(row - row.max()))) + row.max()
                 weights = np.exp(row - lse[b, h, i]) * keep[b, h, i, allowed]
                 out[b, h, i] = weights @ v[b, h, allowed]

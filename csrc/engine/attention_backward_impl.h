@@ -50,21 +50,6 @@ static int attention_hidden_nonfinite(const void *c_, size_t b, const REAL *k)
     return attention_tile_unread(c, b, 0, c->p->n, 0, c->p->m, k, c->p->d, 1);
 }
 
-/* masked_keys' unseen_zero: x[j] = 0 for the keys j < cols that row i of batch row b
- * does not see. */
-static void attention_hidden_unseen(const void *c_, REAL *x, size_t b, size_t i, size_t cols)
-{
-    const attention_ctx *c = (const attention_ctx *)c_;
-    size_t lo, hi;
-    attention_row_range(c, b, i, &lo, &hi);
-    lo = posenc_min(lo, cols);
-    hi = posenc_max(posenc_min(hi, cols), lo);
-    memset(x, 0, sizeof(REAL) * lo);
-    memset(x + hi, 0, sizeof(REAL) * (cols - hi));
-    attention_mask_row(c, x, b, i, lo, hi, (REAL)0);
-}
-
-
 typedef struct {
     const attention_ctx *a;
     const backward_ctx *g;
@@ -381,6 +366,7 @@ static int attention_backward(const posenc_problem *p, const posenc_attention *a
     const masked_keys hidden = {&c, attention_hidden_zero, attention_hidden_rows,
                                 attention_hidden_nonfinite, attention_hidden_unseen};
     g.masked_keys = &hidden;
+    g.seen = &c.seen;
     const int dense = p->pos_q && (grads->pos_q || grads->pos_k);
     if (status == POSENC_OK &&
         (zeroed_slots(&gc.pos_q_slots, dense && grads->pos_q, posenc_mul_size(BH, p->n * p->d_p)) ||

@@ -15,12 +15,18 @@
 
 /* The decoding path's positional rows of head h (its q from row 0 at q_u; rows
  * [i0, i0 + rows), keys [c0, cols)) onto the content logits (row r at scores + r ld),
- * added or multiplied as the tiles' epilogue does (forward_positional). */
+ * added or multiplied as the tiles' epilogue does (forward_positional), or the
+ * content-reading term applied to them as the tiles apply it (forward_tile). */
 static void attention_decode_terms(const attention_ctx *c, forward_ws *fw, size_t b, size_t h,
                                    const REAL *q_u, size_t i0, size_t rows, size_t c0,
                                    size_t cols, REAL *scores)
 {
     const size_t ld = c->logits.m_pad;
+    if (c->logits.content >= 0) {
+        terms_content(c->p, c->kern, c->logits.content, b, h, q_u, scores, ld, i0, rows, c0, cols,
+                      c->logits.seen, fw->term_unit);
+        return;
+    }
     ptrdiff_t ldp = 0;
     const REAL *P = forward_positional(&c->logits, fw, b, h, q_u, i0, rows, c0, cols, &ldp);
     if (!P)

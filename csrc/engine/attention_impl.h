@@ -52,6 +52,7 @@ typedef struct {
                                     the content and the rotation) */
     size_t split, chunks;        /* a decoding step's keys split into `chunks` work items of
                                     `split` keys (attention_merge_chunks), or 0, 1 */
+    term_seen seen;              /* the keys each row sees, for a content-reading term (cope) */
 } attention_ctx;
 
 typedef struct {
@@ -367,6 +368,21 @@ static int attention_has_nan(const REAL *x, size_t len)
         if (x[j] != x[j])
             return 1;
     return 0;
+}
+
+/* x[j] = 0 for the keys j < cols that row i of batch row b
+ * does not see: the backward's masked_keys' unseen_zero, a content-reading term's
+ * term_seen (attention_prepare). */
+static void attention_hidden_unseen(const void *c_, REAL *x, size_t b, size_t i, size_t cols)
+{
+    const attention_ctx *c = (const attention_ctx *)c_;
+    size_t lo, hi;
+    attention_row_range(c, b, i, &lo, &hi);
+    lo = posenc_min(lo, cols);
+    hi = posenc_max(posenc_min(hi, cols), lo);
+    memset(x, 0, sizeof(REAL) * lo);
+    memset(x + hi, 0, sizeof(REAL) * (cols - hi));
+    attention_mask_row(c, x, b, i, lo, hi, (REAL)0);
 }
 
 /*
@@ -731,7 +747,10 @@ static int attention_prepare(attention_ctx *c, const posenc_problem *p, const po
     c->decode = p->n <= ATTENTION_DECODE_ROWS && !kern->bf16 && !c->logits.scales.exact &&
                 !c->logits.segment_rows;
     c->decode_terms = p->pos_q || p->table || p->query_table || p->key_table ||
-                      p->segment_table || p->theta || c->logits.modules;
+                      p->segment_table || p->theta || c->logits.modules || c->logits.content >= 0;
+    c->seen.ctx = c;
+    c->seen.unseen_zero = attention_hidden_unseen;
+    c->logits.seen = &c->seen;
     if (status == POSENC_OK && (attention_padding_runs(c) || attention_documents(c)))
         status = POSENC_ENOMEM;
     if (status == POSENC_OK)

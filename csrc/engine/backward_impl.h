@@ -45,7 +45,8 @@ static size_t backward_ws_layout(const backward_ctx *c, backward_ws *w, REAL *me
     const size_t buckets = posenc_max(c->terms->query_buckets, c->terms->key_buckets);
     const size_t depth = posenc_max(posenc_max(n, m), posenc_max(buckets, c->row_block));
     WS_TAKE(w, mem, at, b_pack, packed_b_size(depth, posenc_max(d, p->d_p), nr));
-    if (posenc_rotates(p) && c->G) {   /* the logits' backward rotates its own (the attention's shares) */
+    /* the logits' backward rotates (or widens: unit_inputs_widen) its own; the attention's shares */
+    if ((posenc_rotates(p) || (c->content >= 0 && c->kern->bf16)) && c->G) {
         WS_TAKE(w, mem, at, inputs.q_rot, n * d);
         WS_TAKE(w, mem, at, inputs.k_rot, m * d);
     }
@@ -64,9 +65,13 @@ static size_t backward_ws_layout(const backward_ctx *c, backward_ws *w, REAL *me
         WS_TAKE(w, mem, at, grad_sum, c->row_block * m);
     if (c->kern->bf16 && c->reads_g)
         WS_TAKE(w, mem, at, g_block, c->row_block * m);
-    if (c->need_modules)
+    if (c->need_modules || c->content >= 0)
         WS_TAKE(w, mem, at, term_scratch,
                 terms_grad_scratch(p) * (sizeof(double) / sizeof(REAL)));
+    if (c->content >= 0) {   /* scales.exact: q's rows through the term held to the unit's end */
+        WS_TAKE(w, mem, at, term_grad, c->row_block * m);
+        WS_TAKE(w, mem, at, term_dq, (c->scales.exact ? n : c->row_block) * d);
+    }
     if (c->need_key_side && key_edge_size(&c->terms->key_edges, m))
         WS_TAKE(w, mem, at, key_edge_sums, key_edge_size(&c->terms->key_edges, m));
     return posenc_round_up(at, POSENC_ALIGN / sizeof(REAL));
@@ -205,6 +210,13 @@ static void backward_unit_block(const backward_ctx *c, backward_ws *w, size_t u,
     /* the GEMMs through Gc over its keys [first, cols) only (a ranged attention:
      * the rest of the block's rows are 0), and within them over `limits` */
     const size_t first = limits ? limits->first : 0, mr = kern->mr;
+    REAL *term_dq = w->term_dq + (c->scales.exact ? blk0 * d : 0);
+    if (c->content >= 0) {   /* G's path through a term that reads the content logits */
+        terms_content_grad(p, kern, g, c->content, u, q_u, k_u, c->scales.scale, G_blk,
+                           w->term_grad, m, blk0, rows_blk, first, cols, c->seen, term_dq,
+                           (double *)(void *)w->term_scratch);
+        Gc = w->term_grad;
+    }
     if (dq_u && c->need_content) {
         size_t from_first[2 * BLOCK_TILES_MAX];   /* row_keys counted from `first` */
         const size_t tiles = (rows_blk + mr - 1) / mr;
@@ -234,6 +246,8 @@ static void backward_unit_block(const backward_ctx *c, backward_ws *w, size_t u,
             }
         }
     }
+    if (dq_u && c->content >= 0 && !c->scales.exact)   /* exact: after the scaling */
+        kern->row_gather(POSENC_ADD, dq_u + blk0 * d, term_dq, 1, rows_blk * d);
     if (dk_u && c->need_content) {
         if (blk0 == 0) {   /* keys no block reaches yet */
             memset(dk_u, 0, sizeof(REAL) * first * d);
@@ -277,6 +291,9 @@ static void backward_unit_end(const backward_ctx *c, backward_ws *w, size_t u)
             backward_vector_table(c, w, u, h, key_side, x, dx ? w->vector_grad : NULL);
         if (dx)
             exact_content_grad(c, dx, side ? w->vector_grad : NULL, rows * d);
+        if (dx && !key_side && c->content >= 0)   /* q's rows through the term, unscaled */
+            for (size_t t = 0; t < rows * d; ++t)
+                dx[t] = (REAL)((double)dx[t] + (double)w->term_dq[t]);
     }
 }
 
@@ -321,6 +338,8 @@ static void backward_unit(const backward_ctx *c, backward_ws *w, size_t u)
     const size_t n = c->p->n;
     packed_b k_packed;
     unit_inputs_at(c->p, &w->scratch, &w->inputs, u / c->p->H, u % c->p->H, 0, n);
+    if (c->content >= 0 && c->kern->bf16)   /* the term reads q and k themselves */
+        unit_inputs_widen(&w->scratch, &w->inputs, n, c->p->m, c->p->d, 0, n);
     backward_unit_begin(c, w, u, &k_packed);
     for (size_t blk0 = 0; blk0 < n; blk0 += c->row_block) {
         const size_t rows = posenc_min(c->row_block, n - blk0);

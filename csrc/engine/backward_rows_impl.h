@@ -29,6 +29,10 @@ typedef struct {
     int need_key_side;          /* Gk: for dk or the key table's gradient */
     int need_offsets;           /* the scalar table's gradient, along the offsets */
     int need_modules;           /* a term module's gradient (term_kinds_impl.h) */
+    int content;                /* the kind of a term module that reads the content logits
+                                   (cope), whose path dq, dk and its own gradients take, or -1 */
+    const term_seen *seen;      /* which keys the rows see, for `content`: a fused attention's
+                                   masks, or NULL (the kind's own rule) */
     int reads_g;                /* the positional gradients read G itself (not only the GEMMs) */
     int unit_reads_g;           /* ... in phase 1, beyond theta's [CLS] row and column 0 */
     term_data own_terms;        /* built by backward_prepare unless given one */
@@ -81,6 +85,8 @@ typedef struct {
      * edge's column and [hi_first, hi_end) of the high edge's held contiguous */
     REAL *key_edge_sums;      /* 2 x m: the low edge's keys, then the high one's */
     REAL *term_scratch;       /* the term modules' gradient rows: terms_grad_scratch doubles */
+    REAL *term_grad;          /* content: a row block's content gradient Gc, row_block x m */
+    REAL *term_dq;            /* content: a row block's dq through the term, row_block x d */
     size_t lo_first, lo_end, hi_first, hi_end;
     ptrdiff_t cached_query_table;
     int k_unread;             /* a masked key of the unit holds an Inf or NaN in k (masked_keys):

@@ -178,8 +178,10 @@ static int backward_prepare(backward_ctx *c, const posenc_problem *p, const pose
     c->need_key_side = p->key_table && (g->k || g->key_table);
     c->need_offsets = p->table && g->table;
     c->need_modules = terms_grads_wanted(p, g);
+    c->content = c->need_content || c->need_modules ? terms_content_kind(p) : -1;
     c->unit_reads_g = p->product || c->need_query_side || c->need_key_side || c->need_offsets ||
-                      (p->segment_table && g->segment_table) || c->need_modules;
+                      (p->segment_table && g->segment_table) || c->need_modules ||
+                      c->content >= 0;
     c->reads_g = c->unit_reads_g || c->masked || (p->pos_q && (g->pos_q || g->pos_k));
     c->terms = terms ? terms : &c->own_terms;
     /* the table along the offsets is product mode's factor; the segment runs, its gradient's */

@@ -45,7 +45,11 @@ typedef struct {
                                  dot product per key (term_key_direct), no key projections */
     int key_fused;            /* term_key_direct's row computed by the caller with the content
                                  logits (attention_decode_fused): term_key_direct only applies it */
-    int modules;              /* a term module present (term_kinds_impl.h) */
+    int modules;              /* a term module present that adds rows (term_kinds_impl.h) */
+    int content;              /* the kind of a term module that reads the content logits (cope),
+                                 applied to each tile after its GEMM, or -1 */
+    const term_seen *seen;    /* which keys the rows see, for `content`: a fused attention's
+                                 masks, or NULL (the kind's own rule: the logits) */
 } forward_ctx;
 
 typedef struct {
@@ -62,7 +66,7 @@ typedef struct {
     REAL *segment_expanded;   /* segment_rows: row s = segment_table[h, s, segment_k[b, j]], S x m */
     const REAL **segment_row; /* segment_rows: the tile's rows of segment_expanded, mr pointers */
     double *exact;            /* scales.exact: a tile's logits and batch-free terms, 2 x mr x m_pad */
-    REAL *term_unit;          /* modules: the unit's data of the term modules (terms_unit) */
+    REAL *term_unit;          /* modules, content: the unit's data of the term modules (terms_unit) */
     ptrdiff_t cached_head_block, cached_query_table, cached_pos_k;   /* heads held, or -1 */
 } forward_ws;
 
@@ -81,7 +85,7 @@ static size_t forward_ws_layout(const forward_ctx *c, forward_ws *w, REAL *mem)
     if (!c->in_place)
         WS_TAKE(w, mem, at, k_pack, packed_b_size(p->d, p->m, nr));
     WS_TAKE(w, mem, at, P, mr * c->m_pad);
-    if (posenc_rotates(p)) {
+    if (posenc_rotates(p) || (c->content >= 0 && c->kern->bf16)) {   /* unit_inputs_widen */
         WS_TAKE(w, mem, at, inputs.q_rot, p->n * p->d);
         WS_TAKE(w, mem, at, inputs.k_rot, p->m * p->d);
     }
@@ -106,7 +110,7 @@ static size_t forward_ws_layout(const forward_ctx *c, forward_ws *w, REAL *mem)
     }
     if (c->scales.exact)
         WS_TAKE(w, mem, at, exact, 2 * mr * c->m_pad * (sizeof(double) / sizeof(REAL)));
-    if (c->modules)
+    if (c->modules || c->content >= 0)
         WS_TAKE(w, mem, at, term_unit, terms_unit_scratch(p));
     return posenc_round_up(at, POSENC_ALIGN / sizeof(REAL));
 }
@@ -355,6 +359,8 @@ static void forward_unit_setup(const forward_ctx *c, forward_ws *w, size_t b, si
     const posenc_kernels *kern = c->kern;
     const size_t m = p->m, d = p->d;
     unit_inputs_at(p, &w->scratch, &w->inputs, b, h, r0, r1);
+    if (c->content >= 0 && kern->bf16)   /* the term reads q and k themselves */
+        unit_inputs_widen(&w->scratch, &w->inputs, p->n, m, d, r0, r1);
     const REAL *k_u = w->inputs.k;
 
     if (c->head_blocks && w->cached_head_block != (ptrdiff_t)h)
@@ -368,7 +374,7 @@ static void forward_unit_setup(const forward_ctx *c, forward_ws *w, size_t b, si
                         c->key_reach[1], &c->terms->key_edges, w->key_table_pack, w->key_proj, h, k_u);
     if (c->segment_rows)
         forward_expand_segments(c, w, b, h);
-    if (c->modules)
+    if (c->modules || c->content >= 0)
         terms_unit(p, kern, b, h, w->term_unit);
 }
 
@@ -487,6 +493,9 @@ static void forward_tile_exact(const forward_ctx *c, forward_ws *w, size_t b, si
     for (size_t r = 0; r < rows; ++r)
         for (size_t j = 0; j < cols; ++j)
             C[(ptrdiff_t)r * ldc + (ptrdiff_t)j] = (REAL)X[r * cols + j];
+    if (c->content >= 0)   /* the content logits s q.k, rounded once */
+        terms_content(p, kern, c->content, b, h, q_u, C, (size_t)ldc, i0, rows, 0, cols, c->seen,
+                      w->term_unit);
 }
 
 /* The logits of rows [i0, i0 + rows) (rows <= mr) of unit (b, h), keys
@@ -529,6 +538,9 @@ static void forward_tile(const forward_ctx *c, forward_ws *w, size_t b, size_t h
     keys.N = cols - first;   /* the columns [first, cols) of the packed panels */
     gemm_packed(c->kern, &w->scratch, rows, q_u + i0 * d, (ptrdiff_t)d, 1, &keys, C + first, ldc,
                 0, P ? P + first : NULL, ldp, c->segment_rows ? w->segment_row : NULL, flags, NULL);
+    if (c->content >= 0)   /* a term that reads the content logits: after them */
+        terms_content(p, c->kern, c->content, b, h, q_u, C, (size_t)ldc, i0, rows, first, cols,
+                      c->seen, w->term_unit);
 }
 
 /* Rows [r0, r1) of unit (b, h). */
@@ -556,6 +568,7 @@ static int forward_prepare(forward_ctx *c, const posenc_problem *p, const posenc
      * override them (sum mode only: product mode has no segments). */
     c->segment_rows = p->segment_table && !p->theta && !p->product && !c->scales.exact;
     c->modules = terms_additive(p);
+    c->content = terms_content_kind(p);
     c->batch_terms = p->query_table || p->key_table || (p->segment_table && !c->segment_rows) ||
                      c->modules;
     c->head_blocks = p->pos_q && p->B > 1 && !c->scales.exact &&
@@ -563,7 +576,8 @@ static int forward_prepare(forward_ctx *c, const posenc_problem *p, const posenc
     c->toeplitz_only = p->table && !p->pos_q && !c->batch_terms && !p->theta;
     c->out_heads = p->bf16_out_heads ? p->bf16_out_heads : p->H;
     c->out_size = p->bf16_out_heads ? sizeof(uint16_t) : sizeof(REAL);
-    c->stream = posenc_stream_logits(out, p->B * p->H * n, m, c->out_size) && !c->scales.exact;
+    c->stream = posenc_stream_logits(out, p->B * p->H * n, m, c->out_size) && !c->scales.exact &&
+                c->content < 0;   /* a content-reading term reads the tile back */
     c->terms = &c->own_terms;
     if (term_data_build(&c->own_terms, p, 1, 1))
         return POSENC_ENOMEM;
@@ -613,9 +627,9 @@ static int forward(const posenc_problem *p, void *out, int num_threads)
     forward_ctx c;
     int status = forward_prepare(&c, p, posenc_engine_kernels(p, REAL_DTYPE), out);
     /* bfloat16 out: the microkernel's one store, in one depth block, of the tiles
-     * forward_tile (not forward_tile_exact) computes */
+     * forward_tile (not forward_tile_exact) computes, which no term reads back */
     if (status == POSENC_OK && p->bf16_out_heads &&
-        (!c.kern->bf16 || c.scales.exact || p->d > c.kern->kc))
+        (!c.kern->bf16 || c.scales.exact || p->d > c.kern->kc || c.content >= 0))
         status = -1;
     if (status == POSENC_OK) {
         const size_t rows = posenc_rows_per_item(BH, p->n, c.kern->mr, threads);

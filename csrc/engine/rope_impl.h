@@ -147,6 +147,16 @@ static void unit_inputs_at(const posenc_problem *p, const gemm_scratch *s, unit_
     x->k = x->k_rot;
 }
 
+/* x's q (rows [r0, r1) of n) and k (m rows) as values where engine_lp.c gave only
+ * their bfloat16 twins, widened into q_rot and k_rot (a term module that reads them
+ * beside the GEMMs: the content-reading kinds), else as they are. */
+static void unit_inputs_widen(const gemm_scratch *s, unit_inputs *x, size_t n, size_t m, size_t d,
+                              size_t r0, size_t r1)
+{
+    x->q = unit_rows(s, x->q_rot, x->q, n, d, r0, r1);
+    x->k = unit_rows(s, x->k_rot, x->k, m, d, 0, m);
+}
+
 /*
  * The per-token tables' gradients of unit u's side (rope_token: grad[0] cos', grad[1]
  * sin', either NULL) from the gradient dx of its rotated rows (before the adjoint: `f`

@@ -5,8 +5,9 @@
  * a problem's present modules that the forward, the decoding path and the
  * backward call.  A kind's file (term_<name>_impl.h) defines the functions of
  * term_kind (term_unit_impl.h): term_<name>_unit, _unit_scratch, _rows,
- * _grad_rows and _grad_scratch (all NULL for a kind that adds nothing: the
- * rotation's per-token tables, read by rope_impl.h).
+ * _grad_rows, _grad_scratch, _content and _content_grad (NULL where the kind
+ * has none: the rotation's per-token tables, read by rope_impl.h, have none;
+ * a kind adds rows or reads the content logits).
  */
 #ifndef POSENC_ENGINE_TERM_KINDS_IMPL_H
 #define POSENC_ENGINE_TERM_KINDS_IMPL_H
@@ -18,7 +19,8 @@
 
 #define TERM_KIND_(name, ...)                                                      \
     {term_##name##_unit, term_##name##_unit_scratch, term_##name##_rows,         \
-     term_##name##_grad_rows, term_##name##_grad_scratch},
+     term_##name##_grad_rows, term_##name##_grad_scratch, term_##name##_content,  \
+     term_##name##_content_grad},
 static const term_kind term_kinds[POSENC_TERM_COUNT] = {POSENC_TERMS(TERM_KIND_, )};
 #undef TERM_KIND_
 
@@ -50,6 +52,28 @@ static int terms_additive(const posenc_problem *p)
     return 0;
 }
 
+/* Whether p has kind k and it reads the content logits (cope). */
+static int term_reads_content(const posenc_problem *p, int k)
+{
+    return posenc_term_present(p, k) && term_kinds[k].content != NULL;
+}
+
+/* The kind of p that reads the content logits, or -1 (csrc/terms.h's validation
+ * keeps such a kind alone). */
+static int terms_content_kind(const posenc_problem *p)
+{
+    for (int k = 0; k < POSENC_TERM_COUNT; ++k)
+        if (term_reads_content(p, k))
+            return k;
+    return -1;
+}
+
+/* Whether p has kind k and the kind forms unit data (term_kind's unit). */
+static int term_has_unit(const posenc_problem *p, int k)
+{
+    return posenc_term_present(p, k) && term_kinds[k].unit != NULL;
+}
+
 /* Kind k's REAL elements in a thread's unit data (aligned for the next kind's). */
 static size_t term_unit_data_size(const posenc_problem *p, int k)
 {
@@ -61,7 +85,7 @@ static size_t terms_unit_scratch(const posenc_problem *p)
 {
     size_t total = 0;
     for (int k = 0; k < POSENC_TERM_COUNT; ++k)
-        if (term_adds(p, k))
+        if (term_has_unit(p, k))
             total += term_unit_data_size(p, k);
     return total;
 }
@@ -71,7 +95,7 @@ static void terms_unit(const posenc_problem *p, const posenc_kernels *kern, size
                        REAL *scratch)
 {
     for (int k = 0; k < POSENC_TERM_COUNT; ++k)
-        if (term_adds(p, k)) {
+        if (term_has_unit(p, k)) {
             term_unit t = term_unit_of(p, kern, k, b, h);
             t.unit_data = scratch;
             term_kinds[k].unit(&t);
@@ -86,15 +110,29 @@ static int terms_rows(const posenc_problem *p, const posenc_kernels *kern, int o
                       size_t ldp, size_t b, size_t h, size_t i0, size_t rows, size_t k0,
                       size_t cols, REAL *scratch)
 {
-    for (int k = 0; k < POSENC_TERM_COUNT; ++k)
+    for (int k = 0; k < POSENC_TERM_COUNT; ++k) {
         if (term_adds(p, k)) {
             term_unit t = term_unit_of(p, kern, k, b, h);
             t.unit_data = scratch;
             term_kinds[k].rows(&t, op, P, ldp, i0, rows, k0, cols);
-            scratch += term_unit_data_size(p, k);
             op = POSENC_ADD;
         }
+        if (term_has_unit(p, k))
+            scratch += term_unit_data_size(p, k);
+    }
     return op;
+}
+
+/* The content-reading kind k of p (terms_content_kind) on rows [i0, i0 + rows) of unit
+ * (b, h), keys [k0, cols), of the content logits in C (term_kind's content; scratch: the
+ * unit data terms_unit formed, of which k's is the only one: the kind is alone). */
+static void terms_content(const posenc_problem *p, const posenc_kernels *kern, int k, size_t b,
+                          size_t h, const REAL *q, REAL *C, size_t ldc, size_t i0, size_t rows,
+                          size_t k0, size_t cols, const term_seen *seen, REAL *scratch)
+{
+    term_unit t = term_unit_of(p, kern, k, b, h);
+    t.unit_data = scratch;
+    term_kinds[k].content(&t, q, C, ldc, i0, rows, k0, cols, seen);
 }
 
 /* Unit u's gradients of kind k (NULL where not wanted) in g. */
@@ -114,7 +152,8 @@ static int terms_grads_wanted(const posenc_problem *p, const posenc_grads *g)
 {
     for (int k = 0; k < POSENC_TERM_COUNT; ++k)
         for (int a = 0; a < POSENC_TERM_ARRAYS_MAX; ++a)
-            if (term_adds(p, k) && p->terms[k].array[a].data && g->terms[k][a])
+            if ((term_adds(p, k) || term_reads_content(p, k)) && p->terms[k].array[a].data &&
+                g->terms[k][a])
                 return 1;
     return 0;
 }
@@ -137,9 +176,25 @@ static size_t terms_grad_scratch(const posenc_problem *p)
 {
     size_t most = 0;
     for (int k = 0; k < POSENC_TERM_COUNT; ++k)
-        if (term_adds(p, k))
+        if (term_adds(p, k) || term_reads_content(p, k))
             most = posenc_max(most, term_kinds[k].grad_scratch(p));
     return most;
+}
+
+/* Rows [i0, i0 + rows) of unit u's logits gradient G through the content-reading kind k
+ * (term_kind's content_grad): the content's gradient into Gc, q's through the term into dq,
+ * the kind's own gradients (scratch: terms_grad_scratch(p) doubles). */
+static void terms_content_grad(const posenc_problem *p, const posenc_kernels *kern,
+                               const posenc_grads *g, int k, size_t u, const REAL *q,
+                               const REAL *k_u, double scale, const REAL *G, REAL *Gc, size_t ldg,
+                               size_t i0, size_t rows, size_t first, size_t cols,
+                               const term_seen *seen, REAL *dq, double *scratch)
+{
+    double *grad[POSENC_TERM_ARRAYS_MAX];
+    terms_unit_grads(p, g, k, u, grad);
+    const term_unit t = term_unit_of(p, kern, k, u / p->H, u % p->H);
+    term_kinds[k].content_grad(&t, grad, q, k_u, scale, G, Gc, ldg, i0, rows, first, cols, seen,
+                               dq, scratch);
 }
 
 /* Rows [i0, i0 + rows) of unit u's logits gradient into its module gradients (scratch:

@@ -250,5 +250,9 @@ static size_t term_relative_bias_2d_grad_scratch(const posenc_problem *p)
     return posenc_round_up((p->m + 1) / 2, 8) + L;
 }
 
+/* It adds rows: it does not read the content logits. */
+#define term_relative_bias_2d_content NULL
+#define term_relative_bias_2d_content_grad NULL
+
 #endif /* REAL */
 #endif /* POSENC_ENGINE_TERM_RELATIVE_BIAS_2D_IMPL_H */

@@ -22,6 +22,14 @@ typedef struct {
                                unit_scratch(p) elements (NULL elsewhere) */
 } term_unit;
 
+/* Which keys the rows see, for a kind that reads the content logits (a fused
+ * attention's masks): unseen_zero(ctx, x, b, i, cols) sets x[j] = 0 for the keys
+ * j < cols that row i (of the unit's rows) of batch row b does not see. */
+typedef struct {
+    const void *ctx;
+    void (*unseen_zero)(const void *ctx, REAL *x, size_t b, size_t i, size_t cols);
+} term_seen;
+
 /*
  * unit: what the forward's rows of unit (b, h) read, formed once per unit into
  *   t->unit_data (unit_scratch(p) elements of REAL, a thread's).
@@ -33,6 +41,19 @@ typedef struct {
  *   unit's gradients grad[a] (NULL: not wanted), zeroed when the unit began;
  *   called for a unit's rows in order, so that its sums have one order;
  *   scratch: the thread's grad_scratch(p) doubles.
+ * content: (a kind that reads the content logits, rows NULL; NULL elsewhere)
+ *   rows [i0, i0 + rows) of the unit, keys [k0, cols): C holds their content
+ *   logits s q.k (row r at C + r ldc, key j at column j), which the kind turns
+ *   into the logits in place; q: the unit's q as the content read it (row i at
+ *   q + i d); seen: which keys the rows see (NULL: the kind's own rule), keys
+ *   outside [k0, cols) seen by none; `unit` ran for the unit.
+ * content_grad: its backward for rows [i0, i0 + rows) of the logits' gradient G
+ *   (row r at G + r ldg, zero outside keys [first, cols)): into Gc (the same
+ *   layout, keys [first, cols) written) the content logits' gradient, G plus its
+ *   path through the term; into dq (row r at dq + r d, set) q's gradient through
+ *   the term beside the content's; the term's own into grad[a] as grad_rows;
+ *   q, k: the unit's (key j at k + j d), scale: the content's s; scratch: the
+ *   thread's grad_scratch(p) doubles.
  */
 typedef struct {
     void (*unit)(const term_unit *t);
@@ -42,6 +63,12 @@ typedef struct {
     void (*grad_rows)(const term_unit *t, double *const *grad, const REAL *G, size_t ldg,
                       size_t i0, size_t rows, size_t first, size_t cols, double *scratch);
     size_t (*grad_scratch)(const posenc_problem *p);
+    void (*content)(const term_unit *t, const REAL *q, REAL *C, size_t ldc, size_t i0,
+                    size_t rows, size_t k0, size_t cols, const term_seen *seen);
+    void (*content_grad)(const term_unit *t, double *const *grad, const REAL *q, const REAL *k,
+                         double scale, const REAL *G, REAL *Gc, size_t ldg, size_t i0,
+                         size_t rows, size_t first, size_t cols, const term_seen *seen, REAL *dq,
+                         double *scratch);
 } term_kind;
 
 #endif /* POSENC_ENGINE_TERM_UNIT_IMPL_H */

@@ -22,6 +22,7 @@ from . import native
 from ._common import (HALF_DTYPES, SEED_WRAP, autocast_inputs, register_autocast, seed_value,
                       to_c_array, to_numpy, to_tensor)
 from ._ops import PARAMS
+from .._signatures import attention_option
 
 
 # The attention's arguments other than v and sinks (the one float among them: a tensor
@@ -39,6 +40,25 @@ _TENSOR_OPTIONS = tuple((OPTIONS.index(name), name)
 _SINKS_AMONG = _NAMES.index("sinks") - 1
 # _call passes the options to check_attention by position
 assert tuple(inspect.signature(check_attention).parameters)[2:] == _NAMES[1:]
+
+
+# The method's parameters the ops take: those that are not the attention's own option of
+# their name (cope's causal: the attention's; posenc._signatures.attention_option).
+OP_PARAMS = {method: tuple((name, kind) for name, kind in PARAMS[method]
+                           if not attention_option(name)) for method in REGISTRY}
+
+
+def _op_params(method: str, params: tuple) -> tuple:
+    """The values of OP_PARAMS[method] among the method's parameters."""
+    return tuple(value for (name, _), value in zip(PARAMS[method], params)
+                 if not attention_option(name))
+
+
+def _method_params(method: str, values: tuple, options: dict) -> tuple:
+    """The method's parameters from the ops' (OP_PARAMS) and the attention's options."""
+    given = iter(values)
+    return tuple(options[name] if attention_option(name) else next(given)
+                 for name, _ in PARAMS[method])
 
 
 def split_attention(attention: tuple) -> tuple:
@@ -150,7 +170,8 @@ def fused_attention(method: str, tensors: tuple, params: tuple, attention: tuple
             seed = torch.tensor(seed - SEED_WRAP if seed >= 1 << 63 else seed, dtype=torch.int64)
         named["seed"] = seed
         named["window"] = _window_list(named["window"])
-        out, lse = FORWARD[method](v, *tensors, *params, sinks, *named.values())
+        out, lse = FORWARD[method](v, *tensors, *_op_params(method, params), sinks,
+                                   *named.values())
     else:
         if isinstance(options[-1], torch.Tensor):    # the seed, last
             options = options[:-1] + (seed_value(options[-1]),)
@@ -178,7 +199,7 @@ def _schema(method: str, backward: bool) -> str:
                             for name in spec.tensors]
     if backward:
         args += ["Tensor out", "Tensor lse", "Tensor? d_lse"]
-    args += [f"{kind} {name}" for name, kind in PARAMS[method]]
+    args += [f"{kind} {name}" for name, kind in OP_PARAMS[method]]
     args += ["Tensor? sinks"] + [f"{_OPTION_TYPES[name]} {name}" for name in OPTIONS]
     if backward:
         args.append("int needs")
@@ -187,7 +208,7 @@ def _schema(method: str, backward: bool) -> str:
 
 def _define(method: str):
     count = len(REGISTRY[method].tensors)
-    params = len(PARAMS[method])
+    params = len(OP_PARAMS[method])
     fields = ATTENTION_GRAD_TYPES[method]._fields
     names = REGISTRY[method].tensors
 
@@ -199,7 +220,8 @@ def _define(method: str):
         values["seed"] = seed_value(values["seed"])
         if values["window"] is not None:
             values["window"] = tuple(None if side < 0 else side for side in values["window"])
-        return v, tensors, rest[:params], sinks, tuple(values.values())
+        return (v, tensors, _method_params(method, rest[:params], values), sinks,
+                tuple(values.values()))
 
     def forward(*args):
         v, tensors, values, sinks, options = split(args)

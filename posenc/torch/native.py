@@ -411,7 +411,12 @@ def attention(method: str, tensors: tuple, params: tuple, attention: tuple) -> A
         unseen = masked.all(dim=-2)[..., None]                     # (B|1, 1, m, 1)
         k, v = torch.where(unseen, 0.0, k), torch.where(unseen, 0.0, v)
         tensors = (q, k) + tuple(tensors[2:])
-    logits = _FORMULAS[method](**dict(zip(spec.tensors, tensors)), **dict(zip(names, params)))
+    named = dict(zip(names, params))
+    formula = _FORMULAS[method]
+    if spec.reads_mask:            # its logits read the keys each row sees (CoPE's gates)
+        formula = functools.partial(_MASKED_FORMULAS[method],
+                                    seen=None if masked is None else ~masked)
+    logits = formula(**dict(zip(spec.tensors, tensors)), **named)
     if options["softcap"] is not None:                 # Gemma 2
         logits = options["softcap"] * torch.tanh(logits / options["softcap"])
     if masked is not None:
@@ -446,3 +451,7 @@ for _method in REGISTRY:
     globals()[_method] = _grouped(globals()[_method])
 del _method
 _FORMULAS = {method: globals()[method] for method in REGISTRY}
+# The formulas of the methods whose logits read the mask (REGISTRY[m].reads_mask), with
+# `seen` (B|1, 1, n, m): _<method>_masked, k per query head as the others'.
+_MASKED_FORMULAS = {method: _grouped(globals()[f"_{method}_masked"]) for method in REGISTRY
+                    if REGISTRY[method].reads_mask}
