@@ -9,7 +9,8 @@ from ._common import dropout_seed
 from ._encodings import Content, PositionalEncoding
 from ._linear import project
 from .._attention import check_softcap, check_window
-from .native import attention_mask, per_query_head, softmax
+from .._registry import REGISTRY
+from .native import _MASKED_FORMULAS, attention_mask, per_query_head, softmax
 
 
 class PositionalSelfAttention(nn.Module):
@@ -197,12 +198,10 @@ class PositionalSelfAttention(nn.Module):
                 segment_k=segment_k, causal=causal, key_padding_mask=padding,
                 query_offset=offset, dropout_p=dropout_p, seed=seed, **shapes).out
         else:
-            logits = self.encoding.logits(q, k, state=self._state(q, k, state),
-                                          segment_q=segment_ids, segment_k=segment_k,
-                                          query_offset=offset)
+            masked = attention_mask(q, k, offset, causal, padding, self.window, document_ids, document_k)
+            logits = self._logits(q, k, state, segment_ids, segment_k, offset, masked, attn_mask)
             if self.softcap is not None:
                 logits = self.softcap * torch.tanh(logits / self.softcap)
-            masked = attention_mask(q, k, offset, causal, padding, self.window, document_ids, document_k)
             if masked is not None:
                 logits = logits.masked_fill(masked, float("-inf"))
             if attn_mask is not None:
@@ -212,6 +211,26 @@ class PositionalSelfAttention(nn.Module):
             out = torch.matmul(weights, per_query_head(v, self.num_heads))
         out = project(self.out_proj, out.transpose(1, 2).reshape(batch, n, -1))
         return (out, cache) if use_cache else out
+
+
+    def _logits(self, q, k, state, segment_q, segment_k, offset, masked, attn_mask):
+        """The unfused path's logits: the encoding's; for an encoding whose logits read the
+        keys each row sees (CoPE's gates: REGISTRY[method].reads_mask) its method's torch
+        formula on those keys (the masks and a boolean attn_mask's; an additive one is
+        refused: which keys would its gates count?)."""
+        state = self._state(q, k, state)
+        if not REGISTRY[self.encoding.method].reads_mask:
+            return self.encoding.logits(q, k, state=state, segment_q=segment_q,
+                                        segment_k=segment_k, query_offset=offset)
+        if attn_mask is not None and attn_mask.dtype != torch.bool:
+            raise ValueError(f"{type(self.encoding).__name__}'s gates count the keys each row "
+                             "sees: give attn_mask as bool (True = masked), not additive")
+        if attn_mask is not None:
+            masked = attn_mask if masked is None else masked | attn_mask
+        method, keywords = self.encoding.arguments(q, k, state=state, segment_q=segment_q,
+                                                   segment_k=segment_k, query_offset=offset)
+        return _MASKED_FORMULAS[method](q, k, **keywords,
+                                        seen=None if masked is None else ~masked)
 
 
 def _check_attn_mask(mask, batch: int, heads: int, n: int, m: int) -> None:
