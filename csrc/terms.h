@@ -49,7 +49,11 @@
          "rope_token: per-token rotary tables (no (P, r) tables, no positions), "         \
          "cos and sin n x rope_pairs, cos_k and sin_k m x rope_pairs, 2 rope_pairs <= d", \
          ARRAY(rope_token, cos, 1, 1, 0) ARRAY(rope_token, sin, 1, 1, 0)                  \
-         ARRAY(rope_token, cos_k, 1, 1, 0) ARRAY(rope_token, sin_k, 1, 1, 0))
+         ARRAY(rope_token, cos_k, 1, 1, 0) ARRAY(rope_token, sin_k, 1, 1, 0))             \
+    TERM(cope, term_cope_valid(p),                                                     \
+         "cope: alone (no other positional term), shape (P, causal) with P an integer in " \
+         "[1, 2^30] and causal 0 or 1, pos_emb P x d",                                 \
+         ARRAY(cope, pos_emb, 1, 1, 0) ARRAY(cope, shape, 1, 0, 2))
 
 /* POSENC_TERM_IF_<grad>(x): x for an array with a gradient (the X-macros' filter). */
 #define POSENC_TERM_IF_1(...) __VA_ARGS__
@@ -64,4 +68,5 @@
 #include "engine/term_fox_impl.h"
 #include "engine/term_relative_bias_2d_impl.h"
 #include "engine/term_rope_token_impl.h"
+#include "engine/term_cope_impl.h"
 #endif

@@ -1171,3 +1171,108 @@ class Grid2D(Term):
         bias = ctx.draw(self.name, (ctx.H, self.buckets(distance)))
         return {self.name: bias, "coords_q": coords, "coords_k": coords, "max_distance": distance}
 
+
+@dataclass(frozen=True)
+class ContextualPositions(Term):
+    """Contextual position encoding (CoPE, SPEC §3.18), the engine's `cope` term
+    module (csrc/engine/term_cope_impl.h): the position of key j from query i is the
+    sum of the gates sigmoid(s q_i.k_t) over the keys t >= j that row i sees (the
+    logits' `causal`, or a fused attention's masks), clamped to P - 1, and the term
+    interpolates q_i . pos_emb between the two rows around it.  pos_emb (P, d) shared
+    by the heads, or (H|1, P, d); P >= 1.
+
+    The term reads the content logits: it goes with nothing else.  The engine reads
+    pos_emb in float64 and gives its gradient per (b, h) unit, summed here over
+    the batch and the heads it serves."""
+
+    name: str = "pos_emb"
+    params = {"causal": Bool()}
+    reads_qk = True
+    reads_mask = True
+
+    @property
+    def tensors(self):
+        return (self.name,)
+
+    @property
+    def depth_tensors(self):
+        return (self.name,)
+
+    def check(self, p, arrays, rows):
+        table = arrays[self.name]
+        shape = table.shape
+        if table.ndim not in (2, 3) or shape[-1] != p.d or shape[-2] < 1 or \
+                (table.ndim == 3 and shape[0] not in (p.H, 1)):
+            raise ValueError(f"{self.name} must have shape (P, d) or (H|1, P, d) = (P, {p.d}) "
+                             f"or ({p.H}|1, P, {p.d}), P >= 1 positions, got {shape_str(shape)}")
+        if shape[-2] > 2 ** 30:
+            raise ValueError(f"{self.name} has {shape[-2]} positions: at most 2**30")
+
+    @staticmethod
+    def _table(value):
+        """pos_emb as (H|1, P, d)."""
+        return value[None] if value.ndim == 2 else value
+
+    def configure(self, slots, field, spec, p, arrays):
+        table = np.ascontiguousarray(self._table(arrays[self.name]), dtype=np.float64)
+        heads, P = table.shape[0], table.shape[1]
+        slots[field["cope_pos_emb"]] = table.reshape(1, heads, P * p.d)
+        slots[field["cope_shape"]] = np.array([P, float(p.params["causal"])]).reshape(1, 1, 2)
+
+    def gradients(self, spec):
+        return ((self.name, "cope_pos_emb", self._finish),)
+
+    def _finish(self, p, grad: np.ndarray) -> np.ndarray:
+        """pos_emb's gradient from the engine's per unit (B, H, P d), float64: summed over
+        the batch and the heads a shared table serves, in pos_emb's shape and the call's
+        dtype."""
+        table = p.arrays[self.name]
+        grad = grad.sum(axis=0)
+        if table.ndim == 2 or table.shape[0] == 1:
+            grad = grad.sum(axis=0, keepdims=True)
+        return narrow(grad.reshape(table.shape), p.dtype)
+
+    @staticmethod
+    def positions(m: int) -> int:
+        """The examples' P: about a third of the keys (random gates average 1/2: the
+        early keys' positions clamp)."""
+        return max(1, (m + 2) // 3)
+
+    def example(self, ctx, spec, values):
+        return {self.name: ctx.normal(ctx.heads, self.positions(ctx.m), ctx.d)}
+
+    def picture(self, ctx, spec, params):
+        table = ctx.draw(self.name, (ctx.H, self.positions(ctx.n), ctx.d))
+        return {} if table is None else {self.name: table}
+
+    def magnitudes(self, p, values):
+        """|e| is at most the largest |q_i . pos_emb[t]| over t, whatever the positions:
+        each row of |pos_emb| replaced by the largest of its column."""
+        table = values[self.name]
+        values[self.name] = np.broadcast_to(table.max(axis=-2, keepdims=True), table.shape).copy()
+
+    def grad_magnitudes(self, p, grads, weights):
+        """pos_emb's rows: the magnitudes' positions are not the call's, so each row gets
+        what every position gives (the sum over the rows).  The gates' path, which the
+        magnitudes' constant projections leave out: dZ_ij gains g (1 - g) sum_{j' <= j}
+        W_ij' (qe[ceil] - qe[floor]), at most W_i = (1/2) max_t |q_i . pos_emb[t]| sum_j
+        W_ij (g (1 - g) <= 1/4), so dq_i gains s W_i sum_j |k_j| and dk_j s sum_i W_i |q_i|."""
+        if grads.get(self.name) is not None:
+            total = grads[self.name].sum(axis=-2, keepdims=True)
+            grads[self.name] = np.broadcast_to(total, grads[self.name].shape).copy()
+        table = np.abs(np.asarray(p.arrays[self.name], dtype=np.float64))
+        q = np.abs(np.asarray(p.arrays["q"], dtype=np.float64))
+        k = np.abs(np.asarray(p.arrays["k"], dtype=np.float64))
+        group = p.H // p.H_kv
+        peak = np.broadcast_to(table.max(axis=-2), (p.H, p.d) if table.ndim == 3
+                               else (1, p.d))                                   # (H|1, d)
+        row = 0.5 * np.einsum("bhid,hd->bhi", q, np.broadcast_to(peak, (p.H, p.d))) * \
+            np.asarray(weights, dtype=np.float64).sum(axis=-1)                  # (B, H, n)
+        s = abs(p.scale)
+        k_heads = np.repeat(k, group, axis=1)                                  # (B, H, m, d)
+        if grads.get("q") is not None:
+            grads["q"] = grads["q"] + s * row[..., None] * k_heads.sum(axis=2)[:, :, None]
+        if grads.get("k") is not None:
+            extra = s * np.einsum("bhi,bhid->bhd", row, q)[:, :, None]          # (B, H, 1, d)
+            extra = np.broadcast_to(extra, k_heads.shape)
+            grads["k"] = grads["k"] + extra.reshape(p.B, p.H_kv, group, p.m, p.d).sum(axis=2)

@@ -15,6 +15,8 @@ A method is the content term ``s q_i.k_j`` plus terms of a few kinds
                              and query (a term module of the engine: csrc/terms.h)
     Grid2D()                 bias[h, bucket(clipped 2-D offset)] of tokens on a grid
                              (Swin, BEiT: a term module)
+    ContextualPositions()    q_i . pos_emb at positions counted by the row's gates
+                             sigmoid(s q_i.k_t) (CoPE: a term module reading the content)
 
 with at most one bucket map (`MAPS`) from the offset to a table row.  Each
 kind owns its checks, engine configuration, gradients, example inputs and
@@ -42,13 +44,15 @@ from dataclasses import dataclass, field
 import numpy as np
 
 
-from ._kinds import (COMMON_PARAMS, MAPS, Choice, Dense, ForgetGates, Grid2D, KeyTable,
+from ._kinds import (COMMON_PARAMS, MAPS, Choice, ContextualPositions, Dense, ForgetGates,
+                     Grid2D, KeyTable,
                      OffsetBias, QueryTable, Reset, Rotary, Segments, Table, diagonal_map,
                      diagonal_offsets)
 from .rotary import rope_tables, xpos_tables
 
 __all__ = ["REGISTRY", "METHODS", "INDEX_TENSORS", "EXPORTS", "Method", "MAPS", "Dense", "Table",
            "QueryTable", "KeyTable", "Reset", "Segments", "OffsetBias", "Rotary", "ForgetGates", "Grid2D",
+           "ContextualPositions",
            "diagonal_map", "diagonal_offsets"]
 
 # Every function's last keyword (SPEC §1): query row i sits at position query_offset + i.
@@ -451,6 +455,23 @@ HF Swin's and BEiT's tables reversed (they index query minus key); s = 1/sqrt(d)
         bench=Bench(((1, 0, 0, 0, 2), (2, 0, 0, 0, 2)), ("C + 2N", "2C + 2N"), (3, 0, 2),
                     group="additive"),
         plot_init={"bias": 2.0}),
+)
+
+_ENTRIES += (
+    Method(
+        "cope", "CoPE, Golovneva et al. 2024 (contextual position encoding)",
+        "pos_emb, *, causal=False, scale=None",
+        terms=(ContextualPositions(),),
+        formula="""\
+Contextual position encoding, Golovneva et al. 2024 (SPEC 3.18): A_ij = Z_ij + e_ij, Z_ij = s q_i.k_j;
+the gates g_ij = sigmoid(Z_ij) over the keys row i sees (all, keys j <= i' when causal, a fused
+attention's masks), 0 elsewhere; the position p_ij = min(sum_{t >= j} g_it, P - 1);
+e_ij = w q_i.pos_emb[ceil p_ij] + (1 - w) q_i.pos_emb[floor p_ij], w = p_ij - floor p_ij (q
+unscaled); pos_emb (P, d) or (H|1, P, d), with a gradient, and the gates' path into q and k;
+s = 1/sqrt(d).""",
+        bench=Bench(((1, 0, 0, 0, 2), (2, 0, 0, 0, 2)), ("C + 2N", "2C + 2N"), (3, 0, 2),
+                    group="additive"),
+        plot_init={"pos_emb": 1.0}),
 )
 
 REGISTRY = {entry.name: entry for entry in _ENTRIES}

@@ -952,6 +952,74 @@ def _relative_bias_2d_grads(p, G):
     return grads
 
 
+# SPEC 3.18  CoPE (Golovneva et al. 2024): A_ij = Z_ij + e_ij, the positions p_ij the reverse
+# sums of the gates sigmoid(Z_it) over the keys t >= j the row sees, e_ij q_i . pos_emb
+# interpolated between floor(p_ij) and ceil(p_ij)
+def _cope_seen(p) -> np.ndarray:
+    """(B|1, 1, n, m) bool: the keys each row's gates see: a fused attention's (p.seen),
+    else all, or with causal the keys j <= i'."""
+    if p.seen is not None:
+        return p.seen
+    if p.params["causal"]:
+        return (_key_minus_query(p) <= 0)[None, None]
+    return np.ones((1, 1, p.n, p.m), dtype=bool)
+
+
+def _cope_terms(p) -> tuple:
+    """(Z, gates, positions, qe, floor, ceil, w), float64: qe (B, H, n, P) = q_i . pos_emb[t]
+    (q unscaled); floor and ceil as indices (0 where the position is NaN)."""
+    q, k = _qk(p)
+    Z = p.params["scale"] * _dot_qk(q, k)
+    table = _wide(p.arrays["pos_emb"])
+    table = np.broadcast_to(table[None] if table.ndim == 2 else table,
+                            (p.H,) + table.shape[-2:])                       # (H, P, d)
+    with np.errstate(over="ignore", invalid="ignore"):
+        gates = np.where(_cope_seen(p), 1.0 / (1.0 + np.exp(-Z)), 0.0)
+    positions = np.minimum(np.cumsum(gates[..., ::-1], axis=-1)[..., ::-1], table.shape[1] - 1)
+    qe = np.einsum("bhid,hpd->bhip", q, table)
+    floor = np.floor(np.nan_to_num(positions))
+    w = positions - floor                                                    # NaN stays NaN
+    lo = floor.astype(np.int64)
+    hi = lo + (w > 0)
+    return Z, gates, positions, qe, lo, hi, w
+
+
+def _cope_logits(p):
+    Z, _, _, qe, lo, hi, w = _cope_terms(p)
+    with np.errstate(invalid="ignore"):
+        e = (w * np.take_along_axis(qe, hi, axis=-1) +
+             (1 - w) * np.take_along_axis(qe, lo, axis=-1))
+    return Z + e
+
+
+def _cope_grads(p, G):
+    Z, gates, positions, qe, lo, hi, w = _cope_terms(p)
+    valid = ~np.isnan(positions)
+    P = qe.shape[-1]
+    # e = w qe[hi] + (1 - w) qe[lo]: qe's gradient at the two rows, and de/dp = qe[hi] - qe[lo]
+    dqe = np.zeros(qe.shape)
+    pairs = np.arange(p.B * p.H * p.n).repeat(p.m)                         # each pair's row
+    for rows, weight in ((lo, 1 - w), (hi, w)):
+        part = np.where(valid, weight * G, 0.0)
+        np.add.at(dqe.reshape(-1, P), (pairs, rows.reshape(-1)), part.reshape(-1))
+    with np.errstate(invalid="ignore"):
+        d_pos = np.where(valid, G * (np.take_along_axis(qe, hi, axis=-1) -
+                                     np.take_along_axis(qe, lo, axis=-1)), np.nan)
+        # p_j = sum_{t >= j} g_t: dL/dg_t = sum_{j <= t} dL/dp_j; dg/dZ = g (1 - g)
+        d_gates = np.cumsum(d_pos, axis=-1)
+        slope = gates * (1 - gates)
+        d_Z = G + np.where(slope != 0, d_gates * slope, 0.0)
+    grads = _content_term_grads(p, d_Z)
+    table = p.arrays["pos_emb"]
+    q = _wide(p.arrays["q"])
+    grads["q"] = grads["q"] + np.einsum("bhip,hpd->bhid", dqe, np.broadcast_to(
+        _wide(table)[None] if table.ndim == 2 else _wide(table), (p.H,) + table.shape[-2:]))
+    per_head = np.einsum("bhip,bhid->hpd", dqe, q)
+    grads["pos_emb"] = (per_head.sum(axis=0) if table.ndim == 2 else
+                        _fold_heads(per_head, table))
+    return grads
+
+
 def _method_grads(p, G) -> dict:
     """The method's float64 gradients of sum(G * A), k's summed over its query heads."""
     grads = globals()[f"_{p.method}_grads"](p, G)

@@ -86,9 +86,9 @@ def _mutations(method):
             four, four_shape = heads(name, 4)
             add((f"{name} heads 2", set_arg(name, two), ValueError, [name, "H|1", two_shape]))
             add((f"{name} heads 4", set_arg(name, four), ValueError, [name, four_shape]))
-        if given[name].ndim >= 2:
+        if given[name].ndim >= 2 and name != "pos_emb":    # CoPE's P rows are the caller's
             add((f"{name} rows", set_arg(name, lambda v: v[:, :-1]), ValueError, [name, "got"]))
-        if name in ("rel_k", "pos_key", "pos_query"):
+        if name in ("rel_k", "pos_key", "pos_query", "pos_emb"):
             add((f"{name} depth", set_arg(name, lambda v: v[..., :-1]), ValueError, [name, "got"]))
         if name == "theta":
             add(("theta (H, 3)", set_arg(name, lambda v: np.concatenate([v, v[:, :1]], 1)), ValueError,

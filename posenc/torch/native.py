@@ -31,7 +31,7 @@ from .._attention import ATTENTION_OPTIONS, Attention, attention_dropout_mask
 from .._registry import REGISTRY
 from ._common import bucket_index, check_segment_range, seed_value, validate, validate_attention
 
-__all__ = ["alibi", "attention", "content", "deberta", "diet_abs", "diet_rel", "fox", "m2", "m4",
+__all__ = ["alibi", "attention", "content", "cope", "deberta", "diet_abs", "diet_rel", "fox", "m2", "m4",
            "m4m", "kerple", "relative_bias", "relative_bias_2d", "rope", "shaw", "t5", "tupe"]
 
 
@@ -294,6 +294,34 @@ def fox(q, k, log_fgate, *, log_fgate_reverse=None, scale=None, query_offset=0):
         other = r[..., None, :] - r[..., rows, None]
     decay = torch.where(before, decay, other)
     return _content(q, k, _scale(scale, q.shape[-1])) + decay.to(q.dtype)
+
+
+def cope(q, k, pos_emb, *, causal=False, scale=None, query_offset=0):
+    return _cope_masked(q, k, pos_emb, causal=causal, scale=scale, query_offset=query_offset)
+
+
+def _cope_masked(q, k, pos_emb, *, causal=False, scale=None, query_offset=0, seen=None):
+    """cope, its gates over `seen` (B|1, 1, n, m) bool, the keys each row sees (a fused
+    attention's masks: attention); None: every key, or with causal the keys j <= i'."""
+    _check("cope", {"q": q, "k": k, "pos_emb": pos_emb},
+           {"causal": causal, "scale": scale, "query_offset": query_offset})
+    logits = _content(q, k, _scale(scale, q.shape[-1]))
+    # x-transformers' CoPE: the gates' reverse sums along the row, clamped, and the
+    # projections q . pos_emb interpolated between the rows around each position
+    gates = torch.sigmoid(logits)
+    if seen is None and causal:
+        rows = torch.arange(q.shape[-2], device=q.device) + query_offset
+        seen = torch.arange(k.shape[-2], device=q.device)[None, :] <= rows[:, None]
+    if seen is not None:
+        gates = torch.where(seen, gates, 0.0)
+    positions = gates.flip(-1).cumsum(dim=-1).flip(-1).clamp(max=pos_emb.shape[-2] - 1)
+    table = pos_emb if pos_emb.dim() == 3 else pos_emb[None]
+    projections = torch.matmul(q, table.transpose(-1, -2))              # (B, H, n, P)
+    floor = torch.nan_to_num(positions.detach()).floor()
+    w = positions - floor
+    lo = floor.long()
+    hi = lo + (w > 0).long()
+    return logits + (w * projections.gather(-1, hi) + (1 - w) * projections.gather(-1, lo))
 
 
 def _rotate(x, cos, sin, positions, interleaved: bool):

@@ -47,6 +47,7 @@ __all__ = [
     "DebertaRelative",
     "DebertaRelativeEmbeddings",
     "ContinuousPositionBias",
+    "CoPE",
     "ForgetGates",
     "KERPLE",
     "M2Relative",
@@ -709,6 +710,39 @@ class ForgetGates(PositionalEncoding):
             gates, reverse = state
         return "fox", dict(log_fgate=gates, log_fgate_reverse=reverse, scale=self.scale,
                            query_offset=query_offset)
+
+
+class CoPE(PositionalEncoding):
+    """Contextual position encoding: Golovneva et al. 2024, *Contextual Position
+    Encoding: Learning to Count What's Important* (SPEC 3.18).
+
+    Positions are counted by the content: query i gates each key it sees by
+    ``g_ij = σ(q_i·k_j/sqrt(d))``, key j sits at ``p_ij = Σ_{t≥j} g_it`` (clamped to
+    ``max_pos - 1``), and ``A_ij = q_i·k_j/sqrt(d) + q_i·e[p_ij]``, the embedding
+    interpolated between the rows around ``p_ij``.  ``pos_emb`` ``(max_pos, head_dim)``
+    is shared by the heads as in the paper and x-transformers' ``CoPE`` (``per_head``:
+    one per head), zero at first as there.  The kernels compute it fused, forward and
+    backward (the gates' path into q and k included), never forming ``(n, m)``
+    positions; the fused attention's masks (causal, padding, windows, documents) are
+    the keys the gates see.  ``causal=True`` masks the keys after each query for the
+    gates of ``logits`` (a decoder's); the attention takes its own ``causal``.
+    """
+
+    method = "cope"
+
+    def __init__(self, num_heads: int, head_dim: int, max_pos: int = 16, *,
+                 per_head: bool = False, causal: bool = False, scale: float | None = None):
+        super().__init__(num_heads)
+        self.max_pos, self.per_head, self.causal, self.scale = max_pos, per_head, causal, scale
+        shape = (num_heads, max_pos, head_dim) if per_head else (max_pos, head_dim)
+        self.pos_emb = nn.Parameter(torch.zeros(shape))
+
+    def arguments(self, q, k, *, state=None, segment_q=None, segment_k=None, query_offset=0):
+        return "cope", dict(pos_emb=self.pos_emb, scale=self.scale, query_offset=query_offset)
+
+    def logits(self, q, k, *, state=None, segment_q=None, segment_k=None, query_offset=0):
+        method, keywords = self.arguments(q, k, query_offset=query_offset)
+        return getattr(F, method)(q, k, causal=self.causal, **keywords)
 
 
 class ALiBi(PositionalEncoding):

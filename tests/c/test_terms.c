@@ -11,7 +11,10 @@
  * validation of coordinates and table lengths.  The rotation's per-token tables
  * (csrc/engine/term_rope_token_impl.h, read by rope_impl.h) from docs/spec.md
  * §3.16: logits, dq, dk (grouped-query heads) and the four tables' gradients
- * against naive loops, every ISA, threads, and their validation.
+ * against naive loops, every ISA, threads, and their validation.  CoPE
+ * (csrc/engine/term_cope_impl.h) from docs/spec.md §3.18: logits, dq, dk and the
+ * table's gradient against its forward and backward written out as loops, with and
+ * without the logits' causal gates, tables longer and shorter than the positions.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -691,6 +694,189 @@ static void token_case(size_t B, size_t H, size_t H_kv, size_t n, size_t m, size
     token_release(&t);
 }
 
+/* ------------------------------------------------------------ cope */
+
+/* A CoPE problem: q (B, H, n, d), k (B, H, m, d), a table (H, P, d) per head, the logits'
+ * causal flag (docs/spec.md §3.18). */
+typedef struct {
+    size_t B, H, n, m, d, P, offset;
+    int causal;
+    double *q, *k, *G, *table, shape[2];
+    float *q32, *k32, *G32;
+    posenc_problem p;
+} cope_data;
+
+static void cope_build(cope_data *c, size_t B, size_t H, size_t n, size_t m, size_t d, size_t P,
+                       int causal)
+{
+    memset(c, 0, sizeof *c);
+    c->B = B, c->H = H, c->n = n, c->m = m, c->d = d, c->P = P, c->causal = causal;
+    c->offset = m > n ? m - n : 0;
+    c->q = doubles(B * H * n * d), c->k = doubles(B * H * m * d), c->G = doubles(B * H * n * m);
+    c->table = doubles(H * P * d);
+    c->q32 = floats(c->q, B * H * n * d), c->k32 = floats(c->k, B * H * m * d);
+    c->G32 = floats(c->G, B * H * n * m);
+    c->shape[0] = (double)P, c->shape[1] = causal;
+}
+
+static void cope_point(cope_data *c, posenc_dtype dtype)
+{
+    posenc_problem *p = &c->p;
+    memset(p, 0, sizeof *p);
+    p->dtype = dtype;
+    p->B = c->B, p->H = c->H, p->H_kv = c->H, p->n = c->n, p->m = c->m, p->d = c->d;
+    p->scale = 0.7;
+    p->query_offset = c->offset;
+    p->q = dtype == POSENC_F64 ? (const void *)c->q : c->q32;
+    p->k = dtype == POSENC_F64 ? (const void *)c->k : c->k32;
+    p->terms[POSENC_TERM_cope].array[0] =
+        (posenc_term_array){c->table, 0, c->P * c->d, c->P * c->d};
+    p->terms[POSENC_TERM_cope].array[1] = (posenc_term_array){c->shape, 0, 0, 2};
+}
+
+static void cope_release(cope_data *c)
+{
+    free(c->q), free(c->k), free(c->G), free(c->table);
+    free(c->q32), free(c->k32), free(c->G32);
+}
+
+/* The naive logits, dq, dk and the table's per-unit gradient (B, H, P d), the forward and
+ * its backward written out as loops (docs/spec.md §3.18). */
+static void cope_naive(const cope_data *c, double *A, double *dq, double *dk, double *dt)
+{
+    const size_t B = c->B, H = c->H, n = c->n, m = c->m, d = c->d, P = c->P;
+    double *z = malloc(sizeof(double) * (m + 1)), *g = malloc(sizeof(double) * (m + 1));
+    double *pos = malloc(sizeof(double) * (m + 1)), *qe = malloc(sizeof(double) * P);
+    double *dqe = malloc(sizeof(double) * P);
+    memset(dq, 0, sizeof(double) * B * H * n * d);
+    memset(dk, 0, sizeof(double) * B * H * m * d);
+    memset(dt, 0, sizeof(double) * B * H * P * d);
+    for (size_t u = 0; u < B * H; ++u) {
+        const double *table = c->table + (u % H) * P * d;
+        for (size_t i = 0; i < n; ++i) {
+            const double *qi = c->q + (u * n + i) * d;
+            for (size_t j = 0; j < m; ++j) {
+                double dot = 0;
+                for (size_t e = 0; e < d; ++e) dot += qi[e] * c->k[(u * m + j) * d + e];
+                z[j] = 0.7 * dot;
+                g[j] = c->causal && j > c->offset + i ? 0 : 1 / (1 + exp(-z[j]));
+            }
+            for (size_t j = m; j-- > 0;) {
+                double sum = 0;
+                for (size_t t = j; t < m; ++t) sum += g[t];
+                pos[j] = sum < (double)(P - 1) ? sum : (double)(P - 1);
+            }
+            for (size_t t = 0; t < P; ++t) {
+                qe[t] = 0, dqe[t] = 0;
+                for (size_t e = 0; e < d; ++e) qe[t] += qi[e] * table[t * d + e];
+            }
+            double acc = 0;   /* dL/dg_j: the dL/dp of the keys up to j */
+            for (size_t j = 0; j < m; ++j) {
+                const size_t lo = (size_t)floor(pos[j]), hi = (size_t)ceil(pos[j]);
+                const double w = pos[j] - floor(pos[j]), G = c->G[(u * n + i) * m + j];
+                A[(u * n + i) * m + j] = z[j] + w * qe[hi] + (1 - w) * qe[lo];
+                dqe[lo] += (1 - w) * G, dqe[hi] += w * G;
+                acc += G * (qe[hi] - qe[lo]);
+                const double dz = 0.7 * (G + acc * g[j] * (1 - g[j]));
+                for (size_t e = 0; e < d; ++e) {
+                    dq[(u * n + i) * d + e] += dz * c->k[(u * m + j) * d + e];
+                    dk[(u * m + j) * d + e] += dz * qi[e];
+                }
+            }
+            for (size_t t = 0; t < P; ++t)
+                for (size_t e = 0; e < d; ++e) {
+                    dq[(u * n + i) * d + e] += dqe[t] * table[t * d + e];
+                    dt[(u * P + t) * d + e] += dqe[t] * qi[e];
+                }
+        }
+    }
+    free(z), free(g), free(pos), free(qe), free(dqe);
+}
+
+/* Logits, dq, dk and the table's per-unit gradient of c in dtype (all in double). */
+static int cope_run(cope_data *c, posenc_dtype dtype, int threads, double *A, double *dq,
+                    double *dk, double *dt)
+{
+    cope_point(c, dtype);
+    const size_t sizes[3] = {c->B * c->H * c->n * c->m, c->B * c->H * c->n * c->d,
+                             c->B * c->H * c->m * c->d};
+    const size_t item = dtype == POSENC_F64 ? sizeof(double) : sizeof(float);
+    void *raw[3];
+    for (int x = 0; x < 3; ++x)
+        raw[x] = malloc(item * (sizes[x] + 1));
+    posenc_grads g;
+    memset(&g, 0, sizeof g);
+    g.q = raw[1], g.k = raw[2];
+    g.terms[POSENC_TERM_cope][0] = dt;
+    int status = posenc_validate(&c->p, NULL);
+    if (status == POSENC_OK)
+        status = posenc_forward(&c->p, raw[0], threads);
+    if (status == POSENC_OK)
+        status = posenc_backward(&c->p, dtype == POSENC_F64 ? (const void *)c->G : c->G32, &g,
+                                 threads);
+    double *outs[3] = {A, dq, dk};
+    for (int x = 0; x < 3; ++x) {
+        for (size_t e = 0; e < sizes[x]; ++e)
+            outs[x][e] = dtype == POSENC_F64 ? ((double *)raw[x])[e] : ((float *)raw[x])[e];
+        free(raw[x]);
+    }
+    return status;
+}
+
+static void cope_case(size_t B, size_t H, size_t n, size_t m, size_t d, size_t P, int causal)
+{
+    cope_data c;
+    cope_build(&c, B, H, n, m, d, P, causal);
+    const size_t len[4] = {B * H * n * m, B * H * n * d, B * H * m * d, B * H * P * d};
+    double *naive[4], *base[4], *one[4], *two[4];
+    for (int x = 0; x < 4; ++x) {
+        naive[x] = calloc(len[x] + 1, sizeof(double)), base[x] = calloc(len[x] + 1, sizeof(double));
+        one[x] = calloc(len[x] + 1, sizeof(double)), two[x] = calloc(len[x] + 1, sizeof(double));
+    }
+    cope_naive(&c, naive[0], naive[1], naive[2], naive[3]);
+    for (int dt = 0; dt < 2; ++dt) {
+        const posenc_dtype dtype = dt ? POSENC_F64 : POSENC_F32;
+        const double rtol = (dt ? 1e-12 : 2e-5) * (double)(n + m + d);
+        char what[200];
+        posenc_set_isa(POSENC_ISA_SCALAR);
+        EXPECT(cope_run(&c, dtype, 1, base[0], base[1], base[2], base[3]) == POSENC_OK,
+               "cope status");
+        for (int x = 0; x < 4; ++x) {
+            snprintf(what, sizeof what, "cope %s %zux%zux%zux%zu P %zu causal %d output %d "
+                     "scalar vs naive", dt ? "f64" : "f32", B, H, n, m, P, causal, x);
+            compare_ieee(what, base[x], naive[x], len[x], rtol);
+        }
+        for (int isa = 0; isa < POSENC_ISA_COUNT; ++isa) {
+            if (!posenc_isa_supported((posenc_isa)isa))
+                continue;
+            posenc_set_isa((posenc_isa)isa);
+            EXPECT(cope_run(&c, dtype, 1, one[0], one[1], one[2], one[3]) == POSENC_OK, "status");
+            EXPECT(cope_run(&c, dtype, 2, two[0], two[1], two[2], two[3]) == POSENC_OK, "status");
+            for (int x = 0; x < 4; ++x) {
+                snprintf(what, sizeof what, "cope %s %zux%zux%zux%zu %s output %d",
+                         dt ? "f64" : "f32", B, H, n, m, posenc_isa_name((posenc_isa)isa), x);
+                compare_ieee(what, one[x], base[x], len[x], rtol);
+                EXPECT(memcmp(one[x], two[x], sizeof(double) * len[x]) == 0,
+                       "%s: 1 and 2 threads differ", what);
+            }
+        }
+    }
+    /* validation: P not an integer, a table of the wrong length, another term beside it */
+    cope_point(&c, POSENC_F64);
+    c.shape[0] = (double)P + 0.5;
+    EXPECT(posenc_validate(&c.p, NULL) == POSENC_EINVAL, "cope: P = %g accepted", c.shape[0]);
+    c.shape[0] = (double)P;
+    c.p.terms[POSENC_TERM_cope].array[0].per_unit += 1;
+    EXPECT(posenc_validate(&c.p, NULL) == POSENC_EINVAL, "cope: a table's length accepted");
+    cope_point(&c, POSENC_F64);
+    const double gates[64] = {0};
+    c.p.terms[POSENC_TERM_fox].array[0] = (posenc_term_array){gates, 0, 0, m};
+    EXPECT(m > 64 || posenc_validate(&c.p, NULL) == POSENC_EINVAL, "cope: fox beside it accepted");
+    for (int x = 0; x < 4; ++x)
+        free(naive[x]), free(base[x]), free(one[x]), free(two[x]);
+    cope_release(&c);
+}
+
 void test_terms(void)
 {
     const size_t sizes[][6] = {{1, 1, 1, 1, 1, 0}, {2, 3, 7, 9, 3, 2}, {1, 2, 17, 33, 9, 16},
@@ -730,5 +916,12 @@ void test_terms(void)
         if (!skip_size(z[3], z[4]))
             token_case(z[0], z[1], z[2], z[3], z[4], z[5], z[6]);
     }
-    printf("term modules: fox, relative_bias_2d, rope_token\n");
+    const size_t copes[][7] = {{1, 1, 1, 1, 1, 1, 0}, {2, 3, 7, 9, 3, 4, 1}, {1, 2, 17, 33, 8, 40, 0},
+                               {2, 1, 33, 33, 16, 5, 1}, {1, 2, 65, 70, 31, 9, 1}};
+    for (size_t s = 0; s < sizeof copes / sizeof copes[0]; ++s) {
+        const size_t *z = copes[s];
+        if (!skip_size(z[2], z[3]))
+            cope_case(z[0], z[1], z[2], z[3], z[4], z[5], (int)z[6]);
+    }
+    printf("term modules: fox, relative_bias_2d, rope_token, cope\n");
 }

@@ -1,0 +1,266 @@
+/*
+ * term_cope_impl.h -- contextual position encoding (CoPE, docs/spec.md
+ * §3.18), a term module (csrc/terms.h) that reads the content logits, for
+ * one dtype (REAL).
+ *
+ * Arrays, float64: pos_emb (per unit P d, row t at t d: the head's table, or
+ * one shared by the heads); shape (P, causal): the table's rows and, for the
+ * logits, whether the keys after a query's position are masked for its gates
+ * (a fused attention's masks say which keys a row sees instead: term_seen).
+ * Row i of a unit, with its content logits Z_ij = s q_i.k_j (the tile's, on
+ * entry) and U_i the keys it sees:
+ *
+ *   g_j = sigmoid(Z_ij) for j in U_i, 0 elsewhere
+ *   p_j = min(sum_{t >= j} g_t, P - 1)           (the keys' positions)
+ *   e_j = w qe[ceil p_j] + (1 - w) qe[floor p_j],  w = p_j - floor p_j,
+ *         qe[t] = q_i . pos_emb[t] (q unscaled)
+ *   A_ij = Z_ij + e_j.
+ *
+ * A row's positions need its last key's gate first: the row's gates are formed
+ * over its keys, then summed in double from its last key down (one order, the
+ * same in the forward and the backward), never a (B, H, n, m) tensor; a NaN gate
+ * makes its row's positions NaN from it down (a NaN position indexes nothing:
+ * its e is NaN).  Gates: exp(-|z|) by the kernels' row_exp, then 1 / (1 + e)
+ * (z >= 0) or e / (1 + e): accurate at both ends.
+ *
+ * Backward, for G = dL/dA of row i:
+ *   dqe[floor p_j] += (1 - w) G_j,  dqe[ceil p_j] += w G_j,
+ *   dL/dp_j = G_j (qe[ceil p_j] - qe[floor p_j])   (0 where clamped: ceil = floor)
+ *   dL/dg_t = sum_{j <= t} dL/dp_j                 (one running sum along the keys)
+ *   dL/dZ_ij = G_j + dL/dg_j g_j (1 - g_j)         (G_j where g_j (1 - g_j) = 0)
+ *   dq_i += dqe . pos_emb (beside the content's s dL/dZ . k),
+ *   pos_emb[t]'s gradient += sum_i dqe_i[t] q_i,
+ * with Z recomputed for a block of rows by the kernels' rows_dot.
+ */
+#ifndef POSENC_ENGINE_TERM_COPE_IMPL_H
+#define POSENC_ENGINE_TERM_COPE_IMPL_H
+
+#include <math.h>
+
+#include "engine.h"
+
+enum { COPE_POS_EMB, COPE_SHAPE };
+
+/* The table's rows P (shape[0]) and the logits' causal flag (shape[1]). */
+static inline size_t cope_rows_of(const posenc_problem *p)
+{
+    return (size_t)((const double *)p->terms[POSENC_TERM_cope].array[COPE_SHAPE].data)[0];
+}
+
+static inline int cope_causal(const posenc_problem *p)
+{
+    return ((const double *)p->terms[POSENC_TERM_cope].array[COPE_SHAPE].data)[1] != 0;
+}
+
+/* The list's condition: alone (no other term), P an integer in [1, 2^30], pos_emb P d
+ * per unit, the causal flag 0 or 1. */
+static inline int term_cope_valid(const posenc_problem *p)
+{
+    const posenc_term_array *a = p->terms[POSENC_TERM_cope].array;
+    const double *shape = (const double *)a[COPE_SHAPE].data;
+    const double rows = shape[0];
+    int others = p->pos_q || p->table || p->query_table || p->key_table || p->segment_table ||
+                 p->theta;
+    for (int k = 0; k < POSENC_TERM_COUNT; ++k)
+        others |= k != POSENC_TERM_cope && posenc_term_present(p, k);
+    return !others && rows >= 1 && rows <= 1073741824.0 && rows == floor(rows) &&
+           a[COPE_POS_EMB].per_unit == (size_t)rows * p->d && (shape[1] == 0 || shape[1] == 1);
+}
+
+#ifdef REAL   /* (entry.c reads the validation above) */
+
+#include "term_unit_impl.h"
+
+/* Rows of a block the backward takes at once (its recomputed Z: COPE_ROWS x m). */
+#define COPE_ROWS 16
+
+/* A thread's scratch: the table in REAL, a row's gates, positions and projections; the
+ * backward's block of Z and its projections' gradients.  Each part 64-byte aligned. */
+typedef struct {
+    REAL *table, *gates, *qe;   /* P d, m, P */
+    double *pos;                /* m */
+    REAL *z, *dqe_rows, *dqe_cols, *table_grad;   /* backward: COPE_ROWS m, COPE_ROWS P,
+                                                     P COPE_ROWS, P d */
+    double *dqe;                /* backward: P */
+} cope_scratch;
+
+/* Carves s from mem (REAL elements; s NULL: counts only); returns the elements. */
+static size_t cope_layout(const posenc_problem *p, int backward, cope_scratch *s, REAL *mem)
+{
+    const size_t P = cope_rows_of(p), m = p->m, d = p->d;
+    size_t at = 0;
+#define COPE_TAKE(field, type, count)                                   \
+    do {                                                                \
+        if (s)                                                          \
+            s->field = (type *)(void *)(mem + at);                      \
+        at += posenc_round_up((count) * (sizeof(type) / sizeof(REAL)), \
+                              64 / sizeof(REAL));                       \
+    } while (0)
+    COPE_TAKE(table, REAL, P * d);
+    COPE_TAKE(gates, REAL, m);
+    COPE_TAKE(qe, REAL, P);
+    COPE_TAKE(pos, double, m);
+    if (backward) {
+        COPE_TAKE(z, REAL, COPE_ROWS * m);
+        COPE_TAKE(dqe_rows, REAL, COPE_ROWS * P);
+        COPE_TAKE(dqe_cols, REAL, P * COPE_ROWS);
+        COPE_TAKE(table_grad, REAL, P * d);
+        COPE_TAKE(dqe, double, P);
+    }
+#undef COPE_TAKE
+    return at;
+}
+
+/* The unit's table in REAL. */
+static void cope_table(const term_unit *t, REAL *table)
+{
+    const double *pos_emb = t->array[COPE_POS_EMB];
+    const size_t count = cope_rows_of(t->p) * t->p->d;
+    for (size_t x = 0; x < count; ++x)
+        table[x] = (REAL)pos_emb[x];
+}
+
+static void term_cope_unit(const term_unit *t)
+{
+    cope_scratch s;
+    cope_layout(t->p, 0, &s, t->unit_data);
+    cope_table(t, s.table);
+}
+
+static size_t term_cope_unit_scratch(const posenc_problem *p)
+{
+    return cope_layout(p, 0, NULL, NULL);
+}
+
+/* Row i's gates g[j], j in [k0, cols), from its content logits z[j]: 0 at the keys it
+ * does not see (seen, or the logits' causal flag: keys past query_offset + i). */
+static void cope_gates(const term_unit *t, REAL *g, const REAL *z, size_t i, size_t k0,
+                       size_t cols, const term_seen *seen)
+{
+    if (cols <= k0)
+        return;
+    for (size_t j = k0; j < cols; ++j)
+        g[j] = z[j] < 0 ? z[j] : -z[j];   /* -|z| (NaN stays NaN) */
+    t->kern->row_exp(g + k0, cols - k0, 0.0);
+    for (size_t j = k0; j < cols; ++j)
+        g[j] = (z[j] >= 0 ? (REAL)1 : g[j]) / ((REAL)1 + g[j]);
+    if (seen) {
+        seen->unseen_zero(seen->ctx, g, t->b, i, cols);
+    } else if (cope_causal(t->p)) {
+        for (size_t j = posenc_max(k0, t->p->query_offset + i + 1); j < cols; ++j)
+            g[j] = 0;
+    }
+}
+
+/* pos[j] = min(sum_{t >= j} g[t], last), j in [k0, cols), summed in double from the last
+ * key down (keys from cols on have no gate). */
+static void cope_positions(double *pos, const REAL *g, size_t k0, size_t cols, double last)
+{
+    double sum = 0;
+    for (size_t j = cols; j-- > k0;) {
+        sum += (double)g[j];
+        pos[j] = sum > last ? last : sum;   /* NaN stays NaN */
+    }
+}
+
+/* e at position x from the row's projections qe (x NaN: NaN). */
+static inline double cope_value(const REAL *qe, double x)
+{
+    if (x != x)
+        return x;
+    const size_t f = (size_t)x;   /* x >= 0: a sum of gates */
+    const double w = x - (double)f;
+    return w * (double)qe[f + (w > 0)] + (1 - w) * (double)qe[f];
+}
+
+static void term_cope_content(const term_unit *t, const REAL *q, REAL *C, size_t ldc, size_t i0,
+                              size_t rows, size_t k0, size_t cols, const term_seen *seen)
+{
+    const posenc_problem *p = t->p;
+    const size_t d = p->d, P = cope_rows_of(p);
+    cope_scratch s;
+    cope_layout(p, 0, &s, t->unit_data);
+    for (size_t r = 0; r < rows; ++r) {
+        const size_t i = i0 + r;
+        REAL *row = C + r * ldc;
+        cope_gates(t, s.gates, row, i, k0, cols, seen);
+        cope_positions(s.pos, s.gates, k0, cols, (double)(P - 1));
+        t->kern->rows_dot(s.qe, 0, q + i * d, 1, s.table, P, d, 1.0);
+        for (size_t j = k0; j < cols; ++j)
+            row[j] = (REAL)((double)row[j] + cope_value(s.qe, s.pos[j]));
+    }
+}
+
+static void term_cope_content_grad(const term_unit *t, double *const *grad, const REAL *q,
+                                   const REAL *k, double scale, const REAL *G, REAL *Gc,
+                                   size_t ldg, size_t i0, size_t rows, size_t first, size_t cols,
+                                   const term_seen *seen, REAL *dq, double *scratch)
+{
+    const posenc_problem *p = t->p;
+    const posenc_kernels *kern = t->kern;
+    const size_t d = p->d, m = p->m, P = cope_rows_of(p);
+    double *table_grad = grad[COPE_POS_EMB];
+    cope_scratch s;
+    cope_layout(p, 1, &s, (REAL *)(void *)scratch);
+    cope_table(t, s.table);
+    for (size_t r0 = 0; r0 < rows; r0 += COPE_ROWS) {
+        const size_t count = posenc_min(COPE_ROWS, rows - r0);
+        if (cols > first) {   /* s (q.k), as the forward's tiles (forward_tile_exact too) */
+            kern->rows_dot(s.z + first, m, q + (i0 + r0) * d, count, k + first * d, cols - first,
+                           d, 1.0);
+            for (size_t e = 0; e < count; ++e)
+                for (size_t j = first; j < cols; ++j)
+                    s.z[e * m + j] = (REAL)(scale * (double)s.z[e * m + j]);
+        }
+        for (size_t e = 0; e < count; ++e) {
+            const size_t r = r0 + e, i = i0 + r;
+            const REAL *z = s.z + e * m, *g_row = G + r * ldg;
+            REAL *gc = Gc + r * ldg;
+            memset(gc, 0, sizeof(REAL) * posenc_min(first, cols));
+            cope_gates(t, s.gates, z, i, first, cols, seen);
+            cope_positions(s.pos, s.gates, first, cols, (double)(P - 1));
+            kern->rows_dot(s.qe, 0, q + i * d, 1, s.table, P, d, 1.0);
+            memset(s.dqe, 0, sizeof(double) * P);
+            double sum = 0;   /* dL/dg_j: the keys' dL/dp up to j */
+            for (size_t j = first; j < cols; ++j) {
+                const double Gj = (double)g_row[j], x = s.pos[j];
+                if (x == x) {
+                    const size_t f = (size_t)x, c = f + (x > (double)f);
+                    const double w = x - (double)f;
+                    s.dqe[f] += (1 - w) * Gj;
+                    s.dqe[c] += w * Gj;
+                    sum += Gj * ((double)s.qe[c] - (double)s.qe[f]);
+                } else {
+                    sum = x;
+                }
+                const double gate = (double)s.gates[j], slope = gate * (1 - gate);
+                gc[j] = (REAL)(slope != 0 ? Gj + sum * slope : Gj);
+            }
+            for (size_t x = 0; x < P; ++x) {
+                s.dqe_rows[e * P + x] = (REAL)s.dqe[x];
+                s.dqe_cols[x * COPE_ROWS + e] = (REAL)s.dqe[x];
+            }
+        }
+        kern->rows_axpy(dq + r0 * d, d, s.dqe_rows, P, count, s.table, P, d);
+        if (table_grad) {
+            kern->rows_axpy(s.table_grad, d, s.dqe_cols, COPE_ROWS, P, q + (i0 + r0) * d, count,
+                            d);
+            for (size_t x = 0; x < P * d; ++x)
+                table_grad[x] += (double)s.table_grad[x];
+        }
+    }
+}
+
+/* term_cope_content_grad's scratch, in doubles. */
+static size_t term_cope_grad_scratch(const posenc_problem *p)
+{
+    const size_t elements = cope_layout(p, 1, NULL, NULL);
+    return (elements * sizeof(REAL) + sizeof(double) - 1) / sizeof(double);
+}
+
+/* It reads the content logits: no rows of its own. */
+#define term_cope_rows NULL
+#define term_cope_grad_rows NULL
+
+#endif /* REAL */
+#endif /* POSENC_ENGINE_TERM_COPE_IMPL_H */
