@@ -12,15 +12,17 @@ machine hits all of a comparison's calls alike), float32 and bfloat16:
 * fused forward and forward+backward (q, k, v and the parameters requiring grad:
   ALiBi's slopes, KERPLE's r1 and r2, relative_bias's table, FoX's gates (both
   directions: the attention is not causal); RoPE's tables are constants) of
-  content, rope, alibi, kerple, relative_bias, fox: each ÷ content's;
+  content, rope, alibi, kerple, relative_bias, fox, relative_bias_2d, cope (its
+  table 64 x d, as posenc_bench.cases gives it): each ÷ content's;
 * rope with per-token tables (spec §3.16: one (1, H, n, r) table per head requiring
   grad, as RoPE-Mixed's learned frequencies give them), "rope/token", ÷ content's;
 * rope against HuggingFace's path: transformers' Llama apply_rotary_pos_emb on
   q and k, then torch SDPA; the same with the per-token tables (requiring grad);
-* alibi, kerple and fox with learnable parameters against torch SDPA with the bias
-  materialised from them (torch-native, requiring grad: SDPA's math kernel; for
-  fox the differences of the gates' prefix sums, as x-transformers'
-  DataDependentAlibi forms them);
+* alibi, kerple, fox, relative_bias_2d and cope with learnable parameters against
+  torch SDPA with the bias materialised from them (torch-native, requiring grad:
+  SDPA's math kernel; for fox the differences of the gates' prefix sums, as
+  x-transformers' DataDependentAlibi forms them; for cope x-transformers' CoPE module
+  on the content logits, its table (64, d) shared by the heads);
 * the peak memory of forward+backward at n = 4096 (a process per case, VmHWM
   above the inputs; benchmarks/attention.py's worker), each ÷ content's.
 
@@ -46,8 +48,9 @@ from posenc_bench.machine import cpu_family, cpu_model  # noqa: E402
 from posenc_bench.report import script_main  # noqa: E402
 
 HEADLINE = dict(B=8, H=12, n=512, d=64)
-METHODS = ("content", "rope", "alibi", "kerple", "relative_bias", "fox", "relative_bias_2d")
-BIASED = ("alibi", "kerple", "fox", "relative_bias_2d")   # against SDPA with the bias materialised
+METHODS = ("content", "rope", "alibi", "kerple", "relative_bias", "fox", "relative_bias_2d",
+           "cope")
+BIASED = ("alibi", "kerple", "fox", "relative_bias_2d", "cope")   # against SDPA + the bias
 DTYPES = ("float32", "bfloat16")
 FLOPS = {"fwd": 4, "fwd+bwd": 14}        # x B H n m d
 
@@ -113,11 +116,27 @@ def _hf_rope(torch, args, v):
 
 def _sdpa_bias(torch, method, args, kwargs, v):
     """SDPA with the method's bias materialised by its torch-native formula, from the
-    parameters requiring grad (what a user writes: SDPA's math kernel then)."""
+    parameters requiring grad (what a user writes: SDPA's math kernel then); CoPE's by
+    x-transformers' CoPE module where it is installed."""
     import posenc.torch as pt
 
     q, k = args[0], args[1]
     scale = q.shape[-1] ** -0.5
+    if method == "cope":
+        try:
+            from x_transformers.x_transformers import CoPE
+        except ImportError:
+            pass
+        else:
+            table = args[2]
+            module = CoPE(dim=q.shape[-1], heads=q.shape[1], max_pos=table.shape[0]).to(q.dtype)
+            module.pos_emb = torch.nn.Parameter(table)
+
+            def x_transformers():
+                sim = torch.matmul(q, k.transpose(-1, -2)) * scale
+                return torch.nn.functional.scaled_dot_product_attention(
+                    q, k, v, attn_mask=module(q, sim), scale=scale)
+            return x_transformers
 
     def call():
         with pt.use_native():

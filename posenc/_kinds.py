@@ -1263,7 +1263,7 @@ class ContextualPositions(Term):
         table = np.abs(np.asarray(p.arrays[self.name], dtype=np.float64))
         q = np.abs(np.asarray(p.arrays["q"], dtype=np.float64))
         k = np.abs(np.asarray(p.arrays["k"], dtype=np.float64))
-        group = p.H // p.H_kv
+        group = p.H // p.H_kv if p.H_kv else 1
         peak = np.broadcast_to(table.max(axis=-2), (p.H, p.d) if table.ndim == 3
                                else (1, p.d))                                   # (H|1, d)
         row = 0.5 * np.einsum("bhid,hd->bhi", q, np.broadcast_to(peak, (p.H, p.d))) * \

@@ -11,7 +11,8 @@ from __future__ import annotations
 import numpy as np
 
 from posenc._examples import make_inputs
-from posenc._registry import METHODS, REGISTRY, Grid2D, KeyTable, QueryTable
+from posenc._registry import (METHODS, REGISTRY, ContextualPositions, Grid2D, KeyTable,
+                              QueryTable)
 
 # Parameters at benchmark sizes, per bucket map, as the papers' models use them.
 MAP_PARAMETERS = {
@@ -50,7 +51,14 @@ def case_inputs(method: str, B: int, H: int, n: int, m: int, d: int, seed: int =
     kwargs.update(MAP_PARAMETERS.get(spec.bucket, {}))   # whatever make_inputs' defaults
     if spec.term(Grid2D):
         args, kwargs = _vit_grid(args, kwargs, n, m, seed)
+    if spec.term(ContextualPositions):
+        args = args[:2] + [np.random.default_rng(seed + 2).standard_normal(
+            (COPE_POSITIONS, d)).astype(np.float32)]
     return args, kwargs
+
+
+# CoPE's table: P rows shared by the heads, as the paper's and x-transformers' CoPE
+COPE_POSITIONS = 64
 
 
 def _vit_grid(args, kwargs, n: int, m: int, seed: int):

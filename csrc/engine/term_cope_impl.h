@@ -71,14 +71,16 @@ static inline int term_cope_valid(const posenc_problem *p)
 
 #include "term_unit_impl.h"
 
-/* Rows of a block the backward takes at once (its recomputed Z: COPE_ROWS x m). */
+/* Rows taken at once: their positions' sums interleaved (a row's alone would wait on
+ * each addition), the backward's recomputed Z. */
 #define COPE_ROWS 16
 
-/* A thread's scratch: the table in REAL, a row's gates, positions and projections; the
- * backward's block of Z and its projections' gradients.  Each part 64-byte aligned. */
+/* A thread's scratch: the table in REAL, COPE_ROWS rows' gates and positions, a row's
+ * projections; the backward's block of Z and its projections' gradients.  Each part
+ * 64-byte aligned. */
 typedef struct {
-    REAL *table, *gates, *qe;   /* P d, m, P */
-    double *pos;                /* m */
+    REAL *table, *gates, *qe;   /* P d, COPE_ROWS m, P */
+    double *pos;                /* COPE_ROWS m */
     REAL *z, *dqe_rows, *dqe_cols, *table_grad;   /* backward: COPE_ROWS m, COPE_ROWS P,
                                                      P COPE_ROWS, P d */
     double *dqe;                /* backward: P */
@@ -97,9 +99,9 @@ static size_t cope_layout(const posenc_problem *p, int backward, cope_scratch *s
                               64 / sizeof(REAL));                       \
     } while (0)
     COPE_TAKE(table, REAL, P * d);
-    COPE_TAKE(gates, REAL, m);
+    COPE_TAKE(gates, REAL, COPE_ROWS * m);
     COPE_TAKE(qe, REAL, P);
-    COPE_TAKE(pos, double, m);
+    COPE_TAKE(pos, double, COPE_ROWS * m);
     if (backward) {
         COPE_TAKE(z, REAL, COPE_ROWS * m);
         COPE_TAKE(dqe_rows, REAL, COPE_ROWS * P);
@@ -152,15 +154,18 @@ static void cope_gates(const term_unit *t, REAL *g, const REAL *z, size_t i, siz
     }
 }
 
-/* pos[j] = min(sum_{t >= j} g[t], last), j in [k0, cols), summed in double from the last
- * key down (keys from cols on have no gate). */
-static void cope_positions(double *pos, const REAL *g, size_t k0, size_t cols, double last)
+/* Rows e < count (row e's gates at g + e ld, its positions at pos + e ld): pos[j] =
+ * min(sum_{t >= j} g[t], last), j in [k0, cols), summed in double from the last key
+ * down (keys from cols on have no gate), the rows' sums interleaved. */
+static void cope_positions(double *pos, const REAL *g, size_t ld, size_t count, size_t k0,
+                           size_t cols, double last)
 {
-    double sum = 0;
-    for (size_t j = cols; j-- > k0;) {
-        sum += (double)g[j];
-        pos[j] = sum > last ? last : sum;   /* NaN stays NaN */
-    }
+    double sum[COPE_ROWS] = {0};
+    for (size_t j = cols; j-- > k0;)
+        for (size_t e = 0; e < count; ++e) {
+            sum[e] += (double)g[e * ld + j];
+            pos[e * ld + j] = sum[e] > last ? last : sum[e];   /* NaN stays NaN */
+        }
 }
 
 /* e at position x from the row's projections qe (x NaN: NaN). */
@@ -178,16 +183,21 @@ static void term_cope_content(const term_unit *t, const REAL *q, REAL *C, size_t
 {
     const posenc_problem *p = t->p;
     const size_t d = p->d, P = cope_rows_of(p);
+    const size_t m = p->m;
     cope_scratch s;
     cope_layout(p, 0, &s, t->unit_data);
-    for (size_t r = 0; r < rows; ++r) {
-        const size_t i = i0 + r;
-        REAL *row = C + r * ldc;
-        cope_gates(t, s.gates, row, i, k0, cols, seen);
-        cope_positions(s.pos, s.gates, k0, cols, (double)(P - 1));
-        t->kern->rows_dot(s.qe, 0, q + i * d, 1, s.table, P, d, 1.0);
-        for (size_t j = k0; j < cols; ++j)
-            row[j] = (REAL)((double)row[j] + cope_value(s.qe, s.pos[j]));
+    for (size_t r0 = 0; r0 < rows; r0 += COPE_ROWS) {
+        const size_t count = posenc_min(COPE_ROWS, rows - r0);
+        for (size_t e = 0; e < count; ++e)
+            cope_gates(t, s.gates + e * m, C + (r0 + e) * ldc, i0 + r0 + e, k0, cols, seen);
+        cope_positions(s.pos, s.gates, m, count, k0, cols, (double)(P - 1));
+        for (size_t e = 0; e < count; ++e) {
+            REAL *row = C + (r0 + e) * ldc;
+            const double *pos = s.pos + e * m;
+            t->kern->rows_dot(s.qe, 0, q + (i0 + r0 + e) * d, 1, s.table, P, d, 1.0);
+            for (size_t j = k0; j < cols; ++j)
+                row[j] = (REAL)((double)row[j] + cope_value(s.qe, pos[j]));
+        }
     }
 }
 
@@ -212,18 +222,20 @@ static void term_cope_content_grad(const term_unit *t, double *const *grad, cons
                 for (size_t j = first; j < cols; ++j)
                     s.z[e * m + j] = (REAL)(scale * (double)s.z[e * m + j]);
         }
+        for (size_t e = 0; e < count; ++e)
+            cope_gates(t, s.gates + e * m, s.z + e * m, i0 + r0 + e, first, cols, seen);
+        cope_positions(s.pos, s.gates, m, count, first, cols, (double)(P - 1));
         for (size_t e = 0; e < count; ++e) {
             const size_t r = r0 + e, i = i0 + r;
-            const REAL *z = s.z + e * m, *g_row = G + r * ldg;
+            const REAL *g_row = G + r * ldg, *gates = s.gates + e * m;
+            const double *pos = s.pos + e * m;
             REAL *gc = Gc + r * ldg;
             memset(gc, 0, sizeof(REAL) * posenc_min(first, cols));
-            cope_gates(t, s.gates, z, i, first, cols, seen);
-            cope_positions(s.pos, s.gates, first, cols, (double)(P - 1));
             kern->rows_dot(s.qe, 0, q + i * d, 1, s.table, P, d, 1.0);
             memset(s.dqe, 0, sizeof(double) * P);
             double sum = 0;   /* dL/dg_j: the keys' dL/dp up to j */
             for (size_t j = first; j < cols; ++j) {
-                const double Gj = (double)g_row[j], x = s.pos[j];
+                const double Gj = (double)g_row[j], x = pos[j];
                 if (x == x) {
                     const size_t f = (size_t)x, c = f + (x > (double)f);
                     const double w = x - (double)f;
@@ -233,7 +245,7 @@ static void term_cope_content_grad(const term_unit *t, double *const *grad, cons
                 } else {
                     sum = x;
                 }
-                const double gate = (double)s.gates[j], slope = gate * (1 - gate);
+                const double gate = (double)gates[j], slope = gate * (1 - gate);
                 gc[j] = (REAL)(slope != 0 ? Gj + sum * slope : Gj);
             }
             for (size_t x = 0; x < P; ++x) {
