@@ -18,7 +18,8 @@
  *
  * A row's positions need its last key's gate first: the row's gates are formed
  * over its keys, then summed in double from its last key down (one order, the
- * same in the forward and the backward), never a (B, H, n, m) tensor; a NaN gate
+ * same in the forward and the backward; each position rounded to REAL once, and
+ * interpolated in REAL), never a (B, H, n, m) tensor; a NaN gate
  * makes its row's positions NaN from it down (a NaN position indexes nothing:
  * its e is NaN).  Gates: exp(-|z|) by the kernels' row_exp, then 1 / (1 + e)
  * (z >= 0) or e / (1 + e): accurate at both ends.
@@ -79,8 +80,8 @@ static inline int term_cope_valid(const posenc_problem *p)
  * projections; the backward's block of Z and its projections' gradients.  Each part
  * 64-byte aligned. */
 typedef struct {
-    REAL *table, *gates, *qe;   /* P d, COPE_ROWS m, P */
-    double *pos;                /* COPE_ROWS m */
+    REAL *table, *gates, *qe;   /* P d, COPE_ROWS m, COPE_ROWS P */
+    REAL *pos;                  /* backward: COPE_ROWS m (the forward's overwrite the gates) */
     REAL *z, *dqe_rows, *dqe_cols, *table_grad;   /* backward: COPE_ROWS m, COPE_ROWS P,
                                                      P COPE_ROWS, P d */
     double *dqe;                /* backward: P */
@@ -100,9 +101,9 @@ static size_t cope_layout(const posenc_problem *p, int backward, cope_scratch *s
     } while (0)
     COPE_TAKE(table, REAL, P * d);
     COPE_TAKE(gates, REAL, COPE_ROWS * m);
-    COPE_TAKE(qe, REAL, P);
-    COPE_TAKE(pos, double, COPE_ROWS * m);
+    COPE_TAKE(qe, REAL, COPE_ROWS * P);
     if (backward) {
+        COPE_TAKE(pos, REAL, COPE_ROWS * m);
         COPE_TAKE(z, REAL, COPE_ROWS * m);
         COPE_TAKE(dqe_rows, REAL, COPE_ROWS * P);
         COPE_TAKE(dqe_cols, REAL, P * COPE_ROWS);
@@ -154,29 +155,79 @@ static void cope_gates(const term_unit *t, REAL *g, const REAL *z, size_t i, siz
     }
 }
 
-/* Rows e < count (row e's gates at g + e ld, its positions at pos + e ld): pos[j] =
- * min(sum_{t >= j} g[t], last), j in [k0, cols), summed in double from the last key
- * down (keys from cols on have no gate), the rows' sums interleaved. */
-static void cope_positions(double *pos, const REAL *g, size_t ld, size_t count, size_t k0,
-                           size_t cols, double last)
+/* e at position x from the row's projections qe, in REAL (x NaN: row 0 read, w NaN:
+ * NaN, with no branch). */
+static inline REAL cope_value(const REAL *qe, REAL x)
 {
-    double sum[COPE_ROWS] = {0};
-    for (size_t j = cols; j-- > k0;)
-        for (size_t e = 0; e < count; ++e) {
-            sum[e] += (double)g[e * ld + j];
-            pos[e * ld + j] = sum[e] > last ? last : sum[e];   /* NaN stays NaN */
-        }
+    const ptrdiff_t f = x >= 0 ? (ptrdiff_t)x : 0;   /* x >= 0: a sum of gates */
+    const REAL w = x - (REAL)f;
+    return w * qe[f + (w > 0)] + (1 - w) * qe[f];
 }
 
-/* e at position x from the row's projections qe (x NaN: NaN). */
-static inline double cope_value(const REAL *qe, double x)
+/* pos[j] = min(sum_{t >= j} g[t], last) of one row, j in [k0, cols), summed in double
+ * from the last key down (keys from cols on have no gate), rounded to REAL once. */
+#define COPE_SUM(s, g, pos, j) \
+    ((s) += (double)(g)[j], (pos)[j] = (REAL)((s) > last ? last : (s)))   /* NaN stays NaN */
+/* The same position added to the row's logit as e (the forward), its gate read first. */
+#define COPE_ADD(s, g, row, qe, j) \
+    ((s) += (double)(g)[j], (row)[j] += cope_value(qe, (REAL)((s) > last ? last : (s))))
+
+/* The forward's rows e < count (gates at g + e m, logits at C + e ldc, projections at
+ * qe + e P): each key's position as cope_positions forms it, its e added to the logit
+ * at once, four rows interleaved. */
+static void cope_add_rows(REAL *C, size_t ldc, const REAL *g, size_t m, const REAL *qe, size_t P,
+                          size_t count, size_t k0, size_t cols, double last)
 {
-    if (x != x)
-        return x;
-    const size_t f = (size_t)x;   /* x >= 0: a sum of gates */
-    const double w = x - (double)f;
-    return w * (double)qe[f + (w > 0)] + (1 - w) * (double)qe[f];
+    size_t e = 0;
+    for (; e + 4 <= count; e += 4) {
+        const REAL *g0 = g + e * m, *g1 = g0 + m, *g2 = g1 + m, *g3 = g2 + m;
+        const REAL *q0 = qe + e * P, *q1 = q0 + P, *q2 = q1 + P, *q3 = q2 + P;
+        REAL *r0 = C + e * ldc, *r1 = r0 + ldc, *r2 = r1 + ldc, *r3 = r2 + ldc;
+        double s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+        for (size_t j = cols; j-- > k0;) {
+            COPE_ADD(s0, g0, r0, q0, j);
+            COPE_ADD(s1, g1, r1, q1, j);
+            COPE_ADD(s2, g2, r2, q2, j);
+            COPE_ADD(s3, g3, r3, q3, j);
+        }
+    }
+    for (; e < count; ++e) {
+        const REAL *g0 = g + e * m, *q0 = qe + e * P;
+        REAL *r0 = C + e * ldc;
+        double s0 = 0;
+        for (size_t j = cols; j-- > k0;)
+            COPE_ADD(s0, g0, r0, q0, j);
+    }
 }
+#undef COPE_ADD
+
+/* Rows e < count (row e's gates at g + e ld, its positions at pos + e ld, which may be
+ * g's place): the rows' positions, four rows' sums interleaved (one row's would wait on
+ * each addition); each row's in the same order whatever its neighbours. */
+static void cope_positions(REAL *pos, const REAL *g, size_t ld, size_t count, size_t k0,
+                           size_t cols, double last)
+{
+    size_t e = 0;
+    for (; e + 4 <= count; e += 4) {
+        const REAL *g0 = g + e * ld, *g1 = g0 + ld, *g2 = g1 + ld, *g3 = g2 + ld;
+        REAL *p0 = pos + e * ld, *p1 = p0 + ld, *p2 = p1 + ld, *p3 = p2 + ld;
+        double s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+        for (size_t j = cols; j-- > k0;) {
+            COPE_SUM(s0, g0, p0, j);
+            COPE_SUM(s1, g1, p1, j);
+            COPE_SUM(s2, g2, p2, j);
+            COPE_SUM(s3, g3, p3, j);
+        }
+    }
+    for (; e < count; ++e) {
+        const REAL *g0 = g + e * ld;
+        REAL *p0 = pos + e * ld;
+        double s0 = 0;
+        for (size_t j = cols; j-- > k0;)
+            COPE_SUM(s0, g0, p0, j);
+    }
+}
+#undef COPE_SUM
 
 static void term_cope_content(const term_unit *t, const REAL *q, REAL *C, size_t ldc, size_t i0,
                               size_t rows, size_t k0, size_t cols, const term_seen *seen)
@@ -190,15 +241,20 @@ static void term_cope_content(const term_unit *t, const REAL *q, REAL *C, size_t
         const size_t count = posenc_min(COPE_ROWS, rows - r0);
         for (size_t e = 0; e < count; ++e)
             cope_gates(t, s.gates + e * m, C + (r0 + e) * ldc, i0 + r0 + e, k0, cols, seen);
-        cope_positions(s.pos, s.gates, m, count, k0, cols, (double)(P - 1));
-        for (size_t e = 0; e < count; ++e) {
-            REAL *row = C + (r0 + e) * ldc;
-            const double *pos = s.pos + e * m;
-            t->kern->rows_dot(s.qe, 0, q + (i0 + r0 + e) * d, 1, s.table, P, d, 1.0);
-            for (size_t j = k0; j < cols; ++j)
-                row[j] = (REAL)((double)row[j] + cope_value(s.qe, pos[j]));
-        }
+        t->kern->rows_dot(s.qe, P, q + (i0 + r0) * d, count, s.table, P, d, 1.0);
+        cope_add_rows(C + r0 * ldc, ldc, s.gates, m, s.qe, P, count, k0, cols, (double)(P - 1));
     }
+}
+
+/* A run's sums into dqe: its floor's, and the next row's (a run at P - 1 has none). */
+static inline void cope_run_end(double *dqe, size_t P, ptrdiff_t run, double at_floor,
+                                double at_next)
+{
+    if (run < 0)
+        return;
+    dqe[run] += at_floor;
+    if ((size_t)run + 1 < P)
+        dqe[run + 1] += at_next;
 }
 
 static void term_cope_content_grad(const term_unit *t, double *const *grad, const REAL *q,
@@ -228,26 +284,39 @@ static void term_cope_content_grad(const term_unit *t, double *const *grad, cons
         for (size_t e = 0; e < count; ++e) {
             const size_t r = r0 + e, i = i0 + r;
             const REAL *g_row = G + r * ldg, *gates = s.gates + e * m;
-            const double *pos = s.pos + e * m;
+            const REAL *pos = s.pos + e * m;
             REAL *gc = Gc + r * ldg;
             memset(gc, 0, sizeof(REAL) * posenc_min(first, cols));
             kern->rows_dot(s.qe, 0, q + i * d, 1, s.table, P, d, 1.0);
             memset(s.dqe, 0, sizeof(double) * P);
-            double sum = 0;   /* dL/dg_j: the keys' dL/dp up to j */
+            /* dL/dg_j: the keys' dL/dp up to j; dqe's two rows of the run of keys whose
+             * positions share a floor (the positions fall along the keys: runs) summed in
+             * registers, added once per run */
+            double sum = 0, at_floor = 0, at_next = 0;
+            ptrdiff_t run = -1;
             for (size_t j = first; j < cols; ++j) {
-                const double Gj = (double)g_row[j], x = pos[j];
+                const double Gj = (double)g_row[j];
+                const REAL x = pos[j];
                 if (x == x) {
-                    const size_t f = (size_t)x, c = f + (x > (double)f);
-                    const double w = x - (double)f;
-                    s.dqe[f] += (1 - w) * Gj;
-                    s.dqe[c] += w * Gj;
+                    const ptrdiff_t f = (ptrdiff_t)x, c = f + (x > (REAL)f);
+                    const double w = (double)(x - (REAL)f);
+                    if (f != run) {
+                        cope_run_end(s.dqe, P, run, at_floor, at_next);
+                        run = f, at_floor = at_next = 0;
+                    }
+                    at_floor += (1 - w) * Gj;
+                    if (c != f)
+                        at_next += w * Gj;
+                    else
+                        at_floor += w * Gj;
                     sum += Gj * ((double)s.qe[c] - (double)s.qe[f]);
                 } else {
-                    sum = x;
+                    sum = (double)x;
                 }
                 const double gate = (double)gates[j], slope = gate * (1 - gate);
                 gc[j] = (REAL)(slope != 0 ? Gj + sum * slope : Gj);
             }
+            cope_run_end(s.dqe, P, run, at_floor, at_next);
             for (size_t x = 0; x < P; ++x) {
                 s.dqe_rows[e * P + x] = (REAL)s.dqe[x];
                 s.dqe_cols[x * COPE_ROWS + e] = (REAL)s.dqe[x];
