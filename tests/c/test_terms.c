@@ -609,35 +609,46 @@ static void token_naive(const token_data *t, double *A, double *dq, double *dk, 
     free(qr), free(kr), free(gq), free(gk);
 }
 
-/* Logits, dq, dk and the tables' gradients of t in dtype (all in double). */
-static int token_run(token_data *t, posenc_dtype dtype, int threads, double *A, double *dq,
-                     double *dk, double **dt)
+/* The logits, dq and dk of problem p (its dtype's G: G64 or G32; H_kv key heads) widened
+ * to double into A, dq, dk, and the gradients of term kind `kind`'s arrays a < arrays
+ * into grads[a] (float64 per unit); posenc_validate's status, or the calls'. */
+static int run_logits_and_grads(const posenc_problem *p, int kind, double *const *grads,
+                                int arrays, const double *G64, const float *G32, int threads,
+                                double *A, double *dq, double *dk)
 {
-    token_point(t, dtype);
-    const size_t sizes[3] = {t->B * t->H * t->n * t->m, t->B * t->H * t->n * t->d,
-                             t->B * t->H_kv * t->m * t->d};
-    const size_t item = dtype == POSENC_F64 ? sizeof(double) : sizeof(float);
+    const size_t sizes[3] = {p->B * p->H * p->n * p->m, p->B * p->H * p->n * p->d,
+                             p->B * (p->H_kv ? p->H_kv : p->H) * p->m * p->d};
+    const size_t item = p->dtype == POSENC_F64 ? sizeof(double) : sizeof(float);
     void *raw[3];
     for (int x = 0; x < 3; ++x)
         raw[x] = malloc(item * (sizes[x] + 1));
     posenc_grads g;
     memset(&g, 0, sizeof g);
     g.q = raw[1], g.k = raw[2];
-    for (int a = 0; a < 4; ++a)
-        g.terms[POSENC_TERM_rope_token][a] = dt[a];
-    int status = posenc_validate(&t->p, NULL);
+    for (int a = 0; a < arrays; ++a)
+        g.terms[kind][a] = grads[a];
+    int status = posenc_validate(p, NULL);
     if (status == POSENC_OK)
-        status = posenc_forward(&t->p, raw[0], threads);
+        status = posenc_forward(p, raw[0], threads);
     if (status == POSENC_OK)
-        status = posenc_backward(&t->p, dtype == POSENC_F64 ? (const void *)t->G : t->G32, &g,
+        status = posenc_backward(p, p->dtype == POSENC_F64 ? (const void *)G64 : G32, &g,
                                  threads);
     double *outs[3] = {A, dq, dk};
     for (int x = 0; x < 3; ++x) {
         for (size_t e = 0; e < sizes[x]; ++e)
-            outs[x][e] = dtype == POSENC_F64 ? ((double *)raw[x])[e] : ((float *)raw[x])[e];
+            outs[x][e] = p->dtype == POSENC_F64 ? ((double *)raw[x])[e] : ((float *)raw[x])[e];
         free(raw[x]);
     }
     return status;
+}
+
+/* Logits, dq, dk and the tables' gradients of t in dtype (all in double). */
+static int token_run(token_data *t, posenc_dtype dtype, int threads, double *A, double *dq,
+                     double *dk, double **dt)
+{
+    token_point(t, dtype);
+    return run_logits_and_grads(&t->p, POSENC_TERM_rope_token, dt, 4, t->G, t->G32, threads, A,
+                                dq, dk);
 }
 
 static void token_case(size_t B, size_t H, size_t H_kv, size_t n, size_t m, size_t d, size_t pairs)
@@ -798,29 +809,8 @@ static int cope_run(cope_data *c, posenc_dtype dtype, int threads, double *A, do
                     double *dk, double *dt)
 {
     cope_point(c, dtype);
-    const size_t sizes[3] = {c->B * c->H * c->n * c->m, c->B * c->H * c->n * c->d,
-                             c->B * c->H * c->m * c->d};
-    const size_t item = dtype == POSENC_F64 ? sizeof(double) : sizeof(float);
-    void *raw[3];
-    for (int x = 0; x < 3; ++x)
-        raw[x] = malloc(item * (sizes[x] + 1));
-    posenc_grads g;
-    memset(&g, 0, sizeof g);
-    g.q = raw[1], g.k = raw[2];
-    g.terms[POSENC_TERM_cope][0] = dt;
-    int status = posenc_validate(&c->p, NULL);
-    if (status == POSENC_OK)
-        status = posenc_forward(&c->p, raw[0], threads);
-    if (status == POSENC_OK)
-        status = posenc_backward(&c->p, dtype == POSENC_F64 ? (const void *)c->G : c->G32, &g,
-                                 threads);
-    double *outs[3] = {A, dq, dk};
-    for (int x = 0; x < 3; ++x) {
-        for (size_t e = 0; e < sizes[x]; ++e)
-            outs[x][e] = dtype == POSENC_F64 ? ((double *)raw[x])[e] : ((float *)raw[x])[e];
-        free(raw[x]);
-    }
-    return status;
+    return run_logits_and_grads(&c->p, POSENC_TERM_cope, &dt, 1, c->G, c->G32, threads, A, dq,
+                                dk);
 }
 
 static void cope_case(size_t B, size_t H, size_t n, size_t m, size_t d, size_t P, int causal)
