@@ -198,7 +198,16 @@ ENCODINGS = {
     "relative_bias": lambda: pnn.RelativeBias(4, 6),
     "alibi": lambda: pnn.ALiBi(4, learnable=True),
     "kerple": lambda: pnn.KERPLE(4, "power"),
-    "rope": lambda: pnn.RotaryEmbedding(4, 8, rotary_dim=6, interleaved=True)}
+    "rope": lambda: pnn.RotaryEmbedding(4, 8, rotary_dim=6, interleaved=True),
+    "cope": lambda: _trained(pnn.CoPE(4, 8, 6, per_head=True))}
+
+
+def _trained(encoding):
+    """The encoding with its parameters drawn (CoPE's table starts at zero)."""
+    with torch.no_grad():
+        for parameter in encoding.parameters():
+            parameter.normal_()
+    return encoding
 SEGMENTS = torch.tensor([[0] * 5 + [1] * 7, [0] * 8 + [1] * 4])
 
 
