@@ -965,14 +965,18 @@ def _cope_seen(p) -> np.ndarray:
     return np.ones((1, 1, p.n, p.m), dtype=bool)
 
 
+def _cope_table(p) -> np.ndarray:
+    """pos_emb as (H, P, d), float64 (a (P, d) or (1, P, d) table serves every head)."""
+    table = _wide(p.arrays["pos_emb"])
+    return np.broadcast_to(table[None] if table.ndim == 2 else table, (p.H,) + table.shape[-2:])
+
+
 def _cope_terms(p) -> tuple:
     """(Z, gates, positions, qe, floor, ceil, w), float64: qe (B, H, n, P) = q_i . pos_emb[t]
     (q unscaled); floor and ceil as indices (0 where the position is NaN)."""
     q, k = _qk(p)
     Z = p.params["scale"] * _dot_qk(q, k)
-    table = _wide(p.arrays["pos_emb"])
-    table = np.broadcast_to(table[None] if table.ndim == 2 else table,
-                            (p.H,) + table.shape[-2:])                       # (H, P, d)
+    table = _cope_table(p)
     with np.errstate(over="ignore", invalid="ignore"):
         gates = np.where(_cope_seen(p), 1.0 / (1.0 + np.exp(-Z)), 0.0)
     positions = np.minimum(np.cumsum(gates[..., ::-1], axis=-1)[..., ::-1], table.shape[1] - 1)
@@ -1011,10 +1015,8 @@ def _cope_grads(p, G):
         d_Z = G + np.where(slope != 0, d_gates * slope, 0.0)
     grads = _content_term_grads(p, d_Z)
     table = p.arrays["pos_emb"]
-    q = _wide(p.arrays["q"])
-    grads["q"] = grads["q"] + np.einsum("bhip,hpd->bhid", dqe, np.broadcast_to(
-        _wide(table)[None] if table.ndim == 2 else _wide(table), (p.H,) + table.shape[-2:]))
-    per_head = np.einsum("bhip,bhid->hpd", dqe, q)
+    grads["q"] = grads["q"] + np.einsum("bhip,hpd->bhid", dqe, _cope_table(p))
+    per_head = np.einsum("bhip,bhid->hpd", dqe, _qk(p)[0])
     grads["pos_emb"] = (per_head.sum(axis=0) if table.ndim == 2 else
                         _fold_heads(per_head, table))
     return grads
