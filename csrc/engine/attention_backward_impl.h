@@ -297,6 +297,11 @@ static void attention_backward_head(const attention_grad_ctx *gc, attention_thre
                            &ahead);
             causal_keys_reach(c->kern, &keys, cols, posenc_max(ahead, cols));
         }
+        if (bw->keep.data) {   /* what the block's logits keep for their gradient */
+            fw->keep = bw->keep;
+            fw->keep_row0 = blk0;
+            memset(bw->keep.range, 0, sizeof(size_t) * 2 * rows);
+        }
         attention_backward_block(gc, fw, w, &k_packed, &vt_packed, u, blk0, rows, cols, limits);
         if (!gc->need_ds)
             continue;

@@ -72,6 +72,14 @@ static size_t backward_ws_layout(const backward_ctx *c, backward_ws *w, REAL *me
         WS_TAKE(w, mem, at, term_grad, c->row_block * m);
         WS_TAKE(w, mem, at, term_dq, (c->scales.exact ? n : c->row_block) * d);
     }
+    if (c->content >= 0 && !c->G) {   /* the fused attention's: its logits keep (forward_keep) */
+        const size_t ld = terms_content_keep(p, c->content);
+        WS_TAKE(w, mem, at, keep.data, c->row_block * ld);
+        WS_TAKE(w, mem, at, keep.range,
+                (2 * c->row_block * sizeof(size_t) + sizeof(REAL) - 1) / sizeof(REAL));
+        if (w)
+            w->keep.ld = ld;
+    }
     if (c->need_key_side && key_edge_size(&c->terms->key_edges, m))
         WS_TAKE(w, mem, at, key_edge_sums, key_edge_size(&c->terms->key_edges, m));
     return posenc_round_up(at, POSENC_ALIGN / sizeof(REAL));
@@ -214,7 +222,7 @@ static void backward_unit_block(const backward_ctx *c, backward_ws *w, size_t u,
     if (c->content >= 0) {   /* G's path through a term that reads the content logits */
         terms_content_grad(p, kern, g, c->content, u, q_u, k_u, c->scales.scale, G_blk,
                            w->term_grad, m, blk0, rows_blk, first, cols, c->seen, term_dq,
-                           (double *)(void *)w->term_scratch);
+                           (double *)(void *)w->term_scratch, w->keep.data ? &w->keep : NULL);
         Gc = w->term_grad;
     }
     if (dq_u && c->need_content) {

@@ -87,6 +87,8 @@ typedef struct {
     REAL *term_scratch;       /* the term modules' gradient rows: terms_grad_scratch doubles */
     REAL *term_grad;          /* content: a row block's content gradient Gc, row_block x m */
     REAL *term_dq;            /* content: a row block's dq through the term, row_block x d */
+    term_keep keep;           /* content, the fused attention's: what a row block's logits kept
+                                 (forward_keep), row_block rows */
     size_t lo_first, lo_end, hi_first, hi_end;
     ptrdiff_t cached_query_table;
     int k_unread;             /* a masked key of the unit holds an Inf or NaN in k (masked_keys):

@@ -67,6 +67,10 @@ typedef struct {
     const REAL **segment_row; /* segment_rows: the tile's rows of segment_expanded, mr pointers */
     double *exact;            /* scales.exact: a tile's logits and batch-free terms, 2 x mr x m_pad */
     REAL *term_unit;          /* modules, content: the unit's data of the term modules (terms_unit) */
+    term_keep keep;           /* content, the fused attention's backward: where a block's rows keep
+                                 what their gradient reads (keep.data NULL: nothing kept), its
+                                 row 0 the unit's row keep_row0 */
+    size_t keep_row0;
     ptrdiff_t cached_head_block, cached_query_table, cached_pos_k;   /* heads held, or -1 */
 } forward_ws;
 
@@ -389,6 +393,17 @@ static void exact_apply(int op, double *X, double factor, const REAL *P, size_t 
         }
 }
 
+/* The rows of w's keep from the unit's row i0 on, in *at; NULL where nothing is kept. */
+static const term_keep *forward_keep(const forward_ws *w, size_t i0, term_keep *at)
+{
+    if (!w->keep.data)
+        return NULL;
+    *at = w->keep;
+    at->data += (i0 - w->keep_row0) * at->ld;
+    at->range += 2 * (i0 - w->keep_row0);
+    return at;
+}
+
 static void exact_scale_by(double *X, double scale, size_t count)
 {
     for (size_t t = 0; t < count; ++t)
@@ -493,13 +508,12 @@ static void forward_tile_exact(const forward_ctx *c, forward_ws *w, size_t b, si
     for (size_t r = 0; r < rows; ++r)
         for (size_t j = 0; j < cols; ++j)
             C[(ptrdiff_t)r * ldc + (ptrdiff_t)j] = (REAL)X[r * cols + j];
+    term_keep keep;
     if (c->content >= 0)   /* the content logits s q.k, rounded once */
         terms_content(p, kern, c->content, b, h, q_u, C, (size_t)ldc, i0, rows, 0, cols, c->seen,
-                      w->term_unit);
+                      w->term_unit, forward_keep(w, i0, &keep));
 }
 
-/* The logits of rows [i0, i0 + rows) (rows <= mr) of unit (b, h), keys
- * [0, cols), into C (row r at C + r * ldc); forward_unit_setup ran for the unit. */
 /*
  * The logits of rows [i0, i0 + rows) and keys [first, cols) of unit (b, h)
  * into C (row r at C + r ldc, key j at column j).  first: 0, or (a fused
@@ -538,9 +552,10 @@ static void forward_tile(const forward_ctx *c, forward_ws *w, size_t b, size_t h
     keys.N = cols - first;   /* the columns [first, cols) of the packed panels */
     gemm_packed(c->kern, &w->scratch, rows, q_u + i0 * d, (ptrdiff_t)d, 1, &keys, C + first, ldc,
                 0, P ? P + first : NULL, ldp, c->segment_rows ? w->segment_row : NULL, flags, NULL);
+    term_keep keep;
     if (c->content >= 0)   /* a term that reads the content logits: after them */
         terms_content(p, c->kern, c->content, b, h, q_u, C, (size_t)ldc, i0, rows, first, cols,
-                      c->seen, w->term_unit);
+                      c->seen, w->term_unit, forward_keep(w, i0, &keep));
 }
 
 /* Rows [r0, r1) of unit (b, h). */

@@ -31,7 +31,9 @@
  *   dL/dZ_ij = G_j + dL/dg_j g_j (1 - g_j)         (G_j where g_j (1 - g_j) = 0)
  *   dq_i += dqe . pos_emb (beside the content's s dL/dZ . k),
  *   pos_emb[t]'s gradient += sum_i dqe_i[t] q_i,
- * with Z recomputed for a block of rows by the kernels' rows_dot.
+ * with the gates, positions and projections the fused attention's backward formed
+ * with the block's logits (term_keep: the forward's own, not recomputed), or, for the
+ * logits' gradient, Z recomputed for a block of rows by the kernels' rows_dot.
  */
 #ifndef POSENC_ENGINE_TERM_COPE_IMPL_H
 #define POSENC_ENGINE_TERM_COPE_IMPL_H
@@ -168,22 +170,38 @@ static inline REAL cope_value(const REAL *qe, REAL x)
  * from the last key down (keys from cols on have no gate), rounded to REAL once. */
 #define COPE_SUM(s, g, pos, j) \
     ((s) += (double)(g)[j], (pos)[j] = (REAL)((s) > last ? last : (s)))   /* NaN stays NaN */
-/* The same position added to the row's logit as e (the forward), its gate read first. */
+/* The same position added to the row's logit as e (the forward), its gate read first;
+ * COPE_KEEP also stores it. */
 #define COPE_ADD(s, g, row, qe, j) \
     ((s) += (double)(g)[j], (row)[j] += cope_value(qe, (REAL)((s) > last ? last : (s))))
+#define COPE_KEEP(s, g, row, qe, pos, j)                         \
+    ((s) += (double)(g)[j], (pos)[j] = (REAL)((s) > last ? last : (s)), \
+     (row)[j] += cope_value(qe, (pos)[j]))
 
-/* The forward's rows e < count (gates at g + e m, logits at C + e ldc, projections at
- * qe + e P): each key's position as cope_positions forms it, its e added to the logit
- * at once, four rows interleaved. */
-static void cope_add_rows(REAL *C, size_t ldc, const REAL *g, size_t m, const REAL *qe, size_t P,
-                          size_t count, size_t k0, size_t cols, double last)
+/* The forward's rows e < count (gates at g + e ldg, logits at C + e ldc, projections at
+ * qe + e ldq): each key's position as cope_positions forms it, its e added to the logit
+ * at once, four rows interleaved; pos: NULL, or where the positions go (row e at
+ * pos + e ldg). */
+static void cope_add_rows(REAL *C, size_t ldc, const REAL *g, size_t ldg, const REAL *qe,
+                          size_t ldq, REAL *pos, size_t count, size_t k0, size_t cols,
+                          double last)
 {
     size_t e = 0;
     for (; e + 4 <= count; e += 4) {
-        const REAL *g0 = g + e * m, *g1 = g0 + m, *g2 = g1 + m, *g3 = g2 + m;
-        const REAL *q0 = qe + e * P, *q1 = q0 + P, *q2 = q1 + P, *q3 = q2 + P;
+        const REAL *g0 = g + e * ldg, *g1 = g0 + ldg, *g2 = g1 + ldg, *g3 = g2 + ldg;
+        const REAL *q0 = qe + e * ldq, *q1 = q0 + ldq, *q2 = q1 + ldq, *q3 = q2 + ldq;
         REAL *r0 = C + e * ldc, *r1 = r0 + ldc, *r2 = r1 + ldc, *r3 = r2 + ldc;
         double s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+        if (pos) {
+            REAL *p0 = pos + e * ldg, *p1 = p0 + ldg, *p2 = p1 + ldg, *p3 = p2 + ldg;
+            for (size_t j = cols; j-- > k0;) {
+                COPE_KEEP(s0, g0, r0, q0, p0, j);
+                COPE_KEEP(s1, g1, r1, q1, p1, j);
+                COPE_KEEP(s2, g2, r2, q2, p2, j);
+                COPE_KEEP(s3, g3, r3, q3, p3, j);
+            }
+            continue;
+        }
         for (size_t j = cols; j-- > k0;) {
             COPE_ADD(s0, g0, r0, q0, j);
             COPE_ADD(s1, g1, r1, q1, j);
@@ -192,14 +210,18 @@ static void cope_add_rows(REAL *C, size_t ldc, const REAL *g, size_t m, const RE
         }
     }
     for (; e < count; ++e) {
-        const REAL *g0 = g + e * m, *q0 = qe + e * P;
-        REAL *r0 = C + e * ldc;
+        const REAL *g0 = g + e * ldg, *q0 = qe + e * ldq;
+        REAL *r0 = C + e * ldc, *p0 = pos ? pos + e * ldg : NULL;
         double s0 = 0;
         for (size_t j = cols; j-- > k0;)
-            COPE_ADD(s0, g0, r0, q0, j);
+            if (p0)
+                COPE_KEEP(s0, g0, r0, q0, p0, j);
+            else
+                COPE_ADD(s0, g0, r0, q0, j);
     }
 }
 #undef COPE_ADD
+#undef COPE_KEEP
 
 /* Rows e < count (row e's gates at g + e ld, its positions at pos + e ld, which may be
  * g's place): the rows' positions, four rows' sums interleaved (one row's would wait on
@@ -229,21 +251,60 @@ static void cope_positions(REAL *pos, const REAL *g, size_t ld, size_t count, si
 }
 #undef COPE_SUM
 
+/* A row's keep (term_keep): its gates and its positions (m each, from gap on: m padded),
+ * then its projections qe (P). */
+static size_t cope_keep_gap(const posenc_problem *p)
+{
+    return posenc_round_up(p->m, 16);
+}
+
+static size_t term_cope_content_keep(const posenc_problem *p)
+{
+    return 2 * cope_keep_gap(p) + cope_rows_of(p);
+}
+
 static void term_cope_content(const term_unit *t, const REAL *q, REAL *C, size_t ldc, size_t i0,
-                              size_t rows, size_t k0, size_t cols, const term_seen *seen)
+                              size_t rows, size_t k0, size_t cols, const term_seen *seen,
+                              const term_keep *keep)
 {
     const posenc_problem *p = t->p;
-    const size_t d = p->d, P = cope_rows_of(p);
-    const size_t m = p->m;
+    const size_t d = p->d, P = cope_rows_of(p), gap = cope_keep_gap(p);
+    const size_t ldg = keep ? keep->ld : p->m, ldq = keep ? keep->ld : P;
     cope_scratch s;
     cope_layout(p, 0, &s, t->unit_data);
     for (size_t r0 = 0; r0 < rows; r0 += COPE_ROWS) {
         const size_t count = posenc_min(COPE_ROWS, rows - r0);
+        REAL *g = keep ? keep->data + r0 * keep->ld : s.gates;
+        REAL *qe = keep ? g + 2 * gap : s.qe;
         for (size_t e = 0; e < count; ++e)
-            cope_gates(t, s.gates + e * m, C + (r0 + e) * ldc, i0 + r0 + e, k0, cols, seen);
-        t->kern->rows_dot(s.qe, P, q + (i0 + r0) * d, count, s.table, P, d, 1.0);
-        cope_add_rows(C + r0 * ldc, ldc, s.gates, m, s.qe, P, count, k0, cols, (double)(P - 1));
+            cope_gates(t, g + e * ldg, C + (r0 + e) * ldc, i0 + r0 + e, k0, cols, seen);
+        t->kern->rows_dot(qe, ldq, q + (i0 + r0) * d, count, s.table, P, d, 1.0);
+        cope_add_rows(C + r0 * ldc, ldc, g, ldg, qe, ldq, keep ? g + gap : NULL, count, k0, cols,
+                      (double)(P - 1));
     }
+    for (size_t r = 0; keep && r < rows; ++r) {
+        keep->range[2 * r] = k0;
+        keep->range[2 * r + 1] = cols;
+    }
+}
+
+/* Row i's kept gates, positions and projections (term_cope_content) made the recomputed
+ * ones on keys [first, cols): the keys its tile did not form see nothing (gates 0; the
+ * positions before the formed keys are the first's, after them 0), and a row not formed
+ * sees no key (its projections formed here). */
+static void cope_kept_row(const term_unit *t, const size_t *range, REAL *gates, REAL *pos,
+                          REAL *qe, const REAL *q_row, const REAL *table, size_t first,
+                          size_t cols)
+{
+    const size_t lo = range[0], hi = range[1], P = cope_rows_of(t->p);
+    const int formed = lo < hi;
+    const REAL before = formed ? pos[lo] : 0;
+    if (!formed)
+        t->kern->rows_dot(qe, 0, q_row, 1, table, P, t->p->d, 1.0);
+    for (size_t j = first; j < cols && (!formed || j < lo); ++j)
+        gates[j] = 0, pos[j] = before;
+    for (size_t j = formed ? posenc_max(hi, first) : cols; j < cols; ++j)
+        gates[j] = 0, pos[j] = 0;
 }
 
 /* A run's sums into dqe: its floor's, and the next row's (a run at P - 1 has none). */
@@ -260,7 +321,8 @@ static inline void cope_run_end(double *dqe, size_t P, ptrdiff_t run, double at_
 static void term_cope_content_grad(const term_unit *t, double *const *grad, const REAL *q,
                                    const REAL *k, double scale, const REAL *G, REAL *Gc,
                                    size_t ldg, size_t i0, size_t rows, size_t first, size_t cols,
-                                   const term_seen *seen, REAL *dq, double *scratch)
+                                   const term_seen *seen, REAL *dq, double *scratch,
+                                   const term_keep *keep)
 {
     const posenc_problem *p = t->p;
     const posenc_kernels *kern = t->kern;
@@ -269,25 +331,35 @@ static void term_cope_content_grad(const term_unit *t, double *const *grad, cons
     cope_scratch s;
     cope_layout(p, 1, &s, (REAL *)(void *)scratch);
     cope_table(t, s.table);
+    const size_t gap = cope_keep_gap(p), ldr = keep ? keep->ld : m, ldq = keep ? keep->ld : P;
     for (size_t r0 = 0; r0 < rows; r0 += COPE_ROWS) {
         const size_t count = posenc_min(COPE_ROWS, rows - r0);
-        if (cols > first) {   /* s (q.k), as the forward's tiles (forward_tile_exact too) */
-            kern->rows_dot(s.z + first, m, q + (i0 + r0) * d, count, k + first * d, cols - first,
-                           d, 1.0);
+        REAL *gates_blk = keep ? keep->data + r0 * keep->ld : s.gates;
+        REAL *pos_blk = keep ? gates_blk + gap : s.pos, *qe_blk = keep ? gates_blk + 2 * gap : s.qe;
+        if (keep) {   /* what the block's logits formed */
             for (size_t e = 0; e < count; ++e)
-                for (size_t j = first; j < cols; ++j)
-                    s.z[e * m + j] = (REAL)(scale * (double)s.z[e * m + j]);
+                cope_kept_row(t, keep->range + 2 * (r0 + e), gates_blk + e * ldr,
+                              pos_blk + e * ldr, qe_blk + e * ldq, q + (i0 + r0 + e) * d,
+                              s.table, first, cols);
+        } else {   /* s (q.k), as the forward's tiles (forward_tile_exact too) */
+            if (cols > first) {
+                kern->rows_dot(s.z + first, m, q + (i0 + r0) * d, count, k + first * d,
+                               cols - first, d, 1.0);
+                for (size_t e = 0; e < count; ++e)
+                    for (size_t j = first; j < cols; ++j)
+                        s.z[e * m + j] = (REAL)(scale * (double)s.z[e * m + j]);
+            }
+            for (size_t e = 0; e < count; ++e)
+                cope_gates(t, s.gates + e * m, s.z + e * m, i0 + r0 + e, first, cols, seen);
+            cope_positions(s.pos, s.gates, m, count, first, cols, (double)(P - 1));
+            kern->rows_dot(s.qe, P, q + (i0 + r0) * d, count, s.table, P, d, 1.0);
         }
-        for (size_t e = 0; e < count; ++e)
-            cope_gates(t, s.gates + e * m, s.z + e * m, i0 + r0 + e, first, cols, seen);
-        cope_positions(s.pos, s.gates, m, count, first, cols, (double)(P - 1));
         for (size_t e = 0; e < count; ++e) {
-            const size_t r = r0 + e, i = i0 + r;
-            const REAL *g_row = G + r * ldg, *gates = s.gates + e * m;
-            const REAL *pos = s.pos + e * m;
+            const size_t r = r0 + e;
+            const REAL *g_row = G + r * ldg, *gates = gates_blk + e * ldr;
+            const REAL *pos = pos_blk + e * ldr, *qe = qe_blk + e * ldq;
             REAL *gc = Gc + r * ldg;
             memset(gc, 0, sizeof(REAL) * posenc_min(first, cols));
-            kern->rows_dot(s.qe, 0, q + i * d, 1, s.table, P, d, 1.0);
             memset(s.dqe, 0, sizeof(double) * P);
             /* dL/dg_j: the keys' dL/dp up to j; dqe's two rows of the run of keys whose
              * positions share a floor (the positions fall along the keys: runs) summed in
@@ -309,7 +381,7 @@ static void term_cope_content_grad(const term_unit *t, double *const *grad, cons
                         at_next += w * Gj;
                     else
                         at_floor += w * Gj;
-                    sum += Gj * ((double)s.qe[c] - (double)s.qe[f]);
+                    sum += Gj * ((double)qe[c] - (double)qe[f]);
                 } else {
                     sum = (double)x;
                 }

@@ -183,6 +183,7 @@ static size_t term_fox_grad_scratch(const posenc_problem *p)
 /* It adds rows: it does not read the content logits. */
 #define term_fox_content NULL
 #define term_fox_content_grad NULL
+#define term_fox_content_keep NULL
 
 #endif /* REAL */
 #endif /* POSENC_ENGINE_TERM_FOX_IMPL_H */

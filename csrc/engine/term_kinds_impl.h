@@ -5,7 +5,7 @@
  * a problem's present modules that the forward, the decoding path and the
  * backward call.  A kind's file (term_<name>_impl.h) defines the functions of
  * term_kind (term_unit_impl.h): term_<name>_unit, _unit_scratch, _rows,
- * _grad_rows, _grad_scratch, _content and _content_grad (NULL where the kind
+ * _grad_rows, _grad_scratch, _content, _content_grad and _content_keep (NULL where the kind
  * has none: the rotation's per-token tables, read by rope_impl.h, have none;
  * a kind adds rows or reads the content logits).
  */
@@ -20,7 +20,7 @@
 #define TERM_KIND_(name, ...)                                                      \
     {term_##name##_unit, term_##name##_unit_scratch, term_##name##_rows,         \
      term_##name##_grad_rows, term_##name##_grad_scratch, term_##name##_content,  \
-     term_##name##_content_grad},
+     term_##name##_content_grad, term_##name##_content_keep},
 static const term_kind term_kinds[POSENC_TERM_COUNT] = {POSENC_TERMS(TERM_KIND_, )};
 #undef TERM_KIND_
 
@@ -125,14 +125,22 @@ static int terms_rows(const posenc_problem *p, const posenc_kernels *kern, int o
 
 /* The content-reading kind k of p (terms_content_kind) on rows [i0, i0 + rows) of unit
  * (b, h), keys [k0, cols), of the content logits in C (term_kind's content; scratch: the
- * unit data terms_unit formed, of which k's is the only one: the kind is alone). */
+ * unit data terms_unit formed, of which k's is the only one: the kind is alone; keep: NULL,
+ * or where the rows keep what their gradient reads). */
 static void terms_content(const posenc_problem *p, const posenc_kernels *kern, int k, size_t b,
                           size_t h, const REAL *q, REAL *C, size_t ldc, size_t i0, size_t rows,
-                          size_t k0, size_t cols, const term_seen *seen, REAL *scratch)
+                          size_t k0, size_t cols, const term_seen *seen, REAL *scratch,
+                          const term_keep *keep)
 {
     term_unit t = term_unit_of(p, kern, k, b, h);
     t.unit_data = scratch;
-    term_kinds[k].content(&t, q, C, ldc, i0, rows, k0, cols, seen);
+    term_kinds[k].content(&t, q, C, ldc, i0, rows, k0, cols, seen, keep);
+}
+
+/* The REAL elements a row of the content-reading kind k keeps (term_keep). */
+static size_t terms_content_keep(const posenc_problem *p, int k)
+{
+    return posenc_round_up(term_kinds[k].content_keep(p), 16);
 }
 
 /* Unit u's gradients of kind k (NULL where not wanted) in g. */
@@ -183,18 +191,20 @@ static size_t terms_grad_scratch(const posenc_problem *p)
 
 /* Rows [i0, i0 + rows) of unit u's logits gradient G through the content-reading kind k
  * (term_kind's content_grad): the content's gradient into Gc, q's through the term into dq,
- * the kind's own gradients (scratch: terms_grad_scratch(p) doubles). */
+ * the kind's own gradients (scratch: terms_grad_scratch(p) doubles; keep: NULL, or what the
+ * rows' terms_content kept). */
 static void terms_content_grad(const posenc_problem *p, const posenc_kernels *kern,
                                const posenc_grads *g, int k, size_t u, const REAL *q,
                                const REAL *k_u, double scale, const REAL *G, REAL *Gc, size_t ldg,
                                size_t i0, size_t rows, size_t first, size_t cols,
-                               const term_seen *seen, REAL *dq, double *scratch)
+                               const term_seen *seen, REAL *dq, double *scratch,
+                               const term_keep *keep)
 {
     double *grad[POSENC_TERM_ARRAYS_MAX];
     terms_unit_grads(p, g, k, u, grad);
     const term_unit t = term_unit_of(p, kern, k, u / p->H, u % p->H);
     term_kinds[k].content_grad(&t, grad, q, k_u, scale, G, Gc, ldg, i0, rows, first, cols, seen,
-                               dq, scratch);
+                               dq, scratch, keep);
 }
 
 /* Rows [i0, i0 + rows) of unit u's logits gradient into its module gradients (scratch:

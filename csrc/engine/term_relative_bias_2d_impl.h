@@ -253,6 +253,7 @@ static size_t term_relative_bias_2d_grad_scratch(const posenc_problem *p)
 /* It adds rows: it does not read the content logits. */
 #define term_relative_bias_2d_content NULL
 #define term_relative_bias_2d_content_grad NULL
+#define term_relative_bias_2d_content_keep NULL
 
 #endif /* REAL */
 #endif /* POSENC_ENGINE_TERM_RELATIVE_BIAS_2D_IMPL_H */

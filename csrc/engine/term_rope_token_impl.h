@@ -39,5 +39,6 @@ static inline int term_rope_token_valid(const posenc_problem *p)
 #define term_rope_token_grad_scratch NULL
 #define term_rope_token_content NULL
 #define term_rope_token_content_grad NULL
+#define term_rope_token_content_keep NULL
 #endif /* REAL */
 #endif /* POSENC_ENGINE_TERM_ROPE_TOKEN_IMPL_H */

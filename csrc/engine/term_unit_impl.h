@@ -30,6 +30,17 @@ typedef struct {
     void (*unseen_zero)(const void *ctx, REAL *x, size_t b, size_t i, size_t cols);
 } term_seen;
 
+/* What a content-reading kind's rows keep for their backward (the fused attention's
+ * backward forms a block's logits, then their gradient, on one thread): row r of a call
+ * (row i0 + r) at data + r ld, the kind's content_keep(p) elements; range[2 r],
+ * range[2 r + 1]: the keys [k0, cols) its content formed there ([0, 0), the engine's
+ * setting before a block, where a row's tile sees no key and was not formed). */
+typedef struct {
+    REAL *data;
+    size_t ld;
+    size_t *range;
+} term_keep;
+
 /*
  * unit: what the forward's rows of unit (b, h) read, formed once per unit into
  *   t->unit_data (unit_scratch(p) elements of REAL, a thread's).
@@ -46,14 +57,17 @@ typedef struct {
  *   logits s q.k (row r at C + r ldc, key j at column j), which the kind turns
  *   into the logits in place; q: the unit's q as the content read it (row i at
  *   q + i d); seen: which keys the rows see (NULL: the kind's own rule), keys
- *   outside [k0, cols) seen by none; `unit` ran for the unit.
+ *   outside [k0, cols) seen by none; `unit` ran for the unit; keep: NULL, or
+ *   where the rows keep what their content_grad reads instead of recomputing it.
+ * content_keep: the REAL elements a row keeps (term_keep).
  * content_grad: its backward for rows [i0, i0 + rows) of the logits' gradient G
  *   (row r at G + r ldg, zero outside keys [first, cols)): into Gc (the same
  *   layout, keys [first, cols) written) the content logits' gradient, G plus its
  *   path through the term; into dq (row r at dq + r d, set) q's gradient through
  *   the term beside the content's; the term's own into grad[a] as grad_rows;
  *   q, k: the unit's (key j at k + j d), scale: the content's s; scratch: the
- *   thread's grad_scratch(p) doubles.
+ *   thread's grad_scratch(p) doubles; keep: NULL (the content logits recomputed
+ *   from q and k), or what `content` kept of these rows (keep row r: row i0 + r).
  */
 typedef struct {
     void (*unit)(const term_unit *t);
@@ -64,11 +78,13 @@ typedef struct {
                       size_t i0, size_t rows, size_t first, size_t cols, double *scratch);
     size_t (*grad_scratch)(const posenc_problem *p);
     void (*content)(const term_unit *t, const REAL *q, REAL *C, size_t ldc, size_t i0,
-                    size_t rows, size_t k0, size_t cols, const term_seen *seen);
+                    size_t rows, size_t k0, size_t cols, const term_seen *seen,
+                    const term_keep *keep);
     void (*content_grad)(const term_unit *t, double *const *grad, const REAL *q, const REAL *k,
                          double scale, const REAL *G, REAL *Gc, size_t ldg, size_t i0,
                          size_t rows, size_t first, size_t cols, const term_seen *seen, REAL *dq,
-                         double *scratch);
+                         double *scratch, const term_keep *keep);
+    size_t (*content_keep)(const posenc_problem *p);
 } term_kind;
 
 #endif /* POSENC_ENGINE_TERM_UNIT_IMPL_H */
