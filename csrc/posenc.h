@@ -414,6 +414,13 @@ typedef struct {
                      size_t keys, size_t d, double scale);
     void (*rows_axpy)(void *out, size_t ld_out, const void *p, size_t ld_p, size_t rows,
                       const void *v, size_t keys, size_t dv);
+    /* contextual positions (CoPE), rows e < count, keys [k0, cols) from the last down:
+     * s += g[e ldg + j] in double, pos[e ldg + j] = (REAL)min(s, last) (pos may be NULL),
+     * x[e ldx + j] += the row's table (table + e ldt) interpolated there (x may be NULL):
+     * isa/positions_impl.h */
+    void (*suffix_interp)(void *x, size_t ldx, void *pos, const void *g, size_t ldg,
+                          const void *table, size_t ldt, size_t count, size_t k0, size_t cols,
+                          double last);
     /* the fused attention's dropout: the keep decisions of a row, bit for bit
      * engine/philox.h's posenc_dropout_row (keep[j] = 0 or 1, j < len) */
     void (*dropout_row)(uint8_t *keep, size_t len, uint64_t seed, uint32_t threshold, size_t b,
@@ -442,7 +449,7 @@ typedef struct {
     GROUP_SIZE(key_tile, key_block)                                                               \
     FN(row_gather) FN(row_scatter_add) FN(row_mul) FN(diagonal_sums) FN(tile_gather_query)        \
     FN(store_fence) FN(row_max) FN(row_exp) FN(row_softcap) FN(rows_dot) FN(rows_axpy)            \
-    FN(dropout_row)
+    FN(suffix_interp) FN(dropout_row)
 
 /*
  * Rows of conversions between float and the 16-bit floats, bfloat16 and

@@ -157,99 +157,17 @@ static void cope_gates(const term_unit *t, REAL *g, const REAL *z, size_t i, siz
     }
 }
 
-/* e at position x from the row's projections qe, in REAL (x NaN: row 0 read, w NaN:
- * NaN, with no branch). */
-static inline REAL cope_value(const REAL *qe, REAL x)
+/* The last position, P - 1, as the largest REAL not above it (P - 1 itself below 2^24 in
+ * float32): a position rounded to REAL never passes the table's last row. */
+static double cope_last(size_t P)
 {
-    const ptrdiff_t f = x >= 0 ? (ptrdiff_t)x : 0;   /* x >= 0: a sum of gates */
-    const REAL w = x - (REAL)f;
-    return w * qe[f + (w > 0)] + (1 - w) * qe[f];
+    const double last = (double)(P - 1);
+    REAL at = (REAL)last;
+    while ((double)at > last)
+        at = sizeof(REAL) == sizeof(float) ? (REAL)nextafterf((float)at, 0.0f)
+                                           : (REAL)nextafter((double)at, 0.0);
+    return (double)at;
 }
-
-/* pos[j] = min(sum_{t >= j} g[t], last) of one row, j in [k0, cols), summed in double
- * from the last key down (keys from cols on have no gate), rounded to REAL once. */
-#define COPE_SUM(s, g, pos, j) \
-    ((s) += (double)(g)[j], (pos)[j] = (REAL)((s) > last ? last : (s)))   /* NaN stays NaN */
-/* The same position added to the row's logit as e (the forward), its gate read first;
- * COPE_KEEP also stores it. */
-#define COPE_ADD(s, g, row, qe, j) \
-    ((s) += (double)(g)[j], (row)[j] += cope_value(qe, (REAL)((s) > last ? last : (s))))
-#define COPE_KEEP(s, g, row, qe, pos, j)                         \
-    ((s) += (double)(g)[j], (pos)[j] = (REAL)((s) > last ? last : (s)), \
-     (row)[j] += cope_value(qe, (pos)[j]))
-
-/* The forward's rows e < count (gates at g + e ldg, logits at C + e ldc, projections at
- * qe + e ldq): each key's position as cope_positions forms it, its e added to the logit
- * at once, four rows interleaved; pos: NULL, or where the positions go (row e at
- * pos + e ldg). */
-static void cope_add_rows(REAL *C, size_t ldc, const REAL *g, size_t ldg, const REAL *qe,
-                          size_t ldq, REAL *pos, size_t count, size_t k0, size_t cols,
-                          double last)
-{
-    size_t e = 0;
-    for (; e + 4 <= count; e += 4) {
-        const REAL *g0 = g + e * ldg, *g1 = g0 + ldg, *g2 = g1 + ldg, *g3 = g2 + ldg;
-        const REAL *q0 = qe + e * ldq, *q1 = q0 + ldq, *q2 = q1 + ldq, *q3 = q2 + ldq;
-        REAL *r0 = C + e * ldc, *r1 = r0 + ldc, *r2 = r1 + ldc, *r3 = r2 + ldc;
-        double s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-        if (pos) {
-            REAL *p0 = pos + e * ldg, *p1 = p0 + ldg, *p2 = p1 + ldg, *p3 = p2 + ldg;
-            for (size_t j = cols; j-- > k0;) {
-                COPE_KEEP(s0, g0, r0, q0, p0, j);
-                COPE_KEEP(s1, g1, r1, q1, p1, j);
-                COPE_KEEP(s2, g2, r2, q2, p2, j);
-                COPE_KEEP(s3, g3, r3, q3, p3, j);
-            }
-            continue;
-        }
-        for (size_t j = cols; j-- > k0;) {
-            COPE_ADD(s0, g0, r0, q0, j);
-            COPE_ADD(s1, g1, r1, q1, j);
-            COPE_ADD(s2, g2, r2, q2, j);
-            COPE_ADD(s3, g3, r3, q3, j);
-        }
-    }
-    for (; e < count; ++e) {
-        const REAL *g0 = g + e * ldg, *q0 = qe + e * ldq;
-        REAL *r0 = C + e * ldc, *p0 = pos ? pos + e * ldg : NULL;
-        double s0 = 0;
-        for (size_t j = cols; j-- > k0;)
-            if (p0)
-                COPE_KEEP(s0, g0, r0, q0, p0, j);
-            else
-                COPE_ADD(s0, g0, r0, q0, j);
-    }
-}
-#undef COPE_ADD
-#undef COPE_KEEP
-
-/* Rows e < count (row e's gates at g + e ld, its positions at pos + e ld, which may be
- * g's place): the rows' positions, four rows' sums interleaved (one row's would wait on
- * each addition); each row's in the same order whatever its neighbours. */
-static void cope_positions(REAL *pos, const REAL *g, size_t ld, size_t count, size_t k0,
-                           size_t cols, double last)
-{
-    size_t e = 0;
-    for (; e + 4 <= count; e += 4) {
-        const REAL *g0 = g + e * ld, *g1 = g0 + ld, *g2 = g1 + ld, *g3 = g2 + ld;
-        REAL *p0 = pos + e * ld, *p1 = p0 + ld, *p2 = p1 + ld, *p3 = p2 + ld;
-        double s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-        for (size_t j = cols; j-- > k0;) {
-            COPE_SUM(s0, g0, p0, j);
-            COPE_SUM(s1, g1, p1, j);
-            COPE_SUM(s2, g2, p2, j);
-            COPE_SUM(s3, g3, p3, j);
-        }
-    }
-    for (; e < count; ++e) {
-        const REAL *g0 = g + e * ld;
-        REAL *p0 = pos + e * ld;
-        double s0 = 0;
-        for (size_t j = cols; j-- > k0;)
-            COPE_SUM(s0, g0, p0, j);
-    }
-}
-#undef COPE_SUM
 
 /* A row's keep (term_keep): its gates and its positions (m each, from gap on: m padded),
  * then its projections qe (P). */
@@ -279,8 +197,8 @@ static void term_cope_content(const term_unit *t, const REAL *q, REAL *C, size_t
         for (size_t e = 0; e < count; ++e)
             cope_gates(t, g + e * ldg, C + (r0 + e) * ldc, i0 + r0 + e, k0, cols, seen);
         t->kern->rows_dot(qe, ldq, q + (i0 + r0) * d, count, s.table, P, d, 1.0);
-        cope_add_rows(C + r0 * ldc, ldc, g, ldg, qe, ldq, keep ? g + gap : NULL, count, k0, cols,
-                      (double)(P - 1));
+        t->kern->suffix_interp(C + r0 * ldc, ldc, keep ? g + gap : NULL, g, ldg, qe, ldq, count,
+                               k0, cols, cope_last(P));
     }
     for (size_t r = 0; keep && r < rows; ++r) {
         keep->range[2 * r] = k0;
@@ -351,7 +269,8 @@ static void term_cope_content_grad(const term_unit *t, double *const *grad, cons
             }
             for (size_t e = 0; e < count; ++e)
                 cope_gates(t, s.gates + e * m, s.z + e * m, i0 + r0 + e, first, cols, seen);
-            cope_positions(s.pos, s.gates, m, count, first, cols, (double)(P - 1));
+            kern->suffix_interp(NULL, 0, s.pos, s.gates, m, NULL, 0, count, first, cols,
+                                cope_last(P));
             kern->rows_dot(s.qe, P, q + (i0 + r0) * d, count, s.table, P, d, 1.0);
         }
         for (size_t e = 0; e < count; ++e) {

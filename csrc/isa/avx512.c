@@ -155,6 +155,107 @@ static inline void key_row_scatter_f32x16(float *grad, size_t ld, const int64_t 
     _Generic((grad), float *: key_row_scatter_f32x16, double *: key_row_scatter_f64)(grad, __VA_ARGS__)
 
 /*
+ * One row of suffix_interp (positions_impl.h) in float32: 16 keys at a time
+ * from the last, their gates widened to double and summed within the 16 as
+ * suffix sums (lanes shifted down and added, three times per 8), plus the
+ * sum of the keys after them; the table's values read from registers by
+ * permutes where it has at most 64 entries (CoPE's tables are of that
+ * size: gathers took half the row's time on AMD Zen 4), else by gathers.  The sums'
+ * order is not the plain C's (the positions may differ from it in the last
+ * bit of a double before their rounding); the forward and the backward read
+ * the same.  double: the plain C (returns 0).
+ */
+static inline __m512d suffix_sums_pd(__m512d v)
+{
+    const __m512i zero = _mm512_setzero_si512();
+    v = _mm512_add_pd(v, _mm512_castsi512_pd(_mm512_alignr_epi64(zero, _mm512_castpd_si512(v), 1)));
+    v = _mm512_add_pd(v, _mm512_castsi512_pd(_mm512_alignr_epi64(zero, _mm512_castpd_si512(v), 2)));
+    return _mm512_add_pd(v, _mm512_castsi512_pd(_mm512_alignr_epi64(zero, _mm512_castpd_si512(v), 4)));
+}
+
+/* A table of up to 64 floats in four registers (entries past it 0), or read by gathers. */
+typedef struct {
+    const float *t;
+    size_t span;   /* its entries: the lookups' indices are below it */
+    __m512 r[4];
+} table_lookup;
+
+static inline table_lookup table_lookup_of(const float *t, size_t span)
+{
+    table_lookup x = {t, span, {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
+                                _mm512_setzero_ps()}};
+    for (size_t q = 0; span <= 64 && q < 4 && 16 * q < span; ++q) {
+        const size_t len = span - 16 * q < 16 ? span - 16 * q : 16;
+        x.r[q] = _mm512_maskz_loadu_ps((__mmask16)((1u << len) - 1), t + 16 * q);
+    }
+    return x;
+}
+
+/* t[index] in the lanes of `lanes` (0 elsewhere). */
+static inline __m512 table_lookup_at(const table_lookup *x, __m512i index, __mmask16 lanes)
+{
+    if (x->span <= 16)
+        return _mm512_maskz_permutexvar_ps(lanes, index, x->r[0]);
+    if (x->span <= 32)
+        return _mm512_maskz_permutex2var_ps(lanes, x->r[0], index, x->r[1]);
+    if (x->span <= 64) {
+        const __mmask16 high = _mm512_test_epi32_mask(index, _mm512_set1_epi32(32));
+        return _mm512_maskz_mov_ps(
+            lanes, _mm512_mask_blend_ps(high, _mm512_permutex2var_ps(x->r[0], index, x->r[1]),
+                                        _mm512_permutex2var_ps(x->r[2], index, x->r[3])));
+    }
+    return _mm512_mask_i32gather_ps(_mm512_setzero_ps(), lanes, index, x->t, sizeof(float));
+}
+
+static inline int suffix_interp_row_f32(float *x, float *pos, const float *g, const float *t,
+                                        size_t k0, size_t cols, double last)
+{
+    const table_lookup table = table_lookup_of(t, x ? (size_t)last + 1 : 0);
+    const __m512d last_v = _mm512_set1_pd(last);
+    const __m512 zero = _mm512_setzero_ps(), one = _mm512_set1_ps(1.0f);
+    const __m512i first_lane = _mm512_setzero_si512();
+    __m512d after = _mm512_setzero_pd();   /* the keys' sum after the 16, in every lane */
+    for (size_t j = cols; j > k0;) {
+        const size_t len = j - k0 < 16 ? j - k0 : 16;
+        j -= len;
+        const __mmask16 keys = (__mmask16)((1u << len) - 1);
+        const __m512 gates = _mm512_maskz_loadu_ps(keys, g + j);
+        __m512d hi = _mm512_add_pd(suffix_sums_pd(_mm512_cvtps_pd(_mm512_extractf32x8_ps(gates, 1))), after);
+        after = _mm512_permutexvar_pd(first_lane, hi);
+        __m512d lo = _mm512_add_pd(suffix_sums_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(gates))), after);
+        after = _mm512_permutexvar_pd(first_lane, lo);
+        lo = _mm512_mask_blend_pd(_mm512_cmp_pd_mask(lo, last_v, _CMP_GT_OQ), lo, last_v);
+        hi = _mm512_mask_blend_pd(_mm512_cmp_pd_mask(hi, last_v, _CMP_GT_OQ), hi, last_v);
+        const __m512 at = _mm512_insertf32x8(_mm512_castps256_ps512(_mm512_cvtpd_ps(lo)),
+                                             _mm512_cvtpd_ps(hi), 1);
+        if (pos)
+            _mm512_mask_storeu_ps(pos + j, keys, at);
+        if (!x)
+            continue;
+        /* floor (0 where NaN), w, the next row where w > 0; w t[c] + (1 - w) t[f] */
+        const __m512i f = _mm512_maskz_cvttps_epi32(_mm512_cmp_ps_mask(at, zero, _CMP_GE_OQ), at);
+        const __m512 w = _mm512_sub_ps(at, _mm512_cvtepi32_ps(f));
+        const __m512i c = _mm512_mask_add_epi32(f, _mm512_cmp_ps_mask(w, zero, _CMP_GT_OQ), f,
+                                                _mm512_set1_epi32(1));
+        const __m512 at_f = table_lookup_at(&table, f, keys);
+        const __m512 at_c = table_lookup_at(&table, c, keys);
+        const __m512 e = _mm512_add_ps(_mm512_mul_ps(w, at_c), _mm512_mul_ps(_mm512_sub_ps(one, w), at_f));
+        _mm512_mask_storeu_ps(x + j, keys, _mm512_add_ps(_mm512_maskz_loadu_ps(keys, x + j), e));
+    }
+    return 1;
+}
+
+static inline int suffix_interp_row_f64(double *x, double *pos, const double *g, const double *t,
+                                        size_t k0, size_t cols, double last)
+{
+    (void)x, (void)pos, (void)g, (void)t, (void)k0, (void)cols, (void)last;
+    return 0;
+}
+
+#define SUFFIX_INTERP_ROW(x, ...) \
+    _Generic((x), float *: suffix_interp_row_f32, double *: suffix_interp_row_f64)(x, __VA_ARGS__)
+
+/*
  * The dropout's keep decisions (philox_impl.h) on 16 blocks (64 keys) at a
  * time: each round's 32 x 32 -> 64-bit products by vpmuludq on the even and
  * the odd lanes; each block's four words compared with the threshold and
