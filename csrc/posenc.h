@@ -421,6 +421,11 @@ typedef struct {
     void (*suffix_interp)(void *x, size_t ldx, void *pos, const void *g, size_t ldg,
                           const void *table, size_t ldt, size_t count, size_t k0, size_t cols,
                           double last);
+    /* its gradient along one row: gc[j] (keys [first, cols)) and the table's, added to dqe
+     * (double, (size_t)last + 1 entries), from G, the gates g and the positions pos */
+    void (*suffix_interp_grad)(void *gc, double *dqe, const void *G, const void *g,
+                               const void *pos, const void *table, size_t first, size_t cols,
+                               double last);
     /* the fused attention's dropout: the keep decisions of a row, bit for bit
      * engine/philox.h's posenc_dropout_row (keep[j] = 0 or 1, j < len) */
     void (*dropout_row)(uint8_t *keep, size_t len, uint64_t seed, uint32_t threshold, size_t b,
@@ -449,7 +454,8 @@ typedef struct {
     GROUP_SIZE(key_tile, key_block)                                                               \
     FN(row_gather) FN(row_scatter_add) FN(row_mul) FN(diagonal_sums) FN(tile_gather_query)        \
     FN(store_fence) FN(row_max) FN(row_exp) FN(row_softcap) FN(rows_dot) FN(rows_axpy)            \
-    FN(suffix_interp) FN(dropout_row)
+    FN(suffix_interp) FN(suffix_interp_grad)                                                     \
+    FN(dropout_row)
 
 /*
  * Rows of conversions between float and the 16-bit floats, bfloat16 and

@@ -225,17 +225,6 @@ static void cope_kept_row(const term_unit *t, const size_t *range, REAL *gates, 
         gates[j] = 0, pos[j] = 0;
 }
 
-/* A run's sums into dqe: its floor's, and the next row's (a run at P - 1 has none). */
-static inline void cope_run_end(double *dqe, size_t P, ptrdiff_t run, double at_floor,
-                                double at_next)
-{
-    if (run < 0)
-        return;
-    dqe[run] += at_floor;
-    if ((size_t)run + 1 < P)
-        dqe[run + 1] += at_next;
-}
-
 static void term_cope_content_grad(const term_unit *t, double *const *grad, const REAL *q,
                                    const REAL *k, double scale, const REAL *G, REAL *Gc,
                                    size_t ldg, size_t i0, size_t rows, size_t first, size_t cols,
@@ -250,6 +239,7 @@ static void term_cope_content_grad(const term_unit *t, double *const *grad, cons
     cope_layout(p, 1, &s, (REAL *)(void *)scratch);
     cope_table(t, s.table);
     const size_t gap = cope_keep_gap(p), ldr = keep ? keep->ld : m, ldq = keep ? keep->ld : P;
+    const double last = cope_last(P);
     for (size_t r0 = 0; r0 < rows; r0 += COPE_ROWS) {
         const size_t count = posenc_min(COPE_ROWS, rows - r0);
         REAL *gates_blk = keep ? keep->data + r0 * keep->ld : s.gates;
@@ -269,8 +259,7 @@ static void term_cope_content_grad(const term_unit *t, double *const *grad, cons
             }
             for (size_t e = 0; e < count; ++e)
                 cope_gates(t, s.gates + e * m, s.z + e * m, i0 + r0 + e, first, cols, seen);
-            kern->suffix_interp(NULL, 0, s.pos, s.gates, m, NULL, 0, count, first, cols,
-                                cope_last(P));
+            kern->suffix_interp(NULL, 0, s.pos, s.gates, m, NULL, 0, count, first, cols, last);
             kern->rows_dot(s.qe, P, q + (i0 + r0) * d, count, s.table, P, d, 1.0);
         }
         for (size_t e = 0; e < count; ++e) {
@@ -280,34 +269,7 @@ static void term_cope_content_grad(const term_unit *t, double *const *grad, cons
             REAL *gc = Gc + r * ldg;
             memset(gc, 0, sizeof(REAL) * posenc_min(first, cols));
             memset(s.dqe, 0, sizeof(double) * P);
-            /* dL/dg_j: the keys' dL/dp up to j; dqe's two rows of the run of keys whose
-             * positions share a floor (the positions fall along the keys: runs) summed in
-             * registers, added once per run */
-            double sum = 0, at_floor = 0, at_next = 0;
-            ptrdiff_t run = -1;
-            for (size_t j = first; j < cols; ++j) {
-                const double Gj = (double)g_row[j];
-                const REAL x = pos[j];
-                if (x == x) {
-                    const ptrdiff_t f = (ptrdiff_t)x, c = f + (x > (REAL)f);
-                    const double w = (double)(x - (REAL)f);
-                    if (f != run) {
-                        cope_run_end(s.dqe, P, run, at_floor, at_next);
-                        run = f, at_floor = at_next = 0;
-                    }
-                    at_floor += (1 - w) * Gj;
-                    if (c != f)
-                        at_next += w * Gj;
-                    else
-                        at_floor += w * Gj;
-                    sum += Gj * ((double)qe[c] - (double)qe[f]);
-                } else {
-                    sum = (double)x;
-                }
-                const double gate = (double)gates[j], slope = gate * (1 - gate);
-                gc[j] = (REAL)(slope != 0 ? Gj + sum * slope : Gj);
-            }
-            cope_run_end(s.dqe, P, run, at_floor, at_next);
+            kern->suffix_interp_grad(gc, s.dqe, g_row, gates, pos, qe, first, cols, last);
             for (size_t x = 0; x < P; ++x) {
                 s.dqe_rows[e * P + x] = (REAL)s.dqe[x];
                 s.dqe_cols[x * COPE_ROWS + e] = (REAL)s.dqe[x];

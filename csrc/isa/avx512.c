@@ -252,6 +252,136 @@ static inline int suffix_interp_row_f64(double *x, double *pos, const double *g,
     return 0;
 }
 
+/*
+ * One row of suffix_interp_grad (positions_impl.h) in float32: 8 keys at a
+ * time in double, the running sum of G (t[c] - t[f]) along the keys as
+ * prefix sums within the 8 (lanes shifted up and added) plus the sum before
+ * them; dqe's two entries of a run of keys sharing a floor summed in vectors
+ * while whole blocks of 8 share it (the clamped keys), lane by lane where a
+ * block holds several floors or a NaN position.  The sums' order is not the
+ * plain C's.
+ */
+static inline __m512d prefix_sums_pd(__m512d v)
+{
+    const __m512i zero = _mm512_setzero_si512();
+    v = _mm512_add_pd(v, _mm512_castsi512_pd(_mm512_alignr_epi64(_mm512_castpd_si512(v), zero, 7)));
+    v = _mm512_add_pd(v, _mm512_castsi512_pd(_mm512_alignr_epi64(_mm512_castpd_si512(v), zero, 6)));
+    return _mm512_add_pd(v, _mm512_castsi512_pd(_mm512_alignr_epi64(_mm512_castpd_si512(v), zero, 4)));
+}
+
+/* The run's sums: the vectors' into the scalars. */
+typedef struct {
+    __m512d floor_v, next_v;
+    double at_floor, at_next;
+    ptrdiff_t run;
+} grad_run;
+
+static inline void grad_run_fold(grad_run *r)
+{
+    r->at_floor += _mm512_reduce_add_pd(r->floor_v);
+    r->at_next += _mm512_reduce_add_pd(r->next_v);
+    r->floor_v = r->next_v = _mm512_setzero_pd();
+}
+
+static inline void grad_run_end(grad_run *r, double *dqe, size_t span)
+{
+    grad_run_fold(r);
+    if (r->run >= 0) {
+        dqe[r->run] += r->at_floor;
+        if ((size_t)r->run + 1 < span)
+            dqe[r->run + 1] += r->at_next;
+    }
+    r->at_floor = r->at_next = 0;
+}
+
+static inline int suffix_interp_grad_row_f32(float *gc, double *dqe, const float *G,
+                                             const float *gates, const float *pos,
+                                             const float *t, size_t first, size_t cols,
+                                             double last)
+{
+    const size_t span = (size_t)last + 1;
+    const table_lookup table = table_lookup_of(t, span);
+    const __m256 zero = _mm256_setzero_ps();
+    const __m512d one = _mm512_set1_pd(1.0), zero_d = _mm512_setzero_pd();
+    const __m512i last_lane = _mm512_set1_epi64(7);
+    __m512d before = _mm512_setzero_pd();   /* the sum of the keys before the 8, every lane */
+    grad_run r = {_mm512_setzero_pd(), _mm512_setzero_pd(), 0, 0, -1};
+    for (size_t j = first; j < cols; j += 8) {
+        const size_t len = cols - j < 8 ? cols - j : 8;
+        const __mmask8 keys = (__mmask8)((1u << len) - 1);
+        const __m256 x = _mm256_maskz_loadu_ps(keys, pos + j);
+        const __mmask8 ok = _mm256_cmp_ps_mask(x, zero, _CMP_GE_OQ) & keys;   /* not NaN */
+        const __m256i f = _mm256_maskz_cvttps_epi32(ok, x);
+        const __m256 w = _mm256_sub_ps(x, _mm256_cvtepi32_ps(f));
+        const __mmask8 up = _mm256_cmp_ps_mask(w, zero, _CMP_GT_OQ) & ok;   /* c = f + 1 */
+        const __m256i c = _mm256_mask_add_epi32(f, up, f, _mm256_set1_epi32(1));
+        const __m512d at_f = _mm512_cvtps_pd(_mm512_castps512_ps256(
+            table_lookup_at(&table, _mm512_castsi256_si512(f), ok)));
+        const __m512d at_c = _mm512_cvtps_pd(_mm512_castps512_ps256(
+            table_lookup_at(&table, _mm512_castsi256_si512(c), ok)));
+        const __m512d g_v = _mm512_cvtps_pd(_mm256_maskz_loadu_ps(keys, G + j));
+        const __m512d w_d = _mm512_cvtps_pd(w);
+        /* dL/dp, NaN at a NaN position (the sums NaN from it on) */
+        __m512d dp = _mm512_mul_pd(g_v, _mm512_sub_pd(at_c, at_f));
+        dp = _mm512_mask_mov_pd(dp, keys & (__mmask8)~ok, _mm512_cvtps_pd(x));
+        const __m512d sum = _mm512_add_pd(prefix_sums_pd(dp), before);
+        before = _mm512_permutexvar_pd(last_lane, sum);
+        const __m512d gate = _mm512_cvtps_pd(_mm256_maskz_loadu_ps(keys, gates + j));
+        const __m512d slope = _mm512_mul_pd(gate, _mm512_sub_pd(one, gate));
+        const __m512d out = _mm512_mask_add_pd(g_v, _mm512_cmp_pd_mask(slope, zero_d, _CMP_NEQ_UQ),
+                                               g_v, _mm512_mul_pd(sum, slope));
+        _mm256_mask_storeu_ps(gc + j, keys, _mm512_cvtpd_ps(out));
+        /* dqe: (1 - w) G to the floor, w G to the next entry; w 0: both to the floor */
+        const __m512d low = _mm512_mul_pd(_mm512_sub_pd(one, w_d), g_v);
+        const __m512d high = _mm512_mul_pd(w_d, g_v);
+        const __m512d to_floor = _mm512_maskz_mov_pd(
+            ok, _mm512_mask_blend_pd(up, _mm512_add_pd(low, high), low));
+        const __m512d to_next = _mm512_maskz_mov_pd(up, high);
+        const int run0 = _mm_cvtsi128_si32(_mm256_castsi256_si128(f));
+        const __mmask8 same = _mm256_cmpeq_epi32_mask(f, _mm256_set1_epi32(run0));
+        if (ok == keys && (same & keys) == keys) {   /* one floor: the run's vectors */
+            if (run0 != r.run) {
+                grad_run_end(&r, dqe, span);
+                r.run = run0;
+            }
+            r.floor_v = _mm512_add_pd(r.floor_v, to_floor);
+            r.next_v = _mm512_add_pd(r.next_v, to_next);
+            continue;
+        }
+        int32_t floors[8];
+        double lows[8], highs[8];
+        _mm256_storeu_si256((__m256i *)(void *)floors, f);
+        _mm512_storeu_pd(lows, to_floor);
+        _mm512_storeu_pd(highs, to_next);
+        for (size_t l = 0; l < len; ++l) {
+            if (!((ok >> l) & 1))
+                continue;
+            if (floors[l] != r.run) {
+                grad_run_end(&r, dqe, span);
+                r.run = floors[l];
+            }
+            r.at_floor += lows[l];
+            r.at_next += highs[l];
+        }
+    }
+    grad_run_end(&r, dqe, span);
+    return 1;
+}
+
+static inline int suffix_interp_grad_row_f64(double *gc, double *dqe, const double *G,
+                                             const double *gates, const double *pos,
+                                             const double *t, size_t first, size_t cols,
+                                             double last)
+{
+    (void)gc, (void)dqe, (void)G, (void)gates, (void)pos, (void)t, (void)first, (void)cols;
+    (void)last;
+    return 0;
+}
+
+#define SUFFIX_INTERP_GRAD_ROW(gc, ...)                                                    \
+    _Generic((gc), float *: suffix_interp_grad_row_f32, double *: suffix_interp_grad_row_f64)( \
+        gc, __VA_ARGS__)
+
 #define SUFFIX_INTERP_ROW(x, ...) \
     _Generic((x), float *: suffix_interp_row_f32, double *: suffix_interp_row_f64)(x, __VA_ARGS__)
 

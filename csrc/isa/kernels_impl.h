@@ -32,7 +32,9 @@
  *   KEY_ROW_SCATTER(grad, ld, bucket, b_min, src, j0, j1)      one row of
  *       tile_scatter_key;
  *   SUFFIX_INTERP_ROW(x, pos, g, t, k0, cols, last)   one row of suffix_interp
- *       (positions_impl.h) with the ISA's vectors, nonzero where it took it.
+ *       (positions_impl.h) with the ISA's vectors, nonzero where it took it;
+ *   SUFFIX_INTERP_GRAD_ROW(gc, dqe, G, g, pos, t, first, cols, last)   likewise
+ *       suffix_interp_grad.
  */
 
 #define NR (NRV * VL)
@@ -465,7 +467,7 @@ static void KNAME(posenc_tile_scatter_key)(void *grad_, size_t ld, const int64_t
 
 #include "softmax_impl.h"   /* row_max, row_exp: the fused attention's softmax */
 #include "decode_impl.h"    /* rows_dot, rows_axpy: the decoding path's products */
-#include "positions_impl.h" /* suffix_interp: contextual positions (CoPE) */
+#include "positions_impl.h" /* suffix_interp(_grad): contextual positions (CoPE) */
 
 /* The dropout's rows: the ISA's vector generator (isa/avx512.c, isa/avx2.c), else the plain C. */
 #ifndef DROPOUT_ROW
@@ -501,6 +503,7 @@ const posenc_kernels KNAME(posenc_kernels) = {
     .rows_dot = KNAME(posenc_rows_dot), .rows_axpy = KNAME(posenc_rows_axpy),
     /* contextual positions along rows and their tables' values */
     .suffix_interp = KNAME(posenc_suffix_interp),
+    .suffix_interp_grad = KNAME(posenc_suffix_interp_grad),
     .store_fence = KNAME(posenc_store_fence),
 };
 

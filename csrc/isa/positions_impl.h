@@ -3,7 +3,8 @@
  * §3.18; engine/term_cope_impl.h) for one ISA and dtype: included by
  * kernels_impl.h.  The ISA may take a row with its vectors (the hook
  * SUFFIX_INTERP_ROW, isa/avx512.c); the plain C below sums four rows
- * interleaved (one row's sum would wait on each addition).
+ * interleaved (one row's sum would wait on each addition).  Its gradient,
+ * suffix_interp_grad, one row at a time (hook SUFFIX_INTERP_GRAD_ROW).
  */
 
 /* e at position x from a row's table t, in REAL (x NaN: row 0 read, w NaN: NaN, with no
@@ -75,3 +76,65 @@ static void KNAME(posenc_suffix_interp)(void *x_, size_t ldx, void *pos_, const 
 #undef ROW_OF
 }
 #undef SUFFIX_KEY
+
+/* A run's sums into dqe: its floor's, and the next entry's (none past the table's span). */
+static inline void KNAME(posenc_run_end)(double *dqe, size_t span, ptrdiff_t run, double at_floor,
+                                         double at_next)
+{
+    if (run < 0)
+        return;
+    dqe[run] += at_floor;
+    if ((size_t)run + 1 < span)
+        dqe[run + 1] += at_next;
+}
+
+/*
+ * suffix_interp's gradient along one row, keys [first, cols), for the row's
+ * gradient G of the values it added (x), its gates g and the positions it
+ * formed (pos), its table t: with f, w, c of each key as suffix_interp's,
+ *   dqe[f] += (1 - w) G[j], dqe[c] += w G[j]      (dqe: the table's gradient,
+ *                                                  added to; a NaN position: none)
+ *   sum_j = sum_{j' <= j} G[j'] (t[c] - t[f])     (dL/dg_j; NaN from a NaN position on)
+ *   gc[j] = G[j] + sum_j g[j] (1 - g[j]), G[j] where g (1 - g) is 0,
+ * in double.  The positions fall along the keys, so dqe's two entries of a run
+ * of keys sharing a floor are summed in registers and added once per run.
+ */
+static void KNAME(posenc_suffix_interp_grad)(void *gc_, double *dqe, const void *G_,
+                                             const void *g_, const void *pos_, const void *t_,
+                                             size_t first, size_t cols, double last)
+{
+    REAL *gc = (REAL *)gc_;
+    const REAL *G = (const REAL *)G_, *gates = (const REAL *)g_, *pos = (const REAL *)pos_;
+    const REAL *t = (const REAL *)t_;
+    const size_t span = (size_t)last + 1;
+#ifdef SUFFIX_INTERP_GRAD_ROW
+    if (SUFFIX_INTERP_GRAD_ROW(gc, dqe, G, gates, pos, t, first, cols, last))
+        return;
+#endif
+    double sum = 0, at_floor = 0, at_next = 0;
+    ptrdiff_t run = -1;
+    for (size_t j = first; j < cols; ++j) {
+        const double Gj = (double)G[j];
+        const REAL x = pos[j];
+        if (x == x) {
+            const ptrdiff_t f = (ptrdiff_t)x, c = f + (x > (REAL)f);
+            const double w = (double)(x - (REAL)f);
+            if (f != run) {
+                KNAME(posenc_run_end)(dqe, span, run, at_floor, at_next);
+                run = f, at_floor = at_next = 0;
+            }
+            if (c != f) {
+                at_floor += (1 - w) * Gj;
+                at_next += w * Gj;
+            } else {   /* w 0 (a clamped run's keys): one addition on the chain */
+                at_floor += (1 - w) * Gj + w * Gj;
+            }
+            sum += Gj * ((double)t[c] - (double)t[f]);
+        } else {
+            sum = (double)x;
+        }
+        const double gate = (double)gates[j], slope = gate * (1 - gate);
+        gc[j] = (REAL)(slope != 0 ? Gj + sum * slope : Gj);
+    }
+    KNAME(posenc_run_end)(dqe, span, run, at_floor, at_next);
+}
