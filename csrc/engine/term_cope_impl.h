@@ -17,9 +17,10 @@
  *   A_ij = Z_ij + e_j.
  *
  * A row's positions need its last key's gate first: the row's gates are formed
- * over its keys, then summed in double from its last key down (one order, the
- * same in the forward and the backward; each position rounded to REAL once, and
- * interpolated in REAL), never a (B, H, n, m) tensor; a NaN gate
+ * over its keys, then summed in double from its last key down by the kernels'
+ * suffix_interp (isa/positions_impl.h: the ISA's order, the same in the forward
+ * and the backward; each position rounded to REAL once, and interpolated in
+ * REAL), never a (B, H, n, m) tensor; a NaN gate
  * makes its row's positions NaN from it down (a NaN position indexes nothing:
  * its e is NaN).  Gates: exp(-|z|) by the kernels' row_exp, then 1 / (1 + e)
  * (z >= 0) or e / (1 + e): accurate at both ends.
