@@ -24,6 +24,20 @@ double urand(void)   /* uniform in [-1, 1) */
     return (double)(rng_state >> 11) / 9007199254740992.0 * 2.0 - 1.0;
 }
 
+void for_each_kernels(void (*run)(const posenc_kernels *kern, posenc_isa isa, int f64, void *ctx),
+                      void *ctx)
+{
+    const posenc_isa active = posenc_get_isa();
+    for (int isa = 0; isa < POSENC_ISA_COUNT; ++isa) {
+        if (!posenc_isa_supported((posenc_isa)isa))
+            continue;
+        posenc_set_isa((posenc_isa)isa);
+        for (int dt = 0; dt < 2; ++dt)
+            run(posenc_active_kernels(dt ? POSENC_F64 : POSENC_F32), (posenc_isa)isa, dt, ctx);
+    }
+    posenc_set_isa(active);
+}
+
 const config configs[] = {
     {"content", 0, 0, 0, 0, 0, 0, 0, 0},
     {"shaw", 0, 0, 1, 0, 0, 0, 0, 0},

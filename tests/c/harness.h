@@ -59,6 +59,10 @@ enum { X_Q, X_K, X_PQ, X_PK, X_TABLE, X_QUERY_TABLE, X_KEY_TABLE, X_SEGMENT_TABL
        X_V, X_D_OUT, X_ROPE_COS, X_ROPE_SIN, X_ROPE_COS_K, X_ROPE_SIN_K, X_COUNT };
 
 double urand(void);   /* uniform in [-1, 1) */
+/* run(kern, isa, f64, ctx) for every ISA this CPU has and both dtypes (float32, then
+ * float64), that ISA set; the active ISA restored after. */
+void for_each_kernels(void (*run)(const posenc_kernels *kern, posenc_isa isa, int f64, void *ctx),
+                      void *ctx);
 double *fill(problem_data *pd, int slot, size_t len);
 int64_t *make_map(int kind, size_t n, size_t m, size_t rows);
 void build(problem_data *pd, const config *c, size_t B, size_t H, size_t n, size_t m, size_t d,

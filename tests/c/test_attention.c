@@ -89,64 +89,62 @@ static void softmax_row(double *row, size_t len, int specials)
  * vector widths: row_max is the largest element (-inf when none; never NaN);
  * row_exp writes exp(x - shift) to exactly x[0, len), each element the one the same
  * kernel gives it alone, and returns their sum. */
-void test_softmax_rows(void)
+static void softmax_rows(const posenc_kernels *kern, posenc_isa isa, int dt, void *ctx)
 {
     enum { MAX_LEN = 41 };
     double row[MAX_LEN + 2], alone_d[1];
     float row_f[MAX_LEN + 2], alone_f[1];
-    for (int isa = 0; isa < POSENC_ISA_COUNT; ++isa) {
-        if (!posenc_isa_supported((posenc_isa)isa))
-            continue;
-        posenc_set_isa((posenc_isa)isa);
-        for (int dt = 0; dt < 2; ++dt) {
-            const posenc_kernels *kern = posenc_active_kernels(dt ? POSENC_F64 : POSENC_F32);
-            for (size_t len = 0; len <= MAX_LEN; ++len)
-                for (int trial = 0; trial < 6; ++trial) {
-                    const int specials = trial % 2;
-                    softmax_row(row, len, specials);
-                    for (size_t j = 0; j < len + 2; ++j)
-                        row_f[j] = (float)row[j];
-                    void *x = dt ? (void *)(row + 1) : (void *)(row_f + 1);
-                    double want = -INFINITY;
-                    int nan = 0;
-                    for (size_t j = 1; j <= len; ++j) {
-                        const double v = dt ? row[j] : (double)row_f[j];
-                        nan |= isnan(v);
-                        want = v > want ? v : want;
-                    }
-                    const double got = kern->row_max(x, len);
-                    /* with a NaN, a vector lane's maximum restarts after it (its result is NaN
-                     * whatever the shift): at most the maximum, never NaN */
-                    EXPECT(nan ? !isnan(got) && got <= want : got == want, "row_max %s %s len %zu trial %d: %g, want %g",
-                           posenc_isa_name((posenc_isa)isa), dt ? "f64" : "f32", len, trial, got, want);
-                    if (want == -INFINITY || want == INFINITY)
-                        continue;
-                    double expected[MAX_LEN], sum = 0;
-                    for (size_t j = 0; j < len; ++j) {   /* each element alone */
-                        alone_d[0] = row[j + 1];
-                        alone_f[0] = row_f[j + 1];
-                        kern->row_exp(dt ? (void *)alone_d : (void *)alone_f, 1, want);
-                        expected[j] = dt ? alone_d[0] : (double)alone_f[0];
-                        sum += expected[j];
-                    }
-                    const double total = kern->row_exp(x, len, want);
-                    int same = 1;
-                    for (size_t j = 0; j < len; ++j) {
-                        const double v = dt ? row[j + 1] : (double)row_f[j + 1];
-                        same &= v == expected[j] || (isnan(v) && isnan(expected[j]));
-                    }
-                    const int guards = dt ? row[0] == 12345.0 && row[len + 1] == 12345.0
-                                          : row_f[0] == 12345.0f && row_f[len + 1] == 12345.0f;
-                    EXPECT(same && guards, "row_exp %s %s len %zu trial %d: elements %d, guards %d",
-                           posenc_isa_name((posenc_isa)isa), dt ? "f64" : "f32", len, trial, same,
-                           guards);
-                    EXPECT(nan ? isnan(total) : fabs(total - sum) <= 1e-5 * sum,
-                           "row_exp %s %s len %zu trial %d: sum %g, want %g",
-                           posenc_isa_name((posenc_isa)isa), dt ? "f64" : "f32", len, trial, total,
-                           sum);
-                }
+    (void)ctx;
+    for (size_t len = 0; len <= MAX_LEN; ++len)
+        for (int trial = 0; trial < 6; ++trial) {
+            const int specials = trial % 2;
+            softmax_row(row, len, specials);
+            for (size_t j = 0; j < len + 2; ++j)
+                row_f[j] = (float)row[j];
+            void *x = dt ? (void *)(row + 1) : (void *)(row_f + 1);
+            double want = -INFINITY;
+            int nan = 0;
+            for (size_t j = 1; j <= len; ++j) {
+                const double v = dt ? row[j] : (double)row_f[j];
+                nan |= isnan(v);
+                want = v > want ? v : want;
+            }
+            const double got = kern->row_max(x, len);
+            /* with a NaN, a vector lane's maximum restarts after it (its result is NaN
+             * whatever the shift): at most the maximum, never NaN */
+            EXPECT(nan ? !isnan(got) && got <= want : got == want, "row_max %s %s len %zu trial %d: %g, want %g",
+                   posenc_isa_name(isa), dt ? "f64" : "f32", len, trial, got, want);
+            if (want == -INFINITY || want == INFINITY)
+                continue;
+            double expected[MAX_LEN], sum = 0;
+            for (size_t j = 0; j < len; ++j) {   /* each element alone */
+                alone_d[0] = row[j + 1];
+                alone_f[0] = row_f[j + 1];
+                kern->row_exp(dt ? (void *)alone_d : (void *)alone_f, 1, want);
+                expected[j] = dt ? alone_d[0] : (double)alone_f[0];
+                sum += expected[j];
+            }
+            const double total = kern->row_exp(x, len, want);
+            int same = 1;
+            for (size_t j = 0; j < len; ++j) {
+                const double v = dt ? row[j + 1] : (double)row_f[j + 1];
+                same &= v == expected[j] || (isnan(v) && isnan(expected[j]));
+            }
+            const int guards = dt ? row[0] == 12345.0 && row[len + 1] == 12345.0
+                                  : row_f[0] == 12345.0f && row_f[len + 1] == 12345.0f;
+            EXPECT(same && guards, "row_exp %s %s len %zu trial %d: elements %d, guards %d",
+                   posenc_isa_name(isa), dt ? "f64" : "f32", len, trial, same,
+                   guards);
+            EXPECT(nan ? isnan(total) : fabs(total - sum) <= 1e-5 * sum,
+                   "row_exp %s %s len %zu trial %d: sum %g, want %g",
+                   posenc_isa_name(isa), dt ? "f64" : "f32", len, trial, total,
+                   sum);
         }
-    }
+}
+
+void test_softmax_rows(void)
+{
+    for_each_kernels(softmax_rows, NULL);
 }
 
 /* ---------------------------------------------------------------- attention */

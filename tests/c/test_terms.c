@@ -877,120 +877,111 @@ static void cope_case(size_t B, size_t H, size_t n, size_t m, size_t d, size_t P
  * rows of odd lengths from k0 > 0, positions clamped and not, a NaN gate; nothing
  * written outside the row's keys.
  */
-static void positions_kernels(void)
+static void positions_kernels(const posenc_kernels *kern, posenc_isa isa, int dt, void *ctx)
 {
     enum { LEN = 160, GUARD = 3 };
     const size_t spans[] = {1, 5, 16, 17, 24, 32, 33, 40, 64, 65, 100};
     const size_t lens[] = {1, 7, 8, 9, 16, 17, 33, 150};
-    const posenc_isa active = posenc_get_isa();
-    for (int isa = 0; isa < POSENC_ISA_COUNT; ++isa) {
-        if (!posenc_isa_supported((posenc_isa)isa))
-            continue;
-        posenc_set_isa((posenc_isa)isa);
-        for (int dt = 0; dt < 2; ++dt) {
-            const posenc_kernels *kern = posenc_active_kernels(dt ? POSENC_F64 : POSENC_F32);
-            const size_t size = dt ? sizeof(double) : sizeof(float);
-            const double tol = dt ? 1e-12 : 1e-5;
-            for (size_t a = 0; a < sizeof spans / sizeof spans[0]; ++a)
-                for (size_t b = 0; b < sizeof lens / sizeof lens[0]; ++b)
-                    for (int nan = 0; nan < 2; ++nan) {
-                        const size_t P = spans[a], len = lens[b], k0 = 3, cols = k0 + len;
-                        double g[LEN + 2 * GUARD], t[LEN], G[LEN + 2 * GUARD], x[LEN + 2 * GUARD];
-                        double want_x[LEN + 2 * GUARD], want_pos[LEN + 2 * GUARD];
-                        unsigned char raw[7][(LEN + 2 * GUARD) * sizeof(double)];
-                        for (size_t j = 0; j < cols + GUARD; ++j)
-                            g[j] = urand() * 0.5 + 0.5, G[j] = urand(), x[j] = urand();
-                        if (nan && len > 2)
-                            g[k0 + len / 2] = NAN;
-                        for (size_t e = 0; e < P; ++e)
-                            t[e] = urand();
-                        const double last = (double)(P - 1);
-                        /* the arrays in the dtype: g, t, G, x, pos, gc (and x again) */
-                        for (size_t j = 0; j < cols + GUARD; ++j) {
-                            const double v[4] = {g[j], j < P ? t[j] : 0, G[j], x[j]};
-                            for (int w = 0; w < 4; ++w) {
-                                if (dt)
-                                    memcpy(raw[w] + j * size, &v[w], size);
-                                else {
-                                    const float f = (float)v[w];
-                                    memcpy(raw[w] + j * size, &f, size);
-                                }
-                            }
+    (void)ctx;
+    const size_t size = dt ? sizeof(double) : sizeof(float);
+    const double tol = dt ? 1e-12 : 1e-5;
+    for (size_t a = 0; a < sizeof spans / sizeof spans[0]; ++a)
+        for (size_t b = 0; b < sizeof lens / sizeof lens[0]; ++b)
+            for (int nan = 0; nan < 2; ++nan) {
+                const size_t P = spans[a], len = lens[b], k0 = 3, cols = k0 + len;
+                double g[LEN + 2 * GUARD], t[LEN], G[LEN + 2 * GUARD], x[LEN + 2 * GUARD];
+                double want_x[LEN + 2 * GUARD], want_pos[LEN + 2 * GUARD];
+                unsigned char raw[7][(LEN + 2 * GUARD) * sizeof(double)];
+                for (size_t j = 0; j < LEN + 2 * GUARD; ++j)
+                    g[j] = urand() * 0.5 + 0.5, G[j] = urand(), x[j] = urand();
+                if (nan && len > 2)
+                    g[k0 + len / 2] = NAN;
+                for (size_t e = 0; e < P; ++e)
+                    t[e] = urand();
+                const double last = (double)(P - 1);
+                /* the arrays in the dtype: g, t, G, x, pos, gc (and x again) */
+                for (size_t j = 0; j < cols + GUARD || j < P; ++j) {
+                    const double v[4] = {g[j], j < P ? t[j] : 0, G[j], x[j]};
+                    for (int w = 0; w < 4; ++w) {
+                        if (dt)
+                            memcpy(raw[w] + j * size, &v[w], size);
+                        else {
+                            const float f = (float)v[w];
+                            memcpy(raw[w] + j * size, &f, size);
                         }
-#define AT(w, j) (dt ? ((double *)(void *)raw[w])[j] : (double)((float *)(void *)raw[w])[j])
-                        for (size_t j = 0; j < cols + GUARD; ++j)
-                            g[j] = AT(0, j), G[j] = AT(2, j), x[j] = AT(3, j);
-                        for (size_t e = 0; e < P; ++e)
-                            t[e] = AT(1, e);
-                        double s = 0;   /* the formula, in double */
-                        for (size_t j = cols; j-- > k0;) {
-                            s += g[j];
-                            want_pos[j] = s > last ? last : s;
-                            const double at = want_pos[j], f = isnan(at) ? 0 : floor(at);
-                            const double w = at - f;
-                            want_x[j] = x[j] + w * t[(size_t)f + (w > 0)] + (1 - w) * t[(size_t)f];
-                        }
-                        memset(raw[4], 0x7f, sizeof raw[4]);   /* guards */
-                        memcpy(raw[6], raw[3], sizeof raw[6]);
-                        kern->suffix_interp(raw[3], 0, raw[4], raw[0], 0, raw[1], 0, 1, k0, cols, last);
-                        kern->suffix_interp(NULL, 0, raw[5], raw[0], 0, NULL, 0, 1, k0, cols, last);
-                        kern->suffix_interp(raw[6], 0, NULL, raw[0], 0, raw[1], 0, 1, k0, cols, last);
-                        size_t bad = 0;
-                        for (size_t j = 0; j < cols + GUARD; ++j) {
-                            const int inside = j >= k0 && j < cols;
-                            if (!inside) {
-                                bad += AT(3, j) != x[j] || AT(6, j) != x[j] ||
-                                       memcmp(raw[4] + j * size, "\x7f\x7f\x7f\x7f\x7f\x7f\x7f\x7f", size) != 0;
-                                continue;
-                            }
-                            const double px = AT(4, j), vx = AT(3, j);
-                            bad += isnan(want_pos[j]) ? !isnan(px) || !isnan(vx) || !isnan(AT(5, j))
-                                   : fabs(px - want_pos[j]) > tol * (1 + want_pos[j]) ||
-                                     AT(5, j) != px || AT(6, j) != vx ||
-                                     fabs(vx - want_x[j]) > tol * (2 + fabs(want_x[j]));
-                        }
-                        EXPECT(bad == 0, "suffix_interp %s %s P %zu len %zu nan %d: %zu keys wrong",
-                               posenc_isa_name((posenc_isa)isa), dt ? "f64" : "f32", P, len, nan, bad);
-                        /* the gradient, from the kernel's positions */
-                        double want_gc[LEN + 2 * GUARD], want_dqe[LEN], dqe[LEN];
-                        memset(want_dqe, 0, sizeof want_dqe);
-                        memset(dqe, 0, sizeof dqe);
-                        double sum = 0;
-                        for (size_t j = k0; j < cols; ++j) {
-                            const double at = AT(4, j);
-                            if (isnan(at)) {
-                                sum = NAN;
-                            } else {
-                                const size_t f = (size_t)at, c = f + (at > (double)f);
-                                const double w = at - (double)f;
-                                want_dqe[f] += (1 - w) * G[j];
-                                want_dqe[c] += w * G[j];
-                                sum += G[j] * (t[c] - t[f]);
-                            }
-                            const double slope = g[j] * (1 - g[j]);
-                            want_gc[j] = slope != 0 ? G[j] + sum * slope : G[j];
-                        }
-                        memset(raw[5], 0x7f, sizeof raw[5]);
-                        kern->suffix_interp_grad(raw[5], dqe, raw[2], raw[0], raw[4], raw[1], k0, cols, last);
-                        bad = 0;
-                        for (size_t j = 0; j < cols + GUARD; ++j) {
-                            if (j < k0 || j >= cols) {
-                                bad += memcmp(raw[5] + j * size, "\x7f\x7f\x7f\x7f\x7f\x7f\x7f\x7f", size) != 0;
-                                continue;
-                            }
-                            const double v = AT(5, j);
-                            bad += isnan(want_gc[j]) ? !isnan(v)
-                                   : fabs(v - want_gc[j]) > tol * (double)len * (1 + fabs(want_gc[j]));
-                        }
-                        for (size_t e = 0; e < P; ++e)
-                            bad += fabs(dqe[e] - want_dqe[e]) > tol * (double)len;
-                        EXPECT(bad == 0, "suffix_interp_grad %s %s P %zu len %zu nan %d: %zu wrong",
-                               posenc_isa_name((posenc_isa)isa), dt ? "f64" : "f32", P, len, nan, bad);
-#undef AT
                     }
-        }
-    }
-    posenc_set_isa(active);
+                }
+#define AT(w, j) (dt ? ((double *)(void *)raw[w])[j] : (double)((float *)(void *)raw[w])[j])
+                for (size_t j = 0; j < cols + GUARD; ++j)
+                    g[j] = AT(0, j), G[j] = AT(2, j), x[j] = AT(3, j);
+                for (size_t e = 0; e < P; ++e)
+                    t[e] = AT(1, e);
+                double s = 0;   /* the formula, in double */
+                for (size_t j = cols; j-- > k0;) {
+                    s += g[j];
+                    want_pos[j] = s > last ? last : s;
+                    const double at = want_pos[j], f = isnan(at) ? 0 : floor(at);
+                    const double w = at - f;
+                    want_x[j] = x[j] + w * t[(size_t)f + (w > 0)] + (1 - w) * t[(size_t)f];
+                }
+                memset(raw[4], 0x7f, sizeof raw[4]);   /* guards */
+                memcpy(raw[6], raw[3], sizeof raw[6]);
+                kern->suffix_interp(raw[3], 0, raw[4], raw[0], 0, raw[1], 0, 1, k0, cols, last);
+                kern->suffix_interp(NULL, 0, raw[5], raw[0], 0, NULL, 0, 1, k0, cols, last);
+                kern->suffix_interp(raw[6], 0, NULL, raw[0], 0, raw[1], 0, 1, k0, cols, last);
+                size_t bad = 0;
+                for (size_t j = 0; j < cols + GUARD; ++j) {
+                    const int inside = j >= k0 && j < cols;
+                    if (!inside) {
+                        bad += AT(3, j) != x[j] || AT(6, j) != x[j] ||
+                               memcmp(raw[4] + j * size, "\x7f\x7f\x7f\x7f\x7f\x7f\x7f\x7f", size) != 0;
+                        continue;
+                    }
+                    const double px = AT(4, j), vx = AT(3, j);
+                    bad += isnan(want_pos[j]) ? !isnan(px) || !isnan(vx) || !isnan(AT(5, j))
+                           : fabs(px - want_pos[j]) > tol * (1 + want_pos[j]) ||
+                             AT(5, j) != px || AT(6, j) != vx ||
+                             fabs(vx - want_x[j]) > tol * (2 + fabs(want_x[j]));
+                }
+                EXPECT(bad == 0, "suffix_interp %s %s P %zu len %zu nan %d: %zu keys wrong",
+                       posenc_isa_name(isa), dt ? "f64" : "f32", P, len, nan, bad);
+                /* the gradient, from the kernel's positions */
+                double want_gc[LEN + 2 * GUARD], want_dqe[LEN], dqe[LEN];
+                memset(want_dqe, 0, sizeof want_dqe);
+                memset(dqe, 0, sizeof dqe);
+                double sum = 0;
+                for (size_t j = k0; j < cols; ++j) {
+                    const double at = AT(4, j);
+                    if (isnan(at)) {
+                        sum = NAN;
+                    } else {
+                        const size_t f = (size_t)at, c = f + (at > (double)f);
+                        const double w = at - (double)f;
+                        want_dqe[f] += (1 - w) * G[j];
+                        want_dqe[c] += w * G[j];
+                        sum += G[j] * (t[c] - t[f]);
+                    }
+                    const double slope = g[j] * (1 - g[j]);
+                    want_gc[j] = slope != 0 ? G[j] + sum * slope : G[j];
+                }
+                memset(raw[5], 0x7f, sizeof raw[5]);
+                kern->suffix_interp_grad(raw[5], dqe, raw[2], raw[0], raw[4], raw[1], k0, cols, last);
+                bad = 0;
+                for (size_t j = 0; j < cols + GUARD; ++j) {
+                    if (j < k0 || j >= cols) {
+                        bad += memcmp(raw[5] + j * size, "\x7f\x7f\x7f\x7f\x7f\x7f\x7f\x7f", size) != 0;
+                        continue;
+                    }
+                    const double v = AT(5, j);
+                    bad += isnan(want_gc[j]) ? !isnan(v)
+                           : fabs(v - want_gc[j]) > tol * (double)len * (1 + fabs(want_gc[j]));
+                }
+                for (size_t e = 0; e < P; ++e)
+                    bad += fabs(dqe[e] - want_dqe[e]) > tol * (double)len;
+                EXPECT(bad == 0, "suffix_interp_grad %s %s P %zu len %zu nan %d: %zu wrong",
+                       posenc_isa_name(isa), dt ? "f64" : "f32", P, len, nan, bad);
+#undef AT
+            }
 }
 
 void test_terms(void)
@@ -1041,6 +1032,6 @@ void test_terms(void)
         if (!skip_size(z[2], z[3]))
             cope_case(z[0], z[1], z[2], z[3], z[4], z[5], (int)z[6]);
     }
-    positions_kernels();
+    for_each_kernels(positions_kernels, NULL);
     printf("term modules: fox, relative_bias_2d, rope_token, cope\n");
 }
