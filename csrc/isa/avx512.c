@@ -191,19 +191,18 @@ static inline table_lookup table_lookup_of(const float *t, size_t span)
     return x;
 }
 
-/* t[index] in the lanes of `lanes` (0 elsewhere). */
+/* t[index] in the lanes of `lanes` (the others: 0, or from registers any entry: the
+ * callers store those lanes nowhere). */
 static inline __m512 table_lookup_at(const table_lookup *x, __m512i index, __mmask16 lanes)
 {
     if (x->span <= 16)
-        return _mm512_maskz_permutexvar_ps(lanes, index, x->r[0]);
+        return _mm512_permutexvar_ps(index, x->r[0]);
     if (x->span <= 32)
-        return _mm512_maskz_permutex2var_ps(lanes, x->r[0], index, x->r[1]);
-    if (x->span <= 64) {
-        const __mmask16 high = _mm512_test_epi32_mask(index, _mm512_set1_epi32(32));
-        return _mm512_maskz_mov_ps(
-            lanes, _mm512_mask_blend_ps(high, _mm512_permutex2var_ps(x->r[0], index, x->r[1]),
-                                        _mm512_permutex2var_ps(x->r[2], index, x->r[3])));
-    }
+        return _mm512_permutex2var_ps(x->r[0], index, x->r[1]);
+    if (x->span <= 64)
+        return _mm512_mask_blend_ps(_mm512_test_epi32_mask(index, _mm512_set1_epi32(32)),
+                                    _mm512_permutex2var_ps(x->r[0], index, x->r[1]),
+                                    _mm512_permutex2var_ps(x->r[2], index, x->r[3]));
     return _mm512_mask_i32gather_ps(_mm512_setzero_ps(), lanes, index, x->t, sizeof(float));
 }
 
@@ -215,17 +214,33 @@ static inline int suffix_interp_row_f32(float *x, float *pos, const float *g, co
     const __m512 zero = _mm512_setzero_ps(), one = _mm512_set1_ps(1.0f);
     const __m512i first_lane = _mm512_setzero_si512();
     __m512d after = _mm512_setzero_pd();   /* the keys' sum after the 16, in every lane */
+    /* Once the sum passes last, every key before is at last (gates are not negative)
+     * until a NaN gate: its value w t[c] + (1 - w) t[f] with w 0, f = c = last, once. */
+    const float at_last = t ? t[(size_t)last] : 0.0f;
+    const __m512 clamped_e = _mm512_set1_ps(0.0f * at_last + 1.0f * at_last);
+    const __m512 clamped_at = _mm512_set1_ps((float)last);
     for (size_t j = cols; j > k0;) {
         const size_t len = j - k0 < 16 ? j - k0 : 16;
         j -= len;
         const __mmask16 keys = (__mmask16)((1u << len) - 1);
         const __m512 gates = _mm512_maskz_loadu_ps(keys, g + j);
-        __m512d hi = _mm512_add_pd(suffix_sums_pd(_mm512_cvtps_pd(_mm512_extractf32x8_ps(gates, 1))), after);
-        after = _mm512_permutexvar_pd(first_lane, hi);
-        __m512d lo = _mm512_add_pd(suffix_sums_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(gates))), after);
-        after = _mm512_permutexvar_pd(first_lane, lo);
-        lo = _mm512_mask_blend_pd(_mm512_cmp_pd_mask(lo, last_v, _CMP_GT_OQ), lo, last_v);
-        hi = _mm512_mask_blend_pd(_mm512_cmp_pd_mask(hi, last_v, _CMP_GT_OQ), hi, last_v);
+        if (_mm_cvtsd_f64(_mm512_castpd512_pd128(after)) > last &&
+            !_mm512_cmp_ps_mask(gates, gates, _CMP_UNORD_Q)) {   /* clamped, no NaN */
+            if (pos)
+                _mm512_mask_storeu_ps(pos + j, keys, clamped_at);
+            if (x)
+                _mm512_mask_storeu_ps(x + j, keys,
+                                      _mm512_add_ps(_mm512_maskz_loadu_ps(keys, x + j), clamped_e));
+            continue;
+        }
+        /* the 16's suffix sums, then the keys' after them: one addition on the chain */
+        const __m512d hi16 = suffix_sums_pd(_mm512_cvtps_pd(_mm512_extractf32x8_ps(gates, 1)));
+        const __m512d lo16 = _mm512_add_pd(suffix_sums_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(gates))),
+                                           _mm512_permutexvar_pd(first_lane, hi16));
+        /* min(last, s): s where s is NaN */
+        const __m512d hi = _mm512_min_pd(last_v, _mm512_add_pd(hi16, after));
+        const __m512d lo = _mm512_min_pd(last_v, _mm512_add_pd(lo16, after));
+        after = _mm512_add_pd(after, _mm512_permutexvar_pd(first_lane, lo16));
         const __m512 at = _mm512_insertf32x8(_mm512_castps256_ps512(_mm512_cvtpd_ps(lo)),
                                              _mm512_cvtpd_ps(hi), 1);
         if (pos)
