@@ -421,6 +421,8 @@ typedef struct {
     void (*suffix_interp)(void *x, size_t ldx, void *pos, const void *g, size_t ldg,
                           const void *table, size_t ldt, size_t count, size_t k0, size_t cols,
                           double last);
+    /* g[j] = 1 / (1 + exp(-z[j])), j < len, accurate at both ends (CoPE's gates) */
+    void (*row_sigmoid)(void *g, const void *z, size_t len);
     /* its gradient along one row: gc[j] (keys [first, cols)) and the table's, added to dqe
      * (double, (size_t)last + 1 entries), from G, the gates g and the positions pos */
     void (*suffix_interp_grad)(void *gc, double *dqe, const void *G, const void *g,
@@ -454,7 +456,7 @@ typedef struct {
     GROUP_SIZE(key_tile, key_block)                                                               \
     FN(row_gather) FN(row_scatter_add) FN(row_mul) FN(diagonal_sums) FN(tile_gather_query)        \
     FN(store_fence) FN(row_max) FN(row_exp) FN(row_softcap) FN(rows_dot) FN(rows_axpy)            \
-    FN(suffix_interp) FN(suffix_interp_grad)                                                     \
+    FN(row_sigmoid) FN(suffix_interp) FN(suffix_interp_grad)                                     \
     FN(dropout_row)
 
 /*

@@ -22,8 +22,8 @@
  * and the backward; each position rounded to REAL once, and interpolated in
  * REAL), never a (B, H, n, m) tensor; a NaN gate
  * makes its row's positions NaN from it down (a NaN position indexes nothing:
- * its e is NaN).  Gates: exp(-|z|) by the kernels' row_exp, then 1 / (1 + e)
- * (z >= 0) or e / (1 + e): accurate at both ends.
+ * its e is NaN).  Gates: the kernels' row_sigmoid (exp(-|z|), then 1 / (1 + e)
+ * (z >= 0) or e / (1 + e): accurate at both ends).
  *
  * Backward, for G = dL/dA of row i:
  *   dqe[floor p_j] += (1 - w) G_j,  dqe[ceil p_j] += w G_j,
@@ -145,11 +145,7 @@ static void cope_gates(const term_unit *t, REAL *g, const REAL *z, size_t i, siz
 {
     if (cols <= k0)
         return;
-    for (size_t j = k0; j < cols; ++j)
-        g[j] = z[j] < 0 ? z[j] : -z[j];   /* -|z| (NaN stays NaN) */
-    t->kern->row_exp(g + k0, cols - k0, 0.0);
-    for (size_t j = k0; j < cols; ++j)
-        g[j] = (z[j] >= 0 ? (REAL)1 : g[j]) / ((REAL)1 + g[j]);
+    t->kern->row_sigmoid(g + k0, z + k0, cols - k0);
     if (seen) {
         seen->unseen_zero(seen->ctx, g, t->b, i, cols);
     } else if (cope_causal(t->p)) {

@@ -34,7 +34,8 @@
  *   SUFFIX_INTERP_ROW(x, pos, g, t, k0, cols, last)   one row of suffix_interp
  *       (positions_impl.h) with the ISA's vectors, nonzero where it took it;
  *   SUFFIX_INTERP_GRAD_ROW(gc, dqe, G, g, pos, t, first, cols, last)   likewise
- *       suffix_interp_grad.
+ *       suffix_interp_grad;
+ *   SIGMOID_ROW(g, z, len)   likewise row_sigmoid.
  */
 
 #define NR (NRV * VL)
@@ -467,7 +468,7 @@ static void KNAME(posenc_tile_scatter_key)(void *grad_, size_t ld, const int64_t
 
 #include "softmax_impl.h"   /* row_max, row_exp: the fused attention's softmax */
 #include "decode_impl.h"    /* rows_dot, rows_axpy: the decoding path's products */
-#include "positions_impl.h" /* suffix_interp(_grad): contextual positions (CoPE) */
+#include "positions_impl.h" /* row_sigmoid, suffix_interp(_grad): contextual positions (CoPE) */
 
 /* The dropout's rows: the ISA's vector generator (isa/avx512.c, isa/avx2.c), else the plain C. */
 #ifndef DROPOUT_ROW
@@ -504,6 +505,7 @@ const posenc_kernels KNAME(posenc_kernels) = {
     /* contextual positions along rows and their tables' values */
     .suffix_interp = KNAME(posenc_suffix_interp),
     .suffix_interp_grad = KNAME(posenc_suffix_interp_grad),
+    .row_sigmoid = KNAME(posenc_row_sigmoid),
     .store_fence = KNAME(posenc_store_fence),
 };
 

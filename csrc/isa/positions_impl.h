@@ -4,8 +4,26 @@
  * kernels_impl.h.  The ISA may take a row with its vectors (the hook
  * SUFFIX_INTERP_ROW, isa/avx512.c); the plain C below sums four rows
  * interleaved (one row's sum would wait on each addition).  Its gradient,
- * suffix_interp_grad, one row at a time (hook SUFFIX_INTERP_GRAD_ROW).
+ * suffix_interp_grad, one row at a time (hook SUFFIX_INTERP_GRAD_ROW); the
+ * gates, row_sigmoid (hook SIGMOID_ROW).
  */
+
+/* g[j] = 1 / (1 + exp(-z[j])), j < len, as exp(-|z|) by row_exp, then 1 / (1 + e)
+ * (z >= 0) or e / (1 + e): accurate at both ends; NaN stays NaN (g and z apart). */
+static void KNAME(posenc_row_sigmoid)(void *g_, const void *z_, size_t len)
+{
+    REAL *g = (REAL *)g_;
+    const REAL *z = (const REAL *)z_;
+#ifdef SIGMOID_ROW
+    if (SIGMOID_ROW(g, z, len))
+        return;
+#endif
+    for (size_t j = 0; j < len; ++j)
+        g[j] = z[j] < 0 ? z[j] : -z[j];   /* -|z| (NaN stays NaN) */
+    KNAME(posenc_row_exp)(g, len, 0.0);
+    for (size_t j = 0; j < len; ++j)
+        g[j] = (z[j] >= 0 ? (REAL)1 : g[j]) / ((REAL)1 + g[j]);
+}
 
 /* e at position x from a row's table t, in REAL (x NaN: row 0 read, w NaN: NaN, with no
  * branch; x >= 0 otherwise, a sum of gates). */

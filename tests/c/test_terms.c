@@ -16,7 +16,7 @@
  * table's gradient against its forward and backward written out as loops, with and
  * without the logits' causal gates, tables longer and shorter than the positions;
  * the kernels its rows run on (suffix_interp and its gradient) against their
- * formulas.
+ * formulas, and the gates' row_sigmoid.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -877,12 +877,50 @@ static void cope_case(size_t B, size_t H, size_t n, size_t m, size_t d, size_t P
  * rows of odd lengths from k0 > 0, positions clamped and not, a NaN gate; nothing
  * written outside the row's keys.
  */
+/* row_sigmoid: 1 / (1 + exp(-z)) within a few ulp (absolutely below the normal numbers), from the tails (|z| up to 120: e^-z
+ * underflows or the result is 1) to 0, -0, +-inf (0 and 1) and NaN, lengths around the
+ * vectors; nothing written past the row. */
+static void sigmoid_kernel(const posenc_kernels *kern, posenc_isa isa, int dt)
+{
+    enum { LEN = 40 };
+    const double specials[] = {0.0, -0.0, INFINITY, -INFINITY, NAN, 120.0, -120.0, 1e-30, -88.0};
+    for (size_t len = 0; len <= LEN; ++len) {
+        double z[LEN + 1];
+        unsigned char raw_z[(LEN + 1) * sizeof(double)], raw_g[(LEN + 1) * sizeof(double)];
+        const size_t size = dt ? sizeof(double) : sizeof(float);
+        for (size_t j = 0; j <= len; ++j) {
+            z[j] = j < sizeof specials / sizeof specials[0] && len % 2 ? specials[j] : 20 * urand();
+            if (dt) {
+                memcpy(raw_z + j * size, &z[j], size);
+            } else {
+                const float f = (float)z[j];
+                memcpy(raw_z + j * size, &f, size);
+                z[j] = f;
+            }
+        }
+        memset(raw_g, 0x7f, sizeof raw_g);
+        kern->row_sigmoid(raw_g, raw_z, len);
+        size_t bad = 0;
+        for (size_t j = 0; j < len; ++j) {
+            const double got = dt ? ((double *)(void *)raw_g)[j] : ((float *)(void *)raw_g)[j];
+            const double want = 1 / (1 + exp(-z[j]));
+            /* relative, but for results below the dtype's normal range */
+            bad += isnan(want) ? !isnan(got)
+                               : !(fabs(got - want) <= (dt ? 1e-15 : 1e-6) * want + (dt ? 1e-300 : 1e-37));
+        }
+        bad += memcmp(raw_g + len * size, "\x7f\x7f\x7f\x7f\x7f\x7f\x7f\x7f", size) != 0;
+        EXPECT(bad == 0, "row_sigmoid %s %s len %zu: %zu wrong", posenc_isa_name(isa),
+               dt ? "f64" : "f32", len, bad);
+    }
+}
+
 static void positions_kernels(const posenc_kernels *kern, posenc_isa isa, int dt, void *ctx)
 {
     enum { LEN = 160, GUARD = 3 };
     const size_t spans[] = {1, 5, 16, 17, 24, 32, 33, 40, 64, 65, 100};
     const size_t lens[] = {1, 7, 8, 9, 16, 17, 33, 150};
     (void)ctx;
+    sigmoid_kernel(kern, isa, dt);
     const size_t size = dt ? sizeof(double) : sizeof(float);
     const double tol = dt ? 1e-12 : 1e-5;
     for (size_t a = 0; a < sizeof spans / sizeof spans[0]; ++a)
