@@ -79,8 +79,11 @@ def narrow(values, dtype) -> np.ndarray:
     wide = np.asarray(values, dtype=np.float64)
     with np.errstate(over="ignore", invalid="ignore"):
         single = wide.astype(np.float32)
-        inexact = np.isfinite(wide) & (single.astype(np.float64) != wide)
-        toward_zero = np.where(inexact & (np.abs(single.astype(np.float64)) > np.abs(wide)),
-                               np.nextafter(single, np.float32(0)), single)
-    bits = toward_zero.view(np.uint32) | inexact.astype(np.uint32)
+        back = single.astype(np.float64)
+        inexact = np.isfinite(wide) & (back != wide)
+        away = inexact & (np.abs(back) > np.abs(wide))   # rounded away from zero
+    # truncated: one step toward zero where rounded away (a float's bits are its sign and
+    # magnitude: the magnitude's bits less one; never from 0, which rounds nothing away)
+    bits = single.view(np.uint32) - away.view(np.uint8).astype(np.uint32)
+    bits |= inexact.view(np.uint8).astype(np.uint32)
     return np.ascontiguousarray(bits.view(np.float32).astype(BFLOAT16))
