@@ -421,6 +421,10 @@ typedef struct {
     void (*suffix_interp)(void *x, size_t ldx, void *pos, const void *g, size_t ldg,
                           const void *table, size_t ldt, size_t count, size_t k0, size_t cols,
                           double last);
+    /* dst[j] op= sign ((a - x[j]) + (b - y[j])), j < len, op POSENC_SET or ADD, sign +-1
+     * (FoX's decay from its prefix sums held as two parts) */
+    void (*row_difference)(int op, void *dst, double a, double b, const void *x, const void *y,
+                           double sign, size_t len);
     /* g[j] = 1 / (1 + exp(-z[j])), j < len, accurate at both ends (CoPE's gates) */
     void (*row_sigmoid)(void *g, const void *z, size_t len);
     /* its gradient along one row: gc[j] (keys [first, cols)) and the table's, added to dqe
@@ -456,7 +460,7 @@ typedef struct {
     GROUP_SIZE(key_tile, key_block)                                                               \
     FN(row_gather) FN(row_scatter_add) FN(row_mul) FN(diagonal_sums) FN(tile_gather_query)        \
     FN(store_fence) FN(row_max) FN(row_exp) FN(row_softcap) FN(rows_dot) FN(rows_axpy)            \
-    FN(row_sigmoid) FN(suffix_interp) FN(suffix_interp_grad)                                     \
+    FN(row_difference) FN(row_sigmoid) FN(suffix_interp) FN(suffix_interp_grad)                  \
     FN(dropout_row)
 
 /*

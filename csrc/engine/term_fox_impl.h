@@ -45,19 +45,6 @@ static size_t term_fox_unit_scratch(const posenc_problem *p)
     return 4 * p->m;
 }
 
-/* dst[j] (op) sign ((hi_a - hi[j]) + (lo_a - lo[j])), j < len: a prefix sum at a minus
- * those at the keys, in its REAL parts (op SET or ADD, sign 1 or -1). */
-static void fox_row(int op, REAL *dst, REAL hi_a, REAL lo_a, const REAL *hi, const REAL *lo,
-                    REAL sign, size_t len)
-{
-    if (op == POSENC_SET)
-        for (size_t j = 0; j < len; ++j)
-            dst[j] = sign * ((hi_a - hi[j]) + (lo_a - lo[j]));
-    else
-        for (size_t j = 0; j < len; ++j)
-            dst[j] += sign * ((hi_a - hi[j]) + (lo_a - lo[j]));
-}
-
 static void fox_put(int op, REAL *dst, double value)
 {
     *dst = op == POSENC_SET ? (REAL)value : *dst + (REAL)value;
@@ -96,7 +83,8 @@ static void term_fox_rows(const term_unit *t, int op, REAL *P, size_t ldp, size_
         const size_t split = posenc_max(k0, posenc_min(i + 1, cols));   /* keys j <= i' end */
         if (split > k0) {
             if (c) {
-                fox_row(op, row + k0, hi[i], lo[i], hi + k0, lo + k0, 1, split - k0);
+                t->kern->row_difference(op, row + k0, hi[i], lo[i], hi + k0, lo + k0, 1,
+                                        split - k0);
             } else {
                 if (i < split)
                     fox_put(op, row + i, 0);
@@ -108,8 +96,8 @@ static void term_fox_rows(const term_unit *t, int op, REAL *P, size_t ldp, size_
                 if (op == POSENC_SET)
                     memset(row + split, 0, sizeof(REAL) * (cols - split));
             } else if (r) {
-                fox_row(op, row + split, hi_r[i], lo_r[i], hi_r + split, lo_r + split, -1,
-                        cols - split);
+                t->kern->row_difference(op, row + split, hi_r[i], lo_r[i], hi_r + split,
+                                        lo_r + split, -1, cols - split);
             } else {
                 fox_row_literal(op, row, gate_r, i, split, cols, 1);
             }

@@ -188,6 +188,29 @@ static void KNAME(posenc_row_gather)(int op, void *dst_, const void *src_,
     }
 }
 
+/* dst[j] op= sign ((a - x[j]) + (b - y[j])), op POSENC_SET or ADD, sign +-1: the
+ * differences of a pair of prefix sums held as two parts (FoX's decay,
+ * engine/term_fox_impl.h); a - x as a + (-1) x, the same bits. */
+static void KNAME(posenc_row_difference)(int op, void *dst_, double a_, double b_,
+                                         const void *x_, const void *y_, double sign_, size_t len)
+{
+    REAL *restrict dst = (REAL *)dst_;
+    const REAL *x = (const REAL *)x_, *y = (const REAL *)y_;
+    const VT a = VBCAST((REAL)a_), b = VBCAST((REAL)b_), sign = VBCAST((REAL)sign_);
+    const VT minus = VBCAST((REAL)-1);
+#define ROW_DIFFERENCE(j, LOAD) \
+    VMUL(sign, VADD(VADD(a, VMUL(minus, LOAD(x + (j)))), VADD(b, VMUL(minus, LOAD(y + (j))))))
+#define ROW_SET(j, LOAD, STORE) STORE(dst + (j), ROW_DIFFERENCE(j, LOAD))
+#define ROW_ADD(j, LOAD, STORE) STORE(dst + (j), VADD(LOAD(dst + (j)), ROW_DIFFERENCE(j, LOAD)))
+    if (op == POSENC_SET)
+        ROW_VECTORS(len, ROW_SET);
+    else
+        ROW_VECTORS(len, ROW_ADD);
+#undef ROW_DIFFERENCE
+#undef ROW_SET
+#undef ROW_ADD
+}
+
 /* dst[j * stride] += src[j]; with stride 0, dst[0] += sum(src). */
 static void KNAME(posenc_row_scatter_add)(void *dst_, ptrdiff_t stride, const void *src_,
                                           size_t len)
@@ -491,6 +514,7 @@ const posenc_kernels KNAME(posenc_kernels) = {
     /* rows of the positional terms and their gradients */
     .row_gather = KNAME(posenc_row_gather), .row_scatter_add = KNAME(posenc_row_scatter_add),
     .row_mul = KNAME(posenc_row_mul), .diagonal_sums = KNAME(posenc_diagonal_sums),
+    .row_difference = KNAME(posenc_row_difference),
     /* the vector tables' tiles, keys in blocks */
     .key_block = KEY_BLOCK,
     .tile_gather_key = KNAME(posenc_tile_gather_key),
