@@ -362,6 +362,12 @@ typedef void (*posenc_ukr)(size_t kc, const void *a, ptrdiff_t lda, const void *
                            ptrdiff_t ldc, size_t rows, size_t cols, const void *p, ptrdiff_t ldp,
                            const void *const *add_rows, int flags);
 
+/* A piece of a row of a term read from its table (relative_bias_2d's runs of keys): keys
+ * [j, j + len) read entries at, at + 1, ... (step 1) or entry at alone (step 0). */
+typedef struct {
+    size_t j, len, at, step;
+} posenc_piece;
+
 typedef struct {
     const char *name;
     size_t mr, nr;       /* the microkernel's register tile */
@@ -421,6 +427,13 @@ typedef struct {
     void (*suffix_interp)(void *x, size_t ldx, void *pos, const void *g, size_t ldg,
                           const void *table, size_t ldt, size_t count, size_t k0, size_t cols,
                           double last);
+    /* a row's pieces (each as row_gather with stride step: dst[j + u] op= table[at + u step]),
+     * and their adjoint (as row_scatter_add: table[at + u step] += src[j + u]; step 0 the
+     * piece's sum), pieces in order */
+    void (*row_pieces)(int op, void *dst, const void *table, const posenc_piece *pieces,
+                       size_t count);
+    void (*row_pieces_take)(void *table, const void *src, const posenc_piece *pieces,
+                            size_t count);
     /* dst[j] op= sign ((a - x[j]) + (b - y[j])), j < len, op POSENC_SET or ADD, sign +-1
      * (FoX's decay from its prefix sums held as two parts) */
     void (*row_difference)(int op, void *dst, double a, double b, const void *x, const void *y,
@@ -460,7 +473,8 @@ typedef struct {
     GROUP_SIZE(key_tile, key_block)                                                               \
     FN(row_gather) FN(row_scatter_add) FN(row_mul) FN(diagonal_sums) FN(tile_gather_query)        \
     FN(store_fence) FN(row_max) FN(row_exp) FN(row_softcap) FN(rows_dot) FN(rows_axpy)            \
-    FN(row_difference) FN(row_sigmoid) FN(suffix_interp) FN(suffix_interp_grad)                  \
+    FN(row_pieces) FN(row_pieces_take) FN(row_difference) FN(row_sigmoid) FN(suffix_interp)       \
+    FN(suffix_interp_grad)                                                                         \
     FN(dropout_row)
 
 /*

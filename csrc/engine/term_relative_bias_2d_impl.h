@@ -106,22 +106,30 @@ static void term_relative_bias_2d_unit(const term_unit *t)
               t->p->m);
 }
 
+/* A row's pieces at most: three per run, a run at least a key. */
+static size_t rb2d_pieces_max(const posenc_problem *p)
+{
+    return 3 * p->m;
+}
+
+/* Elements of REAL holding `bytes`, rounded up to 64 bytes. */
+static size_t rb2d_reals(size_t bytes)
+{
+    return posenc_round_up((bytes + sizeof(REAL) - 1) / sizeof(REAL), 64 / sizeof(REAL));
+}
+
+/* The unit's table, its keys' runs, a row's pieces (a thread's). */
 static size_t term_relative_bias_2d_unit_scratch(const posenc_problem *p)
 {
     const size_t L = p->terms[POSENC_TERM_relative_bias_2d].array[RB2D_BIAS].per_unit;
-    return posenc_round_up(L, 16) + (p->m * sizeof(int32_t) + sizeof(REAL) - 1) / sizeof(REAL);
+    return posenc_round_up(L, 16) + rb2d_reals(p->m * sizeof(int32_t)) +
+           rb2d_reals(rb2d_pieces_max(p) * sizeof(posenc_piece));
 }
-
-/* One piece of a row: keys [j, j + len) read bucket `at` (step 1: at, at + 1, ...; step 0:
- * the one bucket). */
-typedef struct {
-    size_t j, len, at;
-    int step;
-} rb2d_piece;
 
 /*
  * The pieces of row i (query coordinates cq) over keys [k0, cols), at most three per
- * run, each handed to `piece` with ctx: the loop the forward and the backward share.
+ * run (posenc_piece: keys [j, j + len) read bucket at, at + 1, ... or at alone), each
+ * handed to `piece`: the loop the forward and the backward share.
  */
 #define RB2D_PIECES(cq, coords_k, run_end, T, ty, tx, k0, cols, PIECE)                        \
     do {                                                                                     \
@@ -133,7 +141,7 @@ typedef struct {
             const size_t end_ = posenc_min((size_t)(run_end)[j_], (cols)), len_ = end_ - j_; \
             if (ck_[0] < 0 || global_q_) {   /* global key or query: one bucket */           \
                 const size_t at_ = (T) + (global_q_ ? (ck_[0] < 0 ? 2 : 0) : 1);             \
-                PIECE(((rb2d_piece){j_, ck_[0] < 0 ? 1 : len_, at_, 0}));                     \
+                PIECE(((posenc_piece){j_, ck_[0] < 0 ? 1 : len_, at_, 0}));                     \
                 j_ += ck_[0] < 0 ? 1 : len_;                                                 \
                 continue;                                                                    \
             }                                                                                \
@@ -144,56 +152,18 @@ typedef struct {
             const size_t lead_ = dx0_ < -(tx) ? posenc_min((size_t)(-(tx) - dx0_), len_) : 0; \
             const size_t tail_ = dx0_ > (tx) ? 0 : posenc_min((size_t)((tx) - dx0_ + 1), len_); \
             if (lead_)                                                                       \
-                PIECE(((rb2d_piece){j_, lead_, (size_t)(base_ - (tx)), 0}));                 \
+                PIECE(((posenc_piece){j_, lead_, (size_t)(base_ - (tx)), 0}));                 \
             if (tail_ > lead_)                                                               \
-                PIECE(((rb2d_piece){j_ + lead_, tail_ - lead_,                               \
+                PIECE(((posenc_piece){j_ + lead_, tail_ - lead_,                               \
                                     (size_t)(base_ + dx0_ + (int64_t)lead_), 1}));           \
             if (len_ > tail_)                                                                \
-                PIECE(((rb2d_piece){j_ + tail_, len_ - tail_, (size_t)(base_ + (tx)), 0}));  \
+                PIECE(((posenc_piece){j_ + tail_, len_ - tail_, (size_t)(base_ + (tx)), 0}));  \
             j_ = end_;                                                                       \
         }                                                                                    \
     } while (0)
 
-/* Pieces shorter than this are copied here, longer ones by the kernels (a call costs
- * more than a short row: a raster's runs are a grid row, often a few dozen keys). */
-#define RB2D_SHORT 48
-
-/* dst[u] (op)= src[u * step], u < piece.len (op SET or ADD). */
-static inline void rb2d_put(const posenc_kernels *kern, int op, REAL *restrict dst,
-                            const REAL *restrict src, rb2d_piece piece)
-{
-    const size_t len = piece.len;
-    if (len >= RB2D_SHORT) {
-        kern->row_gather(op, dst, src, piece.step, len);
-    } else if (piece.step) {
-        if (op == POSENC_SET)
-            for (size_t u = 0; u < len; ++u) dst[u] = src[u];
-        else
-            for (size_t u = 0; u < len; ++u) dst[u] += src[u];
-    } else {
-        const REAL value = src[0];
-        if (op == POSENC_SET)
-            for (size_t u = 0; u < len; ++u) dst[u] = value;
-        else
-            for (size_t u = 0; u < len; ++u) dst[u] += value;
-    }
-}
-
-/* dst[u * step] += src[u] (step 0: the sum into dst[0]), u < piece.len. */
-static inline void rb2d_take(const posenc_kernels *kern, REAL *restrict dst,
-                             const REAL *restrict src, rb2d_piece piece)
-{
-    const size_t len = piece.len;
-    if (len >= RB2D_SHORT) {
-        kern->row_scatter_add(dst, piece.step, src, len);
-    } else if (piece.step) {
-        for (size_t u = 0; u < len; ++u) dst[u] += src[u];
-    } else {
-        REAL sum = 0;
-        for (size_t u = 0; u < len; ++u) sum += src[u];
-        dst[0] += sum;
-    }
-}
+/* A piece collected into the row's list (count: its pieces so far). */
+#define RB2D_COLLECT_(piece) (pieces[count++] = (piece))
 
 static void term_relative_bias_2d_rows(const term_unit *t, int op, REAL *P, size_t ldp, size_t i0,
                                        size_t rows, size_t k0, size_t cols)
@@ -205,11 +175,13 @@ static void term_relative_bias_2d_rows(const term_unit *t, int op, REAL *P, size
     const size_t L = t->term->array[RB2D_BIAS].per_unit;
     const REAL *table = t->unit_data;
     const int32_t *run_end = (const int32_t *)(const void *)(table + posenc_round_up(L, 16));
-    for (size_t e = 0; e < rows; ++e) {
-        REAL *row = P + e * ldp;
-#define RB2D_PUT_(piece) rb2d_put(kern, op, row + (piece).j, table + (piece).at, (piece))
-        RB2D_PIECES(coords_q + 2 * (i0 + e), coords_k, run_end, T, ty, tx, k0, cols, RB2D_PUT_);
-#undef RB2D_PUT_
+    posenc_piece *pieces = (posenc_piece *)(void *)(t->unit_data + posenc_round_up(L, 16) +
+                                                    rb2d_reals(t->p->m * sizeof(int32_t)));
+    for (size_t e = 0; e < rows; ++e) {   /* a row's pieces, then one kernel call */
+        size_t count = 0;
+        RB2D_PIECES(coords_q + 2 * (i0 + e), coords_k, run_end, T, ty, tx, k0, cols,
+                    RB2D_COLLECT_);
+        kern->row_pieces(op, P + e * ldp, table, pieces, count);
     }
 }
 
@@ -230,27 +202,32 @@ static void term_relative_bias_2d_grad_rows(const term_unit *t, double *const *g
         return;
     int32_t *run_end = (int32_t *)(void *)scratch;
     REAL *table = (REAL *)(void *)(scratch + posenc_round_up((m + 1) / 2, 8));
+    posenc_piece *pieces = (posenc_piece *)(void *)(scratch + posenc_round_up((m + 1) / 2, 8) +
+                                                    posenc_round_up(L, 8));
     rb2d_runs(run_end, coords_k, m);
     memset(table, 0, sizeof(REAL) * L);
     for (size_t e = 0; e < rows; ++e) {
-        const REAL *g = G + e * ldg;
-#define RB2D_TAKE_(piece) rb2d_take(kern, table + (piece).at, g + (piece).j, (piece))
+        size_t count = 0;
         RB2D_PIECES(coords_q + 2 * (i0 + e), coords_k, run_end, T, ty, tx, first, cols,
-                    RB2D_TAKE_);
-#undef RB2D_TAKE_
+                    RB2D_COLLECT_);
+        kern->row_pieces_take(table, G + e * ldg, pieces, count);
     }
     for (size_t e = 0; e < L; ++e)
         dbias[e] += (double)table[e];
 }
 
-/* term_relative_bias_2d_grad_rows' runs (m int32) and table (L REAL), in doubles' room. */
+/* term_relative_bias_2d_grad_rows' runs (m int32), table (L REAL) and a row's pieces, in
+ * doubles' room. */
 static size_t term_relative_bias_2d_grad_scratch(const posenc_problem *p)
 {
     const size_t L = p->terms[POSENC_TERM_relative_bias_2d].array[RB2D_BIAS].per_unit;
-    return posenc_round_up((p->m + 1) / 2, 8) + L;
+    return posenc_round_up((p->m + 1) / 2, 8) + posenc_round_up(L, 8) +
+           rb2d_pieces_max(p) * (sizeof(posenc_piece) / sizeof(double));
 }
 
 /* It adds rows: it does not read the content logits. */
+#undef RB2D_COLLECT_
+
 #define term_relative_bias_2d_content NULL
 #define term_relative_bias_2d_content_grad NULL
 #define term_relative_bias_2d_content_keep NULL

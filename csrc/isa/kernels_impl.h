@@ -242,6 +242,47 @@ static void KNAME(posenc_row_scatter_add)(void *dst_, ptrdiff_t stride, const vo
     }
 }
 
+/* A row's pieces from a table (posenc_piece), and their adjoint: one call for a row of
+ * short pieces (a raster's runs are a grid row, often a few dozen keys). */
+#if defined(__GNUC__) && !defined(__clang__)
+__attribute__((optimize("no-tree-loop-distribute-patterns")))
+#endif
+static void KNAME(posenc_row_pieces)(int op, void *dst_, const void *table_,
+                                     const posenc_piece *pieces, size_t count)
+{
+    REAL *dst = (REAL *)dst_;
+    const REAL *table = (const REAL *)table_;
+    for (size_t e = 0; e < count; ++e) {
+        REAL *restrict d = dst + pieces[e].j;
+        const REAL *restrict s = table + pieces[e].at;
+        const int unit = pieces[e].step != 0;
+        const size_t len = pieces[e].len;
+        const VT value = unit ? VZERO() : VBCAST(s[0]);
+        /* a piece's vectors as written, not a call of memcpy (a compiler turns a copy loop
+         * into one: on pieces of a few dozen keys its call cost more than the copy) */
+#define PIECE_SOURCE(j, LOAD) (unit ? LOAD(s + (j)) : value)
+#define PIECE_SET(j, LOAD, STORE) STORE(d + (j), PIECE_SOURCE(j, LOAD))
+#define PIECE_ADD(j, LOAD, STORE) STORE(d + (j), VADD(LOAD(d + (j)), PIECE_SOURCE(j, LOAD)))
+        if (op == POSENC_SET)
+            ROW_VECTORS(len, PIECE_SET);
+        else
+            ROW_VECTORS(len, PIECE_ADD);
+#undef PIECE_SOURCE
+#undef PIECE_SET
+#undef PIECE_ADD
+    }
+}
+
+static void KNAME(posenc_row_pieces_take)(void *table_, const void *src_,
+                                          const posenc_piece *pieces, size_t count)
+{
+    REAL *table = (REAL *)table_;
+    const REAL *src = (const REAL *)src_;
+    for (size_t e = 0; e < count; ++e)
+        KNAME(posenc_row_scatter_add)(table + pieces[e].at, (ptrdiff_t)pieces[e].step,
+                                      src + pieces[e].j, pieces[e].len);
+}
+
 /* dst[j] = a[j] * b[j] */
 static void KNAME(posenc_row_mul)(void *dst_, const void *a_, const void *b_, size_t len)
 {
@@ -514,6 +555,7 @@ const posenc_kernels KNAME(posenc_kernels) = {
     /* rows of the positional terms and their gradients */
     .row_gather = KNAME(posenc_row_gather), .row_scatter_add = KNAME(posenc_row_scatter_add),
     .row_mul = KNAME(posenc_row_mul), .diagonal_sums = KNAME(posenc_diagonal_sums),
+    .row_pieces = KNAME(posenc_row_pieces), .row_pieces_take = KNAME(posenc_row_pieces_take),
     .row_difference = KNAME(posenc_row_difference),
     /* the vector tables' tiles, keys in blocks */
     .key_block = KEY_BLOCK,
