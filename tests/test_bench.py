@@ -263,6 +263,28 @@ def test_positional_benchmark_runs(tmp_path):
     assert positional.markdown(data) == text
 
 
+def test_before_after_benchmark_runs(tmp_path, posenc_home):
+    """benchmarks/before_after.py (issue 38) end to end at its quick size, the posenc
+    under test against itself: a turn's two processes each import their own tree's
+    posenc and time every method x dtype x direction; its page regenerates from the
+    JSON; a --before that is not a checkout is refused in one line."""
+    pytest.importorskip("ml_dtypes")
+    import before_after   # benchmarks/ is on sys.path (SUITE, above)
+
+    assert before_after.main(["--quick", "--before", posenc_home, "--out", str(tmp_path)]) == 0
+    (json_file,) = tmp_path.glob("before-after-*-quick.json")
+    data = json.loads(json_file.read_text())
+    keys = {f"{dtype}/{method}" for dtype in before_after.DTYPES
+            for method in before_after.METHODS}
+    for side in ("before", "after"):
+        (times,) = data["runs"][side]
+        assert set(times) == keys and all(t > 0 for pair in times.values() for t in pair)
+    text = (tmp_path / json_file.name.replace(".json", ".md")).read_text()
+    assert before_after.markdown(data) == text and "÷ of the best turns" in text
+    with pytest.raises(SystemExit, match="not a checkout of posenc"):
+        before_after.main(["--quick", "--before", str(tmp_path), "--out", str(tmp_path)])
+
+
 def test_shapes_benchmark_runs(tmp_path):
     """benchmarks/shapes.py (issue 28) end to end at its quick size: every case and
     contender it promises, forward and forward+backward (the decoding step forward
