@@ -263,6 +263,19 @@ def test_positional_benchmark_runs(tmp_path):
     assert positional.markdown(data) == text
 
 
+def test_save_run_never_overwrites(tmp_path):
+    """A second run of the day is saved beside the first (stem + b, then c), never over it."""
+    from posenc_bench.report import save_run
+
+    first = save_run(str(tmp_path), "x-2026-11-28", {"run": 1}, "one\n")
+    second = save_run(str(tmp_path), "x-2026-11-28", {"run": 2}, "two\n")
+    third = save_run(str(tmp_path), "x-2026-11-28", {"run": 3}, "three\n")
+    assert [os.path.basename(p) for p in (first, second, third)] == [
+        "x-2026-11-28", "x-2026-11-28b", "x-2026-11-28c"]
+    assert json.loads(open(first + ".json").read()) == {"run": 1}
+    assert open(first + ".md").read() == "one\n" and open(third + ".md").read() == "three\n"
+
+
 def test_before_after_benchmark_runs(tmp_path, posenc_home):
     """benchmarks/before_after.py (issue 38) end to end at its quick size, the posenc
     under test against itself: a turn's two processes each import their own tree's

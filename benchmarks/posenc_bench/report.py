@@ -31,9 +31,17 @@ PAPER_CAPTION = ("Table 1: Pre-training and inference time of Transformers with 
 
 def save_run(out: str, stem: str, data: dict, text: str) -> str:
     """<out>/<stem>.json (a run's data) and <stem>.md (its page); the path without
-    the suffix.  The benchmark scripts' one way of writing their results."""
+    the suffix.  The benchmark scripts' one way of writing their results.  A stem
+    already taken (a second run of the day) gets the first free letter, b, c, ...:
+    a run never overwrites another's files."""
     os.makedirs(out, exist_ok=True)
     base = os.path.join(out, stem)
+    for letter in "bcdefghijklmnopqrstuvwxyz":
+        if not (os.path.exists(base + ".json") or os.path.exists(base + ".md")):
+            break
+        base = os.path.join(out, stem + letter)
+    else:
+        raise FileExistsError(f"{os.path.join(out, stem)}: every letter's files exist")
     with open(base + ".json", "w") as f:
         json.dump(data, f, indent=1)
     with open(base + ".md", "w") as f:
