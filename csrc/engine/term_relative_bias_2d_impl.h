@@ -106,11 +106,9 @@ static void term_relative_bias_2d_unit(const term_unit *t)
               t->p->m);
 }
 
-/* A row's pieces at most: three per run, a run at least a key. */
-static size_t rb2d_pieces_max(const posenc_problem *p)
-{
-    return 3 * p->m;
-}
+/* Pieces handed to the kernels at once (a row's runs: a few dozen; a row of more goes in
+ * several calls). */
+#define RB2D_BATCH 256
 
 /* Elements of REAL holding `bytes`, rounded up to 64 bytes. */
 static size_t rb2d_reals(size_t bytes)
@@ -118,12 +116,12 @@ static size_t rb2d_reals(size_t bytes)
     return posenc_round_up((bytes + sizeof(REAL) - 1) / sizeof(REAL), 64 / sizeof(REAL));
 }
 
-/* The unit's table, its keys' runs, a row's pieces (a thread's). */
+/* The unit's table, its keys' runs, a batch of a row's pieces (a thread's). */
 static size_t term_relative_bias_2d_unit_scratch(const posenc_problem *p)
 {
     const size_t L = p->terms[POSENC_TERM_relative_bias_2d].array[RB2D_BIAS].per_unit;
     return posenc_round_up(L, 16) + rb2d_reals(p->m * sizeof(int32_t)) +
-           rb2d_reals(rb2d_pieces_max(p) * sizeof(posenc_piece));
+           rb2d_reals(RB2D_BATCH * sizeof(posenc_piece));
 }
 
 /*
@@ -162,8 +160,16 @@ static size_t term_relative_bias_2d_unit_scratch(const posenc_problem *p)
         }                                                                                    \
     } while (0)
 
-/* A piece collected into the row's list (count: its pieces so far). */
-#define RB2D_COLLECT_(piece) (pieces[count++] = (piece))
+/* A piece collected into the row's batch (count: its pieces so far), the batch handed to
+ * FLUSH when full. */
+#define RB2D_COLLECT_(piece)                   \
+    do {                                       \
+        pieces[count++] = (piece);             \
+        if (count == RB2D_BATCH) {             \
+            RB2D_FLUSH_;                       \
+            count = 0;                         \
+        }                                      \
+    } while (0)
 
 static void term_relative_bias_2d_rows(const term_unit *t, int op, REAL *P, size_t ldp, size_t i0,
                                        size_t rows, size_t k0, size_t cols)
@@ -177,11 +183,13 @@ static void term_relative_bias_2d_rows(const term_unit *t, int op, REAL *P, size
     const int32_t *run_end = (const int32_t *)(const void *)(table + posenc_round_up(L, 16));
     posenc_piece *pieces = (posenc_piece *)(void *)(t->unit_data + posenc_round_up(L, 16) +
                                                     rb2d_reals(t->p->m * sizeof(int32_t)));
-    for (size_t e = 0; e < rows; ++e) {   /* a row's pieces, then one kernel call */
+    for (size_t e = 0; e < rows; ++e) {   /* a row's pieces, then a kernel call */
         size_t count = 0;
+#define RB2D_FLUSH_ kern->row_pieces(op, P + e * ldp, table, pieces, count)
         RB2D_PIECES(coords_q + 2 * (i0 + e), coords_k, run_end, T, ty, tx, k0, cols,
                     RB2D_COLLECT_);
-        kern->row_pieces(op, P + e * ldp, table, pieces, count);
+        RB2D_FLUSH_;
+#undef RB2D_FLUSH_
     }
 }
 
@@ -208,21 +216,23 @@ static void term_relative_bias_2d_grad_rows(const term_unit *t, double *const *g
     memset(table, 0, sizeof(REAL) * L);
     for (size_t e = 0; e < rows; ++e) {
         size_t count = 0;
+#define RB2D_FLUSH_ kern->row_pieces_take(table, G + e * ldg, pieces, count)
         RB2D_PIECES(coords_q + 2 * (i0 + e), coords_k, run_end, T, ty, tx, first, cols,
                     RB2D_COLLECT_);
-        kern->row_pieces_take(table, G + e * ldg, pieces, count);
+        RB2D_FLUSH_;
+#undef RB2D_FLUSH_
     }
     for (size_t e = 0; e < L; ++e)
         dbias[e] += (double)table[e];
 }
 
-/* term_relative_bias_2d_grad_rows' runs (m int32), table (L REAL) and a row's pieces, in
- * doubles' room. */
+/* term_relative_bias_2d_grad_rows' runs (m int32), table (L REAL) and a batch of pieces,
+ * in doubles' room. */
 static size_t term_relative_bias_2d_grad_scratch(const posenc_problem *p)
 {
     const size_t L = p->terms[POSENC_TERM_relative_bias_2d].array[RB2D_BIAS].per_unit;
     return posenc_round_up((p->m + 1) / 2, 8) + posenc_round_up(L, 8) +
-           rb2d_pieces_max(p) * (sizeof(posenc_piece) / sizeof(double));
+           RB2D_BATCH * (sizeof(posenc_piece) / sizeof(double));
 }
 
 /* It adds rows: it does not read the content logits. */
