@@ -123,25 +123,33 @@ static inline VT KNAME(vload_range)(const REAL *p, size_t lo, size_t hi)
 #define ROW_LOAD_TAIL(p) VLOAD_PART((p), tail)
 #define ROW_STORE_TAIL(p, v) VSTORE_PART((p), (v), tail)
 
+/* ROW_DST[j] op= ROW_SOURCE(j, LOAD) for j < len (op POSENC_SET, ADD, else MUL), through
+ * ROW_VECTORS: the caller defines ROW_DST and ROW_SOURCE around it. */
+#define ROW_STEP_SET(j, LOAD, STORE) STORE(ROW_DST + (j), ROW_SOURCE(j, LOAD))
+#define ROW_STEP_ADD(j, LOAD, STORE) \
+    STORE(ROW_DST + (j), VADD(LOAD(ROW_DST + (j)), ROW_SOURCE(j, LOAD)))
+#define ROW_STEP_MUL(j, LOAD, STORE) \
+    STORE(ROW_DST + (j), VMUL(LOAD(ROW_DST + (j)), ROW_SOURCE(j, LOAD)))
+#define ROW_OP_VECTORS(op, len)                   \
+    do {                                          \
+        if ((op) == POSENC_SET)                   \
+            ROW_VECTORS(len, ROW_STEP_SET);       \
+        else if ((op) == POSENC_ADD)              \
+            ROW_VECTORS(len, ROW_STEP_ADD);       \
+        else                                      \
+            ROW_VECTORS(len, ROW_STEP_MUL);       \
+    } while (0)
+
 /* dst[j] op= s[j] (unit) or s[0] (not unit); inlined where unit is a constant. */
 static inline void KNAME(row_apply_from)(int op, REAL *restrict dst, const REAL *restrict s,
                                          int unit, size_t len)
 {
     const VT value = unit ? VZERO() : VBCAST(s[0]);
+#define ROW_DST dst
 #define ROW_SOURCE(j, LOAD) (unit ? LOAD(s + (j)) : value)
-#define ROW_SET(j, LOAD, STORE) STORE(dst + (j), ROW_SOURCE(j, LOAD))
-#define ROW_ADD(j, LOAD, STORE) STORE(dst + (j), VADD(LOAD(dst + (j)), ROW_SOURCE(j, LOAD)))
-#define ROW_MUL(j, LOAD, STORE) STORE(dst + (j), VMUL(LOAD(dst + (j)), ROW_SOURCE(j, LOAD)))
-    if (op == POSENC_SET)
-        ROW_VECTORS(len, ROW_SET);
-    else if (op == POSENC_ADD)
-        ROW_VECTORS(len, ROW_ADD);
-    else
-        ROW_VECTORS(len, ROW_MUL);
+    ROW_OP_VECTORS(op, len);
+#undef ROW_DST
 #undef ROW_SOURCE
-#undef ROW_SET
-#undef ROW_ADD
-#undef ROW_MUL
 }
 
 /* row_apply_from, a long row's stores aligned to the vector (a store across
@@ -198,17 +206,12 @@ static void KNAME(posenc_row_difference)(int op, void *dst_, double a_, double b
     const REAL *x = (const REAL *)x_, *y = (const REAL *)y_;
     const VT a = VBCAST((REAL)a_), b = VBCAST((REAL)b_), sign = VBCAST((REAL)sign_);
     const VT minus = VBCAST((REAL)-1);
-#define ROW_DIFFERENCE(j, LOAD) \
+#define ROW_DST dst
+#define ROW_SOURCE(j, LOAD) \
     VMUL(sign, VADD(VADD(a, VMUL(minus, LOAD(x + (j)))), VADD(b, VMUL(minus, LOAD(y + (j))))))
-#define ROW_SET(j, LOAD, STORE) STORE(dst + (j), ROW_DIFFERENCE(j, LOAD))
-#define ROW_ADD(j, LOAD, STORE) STORE(dst + (j), VADD(LOAD(dst + (j)), ROW_DIFFERENCE(j, LOAD)))
-    if (op == POSENC_SET)
-        ROW_VECTORS(len, ROW_SET);
-    else
-        ROW_VECTORS(len, ROW_ADD);
-#undef ROW_DIFFERENCE
-#undef ROW_SET
-#undef ROW_ADD
+    ROW_OP_VECTORS(op, len);
+#undef ROW_DST
+#undef ROW_SOURCE
 }
 
 /* dst[j * stride] += src[j]; with stride 0, dst[0] += sum(src). */
@@ -260,16 +263,11 @@ static void KNAME(posenc_row_pieces)(int op, void *dst_, const void *table_,
         const VT value = unit ? VZERO() : VBCAST(s[0]);
         /* a piece's vectors as written, not a call of memcpy (a compiler turns a copy loop
          * into one: on pieces of a few dozen keys its call cost more than the copy) */
-#define PIECE_SOURCE(j, LOAD) (unit ? LOAD(s + (j)) : value)
-#define PIECE_SET(j, LOAD, STORE) STORE(d + (j), PIECE_SOURCE(j, LOAD))
-#define PIECE_ADD(j, LOAD, STORE) STORE(d + (j), VADD(LOAD(d + (j)), PIECE_SOURCE(j, LOAD)))
-        if (op == POSENC_SET)
-            ROW_VECTORS(len, PIECE_SET);
-        else
-            ROW_VECTORS(len, PIECE_ADD);
-#undef PIECE_SOURCE
-#undef PIECE_SET
-#undef PIECE_ADD
+#define ROW_DST d
+#define ROW_SOURCE(j, LOAD) (unit ? LOAD(s + (j)) : value)
+        ROW_OP_VECTORS(op, len);
+#undef ROW_DST
+#undef ROW_SOURCE
     }
 }
 
@@ -294,6 +292,10 @@ static void KNAME(posenc_row_mul)(void *dst_, const void *a_, const void *b_, si
 #undef ROW_PRODUCT
 }
 
+#undef ROW_OP_VECTORS
+#undef ROW_STEP_SET
+#undef ROW_STEP_ADD
+#undef ROW_STEP_MUL
 #undef ROW_VECTORS
 #undef ROW_LOAD_TAIL
 #undef ROW_STORE_TAIL
