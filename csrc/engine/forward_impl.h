@@ -26,9 +26,11 @@ typedef struct {
     call_scales scales;
     size_t m_pad;             /* m rounded up to nr */
     int head_blocks;          /* dense/table/reset of a head precomputed in a head block */
+    int module_blocks;        /* the term modules' rows in the head block (batch-free) */
     size_t out_heads;         /* units per batch row of out: H, or p->bf16_out_heads */
     size_t out_size;          /* bytes of an element of out: REAL's, or bfloat16's */
-    int batch_terms;          /* query table, key table, segments or a term module present */
+    int batch_terms;          /* query table, key table, segments or a term module outside the
+                                 head block present */
     int toeplitz_only;        /* the scalar table is the only positional term */
     int stream;               /* write the logits with non-temporal stores */
     int segment_rows;         /* segments added by the epilogue from expanded rows (no reset) */
@@ -138,28 +140,57 @@ static void forward_head_block(const forward_ctx *c, forward_ws *w, size_t h)
     const posenc_problem *p = c->p;
     const posenc_kernels *kern = c->kern;
     const size_t n = p->n, m = p->m, dp = p->d_p, step = c->causal ? kern->mr : n;
-    const REAL *pos_q = (const REAL *)p->pos_q + head_of(p->pos_q_heads, h) * n * dp;
-    const REAL *pos_k = (const REAL *)p->pos_k + head_of(p->pos_k_heads, h) * m * dp;
     const REAL *by_offset = p->table ? c->terms->table_by_offset + head_of(p->table_heads, h) * (n + m - 1)
                                      : NULL;
     packed_b pb;
-    pack_b(kern, &w->scratch, &pb, w->pos_k_pack, pos_k, 1, (ptrdiff_t)dp, dp, m,
-           (REAL)p->dense_scale);
+    if (p->pos_q)
+        pack_b(kern, &w->scratch, &pb, w->pos_k_pack,
+               (const REAL *)p->pos_k + head_of(p->pos_k_heads, h) * m * dp, 1, (ptrdiff_t)dp, dp,
+               m, (REAL)p->dense_scale);
+    if (c->module_blocks)   /* batch row 0's unit data stands for every row's */
+        terms_unit(p, kern, 0, h, w->term_unit);
     for (size_t i0 = 0; i0 < n; i0 += step) {
         const size_t rows = posenc_min(step, n - i0);
         const size_t cols = c->causal ? posenc_min(m, p->query_offset + i0 + rows + kern->mr) : m;
         REAL *block = w->head_block + i0 * m;
-        packed_b keys = pb;
-        keys.N = cols;
-        gemm_packed(kern, &w->scratch, rows, pos_q + i0 * dp, (ptrdiff_t)dp, 1, &keys, block,
-                    (ptrdiff_t)m, 0, NULL, 0, NULL, 0, NULL);
-        if (by_offset)
-            term_table(kern, POSENC_ADD, block, m, by_offset, n, cols, i0, rows);
+        int op = POSENC_SET;
+        if (p->pos_q) {
+            packed_b keys = pb;
+            keys.N = cols;
+            gemm_packed(kern, &w->scratch, rows,
+                        (const REAL *)p->pos_q + (head_of(p->pos_q_heads, h) * n + i0) * dp,
+                        (ptrdiff_t)dp, 1, &keys, block, (ptrdiff_t)m, 0, NULL, 0, NULL, 0, NULL);
+            op = POSENC_ADD;
+        }
+        if (by_offset) {
+            term_table(kern, op, block, m, by_offset, n, cols, i0, rows);
+            op = POSENC_ADD;
+        }
+        if (c->module_blocks)
+            terms_rows(p, kern, op, block, m, 0, h, i0, rows, 0, cols, w->term_unit);
         if (p->theta && !c->batch_terms)
             term_reset(kern, block, m, (const REAL *)p->theta + head_of(p->theta_heads, h) * 2,
                        0, cols, p->query_offset + i0, rows);
     }
     w->cached_head_block = (ptrdiff_t)h;
+}
+
+/*
+ * Head blocks (forward_head_block, n x m per thread) where B > 1, the scales are tame and a
+ * block fits `budget` bytes: of TUPE's dense terms, and (`modules`) of the term modules'
+ * rows when they are batch-free (terms_batch_free; then not batch terms: a tile reads its
+ * rows of the block in place).
+ */
+static void forward_plan_blocks(forward_ctx *c, size_t budget, int modules)
+{
+    const posenc_problem *p = c->p;
+    const int fits = p->B > 1 && !c->scales.exact && !p->product &&
+                     posenc_mul_size(p->n * p->m, sizeof(REAL)) <= budget;
+    c->module_blocks = fits && modules && c->modules && terms_batch_free(p);
+    c->batch_terms = p->query_table || p->key_table || (p->segment_table && !c->segment_rows) ||
+                     (c->modules && !c->module_blocks);
+    c->head_blocks = fits && (p->pos_q || c->module_blocks);
+    c->toeplitz_only = p->table && !p->pos_q && !c->batch_terms && !p->theta && !c->modules;
 }
 
 /* The dense factor of rows [i0, i0 + rows) of head h, keys [0, cols), into P (row r at
@@ -325,7 +356,7 @@ static const REAL *forward_positional(const forward_ctx *c, forward_ws *w, size_
                       S, i0, rows, k0, cols);
         op = combine_op;
     }
-    if (c->modules)   /* the term modules (csrc/terms.h): sum mode only */
+    if (c->modules && !c->module_blocks)   /* the term modules (csrc/terms.h): sum mode only */
         op = terms_rows(p, kern, op, w->P, ld, b, h, i0, rows, k0, cols, w->term_unit);
     if (op == POSENC_SET)
         return NULL; /* content only */
@@ -378,7 +409,7 @@ static void forward_unit_setup(const forward_ctx *c, forward_ws *w, size_t b, si
                         c->key_reach[1], &c->terms->key_edges, w->key_table_pack, w->key_proj, h, k_u);
     if (c->segment_rows)
         forward_expand_segments(c, w, b, h);
-    if (c->modules || c->content >= 0)
+    if ((c->modules && !c->module_blocks) || c->content >= 0)
         terms_unit(p, kern, b, h, w->term_unit);
 }
 
@@ -584,11 +615,7 @@ static int forward_prepare(forward_ctx *c, const posenc_problem *p, const posenc
     c->segment_rows = p->segment_table && !p->theta && !p->product && !c->scales.exact;
     c->modules = terms_additive(p);
     c->content = terms_content_kind(p);
-    c->batch_terms = p->query_table || p->key_table || (p->segment_table && !c->segment_rows) ||
-                     c->modules;
-    c->head_blocks = p->pos_q && p->B > 1 && !c->scales.exact &&
-                     posenc_mul_size(n * m, sizeof(REAL)) <= HEAD_BLOCK_BUDGET;
-    c->toeplitz_only = p->table && !p->pos_q && !c->batch_terms && !p->theta;
+    forward_plan_blocks(c, HEAD_BLOCK_BUDGET, 1);
     c->out_heads = p->bf16_out_heads ? p->bf16_out_heads : p->H;
     c->out_size = p->bf16_out_heads ? sizeof(uint16_t) : sizeof(REAL);
     c->stream = posenc_stream_logits(out, p->B * p->H * n, m, c->out_size) && !c->scales.exact &&

@@ -52,6 +52,17 @@ static int terms_additive(const posenc_problem *p)
     return 0;
 }
 
+/* Whether the adding modules' rows are the same for every batch row: no array of theirs
+ * has a batch axis (a kind reads b through its arrays only: term_unit_impl.h). */
+static int terms_batch_free(const posenc_problem *p)
+{
+    for (int k = 0; k < POSENC_TERM_COUNT; ++k)
+        for (int a = 0; a < POSENC_TERM_ARRAYS_MAX && term_adds(p, k); ++a)
+            if (p->terms[k].array[a].data && p->terms[k].array[a].batch_stride)
+                return 0;
+    return 1;
+}
+
 /* Whether p has kind k and it reads the content logits (cope). */
 static int term_reads_content(const posenc_problem *p, int k)
 {
