@@ -326,6 +326,32 @@ fail:
     return NULL;
 }
 
+/* narrow_bf16(values): values (float64, any layout) as a new C-contiguous bfloat16 array,
+ * rounded once to nearest even (posenc_narrow_bf16). */
+static PyObject *py_narrow_bf16(PyObject *self, PyObject *values)
+{
+    PyArrayObject *src = NULL, *result = NULL;
+    if (bfloat16_typenum < 0) {
+        PyErr_SetString(PyExc_RuntimeError, "narrow_bf16: bfloat16 needs ml_dtypes");
+        goto fail;
+    }
+    if (!(src = (PyArrayObject *)PyArray_FROM_OTF(values, NPY_DOUBLE, NPY_ARRAY_IN_ARRAY)) ||
+        !(result = new_result(PyArray_NDIM(src), PyArray_DIMS(src), bfloat16_typenum)))
+        goto fail;
+    const double *from = (const double *)PyArray_DATA(src);
+    uint16_t *to = (uint16_t *)PyArray_DATA(result);
+    const size_t count = (size_t)PyArray_SIZE(src);
+    Py_BEGIN_ALLOW_THREADS
+    posenc_narrow_bf16(to, from, count);
+    Py_END_ALLOW_THREADS
+    Py_DECREF(src);
+    return (PyObject *)result;
+fail:
+    Py_XDECREF(src);
+    Py_XDECREF(result);
+    return NULL;
+}
+
 /* ------------------------------------------------------------ ISA, threads */
 
 /* The names of the ISAs for which `keep` says yes, as a list. */
@@ -451,6 +477,8 @@ static PyMethodDef methods[] = {
     {"matmul", (PyCFunction)(void (*)(void))py_matmul, METH_FASTCALL,
      "matmul(a, b, bias)\n\na (M, K) @ b (K, N) [+ bias (N,)], float32 or float64, as a new array\n"
      "(strided a and b are read in place).  Private: posenc.torch._linear uses it."},
+    {"narrow_bf16", py_narrow_bf16, METH_O,
+     "narrow_bf16(values): float64 values as a new bfloat16 array, rounded once to nearest even."},
     {"capabilities", py_capabilities, METH_NOARGS, "ISAs this CPU and OS support, compiled in."},
     {"bf16_dot", py_bf16_dot, METH_NOARGS,
      "Whether bfloat16 content logits run on vdpbf16ps (AVX512-BF16) under the active ISA."},

@@ -313,6 +313,11 @@ typedef struct {
 
 int posenc_matmul(const posenc_matmul_problem *mm, int num_threads);
 
+/* dst[t] = src[t] (float64) in bfloat16, rounded once to nearest even
+ * (convert_scalar.h's posenc_bf16_from_f64_bits; the float64 gradients of the
+ * term modules' arrays become a bfloat16 call's this way), t < count. */
+void posenc_narrow_bf16(uint16_t *dst, const double *src, size_t count);
+
 /* Logits of at least this many bytes are written with non-temporal stores
  * when out is 64-byte aligned (they would only evict the caches). */
 #define POSENC_STREAM_BYTES ((size_t)32 << 20)

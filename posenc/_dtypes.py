@@ -69,21 +69,11 @@ def lse_dtype(dtype: np.dtype) -> np.dtype:
 def narrow(values, dtype) -> np.ndarray:
     """`values` (float64) as a new C-contiguous array of `dtype`, rounded once to
     nearest even.  ml_dtypes casts float64 to bfloat16 through float32 (two
-    roundings: 1 + 2^-8 + 2^-30 becomes 1, not 1 + 2^-7); here float64 goes to
-    float32 rounded to odd (truncated, the last bit set when inexact), which
-    keeps 16 bits beyond bfloat16's, so the second rounding is the only one."""
+    roundings: 1 + 2^-8 + 2^-30 becomes 1, not 1 + 2^-7); posenc's C rounds the
+    float64 bits to bfloat16's directly (posenc_narrow_bf16, csrc/posenc.h)."""
     dtype = np.dtype(dtype)
     if dtype != BFLOAT16 or BFLOAT16 is None:
         with np.errstate(over="ignore"):          # float16 overflows to +-inf, as IEEE says
             return np.ascontiguousarray(values, dtype=dtype)
-    wide = np.asarray(values, dtype=np.float64)
-    with np.errstate(over="ignore", invalid="ignore"):
-        single = wide.astype(np.float32)
-        back = single.astype(np.float64)
-        inexact = np.isfinite(wide) & (back != wide)
-        away = inexact & (np.abs(back) > np.abs(wide))   # rounded away from zero
-    # truncated: one step toward zero where rounded away (a float's bits are its sign and
-    # magnitude: the magnitude's bits less one; never from 0, which rounds nothing away)
-    bits = single.view(np.uint32) - away.view(np.uint8).astype(np.uint32)
-    bits |= inexact.view(np.uint8).astype(np.uint32)
-    return np.ascontiguousarray(bits.view(np.float32).astype(BFLOAT16))
+    from . import _C    # _dtypes is imported by the binding's own package: _C is built
+    return _C.narrow_bf16(values)

@@ -347,6 +347,46 @@ def test_reference_rounds_once_from_float64(dtype):
     np.testing.assert_array_equal(_bits(grads.q), _bits(_dtypes.narrow(want.q, lp)))
 
 
+def _narrow_by_float32(values):
+    """float64 -> bfloat16 by NumPy: to float32 rounded to odd (truncated, the last bit set
+    when inexact: 16 bits kept beyond bfloat16's), then ml_dtypes' float32 -> bfloat16, so
+    that the second rounding is the only one."""
+    wide = np.asarray(values, dtype=np.float64)
+    with np.errstate(over="ignore", invalid="ignore"):
+        single = wide.astype(np.float32)
+        back = single.astype(np.float64)
+        inexact = np.isfinite(wide) & (back != wide)
+        away = inexact & (np.abs(back) > np.abs(wide))
+    bits = single.view(np.uint32) - away.view(np.uint8).astype(np.uint32)
+    bits |= inexact.view(np.uint8).astype(np.uint32)
+    return bits.view(np.float32).astype(_dtypes.BFLOAT16)
+
+
+@pytest.mark.skipif(_dtypes.BFLOAT16 is None, reason="bfloat16 needs ml_dtypes")
+def test_narrow_bfloat16_is_the_round_to_odd_route(rng):
+    """narrow (the C rounding of the float64 bits, posenc_narrow_bf16) gives the bits of
+    the NumPy route through float32 rounded to odd: every bfloat16 value's midpoints and
+    their neighbours, random magnitudes from 2^-160 to 2^140, random bit patterns (NaN
+    payloads, infinities, double subnormals); a strided view; the shape kept (0-d too)."""
+    bf16 = _dtypes.BFLOAT16
+    values = np.arange(0x7f80, dtype=np.uint32).astype(np.uint16).view(bf16).astype(np.float64)
+    successors = np.append(values[1:], 2.0 ** 128)
+    mids = (values + successors) / 2
+    x = np.concatenate([values, mids, np.nextafter(mids, 0), np.nextafter(mids, np.inf),
+                        rng.standard_normal(100_000) * np.exp2(rng.integers(-160, 140, 100_000)),
+                        rng.integers(0, 2 ** 63, 100_000, dtype=np.uint64).view(np.float64),
+                        [np.nan, -np.nan, np.inf, -np.inf, -0.0, 5e-324, 2.0 ** -134]])
+    x = np.concatenate([x, -x])
+    got = _dtypes.narrow(x, bf16)
+    assert got.dtype == bf16 and got.shape == x.shape
+    np.testing.assert_array_equal(_bits(got), _bits(_narrow_by_float32(x)))
+    view = x[: 2 * 8 * 9 * 5].reshape(2, 8, 9, 5)[:, ::3, :, 1::2]
+    got = _dtypes.narrow(view, bf16)
+    assert got.flags.c_contiguous and got.shape == view.shape
+    np.testing.assert_array_equal(_bits(got), _bits(_narrow_by_float32(view)))
+    assert _dtypes.narrow(np.float64(1 + 2.0 ** -8 + 2.0 ** -30), bf16).shape == ()
+
+
 def test_float16_result_in_a_result_block():
     """A float16 result of 33.6 MB lives in a cached block (module_results.h) with
     2-byte items; d = 1 makes every logit an exact float32 product, so the

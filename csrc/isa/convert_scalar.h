@@ -35,6 +35,35 @@ static inline uint16_t posenc_bf16_from_f32_bits(uint32_t u)
     SELECT(GT(AND((u), SET1(0x7fffffff)), SET1(0x7f800000)), OR(SRL((u), 16), SET1(0x40)),    \
            SRL(ADD((u), ADD(AND(SRL((u), 16), SET1(1)), SET1(0x7fff))), 16))
 
+/* double bits -> bfloat16, rounded once to nearest, ties to even (through float the
+ * value would be rounded twice: 1 + 2^-8 + 2^-30 would tie to 1).  Normal results keep 8
+ * significant bits of the 53; below 2^-126 bfloat16's subnormals, units of 2^-133; from
+ * (2 - 2^-8) 2^127 up the infinity; a NaN the quiet NaN of its sign (as ml_dtypes'
+ * float -> bfloat16); double subnormals (< 2^-1022) round to a zero. */
+static inline uint16_t posenc_bf16_from_f64_bits(uint64_t u)
+{
+    const uint16_t sign = (uint16_t)((u >> 48) & 0x8000u);
+    const uint64_t a = u & 0x7fffffffffffffffull;
+    if (a > 0x7ff0000000000000ull)
+        return (uint16_t)(sign | 0x7fc0u);
+    const int e = (int)(a >> 52) - 1023;   /* a = 1.m 2^e (a normal double) */
+    if (e > 127)
+        return (uint16_t)(sign | 0x7f80u);
+    if (e < -134)   /* below 2^-134, half the least subnormal (and double subnormals) */
+        return sign;
+    const uint64_t sig = (a & 0x000fffffffffffffull) | 0x0010000000000000ull;
+    /* the kept bits: 8 (implicit 1 included) for a normal result, fewer below 2^-126 */
+    const int shift = e >= -126 ? 45 : 45 + (-126 - e);
+    /* rounded to nearest even without a branch (as posenc_bf16_from_f32_bits): adding half
+     * an ulp less one, plus the kept part's last bit, carries exactly when it should */
+    const uint64_t kept = (sig + (1ull << (shift - 1)) - 1 + ((sig >> shift) & 1u)) >> shift;
+    /* normal: (e + 127) << 7 plus the mantissa, the implicit 1 of `kept` adding one exponent
+     * step; subnormal: kept alone.  A carry of the rounding moves into the exponent, to the
+     * infinity past the largest finite */
+    const uint64_t bits = (e >= -126 ? ((uint64_t)(e + 126) << 7) : 0) + kept;
+    return (uint16_t)(sign | bits);
+}
+
 /* bfloat16 -> float bits: exact, its bits as the upper half. */
 static inline uint32_t posenc_f32_bits_from_bf16(uint16_t h)
 {

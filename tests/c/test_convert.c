@@ -16,6 +16,8 @@
  *      x86 again with MXCSR's DAZ and FTZ set (torch.set_flush_denormal).
  *   3. dispatch.c's wiring: avx512 takes AVX512-BF16's rounding where the
  *      CPU has it.
+ *   4. posenc_narrow_bf16 (float64 -> bfloat16, rounded once) against an
+ *      oracle from the definition (test_narrow_f64).
  *
  * The float patterns: every bfloat16 pattern with the 16 bits below it set
  * to 0, 1, a tie and its neighbours, and all ones (ties, NaN payloads,
@@ -212,6 +214,101 @@ static void test_scalar_oracles(const uint32_t *pattern, size_t count)
     free(got);
 }
 
+/* ------------------------------------------ 4. float64 -> bfloat16 rounded once */
+
+static double double_of(uint64_t u)
+{
+    double x;
+    memcpy(&x, &u, sizeof x);
+    return x;
+}
+
+/* The value of a bfloat16 pattern (as the float of its bits; 2^128 for 0x7f80). */
+static double bf16_value(uint32_t h)
+{
+    return h == 0x7f80u ? ldexp(1.0, 128) : (double)float_of(h << 16);
+}
+
+/* double -> bfloat16 from the definition: the two bfloat16 neighbours of |x| (the largest
+ * pattern not above it, by bisection over the monotone positive patterns, and its
+ * successor, 2^128 past the largest finite), the nearer, ties to the even; NaN the quiet
+ * NaN of its sign. */
+static uint16_t bf16_of_double_oracle(double x)
+{
+    const uint16_t sign = signbit(x) ? 0x8000u : 0;
+    if (isnan(x))
+        return (uint16_t)(sign | 0x7fc0u);
+    const double ax = fabs(x);
+    if (ax >= ldexp(1.0, 128))
+        return (uint16_t)(sign | 0x7f80u);
+    uint32_t lo = 0, hi = 0x7f7fu;
+    while (lo < hi) {
+        const uint32_t mid = (lo + hi + 1) / 2;
+        if (bf16_value(mid) <= ax) lo = mid;
+        else hi = mid - 1;
+    }
+    return (uint16_t)(sign | nearer(ax, bf16_value(lo), bf16_value(lo + 1), lo, lo + 1));
+}
+
+/* posenc_narrow_bf16 against the oracle: every positive finite bfloat16 value v, the
+ * midpoint to its successor and the doubles either side of it and of v, a sticky bit far
+ * below the midpoint, both signs; infinities, NaNs (quiet, signalling, payloads), zeros,
+ * double subnormals, the subnormal and overflow boundaries; a stride through all 2^64
+ * patterns; rows of every length up to 40 between guards. */
+static void test_narrow_f64(void)
+{
+    const size_t strided = 1u << 20;
+    const size_t total = 0x7f80u * 12 + 16 + strided;
+    double *x = malloc(sizeof(double) * total);
+    uint16_t *got = malloc(sizeof(uint16_t) * (total + 2));
+    size_t t = 0;
+    for (uint32_t h = 0; h < 0x7f80u; ++h) {
+        const double v = bf16_value(h), mid = (v + bf16_value(h + 1)) / 2;   /* exact */
+        const double around[6] = {v, nextafter(v, INFINITY), mid, nextafter(mid, 0.0),
+                                  nextafter(mid, INFINITY), mid + ldexp(v > 0 ? v : 1e-300, -40)};
+        for (int e = 0; e < 6; ++e) {
+            x[t++] = around[e];
+            x[t++] = -around[e];
+        }
+    }
+    static const uint64_t special[16] = {
+        0x7ff0000000000000ull, 0xfff0000000000000ull, 0x7ff8000000000000ull,
+        0xfff8123456789abcull, 0x7ff0000000000001ull, 0x0000000000000001ull,
+        0x800fffffffffffffull, 0x0000000000000000ull, 0x8000000000000000ull,
+        0x3770000000000000ull /* 2^-136 */, 0x3790000000000000ull /* 2^-134: a tie to 0 */,
+        0x3790000000000001ull, 0x47efe00000000000ull /* (2 - 2^-8) 2^127: a tie to inf */,
+        0x47efdfffffffffffull, 0x7fefffffffffffffull, 0x3ff0100000000040ull /* 1 + 2^-8 + 2^-46 */};
+    for (int e = 0; e < 16; ++e)
+        x[t++] = double_of(special[e]);
+    for (uint64_t k = 0, u = 0x9e3779b97f4a7c15ull; k < strided; ++k, u += 0x9e3779b97f4a7c15ull)
+        x[t++] = double_of(u);
+    got[0] = got[total + 1] = 0x5a5au;   /* guards */
+    posenc_narrow_bf16(got + 1, x, total);
+    int bad = 0;
+    for (size_t e = 0; e < total; ++e) {
+        const uint16_t want = bf16_of_double_oracle(x[e]);
+        if (got[e + 1] != want && bad++ < 5) {
+            uint64_t u;
+            memcpy(&u, &x[e], sizeof u);
+            fprintf(stderr, "  f64 %016llx -> bf16 %04x, want %04x\n", (unsigned long long)u,
+                    got[e + 1], want);
+        }
+    }
+    EXPECT(bad == 0 && got[0] == 0x5a5au && got[total + 1] == 0x5a5au,
+           "posenc_narrow_bf16 of %zu doubles vs the oracle: %d wrong, guards %04x %04x", total,
+           bad, got[0], got[total + 1]);
+    for (size_t len = 0; len <= 40; ++len) {   /* rows between guards */
+        got[0] = got[len + 1] = 0x5a5au;
+        posenc_narrow_bf16(got + 1, x + 3 * len, len);
+        int row_bad = got[0] != 0x5a5au || got[len + 1] != 0x5a5au;
+        for (size_t e = 0; e < len; ++e)
+            row_bad |= got[e + 1] != bf16_of_double_oracle(x[3 * len + e]);
+        EXPECT(!row_bad, "posenc_narrow_bf16: a row of %zu is wrong or writes past it", len);
+    }
+    free(x);
+    free(got);
+}
+
 /* ------------------------------------------------------ 2. every table vs scalar */
 
 /* What differs from the reference in one conversion of `len` elements (a count). */
@@ -323,6 +420,7 @@ void test_convert(void)
     for (size_t t = 0; t < count; ++t)
         src[t] = float_of(pattern[t]);
     test_scalar_oracles(pattern, count);
+    test_narrow_f64();
 
     /* the compiled tables this CPU runs, then the composed ones */
     typedef struct {
