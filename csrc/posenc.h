@@ -219,7 +219,10 @@ typedef struct {
     /* the term modules' gradients (terms.h), per unit: unit (b, h) of kind k's
      * array a at terms[k][a] + (b term_units_per_row + h) per_unit elements (the
      * array's per_unit)
-     * (term_units_per_row: H, or 0 for H; a larger problem's H in a slice of it) */
+     * (term_units_per_row: H, or 0 for H; a larger problem's H in a slice of it);
+     * an array without a batch axis (batch_stride 0) gets its gradient summed over
+     * the batch rows, in order, in batch row 0's units (posenc_backward and
+     * posenc_attention_backward: the other rows' units hold their own parts) */
     void *terms[POSENC_TERM_COUNT][POSENC_TERM_ARRAYS_MAX];
     size_t term_units_per_row;
 } posenc_grads;

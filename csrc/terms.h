@@ -23,8 +23,9 @@
  * csrc/engine/rope_impl.h).  A module's arrays are float64 (B|1, H|1, length) whatever the problem's
  * dtype (they are small: a few numbers per token, as FoX's gates and their
  * prefix sums, whose differences must not lose the digits a float32 would);
- * their gradients are float64 per unit, (B, H, length), the caller reducing
- * over the axes its arrays broadcast.  Module terms are added (sum mode, no
+ * their gradients are float64 per unit, (B, H, length), summed over the batch by
+ * the engine where an array has no batch axis (into batch row 0's units,
+ * posenc_grads), the caller reducing over the other axes its arrays broadcast.  Module terms are added (sum mode, no
  * rotation); a kind's own file says what it computes.
  */
 #ifndef POSENC_TERMS_H

@@ -645,6 +645,13 @@ class Segments(Term):
                 "segment_table": ctx.normal(ctx.heads, segments, segments)}
 
 
+def batch_summed(grad: np.ndarray) -> np.ndarray:
+    """A term array's per-unit gradient (B, ...) summed over the batch, keeping the axis:
+    the engine's sum, in batch row 0, for an array without a batch axis (posenc_grads,
+    csrc/posenc.h); zeros for an empty batch."""
+    return grad[:1] if grad.shape[0] else np.zeros((1,) + grad.shape[1:])
+
+
 def check_segments(segment_q, segment_k, segment_table, B, H, n, m) -> dict:
     """All three or none; ids (B, n), (B, m) of an integer dtype within the (H|1, S, S) table."""
     given = [x is not None for x in (segment_q, segment_k, segment_table)]
@@ -922,9 +929,10 @@ class Rotary(Term):
     @staticmethod
     def _fold(grad: np.ndarray, table: np.ndarray) -> np.ndarray:
         """A (B, H, ...) per-token table's gradient summed over the batch and head axes
-        `table` broadcasts over (size 1)."""
+        `table` broadcasts over (size 1): the batch's sum is the engine's, in batch row 0
+        (posenc_grads, csrc/posenc.h)."""
         if table.shape[0] == 1:
-            grad = grad.sum(axis=0, keepdims=True)
+            grad = batch_summed(grad)
         if table.shape[1] == 1:
             grad = grad.sum(axis=1, keepdims=True)
         return grad
@@ -1137,9 +1145,10 @@ class Grid2D(Term):
         return ((self.name, "relative_bias_2d_bias", self._finish),)
 
     def _finish(self, p, grad: np.ndarray) -> np.ndarray:
-        """The table's gradient from the engine's per unit (B, H, L), float64: summed over
-        the batch and the heads a shared table serves, in the call's dtype."""
-        grad = grad.sum(axis=0)
+        """The table's gradient from the engine's per unit (B, H, L), float64, summed over
+        the batch by the engine (in batch row 0: the table has no batch axis), here over
+        the heads a shared table serves, in the call's dtype."""
+        grad = batch_summed(grad)[0]
         if p.arrays[self.name].shape[0] == 1:
             grad = grad.sum(axis=0, keepdims=True)
         return narrow(grad, p.dtype)
@@ -1223,11 +1232,11 @@ class ContextualPositions(Term):
         return ((self.name, "cope_pos_emb", self._finish),)
 
     def _finish(self, p, grad: np.ndarray) -> np.ndarray:
-        """pos_emb's gradient from the engine's per unit (B, H, P d), float64: summed over
-        the batch and the heads a shared table serves, in pos_emb's shape and the call's
-        dtype."""
+        """pos_emb's gradient from the engine's per unit (B, H, P d), float64, summed over
+        the batch by the engine (in batch row 0: the table has no batch axis), here over
+        the heads a shared table serves, in pos_emb's shape and the call's dtype."""
         table = p.arrays[self.name]
-        grad = grad.sum(axis=0)
+        grad = batch_summed(grad)[0]
         if table.ndim == 2 or table.shape[0] == 1:
             grad = grad.sum(axis=0, keepdims=True)
         return narrow(grad.reshape(table.shape), p.dtype)

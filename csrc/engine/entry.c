@@ -132,10 +132,62 @@ int posenc_forward(const posenc_problem *p, void *out, int num_threads)
     return engine_of(p->dtype)->forward(p, out, num_threads);
 }
 
+/* Elements of a fold's block (terms_grads_fold): a thread's item. */
+#define FOLD_BLOCK ((size_t)4096)
+
+typedef struct {
+    double *grad;
+    size_t B, row, len;   /* batch rows `row` elements apart; each row's first len summed */
+} fold_arg;
+
+/* Blocks of [0, len): grad[e] += grad[b row + e], b = 1 .. B - 1 in order (an element's
+ * sum the same whatever the team). */
+static void fold_team_fn(void *arg_, void *ws)
+{
+    const fold_arg *arg = (const fold_arg *)arg_;
+    const ptrdiff_t blocks = (ptrdiff_t)((arg->len + FOLD_BLOCK - 1) / FOLD_BLOCK);
+    (void)ws;
+#ifdef _OPENMP
+#pragma omp for schedule(static)
+#endif
+    for (ptrdiff_t k = 0; k < blocks; ++k) {
+        double *sum = arg->grad + (size_t)k * FOLD_BLOCK;
+        const size_t len = posenc_min(FOLD_BLOCK, arg->len - (size_t)k * FOLD_BLOCK);
+        for (size_t b = 1; b < arg->B; ++b) {
+            const double *add = sum + b * arg->row;
+            for (size_t e = 0; e < len; ++e)
+                sum[e] += add[e];
+        }
+    }
+}
+
+/* The gradients of the term arrays without a batch axis (batch_stride 0) summed over the
+ * batch rows, in order, into batch row 0's units (posenc_grads' terms). */
+static int terms_grads_fold(const posenc_problem *p, const posenc_grads *g, int num_threads)
+{
+    const size_t per_row = g->term_units_per_row ? g->term_units_per_row : p->H;
+    for (int k = 0; k < POSENC_TERM_COUNT && p->B > 1; ++k)
+        for (int a = 0; a < POSENC_TERM_ARRAYS_MAX; ++a) {
+            const posenc_term_array *x = &p->terms[k].array[a];
+            if (!x->data || x->batch_stride || !g->terms[k][a])
+                continue;
+            const fold_arg arg = {(double *)g->terms[k][a], p->B, per_row * x->per_unit,
+                                  p->H * x->per_unit};
+            const size_t team = posenc_team_for((size_t)(num_threads > 0 ? num_threads : 1),
+                                                (arg.len + FOLD_BLOCK - 1) / FOLD_BLOCK,
+                                                posenc_mul_size(p->B, arg.len));
+            const int status = posenc_run_team(team, 0, fold_team_fn, (void *)&arg);
+            if (status != POSENC_OK)
+                return status;
+        }
+    return POSENC_OK;
+}
+
 int posenc_backward(const posenc_problem *p, const void *grad, const posenc_grads *g,
                     int num_threads)
 {
-    return engine_of(p->dtype)->backward(p, grad, g, num_threads);
+    const int status = engine_of(p->dtype)->backward(p, grad, g, num_threads);
+    return status == POSENC_OK ? terms_grads_fold(p, g, num_threads) : status;
 }
 
 int posenc_attention_forward(const posenc_problem *p, const posenc_attention *a, void *out,
@@ -148,7 +200,9 @@ int posenc_attention_backward(const posenc_problem *p, const posenc_attention *a
                               const void *d_out, const void *out, const void *lse,
                               const posenc_grads *g, void *grad_v, int num_threads)
 {
-    return engine_of(p->dtype)->attention_backward(p, a, d_out, out, lse, g, grad_v, num_threads);
+    const int status =
+        engine_of(p->dtype)->attention_backward(p, a, d_out, out, lse, g, grad_v, num_threads);
+    return status == POSENC_OK ? terms_grads_fold(p, g, num_threads) : status;
 }
 
 int posenc_matmul(const posenc_matmul_problem *mm, int num_threads)

@@ -44,6 +44,11 @@ static inline uint16_t posenc_bf16_from_f64_bits(uint64_t u)
 {
     const uint16_t sign = (uint16_t)((u >> 48) & 0x8000u);
     const uint64_t a = u & 0x7fffffffffffffffull;
+    if ((a >> 52) - 897u <= 253u)   /* 2^-126 <= a < 2^128: a normal result, or the infinity */
+        /* the bits above the lowest 45 (exponent and 7 mantissa bits) rounded as
+         * posenc_bf16_from_f32_bits rounds a float's upper half, the exponent then rebiased
+         * 1023 -> 127: a carry into it, past 2^128, gives the infinity */
+        return (uint16_t)(sign | (((a + 0x0fffffffffffull + ((a >> 45) & 1u)) >> 45) - (896u << 7)));
     if (a > 0x7ff0000000000000ull)
         return (uint16_t)(sign | 0x7fc0u);
     const int e = (int)(a >> 52) - 1023;   /* a = 1.m 2^e (a normal double) */

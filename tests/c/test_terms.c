@@ -194,6 +194,18 @@ static void compare_ieee(const char *what, const double *got, const double *want
     EXPECT(bad == 0, "%s: %zu of %zu elements differ", what, bad, len);
 }
 
+/* A naive per-unit gradient (B, H, per_unit) of kind k's array a as the engine gives it
+ * (posenc_grads): an array without a batch axis summed over the batch rows, in order, into
+ * batch row 0's units. */
+static void naive_batch_fold(const posenc_problem *p, int k, int a, double *grad)
+{
+    const posenc_term_array *x = &p->terms[k].array[a];
+    const size_t row = p->H * x->per_unit;
+    for (size_t b = 1; !x->batch_stride && b < p->B; ++b)
+        for (size_t e = 0; e < row; ++e)
+            grad[e] += grad[b * row + e];
+}
+
 static void fox_case(size_t B, size_t H, size_t n, size_t m, size_t d, size_t offset, int reverse,
                      int bad_gate)
 {
@@ -426,6 +438,8 @@ static void rb2d_case(size_t B, size_t H, size_t n, size_t m, size_t d, size_t w
                     naive[t] = 0.5 * dot + r.bias[(r.hb > 1 ? h : 0) * r.L + at];
                     dnaive[u * r.L + at] += r.G[t];
                 }
+    rb2d_point(&r, POSENC_F64);   /* the problem whose arrays say which fold */
+    naive_batch_fold(&r.p, POSENC_TERM_relative_bias_2d, 0, dnaive);
     for (int dt = 0; dt < 2; ++dt) {
         const posenc_dtype dtype = dt ? POSENC_F64 : POSENC_F32;
         const double rtol = dt ? 1e-12 : 2e-5;
@@ -826,6 +840,8 @@ static void cope_case(size_t B, size_t H, size_t n, size_t m, size_t d, size_t P
         one[x] = calloc(len[x] + 1, sizeof(double)), two[x] = calloc(len[x] + 1, sizeof(double));
     }
     cope_naive(&c, naive[0], naive[1], naive[2], naive[3]);
+    cope_point(&c, POSENC_F64);   /* the problem whose arrays say which fold */
+    naive_batch_fold(&c.p, POSENC_TERM_cope, 0, naive[3]);
     for (int dt = 0; dt < 2; ++dt) {
         const posenc_dtype dtype = dt ? POSENC_F64 : POSENC_F32;
         const double rtol = (dt ? 1e-12 : 2e-5) * (double)(n + m + d);
