@@ -196,14 +196,26 @@ static void compare_ieee(const char *what, const double *got, const double *want
 
 /* A naive per-unit gradient (B, H, per_unit) of kind k's array a as the engine gives it
  * (posenc_grads): an array without a batch axis summed over the batch rows, in order, into
- * batch row 0's units. */
+ * batch row 0's units; the other rows' (the engine's own parts, or untouched) cleared. */
 static void naive_batch_fold(const posenc_problem *p, int k, int a, double *grad)
 {
     const posenc_term_array *x = &p->terms[k].array[a];
     const size_t row = p->H * x->per_unit;
     for (size_t b = 1; !x->batch_stride && b < p->B; ++b)
-        for (size_t e = 0; e < row; ++e)
+        for (size_t e = 0; e < row; ++e) {
             grad[e] += grad[b * row + e];
+            grad[b * row + e] = 0;
+        }
+}
+
+/* The engine's gradient of kind k's array a with the batch rows past 0 of an array without
+ * a batch axis cleared: what posenc_grads specifies is batch row 0's sum. */
+static void batch_rows_cleared(const posenc_problem *p, int k, int a, double *grad)
+{
+    const posenc_term_array *x = &p->terms[k].array[a];
+    const size_t row = p->H * x->per_unit;
+    if (!x->batch_stride && p->B > 1)
+        memset(grad + row, 0, sizeof(double) * (p->B - 1) * row);
 }
 
 static void fox_case(size_t B, size_t H, size_t n, size_t m, size_t d, size_t offset, int reverse,
@@ -414,6 +426,7 @@ static int rb2d_run(rb2d_data *r, posenc_dtype dtype, int threads, double *out, 
     if (status == POSENC_OK)
         status = posenc_backward(&r->p, dtype == POSENC_F64 ? (const void *)r->G : r->G32, &g,
                                  threads);
+    batch_rows_cleared(&r->p, POSENC_TERM_relative_bias_2d, 0, dbias);
     for (size_t t = 0; t < logits; ++t)
         out[t] = dtype == POSENC_F64 ? ((double *)raw)[t] : ((float *)raw)[t];
     free(raw);
@@ -508,19 +521,23 @@ static void rb2d_validation(void)
 /* ------------------------------------------------------------ rope_token */
 
 /* Per-token tables: the queries' (B, H, n, pairs) and the keys' per query head (B, H, m,
- * pairs, a key head's repeated for its group), cos then sin, as the binding passes them. */
+ * pairs, a key head's repeated for its group), cos then sin, as the binding passes them;
+ * `shared`: the queries' without a batch axis (batch 0's rows for every batch row: the
+ * engine sums their gradients over the batch). */
 typedef struct {
     size_t B, H, H_kv, n, m, d, pairs;
+    int shared;
     double *q, *k, *G, *table[4];
     float *q32, *k32, *G32;
     posenc_problem p;
 } token_data;
 
 static void token_build(token_data *t, size_t B, size_t H, size_t H_kv, size_t n, size_t m,
-                        size_t d, size_t pairs)
+                        size_t d, size_t pairs, int shared)
 {
     memset(t, 0, sizeof *t);
     t->B = B, t->H = H, t->H_kv = H_kv, t->n = n, t->m = m, t->d = d, t->pairs = pairs;
+    t->shared = shared;
     t->q = doubles(B * H * n * d), t->k = doubles(B * H_kv * m * d), t->G = doubles(B * H * n * m);
     for (int a = 0; a < 4; ++a) {
         const size_t rows = a < 2 ? n : m;
@@ -531,6 +548,8 @@ static void token_build(token_data *t, size_t B, size_t H, size_t H_kv, size_t n
                     memcpy(t->table[a] + (b * H + h) * rows * pairs,
                            t->table[a] + (b * H + h - h % (H / H_kv)) * rows * pairs,
                            sizeof(double) * rows * pairs);
+        for (size_t b = 1; shared && a < 2 && b < B; ++b)
+            memcpy(t->table[a] + b * H * rows * pairs, t->table[a], sizeof(double) * H * rows * pairs);
     }
     t->q32 = floats(t->q, B * H * n * d), t->k32 = floats(t->k, B * H_kv * m * d);
     t->G32 = floats(t->G, B * H * n * m);
@@ -548,7 +567,8 @@ static void token_point(token_data *t, posenc_dtype dtype)
     p->k = dtype == POSENC_F64 ? (const void *)t->k : t->k32;
     for (int a = 0; a < 4; ++a) {
         const size_t len = (a < 2 ? t->n : t->m) * t->pairs;
-        p->terms[POSENC_TERM_rope_token].array[a] = (posenc_term_array){t->table[a], t->H * len, len, len};
+        p->terms[POSENC_TERM_rope_token].array[a] =
+            (posenc_term_array){t->table[a], t->shared && a < 2 ? 0 : t->H * len, len, len};
     }
 }
 
@@ -663,14 +683,18 @@ static int token_run(token_data *t, posenc_dtype dtype, int threads, double *A, 
                      double *dk, double **dt)
 {
     token_point(t, dtype);
-    return run_logits_and_grads(&t->p, POSENC_TERM_rope_token, dt, 4, t->G, t->G32, threads, A,
-                                dq, dk);
+    const int status = run_logits_and_grads(&t->p, POSENC_TERM_rope_token, dt, 4, t->G, t->G32,
+                                            threads, A, dq, dk);
+    for (int a = 0; a < 4; ++a)
+        batch_rows_cleared(&t->p, POSENC_TERM_rope_token, a, dt[a]);
+    return status;
 }
 
-static void token_case(size_t B, size_t H, size_t H_kv, size_t n, size_t m, size_t d, size_t pairs)
+static void token_case(size_t B, size_t H, size_t H_kv, size_t n, size_t m, size_t d, size_t pairs,
+                       int shared)
 {
     token_data t;
-    token_build(&t, B, H, H_kv, n, m, d, pairs);
+    token_build(&t, B, H, H_kv, n, m, d, pairs, shared);
     /* outputs: logits, dq, dk, the four tables' gradients */
     const size_t len[7] = {B * H * n * m, B * H * n * d, B * H_kv * m * d, B * H * n * pairs,
                            B * H * n * pairs, B * H * m * pairs, B * H * m * pairs};
@@ -680,6 +704,9 @@ static void token_case(size_t B, size_t H, size_t H_kv, size_t n, size_t m, size
         one[x] = calloc(len[x] + 1, sizeof(double)), two[x] = calloc(len[x] + 1, sizeof(double));
     }
     token_naive(&t, naive[0], naive[1], naive[2], naive + 3);
+    token_point(&t, POSENC_F64);   /* the problem whose arrays say which fold */
+    for (int a = 0; a < 4; ++a)
+        naive_batch_fold(&t.p, POSENC_TERM_rope_token, a, naive[3 + a]);
     for (int dt = 0; dt < 2; ++dt) {
         const posenc_dtype dtype = dt ? POSENC_F64 : POSENC_F32;
         const double rtol = (dt ? 1e-12 : 2e-5) * (double)(n + m + d);
@@ -825,8 +852,10 @@ static int cope_run(cope_data *c, posenc_dtype dtype, int threads, double *A, do
                     double *dk, double *dt)
 {
     cope_point(c, dtype);
-    return run_logits_and_grads(&c->p, POSENC_TERM_cope, &dt, 1, c->G, c->G32, threads, A, dq,
-                                dk);
+    const int status = run_logits_and_grads(&c->p, POSENC_TERM_cope, &dt, 1, c->G, c->G32,
+                                            threads, A, dq, dk);
+    batch_rows_cleared(&c->p, POSENC_TERM_cope, 0, dt);
+    return status;
 }
 
 static void cope_case(size_t B, size_t H, size_t n, size_t m, size_t d, size_t P, int causal)
@@ -1070,12 +1099,15 @@ void test_terms(void)
             rb2d_case(z[0], z[1], z[2], z[3], z[4], z[5], z[6], z[7], (int)z[8], (int)z[9]);
     }
     rb2d_validation();
-    const size_t tokens[][7] = {{1, 1, 1, 1, 1, 2, 1}, {2, 4, 2, 7, 17, 8, 3}, {1, 2, 1, 33, 20, 16, 8},
-                                {2, 2, 2, 65, 70, 32, 16}};
+    /* B, H, H_kv, n, m, d, pairs, shared (the queries' tables without a batch axis: with
+     * 3 key heads summed as the units run on one thread, after them on two: the same bits) */
+    const size_t tokens[][8] = {{1, 1, 1, 1, 1, 2, 1, 0}, {2, 4, 2, 7, 17, 8, 3, 0},
+                                {1, 2, 1, 33, 20, 16, 8, 0}, {2, 2, 2, 65, 70, 32, 16, 0},
+                                {3, 3, 3, 7, 17, 8, 3, 1}, {2, 4, 4, 33, 20, 16, 8, 1}};
     for (size_t s = 0; s < sizeof tokens / sizeof tokens[0]; ++s) {
         const size_t *z = tokens[s];
         if (!skip_size(z[3], z[4]))
-            token_case(z[0], z[1], z[2], z[3], z[4], z[5], z[6]);
+            token_case(z[0], z[1], z[2], z[3], z[4], z[5], z[6], (int)z[7]);
     }
     const size_t copes[][7] = {{1, 1, 1, 1, 1, 1, 0}, {2, 3, 7, 9, 3, 4, 1}, {1, 2, 17, 33, 8, 40, 0},
                                {2, 1, 33, 33, 16, 5, 1}, {1, 2, 65, 70, 31, 9, 1},
