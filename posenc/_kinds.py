@@ -892,6 +892,8 @@ class Rotary(Term):
         grad = grad.reshape(B, H, table.shape[2], table.shape[3])
         if name.endswith("_k") and p.H_kv != H:
             grad = grad.reshape(B, p.H_kv, H // p.H_kv, *grad.shape[2:]).sum(axis=2)
+        if table.shape[0] == 1:   # the engine's sum over the batch, in batch row 0
+            grad = batch_summed(grad)
         return narrow(Rotary._fold(grad, table), p.dtype)
 
     def example(self, ctx, spec, values):
@@ -928,11 +930,10 @@ class Rotary(Term):
 
     @staticmethod
     def _fold(grad: np.ndarray, table: np.ndarray) -> np.ndarray:
-        """A (B, H, ...) per-token table's gradient summed over the batch and head axes
-        `table` broadcasts over (size 1): the batch's sum is the engine's, in batch row 0
-        (posenc_grads, csrc/posenc.h)."""
+        """A (B, H, ...) per-token table's gradient (or its bound) summed over the batch
+        and head axes `table` broadcasts over (size 1)."""
         if table.shape[0] == 1:
-            grad = batch_summed(grad)
+            grad = grad.sum(axis=0, keepdims=True)
         if table.shape[1] == 1:
             grad = grad.sum(axis=1, keepdims=True)
         return grad
