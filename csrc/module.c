@@ -326,8 +326,8 @@ fail:
     return NULL;
 }
 
-/* narrow_bf16(values): values (float64, any layout) as a new C-contiguous bfloat16 array,
- * rounded once to nearest even (posenc_narrow_bf16). */
+/* posenc._C.narrow_bf16: its argument (float64, any layout) as a new C-contiguous bfloat16
+ * array, rounded once to nearest even (posenc_narrow_bf16). */
 static PyObject *py_narrow_bf16(PyObject *self, PyObject *values)
 {
     PyArrayObject *src = NULL, *result = NULL;
