@@ -25,8 +25,9 @@
  * prefix sums, whose differences must not lose the digits a float32 would);
  * their gradients are float64 per unit, (B, H, length), summed over the batch by
  * the engine where an array has no batch axis (into batch row 0's units,
- * posenc_grads), the caller reducing over the other axes its arrays broadcast.  Module terms are added (sum mode, no
- * rotation); a kind's own file says what it computes.
+ * posenc_grads), the caller reducing over the other axes its arrays broadcast.
+ * Module terms are added (sum mode, no rotation); a kind's own file says what it
+ * computes.
  */
 #ifndef POSENC_TERMS_H
 #define POSENC_TERMS_H

@@ -56,10 +56,13 @@ static int terms_additive(const posenc_problem *p)
  * has a batch axis (a kind reads b through its arrays only: term_unit_impl.h). */
 static int terms_batch_free(const posenc_problem *p)
 {
-    for (int k = 0; k < POSENC_TERM_COUNT; ++k)
-        for (int a = 0; a < POSENC_TERM_ARRAYS_MAX && term_adds(p, k); ++a)
+    for (int k = 0; k < POSENC_TERM_COUNT; ++k) {
+        if (!term_adds(p, k))
+            continue;
+        for (int a = 0; a < POSENC_TERM_ARRAYS_MAX; ++a)
             if (p->terms[k].array[a].data && p->terms[k].array[a].batch_stride)
                 return 0;
+    }
     return 1;
 }
 
