@@ -12,11 +12,11 @@
  * names from _C.CONFIG_FIELDS): the binding reads any tuple of exactly
  * CF_COUNT items positionally.  The float arrays are q, k and posenc.h's
  * POSENC_ARRAYS; then the integer arrays (bucket maps over the offsets,
- * segment ids, rotation positions), the scalars, and the term modules'
+ * rotation positions), the scalars, and the term modules'
  * arrays (csrc/terms.h: <kind>_<array>, float64 (B|1, H|1, length)).
  */
 #define CONFIG_INDEX_FIELDS(X) \
-    X(table_map) X(query_map) X(key_map) X(segment_q) X(segment_k) X(positions_q) X(positions_k)
+    X(table_map) X(query_map) X(key_map) X(positions_q) X(positions_k)
 #define CONFIG_SCALAR_FIELDS(X) \
     X(product) X(scale) X(dense_scale) X(vector_scale) X(rope_interleaved) X(query_offset)
 
@@ -217,7 +217,7 @@ static PyArrayObject *as_float_array(PyObject *obj, int typenum, const char *nam
     return (PyArrayObject *)PyArray_FROM_OTF(obj, typenum, NPY_ARRAY_IN_ARRAY);
 }
 
-/* Bucket maps and segment ids: any integer dtype, as int64 (the values are
+/* Bucket maps and positions: any integer dtype, as int64 (the values are
  * range-checked by posenc_validate). */
 static PyArrayObject *as_index_array(PyObject *obj, const char *name)
 {
@@ -432,24 +432,6 @@ static int build_problem(PyObject *config, converted *a, posenc_problem *p)
         p->key_table_heads = DIM(CF_key_table, 0);
         p->key_table_rows = DIM(CF_key_table, 1);
         p->key_map = (const int64_t *)DATA(CF_key_map);
-    }
-    if (a->arr[CF_segment_table] || a->arr[CF_segment_q] || a->arr[CF_segment_k]) {
-        if (!a->arr[CF_segment_table] || !a->arr[CF_segment_q] || !a->arr[CF_segment_k]) {
-            PyErr_SetString(PyExc_ValueError, "segment_q, segment_k and segment_table come together");
-            return -1;
-        }
-        if (check_dims(a->arr[CF_segment_table], "segment_table", 3, (npy_intp[]){any, any, any}))
-            return -1;
-        const npy_intp S = PyArray_DIM(a->arr[CF_segment_table], 1);
-        if (check_dims(a->arr[CF_segment_table], "segment_table", 3, (npy_intp[]){any, S, S}) ||
-            check_dims(a->arr[CF_segment_q], "segment_q", 2, (npy_intp[]){B, n}) ||
-            check_dims(a->arr[CF_segment_k], "segment_k", 2, (npy_intp[]){B, m}))
-            return -1;
-        p->segment_table = DATA(CF_segment_table);
-        p->segment_q = (const int64_t *)DATA(CF_segment_q);
-        p->segment_k = (const int64_t *)DATA(CF_segment_k);
-        p->segment_table_heads = DIM(CF_segment_table, 0);
-        p->n_segments = (size_t)S;
     }
     if (a->arr[CF_theta]) {
         if (check_dims(a->arr[CF_theta], "theta", 2, (npy_intp[]){any, 2}))

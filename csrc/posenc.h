@@ -2,7 +2,7 @@
  * posenc.h -- the C API of the posenc engine.  Pure C, no Python.
  *
  * Every method of docs/spec.md §3 is one `posenc_problem`: the content term
- * s * q_i.k_j plus positional terms of five kinds, combined by sum or by
+ * s * q_i.k_j plus positional terms of four kinds, combined by sum or by
  * product (docs/internals.md §1, the term algebra), and optionally a rotation
  * of q and k (rope):
  *
@@ -11,14 +11,16 @@
  *                                                                    ALiBi, KERPLE, any bias of j - i)
  *   query table   vector_scale * q_i . query_table[h, query_map(j - i)]  (Shaw, M4, M4M, DeBERTa c2p)
  *   key table     vector_scale * k_j . key_table[h, key_map(j - i)]      (M4, M4M, DeBERTa p2c)
- *   segments      segment_table[h, segment_q[b, i], segment_k[b, j]]     (DIET)
  *   reset         theta[h, 0] on the row at position 0 (query_offset + i == 0),
  *                 theta[h, 1] on column 0 of the others             (TUPE [CLS])
  *   rotation      q_i, k_j rotated pair by pair by the angles of their positions
  *                 before any use, the adjoint applied to dq, dk (RoPE, xPos)
  *
- * Sum:     A = s q.k + reset(dense + table + query table + key table + segments)
- * Product: A = s q.k * table * query table * key table      (M2, M4M; no dense/segments/reset)
+ * Sum:     A = s q.k + reset(dense + table + query table + key table + modules)
+ * Product: A = s q.k * table * query table * key table      (M2, M4M; no dense/reset/modules)
+ *
+ * and the term modules of csrc/terms.h (sum mode): DIET's segments, FoX, the 2-D
+ * relative bias, per-token rotary tables, CoPE.
  *
  * Every bucket map is a 1-D array over the offsets o = j - i in
  * [-(n-1), m-1], stored at index o + n - 1, computed once per call.
@@ -116,11 +118,6 @@ typedef struct {
     const int64_t *key_map;
     double vector_scale;          /* on both vector tables */
 
-    const int64_t *segment_q;     /* (B, n) */
-    const int64_t *segment_k;     /* (B, m) */
-    const void *segment_table;    /* (segment_table_heads, n_segments, n_segments) */
-    size_t segment_table_heads, n_segments;
-
     const void *theta;            /* (theta_heads, 2) */
     size_t theta_heads;
 
@@ -199,7 +196,6 @@ static inline int posenc_terms_any(const posenc_problem *p)
     PARAM(table, table_heads, p->table_rows)                               \
     PARAM(query_table, query_table_heads, p->query_table_rows * p->d)      \
     PARAM(key_table, key_table_heads, p->key_table_rows * p->d)            \
-    PARAM(segment_table, segment_table_heads, p->n_segments * p->n_segments) \
     PARAM(theta, theta_heads, 2)                                           \
     CONST(rope_cos, p->rope_positions * p->rope_pairs)                     \
     CONST(rope_sin, p->rope_positions * p->rope_pairs)                     \

@@ -35,6 +35,10 @@
 #define POSENC_TERM_ARRAYS_MAX 4
 
 #define POSENC_TERMS(TERM, ARRAY)                                                      \
+    TERM(segments, term_segments_valid(p),                                             \
+         "segments: a table of S x S entries, ids integers in [0, S) shared by the "     \
+         "heads", ARRAY(segments, table, 1, 1, 0) ARRAY(segments, query, 1, 0, p->n)      \
+         ARRAY(segments, key, 1, 0, p->m))                                               \
     TERM(fox, p->query_offset + p->n <= p->m,                                          \
          "fox: every query is among the keys (query_offset + n <= m)",                \
          ARRAY(fox, gates, 1, 1, p->m) ARRAY(fox, gates_reverse, 0, 1, p->m)                \
@@ -67,6 +71,7 @@
  * the rest (validation) for entry.c. */
 #if defined(POSENC_TERM_FILES) && !defined(POSENC_TERM_FILES_INCLUDED)
 #define POSENC_TERM_FILES_INCLUDED
+#include "engine/term_segments_impl.h"
 #include "engine/term_fox_impl.h"
 #include "engine/term_relative_bias_2d_impl.h"
 #include "engine/term_rope_token_impl.h"

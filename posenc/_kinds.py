@@ -615,7 +615,12 @@ class Reset(Term):
 
 @dataclass(frozen=True)
 class Segments(Term):
-    """segment_table[h, segment_q[b, i], segment_k[b, j]]: all three or none (DIET)."""
+    """segment_table[h, segment_q[b, i], segment_k[b, j]]: all three or none (DIET).
+
+    The engine's `segments` term module (csrc/engine/term_segments_impl.h) reads the
+    table and the ids in float64 (the ids exactly) and gives the table's gradient per
+    (b, h) unit, summed over the batch by the engine (in batch row 0: the table has no
+    batch axis), here over the heads a shared table serves."""
 
     index = ("segment_q", "segment_k")
     query_tensors = ("segment_q",)
@@ -629,11 +634,29 @@ class Segments(Term):
                        arrays.get("segment_table"), p.B, p.H, p.n, p.m)
 
     def configure(self, slots, field, spec, p, arrays):
-        for name in self.tensors:
-            slots[field[name]] = arrays.get(name)
+        table = arrays.get("segment_table")
+        if table is None:
+            return
+        table = np.ascontiguousarray(table, dtype=np.float64)
+        H, S = table.shape[:2]
+        slots[field["segments_table"]] = table.reshape(1, H, S * S)
+        for name, side in (("segment_q", "query"), ("segment_k", "key")):
+            ids = np.ascontiguousarray(arrays[name], dtype=np.float64)
+            slots[field["segments_" + side]] = ids.reshape(ids.shape[0], 1, ids.shape[1])
 
     def gradients(self, spec):
-        return (("segment_table", "segment_table", None),)
+        return (("segment_table", "segments_table", self._finish),)
+
+    @staticmethod
+    def _finish(p, grad: np.ndarray) -> np.ndarray:
+        """The table's gradient from the engine's per unit (B, H, S S), float64, summed over
+        the batch by the engine, here over the heads a shared table serves, in the call's
+        dtype and the table's shape."""
+        table = p.arrays["segment_table"]
+        grad = batch_summed(grad)[0]
+        if table.shape[0] == 1:
+            grad = grad.sum(axis=0, keepdims=True)
+        return narrow(grad.reshape(table.shape), p.dtype)
 
     def example(self, ctx, spec, values):
         segments = ctx.options["segments"]

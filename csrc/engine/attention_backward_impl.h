@@ -7,7 +7,7 @@
  * stored probabilities), dV += (P D)^T.dO, dP = D (dO.V^T), dS = P (dP -
  * delta), delta = rowsum(dO out) - dL/dlse (dlse_i/dA_ij = P_ij), and dS
  * handed to the logits' backward (backward_unit_block) for dq, dk and every
- * table / segment / reset slot; the dense factor's gradients go to per-unit
+ * table / reset slot and the term modules'; the dense factor's gradients go to per-unit
  * slots (backward_dense_block).
  * With `causal` a block's rows hold its first `cols` keys only, and every
  * GEMM skips, tile by tile, the keys a tile of rows cannot see (the logits,
@@ -383,7 +383,7 @@ static int attention_backward(const posenc_problem *p, const posenc_attention *a
     if (status != POSENC_OK)
         goto done;
     gc.need_ds = grads->q || grads->k || grads->pos_q || grads->pos_k || grads->table ||
-                 grads->query_table || grads->key_table || grads->segment_table || grads->theta ||
+                 grads->query_table || grads->key_table || grads->theta ||
                  g.need_modules;
 
     if ((status = attention_run(&c, &g, num_threads, p->B * posenc_kv_heads(p),

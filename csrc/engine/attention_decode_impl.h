@@ -198,7 +198,7 @@ static void attention_decode_fused(const attention_ctx *c, forward_ws *fw, atten
  * rows_axpy: each key's row loaded once for all the query rows): the content logits of
  * the tile's keys, the method's positional rows added or multiplied as the tiles'
  * epilogue does (forward_positional), the softmax rows as the tiles', then P.v.  No
- * exact scales, bfloat16 GEMM or expanded segment rows here (attention_prepare).  The
+ * exact scales, bfloat16 GEMM or expanded module rows here (attention_prepare).  The
  * keys: the target's (all, or a chunk of a split call).
  */
 static void attention_decode_unit(const attention_ctx *c, forward_ws *fw, attention_ws *w,

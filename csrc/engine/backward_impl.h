@@ -10,8 +10,9 @@
  *   dq = s Gc.k (+ Gq.query_table),  dk = s Gc^T.q (+ Gk.key_table),
  *   where Gc is G (sum) or G times the positional factors (product), Gq
  *   (n x buckets) and Gk (m x buckets) are G scattered into buckets along
- *   each bucket's diagonals, and the unit's partial table / segment / theta
- *   / vector-table gradients go to a slot of their own.  The GEMMs through
+ *   each bucket's diagonals, and the unit's partial table / theta /
+ *   vector-table gradients go to a slot of their own, the term modules'
+ *   to their per-unit gradients.  The GEMMs through
  *   Gq and Gk skip, tile by tile, the buckets (or rows) a tile cannot reach
  *   (posenc_spans): with DeBERTa's 2k buckets about a third of their work.
  * Phase 2, parallel over heads: the dense factor's gradients from
@@ -94,7 +95,7 @@ static void backward_sum_rows(const backward_ctx *c, backward_ws *w, size_t u, s
     const posenc_problem *p = c->p;
     const posenc_kernels *kern = c->kern;
     const size_t n = p->n, m = p->m;
-    const int per_row = c->need_query_side || (p->segment_table && c->g->segment_table);
+    const int per_row = c->need_query_side;
     for (size_t i = blk0; i < blk0 + rows && (per_row || c->masked); ++i) {
         const REAL *g_row = G_blk + (i - blk0) * m;
         if (c->masked && c->g->theta) {
@@ -106,14 +107,15 @@ static void backward_sum_rows(const backward_ctx *c, backward_ws *w, size_t u, s
         }
         if (c->cls_row0 && i == 0)
             continue;      /* the [CLS] row belongs to theta */
-        row_grads rg = {g_row, NULL, g_row};   /* the table's below, the block at once */
+        row_grads rg = {g_row, NULL};   /* the table's below, the block at once */
         if (per_row)
             backward_row_positional(c, w, u, b, i, &rg, cols);
     }
-    if (c->need_modules)
-        terms_grad_rows(p, kern, c->g, u, G_blk, m, blk0, rows, first, cols,
-                        (double *)(void *)w->term_scratch);
     const size_t skip = c->cls_row0 && blk0 == 0;   /* the [CLS] row */
+    if (c->need_modules && rows > skip)   /* not the reset's row and column 0 */
+        terms_grad_rows(p, kern, c->g, u, G_blk + skip * m, m, blk0 + skip, rows - skip,
+                        posenc_max(first, c->masked ? (size_t)1 : 0), cols,
+                        (double *)(void *)w->term_scratch);
     if (c->need_offsets && rows > skip)   /* from `first` on: G is 0 before it */
         kern->diagonal_sums(c->offset_slots + u * c->offsets + (n - 1 - (blk0 + skip)),
                             G_blk + skip * m, m, rows - skip,
@@ -423,8 +425,7 @@ static void backward_team(void *arg, void *ws)
     const posenc_problem *p = c->p;
     const posenc_grads *g = c->g;
     const int phase1 = c->need_content || c->need_query_side || c->need_key_side ||
-                       c->need_offsets || (p->segment_table && g->segment_table) ||
-                       (p->theta && g->theta) || c->need_modules;
+                       c->need_offsets || (p->theta && g->theta) || c->need_modules;
     backward_ws w;
     backward_ws_layout(c, &w, (REAL *)ws);
     if (phase1) {

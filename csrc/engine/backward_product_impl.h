@@ -103,7 +103,7 @@ static void backward_product_tile(const backward_ctx *c, backward_ws *w, size_t 
                 if (f != x)
                     kern->row_gather(POSENC_MUL, eff, factor[f], 1, width);
             if (kind[x] != FACTOR_KEY) {
-                row_grads rg = {NULL, NULL, NULL};
+                row_grads rg = {NULL, NULL};
                 if (kind[x] == FACTOR_TABLE) rg.for_table = eff;
                 else rg.for_query_table = eff;
                 backward_row_positional(c, w, u, b, i, &rg, width);

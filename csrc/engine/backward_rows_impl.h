@@ -39,7 +39,7 @@ typedef struct {
     const term_data *terms;     /* what the terms read: own_terms, or the attention's logits'
                                    (their table along the offsets: product mode's factor) */
     posenc_spans query_spans, key_spans;   /* where Gq and Gk are zero */
-    REAL *offset_slots, *segment_slots, *theta_slots, *query_table_slots, *key_table_slots;
+    REAL *offset_slots, *theta_slots, *query_table_slots, *key_table_slots;
     REAL *pos_q_slots, *pos_k_slots;
     const struct masked_keys *masked_keys;   /* a fused attention's, or NULL */
 } backward_ctx;
@@ -219,7 +219,7 @@ static void scatter_key_edges_end(const backward_ctx *c, backward_ws *w)
 
 /* The positional gradients of one row from its effective gradients. */
 typedef struct {
-    const REAL *for_query_table, *for_table, *for_segments;   /* the key side goes tile by tile */
+    const REAL *for_query_table, *for_table;   /* the key side goes tile by tile */
 } row_grads;
 
 /* The positional gradients of row i from its effective gradients, keys [0, cols) (m, or
@@ -237,16 +237,6 @@ static void backward_row_positional(const backward_ctx *c, backward_ws *w, size_
     if (c->need_offsets && rg->for_table)
         kern->diagonal_sums(c->offset_slots + u * c->offsets + (n - 1 - i), rg->for_table, m, 1,
                             (size_t)jb, cols);
-    if (p->segment_table && c->g->segment_table && rg->for_segments) {
-        const size_t S = p->n_segments;
-        REAL *slot = c->segment_slots + u * S * S + (size_t)p->segment_q[b * n + i] * S;
-        for (size_t t = c->terms->segment_runs.start[b]; t < c->terms->segment_runs.start[b + 1]; ++t) {
-            const posenc_segment_run *run = &c->terms->segment_runs.runs[t];
-            const size_t js = posenc_max(run->j_begin, (size_t)jb), je = posenc_min(run->j_end, cols);
-            if (js < je)
-                kern->row_scatter_add(slot + run->segment, 0, rg->for_segments + js, je - js);
-        }
-    }
 }
 
 /*

@@ -69,7 +69,7 @@ static void backward_reduce(const backward_ctx *c)
 {
     const posenc_problem *p = c->p;
     const posenc_grads *g = c->g;
-    const size_t B = p->B, H = p->H, d = p->d, SS = p->n_segments * p->n_segments;
+    const size_t B = p->B, H = p->H, d = p->d;
     if (g->table)
         reduce_slots((REAL *)g->table, p->table_heads, p->table_rows, 0, c->offset_slots, B, H,
                      c->offsets, p->table_map, 0);
@@ -82,9 +82,6 @@ static void backward_reduce(const backward_ctx *c)
         reduce_slots((REAL *)g->key_table, p->key_table_heads, p->key_table_rows * d,
                      (size_t)c->terms->key_runs.b_min * d, c->key_table_slots, B, H, c->terms->key_buckets * d,
                      NULL, g->key_table == g->query_table);
-    if (g->segment_table)
-        reduce_slots((REAL *)g->segment_table, p->segment_table_heads, SS, 0, c->segment_slots, B,
-                     H, SS, NULL, 0);
     if (g->theta)
         reduce_slots((REAL *)g->theta, p->theta_heads, 2, 0, c->theta_slots, B, H, 2, NULL, 0);
     /* the dense slots are per head already: one batch row */
@@ -136,7 +133,7 @@ static void backward_release(backward_ctx *c)
     term_data_release(&c->own_terms);
     posenc_spans_free(&c->query_spans);
     posenc_spans_free(&c->key_spans);
-    REAL *slots[] = {c->offset_slots, c->segment_slots, c->theta_slots, c->query_table_slots,
+    REAL *slots[] = {c->offset_slots, c->theta_slots, c->query_table_slots,
                      c->key_table_slots, c->pos_q_slots, c->pos_k_slots};
     for (size_t t = 0; t < sizeof slots / sizeof slots[0]; ++t)
         posenc_free(slots[t]);
@@ -180,12 +177,12 @@ static int backward_prepare(backward_ctx *c, const posenc_problem *p, const pose
     c->need_modules = terms_grads_wanted(p, g);
     c->content = c->need_content || c->need_modules ? terms_content_kind(p) : -1;
     c->unit_reads_g = p->product || c->need_query_side || c->need_key_side || c->need_offsets ||
-                      (p->segment_table && g->segment_table) || c->need_modules ||
+                      c->need_modules ||
                       c->content >= 0;
     c->reads_g = c->unit_reads_g || c->masked || (p->pos_q && (g->pos_q || g->pos_k));
     c->terms = terms ? terms : &c->own_terms;
-    /* the table along the offsets is product mode's factor; the segment runs, its gradient's */
-    if (!terms && term_data_build(&c->own_terms, p, p->product, g->segment_table != NULL))
+    /* the table along the offsets is product mode's factor */
+    if (!terms && term_data_build(&c->own_terms, p, p->product))
         return POSENC_ENOMEM;
     if (c->need_query_side && posenc_spans_build(&c->query_spans, &c->terms->query_runs,
                                                  p->query_map, n, m, 0, c->masked ? 1 : 0,
@@ -194,9 +191,8 @@ static int backward_prepare(backward_ctx *c, const posenc_problem *p, const pose
     if (c->need_key_side && posenc_spans_build(&c->key_spans, &c->terms->key_runs, p->key_map, n,
                                                m, 1, 0, kern->mr, o_max))
         return POSENC_ENOMEM;
-    const size_t SS = p->n_segments * p->n_segments, dp = p->d_p;
+    const size_t dp = p->d_p;
     if (zeroed_slots(&c->offset_slots, c->need_offsets, posenc_mul_size(BH, offsets)) ||
-        zeroed_slots(&c->segment_slots, p->segment_table && g->segment_table, posenc_mul_size(BH, SS)) ||
         zeroed_slots(&c->theta_slots, p->theta && g->theta, BH * 2) ||
         zeroed_slots(&c->query_table_slots, p->query_table && g->query_table,
                      posenc_mul_size(BH, c->terms->query_buckets * p->d)) ||

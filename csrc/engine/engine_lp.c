@@ -336,10 +336,6 @@ static posenc_problem lp_slice(const posenc_problem *p, size_t b0, size_t nb, si
     s.H = nh;
     if (p->H_kv)   /* whole groups of query heads (lp_plan) */
         s.H_kv = nh / posenc_kv_group(p);
-    if (p->segment_q) {
-        s.segment_q = p->segment_q + b0 * p->n;
-        s.segment_k = p->segment_k + b0 * p->m;
-    }
     if (p->positions_q)
         s.positions_q = p->positions_q + b0 * p->n;
     if (p->positions_k)

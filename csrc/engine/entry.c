@@ -10,7 +10,7 @@
 
 static int check_heads(size_t heads, size_t H) { return heads == H || heads == 1; }
 
-/* Every index (map entries, segment ids) in [0, count). */
+/* Every index (map entries) in [0, count). */
 static int in_range(const int64_t *index, size_t len, size_t count)
 {
     for (size_t t = 0; t < len; ++t)
@@ -27,7 +27,7 @@ static int rope_valid(const posenc_problem *p)
     const size_t P = p->rope_positions;
     if (!p->rope_sin || !p->rope_cos_k || !p->rope_sin_k || 2 * p->rope_pairs > p->d ||
         p->product || p->pos_q || p->table || p->query_table || p->key_table ||
-        p->segment_table || p->theta)
+        p->theta)
         return 0;
     if (p->positions_q ? !in_range(p->positions_q, p->B * p->n, P)
                        : p->n > 0 && (p->query_offset >= P || p->n > P - p->query_offset))
@@ -94,16 +94,11 @@ int posenc_validate(const posenc_problem *p, const char **why)
              (!p->key_map || !check_heads(p->key_table_heads, p->H) ||
               !in_range(p->key_map, offsets, p->key_table_rows)))
         reason = "key-side table: heads H or 1, map entries within its rows";
-    else if (p->segment_table &&
-             (!p->segment_q || !p->segment_k || !check_heads(p->segment_table_heads, p->H) ||
-              !in_range(p->segment_q, p->B * p->n, p->n_segments) ||
-              !in_range(p->segment_k, p->B * p->m, p->n_segments)))
-        reason = "segments: ids within the table, heads H or 1";
     else if (p->table_f32 && (!p->table || (p->dtype != POSENC_BF16 && p->dtype != POSENC_F16)))
         reason = "a float32 table belongs to a bfloat16 or float16 problem";
     else if (p->theta && !check_heads(p->theta_heads, p->H))
         reason = "theta: heads H or 1";
-    else if (p->product && (p->pos_q || p->segment_table || p->theta))
+    else if (p->product && (p->pos_q || p->theta))
         reason = "product mode takes only table, query-side and key-side factors";
     else if (p->product && !p->table && !p->query_table && !p->key_table)
         reason = "product mode needs at least one factor";

@@ -29,11 +29,13 @@ typedef struct {
     int module_blocks;        /* the term modules' rows in the head block (batch-free) */
     size_t out_heads;         /* units per batch row of out: H, or p->bf16_out_heads */
     size_t out_size;          /* bytes of an element of out: REAL's, or bfloat16's */
-    int batch_terms;          /* query table, key table, segments or a term module outside the
+    int batch_terms;          /* query table, key table or a term module in P outside the
                                  head block present */
     int toeplitz_only;        /* the scalar table is the only positional term */
     int stream;               /* write the logits with non-temporal stores */
-    int segment_rows;         /* segments added by the epilogue from expanded rows (no reset) */
+    int expanded;             /* the one adding module whose rows the epilogue adds by pointer
+                                 from its distinct rows (term_kind's expand; no reset, sum mode,
+                                 tame scales), or -1 */
     term_data own_terms;      /* built by forward_prepare */
     const term_data *terms;   /* what the terms read: &own_terms */
     size_t key_reach[2];      /* the key projections' buckets the tiles read: [0, key_buckets), or
@@ -47,7 +49,8 @@ typedef struct {
                                  dot product per key (term_key_direct), no key projections */
     int key_fused;            /* term_key_direct's row computed by the caller with the content
                                  logits (attention_decode_fused): term_key_direct only applies it */
-    int modules;              /* a term module present that adds rows (term_kinds_impl.h) */
+    int modules;              /* a term module present that adds rows (term_kinds_impl.h; in P
+                                 unless it is `expanded`) */
     int content;              /* the kind of a term module that reads the content logits (cope),
                                  applied to each tile after its GEMM, or -1 */
     const term_seen *seen;    /* which keys the rows see, for `content`: a fused attention's
@@ -65,8 +68,8 @@ typedef struct {
     REAL *key_table_pack;     /* the key table as B: d x key_buckets (padded) */
     REAL *head_block;         /* per-head positional block, n x m (head_blocks) */
     REAL *pos_k_pack;         /* pos_k^T panels, d_p x m_pad (no head blocks) */
-    REAL *segment_expanded;   /* segment_rows: row s = segment_table[h, s, segment_k[b, j]], S x m */
-    const REAL **segment_row; /* segment_rows: the tile's rows of segment_expanded, mr pointers */
+    REAL *expanded;           /* `expanded`'s distinct rows of the unit, m each */
+    const REAL **expanded_row;   /* `expanded`: the tile's rows of them, mr pointers */
     double *exact;            /* scales.exact: a tile's logits and batch-free terms, 2 x mr x m_pad */
     REAL *term_unit;          /* modules, content: the unit's data of the term modules (terms_unit) */
     term_keep keep;           /* content, the fused attention's backward: where a block's rows keep
@@ -110,9 +113,9 @@ static size_t forward_ws_layout(const forward_ctx *c, forward_ws *w, REAL *mem)
         WS_TAKE(w, mem, at, head_block, p->n * p->m);
     if (p->pos_q)
         WS_TAKE(w, mem, at, pos_k_pack, packed_b_size(p->d_p, p->m, nr));
-    if (c->segment_rows) {
-        WS_TAKE(w, mem, at, segment_expanded, p->n_segments * p->m);
-        WS_TAKE(w, mem, at, segment_row, (mr * sizeof(const REAL *) + sizeof(REAL) - 1) / sizeof(REAL));
+    if (c->expanded >= 0) {
+        WS_TAKE(w, mem, at, expanded, terms_expand_rows(p, c->expanded) * p->m);
+        WS_TAKE(w, mem, at, expanded_row, (mr * sizeof(const REAL *) + sizeof(REAL) - 1) / sizeof(REAL));
     }
     if (c->scales.exact)
         WS_TAKE(w, mem, at, exact, 2 * mr * c->m_pad * (sizeof(double) / sizeof(REAL)));
@@ -186,11 +189,11 @@ static void forward_plan_blocks(forward_ctx *c, size_t budget, int modules)
     const posenc_problem *p = c->p;
     const int fits = p->B > 1 && !c->scales.exact && !p->product &&
                      posenc_mul_size(p->n * p->m, sizeof(REAL)) <= budget;
-    c->module_blocks = fits && modules && c->modules && terms_batch_free(p);
-    c->batch_terms = p->query_table || p->key_table || (p->segment_table && !c->segment_rows) ||
-                     (c->modules && !c->module_blocks);
+    const int in_p = c->modules && c->expanded < 0;   /* the modules' rows in P */
+    c->module_blocks = fits && modules && in_p && terms_batch_free(p);
+    c->batch_terms = p->query_table || p->key_table || (in_p && !c->module_blocks);
     c->head_blocks = fits && (p->pos_q || c->module_blocks);
-    c->toeplitz_only = p->table && !p->pos_q && !c->batch_terms && !p->theta && !c->modules;
+    c->toeplitz_only = p->table && !p->pos_q && !c->batch_terms && !p->theta && !in_p;
 }
 
 /* The dense factor of rows [i0, i0 + rows) of head h, keys [0, cols), into P (row r at
@@ -347,16 +350,7 @@ static const REAL *forward_positional(const forward_ctx *c, forward_ws *w, size_
                            c->terms->key_buckets, &c->terms->key_edges, n, m, cols, i0, rows);
         op = combine_op;
     }
-    if (p->segment_table && !c->segment_rows) {
-        const posenc_segment_runs *sr = &c->terms->segment_runs;
-        const size_t S = p->n_segments;
-        term_segments(kern, op, w->P, ld, sr->runs + sr->start[b], sr->start[b + 1] - sr->start[b],
-                      p->segment_q + b * n,
-                      (const REAL *)p->segment_table + head_of(p->segment_table_heads, h) * S * S,
-                      S, i0, rows, k0, cols);
-        op = combine_op;
-    }
-    if (c->modules && !c->module_blocks)   /* the term modules (csrc/terms.h): sum mode only */
+    if (c->modules && c->expanded < 0 && !c->module_blocks)   /* the term modules (csrc/terms.h): sum mode only */
         op = terms_rows(p, kern, op, w->P, ld, b, h, i0, rows, k0, cols, w->term_unit);
     if (op == POSENC_SET)
         return NULL; /* content only */
@@ -367,26 +361,11 @@ static const REAL *forward_positional(const forward_ctx *c, forward_ws *w, size_
     return w->P;
 }
 
-/* DIET segments: the S rows a query can see, expanded over the keys of batch
- * row b once per unit; each query row of a tile then points at its segment's row. */
-static void forward_expand_segments(const forward_ctx *c, forward_ws *w, size_t b, size_t h)
-{
-    const posenc_problem *p = c->p;
-    const posenc_segment_runs *sr = &c->terms->segment_runs;
-    const size_t S = p->n_segments, m = p->m;
-    const REAL *table = (const REAL *)p->segment_table + head_of(p->segment_table_heads, h) * S * S;
-    for (size_t s = 0; s < S; ++s) {
-        const int64_t segment = (int64_t)s;
-        term_segments(c->kern, POSENC_SET, w->segment_expanded + s * m, m, sr->runs + sr->start[b],
-                      sr->start[b + 1] - sr->start[b], &segment, table, S, 0, 1, 0, m);
-    }
-}
-
 /* What unit (b, h) needs before its row tiles [r0, r1): its inputs (q's
  * rows [r0, r1), k: w->inputs), the head block, s k^T packed into k_packed
  * (the content scale rides on the packed keys; without pack_keys its shape
  * only, the caller packs the panels), the key-side projections, the
- * expanded segments. */
+ * term modules' unit data and expanded rows. */
 static void forward_unit_setup(const forward_ctx *c, forward_ws *w, size_t b, size_t h, size_t r0,
                                size_t r1, packed_b *k_packed, int pack_keys)
 {
@@ -407,10 +386,10 @@ static void forward_unit_setup(const forward_ctx *c, forward_ws *w, size_t b, si
     if (p->key_table && !c->in_place)
         key_projections(kern, &w->scratch, p, c->terms->key_runs.b_min, c->terms->key_buckets, c->key_reach[0],
                         c->key_reach[1], &c->terms->key_edges, w->key_table_pack, w->key_proj, h, k_u);
-    if (c->segment_rows)
-        forward_expand_segments(c, w, b, h);
     if ((c->modules && !c->module_blocks) || c->content >= 0)
         terms_unit(p, kern, b, h, w->term_unit);
+    if (c->expanded >= 0)
+        terms_expand(p, kern, c->expanded, b, h, w->term_unit, w->expanded);
 }
 
 /* X[r * cols + j] (op) factor P[r * ld + j], r < rows, j < cols, in double (op ADD or MUL). */
@@ -445,7 +424,7 @@ static void exact_scale_by(double *X, double scale, size_t count)
  * forward_tile when a scale is not tame (scale = inf, 1e308, ...): every
  * term computed unscaled (c->p has unit scales), then scaled and combined
  * in double in the reference's order, so that the IEEE results are its:
- *   sum:      s q.k + vs (query term + key term) + reset(ds dense + table) + segments,
+ *   sum:      s q.k + vs (query term + key term) + reset(ds dense + table) + modules,
  *             as s (q.k + query term + key term) + ... when vs = s (Shaw, M4, DeBERTa)
  *   product:  ((s q.k) table) (vs query term)) (vs key term)
  */
@@ -522,15 +501,6 @@ static void forward_tile_exact(const forward_ctx *c, forward_ws *w, size_t b, si
             for (size_t t = 0; t < count; ++t)
                 X[t] += V[t];
         }
-        if (p->segment_table) {
-            const posenc_segment_runs *sr = &c->terms->segment_runs;
-            const size_t S = p->n_segments;
-            term_segments(kern, POSENC_SET, P, ld, sr->runs + sr->start[b],
-                          sr->start[b + 1] - sr->start[b], p->segment_q + b * n,
-                          (const REAL *)p->segment_table + head_of(p->segment_table_heads, h) * S * S,
-                          S, i0, rows, 0, cols);
-            exact_apply(POSENC_ADD, X, 1, P, ld, rows, cols);
-        }
         if (c->modules) {
             terms_rows(p, kern, POSENC_SET, P, ld, b, h, i0, rows, 0, cols, w->term_unit);
             exact_apply(POSENC_ADD, X, 1, P, ld, rows, cols);
@@ -562,16 +532,16 @@ static void forward_tile(const forward_ctx *c, forward_ws *w, size_t b, size_t h
         return;
     }
     const posenc_problem *p = c->p;
-    const size_t n = p->n, m = p->m, d = p->d;
+    const size_t n = p->n, d = p->d;
     const REAL *q_u = w->inputs.q;
     ptrdiff_t ldp = 0;
     const REAL *P = forward_positional(c, w, b, h, q_u, i0, rows, 0, cols, &ldp);
     int flags = (P ? (p->product ? POSENC_UKR_MUL_P : POSENC_UKR_ADD_P) : 0) |
                 (c->stream ? POSENC_UKR_STREAM : 0) |
                 (c->out_size != sizeof(REAL) ? POSENC_UKR_BF16_OUT : 0);
-    if (c->segment_rows) {
-        for (size_t r = 0; r < rows; ++r)
-            w->segment_row[r] = w->segment_expanded + (size_t)p->segment_q[b * n + i0 + r] * m + first;
+    if (c->expanded >= 0) {
+        terms_expanded_rows(p, c->kern, c->expanded, b, h, w->expanded, i0, rows, first,
+                            w->expanded_row);
         flags |= POSENC_UKR_ADD_ROWS;
     }
     if (i0 + rows < n)   /* the next tile's rows of q, which the microkernel reads in place */
@@ -582,7 +552,7 @@ static void forward_tile(const forward_ctx *c, forward_ws *w, size_t b, size_t h
         packed_b_skip(&keys, first);
     keys.N = cols - first;   /* the columns [first, cols) of the packed panels */
     gemm_packed(c->kern, &w->scratch, rows, q_u + i0 * d, (ptrdiff_t)d, 1, &keys, C + first, ldc,
-                0, P ? P + first : NULL, ldp, c->segment_rows ? w->segment_row : NULL, flags, NULL);
+                0, P ? P + first : NULL, ldp, c->expanded >= 0 ? w->expanded_row : NULL, flags, NULL);
     term_keep keep;
     if (c->content >= 0)   /* a term that reads the content logits: after them */
         terms_content(p, c->kern, c->content, b, h, q_u, C, (size_t)ldc, i0, rows, first, cols,
@@ -610,10 +580,10 @@ static int forward_prepare(forward_ctx *c, const posenc_problem *p, const posenc
     c->p = call_scales_init(&c->scales, p);
     c->kern = kern;
     c->m_pad = posenc_round_up(posenc_max(m, 1), kern->nr);
-    /* Segments ride on the epilogue's second source unless a reset must
-     * override them (sum mode only: product mode has no segments). */
-    c->segment_rows = p->segment_table && !p->theta && !p->product && !c->scales.exact;
     c->modules = terms_additive(p);
+    /* a module's distinct rows ride on the epilogue's second source unless a reset
+     * must override them (modules are sum mode only) */
+    c->expanded = !p->theta && !c->scales.exact ? terms_expanded_kind(p) : -1;
     c->content = terms_content_kind(p);
     forward_plan_blocks(c, HEAD_BLOCK_BUDGET, 1);
     c->out_heads = p->bf16_out_heads ? p->bf16_out_heads : p->H;
@@ -621,7 +591,7 @@ static int forward_prepare(forward_ctx *c, const posenc_problem *p, const posenc
     c->stream = posenc_stream_logits(out, p->B * p->H * n, m, c->out_size) && !c->scales.exact &&
                 c->content < 0;   /* a content-reading term reads the tile back */
     c->terms = &c->own_terms;
-    if (term_data_build(&c->own_terms, p, 1, 1))
+    if (term_data_build(&c->own_terms, p, 1))
         return POSENC_ENOMEM;
     c->key_reach[1] = c->terms->key_buckets;
     return POSENC_OK;

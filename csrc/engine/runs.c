@@ -1,5 +1,5 @@
 /*
- * runs.c -- bucket maps as runs over offsets, segment ids as runs over keys.
+ * runs.c -- bucket maps as runs over offsets.
  */
 #include "runs.h"
 #include "../posenc.h"
@@ -71,41 +71,4 @@ size_t posenc_runs_seek(const posenc_runs *r, ptrdiff_t o)
             hi = mid;
     }
     return lo;
-}
-
-int posenc_segment_runs_build(posenc_segment_runs *s, const int64_t *segment_k, size_t B, size_t m)
-{
-    memset(s, 0, sizeof *s);
-    size_t total = 0;
-    for (size_t b = 0; b < B; ++b)
-        for (size_t j = 0; j < m; ++j)
-            if (j == 0 || segment_k[b * m + j] != segment_k[b * m + j - 1])
-                ++total;
-    s->runs = (posenc_segment_run *)posenc_alloc(total, sizeof(posenc_segment_run));
-    s->start = (size_t *)posenc_alloc(B + 1, sizeof(size_t));
-    if (!s->runs || !s->start) {
-        posenc_segment_runs_free(s);
-        return POSENC_ENOMEM;
-    }
-    size_t count = 0;
-    for (size_t b = 0; b < B; ++b) {
-        s->start[b] = count;
-        for (size_t j = 0; j < m; ++j) {
-            if (j == 0 || segment_k[b * m + j] != segment_k[b * m + j - 1]) {
-                s->runs[count].j_begin = j;
-                s->runs[count].segment = (size_t)segment_k[b * m + j];
-                ++count;
-            }
-            s->runs[count - 1].j_end = j + 1;
-        }
-    }
-    s->start[B] = count;
-    return POSENC_OK;
-}
-
-void posenc_segment_runs_free(posenc_segment_runs *s)
-{
-    posenc_free(s->runs);
-    posenc_free(s->start);
-    memset(s, 0, sizeof *s);
 }

@@ -1,7 +1,6 @@
 /*
  * runs.h -- bucket maps as runs (runs.c): a positional table's map over offsets
- * compressed into runs on which the bucket is constant or moves by one, and
- * the run-length encoding of segment ids.
+ * compressed into runs on which the bucket is constant or moves by one.
  */
 #ifndef POSENC_RUNS_H
 #define POSENC_RUNS_H
@@ -78,22 +77,5 @@ static inline int posenc_run_span(const posenc_run *run, ptrdiff_t i, ptrdiff_t 
     *bs = run->b_begin + run->step * (first - i - run->o_begin);
     return 1;
 }
-
-/*
- * Run-length encoding of the key-side segment ids of every batch row:
- * the segments of batch row b are runs[start[b] .. start[b + 1]).
- */
-typedef struct {
-    size_t j_begin, j_end;
-    size_t segment;
-} posenc_segment_run;
-
-typedef struct {
-    posenc_segment_run *runs;
-    size_t *start;              /* B + 1 entries */
-} posenc_segment_runs;
-
-int posenc_segment_runs_build(posenc_segment_runs *s, const int64_t *segment_k, size_t B, size_t m);
-void posenc_segment_runs_free(posenc_segment_runs *s);
 
 #endif /* POSENC_RUNS_H */

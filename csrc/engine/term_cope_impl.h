@@ -63,8 +63,7 @@ static inline int term_cope_valid(const posenc_problem *p)
     const posenc_term_array *a = p->terms[POSENC_TERM_cope].array;
     const double *shape = (const double *)a[COPE_SHAPE].data;
     const double rows = shape[0];
-    int others = p->pos_q || p->table || p->query_table || p->key_table || p->segment_table ||
-                 p->theta;
+    int others = p->pos_q || p->table || p->query_table || p->key_table || p->theta;
     for (int k = 0; k < POSENC_TERM_COUNT; ++k)
         others |= k != POSENC_TERM_cope && posenc_term_present(p, k);
     return !others && rows >= 1 && rows <= 1073741824.0 && rows == floor(rows) &&
@@ -292,6 +291,9 @@ static size_t term_cope_grad_scratch(const posenc_problem *p)
 /* It reads the content logits: no rows of its own. */
 #define term_cope_rows NULL
 #define term_cope_grad_rows NULL
+#define term_cope_expand_rows NULL
+#define term_cope_expand NULL
+#define term_cope_row_of NULL
 
 #endif /* REAL */
 #endif /* POSENC_ENGINE_TERM_COPE_IMPL_H */

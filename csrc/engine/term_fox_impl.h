@@ -172,6 +172,9 @@ static size_t term_fox_grad_scratch(const posenc_problem *p)
 #define term_fox_content NULL
 #define term_fox_content_grad NULL
 #define term_fox_content_keep NULL
+#define term_fox_expand_rows NULL
+#define term_fox_expand NULL
+#define term_fox_row_of NULL
 
 #endif /* REAL */
 #endif /* POSENC_ENGINE_TERM_FOX_IMPL_H */

@@ -5,8 +5,8 @@
  * a problem's present modules that the forward, the decoding path and the
  * backward call.  A kind's file (term_<name>_impl.h) defines the functions of
  * term_kind (term_unit_impl.h): term_<name>_unit, _unit_scratch, _rows,
- * _grad_rows, _grad_scratch, _content, _content_grad and _content_keep (NULL where the kind
- * has none: the rotation's per-token tables, read by rope_impl.h, have none;
+ * _grad_rows, _grad_scratch, _content, _content_grad, _content_keep, _expand_rows, _expand
+ * and _row_of (NULL where the kind has none: the rotation's per-token tables, read by rope_impl.h, have none;
  * a kind adds rows or reads the content logits).
  */
 #ifndef POSENC_ENGINE_TERM_KINDS_IMPL_H
@@ -20,7 +20,8 @@
 #define TERM_KIND_(name, ...)                                                      \
     {term_##name##_unit, term_##name##_unit_scratch, term_##name##_rows,         \
      term_##name##_grad_rows, term_##name##_grad_scratch, term_##name##_content,  \
-     term_##name##_content_grad, term_##name##_content_keep},
+     term_##name##_content_grad, term_##name##_content_keep, term_##name##_expand_rows, \
+     term_##name##_expand, term_##name##_row_of},
 static const term_kind term_kinds[POSENC_TERM_COUNT] = {POSENC_TERMS(TERM_KIND_, )};
 #undef TERM_KIND_
 
@@ -64,6 +65,46 @@ static int terms_batch_free(const posenc_problem *p)
                 return 0;
     }
     return 1;
+}
+
+/* The kind whose rows the GEMM's epilogue can add by pointer (term_kind's expand): p's one
+ * adding module when it has expand, or -1. */
+static int terms_expanded_kind(const posenc_problem *p)
+{
+    int kind = -1;
+    for (int k = 0; k < POSENC_TERM_COUNT; ++k)
+        if (term_adds(p, k)) {
+            if (kind >= 0 || !term_kinds[k].expand)
+                return -1;
+            kind = k;
+        }
+    return kind;
+}
+
+/* Kind k's distinct rows of unit (b, h) into X (row s at X + s m; scratch: the unit data
+ * terms_unit formed, of which k's is the only one: the kind is alone). */
+static void terms_expand(const posenc_problem *p, const posenc_kernels *kern, int k, size_t b,
+                         size_t h, REAL *scratch, REAL *X)
+{
+    term_unit t = term_unit_of(p, kern, k, b, h);
+    t.unit_data = scratch;
+    term_kinds[k].expand(&t, X);
+}
+
+/* Kind k's distinct rows per unit (terms_expand's X holds them, m each). */
+static size_t terms_expand_rows(const posenc_problem *p, int k)
+{
+    return term_kinds[k].expand_rows(p);
+}
+
+/* In rows[r] row i0 + r of unit (b, h)'s expanded rows X, from key `first` (r < count). */
+static void terms_expanded_rows(const posenc_problem *p, const posenc_kernels *kern, int k,
+                                size_t b, size_t h, const REAL *X, size_t i0, size_t count,
+                                size_t first, const REAL **rows)
+{
+    const term_unit t = term_unit_of(p, kern, k, b, h);
+    for (size_t r = 0; r < count; ++r)
+        rows[r] = X + term_kinds[k].row_of(&t, i0 + r) * p->m + first;
 }
 
 /* Whether p has kind k and it reads the content logits (cope). */

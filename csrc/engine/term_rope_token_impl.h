@@ -40,5 +40,8 @@ static inline int term_rope_token_valid(const posenc_problem *p)
 #define term_rope_token_content NULL
 #define term_rope_token_content_grad NULL
 #define term_rope_token_content_keep NULL
+#define term_rope_token_expand_rows NULL
+#define term_rope_token_expand NULL
+#define term_rope_token_row_of NULL
 #endif /* REAL */
 #endif /* POSENC_ENGINE_TERM_ROPE_TOKEN_IMPL_H */

@@ -62,6 +62,11 @@ typedef struct {
  *   outside [k0, cols) seen by none; `unit` ran for the unit; keep: NULL, or
  *   where the rows keep what their content_grad reads instead of recomputing it.
  * content_keep: the REAL elements a row keeps (term_keep).
+ * expand_rows, expand, row_of: (optional, NULL) a kind whose row depends on its
+ *   query only through a few values (DIET's segment): its expand_rows(p) distinct
+ *   rows of the unit over every key formed by expand into X (row s at X + s m;
+ *   `unit` ran for the unit), row i of the unit being row row_of(t, i) of them;
+ *   the GEMM's epilogue then adds a row by pointer (forward_impl.h's `expanded`).
  * content_grad: its backward for rows [i0, i0 + rows) of the logits' gradient G
  *   (row r at G + r ldg, zero outside keys [first, cols)): into Gc (the same
  *   layout, keys [first, cols) written) the content logits' gradient, G plus its
@@ -87,6 +92,9 @@ typedef struct {
                          size_t rows, size_t first, size_t cols, const term_seen *seen, REAL *dq,
                          double *scratch, const term_keep *keep);
     size_t (*content_keep)(const posenc_problem *p);
+    size_t (*expand_rows)(const posenc_problem *p);
+    void (*expand)(const term_unit *t, REAL *X);
+    size_t (*row_of)(const term_unit *t, size_t i);
 } term_kind;
 
 #endif /* POSENC_ENGINE_TERM_UNIT_IMPL_H */

@@ -245,24 +245,6 @@ static void term_query_table(const posenc_kernels *kern, const gemm_scratch *g,
     term_query_gather(kern, p, runs, proj, ld, op, P, ldp, i0, rows, k0, cols);
 }
 
-/* segment_table[h, segment_q[b, i], segment_k[b, j]], j < cols: one broadcast per key
- * segment run. */
-static void term_segments(const posenc_kernels *kern, int op, REAL *P, size_t ldp,
-                          const posenc_segment_run *runs, size_t n_runs,
-                          const int64_t *segment_q_b, const REAL *table_h, size_t S, size_t i0,
-                          size_t rows, size_t k0, size_t cols)
-{
-    for (size_t r = 0; r < rows; ++r) {
-        const REAL *table_row = table_h + (size_t)segment_q_b[i0 + r] * S;
-        for (size_t t = 0; t < n_runs && runs[t].j_begin < cols; ++t) {
-            const size_t js = posenc_max(runs[t].j_begin, k0);
-            if (js < runs[t].j_end)
-                kern->row_gather(op, P + r * ldp + js, table_row + runs[t].segment, 0,
-                                 posenc_min(runs[t].j_end, cols) - js);
-        }
-    }
-}
-
 /* TUPE eq. (9): theta[0] on the [CLS] row (position 0, keys [k0, m)), theta[1]
  * on column 0 of the other rows (when k0 = 0); row r of P is the query at position
  * position0 + r. */
@@ -297,20 +279,18 @@ static REAL *table_by_offset(const posenc_problem *p, size_t offsets)
  * What a call's positional terms read, derived from the problem once per call
  * (the fused attention's backward builds it once for its logits and its
  * gradients): the scalar table along the offsets, the vector tables' maps as
- * runs (and the key map's edges), the key-side segment runs.
+ * runs (and the key map's edges).
  */
 typedef struct {
     REAL *table_by_offset;                 /* table_heads x (n + m - 1), or NULL */
     posenc_runs query_runs, key_runs;
     size_t query_buckets, key_buckets;     /* buckets the maps use */
     key_edges key_edges;                   /* the key map's edges */
-    posenc_segment_runs segment_runs;
 } term_data;
 
-/* t built for p: the table along the offsets when `table` (and p has one), the
- * segment runs when `segments` (and p has segments).  POSENC_OK or ENOMEM
- * (what was built is term_data_release's to free). */
-static int term_data_build(term_data *t, const posenc_problem *p, int table, int segments)
+/* t built for p: the table along the offsets when `table` (and p has one), the vector
+ * tables' runs.  POSENC_OK or ENOMEM (what was built is term_data_release's to free). */
+static int term_data_build(term_data *t, const posenc_problem *p, int table)
 {
     const size_t n = p->n, m = p->m, offsets = n + m - 1;
     memset(t, 0, sizeof *t);
@@ -327,9 +307,6 @@ static int term_data_build(term_data *t, const posenc_problem *p, int table, int
         t->key_buckets = posenc_runs_buckets(&t->key_runs);
         t->key_edges = key_edges_of(&t->key_runs);
     }
-    if (segments && p->segment_table &&
-        posenc_segment_runs_build(&t->segment_runs, p->segment_k, p->B, m))
-        return POSENC_ENOMEM;
     return POSENC_OK;
 }
 
@@ -338,7 +315,6 @@ static void term_data_release(term_data *t)
     posenc_free(t->table_by_offset);
     posenc_runs_free(&t->query_runs);
     posenc_runs_free(&t->key_runs);
-    posenc_segment_runs_free(&t->segment_runs);
 }
 
 #endif /* POSENC_ENGINE_TERMS_IMPL_H */

@@ -170,14 +170,16 @@ void build(problem_data *pd, const config *c, size_t B, size_t H, size_t n, size
         pd->maps[2] = make_map(c->map == 2 ? 0 : c->map, n, m, rows);
         p->key_map = pd->maps[2];
     }
-    if (c->segments) {
+    if (c->segments) {   /* the segments module (csrc/terms.h): float64 whatever the dtype */
         fill(pd, X_SEGMENT_TABLE, Hp * S * S);
-        p->segment_table_heads = Hp; p->n_segments = S;
-        pd->segment_q = malloc(sizeof(int64_t) * (B * n + 1));
-        pd->segment_k = malloc(sizeof(int64_t) * (B * m + 1));
-        for (size_t t = 0; t < B * n; ++t) pd->segment_q[t] = (int64_t)((urand() + 1) * 1.5) % 3;
-        for (size_t t = 0; t < B * m; ++t) pd->segment_k[t] = (int64_t)(t * 3 / (B * m + 1)) % 3;
-        p->segment_q = pd->segment_q; p->segment_k = pd->segment_k;
+        pd->segment_q = malloc(sizeof(double) * (B * n + 1));
+        pd->segment_k = malloc(sizeof(double) * (B * m + 1));
+        for (size_t t = 0; t < B * n; ++t) pd->segment_q[t] = (double)((int64_t)((urand() + 1) * 1.5) % 3);
+        for (size_t t = 0; t < B * m; ++t) pd->segment_k[t] = (double)((int64_t)(t * 3 / (B * m + 1)) % 3);
+        posenc_term_array *a = p->terms[POSENC_TERM_segments].array;
+        a[0] = (posenc_term_array){pd->f64[X_SEGMENT_TABLE], 0, Hp == 1 ? 0 : S * S, S * S};
+        a[1] = (posenc_term_array){pd->segment_q, n, 0, n};
+        a[2] = (posenc_term_array){pd->segment_k, m, 0, m};
     }
     if (c->theta) {
         fill(pd, X_THETA, Hp * 2);
@@ -195,7 +197,7 @@ void point(problem_data *pd, posenc_dtype dtype)
     p->q = PTR(X_Q); p->k = PTR(X_K);
     p->pos_q = PTR(X_PQ); p->pos_k = PTR(X_PK);
     p->table = PTR(X_TABLE); p->query_table = PTR(X_QUERY_TABLE); p->key_table = PTR(X_KEY_TABLE);
-    p->segment_table = PTR(X_SEGMENT_TABLE); p->theta = PTR(X_THETA);
+    p->theta = PTR(X_THETA);
     p->rope_cos = PTR(X_ROPE_COS); p->rope_sin = PTR(X_ROPE_SIN);
     p->rope_cos_k = PTR(X_ROPE_COS_K); p->rope_sin_k = PTR(X_ROPE_SIN_K);
 #undef PTR
@@ -275,10 +277,11 @@ double naive_logit(const problem_data *pd, size_t b, size_t h, size_t i, size_t 
         for (size_t l = 0; l < p->d_p; ++l) dot += pq[l] * pk[l];
         pos += p->dense_scale * dot;
     }
-    if (p->segment_table) {
-        const size_t S = p->n_segments;
-        pos += pd->f64[X_SEGMENT_TABLE][(p->segment_table_heads == 1 ? 0 : h) * S * S +
-                              (size_t)p->segment_q[b * n + i] * S + (size_t)p->segment_k[b * m + j]];
+    if (pd->segment_q) {
+        const posenc_term_array *a = p->terms[POSENC_TERM_segments].array;
+        const size_t S = (size_t)sqrt((double)a[0].per_unit);
+        pos += pd->f64[X_SEGMENT_TABLE][h * a[0].head_stride + (size_t)pd->segment_q[b * n + i] * S +
+                                        (size_t)pd->segment_k[b * m + j]];
     }
     if (p->theta) {
         const double *theta = pd->f64[X_THETA] + (p->theta_heads == 1 ? 0 : h) * 2;
@@ -286,6 +289,23 @@ double naive_logit(const problem_data *pd, size_t b, size_t h, size_t i, size_t 
         else if (j == 0) pos = theta[1];
     }
     return p->scale * qk + pos;
+}
+
+void naive_segments_grad(const problem_data *pd, double *grad)
+{
+    const posenc_problem *p = &pd->p;
+    const size_t n = p->n, m = p->m, SS = p->terms[POSENC_TERM_segments].array[0].per_unit;
+    const size_t S = (size_t)sqrt((double)SS);
+    memset(grad, 0, sizeof(double) * p->H * SS);
+    for (size_t b = 0; b < p->B; ++b)
+        for (size_t h = 0; h < p->H; ++h)
+            for (size_t i = 0; i < n; ++i)
+                for (size_t j = 0; j < m; ++j) {
+                    if (p->theta && (p->query_offset + i == 0 || j == 0))
+                        continue;   /* the reset's */
+                    grad[h * SS + (size_t)pd->segment_q[b * n + i] * S +
+                         (size_t)pd->segment_k[b * m + j]] += pd->f64[X_G][((b * p->H + h) * n + i) * m + j];
+                }
 }
 
 double *widen(const void *src, size_t len, posenc_dtype dtype)
@@ -325,4 +345,41 @@ void compare(const char *what, const double *a, const double *b, size_t len, dou
 }
 
 
-const char *const grad_names[9] = {"q", "k", "pos_q", "pos_k", "table", "query_table", "key_table", "segment_table", "theta"};
+const char *const grad_names[GRAD_COUNT] = {"q", "k", "pos_q", "pos_k", "table", "query_table",
+                                            "key_table", "segments table", "theta"};
+
+const void *grad_input(const problem_data *pd, int t)
+{
+    const posenc_problem *p = &pd->p;
+    const void *inputs[GRAD_COUNT] = {p->q, p->k, p->pos_q, p->pos_k, p->table, p->query_table,
+                                      p->key_table, p->terms[POSENC_TERM_segments].array[0].data,
+                                      p->theta};
+    return inputs[t];
+}
+
+size_t grad_len(const problem_data *pd, int t)
+{
+    static const int slots[GRAD_COUNT] = {X_Q, X_K, X_PQ, X_PK, X_TABLE, X_QUERY_TABLE,
+                                          X_KEY_TABLE, X_SEGMENT_TABLE, X_THETA};
+    const posenc_problem *p = &pd->p;
+    if (t == GRAD_SEGMENTS)
+        return p->B * p->H * p->terms[POSENC_TERM_segments].array[0].per_unit;
+    return pd->len[slots[t]];
+}
+
+size_t grad_size(int t, size_t es)
+{
+    return t == GRAD_SEGMENTS ? sizeof(double) : es;
+}
+
+posenc_grads grads_of(void *const g[GRAD_COUNT])
+{
+    posenc_grads grads = {g[0], g[1], g[2], g[3], g[4], g[5], g[6], g[8]};
+    grads.terms[POSENC_TERM_segments][0] = g[GRAD_SEGMENTS];
+    return grads;
+}
+
+double *widen_grad(const void *g, size_t len, int t, posenc_dtype dtype)
+{
+    return widen(g, len, t == GRAD_SEGMENTS ? POSENC_F64 : dtype);
+}

@@ -51,7 +51,7 @@ typedef struct {
     double *f64[MAX_ARRAYS];
     float *f32[MAX_ARRAYS];
     int64_t *maps[3];
-    int64_t *segment_q, *segment_k;
+    double *segment_q, *segment_k;   /* the segments module's ids (B, n), (B, m) */
     int64_t *positions_q, *positions_k;
 } problem_data;
 
@@ -71,12 +71,24 @@ void point(problem_data *pd, posenc_dtype dtype);
 void release(problem_data *pd);
 double naive_logit(const problem_data *pd, size_t b, size_t h, size_t i, size_t j);
 double *widen(const void *src, size_t len, posenc_dtype dtype);
+/* The segments module's table gradient of sum(G * A) (G: X_G's), summed over the batch:
+ * grad[h S S + s_q S + s_k], H S S entries (the reset's row and column 0 take none). */
+void naive_segments_grad(const problem_data *pd, double *grad);
 double max_abs(const double *x, size_t len);
 void compare_above(const char *what, const double *a, const double *b, size_t len, double rtol,
                    int bitwise, double floor);
 void compare(const char *what, const double *a, const double *b, size_t len, double rtol,
              int bitwise);
-extern const char *const grad_names[9];
+/* The gradients the tests take, in grad_names' order: the problem's arrays with one
+ * (posenc_grads), and at GRAD_SEGMENTS the segments module's table (X_SEGMENT_TABLE's
+ * data), float64 per unit (B, H, S S) whatever the dtype. */
+enum { GRAD_COUNT = 9, GRAD_SEGMENTS = 7 };
+extern const char *const grad_names[GRAD_COUNT];
+const void *grad_input(const problem_data *pd, int t);   /* NULL: no such gradient */
+size_t grad_len(const problem_data *pd, int t);          /* its elements */
+size_t grad_size(int t, size_t es);                      /* an element's bytes (es: the dtype's) */
+posenc_grads grads_of(void *const g[GRAD_COUNT]);
+double *widen_grad(const void *g, size_t len, int t, posenc_dtype dtype);
 
 void test_philox(void);
 void test_dropout_rows(void);

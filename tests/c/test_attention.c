@@ -281,7 +281,7 @@ static void naive_attention(const problem_data *pd, const posenc_attention *a, a
 }
 
 typedef struct {
-    double *out, *lse, *grad_v, *grads[9], grad_sinks[8];
+    double *out, *lse, *grad_v, *grads[GRAD_COUNT], grad_sinks[8];
 } attention_result;
 
 static int run_attention(problem_data *pd, posenc_attention *a, posenc_dtype dtype, int threads,
@@ -291,14 +291,14 @@ static int run_attention(problem_data *pd, posenc_attention *a, posenc_dtype dty
     const size_t es = dtype == POSENC_F32 ? sizeof(float) : sizeof(double);
     const size_t n_out = p->B * p->H * p->n * a->dv, n_lse = p->B * p->H * p->n;
     const size_t n_v = p->B * p->H_kv * p->m * a->dv;
-    const size_t lens[9] = {pd->len[X_Q], pd->len[X_K], pd->len[X_PQ], pd->len[X_PK], pd->len[X_TABLE],
-                            pd->len[X_QUERY_TABLE], pd->len[X_KEY_TABLE], pd->len[X_SEGMENT_TABLE], pd->len[X_THETA]};
-    const void *inputs[9] = {p->q, p->k, p->pos_q, p->pos_k, p->table, p->query_table, p->key_table,
-                             p->segment_table, p->theta};
+    size_t lens[GRAD_COUNT];
     void *out = malloc(es * (n_out + 1)), *lse = malloc(es * (n_lse + 1));
-    void *grad_v = malloc(es * (n_v + 1)), *g[9];
-    for (int t = 0; t < 9; ++t) g[t] = inputs[t] ? malloc(es * (lens[t] + 1)) : NULL;
-    posenc_grads grads = {g[0], g[1], g[2], g[3], g[4], g[5], g[6], g[7], g[8]};
+    void *grad_v = malloc(es * (n_v + 1)), *g[GRAD_COUNT];
+    for (int t = 0; t < GRAD_COUNT; ++t) {
+        lens[t] = grad_len(pd, t);
+        g[t] = grad_input(pd, t) ? malloc(grad_size(t, es) * (lens[t] + 1)) : NULL;
+    }
+    posenc_grads grads = grads_of(g);
     a->v = dtype == POSENC_F32 ? (const void *)pd->f32[X_V] : (const void *)pd->f64[X_V];
     a->grad_sinks = a->sinks ? r->grad_sinks : NULL;
     const void *d_out = dtype == POSENC_F32 ? (const void *)pd->f32[X_D_OUT] : (const void *)pd->f64[X_D_OUT];
@@ -308,8 +308,8 @@ static int run_attention(problem_data *pd, posenc_attention *a, posenc_dtype dty
     r->out = widen(out, n_out, dtype);
     r->lse = widen(lse, n_lse, dtype);
     r->grad_v = widen(grad_v, n_v, dtype);
-    for (int t = 0; t < 9; ++t) {
-        r->grads[t] = g[t] ? widen(g[t], lens[t], dtype) : NULL;
+    for (int t = 0; t < GRAD_COUNT; ++t) {
+        r->grads[t] = g[t] ? widen_grad(g[t], lens[t], t, dtype) : NULL;
         free(g[t]);
     }
     free(out);
@@ -321,7 +321,7 @@ static int run_attention(problem_data *pd, posenc_attention *a, posenc_dtype dty
 static void free_attention(attention_result *r)
 {
     free(r->out); free(r->lse); free(r->grad_v);
-    for (int t = 0; t < 9; ++t) free(r->grads[t]);
+    for (int t = 0; t < GRAD_COUNT; ++t) free(r->grads[t]);
 }
 
 /* lse compared with its -inf entries equal and the finite ones within rtol */
@@ -385,13 +385,13 @@ void test_attention(void)
                 attention_naive naive;
                 naive_attention(&pd, &a, &naive);
                 /* the naive dS through the logits' backward (scalar, double) */
-                const size_t lens[9] = {pd.len[X_Q], pd.len[X_K], pd.len[X_PQ], pd.len[X_PK], pd.len[X_TABLE],
-                                        pd.len[X_QUERY_TABLE], pd.len[X_KEY_TABLE], pd.len[X_SEGMENT_TABLE], pd.len[X_THETA]};
-                const void *inputs[9] = {pd.p.q, pd.p.k, pd.p.pos_q, pd.p.pos_k, pd.p.table, pd.p.query_table,
-                                         pd.p.key_table, pd.p.segment_table, pd.p.theta};
-                double *want[9];
-                for (int t = 0; t < 9; ++t) want[t] = inputs[t] ? malloc(sizeof(double) * (lens[t] + 1)) : NULL;
-                posenc_grads wg = {want[0], want[1], want[2], want[3], want[4], want[5], want[6], want[7], want[8]};
+                size_t lens[GRAD_COUNT];
+                double *want[GRAD_COUNT];
+                for (int t = 0; t < GRAD_COUNT; ++t) {
+                    lens[t] = grad_len(&pd, t);
+                    want[t] = grad_input(&pd, t) ? malloc(sizeof(double) * (lens[t] + 1)) : NULL;
+                }
+                posenc_grads wg = grads_of((void **)want);
                 posenc_set_isa(POSENC_ISA_SCALAR);
                 EXPECT(posenc_backward(&pd.p, naive.ds, &wg, 1) == POSENC_OK, "backward of dS");
                 for (int dt = 1; dt >= 0; --dt) {
@@ -420,7 +420,7 @@ void test_attention(void)
                             compare_above(what, one.grad_sinks, naive.grad_sinks, z[1], rtol, 0, 1.0);
                             compare(what, two.grad_sinks, one.grad_sinks, z[1], 0, 1);
                         }
-                        for (int t = 0; t < 9; ++t) {
+                        for (int t = 0; t < GRAD_COUNT; ++t) {
                             if (!want[t])
                                 continue;
                             char grad_what[300];
@@ -434,7 +434,7 @@ void test_attention(void)
                         free_attention(&two);
                     }
                 }
-                for (int t = 0; t < 9; ++t) free(want[t]);
+                for (int t = 0; t < GRAD_COUNT; ++t) free(want[t]);
                 free(naive.out); free(naive.lse); free(naive.grad_v); free(naive.ds);
                 free(naive.grad_sinks);
                 free(mask); free(doc_q); free(doc_k);

@@ -37,8 +37,8 @@
 
 typedef struct {
     double *out;
-    double *grads[9];
-    size_t grad_len[9];
+    double *grads[GRAD_COUNT];
+    size_t grad_len[GRAD_COUNT];
 } result;
 
 /* Forward and backward of pd's problem; with shared_table, the query- and
@@ -49,17 +49,17 @@ static int run_with(problem_data *pd, posenc_dtype dtype, int threads, result *r
     const size_t es = dtype == POSENC_F32 ? sizeof(float) : sizeof(double);
     const size_t logits = p->B * p->H * p->n * p->m;
     void *out = malloc(es * (logits ? logits : 1));
-    const size_t lens[9] = {pd->len[X_Q], pd->len[X_K], pd->len[X_PQ], pd->len[X_PK], pd->len[X_TABLE],
-                            pd->len[X_QUERY_TABLE], pd->len[X_KEY_TABLE], pd->len[X_SEGMENT_TABLE], pd->len[X_THETA]};
-    const void *inputs[9] = {p->q, p->k, p->pos_q, p->pos_k, p->table, p->query_table, p->key_table,
-                             p->segment_table, p->theta};
-    void *g[9];
-    for (int t = 0; t < 9; ++t) g[t] = inputs[t] ? malloc(es * (lens[t] ? lens[t] : 1)) : NULL;
+    size_t lens[GRAD_COUNT];
+    void *g[GRAD_COUNT];
+    for (int t = 0; t < GRAD_COUNT; ++t) {
+        lens[t] = grad_len(pd, t);
+        g[t] = grad_input(pd, t) ? malloc(grad_size(t, es) * (lens[t] ? lens[t] : 1)) : NULL;
+    }
     if (shared_table) {
         free(g[6]);
         g[6] = g[5];
     }
-    posenc_grads grads = {g[0], g[1], g[2], g[3], g[4], g[5], g[6], g[7], g[8]};
+    posenc_grads grads = grads_of(g);
     const void *G = dtype == POSENC_F32 ? (const void *)pd->f32[X_G] : (const void *)pd->f64[X_G];
     const char *why = NULL;
     int status = posenc_validate(p, &why);   /* the engine trusts a validated problem */
@@ -71,9 +71,9 @@ static int run_with(problem_data *pd, posenc_dtype dtype, int threads, result *r
     r->out = widen(out, logits, dtype);
     if (shared_table)
         g[6] = NULL;
-    for (int t = 0; t < 9; ++t) {
+    for (int t = 0; t < GRAD_COUNT; ++t) {
         r->grad_len[t] = g[t] ? lens[t] : 0;
-        r->grads[t] = g[t] ? widen(g[t], lens[t], dtype) : NULL;
+        r->grads[t] = g[t] ? widen_grad(g[t], lens[t], t, dtype) : NULL;
         free(g[t]);
     }
     free(out);
@@ -88,7 +88,7 @@ static int run(problem_data *pd, posenc_dtype dtype, int threads, result *r)
 static void free_result(result *r)
 {
     free(r->out);
-    for (int t = 0; t < 9; ++t) free(r->grads[t]);
+    for (int t = 0; t < GRAD_COUNT; ++t) free(r->grads[t]);
 }
 
 /*
@@ -402,6 +402,15 @@ int main(void)
                              configs[c].name, dt ? "f64" : "f32", s, shared);
                     compare(what, base.out, naive, logits, rtol, 0);
                     free(naive);
+                    if (pd.segment_q) {   /* the segments module's table: batch row 0's sum */
+                        const size_t len = grad_len(&pd, GRAD_SEGMENTS) / z[0];
+                        double *want = malloc(sizeof(double) * (len + 1));
+                        naive_segments_grad(&pd, want);
+                        snprintf(what, sizeof what, "%s %s size#%zu shared=%d scalar dsegments vs naive",
+                                 configs[c].name, dt ? "f64" : "f32", s, shared);
+                        compare(what, base.grads[GRAD_SEGMENTS], want, len, rtol, 0);
+                        free(want);
+                    }
                     /* 2. every other ISA against scalar; 3. threads bitwise */
                     for (int isa = 0; isa < POSENC_ISA_COUNT; ++isa) {
                         if (!posenc_isa_supported((posenc_isa)isa))
@@ -415,7 +424,7 @@ int main(void)
                                  posenc_isa_name((posenc_isa)isa));
                         compare(what, one.out, base.out, logits, rtol, 0);
                         compare(what, two.out, one.out, logits, 0, 1);
-                        for (int t = 0; t < 9; ++t) {
+                        for (int t = 0; t < GRAD_COUNT; ++t) {
                             if (!base.grads[t])
                                 continue;
                             snprintf(what, sizeof what, "%s %s size#%zu shared=%d %s d%s",
