@@ -433,12 +433,6 @@ static int build_problem(PyObject *config, converted *a, posenc_problem *p)
         p->key_table_rows = DIM(CF_key_table, 1);
         p->key_map = (const int64_t *)DATA(CF_key_map);
     }
-    if (a->arr[CF_theta]) {
-        if (check_dims(a->arr[CF_theta], "theta", 2, (npy_intp[]){any, 2}))
-            return -1;
-        p->theta = DATA(CF_theta);
-        p->theta_heads = DIM(CF_theta, 0);
-    }
     if (a->arr[CF_rope_cos] || a->arr[CF_rope_sin]) {
         if (!a->arr[CF_rope_cos] || !a->arr[CF_rope_sin] ||
             !a->arr[CF_rope_cos_k] != !a->arr[CF_rope_sin_k]) {

@@ -11,16 +11,15 @@
  *                                                                    ALiBi, KERPLE, any bias of j - i)
  *   query table   vector_scale * q_i . query_table[h, query_map(j - i)]  (Shaw, M4, M4M, DeBERTa c2p)
  *   key table     vector_scale * k_j . key_table[h, key_map(j - i)]      (M4, M4M, DeBERTa p2c)
- *   reset         theta[h, 0] on the row at position 0 (query_offset + i == 0),
- *                 theta[h, 1] on column 0 of the others             (TUPE [CLS])
  *   rotation      q_i, k_j rotated pair by pair by the angles of their positions
  *                 before any use, the adjoint applied to dq, dk (RoPE, xPos)
  *
  * Sum:     A = s q.k + reset(dense + table + query table + key table + modules)
- * Product: A = s q.k * table * query table * key table      (M2, M4M; no dense/reset/modules)
+ * Product: A = s q.k * table * query table * key table      (M2, M4M; no dense/modules)
  *
- * and the term modules of csrc/terms.h (sum mode): DIET's segments, FoX, the 2-D
- * relative bias, per-token rotary tables, CoPE.
+ * with the term modules of csrc/terms.h (sum mode): DIET's segments, FoX, the 2-D
+ * relative bias, per-token rotary tables, CoPE, and TUPE's [CLS] reset (theta[0]
+ * on the row at position 0, theta[1] on column 0 of the others, over the sum).
  *
  * Every bucket map is a 1-D array over the offsets o = j - i in
  * [-(n-1), m-1], stored at index o + n - 1, computed once per call.
@@ -118,9 +117,6 @@ typedef struct {
     const int64_t *key_map;
     double vector_scale;          /* on both vector tables */
 
-    const void *theta;            /* (theta_heads, 2) */
-    size_t theta_heads;
-
     /* rotation of q and k (RoPE, docs/methods.md): pairs t < rope_pairs of q_i
      * rotated by row p_q(i) of (rope_cos, rope_sin), of k_j by row p_k(j) of
      * (rope_cos_k, rope_sin_k), which are rope_cos, rope_sin unless xPos gives its
@@ -196,7 +192,6 @@ static inline int posenc_terms_any(const posenc_problem *p)
     PARAM(table, table_heads, p->table_rows)                               \
     PARAM(query_table, query_table_heads, p->query_table_rows * p->d)      \
     PARAM(key_table, key_table_heads, p->key_table_rows * p->d)            \
-    PARAM(theta, theta_heads, 2)                                           \
     CONST(rope_cos, p->rope_positions * p->rope_pairs)                     \
     CONST(rope_sin, p->rope_positions * p->rope_pairs)                     \
     CONST(rope_cos_k, p->rope_positions * p->rope_pairs)                   \

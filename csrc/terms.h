@@ -27,7 +27,8 @@
  * the engine where an array has no batch axis (into batch row 0's units,
  * posenc_grads), the caller reducing over the other axes its arrays broadcast.
  * Module terms are added (sum mode, no rotation); a kind's own file says what it
- * computes.
+ * computes.  A kind that overrides instead (TUPE's reset: term_kind's `overrides`)
+ * comes last in the list: the engine applies its rows after every other term.
  */
 #ifndef POSENC_TERMS_H
 #define POSENC_TERMS_H
@@ -59,7 +60,8 @@
     TERM(cope, term_cope_valid(p),                                                     \
          "cope: alone (no other positional term), shape (P, causal) with P an integer in " \
          "[1, 2^30] and causal 0 or 1, pos_emb P x d",                                 \
-         ARRAY(cope, pos_emb, 1, 1, 0) ARRAY(cope, shape, 1, 0, 2))
+         ARRAY(cope, pos_emb, 1, 1, 0) ARRAY(cope, shape, 1, 0, 2))                      \
+    TERM(reset, 1, "reset: theta (t0, t1) per unit", ARRAY(reset, theta, 1, 1, 2))
 
 /* POSENC_TERM_IF_<grad>(x): x for an array with a gradient (the X-macros' filter). */
 #define POSENC_TERM_IF_1(...) __VA_ARGS__
@@ -76,4 +78,5 @@
 #include "engine/term_relative_bias_2d_impl.h"
 #include "engine/term_rope_token_impl.h"
 #include "engine/term_cope_impl.h"
+#include "engine/term_reset_impl.h"
 #endif

@@ -40,7 +40,6 @@ from . import _C
 #   table                           scalar table (H|1, R) with table_map, its int64 map over offsets
 #   query_table, key_table          vector tables (H|1, R, d): q_i . table[map], k_j . table[map],
 #                                   with query_map, key_map
-#   theta                           (H|1, 2): TUPE's [CLS] reset
 #   rope_cos, rope_sin              the rotation's tables (P, r), rope_cos_k, rope_sin_k the keys'
 #                                   (xPos) or None; positions_q (B, n), positions_k (B, m) or None
 #   product                         bool: A = s q.k * factors (M2, M4M) instead of a sum
@@ -49,7 +48,8 @@ from . import _C
 #   query_offset                    int >= 0: query row i sits at position query_offset + i
 #   <kind>_<array>                  the term modules' arrays (csrc/terms.h), float64
 #                                   (B|1, H|1, length): segments_table, segments_query,
-#                                   segments_key (DIET's segments), fox_gates, ...
+#                                   segments_key (DIET's segments), reset_theta (TUPE's
+#                                   [CLS] reset), fox_gates, ...
 EngineConfig = namedtuple("EngineConfig", _C.CONFIG_FIELDS)
 
 # Entries of _C.backward's result, and bits of its `needs` mask: q, k, then the

@@ -584,7 +584,8 @@ class KeyTable(_Mapped):
 @dataclass(frozen=True)
 class Reset(Term):
     """TUPE's [CLS] reset: theta[h, 0] on the row at position 0, theta[h, 1] on column 0
-    of the others; (H|1, 2)."""
+    of the others; (H|1, 2).  The engine's `reset` term module
+    (csrc/engine/term_reset_impl.h), float64, its gradient per (b, h) unit."""
 
     name: str = "theta"
 
@@ -598,10 +599,12 @@ class Reset(Term):
             check_heads_shape(self.name, theta, p.H, (2,), "(H|1, 2)")
 
     def configure(self, slots, field, spec, p, arrays):
-        slots[field["theta"]] = arrays.get(self.name)
+        theta = arrays.get(self.name)
+        if theta is not None:
+            slots[field["reset_theta"]] = np.ascontiguousarray(theta, dtype=np.float64)[None]
 
     def gradients(self, spec):
-        return ((self.name, "theta", None),)
+        return ((self.name, "reset_theta", lambda p, grad: table_gradient(p, self.name, grad)),)
 
     def example(self, ctx, spec, values):
         if not ctx.options["wanted"].get(self.name, True):
@@ -645,18 +648,8 @@ class Segments(Term):
             slots[field["segments_" + side]] = ids.reshape(ids.shape[0], 1, ids.shape[1])
 
     def gradients(self, spec):
-        return (("segment_table", "segments_table", self._finish),)
-
-    @staticmethod
-    def _finish(p, grad: np.ndarray) -> np.ndarray:
-        """The table's gradient from the engine's per unit (B, H, S S), float64, summed over
-        the batch by the engine, here over the heads a shared table serves, in the call's
-        dtype and the table's shape."""
-        table = p.arrays["segment_table"]
-        grad = batch_summed(grad)[0]
-        if table.shape[0] == 1:
-            grad = grad.sum(axis=0, keepdims=True)
-        return narrow(grad.reshape(table.shape), p.dtype)
+        return (("segment_table", "segments_table",
+                 lambda p, grad: table_gradient(p, "segment_table", grad)),)
 
     def example(self, ctx, spec, values):
         segments = ctx.options["segments"]
@@ -666,6 +659,18 @@ class Segments(Term):
         return {"segment_q": np.sort(rng.integers(0, segments, size=(ctx.B, ctx.n)), axis=1),
                 "segment_k": np.sort(rng.integers(0, segments, size=(ctx.B, ctx.m)), axis=1),
                 "segment_table": ctx.normal(ctx.heads, segments, segments)}
+
+
+def table_gradient(p, name: str, grad: np.ndarray) -> np.ndarray:
+    """The gradient of the call's table `name` (H|1, ...), a term module's array without a
+    batch axis, from the engine's per unit (B, H, L), float64: the engine's sum over the
+    batch (batch_summed), here over the heads a shared table serves, in the call's dtype
+    and the table's shape."""
+    table = p.arrays[name]
+    grad = batch_summed(grad)[0]
+    if table.shape[0] == 1:
+        grad = grad.sum(axis=0, keepdims=True)
+    return narrow(grad.reshape(table.shape), p.dtype)
 
 
 def batch_summed(grad: np.ndarray) -> np.ndarray:
@@ -1166,16 +1171,8 @@ class Grid2D(Term):
             p.params["max_distance"], dtype=np.float64).reshape(1, 1, 2)
 
     def gradients(self, spec):
-        return ((self.name, "relative_bias_2d_bias", self._finish),)
-
-    def _finish(self, p, grad: np.ndarray) -> np.ndarray:
-        """The table's gradient from the engine's per unit (B, H, L), float64, summed over
-        the batch by the engine (in batch row 0: the table has no batch axis), here over
-        the heads a shared table serves, in the call's dtype."""
-        grad = batch_summed(grad)[0]
-        if p.arrays[self.name].shape[0] == 1:
-            grad = grad.sum(axis=0, keepdims=True)
-        return narrow(grad, p.dtype)
+        return ((self.name, "relative_bias_2d_bias",
+                 lambda p, grad: table_gradient(p, self.name, grad)),)
 
     def example(self, ctx, spec, values):
         """Rasters of a width per batch (about sqrt(m)), the queries at the last n keys'

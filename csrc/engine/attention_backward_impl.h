@@ -309,7 +309,7 @@ static void attention_backward_head(const attention_grad_ctx *gc, attention_thre
             attention_grad_twin(c, w, &bw->scratch, rows, cols, limits);
         backward_unit_block(g, bw, u, &product_keys, blk0, rows, w->grad, cols, limits);
         bw->scratch.local.src = NULL;   /* backward_dense_block changes dS */
-        if (gc->pos_q_slots || gc->pos_k_slots)   /* after the unit block: it zeroes theta's entries */
+        if (gc->pos_q_slots || gc->pos_k_slots)   /* after the unit block: it zeroes the reset's entries */
             backward_dense_block(g, bw, h, w->grad, blk0, rows, cols,
                                  gc->pos_q_slots ? gc->pos_q_slots + u * n * dp : NULL,
                                  gc->pos_k_slots ? gc->pos_k_slots + u * m * dp : NULL, limits);
@@ -383,7 +383,7 @@ static int attention_backward(const posenc_problem *p, const posenc_attention *a
     if (status != POSENC_OK)
         goto done;
     gc.need_ds = grads->q || grads->k || grads->pos_q || grads->pos_k || grads->table ||
-                 grads->query_table || grads->key_table || grads->theta ||
+                 grads->query_table || grads->key_table ||
                  g.need_modules;
 
     if ((status = attention_run(&c, &g, num_threads, p->B * posenc_kv_heads(p),

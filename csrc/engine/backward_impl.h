@@ -10,9 +10,9 @@
  *   dq = s Gc.k (+ Gq.query_table),  dk = s Gc^T.q (+ Gk.key_table),
  *   where Gc is G (sum) or G times the positional factors (product), Gq
  *   (n x buckets) and Gk (m x buckets) are G scattered into buckets along
- *   each bucket's diagonals, and the unit's partial table / theta /
- *   vector-table gradients go to a slot of their own, the term modules'
- *   to their per-unit gradients.  The GEMMs through
+ *   each bucket's diagonals, and the unit's partial table / vector-table
+ *   gradients go to a slot of their own, the term modules' (the reset's
+ *   theta among them) to their per-unit gradients.  The GEMMs through
  *   Gq and Gk skip, tile by tile, the buckets (or rows) a tile cannot reach
  *   (posenc_spans): with DeBERTa's 2k buckets about a third of their work.
  * Phase 2, parallel over heads: the dense factor's gradients from
@@ -95,27 +95,20 @@ static void backward_sum_rows(const backward_ctx *c, backward_ws *w, size_t u, s
     const posenc_problem *p = c->p;
     const posenc_kernels *kern = c->kern;
     const size_t n = p->n, m = p->m;
-    const int per_row = c->need_query_side;
-    for (size_t i = blk0; i < blk0 + rows && (per_row || c->masked); ++i) {
-        const REAL *g_row = G_blk + (i - blk0) * m;
-        if (c->masked && c->g->theta) {
-            REAL *theta_slot = c->theta_slots + u * 2;
-            if (c->cls_row0 && i == 0)
-                kern->row_scatter_add(theta_slot, 0, g_row, cols);
-            else if (cols)   /* no key: a fused attention's block whose rows see none */
-                theta_slot[1] += g_row[0];
-        }
+    for (size_t i = blk0; i < blk0 + rows && c->need_query_side; ++i) {
         if (c->cls_row0 && i == 0)
-            continue;      /* the [CLS] row belongs to theta */
-        row_grads rg = {g_row, NULL};   /* the table's below, the block at once */
-        if (per_row)
-            backward_row_positional(c, w, u, b, i, &rg, cols);
+            continue;      /* the [CLS] row belongs to the reset */
+        const row_grads rg = {G_blk + (i - blk0) * m, NULL};   /* the table's below, at once */
+        backward_row_positional(c, w, u, b, i, &rg, cols);
     }
     const size_t skip = c->cls_row0 && blk0 == 0;   /* the [CLS] row */
-    if (c->need_modules && rows > skip)   /* not the reset's row and column 0 */
-        terms_grad_rows(p, kern, c->g, u, G_blk + skip * m, m, blk0 + skip, rows - skip,
-                        posenc_max(first, c->masked ? (size_t)1 : 0), cols,
-                        (double *)(void *)w->term_scratch);
+    double *scratch = (double *)(void *)w->term_scratch;
+    if (c->need_modules && c->masked)   /* the reset's own cells: all of G */
+        terms_grad_rows(p, kern, c->g, TERMS_OVERRIDING, u, G_blk, m, blk0, rows, first, cols,
+                        scratch);
+    if (c->need_modules && rows > skip)   /* the others: not the reset's row and column 0 */
+        terms_grad_rows(p, kern, c->g, TERMS_ADDING, u, G_blk + skip * m, m, blk0 + skip,
+                        rows - skip, posenc_max(first, c->masked ? (size_t)1 : 0), cols, scratch);
     if (c->need_offsets && rows > skip)   /* from `first` on: G is 0 before it */
         kern->diagonal_sums(c->offset_slots + u * c->offsets + (n - 1 - (blk0 + skip)),
                             G_blk + skip * m, m, rows - skip,
@@ -312,7 +305,7 @@ static void backward_unit_end(const backward_ctx *c, backward_ws *w, size_t u)
  * place, or where engine_lp.c left them unwritten (a bfloat16 G that the
  * GEMMs read through its twin) and the positional gradients read them,
  * widened into w->g_block, which becomes the twin's float32 side.  With
- * theta_only (phase 1 where theta is all that reads G: TUPE) only theta's
+ * theta_only (phase 1 where the reset is all that reads G: TUPE) only its
  * entries are widened, the [CLS] row and column 0; the rest of g_block
  * keeps no values, which no one reads (the GEMMs take the twin).
  */
@@ -365,7 +358,7 @@ static void backward_unit(const backward_ctx *c, backward_ws *w, size_t u)
 /*
  * The dense factor's gradients from rows [blk0, blk0 + rows) of a gradient
  * S of head h (row r at S + r m; its [CLS] row and column 0 are zeroed in
- * place: they belong to theta): slot_q's rows = ds S.pos_k, slot_k (+)= ds
+ * place: they belong to the reset): slot_q's rows = ds S.pos_k, slot_k (+)= ds
  * S^T.pos_q's rows (accumulating past the first block); either may be NULL.
  * S is zero past column cols and outside `limits` (as in backward_unit_block).
  */
@@ -425,7 +418,7 @@ static void backward_team(void *arg, void *ws)
     const posenc_problem *p = c->p;
     const posenc_grads *g = c->g;
     const int phase1 = c->need_content || c->need_query_side || c->need_key_side ||
-                       c->need_offsets || (p->theta && g->theta) || c->need_modules;
+                       c->need_offsets || c->need_modules;
     backward_ws w;
     backward_ws_layout(c, &w, (REAL *)ws);
     if (phase1) {

@@ -22,7 +22,8 @@ typedef struct {
     call_scales scales;
     const REAL *G;
     size_t m_pad, row_block, offsets;
-    int masked;                 /* theta present: the [CLS] row and column 0 belong to it */
+    int masked;                 /* a reset (an overriding term module, TUPE's theta) present:
+                                   the [CLS] row and column 0 belong to it */
     int cls_row0;               /* masked and query_offset 0: local row 0 is the [CLS] row */
     int need_content;           /* dq or dk: the GEMMs through Gc */
     int need_query_side;        /* Gq: for dq or the query table's gradient */
@@ -34,12 +35,12 @@ typedef struct {
     const term_seen *seen;      /* which keys the rows see, for `content`: a fused attention's
                                    masks, or NULL (the kind's own rule) */
     int reads_g;                /* the positional gradients read G itself (not only the GEMMs) */
-    int unit_reads_g;           /* ... in phase 1, beyond theta's [CLS] row and column 0 */
+    int unit_reads_g;           /* ... in phase 1, beyond the reset's [CLS] row and column 0 */
     term_data own_terms;        /* built by backward_prepare unless given one */
     const term_data *terms;     /* what the terms read: own_terms, or the attention's logits'
                                    (their table along the offsets: product mode's factor) */
     posenc_spans query_spans, key_spans;   /* where Gq and Gk are zero */
-    REAL *offset_slots, *theta_slots, *query_table_slots, *key_table_slots;
+    REAL *offset_slots, *query_table_slots, *key_table_slots;
     REAL *pos_q_slots, *pos_k_slots;
     const struct masked_keys *masked_keys;   /* a fused attention's, or NULL */
 } backward_ctx;

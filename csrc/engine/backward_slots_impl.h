@@ -37,7 +37,7 @@ static void reduce_slots(REAL *out, size_t heads, size_t out_width, size_t at, c
 /*
  * scales.exact: grad (heads x rows x width) times the scale its sums left
  * out, in double.  With a map, only the rows a logit reads through it (the
- * offsets j - i of theta-free rows and columns): the others are sums of no
+ * offsets j - i of the rows and columns the reset leaves): the others are sums of no
  * terms, 0 in the reference whatever the scale (not 0 * Inf).
  */
 static void exact_scale_rows(const backward_ctx *c, REAL *grad, size_t heads, size_t rows,
@@ -82,8 +82,6 @@ static void backward_reduce(const backward_ctx *c)
         reduce_slots((REAL *)g->key_table, p->key_table_heads, p->key_table_rows * d,
                      (size_t)c->terms->key_runs.b_min * d, c->key_table_slots, B, H, c->terms->key_buckets * d,
                      NULL, g->key_table == g->query_table);
-    if (g->theta)
-        reduce_slots((REAL *)g->theta, p->theta_heads, 2, 0, c->theta_slots, B, H, 2, NULL, 0);
     /* the dense slots are per head already: one batch row */
     if (g->pos_q)
         reduce_slots((REAL *)g->pos_q, p->pos_q_heads, p->n * p->d_p, 0, c->pos_q_slots, 1, H,
@@ -133,7 +131,7 @@ static void backward_release(backward_ctx *c)
     term_data_release(&c->own_terms);
     posenc_spans_free(&c->query_spans);
     posenc_spans_free(&c->key_spans);
-    REAL *slots[] = {c->offset_slots, c->theta_slots, c->query_table_slots,
+    REAL *slots[] = {c->offset_slots, c->query_table_slots,
                      c->key_table_slots, c->pos_q_slots, c->pos_k_slots};
     for (size_t t = 0; t < sizeof slots / sizeof slots[0]; ++t)
         posenc_free(slots[t]);
@@ -168,17 +166,16 @@ static int backward_prepare(backward_ctx *c, const posenc_problem *p, const pose
     c->offsets = offsets;
     c->m_pad = posenc_round_up(m, kern->nr);
     c->row_block = kern->kc;   /* a row block's dk update is one packed depth: see backward_unit */
-    c->masked = p->theta != NULL;
+    c->masked = terms_override_kind(p) >= 0;
     c->cls_row0 = c->masked && p->query_offset == 0;
     c->need_content = g->q || g->k;
     c->need_query_side = p->query_table && (g->q || g->query_table);
     c->need_key_side = p->key_table && (g->k || g->key_table);
     c->need_offsets = p->table && g->table;
-    c->need_modules = terms_grads_wanted(p, g);
+    c->need_modules = terms_grads_wanted(p, g, TERMS_EVERY);
     c->content = c->need_content || c->need_modules ? terms_content_kind(p) : -1;
     c->unit_reads_g = p->product || c->need_query_side || c->need_key_side || c->need_offsets ||
-                      c->need_modules ||
-                      c->content >= 0;
+                      terms_grads_wanted(p, g, TERMS_ADDING) || c->content >= 0;
     c->reads_g = c->unit_reads_g || c->masked || (p->pos_q && (g->pos_q || g->pos_k));
     c->terms = terms ? terms : &c->own_terms;
     /* the table along the offsets is product mode's factor */
@@ -193,7 +190,6 @@ static int backward_prepare(backward_ctx *c, const posenc_problem *p, const pose
         return POSENC_ENOMEM;
     const size_t dp = p->d_p;
     if (zeroed_slots(&c->offset_slots, c->need_offsets, posenc_mul_size(BH, offsets)) ||
-        zeroed_slots(&c->theta_slots, p->theta && g->theta, BH * 2) ||
         zeroed_slots(&c->query_table_slots, p->query_table && g->query_table,
                      posenc_mul_size(BH, c->terms->query_buckets * p->d)) ||
         zeroed_slots(&c->key_table_slots, p->key_table && g->key_table,

@@ -11,7 +11,7 @@
 /*
  * out (B, H, n, m), bfloat16, C-contiguous = narrow(s q.k^T) of a validated
  * problem of dtype POSENC_BF16 with no positional term (pos_q, table,
- * query_table, key_table, theta all NULL): each logit the
+ * query_table, key_table all NULL): each logit the
  * float32 sum of vdpbf16ps times s (as float), rounded once to nearest even.
  * Returns -1, having written nothing, when it does not serve the problem
  * (another dtype, a positional term, no posenc_active_bf16_kernels(), or

@@ -26,8 +26,7 @@ static int rope_valid(const posenc_problem *p)
 {
     const size_t P = p->rope_positions;
     if (!p->rope_sin || !p->rope_cos_k || !p->rope_sin_k || 2 * p->rope_pairs > p->d ||
-        p->product || p->pos_q || p->table || p->query_table || p->key_table ||
-        p->theta)
+        p->product || p->pos_q || p->table || p->query_table || p->key_table)
         return 0;
     if (p->positions_q ? !in_range(p->positions_q, p->B * p->n, P)
                        : p->n > 0 && (p->query_offset >= P || p->n > P - p->query_offset))
@@ -96,9 +95,7 @@ int posenc_validate(const posenc_problem *p, const char **why)
         reason = "key-side table: heads H or 1, map entries within its rows";
     else if (p->table_f32 && (!p->table || (p->dtype != POSENC_BF16 && p->dtype != POSENC_F16)))
         reason = "a float32 table belongs to a bfloat16 or float16 problem";
-    else if (p->theta && !check_heads(p->theta_heads, p->H))
-        reason = "theta: heads H or 1";
-    else if (p->product && (p->pos_q || p->theta))
+    else if (p->product && p->pos_q)
         reason = "product mode takes only table, query-side and key-side factors";
     else if (p->product && !p->table && !p->query_table && !p->key_table)
         reason = "product mode needs at least one factor";

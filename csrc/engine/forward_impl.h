@@ -170,10 +170,7 @@ static void forward_head_block(const forward_ctx *c, forward_ws *w, size_t h)
             op = POSENC_ADD;
         }
         if (c->module_blocks)
-            terms_rows(p, kern, op, block, m, 0, h, i0, rows, 0, cols, w->term_unit);
-        if (p->theta && !c->batch_terms)
-            term_reset(kern, block, m, (const REAL *)p->theta + head_of(p->theta_heads, h) * 2,
-                       0, cols, p->query_offset + i0, rows);
+            terms_rows(p, kern, TERMS_EVERY, op, block, m, 0, h, i0, rows, 0, cols, w->term_unit);
     }
     w->cached_head_block = (ptrdiff_t)h;
 }
@@ -182,7 +179,8 @@ static void forward_head_block(const forward_ctx *c, forward_ws *w, size_t h)
  * Head blocks (forward_head_block, n x m per thread) where B > 1, the scales are tame and a
  * block fits `budget` bytes: of TUPE's dense terms, and (`modules`) of the term modules'
  * rows when they are batch-free (terms_batch_free; then not batch terms: a tile reads its
- * rows of the block in place).
+ * rows of the block in place) and no vector table's term comes after an overriding kind's
+ * (the reset goes last).
  */
 static void forward_plan_blocks(forward_ctx *c, size_t budget, int modules)
 {
@@ -190,10 +188,12 @@ static void forward_plan_blocks(forward_ctx *c, size_t budget, int modules)
     const int fits = p->B > 1 && !c->scales.exact && !p->product &&
                      posenc_mul_size(p->n * p->m, sizeof(REAL)) <= budget;
     const int in_p = c->modules && c->expanded < 0;   /* the modules' rows in P */
-    c->module_blocks = fits && modules && in_p && terms_batch_free(p);
-    c->batch_terms = p->query_table || p->key_table || (in_p && !c->module_blocks);
+    const int vectors = p->query_table || p->key_table;   /* a tile's own terms */
+    c->module_blocks = fits && modules && in_p && terms_batch_free(p) &&
+                       !(vectors && terms_override_kind(p) >= 0);
+    c->batch_terms = vectors || (in_p && !c->module_blocks);
     c->head_blocks = fits && (p->pos_q || c->module_blocks);
-    c->toeplitz_only = p->table && !p->pos_q && !c->batch_terms && !p->theta && !in_p;
+    c->toeplitz_only = p->table && !p->pos_q && !c->batch_terms && !in_p;
 }
 
 /* The dense factor of rows [i0, i0 + rows) of head h, keys [0, cols), into P (row r at
@@ -350,13 +350,12 @@ static const REAL *forward_positional(const forward_ctx *c, forward_ws *w, size_
                            c->terms->key_buckets, &c->terms->key_edges, n, m, cols, i0, rows);
         op = combine_op;
     }
-    if (c->modules && c->expanded < 0 && !c->module_blocks)   /* the term modules (csrc/terms.h): sum mode only */
-        op = terms_rows(p, kern, op, w->P, ld, b, h, i0, rows, k0, cols, w->term_unit);
+    if (c->modules && c->expanded < 0 && !c->module_blocks)   /* the term modules (csrc/terms.h):
+                                                                 sum mode only, a reset last */
+        op = terms_rows(p, kern, TERMS_EVERY, op, w->P, ld, b, h, i0, rows, k0, cols,
+                        w->term_unit);
     if (op == POSENC_SET)
         return NULL; /* content only */
-    if (p->theta)
-        term_reset(kern, w->P, ld, (const REAL *)p->theta + head_of(p->theta_heads, h) * 2, k0, cols,
-                   p->query_offset + i0, rows);
     *ldp = (ptrdiff_t)ld;
     return w->P;
 }
@@ -480,7 +479,8 @@ static void forward_tile_exact(const forward_ctx *c, forward_ws *w, size_t b, si
         else if (p->query_table || p->key_table)
             for (size_t t = 0; t < count; ++t)
                 X[t] += V[t];
-        if (p->pos_q || p->table || p->theta) {   /* the batch-free terms, TUPE's v */
+        const int reset = terms_override_kind(p);
+        if (p->pos_q || p->table || reset >= 0) {   /* the batch-free terms, TUPE's v */
             memset(V, 0, sizeof(double) * count);
             if (p->pos_q) {
                 forward_dense(c, w, h, i0, rows, cols, P, ld);
@@ -490,21 +490,21 @@ static void forward_tile_exact(const forward_ctx *c, forward_ws *w, size_t b, si
                 term_table(kern, POSENC_SET, P, ld, by_offset, n, cols, i0, rows);
                 exact_apply(POSENC_ADD, V, 1, P, ld, rows, cols);
             }
-            if (p->theta) {   /* TUPE eq. (9), as term_reset */
-                const REAL *theta = (const REAL *)p->theta + head_of(p->theta_heads, h) * 2;
+            if (reset >= 0) {   /* its cells over v (TUPE eq. (9)): the row at position 0, key 0 */
+                terms_rows(p, kern, TERMS_OVERRIDING, POSENC_SET, P, ld, b, h, i0, rows, 0, cols,
+                           w->term_unit);
                 for (size_t r = 0; r < rows && cols > 0; ++r) {
                     const int cls = p->query_offset + i0 + r == 0;
                     for (size_t j = 0; j < (cls ? cols : 1); ++j)
-                        V[r * cols + j] = cls ? theta[0] : theta[1];
+                        V[r * cols + j] = (double)P[r * ld + j];
                 }
             }
             for (size_t t = 0; t < count; ++t)
                 X[t] += V[t];
         }
-        if (c->modules) {
-            terms_rows(p, kern, POSENC_SET, P, ld, b, h, i0, rows, 0, cols, w->term_unit);
+        if (c->modules && terms_rows(p, kern, TERMS_ADDING, POSENC_SET, P, ld, b, h, i0, rows, 0,
+                                     cols, w->term_unit) != POSENC_SET)
             exact_apply(POSENC_ADD, X, 1, P, ld, rows, cols);
-        }
     }
     for (size_t r = 0; r < rows; ++r)
         for (size_t j = 0; j < cols; ++j)
@@ -581,9 +581,9 @@ static int forward_prepare(forward_ctx *c, const posenc_problem *p, const posenc
     c->kern = kern;
     c->m_pad = posenc_round_up(posenc_max(m, 1), kern->nr);
     c->modules = terms_additive(p);
-    /* a module's distinct rows ride on the epilogue's second source unless a reset
-     * must override them (modules are sum mode only) */
-    c->expanded = !p->theta && !c->scales.exact ? terms_expanded_kind(p) : -1;
+    /* a module's distinct rows ride on the epilogue's second source where it is the one
+     * adding module (no reset overrides it; modules are sum mode only) */
+    c->expanded = !c->scales.exact ? terms_expanded_kind(p) : -1;
     c->content = terms_content_kind(p);
     forward_plan_blocks(c, HEAD_BLOCK_BUDGET, 1);
     c->out_heads = p->bf16_out_heads ? p->bf16_out_heads : p->H;

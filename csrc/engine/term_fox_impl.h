@@ -175,6 +175,7 @@ static size_t term_fox_grad_scratch(const posenc_problem *p)
 #define term_fox_expand_rows NULL
 #define term_fox_expand NULL
 #define term_fox_row_of NULL
+#define term_fox_overrides 0
 
 #endif /* REAL */
 #endif /* POSENC_ENGINE_TERM_FOX_IMPL_H */

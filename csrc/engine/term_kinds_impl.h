@@ -21,7 +21,7 @@
     {term_##name##_unit, term_##name##_unit_scratch, term_##name##_rows,         \
      term_##name##_grad_rows, term_##name##_grad_scratch, term_##name##_content,  \
      term_##name##_content_grad, term_##name##_content_keep, term_##name##_expand_rows, \
-     term_##name##_expand, term_##name##_row_of},
+     term_##name##_expand, term_##name##_row_of, term_##name##_overrides},
 static const term_kind term_kinds[POSENC_TERM_COUNT] = {POSENC_TERMS(TERM_KIND_, )};
 #undef TERM_KIND_
 
@@ -42,6 +42,23 @@ static term_unit term_unit_of(const posenc_problem *p, const posenc_kernels *ker
 static int term_adds(const posenc_problem *p, int k)
 {
     return posenc_term_present(p, k) && term_kinds[k].rows != NULL;
+}
+
+/* Which of the adding kinds a loop takes: those that add, those that override, or both. */
+enum { TERMS_ADDING = 1, TERMS_OVERRIDING = 2, TERMS_EVERY = 3 };
+
+static int term_taken(int k, int which)
+{
+    return which & (term_kinds[k].overrides ? TERMS_OVERRIDING : TERMS_ADDING);
+}
+
+/* The overriding kind p has (term_kind's overrides: TUPE's reset), or -1. */
+static int terms_override_kind(const posenc_problem *p)
+{
+    for (int k = 0; k < POSENC_TERM_COUNT; ++k)
+        if (term_adds(p, k) && term_kinds[k].overrides)
+            return k;
+    return -1;
 }
 
 /* Whether p has a term module that adds to the logits. */
@@ -158,15 +175,16 @@ static void terms_unit(const posenc_problem *p, const posenc_kernels *kern, size
         }
 }
 
-/* Every present module on rows [i0, i0 + rows) of unit (b, h), keys [k0, cols), into P:
- * the first with op, the others added (scratch: terms_unit formed it for the unit).
- * Returns the op for the next term. */
-static int terms_rows(const posenc_problem *p, const posenc_kernels *kern, int op, REAL *P,
-                      size_t ldp, size_t b, size_t h, size_t i0, size_t rows, size_t k0,
+/* The present modules `which` takes on rows [i0, i0 + rows) of unit (b, h), keys
+ * [k0, cols), into P: the first with op, the others added, an overriding kind's last
+ * over them (scratch: terms_unit formed it for the unit).  Returns the op for the next
+ * term. */
+static int terms_rows(const posenc_problem *p, const posenc_kernels *kern, int which, int op,
+                      REAL *P, size_t ldp, size_t b, size_t h, size_t i0, size_t rows, size_t k0,
                       size_t cols, REAL *scratch)
 {
     for (int k = 0; k < POSENC_TERM_COUNT; ++k) {
-        if (term_adds(p, k)) {
+        if (term_adds(p, k) && term_taken(k, which)) {
             term_unit t = term_unit_of(p, kern, k, b, h);
             t.unit_data = scratch;
             term_kinds[k].rows(&t, op, P, ldp, i0, rows, k0, cols);
@@ -210,13 +228,14 @@ static void terms_unit_grads(const posenc_problem *p, const posenc_grads *g, int
     }
 }
 
-/* Whether g wants a gradient of a term module of p. */
-static int terms_grads_wanted(const posenc_problem *p, const posenc_grads *g)
+/* Whether g wants a gradient of a term module of p that `which` takes (a content-reading
+ * kind counts as adding). */
+static int terms_grads_wanted(const posenc_problem *p, const posenc_grads *g, int which)
 {
     for (int k = 0; k < POSENC_TERM_COUNT; ++k)
         for (int a = 0; a < POSENC_TERM_ARRAYS_MAX; ++a)
-            if ((term_adds(p, k) || term_reads_content(p, k)) && p->terms[k].array[a].data &&
-                g->terms[k][a])
+            if ((term_adds(p, k) || term_reads_content(p, k)) && term_taken(k, which) &&
+                p->terms[k].array[a].data && g->terms[k][a])
                 return 1;
     return 0;
 }
@@ -262,14 +281,14 @@ static void terms_content_grad(const posenc_problem *p, const posenc_kernels *ke
                                dq, scratch, keep);
 }
 
-/* Rows [i0, i0 + rows) of unit u's logits gradient into its module gradients (scratch:
- * terms_grad_scratch(p) doubles). */
+/* Rows [i0, i0 + rows) of unit u's logits gradient G into the gradients of the modules
+ * `which` takes (scratch: terms_grad_scratch(p) doubles). */
 static void terms_grad_rows(const posenc_problem *p, const posenc_kernels *kern,
-                            const posenc_grads *g, size_t u, const REAL *G, size_t ldg, size_t i0,
-                            size_t rows, size_t first, size_t cols, double *scratch)
+                            const posenc_grads *g, int which, size_t u, const REAL *G, size_t ldg,
+                            size_t i0, size_t rows, size_t first, size_t cols, double *scratch)
 {
     for (int k = 0; k < POSENC_TERM_COUNT; ++k) {
-        if (!term_adds(p, k))
+        if (!term_adds(p, k) || !term_taken(k, which))
             continue;
         double *grad[POSENC_TERM_ARRAYS_MAX];
         terms_unit_grads(p, g, k, u, grad);

@@ -244,6 +244,7 @@ static size_t term_relative_bias_2d_grad_scratch(const posenc_problem *p)
 #define term_relative_bias_2d_expand_rows NULL
 #define term_relative_bias_2d_expand NULL
 #define term_relative_bias_2d_row_of NULL
+#define term_relative_bias_2d_overrides 0
 
 #endif /* REAL */
 #endif /* POSENC_ENGINE_TERM_RELATIVE_BIAS_2D_IMPL_H */

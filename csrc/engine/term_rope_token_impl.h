@@ -43,5 +43,6 @@ static inline int term_rope_token_valid(const posenc_problem *p)
 #define term_rope_token_expand_rows NULL
 #define term_rope_token_expand NULL
 #define term_rope_token_row_of NULL
+#define term_rope_token_overrides 0
 #endif /* REAL */
 #endif /* POSENC_ENGINE_TERM_ROPE_TOKEN_IMPL_H */

@@ -205,6 +205,7 @@ static size_t term_segments_grad_scratch(const posenc_problem *p)
 #define term_segments_content NULL
 #define term_segments_content_grad NULL
 #define term_segments_content_keep NULL
+#define term_segments_overrides 0
 
 #endif /* REAL */
 #endif /* POSENC_ENGINE_TERM_SEGMENTS_IMPL_H */

@@ -67,6 +67,11 @@ typedef struct {
  *   rows of the unit over every key formed by expand into X (row s at X + s m;
  *   `unit` ran for the unit), row i of the unit being row row_of(t, i) of them;
  *   the GEMM's epilogue then adds a row by pointer (forward_impl.h's `expanded`).
+ * overrides: 1 for a kind whose rows replace the other terms' sum on the row at
+ *   position 0 (query_offset + i == 0) and on key 0 (TUPE's reset): the engine
+ *   applies its rows (with op ADD: set its cells over the sum) after every
+ *   other term, hands the other kinds' grad_rows G without these cells and its
+ *   own the whole of G (it reads only them); 0 for the others.
  * content_grad: its backward for rows [i0, i0 + rows) of the logits' gradient G
  *   (row r at G + r ldg, zero outside keys [first, cols)): into Gc (the same
  *   layout, keys [first, cols) written) the content logits' gradient, G plus its
@@ -95,6 +100,7 @@ typedef struct {
     size_t (*expand_rows)(const posenc_problem *p);
     void (*expand)(const term_unit *t, REAL *X);
     size_t (*row_of)(const term_unit *t, size_t i);
+    int overrides;
 } term_kind;
 
 #endif /* POSENC_ENGINE_TERM_UNIT_IMPL_H */

@@ -245,22 +245,6 @@ static void term_query_table(const posenc_kernels *kern, const gemm_scratch *g,
     term_query_gather(kern, p, runs, proj, ld, op, P, ldp, i0, rows, k0, cols);
 }
 
-/* TUPE eq. (9): theta[0] on the [CLS] row (position 0, keys [k0, m)), theta[1]
- * on column 0 of the other rows (when k0 = 0); row r of P is the query at position
- * position0 + r. */
-static void term_reset(const posenc_kernels *kern, REAL *P, size_t ldp, const REAL *theta_h,
-                       size_t k0, size_t m, size_t position0, size_t rows)
-{
-    if (m <= k0)
-        return;
-    for (size_t r = 0; r < rows; ++r) {
-        if (position0 + r == 0)
-            kern->row_gather(POSENC_SET, P + k0, theta_h, 0, m - k0);
-        else if (k0 == 0)
-            P[r * ldp] = theta_h[1];
-    }
-}
-
 /* A table's values along the offsets: by_offset[h, t] = table[h, map[t]], t < offsets. */
 static REAL *table_by_offset(const posenc_problem *p, size_t offsets)
 {

@@ -50,6 +50,7 @@ const config configs[] = {
     {"diet_abs", 1, 0, 0, 0, 1, 0, 0, 0},
     {"diet_rel", 0, 1, 0, 0, 1, 0, 0, 1},
     {"everything", 1, 1, 1, 1, 1, 1, 0, 2},
+    {"reset-over-vectors", 1, 1, 1, 1, 0, 1, 0, 2},   /* the reset after the tiles' own terms */
     {"tupe@offset", 1, 1, 0, 0, 0, 1, 0, 2, 2},
     {"tupe-no-table", 1, 0, 0, 0, 0, 1, 0, 0},   /* theta alone reads G in phase 1 */
     {"tupe-no-table@offset", 1, 0, 0, 0, 0, 1, 0, 0, 3},
@@ -181,10 +182,9 @@ void build(problem_data *pd, const config *c, size_t B, size_t H, size_t n, size
         a[1] = (posenc_term_array){pd->segment_q, n, 0, n};
         a[2] = (posenc_term_array){pd->segment_k, m, 0, m};
     }
-    if (c->theta) {
-        fill(pd, X_THETA, Hp * 2);
-        p->theta_heads = Hp;
-    }
+    if (c->theta)   /* the reset module: float64 whatever the dtype */
+        p->terms[POSENC_TERM_reset].array[0] =
+            (posenc_term_array){fill(pd, X_THETA, Hp * 2), 0, Hp == 1 ? 0 : 2, 2};
     if (c->rope)
         build_rope(pd, c->rope);
 }
@@ -197,7 +197,6 @@ void point(problem_data *pd, posenc_dtype dtype)
     p->q = PTR(X_Q); p->k = PTR(X_K);
     p->pos_q = PTR(X_PQ); p->pos_k = PTR(X_PK);
     p->table = PTR(X_TABLE); p->query_table = PTR(X_QUERY_TABLE); p->key_table = PTR(X_KEY_TABLE);
-    p->theta = PTR(X_THETA);
     p->rope_cos = PTR(X_ROPE_COS); p->rope_sin = PTR(X_ROPE_SIN);
     p->rope_cos_k = PTR(X_ROPE_COS_K); p->rope_sin_k = PTR(X_ROPE_SIN_K);
 #undef PTR
@@ -283,28 +282,32 @@ double naive_logit(const problem_data *pd, size_t b, size_t h, size_t i, size_t 
         pos += pd->f64[X_SEGMENT_TABLE][h * a[0].head_stride + (size_t)pd->segment_q[b * n + i] * S +
                                         (size_t)pd->segment_k[b * m + j]];
     }
-    if (p->theta) {
-        const double *theta = pd->f64[X_THETA] + (p->theta_heads == 1 ? 0 : h) * 2;
+    if (posenc_term_present(p, POSENC_TERM_reset)) {
+        const double *theta = pd->f64[X_THETA] + h * p->terms[POSENC_TERM_reset].array[0].head_stride;
         if (p->query_offset + i == 0) pos = theta[0];
         else if (j == 0) pos = theta[1];
     }
     return p->scale * qk + pos;
 }
 
-void naive_segments_grad(const problem_data *pd, double *grad)
+void naive_module_grad(const problem_data *pd, int t, double *grad)
 {
     const posenc_problem *p = &pd->p;
-    const size_t n = p->n, m = p->m, SS = p->terms[POSENC_TERM_segments].array[0].per_unit;
-    const size_t S = (size_t)sqrt((double)SS);
-    memset(grad, 0, sizeof(double) * p->H * SS);
+    const size_t n = p->n, m = p->m, L = p->terms[grad_module(t)].array[0].per_unit;
+    const size_t S = (size_t)sqrt((double)L);
+    const int reset = posenc_term_present(p, POSENC_TERM_reset);
+    memset(grad, 0, sizeof(double) * p->H * L);
     for (size_t b = 0; b < p->B; ++b)
         for (size_t h = 0; h < p->H; ++h)
             for (size_t i = 0; i < n; ++i)
                 for (size_t j = 0; j < m; ++j) {
-                    if (p->theta && (p->query_offset + i == 0 || j == 0))
-                        continue;   /* the reset's */
-                    grad[h * SS + (size_t)pd->segment_q[b * n + i] * S +
-                         (size_t)pd->segment_k[b * m + j]] += pd->f64[X_G][((b * p->H + h) * n + i) * m + j];
+                    const double g = pd->f64[X_G][((b * p->H + h) * n + i) * m + j];
+                    const int cls = p->query_offset + i == 0;
+                    if (t == GRAD_THETA && (cls || j == 0))
+                        grad[2 * h + (cls ? 0 : 1)] += g;
+                    else if (t == GRAD_SEGMENTS && !(reset && (cls || j == 0)))
+                        grad[h * L + (size_t)pd->segment_q[b * n + i] * S +
+                             (size_t)pd->segment_k[b * m + j]] += g;
                 }
 }
 
@@ -353,7 +356,7 @@ const void *grad_input(const problem_data *pd, int t)
     const posenc_problem *p = &pd->p;
     const void *inputs[GRAD_COUNT] = {p->q, p->k, p->pos_q, p->pos_k, p->table, p->query_table,
                                       p->key_table, p->terms[POSENC_TERM_segments].array[0].data,
-                                      p->theta};
+                                      p->terms[POSENC_TERM_reset].array[0].data};
     return inputs[t];
 }
 
@@ -362,24 +365,30 @@ size_t grad_len(const problem_data *pd, int t)
     static const int slots[GRAD_COUNT] = {X_Q, X_K, X_PQ, X_PK, X_TABLE, X_QUERY_TABLE,
                                           X_KEY_TABLE, X_SEGMENT_TABLE, X_THETA};
     const posenc_problem *p = &pd->p;
-    if (t == GRAD_SEGMENTS)
-        return p->B * p->H * p->terms[POSENC_TERM_segments].array[0].per_unit;
+    if (grad_module(t) >= 0)
+        return p->B * p->H * p->terms[grad_module(t)].array[0].per_unit;
     return pd->len[slots[t]];
+}
+
+int grad_module(int t)
+{
+    return t == GRAD_SEGMENTS ? POSENC_TERM_segments : t == GRAD_THETA ? POSENC_TERM_reset : -1;
 }
 
 size_t grad_size(int t, size_t es)
 {
-    return t == GRAD_SEGMENTS ? sizeof(double) : es;
+    return grad_module(t) >= 0 ? sizeof(double) : es;
 }
 
 posenc_grads grads_of(void *const g[GRAD_COUNT])
 {
-    posenc_grads grads = {g[0], g[1], g[2], g[3], g[4], g[5], g[6], g[8]};
+    posenc_grads grads = {g[0], g[1], g[2], g[3], g[4], g[5], g[6]};
     grads.terms[POSENC_TERM_segments][0] = g[GRAD_SEGMENTS];
+    grads.terms[POSENC_TERM_reset][0] = g[GRAD_THETA];
     return grads;
 }
 
 double *widen_grad(const void *g, size_t len, int t, posenc_dtype dtype)
 {
-    return widen(g, len, t == GRAD_SEGMENTS ? POSENC_F64 : dtype);
+    return widen(g, len, grad_module(t) >= 0 ? POSENC_F64 : dtype);
 }

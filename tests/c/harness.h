@@ -71,18 +71,22 @@ void point(problem_data *pd, posenc_dtype dtype);
 void release(problem_data *pd);
 double naive_logit(const problem_data *pd, size_t b, size_t h, size_t i, size_t j);
 double *widen(const void *src, size_t len, posenc_dtype dtype);
-/* The segments module's table gradient of sum(G * A) (G: X_G's), summed over the batch:
- * grad[h S S + s_q S + s_k], H S S entries (the reset's row and column 0 take none). */
-void naive_segments_grad(const problem_data *pd, double *grad);
+/* Module gradient t's (GRAD_SEGMENTS, GRAD_THETA) of sum(G * A) (G: X_G's), summed over
+ * the batch, H x length: the segments table's grad[h S S + s_q S + s_k] (the reset's row
+ * and column 0 take none), theta's grad[2 h] (the row at position 0), grad[2 h + 1]
+ * (key 0 of the others). */
+void naive_module_grad(const problem_data *pd, int t, double *grad);
 double max_abs(const double *x, size_t len);
 void compare_above(const char *what, const double *a, const double *b, size_t len, double rtol,
                    int bitwise, double floor);
 void compare(const char *what, const double *a, const double *b, size_t len, double rtol,
              int bitwise);
 /* The gradients the tests take, in grad_names' order: the problem's arrays with one
- * (posenc_grads), and at GRAD_SEGMENTS the segments module's table (X_SEGMENT_TABLE's
- * data), float64 per unit (B, H, S S) whatever the dtype. */
-enum { GRAD_COUNT = 9, GRAD_SEGMENTS = 7 };
+ * (posenc_grads), and at GRAD_SEGMENTS and GRAD_THETA the segments and reset modules'
+ * arrays (X_SEGMENT_TABLE's, X_THETA's data), float64 per unit (B, H, length) whatever
+ * the dtype. */
+enum { GRAD_COUNT = 9, GRAD_SEGMENTS = 7, GRAD_THETA = 8 };
+int grad_module(int t);                                  /* its term kind, or -1 */
 extern const char *const grad_names[GRAD_COUNT];
 const void *grad_input(const problem_data *pd, int t);   /* NULL: no such gradient */
 size_t grad_len(const problem_data *pd, int t);          /* its elements */

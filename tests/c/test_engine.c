@@ -402,13 +402,15 @@ int main(void)
                              configs[c].name, dt ? "f64" : "f32", s, shared);
                     compare(what, base.out, naive, logits, rtol, 0);
                     free(naive);
-                    if (pd.segment_q) {   /* the segments module's table: batch row 0's sum */
-                        const size_t len = grad_len(&pd, GRAD_SEGMENTS) / z[0];
+                    for (int t = GRAD_SEGMENTS; t <= GRAD_THETA; ++t) {
+                        if (!grad_input(&pd, t))   /* a module's: batch row 0's sum */
+                            continue;
+                        const size_t len = grad_len(&pd, t) / z[0];
                         double *want = malloc(sizeof(double) * (len + 1));
-                        naive_segments_grad(&pd, want);
-                        snprintf(what, sizeof what, "%s %s size#%zu shared=%d scalar dsegments vs naive",
-                                 configs[c].name, dt ? "f64" : "f32", s, shared);
-                        compare(what, base.grads[GRAD_SEGMENTS], want, len, rtol, 0);
+                        naive_module_grad(&pd, t, want);
+                        snprintf(what, sizeof what, "%s %s size#%zu shared=%d scalar d%s vs naive",
+                                 configs[c].name, dt ? "f64" : "f32", s, shared, grad_names[t]);
+                        compare(what, base.grads[t], want, len, rtol, 0);
                         free(want);
                     }
                     /* 2. every other ISA against scalar; 3. threads bitwise */

@@ -22,16 +22,13 @@
 #include "harness.h"
 
 static const int input_slots[] = {X_Q, X_K, X_PQ, X_PK, X_TABLE, X_QUERY_TABLE, X_KEY_TABLE,
-                                  X_THETA, X_ROPE_COS, X_ROPE_SIN, X_ROPE_COS_K, X_ROPE_SIN_K};
-#define INPUTS 12
-#define GRADS 8   /* the first GRADS inputs have gradients (posenc_grads' fields); the rest are
-                     constants.  The segments module's (float64 per unit in both problems) aside. */
-
-/* Gradient t's name (grad_names skips GRAD_SEGMENTS here). */
-static const char *lp_grad_name(int t)
-{
-    return grad_names[t < GRAD_SEGMENTS ? t : t + 1];
-}
+                                  X_ROPE_COS, X_ROPE_SIN, X_ROPE_COS_K, X_ROPE_SIN_K};
+#define INPUTS 11
+#define GRADS 7   /* the first GRADS inputs have gradients (posenc_grads' fields, grad_names'
+                     first GRADS); the rest are constants.  The term modules' (float64 per
+                     unit in both problems: harness.h's GRAD_SEGMENTS, GRAD_THETA) aside. */
+static const int module_grads[] = {GRAD_SEGMENTS, GRAD_THETA};
+#define MODULE_GRADS 2
 
 /* One problem's arrays in a 16-bit dtype and their exact float32 widening. */
 typedef struct {
@@ -71,12 +68,11 @@ static void lp_make(lp_data *x, problem_data *pd, posenc_dtype dt)
     x->p_wide.bf16_gemm = dt == POSENC_BF16;
     const void **lp_at[INPUTS] = {&x->p_lp.q, &x->p_lp.k, &x->p_lp.pos_q, &x->p_lp.pos_k,
                                   &x->p_lp.table, &x->p_lp.query_table, &x->p_lp.key_table,
-                                  &x->p_lp.theta, &x->p_lp.rope_cos,
+                                  &x->p_lp.rope_cos,
                                   &x->p_lp.rope_sin, &x->p_lp.rope_cos_k, &x->p_lp.rope_sin_k};
     const void **wide_at[INPUTS] = {&x->p_wide.q, &x->p_wide.k, &x->p_wide.pos_q,
                                     &x->p_wide.pos_k, &x->p_wide.table,
                                     &x->p_wide.query_table, &x->p_wide.key_table,
-                                    &x->p_wide.theta,
                                     &x->p_wide.rope_cos, &x->p_wide.rope_sin,
                                     &x->p_wide.rope_cos_k, &x->p_wide.rope_sin_k};
     for (int t = 0; t < INPUTS; ++t) {
@@ -112,8 +108,8 @@ static void expect_narrowed(const char *what, posenc_dtype dt, const uint16_t *g
 typedef struct {
     uint16_t *lp[GRADS];
     float *wide[GRADS];
-    double *seg_lp, *seg_wide;   /* the segments module's table, or NULL */
-    size_t seg_len;
+    double *mod_lp[MODULE_GRADS], *mod_wide[MODULE_GRADS];   /* module_grads', or NULL */
+    size_t mod_len[MODULE_GRADS];
     posenc_grads g_lp, g_wide;
 } lp_grads;
 
@@ -126,15 +122,17 @@ static void grads_make(lp_grads *g, const problem_data *pd, const lp_data *x)
         g->wide[t] = x->lp[s] ? calloc(len + 1, sizeof(float)) : NULL;
     }
     g->g_lp = (posenc_grads){g->lp[0], g->lp[1], g->lp[2], g->lp[3], g->lp[4],
-                             g->lp[5], g->lp[6], g->lp[7]};
+                             g->lp[5], g->lp[6]};
     g->g_wide = (posenc_grads){g->wide[0], g->wide[1], g->wide[2], g->wide[3], g->wide[4],
-                               g->wide[5], g->wide[6], g->wide[7]};
-    const int seg = grad_input(pd, GRAD_SEGMENTS) != NULL;
-    g->seg_len = seg ? grad_len(pd, GRAD_SEGMENTS) : 0;
-    g->seg_lp = seg ? calloc(g->seg_len + 1, sizeof(double)) : NULL;
-    g->seg_wide = seg ? calloc(g->seg_len + 1, sizeof(double)) : NULL;
-    g->g_lp.terms[POSENC_TERM_segments][0] = g->seg_lp;
-    g->g_wide.terms[POSENC_TERM_segments][0] = g->seg_wide;
+                               g->wide[5], g->wide[6]};
+    for (int e = 0; e < MODULE_GRADS; ++e) {
+        const int t = module_grads[e], given = grad_input(pd, t) != NULL;
+        g->mod_len[e] = given ? grad_len(pd, t) : 0;
+        g->mod_lp[e] = given ? calloc(g->mod_len[e] + 1, sizeof(double)) : NULL;
+        g->mod_wide[e] = given ? calloc(g->mod_len[e] + 1, sizeof(double)) : NULL;
+        g->g_lp.terms[grad_module(t)][0] = g->mod_lp[e];
+        g->g_wide.terms[grad_module(t)][0] = g->mod_wide[e];
+    }
 }
 
 /* got (16-bit) within one rounding of the target type of want (float32)
@@ -188,15 +186,16 @@ static void grads_expect(const char *what, posenc_dtype dt, const lp_grads *g,
         if (!g->lp[t])
             continue;
         char name[300];
-        snprintf(name, sizeof name, "%s d%s", what, lp_grad_name(t));
+        snprintf(name, sizeof name, "%s d%s", what, grad_names[t]);
         (exact || t < 2 ? expect_narrowed : expect_near)(name, dt, g->lp[t], g->wide[t],
                                                          pd->len[input_slots[t]]);
     }
-    if (g->seg_lp) {   /* float32 sums in both problems: the same bits in one chunk */
-        char name[300];
-        snprintf(name, sizeof name, "%s dsegments table", what);
-        compare(name, g->seg_lp, g->seg_wide, g->seg_len, exact ? 0 : 1e-6, exact);
-    }
+    for (int e = 0; e < MODULE_GRADS; ++e)
+        if (g->mod_lp[e]) {   /* float32 sums in both problems: the same bits in one chunk */
+            char name[300];
+            snprintf(name, sizeof name, "%s d%s", what, grad_names[module_grads[e]]);
+            compare(name, g->mod_lp[e], g->mod_wide[e], g->mod_len[e], exact ? 0 : 1e-6, exact);
+        }
 }
 
 static void grads_free(lp_grads *g)
@@ -205,8 +204,10 @@ static void grads_free(lp_grads *g)
         free(g->lp[t]);
         free(g->wide[t]);
     }
-    free(g->seg_lp);
-    free(g->seg_wide);
+    for (int e = 0; e < MODULE_GRADS; ++e) {
+        free(g->mod_lp[e]);
+        free(g->mod_wide[e]);
+    }
 }
 
 static void check_logits(const char *what, posenc_dtype dt, problem_data *pd, lp_data *x,
@@ -324,15 +325,17 @@ static void check_bf16_gemm(const char *what, problem_data *pd, lp_data *x,
             if (g[0].wide[t]) {
                 char name[300];
                 snprintf(name, sizeof name, "%s %s d%s", what, pass ? "attention" : "logits",
-                         lp_grad_name(t));
+                         grad_names[t]);
                 expect_bf16_gemm_near(name, g[0].wide[t], g[1].wide[t], pd->len[input_slots[t]]);
             }
-        if (g[0].seg_wide) {
-            char name[300];
-            snprintf(name, sizeof name, "%s %s dsegments (bfloat16 GEMM)", what,
-                     pass ? "attention" : "logits");
-            compare_above(name, g[0].seg_wide, g[1].seg_wide, g[0].seg_len, 0x1p-6, 0, 1.0);
-        }
+        for (int e = 0; e < MODULE_GRADS; ++e)
+            if (g[0].mod_wide[e]) {
+                char name[300];
+                snprintf(name, sizeof name, "%s %s d%s (bfloat16 GEMM)", what,
+                         pass ? "attention" : "logits", grad_names[module_grads[e]]);
+                compare_above(name, g[0].mod_wide[e], g[1].mod_wide[e], g[0].mod_len[e], 0x1p-6,
+                              0, 1.0);
+            }
     }
     expect_bf16_gemm_near(what, grad_v[0], grad_v[1], n_v);
     for (int k = 0; k < 2; ++k) {
