@@ -88,9 +88,8 @@ static size_t backward_ws_layout(const backward_ctx *c, backward_ws *w, REAL *me
 
 /* Sum mode: the positional gradients of rows [blk0, blk0 + rows) straight from G (keys
  * [0, cols)). */
-static void backward_sum_rows(const backward_ctx *c, backward_ws *w, size_t u, size_t b,
-                              size_t blk0, size_t rows, const REAL *G_blk, size_t first,
-                              size_t cols)
+static void backward_sum_rows(const backward_ctx *c, backward_ws *w, size_t u, size_t blk0,
+                              size_t rows, const REAL *G_blk, size_t first, size_t cols)
 {
     const posenc_problem *p = c->p;
     const posenc_kernels *kern = c->kern;
@@ -99,7 +98,7 @@ static void backward_sum_rows(const backward_ctx *c, backward_ws *w, size_t u, s
         if (c->cls_row0 && i == 0)
             continue;      /* the [CLS] row belongs to the reset */
         const row_grads rg = {G_blk + (i - blk0) * m, NULL};   /* the table's below, at once */
-        backward_row_positional(c, w, u, b, i, &rg, cols);
+        backward_row_positional(c, w, u, i, &rg, cols);
     }
     const size_t skip = c->cls_row0 && blk0 == 0;   /* the [CLS] row */
     double *scratch = (double *)(void *)w->term_scratch;
@@ -119,13 +118,13 @@ static void backward_sum_rows(const backward_ctx *c, backward_ws *w, size_t u, s
 
 /* backward_sum_rows over a block: at once, or with `limits` tile by tile of mr rows over
  * the keys each tile sees (the same sums in the same order, less their zeros). */
-static void backward_sum_block(const backward_ctx *c, backward_ws *w, size_t u, size_t b,
-                               size_t blk0, size_t rows, const REAL *G_blk, size_t cols,
+static void backward_sum_block(const backward_ctx *c, backward_ws *w, size_t u, size_t blk0,
+                               size_t rows, const REAL *G_blk, size_t cols,
                                const block_limits *limits)
 {
     const size_t step = limits ? c->kern->mr : rows;
     for (size_t t0 = 0; t0 < rows; t0 += step)
-        backward_sum_rows(c, w, u, b, blk0 + t0, posenc_min(step, rows - t0),
+        backward_sum_rows(c, w, u, blk0 + t0, posenc_min(step, rows - t0),
                           G_blk + t0 * c->p->m, limits ? limits->first : 0,
                           limits ? limits->row_keys[2 * (t0 / step) + 1] : cols);
 }
@@ -208,7 +207,7 @@ static void backward_unit_block(const backward_ctx *c, backward_ws *w, size_t u,
         Gc = w->content_grad;
         ldg = c->m_pad;
     } else {
-        backward_sum_block(c, w, u, b, blk0, rows_blk, G_blk, cols, limits);
+        backward_sum_block(c, w, u, blk0, rows_blk, G_blk, cols, limits);
     }
     /* the GEMMs through Gc over its keys [first, cols) only (a ranged attention:
      * the rest of the block's rows are 0), and within them over `limits` */

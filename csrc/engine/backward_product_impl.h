@@ -106,7 +106,7 @@ static void backward_product_tile(const backward_ctx *c, backward_ws *w, size_t 
                 row_grads rg = {NULL, NULL};
                 if (kind[x] == FACTOR_TABLE) rg.for_table = eff;
                 else rg.for_query_table = eff;
-                backward_row_positional(c, w, u, b, i, &rg, width);
+                backward_row_positional(c, w, u, i, &rg, width);
             }
         }
     }

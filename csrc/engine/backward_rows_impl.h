@@ -225,13 +225,13 @@ typedef struct {
 
 /* The positional gradients of row i from its effective gradients, keys [0, cols) (m, or
  * those a causal block sees: 0 past them). */
-static void backward_row_positional(const backward_ctx *c, backward_ws *w, size_t u, size_t b,
-                                    size_t i, const row_grads *rg, size_t cols)
+static void backward_row_positional(const backward_ctx *c, backward_ws *w, size_t u, size_t i,
+                                    const row_grads *rg, size_t cols)
 {
     const posenc_problem *p = c->p;
     const posenc_kernels *kern = c->kern;
     const size_t n = p->n, m = p->m;
-    const ptrdiff_t jb = c->masked ? 1 : 0;   /* column 0 belongs to theta */
+    const ptrdiff_t jb = c->masked ? 1 : 0;   /* column 0 belongs to the reset */
     if (c->need_query_side && rg->for_query_table)
         scatter_query_side(kern, &c->terms->query_runs, w->query_side + i * c->terms->query_buckets,
                            rg->for_query_table, (ptrdiff_t)i, jb, (ptrdiff_t)cols);
