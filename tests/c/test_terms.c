@@ -518,6 +518,53 @@ static void rb2d_validation(void)
     rb2d_release(&r);
 }
 
+/* ------------------------------------------------------------ segments, reset */
+
+/* posenc_validate of the segments module (the harness's diet_abs: 3 segments, float64
+ * ids): ids integers within the table, shared by the heads, the table a square; and of
+ * the reset's theta (2 entries a unit). */
+static void segments_validation(void)
+{
+    const config diet = {"diet_abs", 1, 0, 0, 0, 1, 0, 0, 0};
+    const config tupe = {"tupe-no-table", 1, 0, 0, 0, 0, 1, 0, 0};
+    problem_data pd;
+    const char *why = NULL;
+    build(&pd, &diet, 2, 3, 5, 7, 4, 0);
+    point(&pd, POSENC_F64);
+    posenc_term_array *a = pd.p.terms[POSENC_TERM_segments].array;
+    EXPECT(posenc_validate(&pd.p, &why) == POSENC_OK, "segments: refused (%s)", why ? why : "");
+    const double bad_ids[] = {3, 2.5, -1, NAN};
+    for (size_t t = 0; t < sizeof bad_ids / sizeof bad_ids[0]; ++t) {
+        const double saved = pd.segment_k[9];   /* batch row 1's */
+        pd.segment_k[9] = bad_ids[t];
+        why = NULL;
+        EXPECT(posenc_validate(&pd.p, &why) == POSENC_EINVAL && why && strstr(why, "segments"),
+               "segments: a key id %g accepted", bad_ids[t]);
+        pd.segment_k[9] = saved;
+    }
+    a[0].per_unit = 8;   /* not a square */
+    EXPECT(posenc_validate(&pd.p, &why) == POSENC_EINVAL, "segments: a table of 8 entries accepted");
+    a[0].per_unit = 9;
+    a[1].head_stride = pd.p.n;   /* per-head query ids */
+    EXPECT(posenc_validate(&pd.p, &why) == POSENC_EINVAL, "segments: per-head ids accepted");
+    a[1].head_stride = 0;
+    a[2].per_unit = pd.p.m - 1;   /* the keys' ids one short */
+    EXPECT(posenc_validate(&pd.p, &why) == POSENC_EINVAL, "segments: m - 1 key ids accepted");
+    a[2].per_unit = pd.p.m;
+    pd.p.product = 1;             /* a module in product mode */
+    EXPECT(posenc_validate(&pd.p, &why) == POSENC_EINVAL, "segments: product mode accepted");
+    pd.p.product = 0;
+    EXPECT(posenc_validate(&pd.p, &why) == POSENC_OK, "segments: restored problem refused");
+    release(&pd);
+    build(&pd, &tupe, 2, 3, 5, 7, 4, 1);
+    point(&pd, POSENC_F64);
+    EXPECT(posenc_validate(&pd.p, &why) == POSENC_OK, "reset: refused (%s)", why ? why : "");
+    pd.p.terms[POSENC_TERM_reset].array[0].per_unit = 3;
+    EXPECT(posenc_validate(&pd.p, &why) == POSENC_EINVAL && why && strstr(why, "reset"),
+           "reset: a theta of 3 entries accepted");
+    release(&pd);
+}
+
 /* ------------------------------------------------------------ rope_token */
 
 /* Per-token tables: the queries' (B, H, n, pairs) and the keys' per query head (B, H, m,
@@ -1099,6 +1146,7 @@ void test_terms(void)
             rb2d_case(z[0], z[1], z[2], z[3], z[4], z[5], z[6], z[7], (int)z[8], (int)z[9]);
     }
     rb2d_validation();
+    segments_validation();
     /* B, H, H_kv, n, m, d, pairs, shared (the queries' tables without a batch axis: with
      * 3 key heads summed as the units run on one thread, after them on two: the same bits) */
     const size_t tokens[][8] = {{1, 1, 1, 1, 1, 2, 1, 0}, {2, 4, 2, 7, 17, 8, 3, 0},
