@@ -110,18 +110,12 @@ static void term_relative_bias_2d_unit(const term_unit *t)
  * several calls). */
 #define RB2D_BATCH 256
 
-/* Elements of REAL holding `bytes`, rounded up to 64 bytes. */
-static size_t rb2d_reals(size_t bytes)
-{
-    return posenc_round_up((bytes + sizeof(REAL) - 1) / sizeof(REAL), 64 / sizeof(REAL));
-}
-
 /* The unit's table, its keys' runs, a batch of a row's pieces (a thread's). */
 static size_t term_relative_bias_2d_unit_scratch(const posenc_problem *p)
 {
     const size_t L = p->terms[POSENC_TERM_relative_bias_2d].array[RB2D_BIAS].per_unit;
-    return posenc_round_up(L, 16) + rb2d_reals(p->m * sizeof(int32_t)) +
-           rb2d_reals(RB2D_BATCH * sizeof(posenc_piece));
+    return posenc_round_up(L, 16) + term_reals(p->m * sizeof(int32_t)) +
+           term_reals(RB2D_BATCH * sizeof(posenc_piece));
 }
 
 /*
@@ -182,7 +176,7 @@ static void term_relative_bias_2d_rows(const term_unit *t, int op, REAL *P, size
     const REAL *table = t->unit_data;
     const int32_t *run_end = (const int32_t *)(const void *)(table + posenc_round_up(L, 16));
     posenc_piece *pieces = (posenc_piece *)(void *)(t->unit_data + posenc_round_up(L, 16) +
-                                                    rb2d_reals(t->p->m * sizeof(int32_t)));
+                                                    term_reals(t->p->m * sizeof(int32_t)));
     for (size_t e = 0; e < rows; ++e) {   /* a row's pieces, then a kernel call */
         size_t count = 0;
 #define RB2D_FLUSH_ kern->row_pieces(op, P + e * ldp, table, pieces, count)

@@ -85,12 +85,6 @@ static size_t seg_runs(seg_run *runs, const double *key, size_t m)
     return count;
 }
 
-/* Elements of REAL holding `bytes`, rounded up to 64 bytes. */
-static size_t seg_reals(size_t bytes)
-{
-    return posenc_round_up((bytes + sizeof(REAL) - 1) / sizeof(REAL), 64 / sizeof(REAL));
-}
-
 /* The unit data: the table in REAL (S x S, rounded up to 16), then the count of runs and
  * the runs. */
 typedef struct {
@@ -118,7 +112,7 @@ static void term_segments_unit(const term_unit *t)
 static size_t term_segments_unit_scratch(const posenc_problem *p)
 {
     const size_t SS = p->terms[POSENC_TERM_segments].array[SEG_TABLE].per_unit;
-    return posenc_round_up(SS, 16) + seg_reals(sizeof(size_t) + p->m * sizeof(seg_run));
+    return posenc_round_up(SS, 16) + term_reals(sizeof(size_t) + p->m * sizeof(seg_run));
 }
 
 /* Row `row` of the table (a query's segment) on keys [k0, cols) of P's row, with op: one

@@ -103,4 +103,11 @@ typedef struct {
     int overrides;
 } term_kind;
 
+/* Elements of REAL holding `bytes`, rounded up to 64 bytes: a kind's room in its unit data
+ * for what is not REAL (runs, pieces). */
+static inline size_t term_reals(size_t bytes)
+{
+    return posenc_round_up((bytes + sizeof(REAL) - 1) / sizeof(REAL), 64 / sizeof(REAL));
+}
+
 #endif /* POSENC_ENGINE_TERM_UNIT_IMPL_H */
