@@ -124,8 +124,8 @@ static int new_grads(PyObject *config, const converted *a, unsigned int needs, i
         PyArrayObject *src = a->arr[grad_source[t]];
         if (!src || !(needs & (1u << t)))
             continue;
-        /* of its input's dtype: the problem's, or a 16-bit problem's float32 table; a
-         * term module's per unit, (B, H, per_unit) (csrc/terms.h) */
+        /* of its input's dtype (the problem's); a term module's per unit, float64
+         * (B, H, per_unit) (csrc/terms.h) */
         npy_intp per_unit[3] = {0};
         if (t >= GR_FIRST_TERM_) {
             per_unit[0] = PyArray_DIM(a->arr[CF_q], 0);

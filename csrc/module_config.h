@@ -16,7 +16,7 @@
  * arrays (csrc/terms.h: <kind>_<array>, float64 (B|1, H|1, length)).
  */
 #define CONFIG_INDEX_FIELDS(X) \
-    X(table_map) X(query_map) X(key_map) X(positions_q) X(positions_k)
+    X(query_map) X(key_map) X(positions_q) X(positions_k)
 #define CONFIG_SCALAR_FIELDS(X) \
     X(product) X(scale) X(dense_scale) X(vector_scale) X(rope_interleaved) X(query_offset)
 
@@ -343,14 +343,9 @@ static int build_problem(PyObject *config, converted *a, posenc_problem *p)
     for (size_t t = 0; t < sizeof float_fields / sizeof float_fields[0]; ++t) {
         const int field = float_fields[t];
         PyObject *obj = PyTuple_GET_ITEM(config, field);
-        /* a 16-bit problem's table may hold float32 values (posenc.h table_f32) */
-        const int wide = field == CF_table && dtype >= POSENC_BF16 && PyArray_Check(obj) &&
-                         PyArray_TYPE((PyArrayObject *)obj) == NPY_FLOAT;
         if (obj != Py_None &&
-            !(a->arr[field] = as_float_array(obj, wide ? NPY_FLOAT : typenum, config_names[field])))
+            !(a->arr[field] = as_float_array(obj, typenum, config_names[field])))
             return -1;
-        if (wide)
-            p->table_f32 = 1;
     }
     for (size_t t = 0; t < sizeof index_fields / sizeof index_fields[0]; ++t) {
         const int field = index_fields[t];
@@ -401,9 +396,9 @@ static int build_problem(PyObject *config, converted *a, posenc_problem *p)
         p->d_p = (size_t)dp;
     }
     /* tables with their maps */
-    static const struct { int table, map, ndim; } tables[3] = {
-        {CF_table, CF_table_map, 2}, {CF_query_table, CF_query_map, 3}, {CF_key_table, CF_key_map, 3}};
-    for (int t = 0; t < 3; ++t) {
+    static const struct { int table, map, ndim; } tables[2] = {
+        {CF_query_table, CF_query_map, 3}, {CF_key_table, CF_key_map, 3}};
+    for (int t = 0; t < 2; ++t) {
         const int table = tables[t].table, map = tables[t].map;
         if (!a->arr[table])
             continue;
@@ -414,12 +409,6 @@ static int build_problem(PyObject *config, converted *a, posenc_problem *p)
         if (check_dims(a->arr[table], config_names[table], tables[t].ndim, (npy_intp[]){any, any, d}) ||
             check_dims(a->arr[map], config_names[map], 1, (npy_intp[]){offsets}))
             return -1;
-    }
-    if (a->arr[CF_table]) {
-        p->table = DATA(CF_table);
-        p->table_heads = DIM(CF_table, 0);
-        p->table_rows = DIM(CF_table, 1);
-        p->table_map = (const int64_t *)DATA(CF_table_map);
     }
     if (a->arr[CF_query_table]) {
         p->query_table = DATA(CF_query_table);

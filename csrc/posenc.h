@@ -2,24 +2,25 @@
  * posenc.h -- the C API of the posenc engine.  Pure C, no Python.
  *
  * Every method of docs/spec.md §3 is one `posenc_problem`: the content term
- * s * q_i.k_j plus positional terms of four kinds, combined by sum or by
- * product (docs/internals.md §1, the term algebra), and optionally a rotation
- * of q and k (rope):
+ * s * q_i.k_j plus positional terms of three kinds and term modules, combined by
+ * sum or by product (docs/internals.md §1, the term algebra), and optionally a
+ * rotation of q and k (rope):
  *
  *   dense         dense_scale * pos_q_i . pos_k_j                  (TUPE, DIET-ABS)
- *   table         table[h, table_map(j - i)]                       (T5, DIET-REL, TUPE-R, M2,
- *                                                                    ALiBi, KERPLE, any bias of j - i)
  *   query table   vector_scale * q_i . query_table[h, query_map(j - i)]  (Shaw, M4, M4M, DeBERTa c2p)
  *   key table     vector_scale * k_j . key_table[h, key_map(j - i)]      (M4, M4M, DeBERTa p2c)
  *   rotation      q_i, k_j rotated pair by pair by the angles of their positions
  *                 before any use, the adjoint applied to dq, dk (RoPE, xPos)
  *
- * Sum:     A = s q.k + reset(dense + table + query table + key table + modules)
- * Product: A = s q.k * table * query table * key table      (M2, M4M; no dense/modules)
+ * Sum:     A = s q.k + reset(dense + query table + key table + modules)
+ * Product: A = s q.k * module * query table * key table   (M2, M4M; no dense; the module
+ *                                                         a factor kind: the toeplitz)
  *
- * with the term modules of csrc/terms.h (sum mode): DIET's segments, FoX, the 2-D
- * relative bias, per-token rotary tables, CoPE, and TUPE's [CLS] reset (theta[0]
- * on the row at position 0, theta[1] on column 0 of the others, over the sum).
+ * with the term modules of csrc/terms.h: a term of the offset j - i alone
+ * (toeplitz: the scalar table of T5, DIET-REL, TUPE-R, M2 read through its map,
+ * ALiBi's and KERPLE's biases), DIET's segments, FoX, the 2-D relative bias,
+ * per-token rotary tables, CoPE, and TUPE's [CLS] reset (theta[0] on the row at
+ * position 0, theta[1] on column 0 of the others, over the sum).
  *
  * Every bucket map is a 1-D array over the offsets o = j - i in
  * [-(n-1), m-1], stored at index o + n - 1, computed once per call.
@@ -102,13 +103,6 @@ typedef struct {
     size_t pos_q_heads, pos_k_heads, d_p;
     double dense_scale;
 
-    const void *table;            /* (table_heads, table_rows), unscaled */
-    size_t table_heads, table_rows;
-    int table_f32;                /* a bfloat16 or float16 problem's table holds float32 values
-                                     (a bias computed from parameters, as ALiBi's: no rounding
-                                     to 16 bits), and so does its gradient */
-    const int64_t *table_map;     /* n + m - 1 rows of table */
-
     const void *query_table;      /* (query_table_heads, query_table_rows, d) */
     size_t query_table_heads, query_table_rows;
     const int64_t *query_map;
@@ -189,7 +183,6 @@ static inline int posenc_terms_any(const posenc_problem *p)
 #define POSENC_ARRAYS(PARAM, CONST)                                        \
     PARAM(pos_q, pos_q_heads, p->n * p->d_p)                               \
     PARAM(pos_k, pos_k_heads, p->m * p->d_p)                               \
-    PARAM(table, table_heads, p->table_rows)                               \
     PARAM(query_table, query_table_heads, p->query_table_rows * p->d)      \
     PARAM(key_table, key_table_heads, p->key_table_rows * p->d)            \
     CONST(rope_cos, p->rope_positions * p->rope_pairs)                     \

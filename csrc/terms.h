@@ -28,7 +28,10 @@
  * posenc_grads), the caller reducing over the other axes its arrays broadcast.
  * Module terms are added (sum mode, no rotation); a kind's own file says what it
  * computes.  A kind that overrides instead (TUPE's reset: term_kind's `overrides`)
- * comes last in the list: the engine applies its rows after every other term.
+ * comes last in the list: the engine applies its rows after every other term.  A
+ * kind whose file defines term_<name>_factor 1 may also be the one module of a
+ * product (M2's table: its rows multiply the logits; they are linear in its arrays
+ * and given by pointer, term_kind's rows_at).
  */
 #ifndef POSENC_TERMS_H
 #define POSENC_TERMS_H
@@ -36,6 +39,8 @@
 #define POSENC_TERM_ARRAYS_MAX 4
 
 #define POSENC_TERMS(TERM, ARRAY)                                                      \
+    TERM(toeplitz, 1, "toeplitz: values along the n + m - 1 offsets",                   \
+         ARRAY(toeplitz, values, 1, 1, p->n && p->m ? p->n + p->m - 1 : 0))              \
     TERM(segments, term_segments_valid(p),                                             \
          "segments: a table of S x S entries, ids integers in [0, S) shared by the "     \
          "heads", ARRAY(segments, table, 1, 1, 0) ARRAY(segments, query, 1, 0, p->n)      \
@@ -73,6 +78,7 @@
  * the rest (validation) for entry.c. */
 #if defined(POSENC_TERM_FILES) && !defined(POSENC_TERM_FILES_INCLUDED)
 #define POSENC_TERM_FILES_INCLUDED
+#include "engine/term_toeplitz_impl.h"
 #include "engine/term_segments_impl.h"
 #include "engine/term_fox_impl.h"
 #include "engine/term_relative_bias_2d_impl.h"

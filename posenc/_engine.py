@@ -37,7 +37,6 @@ from . import _C
 # one list of the problem's arrays), in the order it reads them:
 #   q, k                            (B, H, n, d), (B, H, m, d), any float dtype, any strides
 #   pos_q, pos_k                    dense factor (H|1, n, d_p), (H|1, m, d_p) or None
-#   table                           scalar table (H|1, R) with table_map, its int64 map over offsets
 #   query_table, key_table          vector tables (H|1, R, d): q_i . table[map], k_j . table[map],
 #                                   with query_map, key_map
 #   rope_cos, rope_sin              the rotation's tables (P, r), rope_cos_k, rope_sin_k the keys'
@@ -47,7 +46,9 @@ from . import _C
 #   rope_interleaved                bool: the rotation's pairs (x_2t, x_2t+1), else (x_t, x_t+r)
 #   query_offset                    int >= 0: query row i sits at position query_offset + i
 #   <kind>_<array>                  the term modules' arrays (csrc/terms.h), float64
-#                                   (B|1, H|1, length): segments_table, segments_query,
+#                                   (B|1, H|1, length): toeplitz_values (a term of j - i
+#                                   alone along the offsets: a scalar table read through its
+#                                   map, ALiBi's bias), segments_table, segments_query,
 #                                   segments_key (DIET's segments), reset_theta (TUPE's
 #                                   [CLS] reset), fox_gates, ...
 EngineConfig = namedtuple("EngineConfig", _C.CONFIG_FIELDS)

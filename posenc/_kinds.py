@@ -564,9 +564,41 @@ class _Mapped(Term):
 
 
 class Table(_Mapped):
-    """table[h, map(j - i)], unscaled; (H|1, rows)."""
+    """table[h, map(j - i)], unscaled; (H|1, rows).  The engine's `toeplitz` term module
+    (csrc/engine/term_toeplitz_impl.h) reads it along the offsets, table[h, map[o]] in
+    float64, and gives its gradient along them per (b, h) unit: back to the table's rows
+    through the map here (offsets_gradient)."""
 
-    slot, map_slot = "table", "table_map"
+    slot = "toeplitz_values"
+
+    def configure(self, slots, field, spec, p, arrays):
+        table = arrays.get(self.name)
+        if table is not None:
+            slots[field[self.slot]] = offsets_values(np.asarray(table)[:, p.bucket_rows(spec)])
+
+    def gradients(self, spec):
+        return ((self.name, self.slot,
+                 lambda p, grad: offsets_gradient(p, self.name, grad, p.bucket_rows(spec))),)
+
+
+def offsets_values(values: np.ndarray) -> np.ndarray:
+    """A term along the offsets (H', n + m - 1) as the toeplitz module's array: float64,
+    (1, H', n + m - 1)."""
+    return np.ascontiguousarray(values, dtype=np.float64)[None]
+
+
+def offsets_gradient(p, name: str, grad: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """The gradient of the call's table `name` (H|1, R) from the toeplitz module's along the
+    offsets, per unit (B, H, n + m - 1) float64: summed over the batch (the engine's
+    batch_summed), into each offset's table row (rows: the map), over the heads a shared
+    table serves; in the call's dtype."""
+    table = p.arrays[name]
+    along = batch_summed(grad)[0]
+    out = np.zeros((along.shape[0], table.shape[1]))
+    np.add.at(out, (slice(None), rows), along)
+    if table.shape[0] == 1:
+        out = out.sum(axis=0, keepdims=True)
+    return narrow(out, p.dtype)
 
 
 class QueryTable(_Mapped):
@@ -719,11 +751,11 @@ class OffsetBias(Term):
     """A bias that is a function of the offset o = j - i' with per-head
     parameters (ALiBi, KERPLE): ``bias[h, o] = value(o, *params[h], **options)``.
 
-    Each parameter is (H|1,).  The engine reads it as a scalar table with a
-    row per offset of the call (its map the identity over the n + m - 1
-    diagonals), built per call from the parameters; its gradient, the
-    diagonal sums of the logits' gradient, gives each parameter's by the
-    chain rule: dL/dparam[h] = sum_o dtable[h, o] * d value / d param.
+    Each parameter is (H|1,).  The engine reads the bias along the n + m - 1
+    offsets of the call as its `toeplitz` term module, built per call from the
+    parameters; its gradient, the diagonal sums of the logits' gradient, gives
+    each parameter's by the chain rule: dL/dparam[h] = sum_o dbias[h, o] *
+    d value / d param.
 
     value(o, *params, **options) and derivatives(o, *params, **options) (one
     array per parameter) take o (1, T) float64 and each parameter (H', 1)
@@ -756,9 +788,9 @@ class OffsetBias(Term):
         return offsets[None, :], params, options
 
     def table(self, p) -> np.ndarray:
-        """The engine's table (H', n + m - 1): the bias of every diagonal, in the call's
-        dtype, or float32 for bfloat16 and float16 (which compute in float32: the
-        bias is not rounded to 16 bits, nor is its gradient)."""
+        """The bias of every diagonal (H', n + m - 1), rounded to the call's dtype, or to
+        float32 for bfloat16 and float16 (which compute in float32: the bias is not
+        rounded to 16 bits, nor is its gradient, float64 per unit)."""
         offsets, params, options = self._inputs(p)
         heads = max(len(x) for x in params)
         with np.errstate(all="ignore"):       # NaN and Inf parameters propagate (SPEC §5)
@@ -768,19 +800,19 @@ class OffsetBias(Term):
         return np.ascontiguousarray(value, dtype=dtype)
 
     def configure(self, slots, field, spec, p, arrays):
-        slots[field["table"]] = self.table(p)
-        slots[field["table_map"]] = identity_map(p.n, p.m)
+        slots[field["toeplitz_values"]] = offsets_values(self.table(p))
 
     def gradients(self, spec):
-        return tuple((name, "table", functools.partial(self._finish, t))
+        return tuple((name, "toeplitz_values", functools.partial(self._finish, t))
                      for t, name in enumerate(self.names))
 
-    def _finish(self, t: int, p, dtable: np.ndarray) -> np.ndarray:
-        """Parameter t's gradient from the table's (chain rule), folded to its heads."""
+    def _finish(self, t: int, p, dbias: np.ndarray) -> np.ndarray:
+        """Parameter t's gradient from the bias's along the offsets, per unit (B, H, n + m
+        - 1) (chain rule), folded to its heads."""
         offsets, params, options = self._inputs(p)
         with np.errstate(all="ignore"):       # NaN and Inf propagate (SPEC §5)
             derivative = self.derivatives(offsets, *params, **options)[t]
-            grad = (np.asarray(dtable, dtype=np.float64) * derivative).sum(axis=1)
+            grad = (batch_summed(dbias)[0] * derivative).sum(axis=1)
         if len(params[t]) == 1:
             grad = grad.sum(keepdims=True)
         return grad.astype(p.dtype)

@@ -110,8 +110,8 @@ def test_engine_configuration(method):
             assert getattr(config, ENGINE_GRADS[entry]) is floats[field], (field, entry)
         else:                            # a parameter of an array the engine reads
             assert getattr(config, ENGINE_GRADS[entry]) is not None, (field, entry)
-    for name in ("table", "query_table", "key_table"):
-        mapped = getattr(config, name.replace("table", "map") if name != "table" else "table_map")
+    for name in ("query_table", "key_table"):
+        mapped = getattr(config, name.replace("table", "map"))
         assert (getattr(config, name) is None) == (mapped is None)
 
 

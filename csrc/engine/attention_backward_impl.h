@@ -382,7 +382,7 @@ static int attention_backward(const posenc_problem *p, const posenc_attention *a
         status = POSENC_ENOMEM;
     if (status != POSENC_OK)
         goto done;
-    gc.need_ds = grads->q || grads->k || grads->pos_q || grads->pos_k || grads->table ||
+    gc.need_ds = grads->q || grads->k || grads->pos_q || grads->pos_k ||
                  grads->query_table || grads->key_table ||
                  g.need_modules;
 

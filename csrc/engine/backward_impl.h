@@ -93,13 +93,10 @@ static void backward_sum_rows(const backward_ctx *c, backward_ws *w, size_t u, s
 {
     const posenc_problem *p = c->p;
     const posenc_kernels *kern = c->kern;
-    const size_t n = p->n, m = p->m;
-    for (size_t i = blk0; i < blk0 + rows && c->need_query_side; ++i) {
-        if (c->cls_row0 && i == 0)
-            continue;      /* the [CLS] row belongs to the reset */
-        const row_grads rg = {G_blk + (i - blk0) * m, NULL};   /* the table's below, at once */
-        backward_row_positional(c, w, u, i, &rg, cols);
-    }
+    const size_t m = p->m;
+    for (size_t i = blk0; i < blk0 + rows && c->need_query_side; ++i)
+        if (!(c->cls_row0 && i == 0))   /* the [CLS] row belongs to the reset */
+            backward_row_query_side(c, w, i, G_blk + (i - blk0) * m, cols);
     const size_t skip = c->cls_row0 && blk0 == 0;   /* the [CLS] row */
     double *scratch = (double *)(void *)w->term_scratch;
     if (c->need_modules && c->masked)   /* the reset's own cells: all of G */
@@ -108,10 +105,6 @@ static void backward_sum_rows(const backward_ctx *c, backward_ws *w, size_t u, s
     if (c->need_modules && rows > skip)   /* the others: not the reset's row and column 0 */
         terms_grad_rows(p, kern, c->g, TERMS_ADDING, u, G_blk + skip * m, m, blk0 + skip,
                         rows - skip, posenc_max(first, c->masked ? (size_t)1 : 0), cols, scratch);
-    if (c->need_offsets && rows > skip)   /* from `first` on: G is 0 before it */
-        kern->diagonal_sums(c->offset_slots + u * c->offsets + (n - 1 - (blk0 + skip)),
-                            G_blk + skip * m, m, rows - skip,
-                            posenc_max(first, c->masked ? (size_t)1 : 0), cols);
     if (c->need_key_side)
         scatter_key_side(c, w, G_blk, m, cols, blk0, rows, c->masked ? 1 : 0, c->cls_row0);
 }
@@ -157,7 +150,7 @@ static void backward_unit_commit_dk(const backward_ctx *c, const backward_ws *w,
 }
 
 /* Unit u's start: its bucket matrices zeroed; in product mode s k^T packed
- * into k_packed and the key-side projections. */
+ * into k_packed, the key-side projections and the module factor's unit data. */
 static void backward_unit_begin(const backward_ctx *c, backward_ws *w, size_t u,
                                 packed_b *k_packed)
 {
@@ -176,6 +169,8 @@ static void backward_unit_begin(const backward_ctx *c, backward_ws *w, size_t u,
         if (p->key_table)
             key_projections(c->kern, &w->scratch, p, c->terms->key_runs.b_min, c->terms->key_buckets, 0,
                             c->terms->key_buckets, &c->terms->key_edges, w->key_table_pack, w->key_proj, h, k_u);
+        if (w->term_unit)
+            terms_unit(p, c->kern, u / p->H, h, w->term_unit);
     }
 }
 
@@ -261,15 +256,18 @@ static void backward_unit_block(const backward_ctx *c, backward_ws *w, size_t u,
     }
 }
 
-/* Unit u's end, once every row block is in: dq and dk back through the
- * rotation (rope, which has no vector table: where scales.exact scales the
- * sums after, the rotation scales them first, in the reference's order), the
- * gradients through the vector tables. */
+/* Unit u's end, once every row block is in: a product's module gradients
+ * scaled (scales.exact), dq and dk back through the rotation (rope, which
+ * has no vector table: where scales.exact scales the sums after, the
+ * rotation scales them first, in the reference's order), the gradients
+ * through the vector tables. */
 static void backward_unit_end(const backward_ctx *c, backward_ws *w, size_t u)
 {
     const posenc_problem *p = c->p;
     const posenc_grads *g = c->g;
     const size_t n = p->n, m = p->m, d = p->d, h = u % p->H;
+    if (c->scales.exact && p->product && c->need_modules)   /* the module factor's: s left out */
+        terms_grads_scale(p, g, u, c->scales.scale);
     if (posenc_rotates(p)) {
         unit_inputs_grads(p, g, &w->scratch, &w->inputs, u, g->q ? (REAL *)g->q + u * n * d : NULL,
                           backward_unit_dk(c, w, u), c->scales.exact ? &c->scales.scale : NULL);
@@ -417,7 +415,7 @@ static void backward_team(void *arg, void *ws)
     const posenc_problem *p = c->p;
     const posenc_grads *g = c->g;
     const int phase1 = c->need_content || c->need_query_side || c->need_key_side ||
-                       c->need_offsets || c->need_modules;
+                       c->need_modules;
     backward_ws w;
     backward_ws_layout(c, &w, (REAL *)ws);
     if (phase1) {

@@ -1,8 +1,10 @@
 /*
  * backward_product_impl.h -- the product mode's backward (M2, M4M: A = s
- * q.k * table * query table * key table), for one dtype: per row tile the
- * factors are rebuilt and multiplied into the effective gradients that
- * backward_impl.h's GEMMs and scatters consume.
+ * q.k * module * query table * key table, the module a factor kind of
+ * csrc/terms.h: M2's table), for one dtype: per row tile the factors are
+ * rebuilt (the module's read where they lie, term_kind's rows_at) and
+ * multiplied into the effective gradients that backward_impl.h's GEMMs and
+ * scatters and the module's grad_rows consume.
  */
 #ifndef POSENC_ENGINE_BACKWARD_PRODUCT_IMPL_H
 #define POSENC_ENGINE_BACKWARD_PRODUCT_IMPL_H
@@ -21,6 +23,10 @@ static void backward_product_ws(const backward_ctx *c, backward_ws *w, REAL *mem
     WS_TAKE(w, mem, *at, content, mr * c->m_pad);
     WS_TAKE(w, mem, *at, row_grad, c->m_pad);
     WS_TAKE(w, mem, *at, content_grad, c->row_block * c->m_pad);
+    if (terms_factor_kind(p) >= 0) {
+        WS_TAKE(w, mem, *at, term_unit, terms_unit_scratch(p));
+        WS_TAKE(w, mem, *at, module_grad, mr * c->m_pad);
+    }
     if (p->query_table) {
         WS_TAKE(w, mem, *at, query_factor, mr * c->m_pad);
         WS_TAKE(w, mem, *at, query_proj, mr * proj_ld);
@@ -38,8 +44,9 @@ static void backward_product_ws(const backward_ctx *c, backward_ws *w, REAL *mem
  * Rebuild the factors of tile [i0, i0 + rows) and form the effective
  * gradients: Gc = G prod(F) (rows of content_grad from blk0), and per
  * wanted factor x, G (s C) prod(F without x), scattered at once (query
- * side, table) or tile by tile (key side); keys [0, width) (G is 0 past
- * them, and Gc is read no further: a causal attention's block_width).
+ * side) or tile by tile (key side, the module's grad_rows); keys [0, width)
+ * (G is 0 past them, and Gc is read no further: a causal attention's
+ * block_width).
  */
 static void backward_product_tile(const backward_ctx *c, backward_ws *w, size_t u, size_t b,
                                   size_t h, const packed_b *k_packed, size_t blk0, size_t i0,
@@ -69,16 +76,20 @@ static void backward_product_tile(const backward_ctx *c, backward_ws *w, size_t 
             hidden->unseen_zero(hidden->attention, w->key_factor + r * ld, b, i0 + r, width);
     }
 
-    const REAL *by_offset = p->table ? c->terms->table_by_offset + head_of(p->table_heads, h) * c->offsets
-                                     : NULL;
-    enum { FACTOR_TABLE, FACTOR_QUERY, FACTOR_KEY };
+    const int module = terms_factor_kind(p);
+    ptrdiff_t module_ld = 0;
+    const REAL *module_rows = module >= 0 ? term_rows_at(p, kern, module, b, h, i0, w->term_unit,
+                                                         &module_ld)
+                                          : NULL;
+    enum { FACTOR_MODULE, FACTOR_QUERY, FACTOR_KEY };
     for (size_t r = 0; r < rows; ++r) {
         const size_t i = i0 + r;
         const REAL *g_row = G_blk + (i - blk0) * m;
         const REAL *factor[3];
         int kind[3], wanted[3], nf = 0;
-        if (by_offset) {
-            factor[nf] = by_offset + (n - 1 - i); kind[nf] = FACTOR_TABLE; wanted[nf++] = c->need_offsets;
+        if (module_rows) {
+            factor[nf] = module_rows + (ptrdiff_t)r * module_ld;
+            kind[nf] = FACTOR_MODULE; wanted[nf++] = c->need_modules;
         }
         if (p->query_table) {
             factor[nf] = w->query_factor + r * ld; kind[nf] = FACTOR_QUERY; wanted[nf++] = c->need_query_side;
@@ -96,22 +107,23 @@ static void backward_product_tile(const backward_ctx *c, backward_ws *w, size_t 
         for (int x = 0; x < nf; ++x) {
             if (!wanted[x])
                 continue;
-            /* the key side is scattered tile by tile: its rows are kept */
-            REAL *eff = kind[x] == FACTOR_KEY ? w->key_tile_grad + r * ld : w->row_grad;
+            /* the key side and the module go tile by tile: their rows are kept */
+            REAL *eff = kind[x] == FACTOR_KEY      ? w->key_tile_grad + r * ld
+                        : kind[x] == FACTOR_MODULE ? w->module_grad + r * ld
+                                                   : w->row_grad;
             kern->row_mul(eff, g_row, w->content + r * ld, width);
             for (int f = 0; f < nf; ++f)
                 if (f != x)
                     kern->row_gather(POSENC_MUL, eff, factor[f], 1, width);
-            if (kind[x] != FACTOR_KEY) {
-                row_grads rg = {NULL, NULL};
-                if (kind[x] == FACTOR_TABLE) rg.for_table = eff;
-                else rg.for_query_table = eff;
-                backward_row_positional(c, w, u, i, &rg, width);
-            }
+            if (kind[x] == FACTOR_QUERY)
+                backward_row_query_side(c, w, i, eff, width);
         }
     }
     if (c->need_key_side)
         scatter_key_side(c, w, w->key_tile_grad, ld, width, i0, rows, 0, 0);
+    if (module_rows && c->need_modules)   /* its rows are linear in its arrays */
+        terms_grad_rows(p, kern, c->g, TERMS_ADDING, u, w->module_grad, ld, i0, rows, 0, width,
+                        (double *)(void *)w->term_scratch);
 }
 
 #endif /* POSENC_ENGINE_BACKWARD_PRODUCT_IMPL_H */

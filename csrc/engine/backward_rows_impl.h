@@ -21,14 +21,13 @@ typedef struct {
     const posenc_grads *g;
     call_scales scales;
     const REAL *G;
-    size_t m_pad, row_block, offsets;
+    size_t m_pad, row_block;
     int masked;                 /* a reset (an overriding term module, TUPE's theta) present:
                                    the [CLS] row and column 0 belong to it */
     int cls_row0;               /* masked and query_offset 0: local row 0 is the [CLS] row */
     int need_content;           /* dq or dk: the GEMMs through Gc */
     int need_query_side;        /* Gq: for dq or the query table's gradient */
     int need_key_side;          /* Gk: for dk or the key table's gradient */
-    int need_offsets;           /* the scalar table's gradient, along the offsets */
     int need_modules;           /* a term module's gradient (term_kinds_impl.h) */
     int content;                /* the kind of a term module that reads the content logits
                                    (cope), whose path dq, dk and its own gradients take, or -1 */
@@ -37,10 +36,9 @@ typedef struct {
     int reads_g;                /* the positional gradients read G itself (not only the GEMMs) */
     int unit_reads_g;           /* ... in phase 1, beyond the reset's [CLS] row and column 0 */
     term_data own_terms;        /* built by backward_prepare unless given one */
-    const term_data *terms;     /* what the terms read: own_terms, or the attention's logits'
-                                   (their table along the offsets: product mode's factor) */
+    const term_data *terms;     /* what the terms read: own_terms, or the attention's logits' */
     posenc_spans query_spans, key_spans;   /* where Gq and Gk are zero */
-    REAL *offset_slots, *query_table_slots, *key_table_slots;
+    REAL *query_table_slots, *key_table_slots;
     REAL *pos_q_slots, *pos_k_slots;
     const struct masked_keys *masked_keys;   /* a fused attention's, or NULL */
 } backward_ctx;
@@ -79,6 +77,8 @@ typedef struct {
     /* product mode (backward_product_impl.h) */
     REAL *k_pack, *content, *query_factor, *key_factor, *query_proj, *query_table_pack;
     REAL *key_proj, *key_table_pack, *key_tile_grad, *content_grad, *row_grad;
+    REAL *term_unit;          /* the module factor's unit data (terms_unit) */
+    REAL *module_grad;        /* the module factor's effective gradient of a tile, mr x m_pad */
     /* dense phase: S_h, a row block of it */
     REAL *grad_sum;
     REAL *g_block;            /* a row block of G widened from its twin (backward_g_rows) */
@@ -218,26 +218,14 @@ static void scatter_key_edges_end(const backward_ctx *c, backward_ws *w)
     w->lo_first = w->lo_end = w->hi_first = w->hi_end = 0;
 }
 
-/* The positional gradients of one row from its effective gradients. */
-typedef struct {
-    const REAL *for_query_table, *for_table;   /* the key side goes tile by tile */
-} row_grads;
-
-/* The positional gradients of row i from its effective gradients, keys [0, cols) (m, or
- * those a causal block sees: 0 past them). */
-static void backward_row_positional(const backward_ctx *c, backward_ws *w, size_t u, size_t i,
-                                    const row_grads *rg, size_t cols)
+/* Row i of an effective gradient for the query table (keys [0, cols): m, or those a causal
+ * block sees, 0 past them) scattered into its buckets, Gq. */
+static void backward_row_query_side(const backward_ctx *c, backward_ws *w, size_t i,
+                                    const REAL *grad, size_t cols)
 {
-    const posenc_problem *p = c->p;
-    const posenc_kernels *kern = c->kern;
-    const size_t n = p->n, m = p->m;
     const ptrdiff_t jb = c->masked ? 1 : 0;   /* column 0 belongs to the reset */
-    if (c->need_query_side && rg->for_query_table)
-        scatter_query_side(kern, &c->terms->query_runs, w->query_side + i * c->terms->query_buckets,
-                           rg->for_query_table, (ptrdiff_t)i, jb, (ptrdiff_t)cols);
-    if (c->need_offsets && rg->for_table)
-        kern->diagonal_sums(c->offset_slots + u * c->offsets + (n - 1 - i), rg->for_table, m, 1,
-                            (size_t)jb, cols);
+    scatter_query_side(c->kern, &c->terms->query_runs, w->query_side + i * c->terms->query_buckets,
+                       grad, (ptrdiff_t)i, jb, (ptrdiff_t)cols);
 }
 
 /*

@@ -70,9 +70,6 @@ static void backward_reduce(const backward_ctx *c)
     const posenc_problem *p = c->p;
     const posenc_grads *g = c->g;
     const size_t B = p->B, H = p->H, d = p->d;
-    if (g->table)
-        reduce_slots((REAL *)g->table, p->table_heads, p->table_rows, 0, c->offset_slots, B, H,
-                     c->offsets, p->table_map, 0);
     /* a vector table's slots cover the buckets its map uses: rows b_min.. */
     if (g->query_table)
         reduce_slots((REAL *)g->query_table, p->query_table_heads, p->query_table_rows * d,
@@ -91,11 +88,9 @@ static void backward_reduce(const backward_ctx *c)
                      p->m * p->d_p, NULL, 0);
     if (c->scales.exact) {
         /* the scale each gradient's sums left out: s for every factor of a
-         * product (each effective gradient holds s q.k), vs on the vector
-         * tables and ds on the dense factor of a sum */
+         * product (each effective gradient holds s q.k; the module's at its
+         * unit's end), vs on the vector tables and ds on the dense factor of a sum */
         const double s = c->scales.scale, vs = p->product ? s : c->scales.vector_scale;
-        exact_scale_rows(c, (REAL *)g->table, p->table_heads, p->table_rows, 1, p->table_map,
-                         p->product ? s : 1);
         exact_scale_rows(c, (REAL *)g->query_table, p->query_table_heads, p->query_table_rows, d,
                          p->query_map, vs);
         if (g->key_table != g->query_table)
@@ -131,8 +126,7 @@ static void backward_release(backward_ctx *c)
     term_data_release(&c->own_terms);
     posenc_spans_free(&c->query_spans);
     posenc_spans_free(&c->key_spans);
-    REAL *slots[] = {c->offset_slots, c->query_table_slots,
-                     c->key_table_slots, c->pos_q_slots, c->pos_k_slots};
+    REAL *slots[] = {c->query_table_slots, c->key_table_slots, c->pos_q_slots, c->pos_k_slots};
     for (size_t t = 0; t < sizeof slots / sizeof slots[0]; ++t)
         posenc_free(slots[t]);
 }
@@ -157,13 +151,12 @@ static int backward_prepare(backward_ctx *c, const posenc_problem *p, const pose
                             const REAL *G, const posenc_grads *g, ptrdiff_t o_max,
                             const term_data *terms)
 {
-    const size_t n = p->n, m = p->m, BH = p->B * p->H, offsets = n + m - 1;
+    const size_t n = p->n, m = p->m, BH = p->B * p->H;
     memset(c, 0, sizeof *c);
     c->p = call_scales_init(&c->scales, p);
     c->kern = kern;
     c->g = g;
     c->G = G;
-    c->offsets = offsets;
     c->m_pad = posenc_round_up(m, kern->nr);
     c->row_block = kern->kc;   /* a row block's dk update is one packed depth: see backward_unit */
     c->masked = terms_override_kind(p) >= 0;
@@ -171,15 +164,13 @@ static int backward_prepare(backward_ctx *c, const posenc_problem *p, const pose
     c->need_content = g->q || g->k;
     c->need_query_side = p->query_table && (g->q || g->query_table);
     c->need_key_side = p->key_table && (g->k || g->key_table);
-    c->need_offsets = p->table && g->table;
     c->need_modules = terms_grads_wanted(p, g, TERMS_EVERY);
     c->content = c->need_content || c->need_modules ? terms_content_kind(p) : -1;
-    c->unit_reads_g = p->product || c->need_query_side || c->need_key_side || c->need_offsets ||
+    c->unit_reads_g = p->product || c->need_query_side || c->need_key_side ||
                       terms_grads_wanted(p, g, TERMS_ADDING) || c->content >= 0;
     c->reads_g = c->unit_reads_g || c->masked || (p->pos_q && (g->pos_q || g->pos_k));
     c->terms = terms ? terms : &c->own_terms;
-    /* the table along the offsets is product mode's factor */
-    if (!terms && term_data_build(&c->own_terms, p, p->product))
+    if (!terms && term_data_build(&c->own_terms, p))
         return POSENC_ENOMEM;
     if (c->need_query_side && posenc_spans_build(&c->query_spans, &c->terms->query_runs,
                                                  p->query_map, n, m, 0, c->masked ? 1 : 0,
@@ -189,8 +180,7 @@ static int backward_prepare(backward_ctx *c, const posenc_problem *p, const pose
                                                m, 1, 0, kern->mr, o_max))
         return POSENC_ENOMEM;
     const size_t dp = p->d_p;
-    if (zeroed_slots(&c->offset_slots, c->need_offsets, posenc_mul_size(BH, offsets)) ||
-        zeroed_slots(&c->query_table_slots, p->query_table && g->query_table,
+    if (zeroed_slots(&c->query_table_slots, p->query_table && g->query_table,
                      posenc_mul_size(BH, c->terms->query_buckets * p->d)) ||
         zeroed_slots(&c->key_table_slots, p->key_table && g->key_table,
                      posenc_mul_size(BH, c->terms->key_buckets * p->d)) ||

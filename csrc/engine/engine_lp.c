@@ -212,7 +212,6 @@ static void lp_problem(const posenc_problem *p, posenc_problem *p32, lp_arena *a
     *p32 = *p;
     p32->dtype = POSENC_F32;
     p32->bf16_gemm = p->dtype == POSENC_BF16;   /* its GEMMs on vdpbf16ps where the CPU has it */
-    p32->table_f32 = 0;                         /* every float array is float32 now */
     const void *const *at32[A_COUNT];
     size_t len32[A_COUNT];
     problem_arrays(p32, at32, len32);
@@ -223,8 +222,6 @@ static void lp_problem(const posenc_problem *p, posenc_problem *p32, lp_arena *a
         for (int u = A_FIRST_PARAM; u < t; ++u)
             if (*at[u] == *at[t] && len[u] == len[t])
                 shared = u;
-        if (t == A_table && p->table_f32)   /* float32 already: read in place */
-            continue;
         where[t] = shared >= 0 ? where[shared] : lp_take(a, len[t]);
         if (!a->base)
             continue;
@@ -257,9 +254,8 @@ static void lp_grads(const posenc_problem *p, posenc_grads g, posenc_grads *g32,
         if (!a->base)
             continue;
         *out32[t] = a->base + where[t];
-        if (shared < 0 && narrow)   /* a float32 table's gradient is float32: copied */
-            lp_job_add_rows(narrow, (lp_row){a->base + where[t], *out[t], len[t], 1, 0, 0,
-                                             t == A_table && p->table_f32});
+        if (shared < 0 && narrow)
+            lp_job_add_rows(narrow, (lp_row){a->base + where[t], *out[t], len[t], 1, 0, 0, 0});
     }
 }
 

@@ -26,7 +26,7 @@ static int rope_valid(const posenc_problem *p)
 {
     const size_t P = p->rope_positions;
     if (!p->rope_sin || !p->rope_cos_k || !p->rope_sin_k || 2 * p->rope_pairs > p->d ||
-        p->product || p->pos_q || p->table || p->query_table || p->key_table)
+        p->product || p->pos_q || p->query_table || p->key_table)
         return 0;
     if (p->positions_q ? !in_range(p->positions_q, p->B * p->n, P)
                        : p->n > 0 && (p->query_offset >= P || p->n > P - p->query_offset))
@@ -34,10 +34,11 @@ static int rope_valid(const posenc_problem *p)
     return p->positions_k ? in_range(p->positions_k, p->B * p->m, P) : p->m <= P;
 }
 
-/* The term modules of p (csrc/terms.h): each present one with its required arrays, in
- * sum mode without the rotation, and its own condition; NULL, or why not. */
+/* The term modules of p (csrc/terms.h): each present one with its required arrays, without
+ * the rotation, in a product only one factor kind, and its own condition; NULL, or why not. */
 static const char *terms_invalid(const posenc_problem *p)
 {
+    int factors = 0;   /* a product's modules */
 #define TERM_ARRAY_(kind, name, required, grad, length) \
     if ((required) && !t->array[a].data) \
         return #kind ": its " #name " array is required"; \
@@ -53,11 +54,13 @@ static const char *terms_invalid(const posenc_problem *p)
         if (given) { \
             ARRAYS \
             (void)a; \
-            if (p->product || p->rope_cos || \
+            if ((p->product && !term_##name##_factor) || p->rope_cos || \
                 (POSENC_TERM_##name != POSENC_TERM_rope_token && \
                  posenc_term_present(p, POSENC_TERM_rope_token))) \
-                return #name ": a term module goes with the content alone (sum mode, " \
-                             "one rotation at most)"; \
+                return #name ": a term module goes without the (P, r) rotation, beside " \
+                             "rope_token alone, and in a product only as its factor"; \
+            if (p->product && ++factors > 1) \
+                return #name ": a product takes one factor module"; \
             if (!(valid)) \
                 return reason; \
         } \
@@ -82,9 +85,6 @@ int posenc_validate(const posenc_problem *p, const char **why)
     else if (p->pos_q && (!p->pos_k || !check_heads(p->pos_q_heads, p->H) ||
                           !check_heads(p->pos_k_heads, p->H)))
         reason = "dense factor: pos_q and pos_k come together, heads H or 1";
-    else if (p->table && (!p->table_map || !check_heads(p->table_heads, p->H) ||
-                          !in_range(p->table_map, offsets, p->table_rows)))
-        reason = "scalar table: heads H or 1, map entries within its rows";
     else if (p->query_table &&
              (!p->query_map || !check_heads(p->query_table_heads, p->H) ||
               !in_range(p->query_map, offsets, p->query_table_rows)))
@@ -93,11 +93,9 @@ int posenc_validate(const posenc_problem *p, const char **why)
              (!p->key_map || !check_heads(p->key_table_heads, p->H) ||
               !in_range(p->key_map, offsets, p->key_table_rows)))
         reason = "key-side table: heads H or 1, map entries within its rows";
-    else if (p->table_f32 && (!p->table || (p->dtype != POSENC_BF16 && p->dtype != POSENC_F16)))
-        reason = "a float32 table belongs to a bfloat16 or float16 problem";
     else if (p->product && p->pos_q)
-        reason = "product mode takes only table, query-side and key-side factors";
-    else if (p->product && !p->table && !p->query_table && !p->key_table)
+        reason = "product mode takes only a factor module, query-side and key-side factors";
+    else if (p->product && !posenc_terms_any(p) && !p->query_table && !p->key_table)
         reason = "product mode needs at least one factor";
     else if ((p->positions_q || p->positions_k) && !p->rope_cos)
         reason = "positions are the rotation's: they need its tables";

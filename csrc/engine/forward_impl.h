@@ -31,11 +31,13 @@ typedef struct {
     size_t out_size;          /* bytes of an element of out: REAL's, or bfloat16's */
     int batch_terms;          /* query table, key table or a term module in P outside the
                                  head block present */
-    int toeplitz_only;        /* the scalar table is the only positional term */
+    int pointer;              /* the term module whose rows the epilogue reads where they lie
+                                 (term_kind's rows_at: a Toeplitz row), the only term in P beside
+                                 `expanded`, or -1 */
     int stream;               /* write the logits with non-temporal stores */
-    int expanded;             /* the one adding module whose rows the epilogue adds by pointer
-                                 from its distinct rows (term_kind's expand; no reset, sum mode,
-                                 tame scales), or -1 */
+    int expanded;             /* the adding module whose rows the epilogue adds by pointer from
+                                 its distinct rows (term_kind's expand; alone or beside `pointer`,
+                                 no reset, sum mode, tame scales), or -1 */
     term_data own_terms;      /* built by forward_prepare */
     const term_data *terms;   /* what the terms read: &own_terms */
     size_t key_reach[2];      /* the key projections' buckets the tiles read: [0, key_buckets), or
@@ -131,8 +133,8 @@ static const size_t *forward_query_reach(const forward_ctx *c, size_t i0, size_t
 }
 
 /*
- * The head block of head h: reset(dense_scale pos_q.pos_k^T + table), TUPE's
- * batch-free terms.  Under a causal attention only what its tiles read, row
+ * The head block of head h: dense_scale pos_q.pos_k^T and the term modules' rows
+ * (module_blocks: TUPE's table and reset over them), the batch-free terms.  Under a causal attention only what its tiles read, row
  * tile by row tile of mr: a tile holding row i (starting at or before i, at
  * most mr rows) reads keys up to query_offset + i + mr, whatever its start
  * (the backward's row blocks start off the forward's grid).  Each element
@@ -143,8 +145,6 @@ static void forward_head_block(const forward_ctx *c, forward_ws *w, size_t h)
     const posenc_problem *p = c->p;
     const posenc_kernels *kern = c->kern;
     const size_t n = p->n, m = p->m, dp = p->d_p, step = c->causal ? kern->mr : n;
-    const REAL *by_offset = p->table ? c->terms->table_by_offset + head_of(p->table_heads, h) * (n + m - 1)
-                                     : NULL;
     packed_b pb;
     if (p->pos_q)
         pack_b(kern, &w->scratch, &pb, w->pos_k_pack,
@@ -165,10 +165,6 @@ static void forward_head_block(const forward_ctx *c, forward_ws *w, size_t h)
                         (ptrdiff_t)dp, 1, &keys, block, (ptrdiff_t)m, 0, NULL, 0, NULL, 0, NULL);
             op = POSENC_ADD;
         }
-        if (by_offset) {
-            term_table(kern, op, block, m, by_offset, n, cols, i0, rows);
-            op = POSENC_ADD;
-        }
         if (c->module_blocks)
             terms_rows(p, kern, TERMS_EVERY, op, block, m, 0, h, i0, rows, 0, cols, w->term_unit);
     }
@@ -187,13 +183,12 @@ static void forward_plan_blocks(forward_ctx *c, size_t budget, int modules)
     const posenc_problem *p = c->p;
     const int fits = p->B > 1 && !c->scales.exact && !p->product &&
                      posenc_mul_size(p->n * p->m, sizeof(REAL)) <= budget;
-    const int in_p = c->modules && c->expanded < 0;   /* the modules' rows in P */
+    const int in_p = c->modules && c->expanded < 0 && c->pointer < 0;   /* modules' rows in P */
     const int vectors = p->query_table || p->key_table;   /* a tile's own terms */
     c->module_blocks = fits && modules && in_p && terms_batch_free(p) &&
                        !(vectors && terms_override_kind(p) >= 0);
     c->batch_terms = vectors || (in_p && !c->module_blocks);
     c->head_blocks = fits && (p->pos_q || c->module_blocks);
-    c->toeplitz_only = p->table && !p->pos_q && !c->batch_terms && !in_p;
 }
 
 /* The dense factor of rows [i0, i0 + rows) of head h, keys [0, cols), into P (row r at
@@ -311,28 +306,23 @@ static const REAL *forward_positional(const forward_ctx *c, forward_ws *w, size_
         *ldp = (ptrdiff_t)m;
         return w->head_block + i0 * m;
     }
-    if (c->toeplitz_only) {
-        /* row i of the Toeplitz block starts at by_offset[n - 1 - i]: stride -1 */
-        *ldp = -1;
-        return c->terms->table_by_offset + head_of(p->table_heads, h) * (n + m - 1) + (n - 1 - i0);
-    }
+    if (c->pointer >= 0)   /* a Toeplitz row: stride -1 */
+        return term_rows_at(p, kern, c->pointer, b, h, i0, w->term_unit, ldp);
     if (c->head_blocks) {
         for (size_t r = 0; r < rows; ++r)
             kern->row_gather(POSENC_SET, w->P + r * ld + k0, w->head_block + (i0 + r) * m + k0, 1,
                              cols - k0);
         op = combine_op;
-    } else {
-        if (p->pos_q) {
-            forward_dense(c, w, h, i0, rows, cols, w->P, ld);
-            op = combine_op;
-        }
-        if (p->table) {   /* Toeplitz: from key k0 by a shift */
-            term_table(kern, op, w->P + k0, ld,
-                       c->terms->table_by_offset + head_of(p->table_heads, h) * (n + m - 1) + k0, n,
-                       cols - k0, i0, rows);
-            op = combine_op;
-        }
+    } else if (p->pos_q) {
+        forward_dense(c, w, h, i0, rows, cols, w->P, ld);
+        op = combine_op;
     }
+    /* the term modules (csrc/terms.h) not in the head block: the adding ones before the
+     * vector tables (a product's factor), an overriding one last */
+    const int modules = c->modules && c->expanded < 0 && !c->module_blocks;
+    if (modules)
+        op = terms_rows(p, kern, TERMS_ADDING, op, w->P, ld, b, h, i0, rows, k0, cols,
+                        w->term_unit);
     if (p->query_table) {
         if (c->in_place)
             term_query_direct(c, w, h, q_u, op, w->P, ld, i0, rows, k0, cols);
@@ -350,9 +340,8 @@ static const REAL *forward_positional(const forward_ctx *c, forward_ws *w, size_
                            c->terms->key_buckets, &c->terms->key_edges, n, m, cols, i0, rows);
         op = combine_op;
     }
-    if (c->modules && c->expanded < 0 && !c->module_blocks)   /* the term modules (csrc/terms.h):
-                                                                 sum mode only, a reset last */
-        op = terms_rows(p, kern, TERMS_EVERY, op, w->P, ld, b, h, i0, rows, k0, cols,
+    if (modules)
+        op = terms_rows(p, kern, TERMS_OVERRIDING, op, w->P, ld, b, h, i0, rows, k0, cols,
                         w->term_unit);
     if (op == POSENC_SET)
         return NULL; /* content only */
@@ -419,13 +408,28 @@ static void exact_scale_by(double *X, double scale, size_t count)
         X[t] *= scale;
 }
 
+/* The adding term modules of unit (b, h) one at a time into X (rows x cols, in double) with
+ * op (ADD, or MUL: a product's factor), in the list's order, through w->P. */
+static void exact_modules(const forward_ctx *c, forward_ws *w, int op, double *X, size_t b,
+                          size_t h, size_t i0, size_t rows, size_t cols)
+{
+    const posenc_problem *p = c->p;
+    for (int k = 0; k < POSENC_TERM_COUNT; ++k)
+        if (term_adds(p, k) && term_taken(k, TERMS_ADDING)) {
+            term_rows(p, c->kern, k, POSENC_SET, w->P, c->m_pad, b, h, i0, rows, 0, cols,
+                      w->term_unit);
+            exact_apply(op, X, 1, w->P, c->m_pad, rows, cols);
+        }
+}
+
 /*
  * forward_tile when a scale is not tame (scale = inf, 1e308, ...): every
  * term computed unscaled (c->p has unit scales), then scaled and combined
  * in double in the reference's order, so that the IEEE results are its:
- *   sum:      s q.k + vs (query term + key term) + reset(ds dense + table) + modules,
- *             as s (q.k + query term + key term) + ... when vs = s (Shaw, M4, DeBERTa)
- *   product:  ((s q.k) table) (vs query term)) (vs key term)
+ *   sum:      s q.k + vs (query term + key term) + ds dense + module + module ...,
+ *             as s (q.k + query term + key term) + ... when vs = s (Shaw, M4, DeBERTa);
+ *             with a reset: ... + reset(ds dense + module + ...) (TUPE: its table)
+ *   product:  ((s q.k) module) (vs query term)) (vs key term)  (M2: the module its table)
  */
 static void forward_tile_exact(const forward_ctx *c, forward_ws *w, size_t b, size_t h,
                                const packed_b *k_packed, size_t i0, size_t rows, size_t cols,
@@ -433,10 +437,8 @@ static void forward_tile_exact(const forward_ctx *c, forward_ws *w, size_t b, si
 {
     const posenc_problem *p = c->p;
     const posenc_kernels *kern = c->kern;
-    const size_t n = p->n, m = p->m, d = p->d, ld = c->m_pad, count = rows * cols;
+    const size_t n = p->n, d = p->d, ld = c->m_pad, count = rows * cols;
     const REAL *q_u = w->inputs.q;
-    const REAL *by_offset = p->table ? c->terms->table_by_offset + head_of(p->table_heads, h) * (n + m - 1)
-                                     : NULL;
     const int op = p->product ? POSENC_MUL : POSENC_ADD;
     /* the vector terms go inside s (q.k + ...) when they share its scale */
     const int inside = !p->product && c->scales.vector_scale == c->scales.scale;
@@ -451,10 +453,8 @@ static void forward_tile_exact(const forward_ctx *c, forward_ws *w, size_t b, si
             X[r * cols + j] = (double)C[(ptrdiff_t)r * ldc + (ptrdiff_t)j];
     if (!inside)
         exact_scale_by(X, c->scales.scale, count);
-    if (p->table && p->product) {
-        term_table(kern, POSENC_SET, P, ld, by_offset, n, cols, i0, rows);
-        exact_apply(POSENC_MUL, X, 1, P, ld, rows, cols);
-    }
+    if (p->product)   /* the module factor first (M2's table) */
+        exact_modules(c, w, POSENC_MUL, X, b, h, i0, rows, cols);
     /* the vector terms: into X (product, or inside s), else vs (...) into V */
     double *vector_sum = p->product || inside ? X : V;
     const double vs = p->product || inside ? 1 : c->scales.vector_scale;
@@ -472,7 +472,7 @@ static void forward_tile_exact(const forward_ctx *c, forward_ws *w, size_t b, si
         exact_apply(op, vector_sum, vs, P, ld, rows, cols);
     }
     if (p->product) {
-        /* done: ((s q.k) table) query term) key term */
+        /* done: ((s q.k) module) query term) key term */
     } else {
         if (inside)
             exact_scale_by(X, c->scales.scale, count);
@@ -480,17 +480,14 @@ static void forward_tile_exact(const forward_ctx *c, forward_ws *w, size_t b, si
             for (size_t t = 0; t < count; ++t)
                 X[t] += V[t];
         const int reset = terms_override_kind(p);
-        if (p->pos_q || p->table || reset >= 0) {   /* the batch-free terms, TUPE's v */
+        if (p->pos_q || reset >= 0) {   /* the batch-free terms, TUPE's v */
             memset(V, 0, sizeof(double) * count);
             if (p->pos_q) {
                 forward_dense(c, w, h, i0, rows, cols, P, ld);
                 exact_apply(POSENC_ADD, V, c->scales.dense_scale, P, ld, rows, cols);
             }
-            if (p->table) {
-                term_table(kern, POSENC_SET, P, ld, by_offset, n, cols, i0, rows);
-                exact_apply(POSENC_ADD, V, 1, P, ld, rows, cols);
-            }
-            if (reset >= 0) {   /* its cells over v (TUPE eq. (9)): the row at position 0, key 0 */
+            if (reset >= 0) {   /* the modules, then its cells over v (TUPE eq. (9)) */
+                exact_modules(c, w, POSENC_ADD, V, b, h, i0, rows, cols);
                 terms_rows(p, kern, TERMS_OVERRIDING, POSENC_SET, P, ld, b, h, i0, rows, 0, cols,
                            w->term_unit);
                 for (size_t r = 0; r < rows && cols > 0; ++r) {
@@ -502,9 +499,8 @@ static void forward_tile_exact(const forward_ctx *c, forward_ws *w, size_t b, si
             for (size_t t = 0; t < count; ++t)
                 X[t] += V[t];
         }
-        if (c->modules && terms_rows(p, kern, TERMS_ADDING, POSENC_SET, P, ld, b, h, i0, rows, 0,
-                                     cols, w->term_unit) != POSENC_SET)
-            exact_apply(POSENC_ADD, X, 1, P, ld, rows, cols);
+        if (reset < 0)
+            exact_modules(c, w, POSENC_ADD, X, b, h, i0, rows, cols);
     }
     for (size_t r = 0; r < rows; ++r)
         for (size_t j = 0; j < cols; ++j)
@@ -581,9 +577,10 @@ static int forward_prepare(forward_ctx *c, const posenc_problem *p, const posenc
     c->kern = kern;
     c->m_pad = posenc_round_up(posenc_max(m, 1), kern->nr);
     c->modules = terms_additive(p);
-    /* a module's distinct rows ride on the epilogue's second source where it is the one
-     * adding module (no reset overrides it; modules are sum mode only) */
-    c->expanded = !c->scales.exact ? terms_expanded_kind(p) : -1;
+    /* a module's rows read where they lie (a Toeplitz row), and a module's distinct rows on
+     * the epilogue's second source, where no other term needs P */
+    terms_in_place(p, p->pos_q || p->query_table || p->key_table,
+                   !c->scales.exact && !p->product, &c->pointer, &c->expanded);
     c->content = terms_content_kind(p);
     forward_plan_blocks(c, HEAD_BLOCK_BUDGET, 1);
     c->out_heads = p->bf16_out_heads ? p->bf16_out_heads : p->H;
@@ -591,7 +588,7 @@ static int forward_prepare(forward_ctx *c, const posenc_problem *p, const posenc
     c->stream = posenc_stream_logits(out, p->B * p->H * n, m, c->out_size) && !c->scales.exact &&
                 c->content < 0;   /* a content-reading term reads the tile back */
     c->terms = &c->own_terms;
-    if (term_data_build(&c->own_terms, p, 1))
+    if (term_data_build(&c->own_terms, p))
         return POSENC_ENOMEM;
     c->key_reach[1] = c->terms->key_buckets;
     return POSENC_OK;

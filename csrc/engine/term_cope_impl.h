@@ -63,7 +63,7 @@ static inline int term_cope_valid(const posenc_problem *p)
     const posenc_term_array *a = p->terms[POSENC_TERM_cope].array;
     const double *shape = (const double *)a[COPE_SHAPE].data;
     const double rows = shape[0];
-    int others = p->pos_q || p->table || p->query_table || p->key_table;
+    int others = p->pos_q || p->query_table || p->key_table;
     for (int k = 0; k < POSENC_TERM_COUNT; ++k)
         others |= k != POSENC_TERM_cope && posenc_term_present(p, k);
     return !others && rows >= 1 && rows <= 1073741824.0 && rows == floor(rows) &&
@@ -295,6 +295,11 @@ static size_t term_cope_grad_scratch(const posenc_problem *p)
 #define term_cope_expand NULL
 #define term_cope_row_of NULL
 #define term_cope_overrides 0
+#define term_cope_rows_at NULL
 
 #endif /* REAL */
+
+/* Not a factor of the product mode (entry.c's validation reads it). */
+#define term_cope_factor 0
+
 #endif /* POSENC_ENGINE_TERM_COPE_IMPL_H */

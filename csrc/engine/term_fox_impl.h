@@ -176,6 +176,11 @@ static size_t term_fox_grad_scratch(const posenc_problem *p)
 #define term_fox_expand NULL
 #define term_fox_row_of NULL
 #define term_fox_overrides 0
+#define term_fox_rows_at NULL
 
 #endif /* REAL */
+
+/* Not a factor of the product mode (entry.c's validation reads it). */
+#define term_fox_factor 0
+
 #endif /* POSENC_ENGINE_TERM_FOX_IMPL_H */

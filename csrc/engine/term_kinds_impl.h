@@ -5,8 +5,8 @@
  * a problem's present modules that the forward, the decoding path and the
  * backward call.  A kind's file (term_<name>_impl.h) defines the functions of
  * term_kind (term_unit_impl.h): term_<name>_unit, _unit_scratch, _rows,
- * _grad_rows, _grad_scratch, _content, _content_grad, _content_keep, _expand_rows, _expand
- * and _row_of (NULL where the kind has none: the rotation's per-token tables, read by rope_impl.h, have none;
+ * _grad_rows, _grad_scratch, _content, _content_grad, _content_keep, _expand_rows, _expand,
+ * _row_of and _rows_at (NULL where the kind has none: the rotation's per-token tables, read by rope_impl.h, have none;
  * a kind adds rows or reads the content logits).
  */
 #ifndef POSENC_ENGINE_TERM_KINDS_IMPL_H
@@ -21,7 +21,8 @@
     {term_##name##_unit, term_##name##_unit_scratch, term_##name##_rows,         \
      term_##name##_grad_rows, term_##name##_grad_scratch, term_##name##_content,  \
      term_##name##_content_grad, term_##name##_content_keep, term_##name##_expand_rows, \
-     term_##name##_expand, term_##name##_row_of, term_##name##_overrides},
+     term_##name##_expand, term_##name##_row_of, term_##name##_rows_at,                \
+     term_##name##_overrides, term_##name##_factor},
 static const term_kind term_kinds[POSENC_TERM_COUNT] = {POSENC_TERMS(TERM_KIND_, )};
 #undef TERM_KIND_
 
@@ -84,44 +85,33 @@ static int terms_batch_free(const posenc_problem *p)
     return 1;
 }
 
-/* The kind whose rows the GEMM's epilogue can add by pointer (term_kind's expand): p's one
- * adding module when it has expand, or -1. */
-static int terms_expanded_kind(const posenc_problem *p)
+/*
+ * The adding modules whose rows the GEMM's epilogue reads where they lie (forward_impl.h):
+ * *pointer, a kind with rows_at that is the only term in P (alone, or beside *expanded),
+ * or -1; *expanded, a kind with expand whose distinct rows the epilogue adds by pointer
+ * (where `expandable`: sum mode, tame scales), the one adding module or beside *pointer,
+ * or -1.  others: p has terms in P that are not modules (the dense factor, the vector
+ * tables).  An overriding kind is a module in P: with it neither applies.
+ */
+static void terms_in_place(const posenc_problem *p, int others, int expandable, int *pointer,
+                           int *expanded)
 {
-    int kind = -1;
-    for (int k = 0; k < POSENC_TERM_COUNT; ++k)
-        if (term_adds(p, k)) {
-            if (kind >= 0 || !term_kinds[k].expand)
-                return -1;
-            kind = k;
-        }
-    return kind;
-}
-
-/* Kind k's distinct rows of unit (b, h) into X (row s at X + s m; scratch: the unit data
- * terms_unit formed, of which k's is the only one: the kind is alone). */
-static void terms_expand(const posenc_problem *p, const posenc_kernels *kern, int k, size_t b,
-                         size_t h, REAL *scratch, REAL *X)
-{
-    term_unit t = term_unit_of(p, kern, k, b, h);
-    t.unit_data = scratch;
-    term_kinds[k].expand(&t, X);
-}
-
-/* Kind k's distinct rows per unit (terms_expand's X holds them, m each). */
-static size_t terms_expand_rows(const posenc_problem *p, int k)
-{
-    return term_kinds[k].expand_rows(p);
-}
-
-/* In rows[r] row i0 + r of unit (b, h)'s expanded rows X, from key `first` (r < count). */
-static void terms_expanded_rows(const posenc_problem *p, const posenc_kernels *kern, int k,
-                                size_t b, size_t h, const REAL *X, size_t i0, size_t count,
-                                size_t first, const REAL **rows)
-{
-    const term_unit t = term_unit_of(p, kern, k, b, h);
-    for (size_t r = 0; r < count; ++r)
-        rows[r] = X + term_kinds[k].row_of(&t, i0 + r) * p->m + first;
+    int count = 0, with_rows_at = -1, with_expand = -1;
+    for (int k = 0; k < POSENC_TERM_COUNT; ++k) {
+        if (!term_adds(p, k))
+            continue;
+        ++count;
+        if (term_kinds[k].rows_at && with_rows_at < 0)
+            with_rows_at = k;
+        else if (term_kinds[k].expand && with_expand < 0)
+            with_expand = k;
+    }
+    *pointer = *expanded = -1;
+    if (expandable && with_expand >= 0 &&
+        (count == 1 || (count == 2 && with_rows_at >= 0 && !others)))
+        *expanded = with_expand;
+    if (!others && with_rows_at >= 0 && (count == 1 || (count == 2 && *expanded >= 0)))
+        *pointer = with_rows_at;
 }
 
 /* Whether p has kind k and it reads the content logits (cope). */
@@ -175,25 +165,85 @@ static void terms_unit(const posenc_problem *p, const posenc_kernels *kern, size
         }
 }
 
+/* Kind k's unit data in scratch (terms_unit formed the present modules' there). */
+static REAL *term_unit_data(const posenc_problem *p, int k, REAL *scratch)
+{
+    for (int x = 0; x < k; ++x)
+        if (term_has_unit(p, x))
+            scratch += term_unit_data_size(p, x);
+    return scratch;
+}
+
+/* Kind k's distinct rows of unit (b, h) into X (row s at X + s m; scratch: the unit data
+ * terms_unit formed). */
+static void terms_expand(const posenc_problem *p, const posenc_kernels *kern, int k, size_t b,
+                         size_t h, REAL *scratch, REAL *X)
+{
+    term_unit t = term_unit_of(p, kern, k, b, h);
+    t.unit_data = term_unit_data(p, k, scratch);
+    term_kinds[k].expand(&t, X);
+}
+
+/* Kind k's distinct rows per unit (terms_expand's X holds them, m each). */
+static size_t terms_expand_rows(const posenc_problem *p, int k)
+{
+    return term_kinds[k].expand_rows(p);
+}
+
+/* In rows[r] row i0 + r of unit (b, h)'s expanded rows X, from key `first` (r < count). */
+static void terms_expanded_rows(const posenc_problem *p, const posenc_kernels *kern, int k,
+                                size_t b, size_t h, const REAL *X, size_t i0, size_t count,
+                                size_t first, const REAL **rows)
+{
+    const term_unit t = term_unit_of(p, kern, k, b, h);
+    for (size_t r = 0; r < count; ++r)
+        rows[r] = X + term_kinds[k].row_of(&t, i0 + r) * p->m + first;
+}
+
+/* Kind k (present, adding) on rows [i0, i0 + rows) of unit (b, h), keys [k0, cols), into P
+ * with op (scratch: terms_unit formed it for the unit). */
+static void term_rows(const posenc_problem *p, const posenc_kernels *kern, int k, int op,
+                      REAL *P, size_t ldp, size_t b, size_t h, size_t i0, size_t rows, size_t k0,
+                      size_t cols, REAL *scratch)
+{
+    term_unit t = term_unit_of(p, kern, k, b, h);
+    t.unit_data = term_unit_data(p, k, scratch);
+    term_kinds[k].rows(&t, op, P, ldp, i0, rows, k0, cols);
+}
+
 /* The present modules `which` takes on rows [i0, i0 + rows) of unit (b, h), keys
- * [k0, cols), into P: the first with op, the others added, an overriding kind's last
- * over them (scratch: terms_unit formed it for the unit).  Returns the op for the next
- * term. */
+ * [k0, cols), into P: the first with op, the others added (multiplied in a product), an
+ * overriding kind's last over them (scratch: terms_unit formed it for the unit).  Returns
+ * the op for the next term. */
 static int terms_rows(const posenc_problem *p, const posenc_kernels *kern, int which, int op,
                       REAL *P, size_t ldp, size_t b, size_t h, size_t i0, size_t rows, size_t k0,
                       size_t cols, REAL *scratch)
 {
-    for (int k = 0; k < POSENC_TERM_COUNT; ++k) {
+    for (int k = 0; k < POSENC_TERM_COUNT; ++k)
         if (term_adds(p, k) && term_taken(k, which)) {
-            term_unit t = term_unit_of(p, kern, k, b, h);
-            t.unit_data = scratch;
-            term_kinds[k].rows(&t, op, P, ldp, i0, rows, k0, cols);
-            op = POSENC_ADD;
+            term_rows(p, kern, k, op, P, ldp, b, h, i0, rows, k0, cols, scratch);
+            op = p->product ? POSENC_MUL : POSENC_ADD;
         }
-        if (term_has_unit(p, k))
-            scratch += term_unit_data_size(p, k);
-    }
     return op;
+}
+
+/* Kind k's rows of unit (b, h) where they lie (term_kind's rows_at): row i0's key 0 at the
+ * returned pointer, row i0 + r at + r * *ld (scratch: terms_unit formed it for the unit). */
+static const REAL *term_rows_at(const posenc_problem *p, const posenc_kernels *kern, int k,
+                                size_t b, size_t h, size_t i0, REAL *scratch, ptrdiff_t *ld)
+{
+    term_unit t = term_unit_of(p, kern, k, b, h);
+    t.unit_data = term_unit_data(p, k, scratch);
+    return term_kinds[k].rows_at(&t, i0, ld);
+}
+
+/* The module of a product (csrc/terms.h: one, a factor kind), or -1. */
+static int terms_factor_kind(const posenc_problem *p)
+{
+    for (int k = 0; k < POSENC_TERM_COUNT; ++k)
+        if (term_adds(p, k) && term_kinds[k].factor)
+            return k;
+    return -1;
 }
 
 /* The content-reading kind k of p (terms_content_kind) on rows [i0, i0 + rows) of unit
@@ -250,6 +300,20 @@ static void terms_grads_begin(const posenc_problem *p, const posenc_grads *g, si
         for (int a = 0; a < POSENC_TERM_ARRAYS_MAX; ++a)
             if (grad[a])
                 memset(grad[a], 0, sizeof(double) * p->terms[k].array[a].per_unit);
+    }
+}
+
+/* Unit u's wanted module gradients times `scale` (a product's factor where the scale is not
+ * tame: its effective gradient held q.k unscaled). */
+static void terms_grads_scale(const posenc_problem *p, const posenc_grads *g, size_t u,
+                              double scale)
+{
+    for (int k = 0; k < POSENC_TERM_COUNT; ++k) {
+        double *grad[POSENC_TERM_ARRAYS_MAX];
+        terms_unit_grads(p, g, k, u, grad);
+        for (int a = 0; a < POSENC_TERM_ARRAYS_MAX; ++a)
+            for (size_t t = 0; grad[a] && t < p->terms[k].array[a].per_unit; ++t)
+                grad[a][t] *= scale;
     }
 }
 

@@ -239,6 +239,11 @@ static size_t term_relative_bias_2d_grad_scratch(const posenc_problem *p)
 #define term_relative_bias_2d_expand NULL
 #define term_relative_bias_2d_row_of NULL
 #define term_relative_bias_2d_overrides 0
+#define term_relative_bias_2d_rows_at NULL
 
 #endif /* REAL */
+
+/* Not a factor of the product mode (entry.c's validation reads it). */
+#define term_relative_bias_2d_factor 0
+
 #endif /* POSENC_ENGINE_TERM_RELATIVE_BIAS_2D_IMPL_H */

@@ -87,6 +87,11 @@ static size_t term_reset_grad_scratch(const posenc_problem *p)
 #define term_reset_expand NULL
 #define term_reset_row_of NULL
 #define term_reset_overrides 1
+#define term_reset_rows_at NULL
 
 #endif /* REAL */
+
+/* Not a factor of the product mode (entry.c's validation reads it). */
+#define term_reset_factor 0
+
 #endif /* POSENC_ENGINE_TERM_RESET_IMPL_H */

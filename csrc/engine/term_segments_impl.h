@@ -200,6 +200,11 @@ static size_t term_segments_grad_scratch(const posenc_problem *p)
 #define term_segments_content_grad NULL
 #define term_segments_content_keep NULL
 #define term_segments_overrides 0
+#define term_segments_rows_at NULL
 
 #endif /* REAL */
+
+/* Not a factor of the product mode (entry.c's validation reads it). */
+#define term_segments_factor 0
+
 #endif /* POSENC_ENGINE_TERM_SEGMENTS_IMPL_H */

@@ -67,6 +67,12 @@ typedef struct {
  *   rows of the unit over every key formed by expand into X (row s at X + s m;
  *   `unit` ran for the unit), row i of the unit being row row_of(t, i) of them;
  *   the GEMM's epilogue then adds a row by pointer (forward_impl.h's `expanded`).
+ * rows_at: (optional, NULL) a kind whose rows lie in its unit data as a strided
+ *   block (a Toeplitz row: values along the offsets, row stride -1): row i0's key 0
+ *   at the returned pointer, row i0 + r at + r * *ld; `unit` ran for the unit.  The
+ *   GEMM's epilogue then reads them in place (forward_impl.h's `pointer`), and a
+ *   product's backward its factor (term_<name>_factor 1: a kind whose rows are
+ *   linear in its arrays, so that grad_rows of the effective gradient is its own).
  * overrides: 1 for a kind whose rows replace the other terms' sum on the row at
  *   position 0 (query_offset + i == 0) and on key 0 (TUPE's reset): the engine
  *   applies its rows (with op ADD: set its cells over the sum) after every
@@ -100,7 +106,9 @@ typedef struct {
     size_t (*expand_rows)(const posenc_problem *p);
     void (*expand)(const term_unit *t, REAL *X);
     size_t (*row_of)(const term_unit *t, size_t i);
+    const REAL *(*rows_at)(const term_unit *t, size_t i0, ptrdiff_t *ld);
     int overrides;
+    int factor;
 } term_kind;
 
 /* Elements of REAL holding `bytes`, rounded up to 64 bytes: a kind's room in its unit data

@@ -55,14 +55,6 @@ static inline const posenc_problem *call_scales_init(call_scales *s, const posen
     return &s->unit;
 }
 
-/* table[h, map(j - i)] from its values along the offsets, by_offset[o + n - 1]. */
-static void term_table(const posenc_kernels *kern, int op, REAL *P, size_t ldp,
-                       const REAL *by_offset, size_t n, size_t m, size_t i0, size_t rows)
-{
-    for (size_t r = 0; r < rows; ++r)
-        kern->row_gather(op, P + r * ldp, by_offset + (n - 1 - (i0 + r)), 1, m);
-}
-
 /*
  * Query-side table, run by run, keys [k0, m):
  * proj[r * ld + (bucket - b_min)] = vector_scale q_i . query_table[bucket].
@@ -245,41 +237,23 @@ static void term_query_table(const posenc_kernels *kern, const gemm_scratch *g,
     term_query_gather(kern, p, runs, proj, ld, op, P, ldp, i0, rows, k0, cols);
 }
 
-/* A table's values along the offsets: by_offset[h, t] = table[h, map[t]], t < offsets. */
-static REAL *table_by_offset(const posenc_problem *p, size_t offsets)
-{
-    REAL *by_offset = (REAL *)posenc_alloc(p->table_heads * offsets, sizeof(REAL));
-    if (!by_offset)
-        return NULL;
-    for (size_t h = 0; h < p->table_heads; ++h) {
-        const REAL *row = (const REAL *)p->table + h * p->table_rows;
-        for (size_t t = 0; t < offsets; ++t)
-            by_offset[h * offsets + t] = row[p->table_map[t]];
-    }
-    return by_offset;
-}
-
 /*
- * What a call's positional terms read, derived from the problem once per call
+ * What a call's vector tables read, derived from the problem once per call
  * (the fused attention's backward builds it once for its logits and its
- * gradients): the scalar table along the offsets, the vector tables' maps as
- * runs (and the key map's edges).
+ * gradients): their maps as runs (and the key map's edges).
  */
 typedef struct {
-    REAL *table_by_offset;                 /* table_heads x (n + m - 1), or NULL */
     posenc_runs query_runs, key_runs;
     size_t query_buckets, key_buckets;     /* buckets the maps use */
     key_edges key_edges;                   /* the key map's edges */
 } term_data;
 
-/* t built for p: the table along the offsets when `table` (and p has one), the vector
- * tables' runs.  POSENC_OK or ENOMEM (what was built is term_data_release's to free). */
-static int term_data_build(term_data *t, const posenc_problem *p, int table)
+/* t built for p: the vector tables' runs.  POSENC_OK or ENOMEM (what was built is
+ * term_data_release's to free). */
+static int term_data_build(term_data *t, const posenc_problem *p)
 {
     const size_t n = p->n, m = p->m, offsets = n + m - 1;
     memset(t, 0, sizeof *t);
-    if (table && p->table && !(t->table_by_offset = table_by_offset(p, offsets)))
-        return POSENC_ENOMEM;
     if (p->query_table) {
         if (posenc_runs_build(&t->query_runs, p->query_map, -(ptrdiff_t)(n - 1), offsets))
             return POSENC_ENOMEM;
@@ -296,7 +270,6 @@ static int term_data_build(term_data *t, const posenc_problem *p, int table)
 
 static void term_data_release(term_data *t)
 {
-    posenc_free(t->table_by_offset);
     posenc_runs_free(&t->query_runs);
     posenc_runs_free(&t->key_runs);
 }

@@ -153,11 +153,16 @@ void build(problem_data *pd, const config *c, size_t B, size_t H, size_t n, size
         fill(pd, X_PK, H * m * dp);          /* pos_k per head, pos_q maybe shared */
         p->pos_q_heads = Hp; p->pos_k_heads = H; p->d_p = dp;
     }
-    if (c->table) {
+    if (c->table) {   /* the toeplitz module: the table along its map, float64 */
+        const size_t offsets = n + m - 1;
         fill(pd, X_TABLE, Hp * rows);
-        p->table_heads = Hp; p->table_rows = rows;
         pd->maps[0] = make_map(c->map, n, m, rows);
-        p->table_map = pd->maps[0];
+        pd->toeplitz = malloc(sizeof(double) * (Hp * offsets + 1));
+        for (size_t h = 0; h < Hp; ++h)
+            for (size_t o = 0; o < offsets; ++o)
+                pd->toeplitz[h * offsets + o] = pd->f64[X_TABLE][h * rows + (size_t)pd->maps[0][o]];
+        p->terms[POSENC_TERM_toeplitz].array[0] =
+            (posenc_term_array){pd->toeplitz, 0, Hp == 1 ? 0 : offsets, offsets};
     }
     if (c->query_table) {
         fill(pd, X_QUERY_TABLE, Hp * rows * d);
@@ -196,7 +201,7 @@ void point(problem_data *pd, posenc_dtype dtype)
     p->dtype = dtype;
     p->q = PTR(X_Q); p->k = PTR(X_K);
     p->pos_q = PTR(X_PQ); p->pos_k = PTR(X_PK);
-    p->table = PTR(X_TABLE); p->query_table = PTR(X_QUERY_TABLE); p->key_table = PTR(X_KEY_TABLE);
+    p->query_table = PTR(X_QUERY_TABLE); p->key_table = PTR(X_KEY_TABLE);
     p->rope_cos = PTR(X_ROPE_COS); p->rope_sin = PTR(X_ROPE_SIN);
     p->rope_cos_k = PTR(X_ROPE_COS_K); p->rope_sin_k = PTR(X_ROPE_SIN_K);
 #undef PTR
@@ -206,6 +211,7 @@ void release(problem_data *pd)
 {
     for (int t = 0; t < MAX_ARRAYS; ++t) { free(pd->f64[t]); free(pd->f32[t]); }
     for (int t = 0; t < 3; ++t) free(pd->maps[t]);
+    free(pd->toeplitz);
     free(pd->segment_q);
     free(pd->segment_k);
     free(pd->positions_q);
@@ -228,6 +234,41 @@ static void rotate(const problem_data *pd, double *y, const double *x, size_t po
     }
 }
 
+/* The factors of a product's logit (i, j) of unit (b, h) in double: s q.k, the query and the
+ * key tables' terms (1 where absent). */
+static void naive_factors(const problem_data *pd, size_t b, size_t h, size_t i, size_t j,
+                          double *content, double *fq, double *fk)
+{
+    const posenc_problem *p = &pd->p;
+    const size_t n = p->n, m = p->m, d = p->d, H = p->H;
+    const double *q = pd->f64[X_Q] + ((b * H + h) * n + i) * d;
+    const double *k = pd->f64[X_K] + ((b * p->H_kv + h / (H / p->H_kv)) * m + j) * d;
+    const size_t o = j + n - 1 - i;
+    double qk = 0;
+    for (size_t l = 0; l < d; ++l) qk += q[l] * k[l];
+    *content = p->scale * qk;
+    *fq = *fk = 1;
+    if (p->query_table) {
+        const double *a = pd->f64[X_QUERY_TABLE] + ((p->query_table_heads == 1 ? 0 : h) * p->query_table_rows + (size_t)p->query_map[o]) * d;
+        *fq = 0;
+        for (size_t l = 0; l < d; ++l) *fq += q[l] * a[l];
+        *fq *= p->vector_scale;
+    }
+    if (p->key_table) {
+        const double *a = pd->f64[X_KEY_TABLE] + ((p->key_table_heads == 1 ? 0 : h) * p->key_table_rows + (size_t)p->key_map[o]) * d;
+        *fk = 0;
+        for (size_t l = 0; l < d; ++l) *fk += k[l] * a[l];
+        *fk *= p->vector_scale;
+    }
+}
+
+/* The table's term of logit (i, j) of head h (0 without a table). */
+static double naive_table(const problem_data *pd, size_t h, size_t i, size_t j)
+{
+    const posenc_term_array *a = &pd->p.terms[POSENC_TERM_toeplitz].array[0];
+    return a->data ? pd->toeplitz[h * a->head_stride + j + pd->p.n - 1 - i] : 0;
+}
+
 /* SPEC §3 written as loops, in double. */
 double naive_logit(const problem_data *pd, size_t b, size_t h, size_t i, size_t j)
 {
@@ -236,7 +277,6 @@ double naive_logit(const problem_data *pd, size_t b, size_t h, size_t i, size_t 
     const double *q = pd->f64[X_Q] + ((b * H + h) * n + i) * d;
     const size_t kv = h / (H / p->H_kv);   /* the query head's key head */
     const double *k = pd->f64[X_K] + ((b * p->H_kv + kv) * m + j) * d;
-    const size_t o = j + n - 1 - i;
     double qk = 0;
     if (p->rope_cos) {   /* SPEC 3.12: the rotated q_i . k_j (content only beside it) */
         double *qr = malloc(sizeof(double) * (d + 1)), *kr = malloc(sizeof(double) * (d + 1));
@@ -247,28 +287,18 @@ double naive_logit(const problem_data *pd, size_t b, size_t h, size_t i, size_t 
         free(kr);
         return p->scale * qk;
     }
-    for (size_t l = 0; l < d; ++l) qk += q[l] * k[l];
-    double fq = 0, fk = 0, t = 0, pos = 0;
-    if (p->query_table) {
-        const double *a = pd->f64[X_QUERY_TABLE] + ((p->query_table_heads == 1 ? 0 : h) * p->query_table_rows + (size_t)p->query_map[o]) * d;
-        for (size_t l = 0; l < d; ++l) fq += q[l] * a[l];
-        fq *= p->vector_scale;
-    }
-    if (p->key_table) {
-        const double *a = pd->f64[X_KEY_TABLE] + ((p->key_table_heads == 1 ? 0 : h) * p->key_table_rows + (size_t)p->key_map[o]) * d;
-        for (size_t l = 0; l < d; ++l) fk += k[l] * a[l];
-        fk *= p->vector_scale;
-    }
-    if (p->table)
-        t = pd->f64[X_TABLE][(p->table_heads == 1 ? 0 : h) * p->table_rows + (size_t)p->table_map[o]];
+    double content, fq, fk;
+    naive_factors(pd, b, h, i, j, &content, &fq, &fk);
+    const int table = posenc_term_present(p, POSENC_TERM_toeplitz);
+    const double t = naive_table(pd, h, i, j);
     if (p->product) {
-        double value = p->scale * qk;
-        if (p->table) value *= t;
+        double value = content;
+        if (table) value *= t;
         if (p->query_table) value *= fq;
         if (p->key_table) value *= fk;
         return value;
     }
-    pos = fq + fk + t;
+    double pos = (p->query_table ? fq : 0) + (p->key_table ? fk : 0) + t;
     if (p->pos_q) {
         const double *pq = pd->f64[X_PQ] + ((p->pos_q_heads == 1 ? 0 : h) * n + i) * p->d_p;
         const double *pk = pd->f64[X_PK] + ((p->pos_k_heads == 1 ? 0 : h) * m + j) * p->d_p;
@@ -287,7 +317,7 @@ double naive_logit(const problem_data *pd, size_t b, size_t h, size_t i, size_t 
         if (p->query_offset + i == 0) pos = theta[0];
         else if (j == 0) pos = theta[1];
     }
-    return p->scale * qk + pos;
+    return content + pos;
 }
 
 void naive_module_grad(const problem_data *pd, int t, double *grad)
@@ -303,8 +333,14 @@ void naive_module_grad(const problem_data *pd, int t, double *grad)
                 for (size_t j = 0; j < m; ++j) {
                     const double g = pd->f64[X_G][((b * p->H + h) * n + i) * m + j];
                     const int cls = p->query_offset + i == 0;
-                    if (t == GRAD_THETA && (cls || j == 0))
+                    if (t == GRAD_THETA && (cls || j == 0)) {
                         grad[2 * h + (cls ? 0 : 1)] += g;
+                    } else if (t == GRAD_TABLE && !(reset && (cls || j == 0))) {
+                        double content = 1, fq = 1, fk = 1;
+                        if (p->product)
+                            naive_factors(pd, b, h, i, j, &content, &fq, &fk);
+                        grad[h * L + j + n - 1 - i] += g * content * fq * fk;
+                    }
                     else if (t == GRAD_SEGMENTS && !(reset && (cls || j == 0)))
                         grad[h * L + (size_t)pd->segment_q[b * n + i] * S +
                              (size_t)pd->segment_k[b * m + j]] += g;
@@ -354,8 +390,10 @@ const char *const grad_names[GRAD_COUNT] = {"q", "k", "pos_q", "pos_k", "table",
 const void *grad_input(const problem_data *pd, int t)
 {
     const posenc_problem *p = &pd->p;
-    const void *inputs[GRAD_COUNT] = {p->q, p->k, p->pos_q, p->pos_k, p->table, p->query_table,
-                                      p->key_table, p->terms[POSENC_TERM_segments].array[0].data,
+    const void *inputs[GRAD_COUNT] = {p->q, p->k, p->pos_q, p->pos_k,
+                                      p->terms[POSENC_TERM_toeplitz].array[0].data,
+                                      p->query_table, p->key_table,
+                                      p->terms[POSENC_TERM_segments].array[0].data,
                                       p->terms[POSENC_TERM_reset].array[0].data};
     return inputs[t];
 }
@@ -372,7 +410,10 @@ size_t grad_len(const problem_data *pd, int t)
 
 int grad_module(int t)
 {
-    return t == GRAD_SEGMENTS ? POSENC_TERM_segments : t == GRAD_THETA ? POSENC_TERM_reset : -1;
+    return t == GRAD_TABLE      ? POSENC_TERM_toeplitz
+           : t == GRAD_SEGMENTS ? POSENC_TERM_segments
+           : t == GRAD_THETA    ? POSENC_TERM_reset
+                                : -1;
 }
 
 size_t grad_size(int t, size_t es)
@@ -382,7 +423,8 @@ size_t grad_size(int t, size_t es)
 
 posenc_grads grads_of(void *const g[GRAD_COUNT])
 {
-    posenc_grads grads = {g[0], g[1], g[2], g[3], g[4], g[5], g[6]};
+    posenc_grads grads = {g[0], g[1], g[2], g[3], g[5], g[6]};
+    grads.terms[POSENC_TERM_toeplitz][0] = g[GRAD_TABLE];
     grads.terms[POSENC_TERM_segments][0] = g[GRAD_SEGMENTS];
     grads.terms[POSENC_TERM_reset][0] = g[GRAD_THETA];
     return grads;

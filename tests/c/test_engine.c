@@ -402,8 +402,8 @@ int main(void)
                              configs[c].name, dt ? "f64" : "f32", s, shared);
                     compare(what, base.out, naive, logits, rtol, 0);
                     free(naive);
-                    for (int t = GRAD_SEGMENTS; t <= GRAD_THETA; ++t) {
-                        if (!grad_input(&pd, t))   /* a module's: batch row 0's sum */
+                    for (int t = 0; t < GRAD_COUNT; ++t) {
+                        if (grad_module(t) < 0 || !grad_input(&pd, t))   /* a module's: batch row 0's sum */
                             continue;
                         const size_t len = grad_len(&pd, t) / z[0];
                         double *want = malloc(sizeof(double) * (len + 1));

@@ -21,14 +21,16 @@
 #include "engine/bf16dot.h"
 #include "harness.h"
 
-static const int input_slots[] = {X_Q, X_K, X_PQ, X_PK, X_TABLE, X_QUERY_TABLE, X_KEY_TABLE,
+static const int input_slots[] = {X_Q, X_K, X_PQ, X_PK, X_QUERY_TABLE, X_KEY_TABLE,
                                   X_ROPE_COS, X_ROPE_SIN, X_ROPE_COS_K, X_ROPE_SIN_K};
-#define INPUTS 11
-#define GRADS 7   /* the first GRADS inputs have gradients (posenc_grads' fields, grad_names'
-                     first GRADS); the rest are constants.  The term modules' (float64 per
-                     unit in both problems: harness.h's GRAD_SEGMENTS, GRAD_THETA) aside. */
-static const int module_grads[] = {GRAD_SEGMENTS, GRAD_THETA};
-#define MODULE_GRADS 2
+#define INPUTS 10
+#define GRADS 6   /* the first GRADS inputs have gradients (posenc_grads' fields, grad_names'
+                     entries grad_of[t]); the rest are constants.  The term modules' (float64
+                     per unit in both problems: harness.h's GRAD_TABLE, GRAD_SEGMENTS,
+                     GRAD_THETA) aside. */
+static const int grad_of[GRADS] = {0, 1, 2, 3, 5, 6};
+static const int module_grads[] = {GRAD_TABLE, GRAD_SEGMENTS, GRAD_THETA};
+#define MODULE_GRADS 3
 
 /* One problem's arrays in a 16-bit dtype and their exact float32 widening. */
 typedef struct {
@@ -67,11 +69,11 @@ static void lp_make(lp_data *x, problem_data *pd, posenc_dtype dt)
     x->p_lp.dtype = dt;
     x->p_wide.bf16_gemm = dt == POSENC_BF16;
     const void **lp_at[INPUTS] = {&x->p_lp.q, &x->p_lp.k, &x->p_lp.pos_q, &x->p_lp.pos_k,
-                                  &x->p_lp.table, &x->p_lp.query_table, &x->p_lp.key_table,
+                                  &x->p_lp.query_table, &x->p_lp.key_table,
                                   &x->p_lp.rope_cos,
                                   &x->p_lp.rope_sin, &x->p_lp.rope_cos_k, &x->p_lp.rope_sin_k};
     const void **wide_at[INPUTS] = {&x->p_wide.q, &x->p_wide.k, &x->p_wide.pos_q,
-                                    &x->p_wide.pos_k, &x->p_wide.table,
+                                    &x->p_wide.pos_k,
                                     &x->p_wide.query_table, &x->p_wide.key_table,
                                     &x->p_wide.rope_cos, &x->p_wide.rope_sin,
                                     &x->p_wide.rope_cos_k, &x->p_wide.rope_sin_k};
@@ -121,10 +123,9 @@ static void grads_make(lp_grads *g, const problem_data *pd, const lp_data *x)
         g->lp[t] = x->lp[s] ? calloc(len + 1, sizeof(uint16_t)) : NULL;
         g->wide[t] = x->lp[s] ? calloc(len + 1, sizeof(float)) : NULL;
     }
-    g->g_lp = (posenc_grads){g->lp[0], g->lp[1], g->lp[2], g->lp[3], g->lp[4],
-                             g->lp[5], g->lp[6]};
+    g->g_lp = (posenc_grads){g->lp[0], g->lp[1], g->lp[2], g->lp[3], g->lp[4], g->lp[5]};
     g->g_wide = (posenc_grads){g->wide[0], g->wide[1], g->wide[2], g->wide[3], g->wide[4],
-                               g->wide[5], g->wide[6]};
+                               g->wide[5]};
     for (int e = 0; e < MODULE_GRADS; ++e) {
         const int t = module_grads[e], given = grad_input(pd, t) != NULL;
         g->mod_len[e] = given ? grad_len(pd, t) : 0;
@@ -186,7 +187,7 @@ static void grads_expect(const char *what, posenc_dtype dt, const lp_grads *g,
         if (!g->lp[t])
             continue;
         char name[300];
-        snprintf(name, sizeof name, "%s d%s", what, grad_names[t]);
+        snprintf(name, sizeof name, "%s d%s", what, grad_names[grad_of[t]]);
         (exact || t < 2 ? expect_narrowed : expect_near)(name, dt, g->lp[t], g->wide[t],
                                                          pd->len[input_slots[t]]);
     }
@@ -325,7 +326,7 @@ static void check_bf16_gemm(const char *what, problem_data *pd, lp_data *x,
             if (g[0].wide[t]) {
                 char name[300];
                 snprintf(name, sizeof name, "%s %s d%s", what, pass ? "attention" : "logits",
-                         grad_names[t]);
+                         grad_names[grad_of[t]]);
                 expect_bf16_gemm_near(name, g[0].wide[t], g[1].wide[t], pd->len[input_slots[t]]);
             }
         for (int e = 0; e < MODULE_GRADS; ++e)
