@@ -39,8 +39,11 @@
 #define POSENC_TERM_ARRAYS_MAX 4
 
 #define POSENC_TERMS(TERM, ARRAY)                                                      \
-    TERM(toeplitz, 1, "toeplitz: values along the n + m - 1 offsets",                   \
-         ARRAY(toeplitz, values, 1, 1, p->n && p->m ? p->n + p->m - 1 : 0))              \
+    TERM(toeplitz, term_toeplitz_valid(p),                                             \
+         "toeplitz: rows, over the n + m - 1 offsets, integers in [0, R) (a table of R "   \
+         "entries), shared by the batch and the heads",                                  \
+         ARRAY(toeplitz, table, 1, 1, 0)                                                 \
+         ARRAY(toeplitz, rows, 1, 0, p->n && p->m ? p->n + p->m - 1 : 0))                \
     TERM(segments, term_segments_valid(p),                                             \
          "segments: a table of S x S entries, ids integers in [0, S) shared by the "     \
          "heads", ARRAY(segments, table, 1, 1, 0) ARRAY(segments, query, 1, 0, p->n)      \

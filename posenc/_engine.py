@@ -46,9 +46,9 @@ from . import _C
 #   rope_interleaved                bool: the rotation's pairs (x_2t, x_2t+1), else (x_t, x_t+r)
 #   query_offset                    int >= 0: query row i sits at position query_offset + i
 #   <kind>_<array>                  the term modules' arrays (csrc/terms.h), float64
-#                                   (B|1, H|1, length): toeplitz_values (a term of j - i
-#                                   alone along the offsets: a scalar table read through its
-#                                   map, ALiBi's bias), segments_table, segments_query,
+#                                   (B|1, H|1, length): toeplitz_table, toeplitz_rows (a term
+#                                   of j - i alone: a scalar table and its map over the
+#                                   offsets, ALiBi's bias and the identity), segments_table, segments_query,
 #                                   segments_key (DIET's segments), reset_theta (TUPE's
 #                                   [CLS] reset), fox_gates, ...
 EngineConfig = namedtuple("EngineConfig", _C.CONFIG_FIELDS)

@@ -288,6 +288,25 @@ def diagonal_map(kind: str, values: tuple, n: int, m: int, query_offset: int = 0
     return result
 
 
+@functools.lru_cache(maxsize=256)
+def diagonal_rows(kind: str, values: tuple, n: int, m: int, query_offset: int = 0) -> np.ndarray:
+    """diagonal_map as the engine's toeplitz module reads it: float64 (1, 1, n + m - 1)
+    (its entries exact), read-only, computed once per shape."""
+    return _module_rows(diagonal_map(kind, values, n, m, query_offset))
+
+
+@functools.lru_cache(maxsize=64)
+def identity_rows(n: int, m: int) -> np.ndarray:
+    """identity_map as the toeplitz module reads it (a bias with a value per offset)."""
+    return _module_rows(identity_map(n, m))
+
+
+def _module_rows(rows: np.ndarray) -> np.ndarray:
+    result = rows.astype(np.float64)[None, None]
+    result.setflags(write=False)
+    return result
+
+
 @functools.lru_cache(maxsize=64)
 def identity_map(n: int, m: int) -> np.ndarray:
     """Row t for diagonal t: a table with a row per offset of the call (OffsetBias)."""
@@ -565,40 +584,21 @@ class _Mapped(Term):
 
 class Table(_Mapped):
     """table[h, map(j - i)], unscaled; (H|1, rows).  The engine's `toeplitz` term module
-    (csrc/engine/term_toeplitz_impl.h) reads it along the offsets, table[h, map[o]] in
-    float64, and gives its gradient along them per (b, h) unit: back to the table's rows
-    through the map here (offsets_gradient)."""
+    (csrc/engine/term_toeplitz_impl.h) reads it (float64) through the map (float64:
+    diagonal_rows) along the offsets, and gives its gradient per (b, h) unit."""
 
-    slot = "toeplitz_values"
+    slot = "toeplitz_table"
 
     def configure(self, slots, field, spec, p, arrays):
         table = arrays.get(self.name)
-        if table is not None:
-            slots[field[self.slot]] = offsets_values(np.asarray(table)[:, p.bucket_rows(spec)])
+        if table is not None:    # float64, (1, H|1, rows): a view where it is float64 already
+            slots[field[self.slot]] = (table if table.dtype == np.float64
+                                       else table.astype(np.float64))[None]
+            slots[field["toeplitz_rows"]] = diagonal_rows(spec.bucket, p.map_values, p.n, p.m,
+                                                          p.query_offset)
 
     def gradients(self, spec):
-        return ((self.name, self.slot,
-                 lambda p, grad: offsets_gradient(p, self.name, grad, p.bucket_rows(spec))),)
-
-
-def offsets_values(values: np.ndarray) -> np.ndarray:
-    """A term along the offsets (H', n + m - 1) as the toeplitz module's array: float64,
-    (1, H', n + m - 1)."""
-    return np.ascontiguousarray(values, dtype=np.float64)[None]
-
-
-def offsets_gradient(p, name: str, grad: np.ndarray, rows: np.ndarray) -> np.ndarray:
-    """The gradient of the call's table `name` (H|1, R) from the toeplitz module's along the
-    offsets, per unit (B, H, n + m - 1) float64: summed over the batch (the engine's
-    batch_summed), into each offset's table row (rows: the map), over the heads a shared
-    table serves; in the call's dtype."""
-    table = p.arrays[name]
-    along = batch_summed(grad)[0]
-    out = np.zeros((along.shape[0], table.shape[1]))
-    np.add.at(out, (slice(None), rows), along)
-    if table.shape[0] == 1:
-        out = out.sum(axis=0, keepdims=True)
-    return narrow(out, p.dtype)
+        return ((self.name, self.slot, lambda p, grad: table_gradient(p, self.name, grad)),)
 
 
 class QueryTable(_Mapped):
@@ -787,23 +787,23 @@ class OffsetBias(Term):
         options = {name: p.params[name] for name in self.params}
         return offsets[None, :], params, options
 
-    def table(self, p) -> np.ndarray:
-        """The bias of every diagonal (H', n + m - 1), rounded to the call's dtype, or to
-        float32 for bfloat16 and float16 (which compute in float32: the bias is not
-        rounded to 16 bits, nor is its gradient, float64 per unit)."""
+    def values(self, p) -> np.ndarray:
+        """The bias of every diagonal (H', n + m - 1), float64.  The engine rounds it to
+        its dtype, float32 for bfloat16 and float16 (which compute in float32: the bias
+        is not rounded to 16 bits, nor is its gradient, float64 per unit)."""
         offsets, params, options = self._inputs(p)
         heads = max(len(x) for x in params)
         with np.errstate(all="ignore"):       # NaN and Inf parameters propagate (SPEC §5)
             value = self.value(offsets, *params, **options)
-        value = np.broadcast_to(value, (heads, offsets.shape[1]))
-        dtype = np.float32 if p.dtype.itemsize == 2 else p.dtype
-        return np.ascontiguousarray(value, dtype=dtype)
+        return np.ascontiguousarray(np.broadcast_to(value, (heads, offsets.shape[1])),
+                                    dtype=np.float64)
 
     def configure(self, slots, field, spec, p, arrays):
-        slots[field["toeplitz_values"]] = offsets_values(self.table(p))
+        slots[field["toeplitz_table"]] = self.values(p)[None]
+        slots[field["toeplitz_rows"]] = identity_rows(p.n, p.m)
 
     def gradients(self, spec):
-        return tuple((name, "toeplitz_values", functools.partial(self._finish, t))
+        return tuple((name, "toeplitz_table", functools.partial(self._finish, t))
                      for t, name in enumerate(self.names))
 
     def _finish(self, t: int, p, dbias: np.ndarray) -> np.ndarray:

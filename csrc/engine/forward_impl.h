@@ -55,6 +55,8 @@ typedef struct {
                                  unless it is `expanded`) */
     int content;              /* the kind of a term module that reads the content logits (cope),
                                  applied to each tile after its GEMM, or -1 */
+    int units_batch_free;     /* the modules' unit data the same for every batch row
+                                 (terms_units_batch_free): a thread forms it once per head */
     const term_seen *seen;    /* which keys the rows see, for `content`: a fused attention's
                                  masks, or NULL (the kind's own rule: the logits) */
 } forward_ctx;
@@ -79,6 +81,8 @@ typedef struct {
                                  row 0 the unit's row keep_row0 */
     size_t keep_row0;
     ptrdiff_t cached_head_block, cached_query_table, cached_pos_k;   /* heads held, or -1 */
+    ptrdiff_t cached_term_unit;   /* units_batch_free: the head whose unit data term_unit holds
+                                     (every batch row's), or -1 */
 } forward_ws;
 
 /* The workspace of one thread: its size in elements; carved into w when w != NULL. */
@@ -90,7 +94,7 @@ static size_t forward_ws_layout(const forward_ctx *c, forward_ws *w, REAL *mem)
     if (w) {
         memset(w, 0, sizeof *w);
         gemm_scratch_carve(&w->scratch, mem, c->kern, c->p);
-        w->cached_head_block = w->cached_query_table = w->cached_pos_k = -1;
+        w->cached_head_block = w->cached_query_table = w->cached_pos_k = w->cached_term_unit = -1;
     }
     at += posenc_round_up(gemm_scratch_size(c->kern), 16);
     if (!c->in_place)
@@ -150,8 +154,10 @@ static void forward_head_block(const forward_ctx *c, forward_ws *w, size_t h)
         pack_b(kern, &w->scratch, &pb, w->pos_k_pack,
                (const REAL *)p->pos_k + head_of(p->pos_k_heads, h) * m * dp, 1, (ptrdiff_t)dp, dp,
                m, (REAL)p->dense_scale);
-    if (c->module_blocks)   /* batch row 0's unit data stands for every row's */
+    if (c->module_blocks) {   /* batch row 0's unit data stands for every row's */
         terms_unit(p, kern, 0, h, w->term_unit);
+        w->cached_term_unit = -1;
+    }
     for (size_t i0 = 0; i0 < n; i0 += step) {
         const size_t rows = posenc_min(step, n - i0);
         const size_t cols = c->causal ? posenc_min(m, p->query_offset + i0 + rows + kern->mr) : m;
@@ -374,8 +380,11 @@ static void forward_unit_setup(const forward_ctx *c, forward_ws *w, size_t b, si
     if (p->key_table && !c->in_place)
         key_projections(kern, &w->scratch, p, c->terms->key_runs.b_min, c->terms->key_buckets, c->key_reach[0],
                         c->key_reach[1], &c->terms->key_edges, w->key_table_pack, w->key_proj, h, k_u);
-    if ((c->modules && !c->module_blocks) || c->content >= 0)
+    if (((c->modules && !c->module_blocks) || c->content >= 0) &&
+        !(c->units_batch_free && w->cached_term_unit == (ptrdiff_t)h)) {
         terms_unit(p, kern, b, h, w->term_unit);
+        w->cached_term_unit = c->units_batch_free ? (ptrdiff_t)h : -1;
+    }
     if (c->expanded >= 0)
         terms_expand(p, kern, c->expanded, b, h, w->term_unit, w->expanded);
 }
@@ -582,6 +591,7 @@ static int forward_prepare(forward_ctx *c, const posenc_problem *p, const posenc
     terms_in_place(p, p->pos_q || p->query_table || p->key_table,
                    !c->scales.exact && !p->product, &c->pointer, &c->expanded);
     c->content = terms_content_kind(p);
+    c->units_batch_free = terms_units_batch_free(p);
     forward_plan_blocks(c, HEAD_BLOCK_BUDGET, 1);
     c->out_heads = p->bf16_out_heads ? p->bf16_out_heads : p->H;
     c->out_size = p->bf16_out_heads ? sizeof(uint16_t) : sizeof(REAL);

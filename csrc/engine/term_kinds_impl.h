@@ -152,6 +152,17 @@ static size_t terms_unit_scratch(const posenc_problem *p)
     return total;
 }
 
+/* Whether the present modules' unit data is the same for every batch row: no array of a kind
+ * that forms it has a batch axis (a kind reads b through its arrays only). */
+static int terms_units_batch_free(const posenc_problem *p)
+{
+    for (int k = 0; k < POSENC_TERM_COUNT; ++k)
+        for (int a = 0; a < POSENC_TERM_ARRAYS_MAX && term_has_unit(p, k); ++a)
+            if (p->terms[k].array[a].data && p->terms[k].array[a].batch_stride)
+                return 0;
+    return 1;
+}
+
 /* Each present module's unit data of unit (b, h) formed in scratch (terms_unit_scratch). */
 static void terms_unit(const posenc_problem *p, const posenc_kernels *kern, size_t b, size_t h,
                        REAL *scratch)

@@ -4,40 +4,95 @@
  * i)], docs/spec.md §3.2) and the biases computed from per-head parameters
  * (ALiBi, KERPLE), a term module (csrc/terms.h) for one dtype (REAL).
  *
- * Array, per unit (b, h), float64: values, the term along the n + m - 1
- * offsets, values[j - i + n - 1] (the caller reads its table through its map:
- * posenc/_kinds.py's Table; or computes the bias: OffsetBias).  Row i of a
- * unit is values from n - 1 - i on: the rows of the term are one array read
- * with a row stride of -1, so the kind gives them by pointer (rows_at: the
- * GEMM's epilogue reads them there, T5's and ALiBi's forward form no rows)
- * and is a factor of the product mode (M2: s q.k * table[map(j - i)]; the
- * rows are linear in the values).  The gradient is the sums of G along its
- * diagonals (the kernels' diagonal_sums), in REAL per call, added to the
- * double gradient after (in place for a double REAL: the sums of one order).
+ * Arrays, per unit (b, h), float64: table, R entries; rows, the table's entry
+ * of each of the n + m - 1 offsets, rows[j - i + n - 1] (the map: integers in
+ * [0, R), shared by the batch and the heads; posenc/_kinds.py's Table hands
+ * its bucket map, OffsetBias its bias along the offsets with the identity).
+ * Formed once per unit: the values along the offsets in REAL, row i of the
+ * unit from index n - 1 - i on.  The rows of the term are that one array
+ * read with a row stride of -1, so the kind gives them by pointer (rows_at:
+ * the GEMM's epilogue reads them there, T5's and ALiBi's forward form no
+ * rows) and is a factor of the product mode (M2: s q.k * table[map(j - i)];
+ * the rows are linear in the table).  The gradient: the sums of G along its
+ * diagonals (the kernels' diagonal_sums) in REAL per call, each added to its
+ * entry's double gradient through the map.
  */
 #ifndef POSENC_ENGINE_TERM_TOEPLITZ_IMPL_H
 #define POSENC_ENGINE_TERM_TOEPLITZ_IMPL_H
 
 #include "engine.h"
 
-enum { TOEPLITZ_VALUES };
+enum { TOEPLITZ_TABLE, TOEPLITZ_ROWS };
+
+/* The end of the run of rows from offset o (of `offsets`): entries equal, or moving by one
+ * per offset (*step 0, 1 or -1), or a lone entry (*step 0).  A map is a few runs (a clipped
+ * map three, T5's about its buckets, the identity one): the validation and the unit's
+ * values go run by run. */
+static inline size_t toeplitz_run(const double *rows, size_t o, size_t offsets, double *step)
+{
+    double s = o + 1 < offsets ? rows[o + 1] - rows[o] : 0;
+    size_t e = o + 1;
+    if (s == 0 || s == 1 || s == -1)
+        while (e < offsets && rows[e] - rows[e - 1] == s)
+            ++e;
+    *step = e == o + 1 ? 0 : s;
+    return e;
+}
+
+/* The list's condition: the rows shared by the batch and the heads, each an integer entry
+ * of the table (a run's ends within it, its first an integer: the run's every entry is). */
+static inline int term_toeplitz_valid(const posenc_problem *p)
+{
+    const posenc_term_array *a = p->terms[POSENC_TERM_toeplitz].array;
+    const double *rows = (const double *)a[TOEPLITZ_ROWS].data;
+    const double entries = (double)a[TOEPLITZ_TABLE].per_unit;
+    if (a[TOEPLITZ_ROWS].batch_stride || a[TOEPLITZ_ROWS].head_stride)
+        return 0;
+    for (size_t o = 0, e; o < a[TOEPLITZ_ROWS].per_unit; o = e) {
+        double step;
+        e = toeplitz_run(rows, o, a[TOEPLITZ_ROWS].per_unit, &step);
+        const double first = rows[o], last = rows[e - 1];
+        if (!(first >= 0 && first < entries && first == (double)(size_t)first && last >= 0 &&
+              last < entries))
+            return 0;
+    }
+    return 1;
+}
 
 #ifdef REAL
 
 #include "term_unit_impl.h"
 
-/* The unit data: the values in REAL, n + m - 1 of them. */
+/* The unit data: the values along the offsets in REAL, n + m - 1 of them. */
 static size_t term_toeplitz_unit_scratch(const posenc_problem *p)
 {
     return p->n + p->m - 1;
 }
 
+/* Run by run of the map (toeplitz_run): an entry over many offsets (a clipped or bucketed
+ * map's far offsets) broadcast, entries moving by one per offset (the identity, a clipped
+ * map's middle) converted as a row. */
 static void term_toeplitz_unit(const term_unit *t)
 {
-    const double *values = t->array[TOEPLITZ_VALUES];
+    const double *table = t->array[TOEPLITZ_TABLE], *rows = t->array[TOEPLITZ_ROWS];
     const size_t offsets = t->p->n + t->p->m - 1;
-    for (size_t o = 0; o < offsets; ++o)
-        t->unit_data[o] = (REAL)values[o];
+    REAL *values = t->unit_data;
+    for (size_t o = 0, e; o < offsets; o = e) {
+        double step;
+        e = toeplitz_run(rows, o, offsets, &step);
+        const double *from = table + (size_t)rows[o];
+        if (step == 0) {
+            const REAL v = (REAL)*from;
+            for (size_t x = o; x < e; ++x)
+                values[x] = v;
+        } else if (step > 0) {
+            for (size_t x = o; x < e; ++x)
+                values[x] = (REAL)from[x - o];
+        } else {
+            for (size_t x = o; x < e; ++x)
+                values[x] = (REAL)*(from - (x - o));
+        }
+    }
 }
 
 /* Row i0's values from key 0 (row i0 + r at + r * *ld: *ld = -1). */
@@ -57,26 +112,23 @@ static void term_toeplitz_rows(const term_unit *t, int op, REAL *P, size_t ldp, 
                             1, cols - k0);
 }
 
-/* The values' gradient of rows [i0, i0 + rows), keys [first, cols): the diagonal sums of G,
- * offsets [lo, lo + span) of the unit's. */
+/* The table's gradient of rows [i0, i0 + rows), keys [first, cols): the diagonal sums of G
+ * (offsets [lo, lo + span) of the unit's, in REAL), each into its entry. */
 static void term_toeplitz_grad_rows(const term_unit *t, double *const *grad, const REAL *G,
                                     size_t ldg, size_t i0, size_t rows, size_t first,
                                     size_t cols, double *scratch)
 {
-    double *dvalues = grad[TOEPLITZ_VALUES];
-    if (!dvalues || !rows || first >= cols)
+    double *dtable = grad[TOEPLITZ_TABLE];
+    if (!dtable || !rows || first >= cols)
         return;
+    const double *map = t->array[TOEPLITZ_ROWS];
     const size_t top = t->p->n - 1 - i0;   /* row i0's offset index at key 0 */
-    if (sizeof(REAL) == sizeof(double)) {
-        t->kern->diagonal_sums((REAL *)(void *)dvalues + top, G, ldg, rows, first, cols);
-        return;
-    }
-    REAL *sums = (REAL *)(void *)scratch;   /* indexed as dvalues */
     const size_t lo = top - (rows - 1) + first, span = rows - 1 + cols - first;
+    REAL *sums = (REAL *)(void *)scratch;   /* indexed by offset */
     memset(sums + lo, 0, sizeof(REAL) * span);
     t->kern->diagonal_sums(sums + top, G, ldg, rows, first, cols);
     for (size_t o = lo; o < lo + span; ++o)
-        dvalues[o] += (double)sums[o];
+        dtable[(size_t)map[o]] += (double)sums[o];
 }
 
 static size_t term_toeplitz_grad_scratch(const posenc_problem *p)
@@ -95,7 +147,7 @@ static size_t term_toeplitz_grad_scratch(const posenc_problem *p)
 
 #endif /* REAL */
 
-/* A factor of the product mode (read by entry.c's validation too). */
+/* A factor of the product mode (entry.c's validation reads it). */
 #define term_toeplitz_factor 1
 
 #endif /* POSENC_ENGINE_TERM_TOEPLITZ_IMPL_H */

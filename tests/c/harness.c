@@ -153,16 +153,16 @@ void build(problem_data *pd, const config *c, size_t B, size_t H, size_t n, size
         fill(pd, X_PK, H * m * dp);          /* pos_k per head, pos_q maybe shared */
         p->pos_q_heads = Hp; p->pos_k_heads = H; p->d_p = dp;
     }
-    if (c->table) {   /* the toeplitz module: the table along its map, float64 */
+    if (c->table) {   /* the toeplitz module: the table and its map, float64 */
         const size_t offsets = n + m - 1;
         fill(pd, X_TABLE, Hp * rows);
         pd->maps[0] = make_map(c->map, n, m, rows);
-        pd->toeplitz = malloc(sizeof(double) * (Hp * offsets + 1));
-        for (size_t h = 0; h < Hp; ++h)
-            for (size_t o = 0; o < offsets; ++o)
-                pd->toeplitz[h * offsets + o] = pd->f64[X_TABLE][h * rows + (size_t)pd->maps[0][o]];
-        p->terms[POSENC_TERM_toeplitz].array[0] =
-            (posenc_term_array){pd->toeplitz, 0, Hp == 1 ? 0 : offsets, offsets};
+        pd->toeplitz = malloc(sizeof(double) * (offsets + 1));
+        for (size_t o = 0; o < offsets; ++o)
+            pd->toeplitz[o] = (double)pd->maps[0][o];
+        posenc_term_array *a = p->terms[POSENC_TERM_toeplitz].array;
+        a[0] = (posenc_term_array){pd->f64[X_TABLE], 0, Hp == 1 ? 0 : rows, rows};
+        a[1] = (posenc_term_array){pd->toeplitz, 0, 0, offsets};
     }
     if (c->query_table) {
         fill(pd, X_QUERY_TABLE, Hp * rows * d);
@@ -266,7 +266,8 @@ static void naive_factors(const problem_data *pd, size_t b, size_t h, size_t i, 
 static double naive_table(const problem_data *pd, size_t h, size_t i, size_t j)
 {
     const posenc_term_array *a = &pd->p.terms[POSENC_TERM_toeplitz].array[0];
-    return a->data ? pd->toeplitz[h * a->head_stride + j + pd->p.n - 1 - i] : 0;
+    return a->data ? pd->f64[X_TABLE][h * a->head_stride + (size_t)pd->maps[0][j + pd->p.n - 1 - i]]
+                   : 0;
 }
 
 /* SPEC §3 written as loops, in double. */
@@ -339,7 +340,7 @@ void naive_module_grad(const problem_data *pd, int t, double *grad)
                         double content = 1, fq = 1, fk = 1;
                         if (p->product)
                             naive_factors(pd, b, h, i, j, &content, &fq, &fk);
-                        grad[h * L + j + n - 1 - i] += g * content * fq * fk;
+                        grad[h * L + (size_t)pd->maps[0][j + n - 1 - i]] += g * content * fq * fk;
                     }
                     else if (t == GRAD_SEGMENTS && !(reset && (cls || j == 0)))
                         grad[h * L + (size_t)pd->segment_q[b * n + i] * S +

@@ -51,7 +51,7 @@ typedef struct {
     double *f64[MAX_ARRAYS];
     float *f32[MAX_ARRAYS];
     int64_t *maps[3];
-    double *toeplitz;                /* the toeplitz module's values: X_TABLE along maps[0] */
+    double *toeplitz;                /* the toeplitz module's rows: maps[0] in float64 */
     double *segment_q, *segment_k;   /* the segments module's ids (B, n), (B, m) */
     int64_t *positions_q, *positions_k;
 } problem_data;
@@ -73,8 +73,8 @@ void release(problem_data *pd);
 double naive_logit(const problem_data *pd, size_t b, size_t h, size_t i, size_t j);
 double *widen(const void *src, size_t len, posenc_dtype dtype);
 /* Module gradient t's (GRAD_TABLE, GRAD_SEGMENTS, GRAD_THETA) of sum(G * A) (G: X_G's),
- * summed over the batch, H x length: the table's along the offsets grad[h L + j - i + n - 1]
- * (in a product times the other factors), the segments table's grad[h S S + s_q S + s_k]
+ * summed over the batch, H x length: the table's grad[h R + map(j - i)] (in a product times
+ * the other factors), the segments table's grad[h S S + s_q S + s_k]
  * (the reset's row and column 0 take none of these), theta's grad[2 h] (the row at position
  * 0), grad[2 h + 1] (key 0 of the others). */
 void naive_module_grad(const problem_data *pd, int t, double *grad);
@@ -85,7 +85,7 @@ void compare(const char *what, const double *a, const double *b, size_t len, dou
              int bitwise);
 /* The gradients the tests take, in grad_names' order: the problem's arrays with one
  * (posenc_grads), and at GRAD_TABLE, GRAD_SEGMENTS and GRAD_THETA the toeplitz, segments
- * and reset modules' arrays (X_TABLE's values along the offsets, X_SEGMENT_TABLE's,
+ * and reset modules' arrays (X_TABLE's data, X_SEGMENT_TABLE's,
  * X_THETA's data), float64 per unit (B, H, length) whatever the dtype. */
 enum { GRAD_COUNT = 9, GRAD_TABLE = 4, GRAD_SEGMENTS = 7, GRAD_THETA = 8 };
 int grad_module(int t);                                  /* its term kind, or -1 */

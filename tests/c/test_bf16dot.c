@@ -124,14 +124,14 @@ static void reference(const uint16_t *q, const uint16_t *k, size_t BH, size_t n,
 static void test_serves(int have)
 {
     uint16_t q[6] = {0}, k[6] = {0}, out[4] = {0x1234, 0x1234, 0x1234, 0x1234};
-    const double values[3] = {0};   /* a term module along the n + m - 1 offsets */
+    const double table[3] = {0}, rows[3] = {0};   /* a term module */
     posenc_problem p = content_problem(1, 1, 2, 2, 3, 1.0, q, k);
     EXPECT(posenc_bf16_content_forward(&p, out, 1) == (have ? POSENC_OK : -1),
            "bf16dot: content bf16 served %d", have);
     posenc_problem refused[5] = {p, p, p, p, p};
     refused[0].dtype = POSENC_F32;
-    refused[1].terms[POSENC_TERM_toeplitz].array[0] =
-        (posenc_term_array){values, 0, 0, 3};   /* any positional term */
+    refused[1].terms[POSENC_TERM_toeplitz].array[0] = (posenc_term_array){table, 0, 0, 3};
+    refused[1].terms[POSENC_TERM_toeplitz].array[1] = (posenc_term_array){rows, 0, 0, 3};
     refused[2].scale = 1e300;   /* beyond float */
     refused[3].scale = 1e-45;   /* a float subnormal */
     refused[4].dtype = POSENC_F16;

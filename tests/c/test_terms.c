@@ -521,8 +521,9 @@ static void rb2d_validation(void)
 /* ------------------------------------------------------------ segments, reset */
 
 /* posenc_validate of the segments module (the harness's diet_abs: 3 segments, float64
- * ids): ids integers within the table, shared by the heads, the table a square; and of
- * the reset's theta (2 entries a unit). */
+ * ids): ids integers within the table, shared by the heads, the table a square; of the
+ * toeplitz (the harness's m2): rows integers within its table, shared, one per offset, the
+ * one module of a product; and of the reset's theta (2 entries a unit). */
 static void segments_validation(void)
 {
     const config diet = {"diet_abs", 1, 0, 0, 0, 1, 0, 0, 0};
@@ -555,6 +556,35 @@ static void segments_validation(void)
     EXPECT(posenc_validate(&pd.p, &why) == POSENC_EINVAL, "segments: product mode accepted");
     pd.p.product = 0;
     EXPECT(posenc_validate(&pd.p, &why) == POSENC_OK, "segments: restored problem refused");
+    release(&pd);
+    /* the toeplitz: rows within its table, shared; a factor of a product, alone */
+    const config m2 = {"m2", 0, 1, 0, 0, 0, 0, 1, 0};
+    build(&pd, &m2, 2, 3, 5, 7, 4, 0);
+    point(&pd, POSENC_F64);
+    EXPECT(posenc_validate(&pd.p, &why) == POSENC_OK, "toeplitz: refused (%s)", why ? why : "");
+    const double bad_rows[] = {7, 1.5, -1, NAN, INFINITY};   /* a table of 7 entries */
+    for (size_t t = 0; t < sizeof bad_rows / sizeof bad_rows[0]; ++t) {
+        const double saved = pd.toeplitz[4];
+        pd.toeplitz[4] = bad_rows[t];
+        why = NULL;
+        EXPECT(posenc_validate(&pd.p, &why) == POSENC_EINVAL && why && strstr(why, "toeplitz"),
+               "toeplitz: a row %g accepted", bad_rows[t]);
+        pd.toeplitz[4] = saved;
+    }
+    posenc_term_array *ta = pd.p.terms[POSENC_TERM_toeplitz].array;
+    ta[1].head_stride = ta[1].per_unit;   /* per-head rows */
+    EXPECT(posenc_validate(&pd.p, &why) == POSENC_EINVAL, "toeplitz: per-head rows accepted");
+    ta[1].head_stride = 0;
+    ta[1].per_unit -= 1;                  /* one offset short */
+    EXPECT(posenc_validate(&pd.p, &why) == POSENC_EINVAL, "toeplitz: n + m - 2 rows accepted");
+    ta[1].per_unit += 1;
+    const double theta[2] = {0.5, -0.5};   /* a module that is no factor, in the product */
+    pd.p.terms[POSENC_TERM_reset].array[0] = (posenc_term_array){theta, 0, 0, 2};
+    why = NULL;
+    EXPECT(posenc_validate(&pd.p, &why) == POSENC_EINVAL && why && strstr(why, "factor"),
+           "toeplitz: a reset in a product accepted");
+    pd.p.terms[POSENC_TERM_reset].array[0] = (posenc_term_array){NULL, 0, 0, 0};
+    EXPECT(posenc_validate(&pd.p, &why) == POSENC_OK, "toeplitz: restored problem refused");
     release(&pd);
     build(&pd, &tupe, 2, 3, 5, 7, 4, 1);
     point(&pd, POSENC_F64);
