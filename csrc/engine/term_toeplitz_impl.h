@@ -113,7 +113,8 @@ static void term_toeplitz_rows(const term_unit *t, int op, REAL *P, size_t ldp, 
 }
 
 /* The table's gradient of rows [i0, i0 + rows), keys [first, cols): the diagonal sums of G
- * (offsets [lo, lo + span) of the unit's, in REAL), each into its entry. */
+ * (offsets [lo, lo + span) of the unit's, in REAL), into their entries run by run of the
+ * map (a run over one entry as its sum). */
 static void term_toeplitz_grad_rows(const term_unit *t, double *const *grad, const REAL *G,
                                     size_t ldg, size_t i0, size_t rows, size_t first,
                                     size_t cols, double *scratch)
@@ -127,8 +128,22 @@ static void term_toeplitz_grad_rows(const term_unit *t, double *const *grad, con
     REAL *sums = (REAL *)(void *)scratch;   /* indexed by offset */
     memset(sums + lo, 0, sizeof(REAL) * span);
     t->kern->diagonal_sums(sums + top, G, ldg, rows, first, cols);
-    for (size_t o = lo; o < lo + span; ++o)
-        dtable[(size_t)map[o]] += (double)sums[o];
+    for (size_t o = lo, e; o < lo + span; o = e) {   /* run by run of the map */
+        double step;
+        e = toeplitz_run(map, o, lo + span, &step);
+        double *to = dtable + (size_t)map[o];
+        if (step == 0 && e - o > 1) {   /* one entry: the run's sum (a vector sum) */
+            REAL part = 0;
+            t->kern->row_scatter_add(&part, 0, sums + o, e - o);
+            *to += (double)part;
+        } else if (step > 0) {
+            for (size_t x = o; x < e; ++x)
+                to[x - o] += (double)sums[x];
+        } else {
+            for (size_t x = o; x < e; ++x)
+                *(to - (x - o)) += (double)sums[x];
+        }
+    }
 }
 
 static size_t term_toeplitz_grad_scratch(const posenc_problem *p)
