@@ -138,11 +138,12 @@ static const size_t *forward_query_reach(const forward_ctx *c, size_t i0, size_t
 
 /*
  * The head block of head h: dense_scale pos_q.pos_k^T and the term modules' rows
- * (module_blocks: TUPE's table and reset over them), the batch-free terms.  Under a causal attention only what its tiles read, row
- * tile by row tile of mr: a tile holding row i (starting at or before i, at
- * most mr rows) reads keys up to query_offset + i + mr, whatever its start
- * (the backward's row blocks start off the forward's grid).  Each element
- * is computed as in the whole block.
+ * (module_blocks: TUPE's table and reset over them), the batch-free terms.
+ * Under a causal attention only what its tiles read, row tile by row tile of
+ * mr: a tile holding row i (starting at or before i, at most mr rows) reads
+ * keys up to query_offset + i + mr, whatever its start (the backward's row
+ * blocks start off the forward's grid).  Each element is computed as in the
+ * whole block.
  */
 static void forward_head_block(const forward_ctx *c, forward_ws *w, size_t h)
 {

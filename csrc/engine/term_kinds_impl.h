@@ -5,9 +5,11 @@
  * a problem's present modules that the forward, the decoding path and the
  * backward call.  A kind's file (term_<name>_impl.h) defines the functions of
  * term_kind (term_unit_impl.h): term_<name>_unit, _unit_scratch, _rows,
- * _grad_rows, _grad_scratch, _content, _content_grad, _content_keep, _expand_rows, _expand,
- * _row_of and _rows_at (NULL where the kind has none: the rotation's per-token tables, read by rope_impl.h, have none;
- * a kind adds rows or reads the content logits).
+ * _grad_rows, _grad_scratch, _content, _content_grad, _content_keep,
+ * _expand_rows, _expand, _row_of and _rows_at (NULL where the kind has none:
+ * the rotation's per-token tables, read by rope_impl.h, have none; a kind
+ * adds rows or reads the content logits), and its flags _overrides and
+ * _factor.
  */
 #ifndef POSENC_ENGINE_TERM_KINDS_IMPL_H
 #define POSENC_ENGINE_TERM_KINDS_IMPL_H
