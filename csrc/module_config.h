@@ -396,8 +396,8 @@ static int build_problem(PyObject *config, converted *a, posenc_problem *p)
         p->d_p = (size_t)dp;
     }
     /* tables with their maps */
-    static const struct { int table, map, ndim; } tables[2] = {
-        {CF_query_table, CF_query_map, 3}, {CF_key_table, CF_key_map, 3}};
+    static const struct { int table, map; } tables[2] = {
+        {CF_query_table, CF_query_map}, {CF_key_table, CF_key_map}};
     for (int t = 0; t < 2; ++t) {
         const int table = tables[t].table, map = tables[t].map;
         if (!a->arr[table])
@@ -406,7 +406,7 @@ static int build_problem(PyObject *config, converted *a, posenc_problem *p)
             PyErr_Format(PyExc_ValueError, "%s needs %s", config_names[table], config_names[map]);
             return -1;
         }
-        if (check_dims(a->arr[table], config_names[table], tables[t].ndim, (npy_intp[]){any, any, d}) ||
+        if (check_dims(a->arr[table], config_names[table], 3, (npy_intp[]){any, any, d}) ||
             check_dims(a->arr[map], config_names[map], 1, (npy_intp[]){offsets}))
             return -1;
     }

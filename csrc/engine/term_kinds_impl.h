@@ -73,17 +73,22 @@ static int terms_additive(const posenc_problem *p)
     return 0;
 }
 
-/* Whether the adding modules' rows are the same for every batch row: no array of theirs
- * has a batch axis (a kind reads b through its arrays only: term_unit_impl.h). */
+/* Whether kind k reads the same for every batch row: no array of its has a batch axis (a
+ * kind reads b through its arrays only: term_unit_impl.h). */
+static int term_batch_free(const posenc_problem *p, int k)
+{
+    for (int a = 0; a < POSENC_TERM_ARRAYS_MAX; ++a)
+        if (p->terms[k].array[a].data && p->terms[k].array[a].batch_stride)
+            return 0;
+    return 1;
+}
+
+/* Whether the adding modules' rows are the same for every batch row. */
 static int terms_batch_free(const posenc_problem *p)
 {
-    for (int k = 0; k < POSENC_TERM_COUNT; ++k) {
-        if (!term_adds(p, k))
-            continue;
-        for (int a = 0; a < POSENC_TERM_ARRAYS_MAX; ++a)
-            if (p->terms[k].array[a].data && p->terms[k].array[a].batch_stride)
-                return 0;
-    }
+    for (int k = 0; k < POSENC_TERM_COUNT; ++k)
+        if (term_adds(p, k) && !term_batch_free(p, k))
+            return 0;
     return 1;
 }
 
@@ -154,14 +159,12 @@ static size_t terms_unit_scratch(const posenc_problem *p)
     return total;
 }
 
-/* Whether the present modules' unit data is the same for every batch row: no array of a kind
- * that forms it has a batch axis (a kind reads b through its arrays only). */
+/* Whether the present modules' unit data is the same for every batch row. */
 static int terms_units_batch_free(const posenc_problem *p)
 {
     for (int k = 0; k < POSENC_TERM_COUNT; ++k)
-        for (int a = 0; a < POSENC_TERM_ARRAYS_MAX && term_has_unit(p, k); ++a)
-            if (p->terms[k].array[a].data && p->terms[k].array[a].batch_stride)
-                return 0;
+        if (term_has_unit(p, k) && !term_batch_free(p, k))
+            return 0;
     return 1;
 }
 
