@@ -126,14 +126,12 @@ static int new_grads(PyObject *config, const converted *a, unsigned int needs, i
             continue;
         /* of its input's dtype (the problem's); a term module's per unit, float64
          * (B, H, per_unit) (csrc/terms.h) */
-        npy_intp per_unit[3] = {0};
-        if (t >= GR_FIRST_TERM_) {
-            per_unit[0] = PyArray_DIM(a->arr[CF_q], 0);
-            per_unit[1] = PyArray_DIM(a->arr[CF_q], 1);
-            per_unit[2] = PyArray_DIM(src, 2);
-        }
-        if (!(grads[t] = new_result(PyArray_NDIM(src), t >= GR_FIRST_TERM_ ? per_unit : PyArray_DIMS(src),
-                                    PyArray_TYPE(src))))
+        const int module = t >= GR_FIRST_TERM_;
+        const npy_intp per_unit[3] = {PyArray_DIM(a->arr[CF_q], 0), PyArray_DIM(a->arr[CF_q], 1),
+                                      PyArray_DIM(src, PyArray_NDIM(src) - 1)};
+        if (!(grads[t] = new_result(module ? 3 : PyArray_NDIM(src),
+                                    module ? per_unit : PyArray_DIMS(src),
+                                    module ? NPY_DOUBLE : PyArray_TYPE(src))))
             return -1;
         data[t] = PyArray_DATA(grads[t]);
     }

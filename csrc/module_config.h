@@ -13,7 +13,7 @@
  * CF_COUNT items positionally.  The float arrays are q, k and posenc.h's
  * POSENC_ARRAYS; then the integer arrays (bucket maps over the offsets,
  * rotation positions), the scalars, and the term modules'
- * arrays (csrc/terms.h: <kind>_<array>, float64 (B|1, H|1, length)).
+ * arrays (csrc/terms.h: <kind>_<array>, (B|1, H|1, length)).
  */
 #define CONFIG_INDEX_FIELDS(X) \
     X(query_map) X(key_map) X(positions_q) X(positions_k)
@@ -21,9 +21,9 @@
     X(product) X(scale) X(dense_scale) X(vector_scale) X(rope_interleaved) X(query_offset)
 
 #define CF_ENUM_(name, ...) CF_##name,
-#define CF_TERM_ENUM_(kind, name, required, grad, length) CF_##kind##_##name,
-#define CF_TERM_NAME_(kind, name, required, grad, length) #kind "_" #name,
-#define GR_TERM_NAME_(kind, name, required, grad, length) POSENC_TERM_IF_##grad(#kind "_" #name,)
+#define CF_TERM_ENUM_(kind, name, required, grad, length, real) CF_##kind##_##name,
+#define CF_TERM_NAME_(kind, name, required, grad, length, real) #kind "_" #name,
+#define GR_TERM_NAME_(kind, name, required, grad, length, real) POSENC_TERM_IF_##grad(#kind "_" #name,)
 #define CF_TERM_SKIP_(name, valid, why, ARRAYS) ARRAYS
 enum {
     CF_q, CF_k,
@@ -51,7 +51,7 @@ static const int index_fields[] = {CONFIG_INDEX_FIELDS(CF_INDEX_)};
  * q, k, then the parameters of POSENC_ARRAYS (its constants have none). */
 #define GR_ENUM_(name, ...) GR_##name,
 #define GR_SKIP_(...)
-#define GR_TERM_ENUM_(kind, name, required, grad, length) POSENC_TERM_IF_##grad(GR_##kind##_##name,)
+#define GR_TERM_ENUM_(kind, name, required, grad, length, real) POSENC_TERM_IF_##grad(GR_##kind##_##name,)
 enum { GR_q, GR_k, POSENC_ARRAYS(GR_ENUM_, GR_SKIP_) GR_FIRST_TERM_,
        GR_TERM_BEFORE_ = GR_FIRST_TERM_ - 1, POSENC_TERMS(CF_TERM_SKIP_, GR_TERM_ENUM_) GR_COUNT };
 #undef GR_TERM_ENUM_
@@ -61,7 +61,7 @@ enum { GR_q, GR_k, POSENC_ARRAYS(GR_ENUM_, GR_SKIP_) GR_FIRST_TERM_,
 
 /* The config field each gradient is shaped like, and the gradients' names. */
 #define GR_SOURCE_(name, ...) CF_##name,
-#define GR_TERM_SOURCE_(kind, name, required, grad, length) POSENC_TERM_IF_##grad(CF_##kind##_##name,)
+#define GR_TERM_SOURCE_(kind, name, required, grad, length, real) POSENC_TERM_IF_##grad(CF_##kind##_##name,)
 static const int grad_source[GR_COUNT] = {CF_q, CF_k, POSENC_ARRAYS(GR_SOURCE_, GR_SKIP_)
                                           POSENC_TERMS(CF_TERM_SKIP_, GR_TERM_SOURCE_)};
 #undef GR_TERM_SOURCE_
@@ -73,14 +73,14 @@ static const char *const grad_names[GR_COUNT] = {"q", "k", POSENC_ARRAYS(CF_NAME
 
 /* The term modules' arrays: their config fields, kinds, whether they have a gradient (then
  * the next GR_ entry from GR_FIRST_TERM_), in order. */
-#define TERM_FIELD_(kind, name, required, grad, length) {CF_##kind##_##name, POSENC_TERM_##kind, grad},
-static const struct { int field, kind, grad; } term_fields[] = {POSENC_TERMS(CF_TERM_SKIP_, TERM_FIELD_)};
+#define TERM_FIELD_(kind, name, required, grad, length, real) {CF_##kind##_##name, POSENC_TERM_##kind, grad, real},
+static const struct { int field, kind, grad, real; } term_fields[] = {POSENC_TERMS(CF_TERM_SKIP_, TERM_FIELD_)};
 
 /* The length (elements per unit) term_fields[t]'s array must have in p, or 0 (any). */
 static size_t term_field_length(const posenc_problem *p, int t)
 {
     int at = 0;
-#define TERM_LENGTH_(kind, name, required, grad, length) if (at++ == t) return (size_t)(length);
+#define TERM_LENGTH_(kind, name, required, grad, length, real) if (at++ == t) return (size_t)(length);
     POSENC_TERMS(CF_TERM_SKIP_, TERM_LENGTH_)
 #undef TERM_LENGTH_
     return 0;
@@ -278,12 +278,14 @@ static int read_double(PyObject *config, int field, double *value)
 
 /*
  * The term modules' arrays of config (csrc/terms.h) into p's terms: each
- * float64 (B|1, H|1, length) (the list's length, or any), converted as the
- * other float arrays; p's shape set.  0, or -1 with an exception.
+ * (B|1, H|1, length) (the list's length, or any), leading axes of one may be
+ * left out; a float array of the four dtypes, converted where it is not
+ * float64 (or, for a `real` array, the problem's compute type: float64 for a
+ * float64 problem, float32 for the others).  p's shape and dtype set.  0, or
+ * -1 with an exception.
  */
 static int build_terms(PyObject *config, converted *a, posenc_problem *p)
 {
-    const int typenum = NPY_DOUBLE;
     int place[POSENC_TERM_COUNT] = {0};
     for (int t = 0; t < TERM_FIELD_COUNT; ++t) {
         const int field = term_fields[t].field, k = term_fields[t].kind;
@@ -291,19 +293,32 @@ static int build_terms(PyObject *config, converted *a, posenc_problem *p)
         PyObject *obj = PyTuple_GET_ITEM(config, field);
         if (obj == Py_None)
             continue;
-        if (check_float_array(obj, typenum, config_names[field], "every term module") ||
-            !(a->arr[field] = as_float_array(obj, typenum, config_names[field])))
+        const int typenum = term_fields[t].real && p->dtype != POSENC_F64 ? NPY_FLOAT : NPY_DOUBLE;
+        if (!PyArray_Check(obj) || dtype_of(PyArray_TYPE((PyArrayObject *)obj)) < 0) {
+            PyErr_Format(PyExc_TypeError, "%s must be a numpy.ndarray of dtype " FLOAT_DTYPES_TEXT,
+                         config_names[field]);
             return -1;
-        const npy_intp length = (npy_intp)term_field_length(p, t), any = -1;
-        if (check_dims(a->arr[field], config_names[field], 3,
-                       (npy_intp[]){any, any, length ? length : any}))
+        }
+        PyArrayObject *arr = (PyArrayObject *)obj;
+        if (PyArray_TYPE(arr) == typenum && PyArray_ISCARRAY_RO(arr) && PyArray_ISNOTSWAPPED(arr)) {
+            Py_INCREF(obj);
+            a->arr[field] = arr;
+        } else if (!(a->arr[field] = (PyArrayObject *)PyArray_FROM_OTF(
+                         obj, typenum, NPY_ARRAY_IN_ARRAY | NPY_ARRAY_FORCECAST)))
             return -1;
-        const npy_intp per_unit = PyArray_DIM(a->arr[field], 2);
-        const size_t batches = (size_t)PyArray_DIM(a->arr[field], 0);
-        const size_t heads = (size_t)PyArray_DIM(a->arr[field], 1);
-        if ((batches != p->B && batches != 1) || (heads != p->H && heads != 1)) {
-            PyErr_Format(PyExc_ValueError, "%s must be (B|1, H|1, %zd), got (%zu, %zu, %zd)",
-                         config_names[field], (Py_ssize_t)per_unit, batches, heads,
+        const int ndim = PyArray_NDIM(a->arr[field]);
+        const npy_intp length = (npy_intp)term_field_length(p, t);
+        npy_intp shape[3] = {1, 1, 1};
+        for (int x = 0; x < ndim && ndim <= 3; ++x)
+            shape[3 - ndim + x] = PyArray_DIM(a->arr[field], x);
+        const size_t batches = (size_t)shape[0], heads = (size_t)shape[1];
+        const npy_intp per_unit = shape[2];
+        if (ndim < 1 || ndim > 3 || (length && per_unit != length) ||
+            (batches != p->B && batches != 1) || (heads != p->H && heads != 1)) {
+            PyErr_Format(PyExc_ValueError,
+                         "%s must be (B|1, H|1, L) with B = %zu, H = %zu, L = %zd (0: any), got "
+                         "%d dimensions, the last three (%zu, %zu, %zd)", config_names[field],
+                         p->B, p->H, (Py_ssize_t)length, ndim, batches, heads,
                          (Py_ssize_t)per_unit);
             return -1;
         }
@@ -379,22 +394,6 @@ static int build_problem(PyObject *config, converted *a, posenc_problem *p)
         return -1;
     }
     const npy_intp offsets = (n > 0 && m > 0) ? n + m - 1 : 0;
-    if (a->arr[CF_pos_q] || a->arr[CF_pos_k]) {
-        if (!a->arr[CF_pos_q] || !a->arr[CF_pos_k]) {
-            PyErr_SetString(PyExc_ValueError, "pos_q and pos_k come together");
-            return -1;
-        }
-        if (check_dims(a->arr[CF_pos_q], "pos_q", 3, (npy_intp[]){any, n, any}))
-            return -1;
-        const npy_intp dp = PyArray_DIM(a->arr[CF_pos_q], 2);
-        if (check_dims(a->arr[CF_pos_k], "pos_k", 3, (npy_intp[]){any, m, dp}))
-            return -1;
-        p->pos_q = DATA(CF_pos_q);
-        p->pos_k = DATA(CF_pos_k);
-        p->pos_q_heads = DIM(CF_pos_q, 0);
-        p->pos_k_heads = DIM(CF_pos_k, 0);
-        p->d_p = (size_t)dp;
-    }
     /* tables with their maps */
     static const struct { int table, map; } tables[2] = {
         {CF_query_table, CF_query_map}, {CF_key_table, CF_key_map}};

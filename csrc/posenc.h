@@ -2,21 +2,21 @@
  * posenc.h -- the C API of the posenc engine.  Pure C, no Python.
  *
  * Every method of docs/spec.md §3 is one `posenc_problem`: the content term
- * s * q_i.k_j plus positional terms of three kinds and term modules, combined by
+ * s * q_i.k_j plus positional terms of two kinds and term modules, combined by
  * sum or by product (docs/internals.md §1, the term algebra), and optionally a
  * rotation of q and k (rope):
  *
- *   dense         dense_scale * pos_q_i . pos_k_j                  (TUPE, DIET-ABS)
  *   query table   vector_scale * q_i . query_table[h, query_map(j - i)]  (Shaw, M4, M4M, DeBERTa c2p)
  *   key table     vector_scale * k_j . key_table[h, key_map(j - i)]      (M4, M4M, DeBERTa p2c)
  *   rotation      q_i, k_j rotated pair by pair by the angles of their positions
  *                 before any use, the adjoint applied to dq, dk (RoPE, xPos)
  *
- * Sum:     A = s q.k + reset(dense + query table + key table + modules)
- * Product: A = s q.k * module * query table * key table   (M2, M4M; no dense; the module
- *                                                         a factor kind: the toeplitz)
+ * Sum:     A = s q.k + reset(query table + key table + modules)
+ * Product: A = s q.k * module * query table * key table   (M2, M4M; the module a factor
+ *                                                         kind: the toeplitz)
  *
- * with the term modules of csrc/terms.h: a term of the offset j - i alone
+ * with the term modules of csrc/terms.h: the dense factor dense_scale pos_q_i .
+ * pos_k_j (TUPE, DIET-ABS), a term of the offset j - i alone
  * (toeplitz: the scalar table of T5, DIET-REL, TUPE-R, M2 read through its map,
  * ALiBi's and KERPLE's biases), DIET's segments, FoX, the 2-D relative bias,
  * per-token rotary tables, CoPE, and TUPE's [CLS] reset (theta[0] on the row at
@@ -88,6 +88,26 @@ typedef struct {
 enum { POSENC_TERMS(POSENC_TERM_ENUM_, ) POSENC_TERM_COUNT };
 #undef POSENC_TERM_ENUM_
 
+/* Whether array a of kind k holds the problem's compute type (terms.h's `real`: float64
+ * for a float64 problem, float32 for the others) rather than float64. */
+static inline int posenc_term_array_real(int k, int a)
+{
+    int kind = 0;
+#define POSENC_TERM_REAL_(name, valid, why, ARRAYS) \
+    if (kind++ == k) {                              \
+        int at = 0;                                 \
+        ARRAYS                                      \
+        (void)at;                                   \
+    }
+#define POSENC_TERM_REAL_ARRAY_(kind_, name, required, grad, length, real) \
+    if (at++ == a)                                                       \
+        return real;
+    POSENC_TERMS(POSENC_TERM_REAL_, POSENC_TERM_REAL_ARRAY_)
+#undef POSENC_TERM_REAL_ARRAY_
+#undef POSENC_TERM_REAL_
+    return 0;
+}
+
 typedef struct {
     posenc_dtype dtype;
     int product;                  /* 0: terms added to the content; 1: multiplied (M2, M4M) */
@@ -99,9 +119,7 @@ typedef struct {
     const void *q;                /* (B, H, n, d) */
     const void *k;                /* (B, H_kv, m, d) */
 
-    const void *pos_q, *pos_k;    /* (pos_q_heads, n, d_p), (pos_k_heads, m, d_p) */
-    size_t pos_q_heads, pos_k_heads, d_p;
-    double dense_scale;
+    double dense_scale;           /* the dense term module's ds (terms.h: TUPE's s, DIET-ABS's 1) */
 
     const void *query_table;      /* (query_table_heads, query_table_rows, d) */
     size_t query_table_heads, query_table_rows;
@@ -181,8 +199,6 @@ static inline int posenc_terms_any(const posenc_problem *p)
  *     elements (the rotation's tables).
  */
 #define POSENC_ARRAYS(PARAM, CONST)                                        \
-    PARAM(pos_q, pos_q_heads, p->n * p->d_p)                               \
-    PARAM(pos_k, pos_k_heads, p->m * p->d_p)                               \
     PARAM(query_table, query_table_heads, p->query_table_rows * p->d)      \
     PARAM(key_table, key_table_heads, p->key_table_rows * p->d)            \
     CONST(rope_cos, p->rope_positions * p->rope_pairs)                     \
@@ -206,7 +222,8 @@ typedef struct {
      * (term_units_per_row: H, or 0 for H; a larger problem's H in a slice of it);
      * an array without a batch axis (batch_stride 0) gets its gradient summed over
      * the batch rows, in order, in batch row 0's units (posenc_backward and
-     * posenc_attention_backward: the other rows' units hold their own parts) */
+     * posenc_attention_backward: the other rows' units hold partial sums, their own
+     * parts or zeros where the engine summed G over the batch first) */
     void *terms[POSENC_TERM_COUNT][POSENC_TERM_ARRAYS_MAX];
     size_t term_units_per_row;
 } posenc_grads;
@@ -269,8 +286,7 @@ int posenc_attention_forward(const posenc_problem *p, const posenc_attention *a,
  * every wanted gradient of g (as posenc_backward's) and grad_v (B, H, m,
  * dv; NULL = not wanted).  The probabilities are recomputed from q, k and
  * lse row block by row block: per-thread scratch O(row_block m) (row_block
- * = the kernels' kc: 256 floats, 128 doubles), never O(n m); the dense
- * factor's gradients take per-(b, h) slots, B H (n + m) d_p.  p validated.
+ * = the kernels' kc: 256 floats, 128 doubles), never O(n m).  p validated.
  */
 int posenc_attention_backward(const posenc_problem *p, const posenc_attention *a,
                               const void *d_out, const void *out, const void *lse,

@@ -12,19 +12,26 @@
  *               term is present (it may call a function of the kind's file
  *               outside its REAL part: entry.c includes the files without REAL)
  *     why       posenc_validate's reason when it does not
- *     ARRAYS    ARRAY(name, array, required, grad, length) for each of its
+ *     ARRAYS    ARRAY(name, array, required, grad, length, real) for each of its
  *               float arrays (at most POSENC_TERM_ARRAYS_MAX), in order; a
  *               term is present when its first (required) array is given;
  *               grad 1: the array has a gradient, 0: a constant (as derived
  *               sums); length: its elements per (b, h) unit, an expression
- *               of `p`, or 0 for the array's own (a table's rows)
+ *               of `p`, or 0 for the array's own (a table's rows); real 1:
+ *               its elements are the problem's compute type (float64 for a
+ *               float64 problem, float32 for the others: a table read as the
+ *               tile's values, taken as the caller holds it), 0: float64
  *
+ * The dense factor (TUPE's, DIET-ABS's) comes first: the forward's sums keep the
+ * order dense + table + ..., and a head block may hold it alone (term_dense_impl.h).
  * A kind whose rows are NULL adds nothing: it rotates q and k (rope_token, read by
- * csrc/engine/rope_impl.h).  A module's arrays are float64 (B|1, H|1, length) whatever the problem's
- * dtype (they are small: a few numbers per token, as FoX's gates and their
- * prefix sums, whose differences must not lose the digits a float32 would);
- * their gradients are float64 per unit, (B, H, length), summed over the batch by
- * the engine where an array has no batch axis (into batch row 0's units,
+ * csrc/engine/rope_impl.h).  A module's arrays are (B|1, H|1, length), float64
+ * whatever the problem's dtype (they are small: a few numbers per token, as FoX's
+ * gates and their prefix sums, whose differences must not lose the digits a float32
+ * would) but for the `real` ones (posenc_term_array_real: the dense factor's pos_q
+ * and pos_k, the Toeplitz table, read as the tile's values); their gradients are float64 per unit, (B, H, length),
+ * summed over the batch by the engine where an array has no batch axis (into batch
+ * row 0's units,
  * posenc_grads), the caller reducing over the other axes its arrays broadcast.
  * Module terms are added (sum mode, no rotation); a kind's own file says what it
  * computes.  A kind that overrides instead (TUPE's reset: term_kind's `overrides`)
@@ -38,38 +45,41 @@
 
 #define POSENC_TERM_ARRAYS_MAX 4
 
-#define POSENC_TERMS(TERM, ARRAY)                                                      \
-    TERM(toeplitz, term_toeplitz_valid(p),                                             \
-         "toeplitz: rows, over the n + m - 1 offsets, integers in [0, R) (a table of R "   \
-         "entries), shared by the batch and the heads",                                  \
-         ARRAY(toeplitz, table, 1, 1, 0)                                                 \
-         ARRAY(toeplitz, rows, 1, 0, p->n && p->m ? p->n + p->m - 1 : 0))                \
-    TERM(segments, term_segments_valid(p),                                             \
-         "segments: a table of S x S entries, ids integers in [0, S) shared by the "     \
-         "heads", ARRAY(segments, table, 1, 1, 0) ARRAY(segments, query, 1, 0, p->n)      \
-         ARRAY(segments, key, 1, 0, p->m))                                               \
-    TERM(fox, p->query_offset + p->n <= p->m,                                          \
-         "fox: every query is among the keys (query_offset + n <= m)",                \
-         ARRAY(fox, gates, 1, 1, p->m) ARRAY(fox, gates_reverse, 0, 1, p->m)                \
-         ARRAY(fox, cum, 0, 0, p->m) ARRAY(fox, cum_reverse, 0, 0, p->m))                  \
-    TERM(relative_bias_2d, term_relative_bias_2d_valid(p),                             \
-         "relative_bias_2d: coordinates integers in [0, 2^30) or (-1, -1) (a global "    \
-         "token), shared by the heads; one (t_y, t_x) >= 0; a table of T or T + 3 "       \
-         "entries (T + 3 with a global token)",                                          \
-         ARRAY(relative_bias_2d, bias, 1, 1, 0)                                          \
-         ARRAY(relative_bias_2d, coords_q, 1, 0, 2 * p->n)                               \
-         ARRAY(relative_bias_2d, coords_k, 1, 0, 2 * p->m)                               \
-         ARRAY(relative_bias_2d, distance, 1, 0, 2))                                     \
-    TERM(rope_token, term_rope_token_valid(p),                                         \
-         "rope_token: per-token rotary tables (no (P, r) tables, no positions), "         \
+#define POSENC_TERMS(TERM, ARRAY)                                                       \
+    TERM(dense, term_dense_valid(p),                                                    \
+         "dense: pos_q n x d_p and pos_k m x d_p per head, shared by the batch",          \
+         ARRAY(dense, pos_q, 1, 1, 0, 1) ARRAY(dense, pos_k, 1, 1, 0, 1))                \
+    TERM(toeplitz, term_toeplitz_valid(p),                                              \
+         "toeplitz: rows, over the n + m - 1 offsets, integers in [0, R) (a table of R " \
+         "entries), shared by the batch and the heads",                                 \
+         ARRAY(toeplitz, table, 1, 1, 0, 1)                                             \
+         ARRAY(toeplitz, rows, 1, 0, p->n && p->m ? p->n + p->m - 1 : 0, 0))            \
+    TERM(segments, term_segments_valid(p),                                              \
+         "segments: a table of S x S entries, ids integers in [0, S) shared by the "    \
+         "heads", ARRAY(segments, table, 1, 1, 0, 0) ARRAY(segments, query, 1, 0, p->n, 0) \
+         ARRAY(segments, key, 1, 0, p->m, 0))                                           \
+    TERM(fox, p->query_offset + p->n <= p->m,                                           \
+         "fox: every query is among the keys (query_offset + n <= m)",                  \
+         ARRAY(fox, gates, 1, 1, p->m, 0) ARRAY(fox, gates_reverse, 0, 1, p->m, 0)      \
+         ARRAY(fox, cum, 0, 0, p->m, 0) ARRAY(fox, cum_reverse, 0, 0, p->m, 0))         \
+    TERM(relative_bias_2d, term_relative_bias_2d_valid(p),                              \
+         "relative_bias_2d: coordinates integers in [0, 2^30) or (-1, -1) (a global "   \
+         "token), shared by the heads; one (t_y, t_x) >= 0; a table of T or T + 3 "     \
+         "entries (T + 3 with a global token)",                                         \
+         ARRAY(relative_bias_2d, bias, 1, 1, 0, 0)                                      \
+         ARRAY(relative_bias_2d, coords_q, 1, 0, 2 * p->n, 0)                           \
+         ARRAY(relative_bias_2d, coords_k, 1, 0, 2 * p->m, 0)                           \
+         ARRAY(relative_bias_2d, distance, 1, 0, 2, 0))                                 \
+    TERM(rope_token, term_rope_token_valid(p),                                          \
+         "rope_token: per-token rotary tables (no (P, r) tables, no positions), "       \
          "cos and sin n x rope_pairs, cos_k and sin_k m x rope_pairs, 2 rope_pairs <= d", \
-         ARRAY(rope_token, cos, 1, 1, 0) ARRAY(rope_token, sin, 1, 1, 0)                  \
-         ARRAY(rope_token, cos_k, 1, 1, 0) ARRAY(rope_token, sin_k, 1, 1, 0))             \
-    TERM(cope, term_cope_valid(p),                                                     \
+         ARRAY(rope_token, cos, 1, 1, 0, 0) ARRAY(rope_token, sin, 1, 1, 0, 0)          \
+         ARRAY(rope_token, cos_k, 1, 1, 0, 0) ARRAY(rope_token, sin_k, 1, 1, 0, 0))     \
+    TERM(cope, term_cope_valid(p),                                                      \
          "cope: alone (no other positional term), shape (P, causal) with P an integer in " \
-         "[1, 2^30] and causal 0 or 1, pos_emb P x d",                                 \
-         ARRAY(cope, pos_emb, 1, 1, 0) ARRAY(cope, shape, 1, 0, 2))                      \
-    TERM(reset, 1, "reset: theta (t0, t1) per unit", ARRAY(reset, theta, 1, 1, 2))
+         "[1, 2^30] and causal 0 or 1, pos_emb P x d",                                  \
+         ARRAY(cope, pos_emb, 1, 1, 0, 0) ARRAY(cope, shape, 1, 0, 2, 0))               \
+    TERM(reset, 1, "reset: theta (t0, t1) per unit", ARRAY(reset, theta, 1, 1, 2, 0))
 
 /* POSENC_TERM_IF_<grad>(x): x for an array with a gradient (the X-macros' filter). */
 #define POSENC_TERM_IF_1(...) __VA_ARGS__
@@ -81,6 +91,7 @@
  * the rest (validation) for entry.c. */
 #if defined(POSENC_TERM_FILES) && !defined(POSENC_TERM_FILES_INCLUDED)
 #define POSENC_TERM_FILES_INCLUDED
+#include "engine/term_dense_impl.h"
 #include "engine/term_toeplitz_impl.h"
 #include "engine/term_segments_impl.h"
 #include "engine/term_fox_impl.h"

@@ -36,17 +36,19 @@ from . import _C
 # The engine's slots, named by the binding (csrc/module_config.h, from posenc.h's
 # one list of the problem's arrays), in the order it reads them:
 #   q, k                            (B, H, n, d), (B, H, m, d), any float dtype, any strides
-#   pos_q, pos_k                    dense factor (H|1, n, d_p), (H|1, m, d_p) or None
 #   query_table, key_table          vector tables (H|1, R, d): q_i . table[map], k_j . table[map],
 #                                   with query_map, key_map
 #   rope_cos, rope_sin              the rotation's tables (P, r), rope_cos_k, rope_sin_k the keys'
 #                                   (xPos) or None; positions_q (B, n), positions_k (B, m) or None
 #   product                         bool: A = s q.k * factors (M2, M4M) instead of a sum
-#   scale, dense_scale, vector_scale   floats: the content's, the dense factor's, the vector tables'
+#   scale, dense_scale, vector_scale   floats: the content's, the dense module's, the vector tables'
 #   rope_interleaved                bool: the rotation's pairs (x_2t, x_2t+1), else (x_t, x_t+r)
 #   query_offset                    int >= 0: query row i sits at position query_offset + i
-#   <kind>_<array>                  the term modules' arrays (csrc/terms.h), float64
-#                                   (B|1, H|1, length): toeplitz_table, toeplitz_rows (a term
+#   <kind>_<array>                  the term modules' arrays (csrc/terms.h), float64 or
+#                                   the compute type (B|1, H|1, length), leading axes of one
+#                                   may be left out: dense_pos_q, dense_pos_k (TUPE's and
+#                                   DIET-ABS's dense factor (H|1, n d_p), (H|1, m d_p)),
+#                                   toeplitz_table, toeplitz_rows (a term
 #                                   of j - i alone: a scalar table and its map over the
 #                                   offsets, ALiBi's bias and the identity), segments_table, segments_query,
 #                                   segments_key (DIET's segments), reset_theta (TUPE's

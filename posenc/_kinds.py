@@ -476,7 +476,10 @@ class Term:
 
 @dataclass(frozen=True)
 class Dense(Term):
-    """pos_q_i . pos_k_j, times s when `scaled` (TUPE) or unscaled (DIET-ABS)."""
+    """pos_q_i . pos_k_j, times s when `scaled` (TUPE) or unscaled (DIET-ABS).  The engine's
+    `dense` term module (csrc/engine/term_dense_impl.h) reads pos_q and pos_k as (H|1, n d_p)
+    and (H|1, m d_p), in the problem's compute type (`real` arrays of csrc/terms.h), and
+    gives their gradients per (b, h) unit, float64 (table_gradient folds them)."""
 
     query: str = "pos_q"
     key: str = "pos_k"
@@ -504,12 +507,15 @@ class Dense(Term):
         p.d_p = d_p
 
     def configure(self, slots, field, spec, p, arrays):
-        slots[field["pos_q"]], slots[field["pos_k"]] = arrays[self.query], arrays[self.key]
+        for name, slot in ((self.query, "dense_pos_q"), (self.key, "dense_pos_k")):
+            x = arrays[name]                                   # (H|1, rows, d_p): rows by row
+            slots[field[slot]] = x.reshape(x.shape[0], x.shape[1] * x.shape[2])
         if self.scaled:
             slots[field["dense_scale"]] = p.scale
 
     def gradients(self, spec):
-        return ((self.query, "pos_q", None), (self.key, "pos_k", None))
+        return tuple((name, slot, lambda p, grad, name=name: table_gradient(p, name, grad))
+                     for name, slot in ((self.query, "dense_pos_q"), (self.key, "dense_pos_k")))
 
     def example(self, ctx, spec, values):
         rank = ctx.options["d_p"]
@@ -584,16 +590,16 @@ class _Mapped(Term):
 
 class Table(_Mapped):
     """table[h, map(j - i)], unscaled; (H|1, rows).  The engine's `toeplitz` term module
-    (csrc/engine/term_toeplitz_impl.h) reads it (float64) through the map (float64:
+    (csrc/engine/term_toeplitz_impl.h) reads it as it is (a `real` array of csrc/terms.h:
+    the problem's compute type, converted only where it is not) through the map (float64:
     diagonal_rows) along the offsets, and gives its gradient per (b, h) unit."""
 
     slot = "toeplitz_table"
 
     def configure(self, slots, field, spec, p, arrays):
         table = arrays.get(self.name)
-        if table is not None:    # float64, (1, H|1, rows): a view where it is float64 already
-            slots[field[self.slot]] = (table if table.dtype == np.float64
-                                       else table.astype(np.float64))[None]
+        if table is not None:
+            slots[field[self.slot]] = table
             slots[field["toeplitz_rows"]] = diagonal_rows(spec.bucket, p.map_values, p.n, p.m,
                                                           p.query_offset)
 
@@ -633,7 +639,7 @@ class Reset(Term):
     def configure(self, slots, field, spec, p, arrays):
         theta = arrays.get(self.name)
         if theta is not None:
-            slots[field["reset_theta"]] = np.ascontiguousarray(theta, dtype=np.float64)[None]
+            slots[field["reset_theta"]] = theta    # (H|1, 2), float64 in the binding
 
     def gradients(self, spec):
         return ((self.name, "reset_theta", lambda p, grad: table_gradient(p, self.name, grad)),)
@@ -788,9 +794,10 @@ class OffsetBias(Term):
         return offsets[None, :], params, options
 
     def values(self, p) -> np.ndarray:
-        """The bias of every diagonal (H', n + m - 1), float64.  The engine rounds it to
-        its dtype, float32 for bfloat16 and float16 (which compute in float32: the bias
-        is not rounded to 16 bits, nor is its gradient, float64 per unit)."""
+        """The bias of every diagonal (H', n + m - 1), float64.  The binding rounds it to
+        the problem's compute type (a `real` array of csrc/terms.h), float32 for bfloat16
+        and float16 (which compute in float32: the bias is not rounded to 16 bits, nor is
+        its gradient, float64 per unit)."""
         offsets, params, options = self._inputs(p)
         heads = max(len(x) for x in params)
         with np.errstate(all="ignore"):       # NaN and Inf parameters propagate (SPEC §5)
@@ -799,7 +806,7 @@ class OffsetBias(Term):
                                     dtype=np.float64)
 
     def configure(self, slots, field, spec, p, arrays):
-        slots[field["toeplitz_table"]] = self.values(p)[None]
+        slots[field["toeplitz_table"]] = self.values(p)
         slots[field["toeplitz_rows"]] = identity_rows(p.n, p.m)
 
     def gradients(self, spec):

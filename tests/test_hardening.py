@@ -2,6 +2,7 @@
 untouched, concurrent Python threads, determinism, more than 2^31 logits."""
 
 import gc
+import re
 import os
 import sys
 import threading
@@ -12,6 +13,7 @@ import pytest
 
 import posenc
 from posenc import reference
+from posenc._engine import ENGINE_GRADS
 from posenc._examples import METHODS, float_inputs, key_count, make_inputs
 
 SEED = int(os.environ.get("POSENC_TEST_SEED", "0"))
@@ -209,3 +211,45 @@ def test_more_than_2_31_logits(method):
     finally:
         del A
         gc.collect()
+
+
+def test_module_arrays_in_the_binding():
+    """A term module's array (csrc/terms.h) reaches the engine as the caller holds it:
+    (B|1, H|1, L) with leading axes of one left out, any of the four float dtypes
+    converted to its type (a `real` array, the Toeplitz table, to the problem's compute
+    type), views copied; every form gives the same logits and the same float64
+    gradient per unit, and a bad one is refused by name."""
+    from posenc import _C, _checks, _methods
+    import ml_dtypes
+    rng = np.random.default_rng(SEED)
+    for dtype in (np.float32, np.float64, ml_dtypes.bfloat16):
+        args, kw = make_inputs("t5", 2, 3, 5, 7, 4, dtype=dtype, rng=rng)
+        config = _methods.configure(_checks.CHECKERS["t5"](*args, **kw))
+        table = np.asarray(config.toeplitz_table)          # (H, R), q's dtype
+        assert table.ndim == 2 and table.dtype == dtype
+        G = rng.standard_normal((2, 3, 5, 7)).astype(dtype)
+        want = _C.forward(config, None)
+        want_grad = _C.backward(G, config, 1 << ENGINE_GRADS.index("toeplitz_table"))
+        grad = want_grad[ENGINE_GRADS.index("toeplitz_table")]
+        assert grad.dtype == np.float64 and grad.shape == (2, 3, table.shape[1])
+        wide = np.zeros((3, 2 * table.shape[1]), dtype=np.float64)
+        wide[:, ::2] = table.astype(np.float64)
+        forms = {"3-D": table[None], "float64": table.astype(np.float64),
+                 "a strided view": wide[:, ::2]}
+        if dtype != np.float64:                              # its values, held as float32
+            forms["float32"] = table.astype(np.float32)
+        for name, form in forms.items():
+            other = config._replace(toeplitz_table=form)
+            assert _C.forward(other, None).tobytes() == want.tobytes(), (dtype, name)
+            got = _C.backward(G, other, 1 << ENGINE_GRADS.index("toeplitz_table"))
+            assert got[ENGINE_GRADS.index("toeplitz_table")].tobytes() == grad.tobytes(), name
+    bad = {"4-D": (table[None, None], ValueError, "toeplitz_table must be (B|1, H|1, L)"),
+           "two heads of three": (table[:2], ValueError, "H = 3"),
+           "rows of the wrong length": (config.toeplitz_rows[..., 1:], ValueError,
+                                        "toeplitz_rows must be (B|1, H|1, L)"),
+           "integers": (table.astype(np.int64), TypeError, "toeplitz_table must be a numpy"),
+           "a list": (table.tolist(), TypeError, "toeplitz_table must be a numpy")}
+    for name, (form, exc, fragment) in bad.items():
+        field = "toeplitz_rows" if "rows" in name else "toeplitz_table"
+        with pytest.raises(exc, match=re.escape(fragment)):
+            _C.forward(config._replace(**{field: form}), None)

@@ -7,8 +7,8 @@
  * stored probabilities), dV += (P D)^T.dO, dP = D (dO.V^T), dS = P (dP -
  * delta), delta = rowsum(dO out) - dL/dlse (dlse_i/dA_ij = P_ij), and dS
  * handed to the logits' backward (backward_unit_block) for dq, dk and every
- * table / reset slot and the term modules'; the dense factor's gradients go to per-unit
- * slots (backward_dense_block).
+ * table / reset slot and the term modules' (those that go by blocks, TUPE's dense factor,
+ * block by block of dS: backward_block_grads).
  * With `causal` a block's rows hold its first `cols` keys only, and every
  * GEMM skips, tile by tile, the keys a tile of rows cannot see (the logits,
  * dO.V^T, dq) or the rows that cannot see a tile of keys (dV, dk).
@@ -56,7 +56,6 @@ typedef struct {
     const REAL *d_out, *out, *lse;
     const REAL *d_lse;                 /* dL/dlse (B, H, n); NULL: lse unused */
     REAL *grad_v;
-    REAL *pos_q_slots, *pos_k_slots;   /* the dense factor's gradients per unit */
     double *sink_slots;                /* dL/dsinks per unit, reduced over b in order */
     int need_ds;                       /* a gradient other than dv: dS is formed */
 } attention_grad_ctx;
@@ -265,7 +264,7 @@ static void attention_backward_head(const attention_grad_ctx *gc, attention_thre
     const backward_ctx *g = gc->g;
     const posenc_problem *p = c->p;
     const size_t h = u % p->H;
-    const size_t n = p->n, m = p->m, dv = c->a->dv, dp = p->d_p;
+    const size_t n = p->n, m = p->m, dv = c->a->dv;
     const REAL *v_u = (const REAL *)c->a->v + posenc_kv_unit(p, u) * m * dv;
     packed_b k_packed, vt_packed, product_keys;
     const int by_blocks = c->ranged && !c->kern->bf16;   /* causal_keys */
@@ -308,11 +307,9 @@ static void attention_backward_head(const attention_grad_ctx *gc, attention_thre
         if (c->kern->bf16 && !p->product)   /* dS rounded once: dq's rows, dk's columns */
             attention_grad_twin(c, w, &bw->scratch, rows, cols, limits);
         backward_unit_block(g, bw, u, &product_keys, blk0, rows, w->grad, cols, limits);
-        bw->scratch.local.src = NULL;   /* backward_dense_block changes dS */
-        if (gc->pos_q_slots || gc->pos_k_slots)   /* after the unit block: it zeroes the reset's entries */
-            backward_dense_block(g, bw, h, w->grad, blk0, rows, cols,
-                                 gc->pos_q_slots ? gc->pos_q_slots + u * n * dp : NULL,
-                                 gc->pos_k_slots ? gc->pos_k_slots + u * m * dp : NULL, limits);
+        bw->scratch.local.src = NULL;   /* backward_block_grads changes dS */
+        if (g->need_blocks)   /* after the unit block: it zeroes the reset's entries */
+            backward_block_grads(g, bw, u, w->grad, m, blk0, rows, cols, limits);
     }
     if (gc->need_ds) {
         backward_unit_end(g, bw, u);
@@ -358,33 +355,24 @@ static int attention_backward(const posenc_problem *p, const posenc_attention *a
     const posenc_kernels *kern = posenc_engine_kernels(p, REAL_DTYPE);
     attention_ctx c;
     backward_ctx g;
-    /* the logits' backward without the dense phase: its gradients go per unit here */
-    posenc_grads logit_grads = *grads;
-    logit_grads.pos_q = logit_grads.pos_k = NULL;
     attention_grad_ctx gc = {&c, &g, (const REAL *)d_out, (const REAL *)out, (const REAL *)lse,
-                             (const REAL *)a->d_lse, (REAL *)grad_v, NULL, NULL, NULL, 0};
+                             (const REAL *)a->d_lse, (REAL *)grad_v, NULL, 0};
     memset(&g, 0, sizeof g);
     int status = attention_prepare(&c, p, a, kern);
     if (status == POSENC_OK)
-        status = backward_prepare(&g, p, kern, NULL, &logit_grads, attention_last_offset(p, a),
+        status = backward_prepare(&g, p, kern, NULL, grads, attention_last_offset(p, a),
                                   c.logits.terms);   /* the logits' term data, built once */
     const masked_keys hidden = {&c, attention_hidden_zero, attention_hidden_rows,
                                 attention_hidden_nonfinite, attention_hidden_unseen};
     g.masked_keys = &hidden;
     g.seen = &c.seen;
-    const int dense = p->pos_q && (grads->pos_q || grads->pos_k);
-    if (status == POSENC_OK &&
-        (zeroed_slots(&gc.pos_q_slots, dense && grads->pos_q, posenc_mul_size(BH, p->n * p->d_p)) ||
-         zeroed_slots(&gc.pos_k_slots, dense && grads->pos_k, posenc_mul_size(BH, p->m * p->d_p))))
-        status = POSENC_ENOMEM;
     if (status == POSENC_OK && a->sinks && a->grad_sinks &&
         !(gc.sink_slots = (double *)posenc_alloc(BH, sizeof(double))))
         status = POSENC_ENOMEM;
     if (status != POSENC_OK)
         goto done;
-    gc.need_ds = grads->q || grads->k || grads->pos_q || grads->pos_k ||
-                 grads->query_table || grads->key_table ||
-                 g.need_modules;
+    gc.need_ds = grads->q || grads->k || grads->query_table || grads->key_table ||
+                 g.need_modules || g.need_blocks;
 
     if ((status = attention_run(&c, &g, num_threads, p->B * posenc_kv_heads(p),
                                 attention_backward_unit, &gc)))
@@ -396,23 +384,9 @@ static int attention_backward(const posenc_problem *p, const posenc_attention *a
             sum += gc.sink_slots[b * p->H + h];
         a->grad_sinks[h] = sum;
     }
-    if (grads->pos_q && gc.pos_q_slots)
-        reduce_slots((REAL *)grads->pos_q, p->pos_q_heads, p->n * p->d_p, 0, gc.pos_q_slots,
-                     p->B, p->H, p->n * p->d_p, NULL, 0);
-    if (grads->pos_k && gc.pos_k_slots)
-        reduce_slots((REAL *)grads->pos_k, p->pos_k_heads, p->m * p->d_p, 0, gc.pos_k_slots,
-                     p->B, p->H, p->m * p->d_p, NULL, 0);
-    if (g.scales.exact) {   /* the dense scale the unit problem's sums left out (backward_reduce) */
-        exact_scale_rows(&g, (REAL *)grads->pos_q, p->pos_q_heads, p->n, p->d_p, NULL,
-                         g.scales.dense_scale);
-        exact_scale_rows(&g, (REAL *)grads->pos_k, p->pos_k_heads, p->m, p->d_p, NULL,
-                         g.scales.dense_scale);
-    }
 
 done:
     posenc_free(gc.sink_slots);
-    posenc_free(gc.pos_q_slots);
-    posenc_free(gc.pos_k_slots);
     backward_release(&g);
     attention_release(&c);
     return status;

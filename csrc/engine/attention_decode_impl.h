@@ -23,8 +23,8 @@ static void attention_decode_terms(const attention_ctx *c, forward_ws *fw, size_
 {
     const size_t ld = c->logits.m_pad;
     if (c->logits.content >= 0) {
-        terms_content(c->p, c->kern, c->logits.content, b, h, q_u, scores, ld, i0, rows, c0, cols,
-                      c->logits.seen, fw->term_unit, NULL);
+        terms_content(c->p, c->kern, &fw->scratch, c->logits.content, b, h, q_u, scores, ld, i0,
+                      rows, c0, cols, c->logits.seen, fw->term_unit, NULL);
         return;
     }
     ptrdiff_t ldp = 0;

@@ -740,13 +740,13 @@ static int attention_prepare(attention_ctx *c, const posenc_problem *p, const po
         c->align = keys.nr;
         c->block_align = kern->mr / x * keys.nr;
     }
-    c->grads_from_first = !(p->pos_q || p->query_table || p->key_table || p->product ||
+    c->grads_from_first = !(terms_by_blocks(p) || p->query_table || p->key_table || p->product ||
                             c->logits.content >= 0);
     c->decode = p->n <= ATTENTION_DECODE_ROWS && !kern->bf16 && !c->logits.scales.exact &&
                 c->logits.expanded < 0;
     /* a decoding step's few rows form the modules' rows where they are read */
     forward_plan_blocks(&c->logits, ATTENTION_HEAD_BLOCK_BYTES, !c->decode);
-    c->decode_terms = p->pos_q || p->query_table || p->key_table ||
+    c->decode_terms = p->query_table || p->key_table ||
                       c->logits.modules || c->logits.content >= 0;
     c->seen.ctx = c;
     c->seen.unseen_zero = attention_hidden_unseen;

@@ -18,14 +18,16 @@
 
 /* Whether a decoding step splits its keys (c->split, c->chunks): past ATTENTION_SPLIT_KEYS
  * keys, without dropout (its keep decisions are drawn per row over all keys), a rotation
- * or TUPE's dense term (their per-unit setup covers every key: each chunk would redo it),
+ * or a term whose rows are a GEMM from key 0 (TUPE's dense factor: each chunk would redo
+ * its keys before the chunk's),
  * or a term that reads the content logits (cope: a row's positions sum over all its keys). */
 static void attention_split(attention_ctx *c)
 {
     const posenc_problem *p = c->p;
     c->split = 0;
     c->chunks = 1;
-    if (c->decode && !c->dropout && !posenc_rotates(p) && !p->pos_q && c->logits.content < 0 &&
+    if (c->decode && !c->dropout && !posenc_rotates(p) && !terms_by_blocks(p) &&
+        c->logits.content < 0 &&
         p->m > ATTENTION_SPLIT_KEYS) {
         c->split = ATTENTION_SPLIT_KEYS;
         c->chunks = (p->m + ATTENTION_SPLIT_KEYS - 1) / ATTENTION_SPLIT_KEYS;

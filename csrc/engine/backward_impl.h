@@ -15,8 +15,9 @@
  *   theta among them) to their per-unit gradients.  The GEMMs through
  *   Gq and Gk skip, tile by tile, the buckets (or rows) a tile cannot reach
  *   (posenc_spans): with DeBERTa's 2k buckets about a third of their work.
- * Phase 2, parallel over heads: the dense factor's gradients from
- *   S_h = sum_b G[b, h]:  dpos_q = ds S_h.pos_k,  dpos_k = ds S_h^T.pos_q.
+ * Phase 2, parallel over heads: the gradients of the term modules that go by
+ *   blocks (term_kind's grad_block: TUPE's dense factor, dpos_q = ds S_h.pos_k,
+ *   dpos_k = ds S_h^T.pos_q) from S_h = sum_b G[b, h], as unit (0, h)'s.
  * Phase 3: the slots are summed in a fixed (h, b) order.
  * No sum ever depends on which thread ran what: the gradients are bitwise
  * identical for any number of threads.
@@ -45,7 +46,7 @@ static size_t backward_ws_layout(const backward_ctx *c, backward_ws *w, REAL *me
     at += posenc_round_up(gemm_scratch_size(c->kern), 16);
     const size_t buckets = posenc_max(c->terms->query_buckets, c->terms->key_buckets);
     const size_t depth = posenc_max(posenc_max(n, m), posenc_max(buckets, c->row_block));
-    WS_TAKE(w, mem, at, b_pack, packed_b_size(depth, posenc_max(d, p->d_p), nr));
+    WS_TAKE(w, mem, at, b_pack, packed_b_size(depth, d, nr));
     /* the logits' backward rotates (or widens: unit_inputs_widen) its own; the attention's shares */
     if ((posenc_rotates(p) || (c->content >= 0 && c->kern->bf16)) && c->G) {
         WS_TAKE(w, mem, at, inputs.q_rot, n * d);
@@ -62,13 +63,13 @@ static size_t backward_ws_layout(const backward_ctx *c, backward_ws *w, REAL *me
         WS_TAKE(w, mem, at, x_wide, posenc_max(n, m) * d);
     if (p->product)
         backward_product_ws(c, w, mem, &at);
-    if (p->pos_q && (c->g->pos_q || c->g->pos_k))
+    if (c->need_blocks)
         WS_TAKE(w, mem, at, grad_sum, c->row_block * m);
     if (c->kern->bf16 && c->reads_g)
         WS_TAKE(w, mem, at, g_block, c->row_block * m);
-    if (c->need_modules || c->content >= 0)
+    if (c->need_modules || c->need_blocks || c->content >= 0)
         WS_TAKE(w, mem, at, term_scratch,
-                terms_grad_scratch(p) * (sizeof(double) / sizeof(REAL)));
+                terms_grad_scratch(p, c->kern) * (sizeof(double) / sizeof(REAL)));
     if (c->content >= 0) {   /* scales.exact: q's rows through the term held to the unit's end */
         WS_TAKE(w, mem, at, term_grad, c->row_block * m);
         WS_TAKE(w, mem, at, term_dq, (c->scales.exact ? n : c->row_block) * d);
@@ -100,10 +101,10 @@ static void backward_sum_rows(const backward_ctx *c, backward_ws *w, size_t u, s
     const size_t skip = c->cls_row0 && blk0 == 0;   /* the [CLS] row */
     double *scratch = (double *)(void *)w->term_scratch;
     if (c->need_modules && c->masked)   /* the reset's own cells: all of G */
-        terms_grad_rows(p, kern, c->g, TERMS_OVERRIDING, u, G_blk, m, blk0, rows, first, cols,
+        terms_grad_rows(p, kern, &w->scratch, c->g, TERMS_OVERRIDING, u, G_blk, m, blk0, rows, first, cols,
                         scratch);
     if (c->need_modules && rows > skip)   /* the others: not the reset's row and column 0 */
-        terms_grad_rows(p, kern, c->g, TERMS_ADDING, u, G_blk + skip * m, m, blk0 + skip,
+        terms_grad_rows(p, kern, &w->scratch, c->g, TERMS_ADDING, u, G_blk + skip * m, m, blk0 + skip,
                         rows - skip, posenc_max(first, c->masked ? (size_t)1 : 0), cols, scratch);
     if (c->need_key_side)
         scatter_key_side(c, w, G_blk, m, cols, blk0, rows, c->masked ? 1 : 0, c->cls_row0);
@@ -170,7 +171,7 @@ static void backward_unit_begin(const backward_ctx *c, backward_ws *w, size_t u,
             key_projections(c->kern, &w->scratch, p, c->terms->key_runs.b_min, c->terms->key_buckets, 0,
                             c->terms->key_buckets, &c->terms->key_edges, w->key_table_pack, w->key_proj, h, k_u);
         if (w->term_unit)
-            terms_unit(p, c->kern, u / p->H, h, w->term_unit);
+            terms_unit(p, c->kern, &w->scratch, u / p->H, h, w->term_unit);
     }
 }
 
@@ -209,7 +210,7 @@ static void backward_unit_block(const backward_ctx *c, backward_ws *w, size_t u,
     const size_t first = limits ? limits->first : 0, mr = kern->mr;
     REAL *term_dq = w->term_dq + (c->scales.exact ? blk0 * d : 0);
     if (c->content >= 0) {   /* G's path through a term that reads the content logits */
-        terms_content_grad(p, kern, g, c->content, u, q_u, k_u, c->scales.scale, G_blk,
+        terms_content_grad(p, kern, &w->scratch, g, c->content, u, q_u, k_u, c->scales.scale, G_blk,
                            w->term_grad, m, blk0, rows_blk, first, cols, c->seen, term_dq,
                            (double *)(void *)w->term_scratch, w->keep.data ? &w->keep : NULL);
         Gc = w->term_grad;
@@ -352,50 +353,32 @@ static void backward_unit(const backward_ctx *c, backward_ws *w, size_t u)
     backward_unit_commit_dk(c, w, u);
 }
 
-/*
- * The dense factor's gradients from rows [blk0, blk0 + rows) of a gradient
- * S of head h (row r at S + r m; its [CLS] row and column 0 are zeroed in
- * place: they belong to the reset): slot_q's rows = ds S.pos_k, slot_k (+)= ds
- * S^T.pos_q's rows (accumulating past the first block); either may be NULL.
- * S is zero past column cols and outside `limits` (as in backward_unit_block).
- */
-static void backward_dense_block(const backward_ctx *c, backward_ws *w, size_t h, REAL *S,
-                                 size_t blk0, size_t rows, size_t cols, REAL *slot_q,
-                                 REAL *slot_k, const block_limits *limits)
+/* Rows [blk0, blk0 + rows) of a gradient S (row r at S + r lds, keys [0, cols)) of unit
+ * u (the fused attention's; the logits' phase 2: head u's sum over the batch) into the
+ * slots of the term modules that go by blocks (term_kind's grad_block; zero where `limits`
+ * skips), the reset's cells (the [CLS] row, column 0) zeroed in S first: they belong to
+ * the reset. */
+static void backward_block_grads(const backward_ctx *c, backward_ws *w, size_t u, REAL *S,
+                                 size_t lds, size_t blk0, size_t rows, size_t cols,
+                                 const block_limits *limits)
 {
-    const posenc_problem *p = c->p;
-    const size_t n = p->n, m = p->m, dp = p->d_p;
-    const REAL ds = (REAL)p->dense_scale;
-    const REAL *pos_q = (const REAL *)p->pos_q + head_of(p->pos_q_heads, h) * n * dp;
-    const REAL *pos_k = (const REAL *)p->pos_k + head_of(p->pos_k_heads, h) * m * dp;
-    if (c->masked) {
-        for (size_t r = 0; r < rows; ++r) {
-            if (c->cls_row0 && blk0 + r == 0)
-                memset(S, 0, sizeof(REAL) * cols);
-            S[r * m] = 0;
-        }
+    for (size_t r = 0; r < rows && c->masked && cols; ++r) {
+        if (c->cls_row0 && blk0 + r == 0)
+            memset(S + r * lds, 0, sizeof(REAL) * cols);
+        S[r * lds] = 0;
     }
-    if (slot_q)
-        gemm(c->kern, &w->scratch, w->b_pack, rows, dp, cols, S, (ptrdiff_t)m, 1, pos_k,
-             (ptrdiff_t)dp, 1, ds, slot_q + blk0 * dp, (ptrdiff_t)dp, 0,
-             limits ? limits->row_keys : NULL);
-    if (slot_k) {
-        if (blk0 == 0)
-            memset(slot_k + cols * dp, 0, sizeof(REAL) * (m - cols) * dp);
-        gemm(c->kern, &w->scratch, w->b_pack, cols, dp, rows, S, 1, (ptrdiff_t)m,
-             pos_q + blk0 * dp, (ptrdiff_t)dp, 1, ds, slot_k, (ptrdiff_t)dp, blk0 > 0,
-             limits ? limits->key_rows : NULL);
-    }
+    terms_grad_blocks(c->p, c->kern, &w->scratch, c->block_slots, u, c->G ? 0 : u / c->p->H,
+                      u % c->p->H, S, lds, blk0, rows, cols, limits,
+                      (double *)(void *)w->term_scratch);
 }
 
-/* Phase 2: the dense factor's gradients of head h, block by block of S_h. */
-static void backward_dense_head(const backward_ctx *c, backward_ws *w, size_t h)
+/* Phase 2: head h's gradients of the term modules that go by blocks, from S_h = sum_b
+ * G[b, h] block by block, into their slots' unit h (backward_reduce writes them). */
+static void backward_head_blocks(const backward_ctx *c, backward_ws *w, size_t h)
 {
     const posenc_problem *p = c->p;
     const posenc_kernels *kern = c->kern;
-    const size_t n = p->n, m = p->m, dp = p->d_p, H = p->H;
-    REAL *slot_q = c->g->pos_q ? c->pos_q_slots + h * n * dp : NULL;
-    REAL *slot_k = c->g->pos_k ? c->pos_k_slots + h * m * dp : NULL;
+    const size_t n = p->n, m = p->m, H = p->H;
     REAL *S = w->grad_sum;
     for (size_t blk0 = 0; blk0 < n; blk0 += c->row_block) {
         const size_t rows = posenc_min(c->row_block, n - blk0);
@@ -404,7 +387,7 @@ static void backward_dense_head(const backward_ctx *c, backward_ws *w, size_t h)
                 kern->row_gather(b == 0 ? POSENC_SET : POSENC_ADD, S + r * m,
                                  backward_g_rows(c, w, (b * H + h) * n + blk0 + r, 1, 0), 1, m);
         w->scratch.local.src = NULL;
-        backward_dense_block(c, w, h, S, blk0, rows, m, slot_q, slot_k, NULL);
+        backward_block_grads(c, w, h, S, m, blk0, rows, m, NULL);
     }
 }
 
@@ -413,7 +396,6 @@ static void backward_team(void *arg, void *ws)
 {
     const backward_ctx *c = (const backward_ctx *)arg;
     const posenc_problem *p = c->p;
-    const posenc_grads *g = c->g;
     const int phase1 = c->need_content || c->need_query_side || c->need_key_side ||
                        c->need_modules;
     backward_ws w;
@@ -426,10 +408,10 @@ static void backward_team(void *arg, void *ws)
             for (size_t t = 0; t < group; ++t)
                 backward_unit(c, &w, (size_t)ku * group + t);
     }
-    if (p->pos_q && (g->pos_q || g->pos_k)) {
+    if (c->need_blocks) {
 #pragma omp for schedule(static)
         for (ptrdiff_t h = 0; h < (ptrdiff_t)p->H; ++h)
-            backward_dense_head(c, &w, (size_t)h);
+            backward_head_blocks(c, &w, (size_t)h);
     }
 }
 

@@ -24,7 +24,7 @@ static void backward_product_ws(const backward_ctx *c, backward_ws *w, REAL *mem
     WS_TAKE(w, mem, *at, row_grad, c->m_pad);
     WS_TAKE(w, mem, *at, content_grad, c->row_block * c->m_pad);
     if (terms_factor_kind(p) >= 0) {
-        WS_TAKE(w, mem, *at, term_unit, terms_unit_scratch(p));
+        WS_TAKE(w, mem, *at, term_unit, terms_unit_scratch(p, c->kern));
         WS_TAKE(w, mem, *at, module_grad, mr * c->m_pad);
     }
     if (p->query_table) {
@@ -78,7 +78,7 @@ static void backward_product_tile(const backward_ctx *c, backward_ws *w, size_t 
 
     const int module = terms_factor_kind(p);
     ptrdiff_t module_ld = 0;
-    const REAL *module_rows = module >= 0 ? term_rows_at(p, kern, module, b, h, i0, w->term_unit,
+    const REAL *module_rows = module >= 0 ? term_rows_at(p, kern, &w->scratch, module, b, h, i0, w->term_unit,
                                                          &module_ld)
                                           : NULL;
     enum { FACTOR_MODULE, FACTOR_QUERY, FACTOR_KEY };
@@ -122,7 +122,7 @@ static void backward_product_tile(const backward_ctx *c, backward_ws *w, size_t 
     if (c->need_key_side)
         scatter_key_side(c, w, w->key_tile_grad, ld, width, i0, rows, 0, 0);
     if (module_rows && c->need_modules)   /* its rows are linear in its arrays */
-        terms_grad_rows(p, kern, c->g, TERMS_ADDING, u, w->module_grad, ld, i0, rows, 0, width,
+        terms_grad_rows(p, kern, &w->scratch, c->g, TERMS_ADDING, u, w->module_grad, ld, i0, rows, 0, width,
                         (double *)(void *)w->term_scratch);
 }
 

@@ -28,7 +28,9 @@ typedef struct {
     int need_content;           /* dq or dk: the GEMMs through Gc */
     int need_query_side;        /* Gq: for dq or the query table's gradient */
     int need_key_side;          /* Gk: for dk or the key table's gradient */
-    int need_modules;           /* a term module's gradient (term_kinds_impl.h) */
+    int need_modules;           /* a term module's gradient by rows (term_kinds_impl.h) */
+    int need_blocks;            /* a term module's gradient by blocks (term_kind's grad_block:
+                                   TUPE's dense factor; the logits' in phase 2) */
     int content;                /* the kind of a term module that reads the content logits
                                    (cope), whose path dq, dk and its own gradients take, or -1 */
     const term_seen *seen;      /* which keys the rows see, for `content`: a fused attention's
@@ -39,7 +41,9 @@ typedef struct {
     const term_data *terms;     /* what the terms read: own_terms, or the attention's logits' */
     posenc_spans query_spans, key_spans;   /* where Gq and Gk are zero */
     REAL *query_table_slots, *key_table_slots;
-    REAL *pos_q_slots, *pos_k_slots;
+    /* need_blocks: the REAL slots of the modules whose gradient goes by blocks (per unit in
+     * the fused attention, per head in the logits' backward: terms_grad_blocks) */
+    REAL *block_slots[POSENC_TERM_COUNT][POSENC_TERM_ARRAYS_MAX];
     const struct masked_keys *masked_keys;   /* a fused attention's, or NULL */
 } backward_ctx;
 
@@ -79,7 +83,7 @@ typedef struct {
     REAL *key_proj, *key_table_pack, *key_tile_grad, *content_grad, *row_grad;
     REAL *term_unit;          /* the module factor's unit data (terms_unit) */
     REAL *module_grad;        /* the module factor's effective gradient of a tile, mr x m_pad */
-    /* dense phase: S_h, a row block of it */
+    /* phase 2: S_h, a row block of it */
     REAL *grad_sum;
     REAL *g_block;            /* a row block of G widened from its twin (backward_g_rows) */
     /* Gk's edge columns (scatter_key_side): keys [lo_first, lo_end) of the low
@@ -227,19 +231,6 @@ static void backward_row_query_side(const backward_ctx *c, backward_ws *w, size_
     scatter_query_side(c->kern, &c->terms->query_runs, w->query_side + i * c->terms->query_buckets,
                        grad, (ptrdiff_t)i, jb, (ptrdiff_t)cols);
 }
-
-/*
- * Where a ranged block's rows of G may be nonzero (a fused attention's
- * causality, window or documents), as gemm_packed's k_range (NULL:
- * everywhere in [0, cols)): per tile of mr rows of the block, the keys it
- * sees (row_keys); per tile of mr keys, the block's rows that see it
- * (key_rows, rows counted from the block's first); every row is 0 before
- * key `first` (a multiple of mr: the GEMMs start there) and from `cols` on.
- */
-typedef struct {
-    const size_t *row_keys, *key_rows;
-    size_t first, cols;
-} block_limits;
 
 /* Tiles of mr rows in a block up to which dq's GEMM starts at `first` (its limits
  * counted from there on the stack); past them it packs k from key 0. */

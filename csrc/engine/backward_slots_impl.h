@@ -79,25 +79,20 @@ static void backward_reduce(const backward_ctx *c)
         reduce_slots((REAL *)g->key_table, p->key_table_heads, p->key_table_rows * d,
                      (size_t)c->terms->key_runs.b_min * d, c->key_table_slots, B, H, c->terms->key_buckets * d,
                      NULL, g->key_table == g->query_table);
-    /* the dense slots are per head already: one batch row */
-    if (g->pos_q)
-        reduce_slots((REAL *)g->pos_q, p->pos_q_heads, p->n * p->d_p, 0, c->pos_q_slots, 1, H,
-                     p->n * p->d_p, NULL, 0);
-    if (g->pos_k)
-        reduce_slots((REAL *)g->pos_k, p->pos_k_heads, p->m * p->d_p, 0, c->pos_k_slots, 1, H,
-                     p->m * p->d_p, NULL, 0);
+    /* the modules' that go by blocks: their slots over the batch (one head's sum in the
+     * logits' backward), the exact path's dense scale on a `scaled` kind's */
+    terms_block_grads_reduce(p, g, c->block_slots, c->G ? 1 : B,
+                             c->scales.exact ? c->scales.dense_scale : 1);
     if (c->scales.exact) {
         /* the scale each gradient's sums left out: s for every factor of a
          * product (each effective gradient holds s q.k; the module's at its
-         * unit's end), vs on the vector tables and ds on the dense factor of a sum */
+         * unit's end), vs on the vector tables of a sum */
         const double s = c->scales.scale, vs = p->product ? s : c->scales.vector_scale;
         exact_scale_rows(c, (REAL *)g->query_table, p->query_table_heads, p->query_table_rows, d,
                          p->query_map, vs);
         if (g->key_table != g->query_table)
             exact_scale_rows(c, (REAL *)g->key_table, p->key_table_heads, p->key_table_rows, d,
                              p->key_map, vs);
-        exact_scale_rows(c, (REAL *)g->pos_q, p->pos_q_heads, p->n, p->d_p, NULL, c->scales.dense_scale);
-        exact_scale_rows(c, (REAL *)g->pos_k, p->pos_k_heads, p->m, p->d_p, NULL, c->scales.dense_scale);
     }
 }
 
@@ -119,6 +114,7 @@ static void backward_zero(const posenc_problem *p, const posenc_grads *g)
             memset(outs[t].ptr, 0, sizeof(REAL) * outs[t].count);
     for (size_t u = 0; u < BH; ++u)   /* the term modules' (n = 0 or m = 0: no rows) */
         terms_grads_begin(p, g, u);
+    terms_block_grads_zero(p, g);
 }
 
 static void backward_release(backward_ctx *c)
@@ -126,9 +122,10 @@ static void backward_release(backward_ctx *c)
     term_data_release(&c->own_terms);
     posenc_spans_free(&c->query_spans);
     posenc_spans_free(&c->key_spans);
-    REAL *slots[] = {c->query_table_slots, c->key_table_slots, c->pos_q_slots, c->pos_k_slots};
+    REAL *slots[] = {c->query_table_slots, c->key_table_slots};
     for (size_t t = 0; t < sizeof slots / sizeof slots[0]; ++t)
         posenc_free(slots[t]);
+    terms_block_slots_free(c->block_slots);
 }
 
 /* A zeroed slot array of `count` elements when wanted; 0, or -1 out of memory. */
@@ -165,10 +162,11 @@ static int backward_prepare(backward_ctx *c, const posenc_problem *p, const pose
     c->need_query_side = p->query_table && (g->q || g->query_table);
     c->need_key_side = p->key_table && (g->k || g->key_table);
     c->need_modules = terms_grads_wanted(p, g, TERMS_EVERY);
+    c->need_blocks = terms_block_grads_wanted(p, g);
     c->content = c->need_content || c->need_modules ? terms_content_kind(p) : -1;
     c->unit_reads_g = p->product || c->need_query_side || c->need_key_side ||
                       terms_grads_wanted(p, g, TERMS_ADDING) || c->content >= 0;
-    c->reads_g = c->unit_reads_g || c->masked || (p->pos_q && (g->pos_q || g->pos_k));
+    c->reads_g = c->unit_reads_g || c->masked || c->need_blocks;
     c->terms = terms ? terms : &c->own_terms;
     if (!terms && term_data_build(&c->own_terms, p))
         return POSENC_ENOMEM;
@@ -179,13 +177,11 @@ static int backward_prepare(backward_ctx *c, const posenc_problem *p, const pose
     if (c->need_key_side && posenc_spans_build(&c->key_spans, &c->terms->key_runs, p->key_map, n,
                                                m, 1, 0, kern->mr, o_max))
         return POSENC_ENOMEM;
-    const size_t dp = p->d_p;
     if (zeroed_slots(&c->query_table_slots, p->query_table && g->query_table,
                      posenc_mul_size(BH, c->terms->query_buckets * p->d)) ||
         zeroed_slots(&c->key_table_slots, p->key_table && g->key_table,
                      posenc_mul_size(BH, c->terms->key_buckets * p->d)) ||
-        zeroed_slots(&c->pos_q_slots, p->pos_q && g->pos_q, posenc_mul_size(p->H, n * dp)) ||
-        zeroed_slots(&c->pos_k_slots, p->pos_q && g->pos_k, posenc_mul_size(p->H, m * dp)))
+        terms_block_slots_alloc(p, g, G ? p->H : BH, c->block_slots))
         return POSENC_ENOMEM;
     return POSENC_OK;
 }

@@ -28,7 +28,7 @@ typedef struct {
 static int bf16dot_serves(const posenc_problem *p)
 {
     const double s = fabs(p->scale);
-    return p->dtype == POSENC_BF16 && !posenc_terms_any(p) && !p->pos_q &&
+    return p->dtype == POSENC_BF16 && !posenc_terms_any(p) &&
            !p->query_table && !p->key_table && !p->rope_cos &&
            (s == 0 || (s >= FLT_MIN && s <= FLT_MAX));
 }

@@ -344,12 +344,15 @@ static posenc_problem lp_slice(const posenc_problem *p, size_t b0, size_t nb, si
             *heads = nh;
         }
     }
-    /* the term modules' arrays (float64, csrc/terms.h): from unit (b0, h0) */
+    /* the term modules' arrays (float64, or float32 the `real` ones: csrc/terms.h): from
+     * unit (b0, h0) */
     for (int k = 0; k < POSENC_TERM_COUNT; ++k)
         for (int t = 0; t < POSENC_TERM_ARRAYS_MAX; ++t) {
             posenc_term_array *x = &s.terms[k].array[t];
+            const size_t at = b0 * x->batch_stride + h0 * x->head_stride;
             if (x->data)
-                x->data = (const double *)x->data + b0 * x->batch_stride + h0 * x->head_stride;
+                x->data = posenc_term_array_real(k, t) ? (const void *)((const float *)x->data + at)
+                                                        : (const void *)((const double *)x->data + at);
         }
     return s;
 }
@@ -406,10 +409,29 @@ static int lp_has_region(const lp_stream *st)
     return st->src || (st->dst && !st->direct);
 }
 
+/* A backward chunk of batch rows from b0 > 0 and hs heads: its gradients of the modules
+ * that go by blocks (the chunk's batch sum, in its first batch row's units: gs's) added
+ * into batch row 0's (a head's chunks run in batch order, the first setting them). */
+static void lp_block_grads_add(const posenc_problem *p, const posenc_grads *gs, size_t b0,
+                               size_t hs)
+{
+    for (int k = 0; k < POSENC_TERM_COUNT; ++k)
+        for (int t = 0; t < POSENC_TERM_ARRAYS_MAX && posenc_term_by_blocks(k); ++t) {
+            const size_t len = p->terms[k].array[t].per_unit;
+            const double *part = (const double *)gs->terms[k][t];
+            if (!part)
+                continue;
+            double *sum = (double *)gs->terms[k][t] - b0 * gs->term_units_per_row * len;
+            for (size_t e = 0; e < hs * len; ++e)
+                sum[e] += part[e];
+        }
+}
+
 /* The chunk's shape: nb batch rows x nh heads of at most `budget` floats.
- * With a dense factor (TUPE, DIET-ABS), whose gradients the float32 engine
- * forms head by head in parallel, a chunk of all batch rows holds a head
- * per thread where 4 budgets hold them (else threads idle there). */
+ * With a term module whose gradient goes by blocks (TUPE's and DIET-ABS's dense
+ * factor), which the float32 engine's logits' backward forms head by head in
+ * parallel, a chunk of all batch rows holds a head per thread where 4 budgets
+ * hold them (else threads idle there). */
 static void lp_plan(const posenc_problem *p, size_t unit, size_t budget, int num_threads,
                     size_t *nb, size_t *nh)
 {
@@ -421,7 +443,7 @@ static void lp_plan(const posenc_problem *p, size_t unit, size_t budget, int num
     if (p->B * unit <= budget) {
         *nh = budget / (p->B * unit);
         const size_t per_thread = posenc_min(p->H, num_threads > 0 ? (size_t)num_threads : 1);
-        if (p->pos_q && *nh < per_thread && p->B * unit * per_thread <= 4 * budget)
+        if (posenc_terms_by_blocks(p) && *nh < per_thread && p->B * unit * per_thread <= 4 * budget)
             *nh = per_thread;
     } else if (p->H * unit <= budget) {
         *nb = budget / (p->H * unit);
@@ -599,6 +621,8 @@ static int lp_chunks(lp_kind kind, const posenc_problem *p, lp_stream *st, const
                     break;
                 case LP_LOGITS_BACKWARD:
                     rc = posenc_engine_f32.backward(&s, REGION(S_G), &gs, num_threads);
+                    if (rc == POSENC_OK && b0 > 0)
+                        lp_block_grads_add(p, &gs, b0, hs);
                     break;
                 case LP_ATTENTION:
                     rc = posenc_engine_f32.attention_forward(&s, &a32, REGION(S_RESULT),
@@ -608,6 +632,8 @@ static int lp_chunks(lp_kind kind, const posenc_problem *p, lp_stream *st, const
                     rc = posenc_engine_f32.attention_backward(&s, &a32, REGION(S_D_OUT),
                                                               REGION(S_OUT_IN), REGION(S_LSE_IN),
                                                               &gs, REGION(S_DV), num_threads);
+                    if (rc == POSENC_OK && b0 > 0)
+                        lp_block_grads_add(p, &gs, b0, hs);
                     break;
                 }
             }

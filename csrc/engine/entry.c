@@ -26,7 +26,7 @@ static int rope_valid(const posenc_problem *p)
 {
     const size_t P = p->rope_positions;
     if (!p->rope_sin || !p->rope_cos_k || !p->rope_sin_k || 2 * p->rope_pairs > p->d ||
-        p->product || p->pos_q || p->query_table || p->key_table)
+        p->product || p->query_table || p->key_table)
         return 0;
     if (p->positions_q ? !in_range(p->positions_q, p->B * p->n, P)
                        : p->n > 0 && (p->query_offset >= P || p->n > P - p->query_offset))
@@ -39,7 +39,7 @@ static int rope_valid(const posenc_problem *p)
 static const char *terms_invalid(const posenc_problem *p)
 {
     int factors = 0;   /* a product's modules */
-#define TERM_ARRAY_(kind, name, required, grad, length) \
+#define TERM_ARRAY_(kind, name, required, grad, length, real) \
     if ((required) && !t->array[a].data) \
         return #kind ": its " #name " array is required"; \
     if (t->array[a].data && (size_t)(length) != 0 && t->array[a].per_unit != (size_t)(length)) \
@@ -71,6 +71,22 @@ static const char *terms_invalid(const posenc_problem *p)
     return NULL;
 }
 
+int posenc_term_by_blocks(int k)
+{
+#define TERM_BY_BLOCKS_(name, ...) term_##name##_by_blocks,
+    static const int by_blocks[POSENC_TERM_COUNT] = {POSENC_TERMS(TERM_BY_BLOCKS_, )};
+#undef TERM_BY_BLOCKS_
+    return by_blocks[k];
+}
+
+int posenc_terms_by_blocks(const posenc_problem *p)
+{
+    for (int k = 0; k < POSENC_TERM_COUNT; ++k)
+        if (posenc_term_by_blocks(k) && posenc_term_present(p, k))
+            return 1;
+    return 0;
+}
+
 int posenc_validate(const posenc_problem *p, const char **why)
 {
     const char *reason = NULL;
@@ -82,9 +98,6 @@ int posenc_validate(const posenc_problem *p, const char **why)
         reason = "q and k are required";
     else if (p->H_kv && (p->H_kv > p->H || p->H % p->H_kv))
         reason = "grouped-query attention: the key heads H_kv divide the query heads H";
-    else if (p->pos_q && (!p->pos_k || !check_heads(p->pos_q_heads, p->H) ||
-                          !check_heads(p->pos_k_heads, p->H)))
-        reason = "dense factor: pos_q and pos_k come together, heads H or 1";
     else if (p->query_table &&
              (!p->query_map || !check_heads(p->query_table_heads, p->H) ||
               !in_range(p->query_map, offsets, p->query_table_rows)))
@@ -93,8 +106,6 @@ int posenc_validate(const posenc_problem *p, const char **why)
              (!p->key_map || !check_heads(p->key_table_heads, p->H) ||
               !in_range(p->key_map, offsets, p->key_table_rows)))
         reason = "key-side table: heads H or 1, map entries within its rows";
-    else if (p->product && p->pos_q)
-        reason = "product mode takes only a factor module, query-side and key-side factors";
     else if (p->product && !posenc_terms_any(p) && !p->query_table && !p->key_table)
         reason = "product mode needs at least one factor";
     else if ((p->positions_q || p->positions_k) && !p->rope_cos)
@@ -152,14 +163,16 @@ static void fold_team_fn(void *arg_, void *ws)
 }
 
 /* The gradients of the term arrays without a batch axis (batch_stride 0) summed over the
- * batch rows, in order, into batch row 0's units (posenc_grads' terms). */
+ * batch rows, in order, into batch row 0's units (posenc_grads' terms); but for a kind
+ * whose gradient goes by blocks (the engine formed the batch's sum in batch row 0 already,
+ * the other rows unwritten). */
 static int terms_grads_fold(const posenc_problem *p, const posenc_grads *g, int num_threads)
 {
     const size_t per_row = g->term_units_per_row ? g->term_units_per_row : p->H;
     for (int k = 0; k < POSENC_TERM_COUNT && p->B > 1; ++k)
         for (int a = 0; a < POSENC_TERM_ARRAYS_MAX; ++a) {
             const posenc_term_array *x = &p->terms[k].array[a];
-            if (!x->data || x->batch_stride || !g->terms[k][a])
+            if (!x->data || x->batch_stride || !g->terms[k][a] || posenc_term_by_blocks(k))
                 continue;
             const fold_arg arg = {(double *)g->terms[k][a], p->B, per_row * x->per_unit,
                                   p->H * x->per_unit};

@@ -5,8 +5,9 @@
  * Per (b, h) unit and row tile of mr queries: build the positional rows P
  * of the tile (or point at them), then one register-tiled pass of the
  * content GEMM whose epilogue adds or multiplies P: each logit is written
- * once.  Positional terms that do not depend on b (dense factor, scalar
- * table, reset) are computed once per head into a head block when B > 1.
+ * once.  Positional terms that do not depend on b (the dense factor, the
+ * scalar table, the reset: batch-free term modules) are computed once per
+ * head into a head block when B > 1.
  */
 #ifndef POSENC_ENGINE_FORWARD_IMPL_H
 #define POSENC_ENGINE_FORWARD_IMPL_H
@@ -25,8 +26,13 @@ typedef struct {
     const posenc_kernels *kern;
     call_scales scales;
     size_t m_pad;             /* m rounded up to nr */
-    int head_blocks;          /* dense/table/reset of a head precomputed in a head block */
-    int module_blocks;        /* the term modules' rows in the head block (batch-free) */
+    int head_blocks;          /* term modules' rows of a head precomputed in a head block */
+    int module_blocks;        /* every term module's rows in the head block (batch-free) */
+    int block_kinds;          /* head_blocks: the kinds [0, block_kinds) in the head block (every
+                                 kind's with module_blocks, else the leading GEMM-formed ones:
+                                 TUPE's dense factor in a decoding step, DIET-ABS's) */
+    int modules_end;          /* the adding modules in P are among kinds [0, modules_end): all,
+                                 or those before `expanded` (the last) */
     size_t out_heads;         /* units per batch row of out: H, or p->bf16_out_heads */
     size_t out_size;          /* bytes of an element of out: REAL's, or bfloat16's */
     int batch_terms;          /* query table, key table or a term module in P outside the
@@ -71,7 +77,6 @@ typedef struct {
     REAL *key_proj;           /* key-side projections, m x key_buckets */
     REAL *key_table_pack;     /* the key table as B: d x key_buckets (padded) */
     REAL *head_block;         /* per-head positional block, n x m (head_blocks) */
-    REAL *pos_k_pack;         /* pos_k^T panels, d_p x m_pad (no head blocks) */
     REAL *expanded;           /* `expanded`'s distinct rows of the unit, m each */
     const REAL **expanded_row;   /* `expanded`: the tile's rows of them, mr pointers */
     double *exact;            /* scales.exact: a tile's logits and batch-free terms, 2 x mr x m_pad */
@@ -80,7 +85,7 @@ typedef struct {
                                  what their gradient reads (keep.data NULL: nothing kept), its
                                  row 0 the unit's row keep_row0 */
     size_t keep_row0;
-    ptrdiff_t cached_head_block, cached_query_table, cached_pos_k;   /* heads held, or -1 */
+    ptrdiff_t cached_head_block, cached_query_table;   /* heads held, or -1 */
     ptrdiff_t cached_term_unit;   /* units_batch_free: the head whose unit data term_unit holds
                                      (every batch row's), or -1 */
 } forward_ws;
@@ -94,7 +99,7 @@ static size_t forward_ws_layout(const forward_ctx *c, forward_ws *w, REAL *mem)
     if (w) {
         memset(w, 0, sizeof *w);
         gemm_scratch_carve(&w->scratch, mem, c->kern, c->p);
-        w->cached_head_block = w->cached_query_table = w->cached_pos_k = w->cached_term_unit = -1;
+        w->cached_head_block = w->cached_query_table = w->cached_term_unit = -1;
     }
     at += posenc_round_up(gemm_scratch_size(c->kern), 16);
     if (!c->in_place)
@@ -117,8 +122,6 @@ static size_t forward_ws_layout(const forward_ctx *c, forward_ws *w, REAL *mem)
     }
     if (c->head_blocks)
         WS_TAKE(w, mem, at, head_block, p->n * p->m);
-    if (p->pos_q)
-        WS_TAKE(w, mem, at, pos_k_pack, packed_b_size(p->d_p, p->m, nr));
     if (c->expanded >= 0) {
         WS_TAKE(w, mem, at, expanded, terms_expand_rows(p, c->expanded) * p->m);
         WS_TAKE(w, mem, at, expanded_row, (mr * sizeof(const REAL *) + sizeof(REAL) - 1) / sizeof(REAL));
@@ -126,7 +129,7 @@ static size_t forward_ws_layout(const forward_ctx *c, forward_ws *w, REAL *mem)
     if (c->scales.exact)
         WS_TAKE(w, mem, at, exact, 2 * mr * c->m_pad * (sizeof(double) / sizeof(REAL)));
     if (c->modules || c->content >= 0)
-        WS_TAKE(w, mem, at, term_unit, terms_unit_scratch(p));
+        WS_TAKE(w, mem, at, term_unit, terms_unit_scratch(p, c->kern));
     return posenc_round_up(at, POSENC_ALIGN / sizeof(REAL));
 }
 
@@ -137,84 +140,51 @@ static const size_t *forward_query_reach(const forward_ctx *c, size_t i0, size_t
 }
 
 /*
- * The head block of head h: dense_scale pos_q.pos_k^T and the term modules' rows
- * (module_blocks: TUPE's table and reset over them), the batch-free terms.
- * Under a causal attention only what its tiles read, row tile by row tile of
- * mr: a tile holding row i (starting at or before i, at most mr rows) reads
- * keys up to query_offset + i + mr, whatever its start (the backward's row
- * blocks start off the forward's grid).  Each element is computed as in the
- * whole block.
+ * The head block of head h: the rows of the term modules [0, block_kinds) (every one with
+ * module_blocks: TUPE's dense factor, table and reset over them; else the leading GEMM-formed
+ * ones), the batch-free terms.  Under a causal attention only what its tiles read, row tile
+ * by row tile of mr: a tile holding row i (starting at or before i, at most mr rows) reads
+ * keys up to query_offset + i + mr, whatever its start (the backward's row blocks start off
+ * the forward's grid).  Each element is computed as in the whole block.
  */
 static void forward_head_block(const forward_ctx *c, forward_ws *w, size_t h)
 {
     const posenc_problem *p = c->p;
     const posenc_kernels *kern = c->kern;
-    const size_t n = p->n, m = p->m, dp = p->d_p, step = c->causal ? kern->mr : n;
-    packed_b pb;
-    if (p->pos_q)
-        pack_b(kern, &w->scratch, &pb, w->pos_k_pack,
-               (const REAL *)p->pos_k + head_of(p->pos_k_heads, h) * m * dp, 1, (ptrdiff_t)dp, dp,
-               m, (REAL)p->dense_scale);
-    if (c->module_blocks) {   /* batch row 0's unit data stands for every row's */
-        terms_unit(p, kern, 0, h, w->term_unit);
-        w->cached_term_unit = -1;
-    }
+    const size_t n = p->n, m = p->m, step = c->causal ? kern->mr : n;
+    terms_unit(p, kern, &w->scratch, 0, h, w->term_unit);   /* batch row 0's stands for all */
+    w->cached_term_unit = -1;
     for (size_t i0 = 0; i0 < n; i0 += step) {
         const size_t rows = posenc_min(step, n - i0);
         const size_t cols = c->causal ? posenc_min(m, p->query_offset + i0 + rows + kern->mr) : m;
-        REAL *block = w->head_block + i0 * m;
-        int op = POSENC_SET;
-        if (p->pos_q) {
-            packed_b keys = pb;
-            keys.N = cols;
-            gemm_packed(kern, &w->scratch, rows,
-                        (const REAL *)p->pos_q + (head_of(p->pos_q_heads, h) * n + i0) * dp,
-                        (ptrdiff_t)dp, 1, &keys, block, (ptrdiff_t)m, 0, NULL, 0, NULL, 0, NULL);
-            op = POSENC_ADD;
-        }
-        if (c->module_blocks)
-            terms_rows(p, kern, TERMS_EVERY, op, block, m, 0, h, i0, rows, 0, cols, w->term_unit);
+        terms_rows(p, kern, &w->scratch, TERMS_EVERY, 0, c->block_kinds, POSENC_SET,
+                   w->head_block + i0 * m, m, 0, h, i0, rows, 0, cols, w->term_unit);
     }
     w->cached_head_block = (ptrdiff_t)h;
 }
 
 /*
  * Head blocks (forward_head_block, n x m per thread) where B > 1, the scales are tame and a
- * block fits `budget` bytes: of TUPE's dense terms, and (`modules`) of the term modules'
- * rows when they are batch-free (terms_batch_free; then not batch terms: a tile reads its
- * rows of the block in place) and no vector table's term comes after an overriding kind's
- * (the reset goes last).
+ * block fits `budget` bytes: of every term module's rows when they are batch-free
+ * (terms_batch_free; then not batch terms: a tile reads its rows of the block in place), no
+ * vector table's term comes after an overriding kind's (the reset goes last) and `modules`;
+ * else of the leading modules whose rows are a GEMM (term_kind's grad_block) and batch-free
+ * (TUPE's dense factor in a decoding step, DIET-ABS's beside its segments).
  */
 static void forward_plan_blocks(forward_ctx *c, size_t budget, int modules)
 {
     const posenc_problem *p = c->p;
     const int fits = p->B > 1 && !c->scales.exact && !p->product &&
                      posenc_mul_size(p->n * p->m, sizeof(REAL)) <= budget;
-    const int in_p = c->modules && c->expanded < 0 && c->pointer < 0;   /* modules' rows in P */
+    c->modules_end = c->expanded >= 0 ? c->expanded : POSENC_TERM_COUNT;
+    const int in_p = c->pointer < 0 && terms_adding_in(p, 0, c->modules_end);   /* rows in P */
     const int vectors = p->query_table || p->key_table;   /* a tile's own terms */
-    c->module_blocks = fits && modules && in_p && terms_batch_free(p) &&
+    c->module_blocks = fits && modules && in_p && c->expanded < 0 && terms_batch_free(p) &&
                        !(vectors && terms_override_kind(p) >= 0);
-    c->batch_terms = vectors || (in_p && !c->module_blocks);
-    c->head_blocks = fits && (p->pos_q || c->module_blocks);
-}
-
-/* The dense factor of rows [i0, i0 + rows) of head h, keys [0, cols), into P (row r at
- * P + r * ld): dense_scale pos_q.pos_k^T, pos_k packed once per head (cached). */
-static void forward_dense(const forward_ctx *c, forward_ws *w, size_t h, size_t i0, size_t rows,
-                          size_t cols, REAL *P, size_t ld)
-{
-    const posenc_problem *p = c->p;
-    const size_t n = p->n, m = p->m, dp = p->d_p;
-    const size_t hq = head_of(p->pos_q_heads, h), hk = head_of(p->pos_k_heads, h);
-    packed_b pb = packed_b_shape(c->kern, w->pos_k_pack, dp, m, (REAL)p->dense_scale);
-    if (w->cached_pos_k != (ptrdiff_t)hk) {
-        pack_b(c->kern, &w->scratch, &pb, w->pos_k_pack, (const REAL *)p->pos_k + hk * m * dp, 1,
-               (ptrdiff_t)dp, dp, m, (REAL)p->dense_scale);
-        w->cached_pos_k = (ptrdiff_t)hk;
-    }
-    pb.N = cols;   /* the first cols columns of the packed panels */
-    gemm_packed(c->kern, &w->scratch, rows, (const REAL *)p->pos_q + (hq * n + i0) * dp,
-                (ptrdiff_t)dp, 1, &pb, P, (ptrdiff_t)ld, 0, NULL, 0, NULL, 0, NULL);
+    c->block_kinds = c->module_blocks ? POSENC_TERM_COUNT
+                     : fits && in_p ? posenc_min(terms_gemm_prefix(p), c->modules_end) : 0;
+    c->head_blocks = c->block_kinds > 0;
+    c->batch_terms = vectors || (in_p && terms_adding_in(p, c->block_kinds, c->modules_end));
 }
 
 /* Head h's key table, from bucket 0 (rows of d). */
@@ -296,7 +266,7 @@ static void term_query_direct(const forward_ctx *c, forward_ws *w, size_t h, con
 /*
  * The positional rows of tile [i0, i0 + rows) of unit (b, h), keys [k0, cols) (the
  * tiles: k0 = 0; a decoding step's split keys: its chunk's; entries before k0 may
- * be left unwritten, and TUPE's dense term is computed from key 0): returns the
+ * be left unwritten, or written: TUPE's dense term is computed from key 0): returns the
  * block P (row r at *P + r * *ldp, key j at column j), or NULL when there is none.
  */
 static const REAL *forward_positional(const forward_ctx *c, forward_ws *w, size_t b, size_t h,
@@ -314,22 +284,20 @@ static const REAL *forward_positional(const forward_ctx *c, forward_ws *w, size_
         return w->head_block + i0 * m;
     }
     if (c->pointer >= 0)   /* a Toeplitz row: stride -1 */
-        return term_rows_at(p, kern, c->pointer, b, h, i0, w->term_unit, ldp);
-    if (c->head_blocks) {
+        return term_rows_at(p, kern, &w->scratch, c->pointer, b, h, i0, w->term_unit, ldp);
+    if (c->head_blocks) {   /* the leading kinds' rows (TUPE's dense factor) */
         for (size_t r = 0; r < rows; ++r)
             kern->row_gather(POSENC_SET, w->P + r * ld + k0, w->head_block + (i0 + r) * m + k0, 1,
                              cols - k0);
         op = combine_op;
-    } else if (p->pos_q) {
-        forward_dense(c, w, h, i0, rows, cols, w->P, ld);
-        op = combine_op;
     }
-    /* the term modules (csrc/terms.h) not in the head block: the adding ones before the
-     * vector tables (a product's factor), an overriding one last */
-    const int modules = c->modules && c->expanded < 0 && !c->module_blocks;
+    /* the term modules (csrc/terms.h) not in the head block nor `expanded`: the adding ones
+     * before the vector tables (a product's factor), an overriding one last */
+    const int modules = c->modules && !c->module_blocks;
+    const int from = c->head_blocks ? c->block_kinds : 0, to = c->modules_end;
     if (modules)
-        op = terms_rows(p, kern, TERMS_ADDING, op, w->P, ld, b, h, i0, rows, k0, cols,
-                        w->term_unit);
+        op = terms_rows(p, kern, &w->scratch, TERMS_ADDING, from, to, op, w->P, ld, b, h, i0, rows,
+                        k0, cols, w->term_unit);
     if (p->query_table) {
         if (c->in_place)
             term_query_direct(c, w, h, q_u, op, w->P, ld, i0, rows, k0, cols);
@@ -348,8 +316,8 @@ static const REAL *forward_positional(const forward_ctx *c, forward_ws *w, size_
         op = combine_op;
     }
     if (modules)
-        op = terms_rows(p, kern, TERMS_OVERRIDING, op, w->P, ld, b, h, i0, rows, k0, cols,
-                        w->term_unit);
+        op = terms_rows(p, kern, &w->scratch, TERMS_OVERRIDING, from, to, op, w->P, ld, b, h, i0,
+                        rows, k0, cols, w->term_unit);
     if (op == POSENC_SET)
         return NULL; /* content only */
     *ldp = (ptrdiff_t)ld;
@@ -383,11 +351,11 @@ static void forward_unit_setup(const forward_ctx *c, forward_ws *w, size_t b, si
                         c->key_reach[1], &c->terms->key_edges, w->key_table_pack, w->key_proj, h, k_u);
     if (((c->modules && !c->module_blocks) || c->content >= 0) &&
         !(c->units_batch_free && w->cached_term_unit == (ptrdiff_t)h)) {
-        terms_unit(p, kern, b, h, w->term_unit);
+        terms_unit(p, kern, &w->scratch, b, h, w->term_unit);
         w->cached_term_unit = c->units_batch_free ? (ptrdiff_t)h : -1;
     }
     if (c->expanded >= 0)
-        terms_expand(p, kern, c->expanded, b, h, w->term_unit, w->expanded);
+        terms_expand(p, kern, &w->scratch, c->expanded, b, h, w->term_unit, w->expanded);
 }
 
 /* X[r * cols + j] (op) factor P[r * ld + j], r < rows, j < cols, in double (op ADD or MUL). */
@@ -419,16 +387,18 @@ static void exact_scale_by(double *X, double scale, size_t count)
 }
 
 /* The adding term modules of unit (b, h) one at a time into X (rows x cols, in double) with
- * op (ADD, or MUL: a product's factor), in the list's order, through w->P. */
+ * op (ADD, or MUL: a product's factor), in the list's order, through w->P; a `scaled`
+ * kind's rows (unscaled: c->p is the unit problem) times the call's dense scale. */
 static void exact_modules(const forward_ctx *c, forward_ws *w, int op, double *X, size_t b,
                           size_t h, size_t i0, size_t rows, size_t cols)
 {
     const posenc_problem *p = c->p;
     for (int k = 0; k < POSENC_TERM_COUNT; ++k)
         if (term_adds(p, k) && term_taken(k, TERMS_ADDING)) {
-            term_rows(p, c->kern, k, POSENC_SET, w->P, c->m_pad, b, h, i0, rows, 0, cols,
-                      w->term_unit);
-            exact_apply(op, X, 1, w->P, c->m_pad, rows, cols);
+            term_rows(p, c->kern, &w->scratch, k, POSENC_SET, w->P, c->m_pad, b, h, i0, rows, 0,
+                      cols, w->term_unit);
+            exact_apply(op, X, term_kinds[k].scaled ? c->scales.dense_scale : 1, w->P, c->m_pad,
+                        rows, cols);
         }
 }
 
@@ -490,34 +460,29 @@ static void forward_tile_exact(const forward_ctx *c, forward_ws *w, size_t b, si
             for (size_t t = 0; t < count; ++t)
                 X[t] += V[t];
         const int reset = terms_override_kind(p);
-        if (p->pos_q || reset >= 0) {   /* the batch-free terms, TUPE's v */
+        if (reset >= 0) {   /* the batch-free terms, TUPE's v: the modules (its dense factor and
+                             * table), then the reset's cells over v (TUPE eq. (9)) */
             memset(V, 0, sizeof(double) * count);
-            if (p->pos_q) {
-                forward_dense(c, w, h, i0, rows, cols, P, ld);
-                exact_apply(POSENC_ADD, V, c->scales.dense_scale, P, ld, rows, cols);
-            }
-            if (reset >= 0) {   /* the modules, then its cells over v (TUPE eq. (9)) */
-                exact_modules(c, w, POSENC_ADD, V, b, h, i0, rows, cols);
-                terms_rows(p, kern, TERMS_OVERRIDING, POSENC_SET, P, ld, b, h, i0, rows, 0, cols,
-                           w->term_unit);
-                for (size_t r = 0; r < rows && cols > 0; ++r) {
-                    const int cls = p->query_offset + i0 + r == 0;
-                    for (size_t j = 0; j < (cls ? cols : 1); ++j)
-                        V[r * cols + j] = (double)P[r * ld + j];
-                }
+            exact_modules(c, w, POSENC_ADD, V, b, h, i0, rows, cols);
+            terms_rows(p, kern, &w->scratch, TERMS_OVERRIDING, 0, POSENC_TERM_COUNT, POSENC_SET, P,
+                       ld, b, h, i0, rows, 0, cols, w->term_unit);
+            for (size_t r = 0; r < rows && cols > 0; ++r) {
+                const int cls = p->query_offset + i0 + r == 0;
+                for (size_t j = 0; j < (cls ? cols : 1); ++j)
+                    V[r * cols + j] = (double)P[r * ld + j];
             }
             for (size_t t = 0; t < count; ++t)
                 X[t] += V[t];
-        }
-        if (reset < 0)
+        } else {
             exact_modules(c, w, POSENC_ADD, X, b, h, i0, rows, cols);
+        }
     }
     for (size_t r = 0; r < rows; ++r)
         for (size_t j = 0; j < cols; ++j)
             C[(ptrdiff_t)r * ldc + (ptrdiff_t)j] = (REAL)X[r * cols + j];
     term_keep keep;
     if (c->content >= 0)   /* the content logits s q.k, rounded once */
-        terms_content(p, kern, c->content, b, h, q_u, C, (size_t)ldc, i0, rows, 0, cols, c->seen,
+        terms_content(p, kern, &w->scratch, c->content, b, h, q_u, C, (size_t)ldc, i0, rows, 0, cols, c->seen,
                       w->term_unit, forward_keep(w, i0, &keep));
 }
 
@@ -546,7 +511,7 @@ static void forward_tile(const forward_ctx *c, forward_ws *w, size_t b, size_t h
                 (c->stream ? POSENC_UKR_STREAM : 0) |
                 (c->out_size != sizeof(REAL) ? POSENC_UKR_BF16_OUT : 0);
     if (c->expanded >= 0) {
-        terms_expanded_rows(p, c->kern, c->expanded, b, h, w->expanded, i0, rows, first,
+        terms_expanded_rows(p, c->kern, &w->scratch, c->expanded, b, h, w->expanded, i0, rows, first,
                             w->expanded_row);
         flags |= POSENC_UKR_ADD_ROWS;
     }
@@ -561,7 +526,7 @@ static void forward_tile(const forward_ctx *c, forward_ws *w, size_t b, size_t h
                 0, P ? P + first : NULL, ldp, c->expanded >= 0 ? w->expanded_row : NULL, flags, NULL);
     term_keep keep;
     if (c->content >= 0)   /* a term that reads the content logits: after them */
-        terms_content(p, c->kern, c->content, b, h, q_u, C, (size_t)ldc, i0, rows, first, cols,
+        terms_content(p, c->kern, &w->scratch, c->content, b, h, q_u, C, (size_t)ldc, i0, rows, first, cols,
                       c->seen, w->term_unit, forward_keep(w, i0, &keep));
 }
 
@@ -589,7 +554,7 @@ static int forward_prepare(forward_ctx *c, const posenc_problem *p, const posenc
     c->modules = terms_additive(p);
     /* a module's rows read where they lie (a Toeplitz row), and a module's distinct rows on
      * the epilogue's second source, where no other term needs P */
-    terms_in_place(p, p->pos_q || p->query_table || p->key_table,
+    terms_in_place(p, p->query_table || p->key_table,
                    !c->scales.exact && !p->product, &c->pointer, &c->expanded);
     c->content = terms_content_kind(p);
     c->units_batch_free = terms_units_batch_free(p);

@@ -50,6 +50,19 @@ static void pack_a(REAL *restrict dst, const REAL *A, ptrdiff_t rs, ptrdiff_t cs
 
 /* Per-thread scratch every gemm needs: a packed A panel; the problem's
  * bfloat16 twins of its float32 arrays (the bfloat16 GEMM's operands). */
+/*
+ * Where a ranged block's rows of G may be nonzero (a fused attention's
+ * causality, window or documents), as gemm_packed's k_range (NULL:
+ * everywhere in [0, cols)): per tile of mr rows of the block, the keys it
+ * sees (row_keys); per tile of mr keys, the block's rows that see it
+ * (key_rows, rows counted from the block's first); every row is 0 before
+ * key `first` (a multiple of mr: the GEMMs start there) and from `cols` on.
+ */
+typedef struct {
+    const size_t *row_keys, *key_rows;
+    size_t first, cols;
+} block_limits;
+
 typedef struct {
     REAL *a_pack;   /* mr x kc (the bfloat16 GEMM: gemm_scratch_size) */
     const posenc_bf16_shadow *shadows;

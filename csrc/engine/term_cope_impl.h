@@ -63,7 +63,7 @@ static inline int term_cope_valid(const posenc_problem *p)
     const posenc_term_array *a = p->terms[POSENC_TERM_cope].array;
     const double *shape = (const double *)a[COPE_SHAPE].data;
     const double rows = shape[0];
-    int others = p->pos_q || p->query_table || p->key_table;
+    int others = p->query_table || p->key_table;
     for (int k = 0; k < POSENC_TERM_COUNT; ++k)
         others |= k != POSENC_TERM_cope && posenc_term_present(p, k);
     return !others && rows >= 1 && rows <= 1073741824.0 && rows == floor(rows) &&
@@ -132,8 +132,9 @@ static void term_cope_unit(const term_unit *t)
     cope_table(t, s.table);
 }
 
-static size_t term_cope_unit_scratch(const posenc_problem *p)
+static size_t term_cope_unit_scratch(const posenc_problem *p, const posenc_kernels *kern)
 {
+    (void)kern;
     return cope_layout(p, 0, NULL, NULL);
 }
 
@@ -282,8 +283,9 @@ static void term_cope_content_grad(const term_unit *t, double *const *grad, cons
 }
 
 /* term_cope_content_grad's scratch, in doubles. */
-static size_t term_cope_grad_scratch(const posenc_problem *p)
+static size_t term_cope_grad_scratch(const posenc_problem *p, const posenc_kernels *kern)
 {
+    (void)kern;
     const size_t elements = cope_layout(p, 1, NULL, NULL);
     return (elements * sizeof(REAL) + sizeof(double) - 1) / sizeof(double);
 }
@@ -295,11 +297,15 @@ static size_t term_cope_grad_scratch(const posenc_problem *p)
 #define term_cope_expand NULL
 #define term_cope_row_of NULL
 #define term_cope_overrides 0
+#define term_cope_grad_block NULL
+#define term_cope_scaled 0
 #define term_cope_rows_at NULL
 
 #endif /* REAL */
 
 /* Not a factor of the product mode (entry.c's validation reads it). */
 #define term_cope_factor 0
+/* Its gradient goes by rows (engine_lp.c's chunks read it). */
+#define term_cope_by_blocks 0
 
 #endif /* POSENC_ENGINE_TERM_COPE_IMPL_H */

@@ -40,8 +40,9 @@ static void term_fox_unit(const term_unit *t)
     }
 }
 
-static size_t term_fox_unit_scratch(const posenc_problem *p)
+static size_t term_fox_unit_scratch(const posenc_problem *p, const posenc_kernels *kern)
 {
+    (void)kern;
     return 4 * p->m;
 }
 
@@ -163,8 +164,9 @@ static void term_fox_grad_rows(const term_unit *t, double *const *grad, const RE
 }
 
 /* term_fox_grad_rows' column sums: two rows of m (REAL, in doubles' room). */
-static size_t term_fox_grad_scratch(const posenc_problem *p)
+static size_t term_fox_grad_scratch(const posenc_problem *p, const posenc_kernels *kern)
 {
+    (void)kern;
     return 2 * p->m;
 }
 
@@ -176,11 +178,15 @@ static size_t term_fox_grad_scratch(const posenc_problem *p)
 #define term_fox_expand NULL
 #define term_fox_row_of NULL
 #define term_fox_overrides 0
+#define term_fox_grad_block NULL
+#define term_fox_scaled 0
 #define term_fox_rows_at NULL
 
 #endif /* REAL */
 
 /* Not a factor of the product mode (entry.c's validation reads it). */
 #define term_fox_factor 0
+/* Its gradient goes by rows (engine_lp.c's chunks read it). */
+#define term_fox_by_blocks 0
 
 #endif /* POSENC_ENGINE_TERM_FOX_IMPL_H */

@@ -6,10 +6,11 @@
  * backward call.  A kind's file (term_<name>_impl.h) defines the functions of
  * term_kind (term_unit_impl.h): term_<name>_unit, _unit_scratch, _rows,
  * _grad_rows, _grad_scratch, _content, _content_grad, _content_keep,
- * _expand_rows, _expand, _row_of and _rows_at (NULL where the kind has none:
- * the rotation's per-token tables, read by rope_impl.h, have none; a kind
- * adds rows or reads the content logits), and its flags _overrides and
- * _factor.
+ * _expand_rows, _expand, _row_of, _rows_at and _grad_block (NULL where the
+ * kind has none: the rotation's per-token tables, read by rope_impl.h, have
+ * none; a kind adds rows or reads the content logits), and its flags
+ * _overrides, _scaled, and (outside its REAL part, for entry.c) _factor and
+ * _by_blocks.
  */
 #ifndef POSENC_ENGINE_TERM_KINDS_IMPL_H
 #define POSENC_ENGINE_TERM_KINDS_IMPL_H
@@ -24,18 +25,23 @@
      term_##name##_grad_rows, term_##name##_grad_scratch, term_##name##_content,  \
      term_##name##_content_grad, term_##name##_content_keep, term_##name##_expand_rows, \
      term_##name##_expand, term_##name##_row_of, term_##name##_rows_at,                \
-     term_##name##_overrides, term_##name##_factor},
+     term_##name##_grad_block, term_##name##_overrides, term_##name##_factor,          \
+     term_##name##_scaled},
 static const term_kind term_kinds[POSENC_TERM_COUNT] = {POSENC_TERMS(TERM_KIND_, )};
 #undef TERM_KIND_
 
-static term_unit term_unit_of(const posenc_problem *p, const posenc_kernels *kern, int k,
+static term_unit term_unit_of(const posenc_problem *p, const posenc_kernels *kern,
+                              const gemm_scratch *gs, int k,
                               size_t b, size_t h)
 {
-    term_unit t = {p, kern, &p->terms[k], {NULL}, b, h, NULL};
+    term_unit t = {p, kern, gs, &p->terms[k], {NULL}, {NULL}, b, h, NULL};
     for (int a = 0; a < POSENC_TERM_ARRAYS_MAX; ++a) {
         const posenc_term_array *x = &p->terms[k].array[a];
-        if (x->data)
-            t.array[a] = (const double *)x->data + b * x->batch_stride + h * x->head_stride;
+        const size_t at = b * x->batch_stride + h * x->head_stride;
+        if (x->data && posenc_term_array_real(k, a))
+            t.real[a] = (const REAL *)x->data + at;
+        else if (x->data)
+            t.array[a] = (const double *)x->data + at;
     }
     return t;
 }
@@ -96,26 +102,27 @@ static int terms_batch_free(const posenc_problem *p)
  * The adding modules whose rows the GEMM's epilogue reads where they lie (forward_impl.h):
  * *pointer, a kind with rows_at that is the only term in P (alone, or beside *expanded),
  * or -1; *expanded, a kind with expand whose distinct rows the epilogue adds by pointer
- * (where `expandable`: sum mode, tame scales), the one adding module or beside *pointer,
- * or -1.  others: p has terms in P that are not modules (the dense factor, the vector
- * tables).  An overriding kind is a module in P: with it neither applies.
+ * (where `expandable`: sum mode, tame scales) after P, the last adding module (DIET-ABS's
+ * segments after its dense factor in P, DIET-REL's beside *pointer), or -1.  others: p
+ * has terms in P that are not modules (the vector tables).  An overriding kind is a module
+ * in P applied last: with it neither applies.
  */
 static void terms_in_place(const posenc_problem *p, int others, int expandable, int *pointer,
                            int *expanded)
 {
-    int count = 0, with_rows_at = -1, with_expand = -1;
+    int count = 0, last = -1, with_rows_at = -1, with_expand = -1;
     for (int k = 0; k < POSENC_TERM_COUNT; ++k) {
         if (!term_adds(p, k))
             continue;
         ++count;
+        last = k;
         if (term_kinds[k].rows_at && with_rows_at < 0)
             with_rows_at = k;
         else if (term_kinds[k].expand && with_expand < 0)
             with_expand = k;
     }
     *pointer = *expanded = -1;
-    if (expandable && with_expand >= 0 &&
-        (count == 1 || (count == 2 && with_rows_at >= 0 && !others)))
+    if (expandable && with_expand >= 0 && with_expand == last && terms_override_kind(p) < 0)
         *expanded = with_expand;
     if (!others && with_rows_at >= 0 && (count == 1 || (count == 2 && *expanded >= 0)))
         *pointer = with_rows_at;
@@ -144,18 +151,18 @@ static int term_has_unit(const posenc_problem *p, int k)
 }
 
 /* Kind k's REAL elements in a thread's unit data (aligned for the next kind's). */
-static size_t term_unit_data_size(const posenc_problem *p, int k)
+static size_t term_unit_data_size(const posenc_problem *p, const posenc_kernels *kern, int k)
 {
-    return posenc_round_up(term_kinds[k].unit_scratch(p), 16);
+    return posenc_round_up(term_kinds[k].unit_scratch(p, kern), 16);
 }
 
 /* The REAL elements of a thread's unit data for the present modules (terms_unit). */
-static size_t terms_unit_scratch(const posenc_problem *p)
+static size_t terms_unit_scratch(const posenc_problem *p, const posenc_kernels *kern)
 {
     size_t total = 0;
     for (int k = 0; k < POSENC_TERM_COUNT; ++k)
         if (term_has_unit(p, k))
-            total += term_unit_data_size(p, k);
+            total += term_unit_data_size(p, kern, k);
     return total;
 }
 
@@ -169,34 +176,37 @@ static int terms_units_batch_free(const posenc_problem *p)
 }
 
 /* Each present module's unit data of unit (b, h) formed in scratch (terms_unit_scratch). */
-static void terms_unit(const posenc_problem *p, const posenc_kernels *kern, size_t b, size_t h,
+static void terms_unit(const posenc_problem *p, const posenc_kernels *kern,
+                              const gemm_scratch *gs, size_t b, size_t h,
                        REAL *scratch)
 {
     for (int k = 0; k < POSENC_TERM_COUNT; ++k)
         if (term_has_unit(p, k)) {
-            term_unit t = term_unit_of(p, kern, k, b, h);
+            term_unit t = term_unit_of(p, kern, gs, k, b, h);
             t.unit_data = scratch;
             term_kinds[k].unit(&t);
-            scratch += term_unit_data_size(p, k);
+            scratch += term_unit_data_size(p, kern, k);
         }
 }
 
 /* Kind k's unit data in scratch (terms_unit formed the present modules' there). */
-static REAL *term_unit_data(const posenc_problem *p, int k, REAL *scratch)
+static REAL *term_unit_data(const posenc_problem *p, const posenc_kernels *kern, int k,
+                            REAL *scratch)
 {
     for (int x = 0; x < k; ++x)
         if (term_has_unit(p, x))
-            scratch += term_unit_data_size(p, x);
+            scratch += term_unit_data_size(p, kern, x);
     return scratch;
 }
 
 /* Kind k's distinct rows of unit (b, h) into X (row s at X + s m; scratch: the unit data
  * terms_unit formed). */
-static void terms_expand(const posenc_problem *p, const posenc_kernels *kern, int k, size_t b,
+static void terms_expand(const posenc_problem *p, const posenc_kernels *kern,
+                              const gemm_scratch *gs, int k, size_t b,
                          size_t h, REAL *scratch, REAL *X)
 {
-    term_unit t = term_unit_of(p, kern, k, b, h);
-    t.unit_data = term_unit_data(p, k, scratch);
+    term_unit t = term_unit_of(p, kern, gs, k, b, h);
+    t.unit_data = term_unit_data(p, kern, k, scratch);
     term_kinds[k].expand(&t, X);
 }
 
@@ -207,49 +217,77 @@ static size_t terms_expand_rows(const posenc_problem *p, int k)
 }
 
 /* In rows[r] row i0 + r of unit (b, h)'s expanded rows X, from key `first` (r < count). */
-static void terms_expanded_rows(const posenc_problem *p, const posenc_kernels *kern, int k,
+static void terms_expanded_rows(const posenc_problem *p, const posenc_kernels *kern,
+                              const gemm_scratch *gs, int k,
                                 size_t b, size_t h, const REAL *X, size_t i0, size_t count,
                                 size_t first, const REAL **rows)
 {
-    const term_unit t = term_unit_of(p, kern, k, b, h);
+    const term_unit t = term_unit_of(p, kern, gs, k, b, h);
     for (size_t r = 0; r < count; ++r)
         rows[r] = X + term_kinds[k].row_of(&t, i0 + r) * p->m + first;
 }
 
 /* Kind k (present, adding) on rows [i0, i0 + rows) of unit (b, h), keys [k0, cols), into P
  * with op (scratch: terms_unit formed it for the unit). */
-static void term_rows(const posenc_problem *p, const posenc_kernels *kern, int k, int op,
+static void term_rows(const posenc_problem *p, const posenc_kernels *kern,
+                              const gemm_scratch *gs, int k, int op,
                       REAL *P, size_t ldp, size_t b, size_t h, size_t i0, size_t rows, size_t k0,
                       size_t cols, REAL *scratch)
 {
-    term_unit t = term_unit_of(p, kern, k, b, h);
-    t.unit_data = term_unit_data(p, k, scratch);
+    term_unit t = term_unit_of(p, kern, gs, k, b, h);
+    t.unit_data = term_unit_data(p, kern, k, scratch);
     term_kinds[k].rows(&t, op, P, ldp, i0, rows, k0, cols);
 }
 
-/* The present modules `which` takes on rows [i0, i0 + rows) of unit (b, h), keys
- * [k0, cols), into P: the first with op, the others added (multiplied in a product), an
- * overriding kind's last over them (scratch: terms_unit formed it for the unit).  Returns
- * the op for the next term. */
-static int terms_rows(const posenc_problem *p, const posenc_kernels *kern, int which, int op,
-                      REAL *P, size_t ldp, size_t b, size_t h, size_t i0, size_t rows, size_t k0,
-                      size_t cols, REAL *scratch)
+/* The present modules `which` takes among kinds [from, to) on rows [i0, i0 + rows) of unit
+ * (b, h), keys [k0, cols), into P: the first with op, the others added (multiplied in a
+ * product), an overriding kind's last over them (scratch: terms_unit formed it for the
+ * unit).  Returns the op for the next term. */
+static int terms_rows(const posenc_problem *p, const posenc_kernels *kern, const gemm_scratch *gs,
+                      int which, int from, int to, int op, REAL *P, size_t ldp, size_t b,
+                      size_t h, size_t i0, size_t rows, size_t k0, size_t cols, REAL *scratch)
 {
-    for (int k = 0; k < POSENC_TERM_COUNT; ++k)
+    for (int k = from; k < to; ++k)
         if (term_adds(p, k) && term_taken(k, which)) {
-            term_rows(p, kern, k, op, P, ldp, b, h, i0, rows, k0, cols, scratch);
+            term_rows(p, kern, gs, k, op, P, ldp, b, h, i0, rows, k0, cols, scratch);
             op = p->product ? POSENC_MUL : POSENC_ADD;
         }
     return op;
 }
 
+/* Whether p has an adding kind among kinds [from, to). */
+static int terms_adding_in(const posenc_problem *p, int from, int to)
+{
+    for (int k = from; k < to; ++k)
+        if (term_adds(p, k))
+            return 1;
+    return 0;
+}
+
+/* The end of the leading run of p's adding kinds whose rows are a GEMM (term_kind's
+ * grad_block) and batch-free: kinds [0, end) (0: none), which a head block may hold
+ * (forward_plan_blocks). */
+static int terms_gemm_prefix(const posenc_problem *p)
+{
+    int end = 0;
+    for (int k = 0; k < POSENC_TERM_COUNT; ++k) {
+        if (!term_adds(p, k))
+            continue;
+        if (!term_kinds[k].grad_block || !term_batch_free(p, k))
+            break;
+        end = k + 1;
+    }
+    return end;
+}
+
 /* Kind k's rows of unit (b, h) where they lie (term_kind's rows_at): row i0's key 0 at the
  * returned pointer, row i0 + r at + r * *ld (scratch: terms_unit formed it for the unit). */
-static const REAL *term_rows_at(const posenc_problem *p, const posenc_kernels *kern, int k,
+static const REAL *term_rows_at(const posenc_problem *p, const posenc_kernels *kern,
+                              const gemm_scratch *gs, int k,
                                 size_t b, size_t h, size_t i0, REAL *scratch, ptrdiff_t *ld)
 {
-    term_unit t = term_unit_of(p, kern, k, b, h);
-    t.unit_data = term_unit_data(p, k, scratch);
+    term_unit t = term_unit_of(p, kern, gs, k, b, h);
+    t.unit_data = term_unit_data(p, kern, k, scratch);
     return term_kinds[k].rows_at(&t, i0, ld);
 }
 
@@ -266,12 +304,13 @@ static int terms_factor_kind(const posenc_problem *p)
  * (b, h), keys [k0, cols), of the content logits in C (term_kind's content; scratch: the
  * unit data terms_unit formed, of which k's is the only one: the kind is alone; keep: NULL,
  * or where the rows keep what their gradient reads). */
-static void terms_content(const posenc_problem *p, const posenc_kernels *kern, int k, size_t b,
+static void terms_content(const posenc_problem *p, const posenc_kernels *kern,
+                              const gemm_scratch *gs, int k, size_t b,
                           size_t h, const REAL *q, REAL *C, size_t ldc, size_t i0, size_t rows,
                           size_t k0, size_t cols, const term_seen *seen, REAL *scratch,
                           const term_keep *keep)
 {
-    term_unit t = term_unit_of(p, kern, k, b, h);
+    term_unit t = term_unit_of(p, kern, gs, k, b, h);
     t.unit_data = scratch;
     term_kinds[k].content(&t, q, C, ldc, i0, rows, k0, cols, seen, keep);
 }
@@ -294,24 +333,39 @@ static void terms_unit_grads(const posenc_problem *p, const posenc_grads *g, int
     }
 }
 
-/* Whether g wants a gradient of a term module of p that `which` takes (a content-reading
- * kind counts as adding). */
+/* Unit u's gradients of kind k in grad (terms_unit_grads); whether g wants one. */
+static int term_grads_of(const posenc_problem *p, const posenc_grads *g, int k, size_t u,
+                         double **grad)
+{
+    int wanted = 0;
+    terms_unit_grads(p, g, k, u, grad);
+    for (int a = 0; a < POSENC_TERM_ARRAYS_MAX; ++a)
+        wanted |= grad[a] != NULL;
+    return wanted;
+}
+
+/* Whether g wants a gradient of a term module of p that `which` takes, by rows (a
+ * content-reading kind counts as adding; a kind whose gradient goes by blocks does not:
+ * terms_block_grads_wanted). */
 static int terms_grads_wanted(const posenc_problem *p, const posenc_grads *g, int which)
 {
     for (int k = 0; k < POSENC_TERM_COUNT; ++k)
         for (int a = 0; a < POSENC_TERM_ARRAYS_MAX; ++a)
             if ((term_adds(p, k) || term_reads_content(p, k)) && term_taken(k, which) &&
-                p->terms[k].array[a].data && g->terms[k][a])
+                !term_kinds[k].grad_block && p->terms[k].array[a].data && g->terms[k][a])
                 return 1;
     return 0;
 }
 
-/* Unit u's wanted module gradients zeroed (its first rows follow; the rotation's are
- * written whole at the unit's end, zeroed here for a problem without rows). */
+/* Unit u's wanted module gradients by rows zeroed (its first rows follow; the rotation's
+ * are written whole at the unit's end, zeroed here for a problem without rows; those by
+ * blocks go through slots: terms_block_grads_reduce). */
 static void terms_grads_begin(const posenc_problem *p, const posenc_grads *g, size_t u)
 {
     for (int k = 0; k < POSENC_TERM_COUNT; ++k) {
         double *grad[POSENC_TERM_ARRAYS_MAX];
+        if (term_kinds[k].grad_block)
+            continue;
         terms_unit_grads(p, g, k, u, grad);
         for (int a = 0; a < POSENC_TERM_ARRAYS_MAX; ++a)
             if (grad[a])
@@ -334,12 +388,12 @@ static void terms_grads_scale(const posenc_problem *p, const posenc_grads *g, si
 }
 
 /* The doubles of a thread's scratch for the present modules' gradient rows. */
-static size_t terms_grad_scratch(const posenc_problem *p)
+static size_t terms_grad_scratch(const posenc_problem *p, const posenc_kernels *kern)
 {
     size_t most = 0;
     for (int k = 0; k < POSENC_TERM_COUNT; ++k)
-        if (term_adds(p, k) || term_reads_content(p, k))
-            most = posenc_max(most, term_kinds[k].grad_scratch(p));
+        if ((term_adds(p, k) || term_reads_content(p, k)) && term_kinds[k].grad_scratch)
+            most = posenc_max(most, term_kinds[k].grad_scratch(p, kern));
     return most;
 }
 
@@ -348,6 +402,7 @@ static size_t terms_grad_scratch(const posenc_problem *p)
  * the kind's own gradients (scratch: terms_grad_scratch(p) doubles; keep: NULL, or what the
  * rows' terms_content kept). */
 static void terms_content_grad(const posenc_problem *p, const posenc_kernels *kern,
+                              const gemm_scratch *gs,
                                const posenc_grads *g, int k, size_t u, const REAL *q,
                                const REAL *k_u, double scale, const REAL *G, REAL *Gc, size_t ldg,
                                size_t i0, size_t rows, size_t first, size_t cols,
@@ -356,7 +411,7 @@ static void terms_content_grad(const posenc_problem *p, const posenc_kernels *ke
 {
     double *grad[POSENC_TERM_ARRAYS_MAX];
     terms_unit_grads(p, g, k, u, grad);
-    const term_unit t = term_unit_of(p, kern, k, u / p->H, u % p->H);
+    const term_unit t = term_unit_of(p, kern, gs, k, u / p->H, u % p->H);
     term_kinds[k].content_grad(&t, grad, q, k_u, scale, G, Gc, ldg, i0, rows, first, cols, seen,
                                dq, scratch, keep);
 }
@@ -364,22 +419,135 @@ static void terms_content_grad(const posenc_problem *p, const posenc_kernels *ke
 /* Rows [i0, i0 + rows) of unit u's logits gradient G into the gradients of the modules
  * `which` takes (scratch: terms_grad_scratch(p) doubles). */
 static void terms_grad_rows(const posenc_problem *p, const posenc_kernels *kern,
+                              const gemm_scratch *gs,
                             const posenc_grads *g, int which, size_t u, const REAL *G, size_t ldg,
                             size_t i0, size_t rows, size_t first, size_t cols, double *scratch)
 {
     for (int k = 0; k < POSENC_TERM_COUNT; ++k) {
-        if (!term_adds(p, k) || !term_taken(k, which))
+        if (!term_adds(p, k) || !term_taken(k, which) || !term_kinds[k].grad_rows)
             continue;
         double *grad[POSENC_TERM_ARRAYS_MAX];
-        terms_unit_grads(p, g, k, u, grad);
-        int wanted = 0;
-        for (int a = 0; a < POSENC_TERM_ARRAYS_MAX; ++a)
-            wanted |= grad[a] != NULL;
-        if (wanted) {
-            const term_unit t = term_unit_of(p, kern, k, u / p->H, u % p->H);
+        if (term_grads_of(p, g, k, u, grad)) {
+            const term_unit t = term_unit_of(p, kern, gs, k, u / p->H, u % p->H);
             term_kinds[k].grad_rows(&t, grad, G, ldg, i0, rows, first, cols, scratch);
         }
     }
+}
+
+/* Whether p has an adding kind whose gradient goes by blocks (term_kind's grad_block: its
+ * rows are a GEMM from key 0, its gradient reads a block's keys from 0). */
+static int terms_by_blocks(const posenc_problem *p)
+{
+    for (int k = 0; k < POSENC_TERM_COUNT; ++k)
+        if (term_adds(p, k) && term_kinds[k].grad_block)
+            return 1;
+    return 0;
+}
+
+/* Whether p has an adding kind whose gradient goes by blocks (term_kind's grad_block) and g
+ * wants one of its gradients. */
+static int terms_block_grads_wanted(const posenc_problem *p, const posenc_grads *g)
+{
+    for (int k = 0; k < POSENC_TERM_COUNT; ++k)
+        for (int a = 0; a < POSENC_TERM_ARRAYS_MAX; ++a)
+            if (term_adds(p, k) && term_kinds[k].grad_block && p->terms[k].array[a].data &&
+                g->terms[k][a])
+                return 1;
+    return 0;
+}
+
+/* The REAL slots of the kinds whose gradient goes by blocks: slots[k][a], `units` x the
+ * array's per_unit elements where g wants its gradient (NULL elsewhere), unset.  0, or -1
+ * out of memory (terms_block_slots_free releases what was allocated). */
+static int terms_block_slots_alloc(const posenc_problem *p, const posenc_grads *g, size_t units,
+                                   REAL *slots[POSENC_TERM_COUNT][POSENC_TERM_ARRAYS_MAX])
+{
+    int status = 0;
+    for (int k = 0; k < POSENC_TERM_COUNT; ++k)
+        for (int a = 0; a < POSENC_TERM_ARRAYS_MAX; ++a) {
+            slots[k][a] = NULL;
+            if (term_adds(p, k) && term_kinds[k].grad_block && p->terms[k].array[a].data &&
+                g->terms[k][a] && status == 0) {
+                slots[k][a] = (REAL *)posenc_alloc(
+                    posenc_mul_size(posenc_max(units, 1), posenc_max(p->terms[k].array[a].per_unit, 1)),
+                    sizeof(REAL));
+                status = slots[k][a] ? 0 : -1;
+            }
+        }
+    return status;
+}
+
+static void terms_block_slots_free(REAL *slots[POSENC_TERM_COUNT][POSENC_TERM_ARRAYS_MAX])
+{
+    for (int k = 0; k < POSENC_TERM_COUNT; ++k)
+        for (int a = 0; a < POSENC_TERM_ARRAYS_MAX; ++a)
+            posenc_free(slots[k][a]);
+}
+
+/* Rows [i0, i0 + rows) of a gradient S of unit (b, h) (row r at S + r lds: term_kind's
+ * grad_block, without an overriding kind's cells) into the slots' unit `slot_unit` of the
+ * kinds whose gradient goes by blocks (scratch: terms_grad_scratch(p, kern) doubles). */
+static void terms_grad_blocks(const posenc_problem *p, const posenc_kernels *kern,
+                              const gemm_scratch *gs,
+                              REAL *const slots[POSENC_TERM_COUNT][POSENC_TERM_ARRAYS_MAX],
+                              size_t slot_unit, size_t b, size_t h, const REAL *S, size_t lds,
+                              size_t i0, size_t rows, size_t cols, const block_limits *limits,
+                              double *scratch)
+{
+    for (int k = 0; k < POSENC_TERM_COUNT; ++k) {
+        REAL *slot[POSENC_TERM_ARRAYS_MAX];
+        int wanted = 0;
+        for (int a = 0; a < POSENC_TERM_ARRAYS_MAX; ++a) {
+            slot[a] = slots[k][a] ? slots[k][a] + slot_unit * p->terms[k].array[a].per_unit : NULL;
+            wanted |= slot[a] != NULL;
+        }
+        if (wanted) {
+            const term_unit t = term_unit_of(p, kern, gs, k, b, h);
+            term_kinds[k].grad_block(&t, slot, S, lds, i0, rows, cols, limits, scratch);
+        }
+    }
+}
+
+/* The slots (units b H + h, b < batches) summed over b, in order, in double, times `scale`
+ * for a `scaled` kind (the exact path's dense scale; 1 else), into batch row 0's units of
+ * the double gradients (posenc_grads: the other rows' stay unwritten). */
+static void terms_block_grads_reduce(const posenc_problem *p, const posenc_grads *g,
+                                     REAL *const slots[POSENC_TERM_COUNT][POSENC_TERM_ARRAYS_MAX],
+                                     size_t batches, double scale)
+{
+    for (int k = 0; k < POSENC_TERM_COUNT; ++k)
+        for (int a = 0; a < POSENC_TERM_ARRAYS_MAX; ++a) {
+            if (!slots[k][a])
+                continue;
+            const size_t len = p->terms[k].array[a].per_unit, H = p->H;
+            const double s = term_kinds[k].scaled ? scale : 1;
+            for (size_t h = 0; h < H; ++h) {   /* batch rows in order, each a contiguous run */
+                double *out = (double *)g->terms[k][a] + h * len;
+                for (size_t e = 0; e < len; ++e)
+                    out[e] = (double)slots[k][a][h * len + e];
+                for (size_t b = 1; b < batches; ++b) {
+                    const REAL *part = slots[k][a] + (b * H + h) * len;
+                    for (size_t e = 0; e < len; ++e)
+                        out[e] += (double)part[e];
+                }
+                for (size_t e = 0; e < len && s != 1; ++e)
+                    out[e] *= s;
+            }
+        }
+}
+
+/* The wanted gradients of the kinds whose gradient goes by blocks zeroed in every unit (an
+ * empty problem's). */
+static void terms_block_grads_zero(const posenc_problem *p, const posenc_grads *g)
+{
+    const size_t per_row = g->term_units_per_row ? g->term_units_per_row : p->H;
+    for (int k = 0; k < POSENC_TERM_COUNT; ++k)
+        for (int a = 0; a < POSENC_TERM_ARRAYS_MAX; ++a)
+            if (term_adds(p, k) && term_kinds[k].grad_block && p->terms[k].array[a].data &&
+                g->terms[k][a])
+                for (size_t b = 0; b < p->B; ++b)
+                    memset((double *)g->terms[k][a] + b * per_row * p->terms[k].array[a].per_unit,
+                           0, sizeof(double) * p->H * p->terms[k].array[a].per_unit);
 }
 
 #endif /* POSENC_ENGINE_TERM_KINDS_IMPL_H */

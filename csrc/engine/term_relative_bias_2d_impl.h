@@ -111,8 +111,9 @@ static void term_relative_bias_2d_unit(const term_unit *t)
 #define RB2D_BATCH 256
 
 /* The unit's table, its keys' runs, a batch of a row's pieces (a thread's). */
-static size_t term_relative_bias_2d_unit_scratch(const posenc_problem *p)
+static size_t term_relative_bias_2d_unit_scratch(const posenc_problem *p, const posenc_kernels *kern)
 {
+    (void)kern;
     const size_t L = p->terms[POSENC_TERM_relative_bias_2d].array[RB2D_BIAS].per_unit;
     return posenc_round_up(L, 16) + term_reals(p->m * sizeof(int32_t)) +
            term_reals(RB2D_BATCH * sizeof(posenc_piece));
@@ -222,8 +223,9 @@ static void term_relative_bias_2d_grad_rows(const term_unit *t, double *const *g
 
 /* term_relative_bias_2d_grad_rows' runs (m int32), table (L REAL) and a batch of pieces,
  * in doubles' room. */
-static size_t term_relative_bias_2d_grad_scratch(const posenc_problem *p)
+static size_t term_relative_bias_2d_grad_scratch(const posenc_problem *p, const posenc_kernels *kern)
 {
+    (void)kern;
     const size_t L = p->terms[POSENC_TERM_relative_bias_2d].array[RB2D_BIAS].per_unit;
     return posenc_round_up((p->m + 1) / 2, 8) + posenc_round_up(L, 8) +
            RB2D_BATCH * (sizeof(posenc_piece) / sizeof(double));
@@ -239,11 +241,15 @@ static size_t term_relative_bias_2d_grad_scratch(const posenc_problem *p)
 #define term_relative_bias_2d_expand NULL
 #define term_relative_bias_2d_row_of NULL
 #define term_relative_bias_2d_overrides 0
+#define term_relative_bias_2d_grad_block NULL
+#define term_relative_bias_2d_scaled 0
 #define term_relative_bias_2d_rows_at NULL
 
 #endif /* REAL */
 
 /* Not a factor of the product mode (entry.c's validation reads it). */
 #define term_relative_bias_2d_factor 0
+/* Its gradient goes by rows (engine_lp.c's chunks read it). */
+#define term_relative_bias_2d_by_blocks 0
 
 #endif /* POSENC_ENGINE_TERM_RELATIVE_BIAS_2D_IMPL_H */

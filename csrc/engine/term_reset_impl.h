@@ -70,8 +70,9 @@ static void term_reset_grad_rows(const term_unit *t, double *const *grad, const 
     }
 }
 
-static size_t term_reset_grad_scratch(const posenc_problem *p)
+static size_t term_reset_grad_scratch(const posenc_problem *p, const posenc_kernels *kern)
 {
+    (void)kern;
     (void)p;
     return 0;
 }
@@ -87,11 +88,15 @@ static size_t term_reset_grad_scratch(const posenc_problem *p)
 #define term_reset_expand NULL
 #define term_reset_row_of NULL
 #define term_reset_overrides 1
+#define term_reset_grad_block NULL
+#define term_reset_scaled 0
 #define term_reset_rows_at NULL
 
 #endif /* REAL */
 
 /* Not a factor of the product mode (entry.c's validation reads it). */
 #define term_reset_factor 0
+/* Its gradient goes by rows (engine_lp.c's chunks read it). */
+#define term_reset_by_blocks 0
 
 #endif /* POSENC_ENGINE_TERM_RESET_IMPL_H */

@@ -44,10 +44,14 @@ static inline int term_rope_token_valid(const posenc_problem *p)
 #define term_rope_token_expand NULL
 #define term_rope_token_row_of NULL
 #define term_rope_token_overrides 0
+#define term_rope_token_grad_block NULL
+#define term_rope_token_scaled 0
 #define term_rope_token_rows_at NULL
 #endif /* REAL */
 
 /* Not a factor of the product mode (entry.c's validation reads it). */
 #define term_rope_token_factor 0
+/* Its gradient goes by rows (engine_lp.c's chunks read it). */
+#define term_rope_token_by_blocks 0
 
 #endif /* POSENC_ENGINE_TERM_ROPE_TOKEN_IMPL_H */

@@ -109,8 +109,9 @@ static void term_segments_unit(const term_unit *t)
     *count = seg_runs((seg_run *)(void *)(count + 1), t->array[SEG_KEY], t->p->m);
 }
 
-static size_t term_segments_unit_scratch(const posenc_problem *p)
+static size_t term_segments_unit_scratch(const posenc_problem *p, const posenc_kernels *kern)
 {
+    (void)kern;
     const size_t SS = p->terms[POSENC_TERM_segments].array[SEG_TABLE].per_unit;
     return posenc_round_up(SS, 16) + term_reals(sizeof(size_t) + p->m * sizeof(seg_run));
 }
@@ -189,8 +190,9 @@ static void term_segments_grad_rows(const term_unit *t, double *const *grad, con
 }
 
 /* term_segments_grad_rows' runs (m) and REAL table (S x S), in doubles' room. */
-static size_t term_segments_grad_scratch(const posenc_problem *p)
+static size_t term_segments_grad_scratch(const posenc_problem *p, const posenc_kernels *kern)
 {
+    (void)kern;
     const size_t SS = p->terms[POSENC_TERM_segments].array[SEG_TABLE].per_unit;
     return posenc_round_up(p->m * sizeof(seg_run) / sizeof(double), 8) + posenc_round_up(SS, 8);
 }
@@ -200,11 +202,15 @@ static size_t term_segments_grad_scratch(const posenc_problem *p)
 #define term_segments_content_grad NULL
 #define term_segments_content_keep NULL
 #define term_segments_overrides 0
+#define term_segments_grad_block NULL
+#define term_segments_scaled 0
 #define term_segments_rows_at NULL
 
 #endif /* REAL */
 
 /* Not a factor of the product mode (entry.c's validation reads it). */
 #define term_segments_factor 0
+/* Its gradient goes by rows (engine_lp.c's chunks read it). */
+#define term_segments_by_blocks 0
 
 #endif /* POSENC_ENGINE_TERM_SEGMENTS_IMPL_H */

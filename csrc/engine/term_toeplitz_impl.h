@@ -4,7 +4,8 @@
  * i)], docs/spec.md §3.2) and the biases computed from per-head parameters
  * (ALiBi, KERPLE), a term module (csrc/terms.h) for one dtype (REAL).
  *
- * Arrays, per unit (b, h), float64: table, R entries; rows, the table's entry
+ * Arrays, per unit (b, h): table, R entries, in the problem's compute type (a
+ * `real` array: terms.h); rows, float64, the table's entry
  * of each of the n + m - 1 offsets, rows[j - i + n - 1] (the map: integers in
  * [0, R), shared by the batch and the heads; posenc/_kinds.py's Table hands
  * its bucket map, OffsetBias its bias along the offsets with the identity).
@@ -64,33 +65,34 @@ static inline int term_toeplitz_valid(const posenc_problem *p)
 #include "term_unit_impl.h"
 
 /* The unit data: the values along the offsets in REAL, n + m - 1 of them. */
-static size_t term_toeplitz_unit_scratch(const posenc_problem *p)
+static size_t term_toeplitz_unit_scratch(const posenc_problem *p, const posenc_kernels *kern)
 {
+    (void)kern;
     return p->n + p->m - 1;
 }
 
 /* Run by run of the map (toeplitz_run): an entry over many offsets (a clipped or bucketed
  * map's far offsets) broadcast, entries moving by one per offset (the identity, a clipped
- * map's middle) converted as a row. */
+ * map's middle) copied as a row. */
 static void term_toeplitz_unit(const term_unit *t)
 {
-    const double *table = t->array[TOEPLITZ_TABLE], *rows = t->array[TOEPLITZ_ROWS];
+    const REAL *table = t->real[TOEPLITZ_TABLE];
+    const double *rows = t->array[TOEPLITZ_ROWS];
     const size_t offsets = t->p->n + t->p->m - 1;
     REAL *values = t->unit_data;
     for (size_t o = 0, e; o < offsets; o = e) {
         double step;
         e = toeplitz_run(rows, o, offsets, &step);
-        const double *from = table + (size_t)rows[o];
+        const REAL *from = table + (size_t)rows[o];
         if (step == 0) {
-            const REAL v = (REAL)*from;
+            const REAL v = *from;
             for (size_t x = o; x < e; ++x)
                 values[x] = v;
         } else if (step > 0) {
-            for (size_t x = o; x < e; ++x)
-                values[x] = (REAL)from[x - o];
+            memcpy(values + o, from, sizeof(REAL) * (e - o));
         } else {
             for (size_t x = o; x < e; ++x)
-                values[x] = (REAL)*(from - (x - o));
+                values[x] = *(from - (x - o));
         }
     }
 }
@@ -146,8 +148,9 @@ static void term_toeplitz_grad_rows(const term_unit *t, double *const *grad, con
     }
 }
 
-static size_t term_toeplitz_grad_scratch(const posenc_problem *p)
+static size_t term_toeplitz_grad_scratch(const posenc_problem *p, const posenc_kernels *kern)
 {
+    (void)kern;
     return p->n + p->m;
 }
 
@@ -159,10 +162,14 @@ static size_t term_toeplitz_grad_scratch(const posenc_problem *p)
 #define term_toeplitz_expand NULL
 #define term_toeplitz_row_of NULL
 #define term_toeplitz_overrides 0
+#define term_toeplitz_grad_block NULL
+#define term_toeplitz_scaled 0
 
 #endif /* REAL */
 
 /* A factor of the product mode (entry.c's validation reads it). */
 #define term_toeplitz_factor 1
+/* Its gradient goes by rows (engine_lp.c's chunks read it). */
+#define term_toeplitz_by_blocks 0
 
 #endif /* POSENC_ENGINE_TERM_TOEPLITZ_IMPL_H */

@@ -9,17 +9,21 @@
 #include <string.h>
 
 #include "engine.h"
+#include "gemm_impl.h"
 
-/* What a kind's functions get: the problem, the kernels it runs on, the term, its
- * unit's arrays. */
+/* What a kind's functions get: the problem, the kernels it runs on (and the thread's GEMM
+ * scratch: gemm_impl.h), the term, its unit's arrays. */
 typedef struct {
     const posenc_problem *p;
     const posenc_kernels *kern;
+    const gemm_scratch *gemm;
     const posenc_term *term;
-    const double *array[POSENC_TERM_ARRAYS_MAX];   /* unit (b, h)'s, NULL where not given */
+    const double *array[POSENC_TERM_ARRAYS_MAX];   /* unit (b, h)'s float64 arrays, NULL where
+                                                      not given or `real` */
+    const REAL *real[POSENC_TERM_ARRAYS_MAX];      /* its `real` ones (terms.h), NULL elsewhere */
     size_t b, h;
     REAL *unit_data;        /* the forward's: what the kind's `unit` formed for (b, h),
-                               unit_scratch(p) elements (NULL elsewhere) */
+                               unit_scratch(p, kern) elements (NULL elsewhere) */
 } term_unit;
 
 /* Which keys the rows see, for a kind that reads the content logits (a fused
@@ -43,7 +47,7 @@ typedef struct {
 
 /*
  * unit: what the forward's rows of unit (b, h) read, formed once per unit into
- *   t->unit_data (unit_scratch(p) elements of REAL, a thread's).
+ *   t->unit_data (unit_scratch(p, kern) elements of REAL, a thread's).
  * rows: the term on rows [i0, i0 + rows) of the unit, keys [k0, cols), applied
  *   to P (row r at P + r ldp, key j at column j) with op (POSENC_SET or ADD);
  *   `unit` ran for the unit.  unit and rows read b only through the arrays'
@@ -53,7 +57,17 @@ typedef struct {
  *   zero outside keys [first, cols), which are all it may read) into the
  *   unit's gradients grad[a] (NULL: not wanted), zeroed when the unit began;
  *   called for a unit's rows in order, so that its sums have one order;
- *   scratch: the thread's grad_scratch(p) doubles.
+ *   scratch: the thread's grad_scratch(p, kern) doubles.
+ * grad_block: (instead of grad_rows, NULL elsewhere) a kind whose gradient is a
+ *   GEMM over a block of rows (TUPE's dense factor): rows [i0, i0 + rows) of a
+ *   gradient S (row r at S + r lds, zero from key cols on and where `limits`
+ *   skips, gemm_impl.h; the other kinds' grad_rows' G without an overriding
+ *   kind's cells) into the REAL slots the engine keeps for its arrays (slot[a]:
+ *   per_unit elements, NULL where not wanted; called for a unit's blocks in
+ *   order, the first, i0 = 0, setting them); its arrays have no batch axis and
+ *   its gradient is linear in S: the logits' backward hands it sum_b G[b, h] once
+ *   per head, and the engine sums the slots over the batch, in order, into batch
+ *   row 0's double gradients (terms_block_grads_reduce).
  * content: (a kind that reads the content logits, rows NULL; NULL elsewhere)
  *   rows [i0, i0 + rows) of the unit, keys [k0, cols): C holds their content
  *   logits s q.k (row r at C + r ldc, key j at column j), which the kind turns
@@ -78,23 +92,26 @@ typedef struct {
  *   applies its rows (with op ADD: set its cells over the sum) after every
  *   other term, hands the other kinds' grad_rows G without these cells and its
  *   own the whole of G (it reads only them); 0 for the others.
+ * scaled: 1 for a kind whose rows carry the problem's dense_scale (TUPE's dense
+ *   factor): where the scales are not tame the engine's unit problem holds 1 there
+ *   and the exact path applies the call's in double, to its rows and its gradients.
  * content_grad: its backward for rows [i0, i0 + rows) of the logits' gradient G
  *   (row r at G + r ldg, zero outside keys [first, cols)): into Gc (the same
  *   layout, keys [first, cols) written) the content logits' gradient, G plus its
  *   path through the term; into dq (row r at dq + r d, set) q's gradient through
  *   the term beside the content's; the term's own into grad[a] as grad_rows;
  *   q, k: the unit's (key j at k + j d), scale: the content's s; scratch: the
- *   thread's grad_scratch(p) doubles; keep: NULL (the content logits recomputed
+ *   thread's grad_scratch(p, kern) doubles; keep: NULL (the content logits recomputed
  *   from q and k), or what `content` kept of these rows (keep row r: row i0 + r).
  */
 typedef struct {
     void (*unit)(const term_unit *t);
-    size_t (*unit_scratch)(const posenc_problem *p);
+    size_t (*unit_scratch)(const posenc_problem *p, const posenc_kernels *kern);
     void (*rows)(const term_unit *t, int op, REAL *P, size_t ldp, size_t i0, size_t rows,
                  size_t k0, size_t cols);
     void (*grad_rows)(const term_unit *t, double *const *grad, const REAL *G, size_t ldg,
                       size_t i0, size_t rows, size_t first, size_t cols, double *scratch);
-    size_t (*grad_scratch)(const posenc_problem *p);
+    size_t (*grad_scratch)(const posenc_problem *p, const posenc_kernels *kern);
     void (*content)(const term_unit *t, const REAL *q, REAL *C, size_t ldc, size_t i0,
                     size_t rows, size_t k0, size_t cols, const term_seen *seen,
                     const term_keep *keep);
@@ -107,8 +124,12 @@ typedef struct {
     void (*expand)(const term_unit *t, REAL *X);
     size_t (*row_of)(const term_unit *t, size_t i);
     const REAL *(*rows_at)(const term_unit *t, size_t i0, ptrdiff_t *ld);
+    void (*grad_block)(const term_unit *t, REAL *const *slot, const REAL *S, size_t lds,
+                       size_t i0, size_t rows, size_t cols, const block_limits *limits,
+                       double *scratch);
     int overrides;
     int factor;
+    int scaled;
 } term_kind;
 
 /* Elements of REAL holding `bytes`, rounded up to 64 bytes: a kind's room in its unit data

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/engine.h"
 #include "harness.h"
 
 int failures, checks, quick;
@@ -148,12 +149,14 @@ void build(problem_data *pd, const config *c, size_t B, size_t H, size_t n, size
     fill(pd, X_Q, B * H * n * d);
     fill(pd, X_K, B * p->H_kv * m * d);
     fill(pd, X_G, B * H * n * m);
-    if (c->dense) {
+    if (c->dense) {   /* the dense module: pos_q maybe shared, pos_k per head (the dtype's) */
         fill(pd, X_PQ, Hp * n * dp);
-        fill(pd, X_PK, H * m * dp);          /* pos_k per head, pos_q maybe shared */
-        p->pos_q_heads = Hp; p->pos_k_heads = H; p->d_p = dp;
+        fill(pd, X_PK, H * m * dp);
+        posenc_term_array *a = p->terms[POSENC_TERM_dense].array;
+        a[0] = (posenc_term_array){pd->f64[X_PQ], 0, Hp == 1 ? 0 : n * dp, n * dp};
+        a[1] = (posenc_term_array){pd->f64[X_PK], 0, m * dp, m * dp};
     }
-    if (c->table) {   /* the toeplitz module: the table and its map, float64 */
+    if (c->table) {   /* the toeplitz module: the table (the dtype's: `point`) and its map */
         const size_t offsets = n + m - 1;
         fill(pd, X_TABLE, Hp * rows);
         pd->maps[0] = make_map(c->map, n, m, rows);
@@ -200,10 +203,17 @@ void point(problem_data *pd, posenc_dtype dtype)
 #define PTR(slot) (pd->len[slot] || pd->f64[slot] ? (dtype == POSENC_F32 ? (void *)pd->f32[slot] : (void *)pd->f64[slot]) : NULL)
     p->dtype = dtype;
     p->q = PTR(X_Q); p->k = PTR(X_K);
-    p->pos_q = PTR(X_PQ); p->pos_k = PTR(X_PK);
     p->query_table = PTR(X_QUERY_TABLE); p->key_table = PTR(X_KEY_TABLE);
     p->rope_cos = PTR(X_ROPE_COS); p->rope_sin = PTR(X_ROPE_SIN);
     p->rope_cos_k = PTR(X_ROPE_COS_K); p->rope_sin_k = PTR(X_ROPE_SIN_K);
+    posenc_term_array *table = &p->terms[POSENC_TERM_toeplitz].array[0];   /* `real`: terms.h */
+    posenc_term_array *dense = p->terms[POSENC_TERM_dense].array;
+    if (table->data)
+        table->data = PTR(X_TABLE);
+    if (dense[0].data) {
+        dense[0].data = PTR(X_PQ);
+        dense[1].data = PTR(X_PK);
+    }
 #undef PTR
 }
 
@@ -300,11 +310,13 @@ double naive_logit(const problem_data *pd, size_t b, size_t h, size_t i, size_t 
         return value;
     }
     double pos = (p->query_table ? fq : 0) + (p->key_table ? fk : 0) + t;
-    if (p->pos_q) {
-        const double *pq = pd->f64[X_PQ] + ((p->pos_q_heads == 1 ? 0 : h) * n + i) * p->d_p;
-        const double *pk = pd->f64[X_PK] + ((p->pos_k_heads == 1 ? 0 : h) * m + j) * p->d_p;
+    if (posenc_term_present(p, POSENC_TERM_dense)) {
+        const posenc_term_array *a = p->terms[POSENC_TERM_dense].array;
+        const size_t dp = a[1].per_unit / m;
+        const double *pq = pd->f64[X_PQ] + h * a[0].head_stride + i * dp;
+        const double *pk = pd->f64[X_PK] + h * a[1].head_stride + j * dp;
         double dot = 0;
-        for (size_t l = 0; l < p->d_p; ++l) dot += pq[l] * pk[l];
+        for (size_t l = 0; l < dp; ++l) dot += pq[l] * pk[l];
         pos += p->dense_scale * dot;
     }
     if (pd->segment_q) {
@@ -324,8 +336,10 @@ double naive_logit(const problem_data *pd, size_t b, size_t h, size_t i, size_t 
 void naive_module_grad(const problem_data *pd, int t, double *grad)
 {
     const posenc_problem *p = &pd->p;
-    const size_t n = p->n, m = p->m, L = p->terms[grad_module(t)].array[0].per_unit;
+    const size_t n = p->n, m = p->m, L = p->terms[grad_module(t)].array[grad_array(t)].per_unit;
     const size_t S = (size_t)sqrt((double)L);
+    const posenc_term_array *dense = p->terms[POSENC_TERM_dense].array;
+    const size_t dp = dense[0].data && m ? dense[1].per_unit / m : 0;
     const int reset = posenc_term_present(p, POSENC_TERM_reset);
     memset(grad, 0, sizeof(double) * p->H * L);
     for (size_t b = 0; b < p->B; ++b)
@@ -345,6 +359,13 @@ void naive_module_grad(const problem_data *pd, int t, double *grad)
                     else if (t == GRAD_SEGMENTS && !(reset && (cls || j == 0)))
                         grad[h * L + (size_t)pd->segment_q[b * n + i] * S +
                              (size_t)pd->segment_k[b * m + j]] += g;
+                    else if ((t == GRAD_PQ || t == GRAD_PK) && !(reset && (cls || j == 0))) {
+                        const double *pq = pd->f64[X_PQ] + h * dense[0].head_stride + i * dp;
+                        const double *pk = pd->f64[X_PK] + h * dense[1].head_stride + j * dp;
+                        for (size_t l = 0; l < dp; ++l)
+                            grad[h * L + (t == GRAD_PQ ? i : j) * dp + l] +=
+                                g * p->dense_scale * (t == GRAD_PQ ? pk[l] : pq[l]);
+                    }
                 }
 }
 
@@ -391,7 +412,8 @@ const char *const grad_names[GRAD_COUNT] = {"q", "k", "pos_q", "pos_k", "table",
 const void *grad_input(const problem_data *pd, int t)
 {
     const posenc_problem *p = &pd->p;
-    const void *inputs[GRAD_COUNT] = {p->q, p->k, p->pos_q, p->pos_k,
+    const void *inputs[GRAD_COUNT] = {p->q, p->k, p->terms[POSENC_TERM_dense].array[0].data,
+                                      p->terms[POSENC_TERM_dense].array[1].data,
                                       p->terms[POSENC_TERM_toeplitz].array[0].data,
                                       p->query_table, p->key_table,
                                       p->terms[POSENC_TERM_segments].array[0].data,
@@ -405,16 +427,29 @@ size_t grad_len(const problem_data *pd, int t)
                                           X_KEY_TABLE, X_SEGMENT_TABLE, X_THETA};
     const posenc_problem *p = &pd->p;
     if (grad_module(t) >= 0)
-        return p->B * p->H * p->terms[grad_module(t)].array[0].per_unit;
+        return p->B * p->H * p->terms[grad_module(t)].array[grad_array(t)].per_unit;
     return pd->len[slots[t]];
 }
 
 int grad_module(int t)
 {
-    return t == GRAD_TABLE      ? POSENC_TERM_toeplitz
-           : t == GRAD_SEGMENTS ? POSENC_TERM_segments
-           : t == GRAD_THETA    ? POSENC_TERM_reset
-                                : -1;
+    return t == GRAD_TABLE                  ? POSENC_TERM_toeplitz
+           : t == GRAD_SEGMENTS             ? POSENC_TERM_segments
+           : t == GRAD_THETA                ? POSENC_TERM_reset
+           : t == GRAD_PQ || t == GRAD_PK   ? POSENC_TERM_dense
+                                            : -1;
+}
+
+int grad_array(int t)
+{
+    return t == GRAD_PK ? 1 : 0;
+}
+
+size_t grad_written_len(const problem_data *pd, int t)
+{
+    const size_t len = grad_len(pd, t);
+    return grad_module(t) >= 0 && posenc_term_by_blocks(grad_module(t)) && pd->p.B ? len / pd->p.B
+                                                                                 : len;
 }
 
 size_t grad_size(int t, size_t es)
@@ -424,7 +459,9 @@ size_t grad_size(int t, size_t es)
 
 posenc_grads grads_of(void *const g[GRAD_COUNT])
 {
-    posenc_grads grads = {g[0], g[1], g[2], g[3], g[5], g[6]};
+    posenc_grads grads = {g[0], g[1], g[5], g[6]};
+    grads.terms[POSENC_TERM_dense][0] = g[GRAD_PQ];
+    grads.terms[POSENC_TERM_dense][1] = g[GRAD_PK];
     grads.terms[POSENC_TERM_toeplitz][0] = g[GRAD_TABLE];
     grads.terms[POSENC_TERM_segments][0] = g[GRAD_SEGMENTS];
     grads.terms[POSENC_TERM_reset][0] = g[GRAD_THETA];

@@ -72,8 +72,9 @@ void point(problem_data *pd, posenc_dtype dtype);
 void release(problem_data *pd);
 double naive_logit(const problem_data *pd, size_t b, size_t h, size_t i, size_t j);
 double *widen(const void *src, size_t len, posenc_dtype dtype);
-/* Module gradient t's (GRAD_TABLE, GRAD_SEGMENTS, GRAD_THETA) of sum(G * A) (G: X_G's),
- * summed over the batch, H x length: the table's grad[h R + map(j - i)] (in a product times
+/* Module gradient t's (GRAD_PQ, GRAD_PK, GRAD_TABLE, GRAD_SEGMENTS, GRAD_THETA) of sum(G * A)
+ * (G: X_G's), summed over the batch, H x length: pos_q's grad[h n d_p + i d_p + l] (query
+ * head h's), pos_k's, the table's grad[h R + map(j - i)] (in a product times
  * the other factors), the segments table's grad[h S S + s_q S + s_k]
  * (the reset's row and column 0 take none of these), theta's grad[2 h] (the row at position
  * 0), grad[2 h + 1] (key 0 of the others). */
@@ -84,14 +85,19 @@ void compare_above(const char *what, const double *a, const double *b, size_t le
 void compare(const char *what, const double *a, const double *b, size_t len, double rtol,
              int bitwise);
 /* The gradients the tests take, in grad_names' order: the problem's arrays with one
- * (posenc_grads), and at GRAD_TABLE, GRAD_SEGMENTS and GRAD_THETA the toeplitz, segments
- * and reset modules' arrays (X_TABLE's data, X_SEGMENT_TABLE's,
- * X_THETA's data), float64 per unit (B, H, length) whatever the dtype. */
-enum { GRAD_COUNT = 9, GRAD_TABLE = 4, GRAD_SEGMENTS = 7, GRAD_THETA = 8 };
+ * (posenc_grads), and at GRAD_PQ, GRAD_PK, GRAD_TABLE, GRAD_SEGMENTS and GRAD_THETA the
+ * dense, toeplitz, segments and reset modules' arrays (X_PQ's data, X_PK's, X_TABLE's,
+ * X_SEGMENT_TABLE's, X_THETA's), float64 per unit (B, H, length) whatever the dtype. */
+enum { GRAD_COUNT = 9, GRAD_PQ = 2, GRAD_PK = 3, GRAD_TABLE = 4, GRAD_SEGMENTS = 7,
+       GRAD_THETA = 8 };
 int grad_module(int t);                                  /* its term kind, or -1 */
+int grad_array(int t);                                   /* its array of the kind */
 extern const char *const grad_names[GRAD_COUNT];
 const void *grad_input(const problem_data *pd, int t);   /* NULL: no such gradient */
 size_t grad_len(const problem_data *pd, int t);          /* its elements */
+/* Those of them a backward writes: all, or a module's whose gradient goes by blocks batch
+ * row 0's (posenc_grads: the batch's sum, the other rows unwritten). */
+size_t grad_written_len(const problem_data *pd, int t);
 size_t grad_size(int t, size_t es);                      /* an element's bytes (es: the dtype's) */
 posenc_grads grads_of(void *const g[GRAD_COUNT]);
 double *widen_grad(const void *g, size_t len, int t, posenc_dtype dtype);

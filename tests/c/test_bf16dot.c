@@ -124,7 +124,8 @@ static void reference(const uint16_t *q, const uint16_t *k, size_t BH, size_t n,
 static void test_serves(int have)
 {
     uint16_t q[6] = {0}, k[6] = {0}, out[4] = {0x1234, 0x1234, 0x1234, 0x1234};
-    const double table[3] = {0}, rows[3] = {0};   /* a term module */
+    const float table[3] = {0};   /* a term module (its table the compute type's) */
+    const double rows[3] = {0};
     posenc_problem p = content_problem(1, 1, 2, 2, 3, 1.0, q, k);
     EXPECT(posenc_bf16_content_forward(&p, out, 1) == (have ? POSENC_OK : -1),
            "bf16dot: content bf16 served %d", have);
