@@ -162,6 +162,7 @@ def test_quick_run_measures_the_overhead(quick_run):
     assert any(w.startswith("posenc.t5 per call") for w in whats)
     if "torch" in result:
         assert any(w.startswith("posenc.torch.t5 fwd+bwd") for w in whats)
+        assert any(w.startswith("posenc.torch.t5_attention decoding step") for w in whats)
     assert "## Per-call overhead at small sizes" in text
 
 

@@ -6,7 +6,11 @@ on one thread (`torch.set_num_threads(1)`, `posenc.set_num_threads(1)`):
     at B=32, H=4, n=m=24, d=8, float32: the ratio of their times;
 (b) `posenc.t5(q, k, bias)` at B=H=n=m=d=1 (bias (1, 32)): microseconds per
     call, beside NumPy's own small-array call (`np.add` of two 1-element
-    arrays) for scale.
+    arrays) for scale;
+(c) a decoding step through `posenc.torch.t5_attention` (B=1, H=8, one query
+    at query_offset = m - 1 of m = 512 keys, d=64, causal, float32, no grad)
+    against the same step through the NumPy call `posenc.t5_attention` on
+    the tensors' arrays: what `posenc.torch` adds, in microseconds.
 
 Rounds alternate the callables, so a burst of interference hits both; each
 round times a run of calls in a row.  Medians and the quartiles over rounds;
@@ -25,9 +29,10 @@ import posenc
 
 TORCH_SHAPE = (32, 4, 24, 24, 8)        # B, H, n, m, d
 TINY_SHAPE = (1, 1, 1, 1, 1)
-TARGETS = {"torch_ratio": 0.6, "tiny_us": 4.0}
-FULL = {"rounds": 21, "torch_calls": 40, "tiny_calls": 2000}
-QUICK = {"rounds": 5, "torch_calls": 5, "tiny_calls": 200}
+DECODE_SHAPE = (1, 8, 1, 512, 64)       # B, H, n, m, d: one query, query_offset m - 1
+TARGETS = {"torch_ratio": 0.6, "tiny_us": 4.0, "decode_overhead_us": 15.0}
+FULL = {"rounds": 21, "torch_calls": 40, "decode_calls": 400, "tiny_calls": 2000}
+QUICK = {"rounds": 5, "torch_calls": 5, "decode_calls": 20, "tiny_calls": 200}
 
 
 def _in_turns(calls: dict, rounds: int, per_round: int) -> dict:
@@ -78,6 +83,25 @@ def _torch_calls(torch):
             "posenc.torch.native.t5": forward_backward(native.t5)}
 
 
+def _decode_calls(torch):
+    from posenc import torch as posenc_torch
+
+    B, H, n, m, d = DECODE_SHAPE
+    generator = torch.Generator().manual_seed(0)
+    q = torch.randn(B, H, n, d, generator=generator)
+    k, v = (torch.randn(B, H, m, d, generator=generator) for _ in range(2))
+    bias = torch.randn(H, 32, generator=generator)
+    arrays = [t.numpy() for t in (q, k, v, bias)]
+    options = {"causal": True, "query_offset": m - n}
+
+    def through_torch():
+        with torch.no_grad():
+            posenc_torch.t5_attention(q, k, v, bias, **options)
+
+    return {"posenc.torch.t5_attention": through_torch,
+            "posenc.t5_attention": lambda: posenc.t5_attention(*arrays, **options)}
+
+
 def _tiny_calls():
     rng = np.random.default_rng(0)
     q, k = (rng.standard_normal(TINY_SHAPE[:4], dtype=np.float32) for _ in range(2))
@@ -105,6 +129,22 @@ def _verdicts(result: dict) -> list:
                       f"{result['torch_calls']} calls each, quartiles {ratios['q1_s']:.2f}–"
                       f"{ratios['q3_s']:.2f}; median {ours['median_s'] * 1e6:.0f} vs "
                       f"{peer['median_s'] * 1e6:.0f} µs per call"})
+    decode = result.get("decode")
+    if decode:
+        ours, numpy_call = decode["posenc.torch.t5_attention"], decode["posenc.t5_attention"]
+        # paired by round, as (a)
+        extra = _spread([a - b for a, b in zip(ours["times_s"], numpy_call["times_s"])])
+        us = extra["median_s"] * 1e6
+        B, H, n, m, d = DECODE_SHAPE
+        rows.append({
+            "what": f"posenc.torch.t5_attention decoding step − posenc.t5_attention, B={B} "
+                    f"H={H} n={n} m={m} d={d} float32", "measured": f"{us:.1f} µs",
+            "required": f"<= {TARGETS['decode_overhead_us']:g} µs",
+            "verdict": "PASS" if us <= TARGETS["decode_overhead_us"] else "SHORT",
+            "detail": f"median of the differences of {result['rounds']} rounds of "
+                      f"{result['decode_calls']} calls each, quartiles {extra['q1_s'] * 1e6:.1f}–"
+                      f"{extra['q3_s'] * 1e6:.1f} µs; median {ours['median_s'] * 1e6:.1f} vs "
+                      f"{numpy_call['median_s'] * 1e6:.1f} µs per call"})
     tiny, numpy_add = result["tiny"]["posenc.t5"], result["tiny"]["np.add"]
     us = tiny["median_s"] * 1e6
     rows.append({
@@ -130,6 +170,8 @@ def measure_overhead(torch=None, quick: bool = False) -> dict:
         if torch:
             result["torch"] = {name: _spread(times) for name, times in _in_turns(
                 _torch_calls(torch), plan["rounds"], plan["torch_calls"]).items()}
+            result["decode"] = {name: _spread(times) for name, times in _in_turns(
+                _decode_calls(torch), plan["rounds"], plan["decode_calls"]).items()}
         result["tiny"] = {name: _spread(times) for name, times in _in_turns(
             _tiny_calls(), plan["rounds"], plan["tiny_calls"]).items()}
     finally:
