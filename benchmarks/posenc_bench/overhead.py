@@ -8,7 +8,8 @@ on one thread (`torch.set_num_threads(1)`, `posenc.set_num_threads(1)`):
     call, beside NumPy's own small-array call (`np.add` of two 1-element
     arrays) for scale;
 (c) a decoding step through `posenc.torch.t5_attention` (B=1, H=8, one query
-    at query_offset = m - 1 of m = 512 keys, d=64, causal, float32, no grad)
+    at query_offset = m - 1 of m = 512 keys, d=64, causal, float32, no tensor
+    requiring grad)
     against the same step through the NumPy call `posenc.t5_attention` on
     the tensors' arrays: what `posenc.torch` adds, in microseconds.
 
@@ -94,11 +95,10 @@ def _decode_calls(torch):
     arrays = [t.numpy() for t in (q, k, v, bias)]
     options = {"causal": True, "query_offset": m - n}
 
-    def through_torch():
-        with torch.no_grad():
-            posenc_torch.t5_attention(q, k, v, bias, **options)
-
-    return {"posenc.torch.t5_attention": through_torch,
+    # no tensor requires grad: the step a generation loop runs (under one no_grad of its
+    # own, entered once, not per call)
+    return {"posenc.torch.t5_attention": lambda: posenc_torch.t5_attention(q, k, v, bias,
+                                                                          **options),
             "posenc.t5_attention": lambda: posenc.t5_attention(*arrays, **options)}
 
 

@@ -196,9 +196,12 @@ def to_numpy(name: str, tensor: torch.Tensor) -> np.ndarray:
 def to_tensor(array: np.ndarray) -> torch.Tensor:
     """`torch.from_numpy`, an ml_dtypes.bfloat16 array as a torch.bfloat16 tensor
     (both without a copy)."""
-    if array.dtype.kind == "V" and array.dtype == _dtypes.BFLOAT16:   # ml_dtypes' kind is 'V'
-        return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
-    return torch.from_numpy(array)
+    try:
+        return torch.from_numpy(array)
+    except TypeError:   # ml_dtypes.bfloat16 (its kind 'V': NumPy's own dtypes only above)
+        if array.dtype == _dtypes.BFLOAT16:
+            return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
+        raise
 
 
 def to_c_array(name: str, tensor: torch.Tensor) -> np.ndarray:
@@ -236,7 +239,7 @@ def _stand_in(name: str, tensor: torch.Tensor, half_as: np.dtype | None):
 _DEVICE_AUTOCAST = hasattr(torch, "get_autocast_dtype")
 
 
-def _cpu_autocast_dtype():
+def cpu_autocast_dtype():
     """CPU autocast's dtype while it is on, else None (torch 2.4 names the device;
     torch 2.1-2.3 has the CPU-only functions)."""
     if _DEVICE_AUTOCAST:
@@ -250,7 +253,7 @@ def autocast_inputs(values) -> tuple:
     float64 kept, as autocast's own lower-precision ops (matmul, linear) do; the
     casts are differentiable, so float32 parameters get float32 gradients.
     Other values (ints, bools, None, integer and bool tensors) are unchanged."""
-    dtype = _cpu_autocast_dtype()
+    dtype = cpu_autocast_dtype()
     if dtype is None:
         return tuple(values)
     return tuple(value.to(dtype) if isinstance(value, torch.Tensor) and value.is_floating_point()

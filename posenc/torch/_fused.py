@@ -20,8 +20,8 @@ from ._common import on_c_kernels, require_tensors
 __all__ = [method + "_attention" for method in METHODS]
 
 # v and the attention's optional tensor arguments, and where they sit in `attention`
-_TENSOR_OPTIONS = ("v", "key_padding_mask", "document_q", "document_k", "sinks")
-_TENSOR_AT = tuple(_fused_ops._NAMES.index(name) for name in _TENSOR_OPTIONS)
+_TENSOR_OPTIONS = _fused_ops.ATTENTION_TENSORS
+_TENSOR_AT = tuple(at for at, _ in _fused_ops._ATTENTION_TENSORS)
 
 
 _WHERE = ("the fused C kernels on CPU tensors, the torch-native formula (logits, mask,\n"

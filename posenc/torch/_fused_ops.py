@@ -19,8 +19,8 @@ from .. import _checks, _methods
 from .._attention import ATTENTION_GRAD_TYPES, ATTENTION_OPTIONS, Attention, check_attention
 from .._registry import REGISTRY
 from . import native
-from ._common import (HALF_DTYPES, SEED_WRAP, autocast_inputs, register_autocast, seed_value,
-                      to_c_array, to_numpy, to_tensor)
+from ._common import (HALF_DTYPES, SEED_WRAP, autocast_inputs, cpu_autocast_dtype,
+                      register_autocast, seed_value, to_c_array, to_numpy, to_tensor)
 from ._ops import PARAMS
 from .._signatures import attention_option
 
@@ -38,6 +38,10 @@ _OPTIONS_AT = tuple(_NAMES.index(name) for name in OPTIONS)
 _TENSOR_OPTIONS = tuple((OPTIONS.index(name), name)
                         for name in ("key_padding_mask", "document_q", "document_k"))
 _SINKS_AMONG = _NAMES.index("sinks") - 1
+# v and the attention's optional tensor arguments, and (position, name) in `attention` (v,
+# then ATTENTION_OPTIONS, as check_attention takes them)
+ATTENTION_TENSORS = ("v", "key_padding_mask", "document_q", "document_k", "sinks")
+_ATTENTION_TENSORS = tuple((_NAMES.index(name), name) for name in ATTENTION_TENSORS)
 # _call passes the options to check_attention by position
 assert tuple(inspect.signature(check_attention).parameters)[2:] == _NAMES[1:]
 
@@ -79,6 +83,35 @@ def _call(method, tensors, params, v, sinks, options):
             options[at] = to_c_array(name, options[at])
     options.insert(_SINKS_AMONG, None if sinks is None else to_c_array("sinks", sinks))
     return check_attention(problem, to_c_array("v", v), *options)
+
+
+def _view(name: str, tensor: torch.Tensor):
+    """`to_c_array` for one C call, its common case first: a contiguous CPU tensor of a
+    NumPy dtype not requiring grad is `tensor.numpy()` (a strided one goes to to_c_array,
+    whose torch copy is faster than the binding's NumPy one)."""
+    if tensor.is_contiguous():
+        try:
+            return tensor.numpy()
+        except (RuntimeError, TypeError):   # bfloat16, a neg or conj bit, requires_grad
+            pass
+    return to_c_array(name, tensor)
+
+
+def _inference_call(method, tensors, params, attention):
+    """_call for a call with nothing to differentiate, outside compile and autocast (a
+    decoding step): `attention` (v, ATTENTION_OPTIONS) goes to check_attention as it is,
+    its tensors as views for this call (_view), the seed as an int."""
+    spec = REGISTRY[method]
+    arrays = tuple([None if t is None else _view(name, t)
+                    for name, t in zip(spec.tensors, tensors)])
+    problem = _checks.check(spec, arrays, tuple(params), None)
+    attention = list(attention)
+    for at, name in _ATTENTION_TENSORS:
+        if attention[at] is not None:
+            attention[at] = _view(name, attention[at])
+    if isinstance(attention[-1], torch.Tensor):   # the seed, last
+        attention[-1] = seed_value(attention[-1])
+    return check_attention(problem, *attention)
 
 
 def _forward(call) -> tuple:
@@ -157,10 +190,21 @@ def _window_list(window):
     return None if window is None else [-1 if side is None else int(side) for side in window]
 
 
+def _any_requires_grad(tensors: tuple, attention: tuple) -> bool:
+    """Whether a float input of the call requires grad (q, k, the method's, v, sinks)."""
+    sinks = attention[_SINKS_AT]
+    return (attention[0].requires_grad or (sinks is not None and sinks.requires_grad) or
+            any(t is not None and t.requires_grad for t in tensors))
+
+
 def fused_attention(method: str, tensors: tuple, params: tuple, attention: tuple) -> Attention:
     """The fused C attention: the custom op under torch.compile (traceable), the
     autograd.Function in eager mode (less per-call overhead); under CPU autocast
     q, k, v, the float parameters and the sinks are first cast to its dtype, as `run` does."""
+    if not torch.compiler.is_compiling() and cpu_autocast_dtype() is None and \
+            not (torch.is_grad_enabled() and _any_requires_grad(tensors, attention)):
+        # nothing to differentiate (a decoding step): no autograd's bookkeeping, no regrouping
+        return Attention(*_forward(_inference_call(method, tensors, params, attention)))
     v, sinks, options = split_attention(attention)
     v, sinks, *tensors = autocast_inputs((v, sinks, *tensors))
     if torch.compiler.is_compiling():
