@@ -29,10 +29,10 @@
  * whatever the problem's dtype (they are small: a few numbers per token, as FoX's
  * gates and their prefix sums, whose differences must not lose the digits a float32
  * would) but for the `real` ones (posenc_term_array_real: the dense factor's pos_q
- * and pos_k, the Toeplitz table, read as the tile's values); their gradients are float64 per unit, (B, H, length),
- * summed over the batch by the engine where an array has no batch axis (into batch
- * row 0's units,
- * posenc_grads), the caller reducing over the other axes its arrays broadcast.
+ * and pos_k, the Toeplitz table, read as the tile's values); their gradients are
+ * float64 per unit, (B, H, length), summed over the batch by the engine where an
+ * array has no batch axis (into batch row 0's units, posenc_grads), the caller
+ * reducing over the other axes its arrays broadcast.
  * Module terms are added (sum mode, no rotation); a kind's own file says what it
  * computes.  A kind that overrides instead (TUPE's reset: term_kind's `overrides`)
  * comes last in the list: the engine applies its rows after every other term.  A

@@ -101,11 +101,12 @@ static void backward_sum_rows(const backward_ctx *c, backward_ws *w, size_t u, s
     const size_t skip = c->cls_row0 && blk0 == 0;   /* the [CLS] row */
     double *scratch = (double *)(void *)w->term_scratch;
     if (c->need_modules && c->masked)   /* the reset's own cells: all of G */
-        terms_grad_rows(p, kern, &w->scratch, c->g, TERMS_OVERRIDING, u, G_blk, m, blk0, rows, first, cols,
-                        scratch);
+        terms_grad_rows(p, kern, &w->scratch, c->g, TERMS_OVERRIDING, u, G_blk, m, blk0, rows,
+                        first, cols, scratch);
     if (c->need_modules && rows > skip)   /* the others: not the reset's row and column 0 */
-        terms_grad_rows(p, kern, &w->scratch, c->g, TERMS_ADDING, u, G_blk + skip * m, m, blk0 + skip,
-                        rows - skip, posenc_max(first, c->masked ? (size_t)1 : 0), cols, scratch);
+        terms_grad_rows(p, kern, &w->scratch, c->g, TERMS_ADDING, u, G_blk + skip * m, m,
+                        blk0 + skip, rows - skip, posenc_max(first, c->masked ? (size_t)1 : 0),
+                        cols, scratch);
     if (c->need_key_side)
         scatter_key_side(c, w, G_blk, m, cols, blk0, rows, c->masked ? 1 : 0, c->cls_row0);
 }

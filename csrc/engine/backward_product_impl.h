@@ -78,8 +78,8 @@ static void backward_product_tile(const backward_ctx *c, backward_ws *w, size_t 
 
     const int module = terms_factor_kind(p);
     ptrdiff_t module_ld = 0;
-    const REAL *module_rows = module >= 0 ? term_rows_at(p, kern, &w->scratch, module, b, h, i0, w->term_unit,
-                                                         &module_ld)
+    const REAL *module_rows = module >= 0 ? term_rows_at(p, kern, &w->scratch, module, b, h, i0,
+                                                         w->term_unit, &module_ld)
                                           : NULL;
     enum { FACTOR_MODULE, FACTOR_QUERY, FACTOR_KEY };
     for (size_t r = 0; r < rows; ++r) {
@@ -122,8 +122,8 @@ static void backward_product_tile(const backward_ctx *c, backward_ws *w, size_t 
     if (c->need_key_side)
         scatter_key_side(c, w, w->key_tile_grad, ld, width, i0, rows, 0, 0);
     if (module_rows && c->need_modules)   /* its rows are linear in its arrays */
-        terms_grad_rows(p, kern, &w->scratch, c->g, TERMS_ADDING, u, w->module_grad, ld, i0, rows, 0, width,
-                        (double *)(void *)w->term_scratch);
+        terms_grad_rows(p, kern, &w->scratch, c->g, TERMS_ADDING, u, w->module_grad, ld, i0, rows,
+                        0, width, (double *)(void *)w->term_scratch);
 }
 
 #endif /* POSENC_ENGINE_BACKWARD_PRODUCT_IMPL_H */

@@ -350,9 +350,10 @@ static posenc_problem lp_slice(const posenc_problem *p, size_t b0, size_t nb, si
         for (int t = 0; t < POSENC_TERM_ARRAYS_MAX; ++t) {
             posenc_term_array *x = &s.terms[k].array[t];
             const size_t at = b0 * x->batch_stride + h0 * x->head_stride;
-            if (x->data)
-                x->data = posenc_term_array_real(k, t) ? (const void *)((const float *)x->data + at)
-                                                        : (const void *)((const double *)x->data + at);
+            if (x->data && posenc_term_array_real(k, t))
+                x->data = (const float *)x->data + at;
+            else if (x->data)
+                x->data = (const double *)x->data + at;
         }
     return s;
 }

@@ -482,8 +482,8 @@ static void forward_tile_exact(const forward_ctx *c, forward_ws *w, size_t b, si
             C[(ptrdiff_t)r * ldc + (ptrdiff_t)j] = (REAL)X[r * cols + j];
     term_keep keep;
     if (c->content >= 0)   /* the content logits s q.k, rounded once */
-        terms_content(p, kern, &w->scratch, c->content, b, h, q_u, C, (size_t)ldc, i0, rows, 0, cols, c->seen,
-                      w->term_unit, forward_keep(w, i0, &keep));
+        terms_content(p, kern, &w->scratch, c->content, b, h, q_u, C, (size_t)ldc, i0, rows, 0,
+                      cols, c->seen, w->term_unit, forward_keep(w, i0, &keep));
 }
 
 /*
@@ -511,8 +511,8 @@ static void forward_tile(const forward_ctx *c, forward_ws *w, size_t b, size_t h
                 (c->stream ? POSENC_UKR_STREAM : 0) |
                 (c->out_size != sizeof(REAL) ? POSENC_UKR_BF16_OUT : 0);
     if (c->expanded >= 0) {
-        terms_expanded_rows(p, c->kern, &w->scratch, c->expanded, b, h, w->expanded, i0, rows, first,
-                            w->expanded_row);
+        terms_expanded_rows(p, c->kern, &w->scratch, c->expanded, b, h, w->expanded, i0, rows,
+                            first, w->expanded_row);
         flags |= POSENC_UKR_ADD_ROWS;
     }
     if (i0 + rows < n)   /* the next tile's rows of q, which the microkernel reads in place */
@@ -526,8 +526,8 @@ static void forward_tile(const forward_ctx *c, forward_ws *w, size_t b, size_t h
                 0, P ? P + first : NULL, ldp, c->expanded >= 0 ? w->expanded_row : NULL, flags, NULL);
     term_keep keep;
     if (c->content >= 0)   /* a term that reads the content logits: after them */
-        terms_content(p, c->kern, &w->scratch, c->content, b, h, q_u, C, (size_t)ldc, i0, rows, first, cols,
-                      c->seen, w->term_unit, forward_keep(w, i0, &keep));
+        terms_content(p, c->kern, &w->scratch, c->content, b, h, q_u, C, (size_t)ldc, i0, rows,
+                      first, cols, c->seen, w->term_unit, forward_keep(w, i0, &keep));
 }
 
 /* Rows [r0, r1) of unit (b, h). */

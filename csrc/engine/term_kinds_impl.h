@@ -468,9 +468,9 @@ static int terms_block_slots_alloc(const posenc_problem *p, const posenc_grads *
             slots[k][a] = NULL;
             if (term_adds(p, k) && term_kinds[k].grad_block && p->terms[k].array[a].data &&
                 g->terms[k][a] && status == 0) {
+                const size_t per_unit = posenc_max(p->terms[k].array[a].per_unit, 1);
                 slots[k][a] = (REAL *)posenc_alloc(
-                    posenc_mul_size(posenc_max(units, 1), posenc_max(p->terms[k].array[a].per_unit, 1)),
-                    sizeof(REAL));
+                    posenc_mul_size(posenc_max(units, 1), per_unit), sizeof(REAL));
                 status = slots[k][a] ? 0 : -1;
             }
         }

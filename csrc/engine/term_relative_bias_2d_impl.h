@@ -111,7 +111,8 @@ static void term_relative_bias_2d_unit(const term_unit *t)
 #define RB2D_BATCH 256
 
 /* The unit's table, its keys' runs, a batch of a row's pieces (a thread's). */
-static size_t term_relative_bias_2d_unit_scratch(const posenc_problem *p, const posenc_kernels *kern)
+static size_t term_relative_bias_2d_unit_scratch(const posenc_problem *p,
+                                                 const posenc_kernels *kern)
 {
     (void)kern;
     const size_t L = p->terms[POSENC_TERM_relative_bias_2d].array[RB2D_BIAS].per_unit;
@@ -223,7 +224,8 @@ static void term_relative_bias_2d_grad_rows(const term_unit *t, double *const *g
 
 /* term_relative_bias_2d_grad_rows' runs (m int32), table (L REAL) and a batch of pieces,
  * in doubles' room. */
-static size_t term_relative_bias_2d_grad_scratch(const posenc_problem *p, const posenc_kernels *kern)
+static size_t term_relative_bias_2d_grad_scratch(const posenc_problem *p,
+                                                 const posenc_kernels *kern)
 {
     (void)kern;
     const size_t L = p->terms[POSENC_TERM_relative_bias_2d].array[RB2D_BIAS].per_unit;
