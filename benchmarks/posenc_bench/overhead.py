@@ -110,6 +110,11 @@ def _tiny_calls():
     return {"posenc.t5": lambda: posenc.t5(q, k, bias), "np.add": lambda: np.add(a, b)}
 
 
+def _row(what: str, measured: str, required: str, passed: bool, detail: str) -> dict:
+    return {"what": what, "measured": measured, "required": required,
+            "verdict": "PASS" if passed else "SHORT", "detail": detail}
+
+
 def _verdicts(result: dict) -> list:
     """Rows (what, measured, required, verdict, detail) for the report."""
     rows = []
@@ -120,15 +125,13 @@ def _verdicts(result: dict) -> list:
         ratios = _spread([a / b for a, b in zip(ours["times_s"], peer["times_s"])])
         ratio = ratios["median_s"]
         B, H, n, m, d = TORCH_SHAPE
-        rows.append({
-            "what": f"posenc.torch.t5 fwd+bwd ÷ posenc.torch.native.t5, B={B} H={H} n={n} "
-                    f"m={m} d={d} float32", "measured": f"{ratio:.2f}×",
-            "required": f"<= {TARGETS['torch_ratio']}×",
-            "verdict": "PASS" if ratio <= TARGETS["torch_ratio"] else "SHORT",
-            "detail": f"median of the ratios of {result['rounds']} rounds of "
-                      f"{result['torch_calls']} calls each, quartiles {ratios['q1_s']:.2f}–"
-                      f"{ratios['q3_s']:.2f}; median {ours['median_s'] * 1e6:.0f} vs "
-                      f"{peer['median_s'] * 1e6:.0f} µs per call"})
+        rows.append(_row(
+            f"posenc.torch.t5 fwd+bwd ÷ posenc.torch.native.t5, B={B} H={H} n={n} m={m} d={d} "
+            "float32", f"{ratio:.2f}×", f"<= {TARGETS['torch_ratio']}×",
+            ratio <= TARGETS["torch_ratio"],
+            f"median of the ratios of {result['rounds']} rounds of {result['torch_calls']} calls "
+            f"each, quartiles {ratios['q1_s']:.2f}–{ratios['q3_s']:.2f}; median "
+            f"{ours['median_s'] * 1e6:.0f} vs {peer['median_s'] * 1e6:.0f} µs per call"))
     decode = result.get("decode")
     if decode:
         ours, numpy_call = decode["posenc.torch.t5_attention"], decode["posenc.t5_attention"]
@@ -136,25 +139,22 @@ def _verdicts(result: dict) -> list:
         extra = _spread([a - b for a, b in zip(ours["times_s"], numpy_call["times_s"])])
         us = extra["median_s"] * 1e6
         B, H, n, m, d = DECODE_SHAPE
-        rows.append({
-            "what": f"posenc.torch.t5_attention decoding step − posenc.t5_attention, B={B} "
-                    f"H={H} n={n} m={m} d={d} float32", "measured": f"{us:.1f} µs",
-            "required": f"<= {TARGETS['decode_overhead_us']:g} µs",
-            "verdict": "PASS" if us <= TARGETS["decode_overhead_us"] else "SHORT",
-            "detail": f"median of the differences of {result['rounds']} rounds of "
-                      f"{result['decode_calls']} calls each, quartiles {extra['q1_s'] * 1e6:.1f}–"
-                      f"{extra['q3_s'] * 1e6:.1f} µs; median {ours['median_s'] * 1e6:.1f} vs "
-                      f"{numpy_call['median_s'] * 1e6:.1f} µs per call"})
+        rows.append(_row(
+            f"posenc.torch.t5_attention decoding step − posenc.t5_attention, B={B} H={H} n={n} "
+            f"m={m} d={d} float32", f"{us:.1f} µs", f"<= {TARGETS['decode_overhead_us']:g} µs",
+            us <= TARGETS["decode_overhead_us"],
+            f"median of the differences of {result['rounds']} rounds of {result['decode_calls']} "
+            f"calls each, quartiles {extra['q1_s'] * 1e6:.1f}–{extra['q3_s'] * 1e6:.1f} µs; median "
+            f"{ours['median_s'] * 1e6:.1f} vs {numpy_call['median_s'] * 1e6:.1f} µs per call"))
     tiny, numpy_add = result["tiny"]["posenc.t5"], result["tiny"]["np.add"]
     us = tiny["median_s"] * 1e6
-    rows.append({
-        "what": "posenc.t5 per call, B=H=n=m=d=1, bias (1, 32)", "measured": f"{us:.2f} µs",
-        "required": f"<= {TARGETS['tiny_us']:g} µs",
-        "verdict": "PASS" if us <= TARGETS["tiny_us"] else "SHORT",
-        "detail": f"quartiles {tiny['q1_s'] * 1e6:.2f}–{tiny['q3_s'] * 1e6:.2f} µs over "
-                  f"{result['rounds']} rounds of {result['tiny_calls']} calls; NumPy's "
-                  f"np.add of two 1-element arrays {numpy_add['median_s'] * 1e6:.2f} µs "
-                  f"({tiny['median_s'] / numpy_add['median_s']:.0f}× that)"})
+    rows.append(_row(
+        "posenc.t5 per call, B=H=n=m=d=1, bias (1, 32)", f"{us:.2f} µs",
+        f"<= {TARGETS['tiny_us']:g} µs", us <= TARGETS["tiny_us"],
+        f"quartiles {tiny['q1_s'] * 1e6:.2f}–{tiny['q3_s'] * 1e6:.2f} µs over {result['rounds']} "
+        f"rounds of {result['tiny_calls']} calls; NumPy's np.add of two 1-element arrays "
+        f"{numpy_add['median_s'] * 1e6:.2f} µs ({tiny['median_s'] / numpy_add['median_s']:.0f}× "
+        "that)"))
     return rows
 
 

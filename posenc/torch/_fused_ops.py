@@ -70,13 +70,18 @@ def split_attention(attention: tuple) -> tuple:
     return attention[0], attention[_SINKS_AT], tuple([attention[at] for at in _OPTIONS_AT])
 
 
+def _problem(method, tensors, params, array):
+    """The checked logits of a call, its tensors as array(name, tensor) makes them."""
+    spec = REGISTRY[method]
+    arrays = tuple([None if t is None else array(name, t)
+                    for name, t in zip(spec.tensors, tensors)])
+    return _checks.check(spec, arrays, tuple(params), None)
+
+
 def _call(method, tensors, params, v, sinks, options):
     """The checked call, its arrays C-contiguous (to_c_array): the eager backward
     reuses it, so strided q, k, v are copied once per step, not once per C call."""
-    spec = REGISTRY[method]
-    arrays = tuple([None if t is None else to_c_array(name, t)
-                    for name, t in zip(spec.tensors, tensors)])
-    problem = _checks.check(spec, arrays, tuple(params), None)
+    problem = _problem(method, tensors, params, to_c_array)
     options = list(options)
     for at, name in _TENSOR_OPTIONS:
         if isinstance(options[at], torch.Tensor):
@@ -101,10 +106,7 @@ def _inference_call(method, tensors, params, attention):
     """_call for a call with nothing to differentiate, outside compile and autocast (a
     decoding step): `attention` (v, ATTENTION_OPTIONS) goes to check_attention as it is,
     its tensors as views for this call (_view), the seed as an int."""
-    spec = REGISTRY[method]
-    arrays = tuple([None if t is None else _view(name, t)
-                    for name, t in zip(spec.tensors, tensors)])
-    problem = _checks.check(spec, arrays, tuple(params), None)
+    problem = _problem(method, tensors, params, _view)
     attention = list(attention)
     for at, name in _ATTENTION_TENSORS:
         if attention[at] is not None:
