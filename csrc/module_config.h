@@ -202,19 +202,25 @@ static int check_float_array(PyObject *obj, int typenum, const char *name, const
     return 0;
 }
 
-/* An aligned, native-endian, C-contiguous array of `typenum` (the engine
- * indexes raw memory): obj itself when it already is one (the common case,
- * no call into NumPy's converter), else a copy.  NULL with an exception. */
-static PyArrayObject *as_float_array(PyObject *obj, int typenum, const char *name)
+/* An aligned, native-endian, C-contiguous array of `typenum` made of the array
+ * obj (the engine indexes raw memory): obj itself when it already is one (the
+ * common case, no call into NumPy's converter), else a copy cast to `typenum`.
+ * NULL with an exception. */
+static PyArrayObject *as_c_array(PyObject *obj, int typenum)
 {
-    if (check_float_array(obj, typenum, name, "q"))
-        return NULL;
     PyArrayObject *arr = (PyArrayObject *)obj;
-    if (PyArray_ISCARRAY_RO(arr) && PyArray_ISNOTSWAPPED(arr)) {
+    if (PyArray_TYPE(arr) == typenum && PyArray_ISCARRAY_RO(arr) && PyArray_ISNOTSWAPPED(arr)) {
         Py_INCREF(obj);
         return arr;
     }
-    return (PyArrayObject *)PyArray_FROM_OTF(obj, typenum, NPY_ARRAY_IN_ARRAY);
+    return (PyArrayObject *)PyArray_FROM_OTF(obj, typenum,
+                                             NPY_ARRAY_IN_ARRAY | NPY_ARRAY_FORCECAST);
+}
+
+/* as_c_array of obj, a numpy.ndarray of `typenum` (the call's first array's dtype). */
+static PyArrayObject *as_float_array(PyObject *obj, int typenum, const char *name)
+{
+    return check_float_array(obj, typenum, name, "q") ? NULL : as_c_array(obj, typenum);
 }
 
 /* Bucket maps and positions: any integer dtype, as int64 (the values are
@@ -299,12 +305,7 @@ static int build_terms(PyObject *config, converted *a, posenc_problem *p)
                          config_names[field]);
             return -1;
         }
-        PyArrayObject *arr = (PyArrayObject *)obj;
-        if (PyArray_TYPE(arr) == typenum && PyArray_ISCARRAY_RO(arr) && PyArray_ISNOTSWAPPED(arr)) {
-            Py_INCREF(obj);
-            a->arr[field] = arr;
-        } else if (!(a->arr[field] = (PyArrayObject *)PyArray_FROM_OTF(
-                         obj, typenum, NPY_ARRAY_IN_ARRAY | NPY_ARRAY_FORCECAST)))
+        if (!(a->arr[field] = as_c_array(obj, typenum)))
             return -1;
         const int ndim = PyArray_NDIM(a->arr[field]);
         const npy_intp length = (npy_intp)term_field_length(p, t);

@@ -740,8 +740,8 @@ static int attention_prepare(attention_ctx *c, const posenc_problem *p, const po
         c->align = keys.nr;
         c->block_align = kern->mr / x * keys.nr;
     }
-    c->grads_from_first = !(terms_by_blocks(p) || p->query_table || p->key_table || p->product ||
-                            c->logits.content >= 0);
+    c->grads_from_first = !(posenc_terms_by_blocks(p) || p->query_table || p->key_table ||
+                            p->product || c->logits.content >= 0);
     c->decode = p->n <= ATTENTION_DECODE_ROWS && !kern->bf16 && !c->logits.scales.exact &&
                 c->logits.expanded < 0;
     /* a decoding step's few rows form the modules' rows where they are read */

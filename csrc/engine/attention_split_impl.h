@@ -26,7 +26,7 @@ static void attention_split(attention_ctx *c)
     const posenc_problem *p = c->p;
     c->split = 0;
     c->chunks = 1;
-    if (c->decode && !c->dropout && !posenc_rotates(p) && !terms_by_blocks(p) &&
+    if (c->decode && !c->dropout && !posenc_rotates(p) && !posenc_terms_by_blocks(p) &&
         c->logits.content < 0 &&
         p->m > ATTENTION_SPLIT_KEYS) {
         c->split = ATTENTION_SPLIT_KEYS;

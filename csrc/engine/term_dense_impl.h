@@ -119,8 +119,8 @@ static size_t term_dense_grad_scratch(const posenc_problem *p, const posenc_kern
 
 /* Not a factor of the product mode (entry.c's validation reads it). */
 #define term_dense_factor 0
-/* Its gradient goes by blocks, head by head in the logits' backward (engine_lp.c's chunks
- * read it: posenc_terms_by_blocks). */
+/* Its gradient goes by blocks, head by head in the logits' backward (posenc_term_by_blocks:
+ * the fold, the low-precision chunks, the fused attention's first key and split keys). */
 #define term_dense_by_blocks 1
 
 #endif /* POSENC_ENGINE_TERM_DENSE_IMPL_H */

@@ -177,7 +177,7 @@ static int terms_units_batch_free(const posenc_problem *p)
 
 /* Each present module's unit data of unit (b, h) formed in scratch (terms_unit_scratch). */
 static void terms_unit(const posenc_problem *p, const posenc_kernels *kern,
-                              const gemm_scratch *gs, size_t b, size_t h,
+                       const gemm_scratch *gs, size_t b, size_t h,
                        REAL *scratch)
 {
     for (int k = 0; k < POSENC_TERM_COUNT; ++k)
@@ -202,7 +202,7 @@ static REAL *term_unit_data(const posenc_problem *p, const posenc_kernels *kern,
 /* Kind k's distinct rows of unit (b, h) into X (row s at X + s m; scratch: the unit data
  * terms_unit formed). */
 static void terms_expand(const posenc_problem *p, const posenc_kernels *kern,
-                              const gemm_scratch *gs, int k, size_t b,
+                         const gemm_scratch *gs, int k, size_t b,
                          size_t h, REAL *scratch, REAL *X)
 {
     term_unit t = term_unit_of(p, kern, gs, k, b, h);
@@ -218,7 +218,7 @@ static size_t terms_expand_rows(const posenc_problem *p, int k)
 
 /* In rows[r] row i0 + r of unit (b, h)'s expanded rows X, from key `first` (r < count). */
 static void terms_expanded_rows(const posenc_problem *p, const posenc_kernels *kern,
-                              const gemm_scratch *gs, int k,
+                                const gemm_scratch *gs, int k,
                                 size_t b, size_t h, const REAL *X, size_t i0, size_t count,
                                 size_t first, const REAL **rows)
 {
@@ -230,7 +230,7 @@ static void terms_expanded_rows(const posenc_problem *p, const posenc_kernels *k
 /* Kind k (present, adding) on rows [i0, i0 + rows) of unit (b, h), keys [k0, cols), into P
  * with op (scratch: terms_unit formed it for the unit). */
 static void term_rows(const posenc_problem *p, const posenc_kernels *kern,
-                              const gemm_scratch *gs, int k, int op,
+                      const gemm_scratch *gs, int k, int op,
                       REAL *P, size_t ldp, size_t b, size_t h, size_t i0, size_t rows, size_t k0,
                       size_t cols, REAL *scratch)
 {
@@ -283,7 +283,7 @@ static int terms_gemm_prefix(const posenc_problem *p)
 /* Kind k's rows of unit (b, h) where they lie (term_kind's rows_at): row i0's key 0 at the
  * returned pointer, row i0 + r at + r * *ld (scratch: terms_unit formed it for the unit). */
 static const REAL *term_rows_at(const posenc_problem *p, const posenc_kernels *kern,
-                              const gemm_scratch *gs, int k,
+                                const gemm_scratch *gs, int k,
                                 size_t b, size_t h, size_t i0, REAL *scratch, ptrdiff_t *ld)
 {
     term_unit t = term_unit_of(p, kern, gs, k, b, h);
@@ -305,7 +305,7 @@ static int terms_factor_kind(const posenc_problem *p)
  * unit data terms_unit formed, of which k's is the only one: the kind is alone; keep: NULL,
  * or where the rows keep what their gradient reads). */
 static void terms_content(const posenc_problem *p, const posenc_kernels *kern,
-                              const gemm_scratch *gs, int k, size_t b,
+                          const gemm_scratch *gs, int k, size_t b,
                           size_t h, const REAL *q, REAL *C, size_t ldc, size_t i0, size_t rows,
                           size_t k0, size_t cols, const term_seen *seen, REAL *scratch,
                           const term_keep *keep)
@@ -402,7 +402,7 @@ static size_t terms_grad_scratch(const posenc_problem *p, const posenc_kernels *
  * the kind's own gradients (scratch: terms_grad_scratch(p) doubles; keep: NULL, or what the
  * rows' terms_content kept). */
 static void terms_content_grad(const posenc_problem *p, const posenc_kernels *kern,
-                              const gemm_scratch *gs,
+                               const gemm_scratch *gs,
                                const posenc_grads *g, int k, size_t u, const REAL *q,
                                const REAL *k_u, double scale, const REAL *G, REAL *Gc, size_t ldg,
                                size_t i0, size_t rows, size_t first, size_t cols,
@@ -419,7 +419,7 @@ static void terms_content_grad(const posenc_problem *p, const posenc_kernels *ke
 /* Rows [i0, i0 + rows) of unit u's logits gradient G into the gradients of the modules
  * `which` takes (scratch: terms_grad_scratch(p) doubles). */
 static void terms_grad_rows(const posenc_problem *p, const posenc_kernels *kern,
-                              const gemm_scratch *gs,
+                            const gemm_scratch *gs,
                             const posenc_grads *g, int which, size_t u, const REAL *G, size_t ldg,
                             size_t i0, size_t rows, size_t first, size_t cols, double *scratch)
 {
@@ -434,24 +434,20 @@ static void terms_grad_rows(const posenc_problem *p, const posenc_kernels *kern,
     }
 }
 
-/* Whether p has an adding kind whose gradient goes by blocks (term_kind's grad_block: its
- * rows are a GEMM from key 0, its gradient reads a block's keys from 0). */
-static int terms_by_blocks(const posenc_problem *p)
+/* Whether g wants the gradient of array a of kind k of p, an adding kind whose gradient
+ * goes by blocks (term_kind's grad_block). */
+static int term_block_grad(const posenc_problem *p, const posenc_grads *g, int k, int a)
 {
-    for (int k = 0; k < POSENC_TERM_COUNT; ++k)
-        if (term_adds(p, k) && term_kinds[k].grad_block)
-            return 1;
-    return 0;
+    return term_adds(p, k) && term_kinds[k].grad_block && p->terms[k].array[a].data &&
+           g->terms[k][a];
 }
 
-/* Whether p has an adding kind whose gradient goes by blocks (term_kind's grad_block) and g
- * wants one of its gradients. */
+/* Whether g wants a gradient that goes by blocks (term_block_grad). */
 static int terms_block_grads_wanted(const posenc_problem *p, const posenc_grads *g)
 {
     for (int k = 0; k < POSENC_TERM_COUNT; ++k)
         for (int a = 0; a < POSENC_TERM_ARRAYS_MAX; ++a)
-            if (term_adds(p, k) && term_kinds[k].grad_block && p->terms[k].array[a].data &&
-                g->terms[k][a])
+            if (term_block_grad(p, g, k, a))
                 return 1;
     return 0;
 }
@@ -466,8 +462,7 @@ static int terms_block_slots_alloc(const posenc_problem *p, const posenc_grads *
     for (int k = 0; k < POSENC_TERM_COUNT; ++k)
         for (int a = 0; a < POSENC_TERM_ARRAYS_MAX; ++a) {
             slots[k][a] = NULL;
-            if (term_adds(p, k) && term_kinds[k].grad_block && p->terms[k].array[a].data &&
-                g->terms[k][a] && status == 0) {
+            if (status == 0 && term_block_grad(p, g, k, a)) {
                 const size_t per_unit = posenc_max(p->terms[k].array[a].per_unit, 1);
                 slots[k][a] = (REAL *)posenc_alloc(
                     posenc_mul_size(posenc_max(units, 1), per_unit), sizeof(REAL));
@@ -543,8 +538,7 @@ static void terms_block_grads_zero(const posenc_problem *p, const posenc_grads *
     const size_t per_row = g->term_units_per_row ? g->term_units_per_row : p->H;
     for (int k = 0; k < POSENC_TERM_COUNT; ++k)
         for (int a = 0; a < POSENC_TERM_ARRAYS_MAX; ++a)
-            if (term_adds(p, k) && term_kinds[k].grad_block && p->terms[k].array[a].data &&
-                g->terms[k][a])
+            if (term_block_grad(p, g, k, a))
                 for (size_t b = 0; b < p->B; ++b)
                     memset((double *)g->terms[k][a] + b * per_row * p->terms[k].array[a].per_unit,
                            0, sizeof(double) * p->H * p->terms[k].array[a].per_unit);
