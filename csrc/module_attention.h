@@ -109,7 +109,7 @@ static int parse_attention(attention_call *call, PyObject *const *args, int conf
     const npy_intp B = (npy_intp)p->B, H_kv = (npy_intp)p->H_kv, m = (npy_intp)p->m;
     call->typenum = typenum_of(p->dtype);
     memset(att, 0, sizeof *att);
-    if (!(call->v = as_float_array(args[v_at], call->typenum, "v")) ||
+    if (!(call->v = as_rows_array(args[v_at], call->typenum, "v", &att->v_strides)) ||
         check_dims(call->v, "v", 4, (npy_intp[]){B, H_kv, m, -1}))
         return -1;
     att->v = PyArray_DATA(call->v);
@@ -206,7 +206,7 @@ static PyObject *py_attention_backward(PyObject *self, PyObject *const *args, Py
     const posenc_problem *p = &call.p;
     const int typenum = call.typenum;
     const npy_intp dims[4] = {(npy_intp)p->B, (npy_intp)p->H, (npy_intp)p->n, (npy_intp)call.att.dv};
-    if (!(call.d_out = as_float_array(args[0], typenum, "d_out")) ||
+    if (!(call.d_out = as_rows_array(args[0], typenum, "d_out", &call.att.d_out_strides)) ||
         check_dims(call.d_out, "d_out", 4, dims) ||
         !(call.out = as_float_array(args[3], typenum, "out")) || check_dims(call.out, "out", 4, dims) ||
         !(call.lse = as_float_array(args[4], lse_typenum(p->dtype), "lse")) ||

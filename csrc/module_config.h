@@ -223,6 +223,31 @@ static PyArrayObject *as_float_array(PyObject *obj, int typenum, const char *nam
     return check_float_array(obj, typenum, name, "q") ? NULL : as_c_array(obj, typenum);
 }
 
+/* An input the engine reads a unit at a time (q, k, v, d_out: posenc.h's posenc_strides),
+ * checked as as_float_array: the array itself where it is 4-D, aligned, native-endian, of
+ * `typenum`, its last axis contiguous and its rows apart (a transposed view, as HF models
+ * hand q, k and v: no copy), its strides in elements in *s (r = 0: C-contiguous); else
+ * as_c_array's copy.  NULL with an exception. */
+static PyArrayObject *as_rows_array(PyObject *obj, int typenum, const char *name,
+                                    posenc_strides *s)
+{
+    *s = (posenc_strides){0, 0, 0};
+    if (check_float_array(obj, typenum, name, "q"))
+        return NULL;
+    PyArrayObject *arr = (PyArrayObject *)obj;
+    if (PyArray_NDIM(arr) == 4 && !PyArray_ISCARRAY_RO(arr) && PyArray_ISALIGNED(arr) &&
+        PyArray_ISNOTSWAPPED(arr)) {
+        const npy_intp item = PyArray_ITEMSIZE(arr), *st = PyArray_STRIDES(arr);
+        if ((PyArray_DIM(arr, 3) <= 1 || st[3] == item) && st[0] % item == 0 &&
+            st[1] % item == 0 && st[2] % item == 0 && st[2] != 0) {
+            Py_INCREF(obj);
+            *s = (posenc_strides){st[0] / item, st[1] / item, st[2] / item};
+            return arr;
+        }
+    }
+    return as_c_array(obj, typenum);
+}
+
 /* Bucket maps and positions: any integer dtype, as int64 (the values are
  * range-checked by posenc_validate). */
 static PyArrayObject *as_index_array(PyObject *obj, const char *name)
@@ -359,8 +384,10 @@ static int build_problem(PyObject *config, converted *a, posenc_problem *p)
     for (size_t t = 0; t < sizeof float_fields / sizeof float_fields[0]; ++t) {
         const int field = float_fields[t];
         PyObject *obj = PyTuple_GET_ITEM(config, field);
+        posenc_strides *rows = field == CF_q ? &p->q_strides : field == CF_k ? &p->k_strides : NULL;
         if (obj != Py_None &&
-            !(a->arr[field] = as_float_array(obj, typenum, config_names[field])))
+            !(a->arr[field] = rows ? as_rows_array(obj, typenum, config_names[field], rows)
+                                   : as_float_array(obj, typenum, config_names[field])))
             return -1;
     }
     for (size_t t = 0; t < sizeof index_fields / sizeof index_fields[0]; ++t) {

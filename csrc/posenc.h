@@ -108,6 +108,15 @@ static inline int posenc_term_array_real(int k, int a)
     return 0;
 }
 
+/* Where the rows of a 4-D input (B, heads, rows, cols) lie: its batch, head and row
+ * strides in elements, its last axis contiguous (a transposed view, as Hugging Face
+ * models hand q, k and v: (B, n, H, d) read as (B, H, n, d)); r = 0: the array is
+ * C-contiguous (b and h unread).  The engine reads a strided input a unit at a time,
+ * its rows copied into the thread's workspace (no copy of the whole array). */
+typedef struct {
+    ptrdiff_t b, h, r;
+} posenc_strides;
+
 typedef struct {
     posenc_dtype dtype;
     int product;                  /* 0: terms added to the content; 1: multiplied (M2, M4M) */
@@ -118,6 +127,7 @@ typedef struct {
     double scale;                 /* s, on the content term */
     const void *q;                /* (B, H, n, d) */
     const void *k;                /* (B, H_kv, m, d) */
+    posenc_strides q_strides, k_strides;   /* where q's and k's rows lie (r = 0: contiguous) */
 
     double dense_scale;           /* the dense term module's ds (terms.h: TUPE's s, DIET-ABS's 1) */
 
@@ -246,6 +256,8 @@ int posenc_backward(const posenc_problem *p, const void *grad_logits,
 typedef struct {
     const void *v;                    /* (B, H_kv, m, dv), the problem's dtype */
     size_t dv;
+    posenc_strides v_strides;         /* where v's rows lie, and the backward's d_out's */
+    posenc_strides d_out_strides;     /* (r = 0: contiguous; posenc_problem's q_strides) */
     const uint8_t *key_padding_mask;  /* (B, m), nonzero = padding; NULL: none */
     int causal;                       /* mask the keys j > query_offset + i */
     double dropout_p;                 /* in [0, 1) */

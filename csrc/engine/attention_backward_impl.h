@@ -143,7 +143,7 @@ static void attention_backward_block(const attention_grad_ctx *gc, forward_ws *f
     const posenc_kernels *kern = c->kern;
     const size_t n = p->n, m = p->m, dv = c->a->dv, b = u / p->H, h = u % p->H, mr = kern->mr;
     const size_t first = limits ? limits->first : 0, zero_from = c->grads_from_first ? first : 0;
-    const REAL *d_out_blk = gc->d_out + (u * n + blk0) * dv;
+    const REAL *d_out_blk = w->d_out_unit + blk0 * dv;
     const REAL *out_blk = gc->out + (u * n + blk0) * dv;
     const REAL *lse_blk = gc->lse + u * n + blk0;
     const REAL *d_lse_blk = gc->d_lse ? gc->d_lse + u * n + blk0 : NULL;
@@ -265,7 +265,9 @@ static void attention_backward_head(const attention_grad_ctx *gc, attention_thre
     const posenc_problem *p = c->p;
     const size_t h = u % p->H;
     const size_t n = p->n, m = p->m, dv = c->a->dv;
-    const REAL *v_u = (const REAL *)c->a->v + posenc_kv_unit(p, u) * m * dv;
+    const REAL *v_u = attention_v_unit(c, w, u);
+    w->d_out_unit = (const REAL *)posenc_unit_rows(w->d_out_rows, gc->d_out, &c->a->d_out_strides,
+                                                   p->H, n, dv, sizeof(REAL), u / p->H, h, 0, n);
     packed_b k_packed, vt_packed, product_keys;
     const int by_blocks = c->ranged && !c->kern->bf16;   /* causal_keys */
     forward_unit_setup(&c->logits, fw, u / p->H, h, 0, n, &k_packed, !by_blocks);

@@ -206,8 +206,8 @@ static void attention_decode_unit(const attention_ctx *c, forward_ws *fw, attent
 {
     const posenc_problem *p = c->p;
     const posenc_kernels *kern = c->kern;
-    const size_t m = p->m, d = p->d, dv = c->a->dv, u = b * p->H + h, ld = c->logits.m_pad;
-    const REAL *v_u = (const REAL *)c->a->v + posenc_kv_unit(p, u) * m * dv;
+    const size_t d = p->d, u = b * p->H + h, ld = c->logits.m_pad;
+    const REAL *v_u = attention_v_unit(c, w, u);
     packed_b shape;
     forward_unit_setup(&c->logits, fw, b, h, r0, r1, &shape, 0);   /* inputs, terms: no panels */
     const REAL *q_u = fw->inputs.q, *k_u = fw->inputs.k;
@@ -233,7 +233,7 @@ static void attention_decode_unit(const attention_ctx *c, forward_ws *fw, attent
  * The decoding path for `heads` query heads from h_first of one key/value head (GQA),
  * all of their n rows (heads n <= mr): k and v stream once for all of them.  The
  * content logits of every row in one rows_dot (q's rows of the heads are contiguous,
- * or rotated into w->group_q), each head's positional rows and softmax rows on its
+ * or rotated or copied from a strided q into w->group_q), each head's positional rows and softmax rows on its
  * block of w->scores, then one rows_axpy into the heads' out rows (contiguous too).
  */
 static void attention_decode_heads(const attention_ctx *c, forward_ws *fw, attention_ws *w,
@@ -241,15 +241,19 @@ static void attention_decode_heads(const attention_ctx *c, forward_ws *fw, atten
 {
     const posenc_problem *p = c->p;
     const posenc_kernels *kern = c->kern;
-    const size_t n = p->n, m = p->m, d = p->d, dv = c->a->dv, ld = c->logits.m_pad;
+    const size_t n = p->n, d = p->d, ld = c->logits.m_pad;
     const size_t u0 = b * p->H + h_first, rows = heads * n;
-    const REAL *v_u = (const REAL *)c->a->v + posenc_kv_unit(p, u0) * m * dv;
+    const REAL *v_u = attention_v_unit(c, w, u0);
     unit_inputs_at(p, &fw->scratch, &fw->inputs, b, h_first, 0, n);
     const REAL *k_u = fw->inputs.k, *q_rows = (const REAL *)p->q + u0 * n * d;
-    if (posenc_rotates(p)) {
-        for (size_t e = 0; e < heads; ++e)
-            rope_rows(p, w->group_q + e * n * d, q_rows + e * n * d, b, h_first + e, 0, n, 0, 0,
-                      NULL);
+    if (posenc_rotates(p) || p->q_strides.r) {   /* the heads' rows copied, rotated */
+        for (size_t e = 0; e < heads; ++e) {
+            REAL *rows_e = w->group_q + e * n * d;
+            const REAL *q_e = (const REAL *)posenc_unit_rows(rows_e, p->q, &p->q_strides, p->H, n,
+                                                             d, sizeof(REAL), b, h_first + e, 0, n);
+            if (posenc_rotates(p))
+                rope_rows(p, rows_e, q_e, b, h_first + e, 0, n, 0, 0, NULL);
+        }
         q_rows = w->group_q;
     }
     size_t c0, cols;

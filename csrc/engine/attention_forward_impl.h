@@ -23,7 +23,6 @@ static void attention_forward_unit(const attention_ctx *c, forward_ws *fw, atten
     const posenc_problem *p = c->p;
     const posenc_kernels *kern = c->kern;
     const size_t m = p->m, dv = c->a->dv, u = b * p->H + h, ld = c->logits.m_pad;
-    const REAL *v_u = (const REAL *)c->a->v + posenc_kv_unit(p, u) * m * dv;
     REAL *out_u = out + u * p->n * dv, *lse_u = lse + u * p->n;
     packed_b k_packed, v_packed;
     if (c->decode) {
@@ -31,6 +30,7 @@ static void attention_forward_unit(const attention_ctx *c, forward_ws *fw, atten
         attention_decode_unit(c, fw, w, b, h, r0, r1, &all);
         return;
     }
+    const REAL *v_u = attention_v_unit(c, w, u);
     const int by_tiles = c->ranged && !kern->bf16;   /* causal_keys */
     forward_unit_setup(&c->logits, fw, b, h, r0, r1, &k_packed, !by_tiles);
     if (by_tiles) {

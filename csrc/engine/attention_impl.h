@@ -74,7 +74,12 @@ typedef struct {
     size_t *row_range;   /* ranged backward: each row of a block's keys [2 r, 2 r + 1) */
     REAL *cap_grad;      /* backward with softcap: 1 - tanh^2 of a block's capped logits */
     double sink_grad;    /* backward with sinks: the unit's dL/dsink so far */
-    REAL *group_q;       /* the decoding path with a rotation: a head batch's rotated q rows;
+    REAL *v_rows;        /* a strided v: a unit's rows (m x dv, attention_v_unit) */
+    REAL *d_out_rows;    /* backward, a strided d_out: a unit's rows (n x dv) */
+    const REAL *d_out_unit;   /* backward: the unit's rows of d_out (n x dv), in place or in
+                                 d_out_rows */
+    REAL *group_q;       /* the decoding path with a rotation or a strided q: a head batch's
+                            q rows, rotated;
                             with key_fused: q's row and a key table row (attention_decode_fused) */
 } attention_ws;
 
@@ -114,14 +119,27 @@ static size_t attention_ws_layout(const attention_ctx *c, int backward, size_t r
             WS_TAKE(w, mem, at, v_pack, packed_b_size(m, dv, nr));
         WS_TAKE(w, mem, at, row_scale, c->kern->mr);
         WS_TAKE(w, mem, at, row_stats, 2 * c->kern->mr * (sizeof(double) / sizeof(REAL)));
-        if (c->decode && (posenc_rotates(p) || c->logits.key_fused))
+        if (c->decode && (posenc_rotates(p) || c->logits.key_fused || p->q_strides.r))
             WS_TAKE(w, mem, at, group_q, c->kern->mr * p->d);
     }
+    if (c->a->v_strides.r)
+        WS_TAKE(w, mem, at, v_rows, m * dv);
+    if (backward && c->a->d_out_strides.r)
+        WS_TAKE(w, mem, at, d_out_rows, p->n * dv);
     if (c->dropout) {
         WS_TAKE(w, mem, at, drop_row, m);
         WS_TAKE(w, mem, at, keep, (m + sizeof(REAL) - 1) / sizeof(REAL));
     }
     return posenc_round_up(at, POSENC_ALIGN / sizeof(REAL));
+}
+
+/* Unit u's rows of v (m x dv): in place, or copied from a strided v into w->v_rows. */
+static const REAL *attention_v_unit(const attention_ctx *c, const attention_ws *w, size_t u)
+{
+    const posenc_problem *p = c->p;
+    return (const REAL *)posenc_unit_rows(w->v_rows, c->a->v, &c->a->v_strides,
+                                          posenc_kv_heads(p), p->m, c->a->dv, sizeof(REAL),
+                                          u / p->H, u % p->H / posenc_kv_group(p), 0, p->m);
 }
 
 /* The keys [*lo, *hi) query row i of batch row b may see (SPEC §6, §7): all,

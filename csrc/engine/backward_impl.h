@@ -47,8 +47,9 @@ static size_t backward_ws_layout(const backward_ctx *c, backward_ws *w, REAL *me
     const size_t buckets = posenc_max(c->terms->query_buckets, c->terms->key_buckets);
     const size_t depth = posenc_max(posenc_max(n, m), posenc_max(buckets, c->row_block));
     WS_TAKE(w, mem, at, b_pack, packed_b_size(depth, d, nr));
-    /* the logits' backward rotates (or widens: unit_inputs_widen) its own; the attention's shares */
-    if ((posenc_rotates(p) || (c->content >= 0 && c->kern->bf16)) && c->G) {
+    /* the logits' backward rotates (widens: unit_inputs_widen; copies: strided) its own;
+     * the attention's shares */
+    if (unit_inputs_copied(p, c->content >= 0 && c->kern->bf16) && c->G) {
         WS_TAKE(w, mem, at, inputs.q_rot, n * d);
         WS_TAKE(w, mem, at, inputs.k_rot, m * d);
     }

@@ -24,11 +24,12 @@ typedef struct {
     uint16_t *out;
 } bf16dot_work;
 
-/* Whether the problem is a content-only bfloat16 one these kernels serve. */
+/* Whether the problem is a content-only bfloat16 one these kernels serve (q and k
+ * contiguous: engine_lp.c gathers strided ones first). */
 static int bf16dot_serves(const posenc_problem *p)
 {
     const double s = fabs(p->scale);
-    return p->dtype == POSENC_BF16 && !posenc_terms_any(p) &&
+    return p->dtype == POSENC_BF16 && !posenc_terms_any(p) && !posenc_inputs_strided(p) &&
            !p->query_table && !p->key_table && !p->rope_cos &&
            (s == 0 || (s >= FLT_MIN && s <= FLT_MAX));
 }

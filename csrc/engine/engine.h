@@ -14,6 +14,8 @@
 #include "spans.h"
 #include "threads.h"
 
+#include <string.h>
+
 /* The kernels the engine runs a problem of `dtype` on: the active ISA's, or
  * for a float32 problem with bf16_gemm (its arrays hold bfloat16 values)
  * those with the bfloat16 GEMM where the CPU has it (posenc_bf16_gemm_kernels). */
@@ -41,6 +43,31 @@ static inline size_t posenc_kv_unit(const posenc_problem *p, size_t u)
 {
     const size_t group = posenc_kv_group(p);
     return (u / p->H) * posenc_kv_heads(p) + (u % p->H) / group;
+}
+
+/*
+ * Rows [r0, r1) of unit (b, h) of a (B, heads, rows, cols) input x with strides s
+ * (posenc.h), elements of `elem` bytes: where x is contiguous, its unit's row 0 (row i
+ * at + i cols); else rows [r0, r1) copied into the same rows of dst (rows x cols), and
+ * dst.  The one place the engine reads a strided input (q, k, v, d_out).
+ */
+static inline const void *posenc_unit_rows(void *dst, const void *x, const posenc_strides *s,
+                                           size_t heads, size_t rows, size_t cols, size_t elem,
+                                           size_t b, size_t h, size_t r0, size_t r1)
+{
+    if (!s->r)
+        return (const char *)x + (b * heads + h) * rows * cols * elem;
+    const char *unit = (const char *)x + ((ptrdiff_t)b * s->b + (ptrdiff_t)h * s->h) * (ptrdiff_t)elem;
+    for (size_t i = r0; i < r1; ++i)
+        memcpy((char *)dst + i * cols * elem, unit + (ptrdiff_t)i * s->r * (ptrdiff_t)elem,
+               cols * elem);
+    return dst;
+}
+
+/* Whether p reads q or k strided (posenc_unit_rows copies their units' rows). */
+static inline int posenc_inputs_strided(const posenc_problem *p)
+{
+    return p->q_strides.r != 0 || p->k_strides.r != 0;
 }
 
 /* Whether logits `out` of `rows` rows of m items of `itemsize` bytes go

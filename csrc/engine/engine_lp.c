@@ -677,9 +677,95 @@ static int lp_chunks(lp_kind kind, const posenc_problem *p, lp_stream *st, const
     return rc;
 }
 
+/* ------------------------------------------------------ strided inputs */
+
+/* A strided input (B, heads, rows, cols) of 16-bit elements and its contiguous copy. */
+typedef struct {
+    const void *src;
+    posenc_strides strides;
+    size_t heads, rows, cols;
+    uint16_t *dst;
+} lp_strided;
+
+typedef struct {
+    lp_strided in[4];
+    size_t count, B, units;   /* units: B heads summed over the inputs */
+} lp_gather_job;
+
+static void lp_gather_team_fn(void *arg, void *ws)
+{
+    const lp_gather_job *job = (const lp_gather_job *)arg;
+    (void)ws;
+#ifdef _OPENMP
+#pragma omp for schedule(static)
+#endif
+    for (ptrdiff_t t = 0; t < (ptrdiff_t)job->units; ++t) {
+        size_t e = 0, u = (size_t)t;
+        while (u >= job->B * job->in[e].heads)
+            u -= job->B * job->in[e].heads, ++e;
+        const lp_strided *x = &job->in[e];
+        posenc_unit_rows(x->dst + u * x->rows * x->cols, x->src, &x->strides, x->heads, x->rows,
+                         x->cols, sizeof(uint16_t), u / x->heads, u % x->heads, 0, x->rows);
+    }
+}
+
+/* A problem (and attention, d_out) whose strided inputs are gathered into contiguous
+ * copies (mem: one allocation, or NULL where none is strided), which the chunks read
+ * (lp_chunks slices units of contiguous arrays): the float32 engine reads a strided
+ * input a unit at a time in place, this engine copies it once per call. */
+typedef struct {
+    posenc_problem p;
+    posenc_attention a;
+    const void *d_out;
+    void *mem;
+} lp_inputs;
+
+static int lp_inputs_gather(lp_inputs *x, const posenc_problem *p, const posenc_attention *att,
+                            const void *d_out, int num_threads)
+{
+    x->p = *p;
+    if (att)
+        x->a = *att;
+    x->d_out = d_out;
+    x->mem = NULL;
+    lp_gather_job job = {{{0}}, 0, p->B, 0};
+    const size_t kv = posenc_kv_heads(p), dv = att ? att->dv : 0;
+    const struct { const void **at; posenc_strides *s; size_t heads, rows, cols; } in[4] = {
+        {&x->p.q, &x->p.q_strides, p->H, p->n, p->d},
+        {&x->p.k, &x->p.k_strides, kv, p->m, p->d},
+        {att ? &x->a.v : NULL, att ? &x->a.v_strides : NULL, kv, p->m, dv},
+        {d_out ? &x->d_out : NULL, att ? &x->a.d_out_strides : NULL, p->H, p->n, dv}};
+    size_t total = 0;
+    for (int e = 0; e < 4; ++e)
+        if (in[e].at && in[e].s->r) {
+            job.in[job.count++] = (lp_strided){*in[e].at, *in[e].s, in[e].heads, in[e].rows,
+                                               in[e].cols, NULL};
+            total += p->B * in[e].heads * in[e].rows * in[e].cols;
+        }
+    if (!job.count)
+        return POSENC_OK;
+    uint16_t *mem = (uint16_t *)posenc_alloc(total, sizeof(uint16_t));
+    if (!mem)
+        return POSENC_ENOMEM;
+    x->mem = mem;
+    for (size_t e = 0; e < job.count; ++e) {
+        job.in[e].dst = mem;
+        mem += p->B * job.in[e].heads * job.in[e].rows * job.in[e].cols;
+        job.units += p->B * job.in[e].heads;
+    }
+    for (int e = 0, t = 0; e < 4; ++e)
+        if (in[e].at && in[e].s->r) {
+            *in[e].at = job.in[t++].dst;
+            *in[e].s = (posenc_strides){0, 0, 0};
+        }
+    const size_t threads = num_threads > 0 ? (size_t)num_threads : 1;
+    return posenc_run_team(posenc_team_startable(posenc_min(threads, job.units)), 0,
+                           lp_gather_team_fn, &job);
+}
+
 /* ----------------------------------------------------------- entry points */
 
-static int lp_forward(const posenc_problem *p, void *out, int num_threads)
+static int lp_forward_gathered(const posenc_problem *p, void *out, int num_threads)
 {
     /* bfloat16 content logits on vdpbf16ps where the CPU has it (design (b)) */
     const int fast = posenc_bf16_content_forward(p, out, num_threads);
@@ -700,7 +786,7 @@ static int lp_forward(const posenc_problem *p, void *out, int num_threads)
     return lp_chunks(LP_LOGITS, p, st, NULL, NULL, num_threads);
 }
 
-static int lp_backward(const posenc_problem *p, const void *grad, const posenc_grads *g,
+static int lp_backward_gathered(const posenc_problem *p, const void *grad, const posenc_grads *g,
                        int num_threads)
 {
     lp_stream st[S_COUNT] = {{0}};
@@ -712,7 +798,7 @@ static int lp_backward(const posenc_problem *p, const void *grad, const posenc_g
     return lp_chunks(LP_LOGITS_BACKWARD, p, st, g, NULL, num_threads);
 }
 
-static int lp_attention_forward(const posenc_problem *p, const posenc_attention *att, void *out,
+static int lp_attention_forward_gathered(const posenc_problem *p, const posenc_attention *att, void *out,
                                 void *lse, int num_threads)
 {
     lp_stream st[S_COUNT] = {{0}};
@@ -724,7 +810,7 @@ static int lp_attention_forward(const posenc_problem *p, const posenc_attention 
     return lp_chunks(LP_ATTENTION, p, st, NULL, att, num_threads);
 }
 
-static int lp_attention_backward(const posenc_problem *p, const posenc_attention *att,
+static int lp_attention_backward_gathered(const posenc_problem *p, const posenc_attention *att,
                                  const void *d_out, const void *out, const void *lse,
                                  const posenc_grads *g, void *grad_v, int num_threads)
 {
@@ -740,6 +826,51 @@ static int lp_attention_backward(const posenc_problem *p, const posenc_attention
     st[S_LSE_IN] = (lp_stream){lse, NULL, p->n, 1, 0};
     st[S_D_LSE_IN] = (lp_stream){att->d_lse, NULL, p->n, 1, 0};   /* float32, as lse */
     return lp_chunks(LP_ATTENTION_BACKWARD, p, st, g, att, num_threads);
+}
+
+static int lp_forward(const posenc_problem *p, void *out, int num_threads)
+{
+    lp_inputs x;
+    int rc = lp_inputs_gather(&x, p, NULL, NULL, num_threads);
+    if (rc == POSENC_OK)
+        rc = lp_forward_gathered(&x.p, out, num_threads);
+    posenc_free(x.mem);
+    return rc;
+}
+
+static int lp_backward(const posenc_problem *p, const void *grad, const posenc_grads *g,
+                       int num_threads)
+{
+    lp_inputs x;
+    int rc = lp_inputs_gather(&x, p, NULL, NULL, num_threads);
+    if (rc == POSENC_OK)
+        rc = lp_backward_gathered(&x.p, grad, g, num_threads);
+    posenc_free(x.mem);
+    return rc;
+}
+
+static int lp_attention_forward(const posenc_problem *p, const posenc_attention *att, void *out,
+                                void *lse, int num_threads)
+{
+    lp_inputs x;
+    int rc = lp_inputs_gather(&x, p, att, NULL, num_threads);
+    if (rc == POSENC_OK)
+        rc = lp_attention_forward_gathered(&x.p, &x.a, out, lse, num_threads);
+    posenc_free(x.mem);
+    return rc;
+}
+
+static int lp_attention_backward(const posenc_problem *p, const posenc_attention *att,
+                                 const void *d_out, const void *out, const void *lse,
+                                 const posenc_grads *g, void *grad_v, int num_threads)
+{
+    lp_inputs x;
+    int rc = lp_inputs_gather(&x, p, att, d_out, num_threads);
+    if (rc == POSENC_OK)
+        rc = lp_attention_backward_gathered(&x.p, &x.a, x.d_out, out, lse, g, grad_v,
+                                            num_threads);
+    posenc_free(x.mem);
+    return rc;
 }
 
 const posenc_engine posenc_engine_lp = {lp_forward, lp_backward, lp_attention_forward,

@@ -105,7 +105,7 @@ static size_t forward_ws_layout(const forward_ctx *c, forward_ws *w, REAL *mem)
     if (!c->in_place)
         WS_TAKE(w, mem, at, k_pack, packed_b_size(p->d, p->m, nr));
     WS_TAKE(w, mem, at, P, mr * c->m_pad);
-    if (posenc_rotates(p) || (c->content >= 0 && c->kern->bf16)) {   /* unit_inputs_widen */
+    if (unit_inputs_copied(p, c->content >= 0 && c->kern->bf16)) {
         WS_TAKE(w, mem, at, inputs.q_rot, p->n * p->d);
         WS_TAKE(w, mem, at, inputs.k_rot, p->m * p->d);
     }

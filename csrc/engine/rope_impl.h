@@ -20,7 +20,8 @@
  * rotated rows (row r at q + r d, k + r d either way). */
 typedef struct {
     const REAL *q, *k;
-    REAL *q_rot, *k_rot;   /* with a rotation: n x d and m x d of the thread's workspace */
+    REAL *q_rot, *k_rot;   /* rotated or strided (unit_inputs_copied): n x d and m x d of
+                              the thread's workspace */
 } unit_inputs;
 
 /* Row r's cos and sin of a (P, r) table (REAL) or of a per-token table (float64, the
@@ -126,16 +127,40 @@ static const REAL *unit_rows(const gemm_scratch *s, REAL *dst, const REAL *x, si
     return x;
 }
 
+/* Unit (b, h)'s q (rows [r0, r1)) and k (all rows) as given, rows d apart: in place, or
+ * where strided copied into x's q_rot and k_rot (posenc_unit_rows). */
+static const REAL *unit_q_rows(const posenc_problem *p, unit_inputs *x, size_t b, size_t h,
+                               size_t r0, size_t r1)
+{
+    return (const REAL *)posenc_unit_rows(x->q_rot, p->q, &p->q_strides, p->H, p->n, p->d,
+                                          sizeof(REAL), b, h, r0, r1);
+}
+
+static const REAL *unit_k_rows(const posenc_problem *p, unit_inputs *x, size_t b, size_t h)
+{
+    return (const REAL *)posenc_unit_rows(x->k_rot, p->k, &p->k_strides, posenc_kv_heads(p),
+                                          p->m, p->d, sizeof(REAL), b, h / posenc_kv_group(p),
+                                          0, p->m);
+}
+
+/* Whether a unit's inputs take room in the workspace (unit_inputs' q_rot, k_rot):
+ * rotated, or read strided; `widened`: a content-reading kind on the bfloat16 GEMM
+ * (unit_inputs_widen). */
+static int unit_inputs_copied(const posenc_problem *p, int widened)
+{
+    return posenc_rotates(p) || posenc_inputs_strided(p) || widened;
+}
+
 /* Unit (b, h)'s inputs: q's rows [r0, r1) (the rows the caller computes)
  * and every row of k, rotated when the problem has a rotation (from their
  * bfloat16 twins where engine_lp.c gave only those: no float32 copy of q
- * and k is made for the whole problem). */
+ * and k is made for the whole problem), copied first where strided. */
 static void unit_inputs_at(const posenc_problem *p, const gemm_scratch *s, unit_inputs *x,
                            size_t b, size_t h, size_t r0, size_t r1)
 {
-    const size_t u = b * p->H + h, n = p->n, m = p->m, d = p->d;
-    const REAL *q = (const REAL *)p->q + u * n * d;
-    const REAL *k = (const REAL *)p->k + posenc_kv_unit(p, u) * m * d;
+    const size_t n = p->n, m = p->m, d = p->d;
+    const REAL *q = unit_q_rows(p, x, b, h, r0, r1);
+    const REAL *k = unit_k_rows(p, x, b, h);
     if (!posenc_rotates(p)) {
         x->q = q;
         x->k = k;
@@ -204,11 +229,10 @@ static void unit_inputs_grads(const posenc_problem *p, const posenc_grads *g, co
         const double f = scale ? *scale : 1.0;
         if (dq && (grad[ROPE_TOKEN_COS] || grad[ROPE_TOKEN_SIN]))
             rope_token_grads(p, grad + ROPE_TOKEN_COS, dq,
-                             unit_rows(s, x->q_rot, (const REAL *)p->q + u * n * d, n, d, 0, n), n, f);
+                             unit_rows(s, x->q_rot, unit_q_rows(p, x, b, h, 0, n), n, d, 0, n), n, f);
         if (dk && (grad[ROPE_TOKEN_COS_K] || grad[ROPE_TOKEN_SIN_K]))
             rope_token_grads(p, grad + ROPE_TOKEN_COS_K, dk,
-                             unit_rows(s, x->k_rot, (const REAL *)p->k + posenc_kv_unit(p, u) * m * d,
-                                       m, d, 0, m), m, f);
+                             unit_rows(s, x->k_rot, unit_k_rows(p, x, b, h), m, d, 0, m), m, f);
     }
     if (dq)
         rope_rows(p, dq, dq, b, h, 0, n, 0, 1, scale);

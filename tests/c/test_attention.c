@@ -284,10 +284,29 @@ typedef struct {
     double *out, *lse, *grad_v, *grads[GRAD_COUNT], grad_sinks[8];
 } attention_result;
 
-static int run_attention(problem_data *pd, posenc_attention *a, posenc_dtype dtype, int threads,
-                         attention_result *r)
+/* A (B, heads, rows, cols) input of `es`-byte elements laid out (B, rows, heads, cols + 1),
+ * as a model's projections hold it: a copy (free()'s), its strides in *s (posenc.h). */
+static void *transposed(const void *x, size_t B, size_t heads, size_t rows, size_t cols,
+                        size_t es, posenc_strides *s)
 {
-    const posenc_problem *p = &pd->p;
+    const size_t ld = cols + 1;
+    char *y = calloc(B * rows * heads * ld + 1, es);
+    for (size_t b = 0; b < B; ++b)
+        for (size_t h = 0; h < heads; ++h)
+            for (size_t i = 0; i < rows; ++i)
+                memcpy(y + ((b * rows + i) * heads + h) * ld * es,
+                       (const char *)x + ((b * heads + h) * rows + i) * cols * es, cols * es);
+    *s = (posenc_strides){(ptrdiff_t)(rows * heads * ld), (ptrdiff_t)ld, (ptrdiff_t)(heads * ld)};
+    return y;
+}
+
+/* The attention of pd's problem forward and backward into r; `strided`: q, k, v and d_out
+ * read from transposed() copies. */
+static int run_attention(problem_data *pd, posenc_attention *a, posenc_dtype dtype, int threads,
+                         attention_result *r, int strided)
+{
+    posenc_problem strided_p = pd->p;
+    const posenc_problem *p = strided ? &strided_p : &pd->p;
     const size_t es = dtype == POSENC_F32 ? sizeof(float) : sizeof(double);
     const size_t n_out = p->B * p->H * p->n * a->dv, n_lse = p->B * p->H * p->n;
     const size_t n_v = p->B * p->H_kv * p->m * a->dv;
@@ -302,9 +321,20 @@ static int run_attention(problem_data *pd, posenc_attention *a, posenc_dtype dty
     a->v = dtype == POSENC_F32 ? (const void *)pd->f32[X_V] : (const void *)pd->f64[X_V];
     a->grad_sinks = a->sinks ? r->grad_sinks : NULL;
     const void *d_out = dtype == POSENC_F32 ? (const void *)pd->f32[X_D_OUT] : (const void *)pd->f64[X_D_OUT];
-    int status = posenc_attention_forward(p, a, out, lse, threads);
+    void *copies[4] = {NULL, NULL, NULL, NULL};
+    posenc_attention sa = *a;
+    if (strided) {
+        const size_t H_kv = p->H_kv ? p->H_kv : p->H;
+        strided_p.q = copies[0] = transposed(p->q, p->B, p->H, p->n, p->d, es, &strided_p.q_strides);
+        strided_p.k = copies[1] = transposed(p->k, p->B, H_kv, p->m, p->d, es, &strided_p.k_strides);
+        sa.v = copies[2] = transposed(a->v, p->B, H_kv, p->m, a->dv, es, &sa.v_strides);
+        d_out = copies[3] = transposed(d_out, p->B, p->H, p->n, a->dv, es, &sa.d_out_strides);
+    }
+    int status = posenc_attention_forward(p, &sa, out, lse, threads);
     if (status == POSENC_OK)
-        status = posenc_attention_backward(p, a, d_out, out, lse, &grads, grad_v, threads);
+        status = posenc_attention_backward(p, &sa, d_out, out, lse, &grads, grad_v, threads);
+    for (int t = 0; t < 4; ++t)
+        free(copies[t]);
     r->out = widen(out, n_out, dtype);
     r->lse = widen(lse, n_lse, dtype);
     r->grad_v = widen(grad_v, n_v, dtype);
@@ -402,12 +432,14 @@ void test_attention(void)
                         if (!posenc_isa_supported((posenc_isa)isa))
                             continue;
                         posenc_set_isa((posenc_isa)isa);
-                        attention_result one, two;
+                        attention_result one, two, three;
                         char what[256];
                         snprintf(what, sizeof what, "attention %s %s %s size#%zu %s", configs[c].name,
                                  ac->name, dt ? "f64" : "f32", s, posenc_isa_name((posenc_isa)isa));
-                        EXPECT(run_attention(&pd, &a, dtype, 1, &one) == POSENC_OK, "%s status", what);
-                        EXPECT(run_attention(&pd, &a, dtype, 2, &two) == POSENC_OK, "%s status", what);
+                        EXPECT(run_attention(&pd, &a, dtype, 1, &one, 0) == POSENC_OK, "%s status", what);
+                        EXPECT(run_attention(&pd, &a, dtype, 2, &two, 0) == POSENC_OK, "%s status", what);
+                        EXPECT(run_attention(&pd, &a, dtype, 1, &three, 1) == POSENC_OK,
+                               "%s strided status", what);
                         const size_t n_out = z[0] * z[1] * z[2] * dv, n_lse = z[0] * z[1] * z[2];
                         const size_t n_v = z[0] * pd.p.H_kv * z[3] * dv;
                         compare(what, one.out, naive.out, n_out, rtol, 0);
@@ -416,9 +448,14 @@ void test_attention(void)
                         compare_lse(what, two.lse, one.lse, n_lse, 0, 1);
                         compare(what, one.grad_v, naive.grad_v, n_v, rtol, 0);
                         compare(what, two.grad_v, one.grad_v, n_v, 0, 1);
+                        /* q, k, v, d_out strided: the same sums, bit for bit */
+                        compare(what, three.out, one.out, n_out, 0, 1);
+                        compare_lse(what, three.lse, one.lse, n_lse, 0, 1);
+                        compare(what, three.grad_v, one.grad_v, n_v, 0, 1);
                         if (a.sinks) {
                             compare_above(what, one.grad_sinks, naive.grad_sinks, z[1], rtol, 0, 1.0);
                             compare(what, two.grad_sinks, one.grad_sinks, z[1], 0, 1);
+                            compare(what, three.grad_sinks, one.grad_sinks, z[1], 0, 1);
                         }
                         for (int t = 0; t < GRAD_COUNT; ++t) {
                             if (!want[t])
@@ -433,9 +470,12 @@ void test_attention(void)
                                           1.0);
                             compare(grad_what, two.grads[t], one.grads[t],
                                     grad_written_len(&pd, t), 0, 1);
+                            compare(grad_what, three.grads[t], one.grads[t],
+                                    grad_written_len(&pd, t), 0, 1);
                         }
                         free_attention(&one);
                         free_attention(&two);
+                        free_attention(&three);
                     }
                 }
                 for (int t = 0; t < GRAD_COUNT; ++t) free(want[t]);
