@@ -3,7 +3,8 @@
 * `to_numpy`: a zero-copy NumPy view of a CPU tensor (any strides; bfloat16
   as an `ml_dtypes.bfloat16` array), or a TypeError naming the argument when
   NumPy has no such dtype; `to_c_array`: the same of a C-contiguous tensor (a
-  strided one copied by torch); `to_tensor`: back, without a copy;
+  strided one copied by torch, but q, k, v and d_out, which the kernels read in
+  place: ROW_INPUTS); `to_tensor`: back, without a copy;
 * `autocast_inputs`: a C-kernel call's float tensors in CPU autocast's dtype,
   and `register_autocast`, the same rule on the custom ops themselves;
 * `validate`: the checkers of `posenc._checks` run on stand-in arrays of the
@@ -204,22 +205,36 @@ def to_tensor(array: np.ndarray) -> torch.Tensor:
         raise
 
 
+# The inputs the C kernels read in place with any strides but the last axis's (a unit's
+# rows at a time: the (B, H, n, d) views of (B, n, H, d) projections HF models hand).
+ROW_INPUTS = frozenset({"q", "k", "v", "d_out"})
+
+
+def _rows_in_place(name: str, tensor: torch.Tensor) -> bool:
+    """Whether the C kernels read this 4-D input where it lies (ROW_INPUTS, its last
+    axis contiguous, its rows apart: the binding's rule)."""
+    return (name in ROW_INPUTS and tensor.dim() == 4 and tensor.stride(2) != 0
+            and (tensor.shape[3] <= 1 or tensor.stride(3) == 1))
+
+
 def to_c_array(name: str, tensor: torch.Tensor) -> np.ndarray:
-    """`to_numpy` of the tensor, copied to C-contiguous first when it is not.
+    """`to_numpy` of the tensor, copied to C-contiguous first when it is not
+    (but for q, k, v and d_out whose last axis is contiguous: ROW_INPUTS).
 
     The C kernels read C-contiguous arrays and copy any other at every call:
-    an op that keeps its arrays for its backward (the fused attention's q, k,
-    v: strided views of the projections in a layer) copies once here instead
+    an op that keeps its arrays for its backward copies once here instead
     of once per C call, and torch's copy of a small strided tensor costs less
-    than NumPy's.  The values are the tensor's exactly.
+    than NumPy's.  q, k, v and d_out the kernels read a unit at a time in place
+    (a transposed view of the projections in a layer: no copy, and the op keeps
+    the view).  The values are the tensor's exactly.
     """
-    if tensor.dtype in _NUMPY_DTYPES and tensor.is_contiguous():
+    if tensor.dtype in _NUMPY_DTYPES and (tensor.is_contiguous() or _rows_in_place(name, tensor)):
         try:   # the common case, in one step
             return (tensor.detach() if tensor.requires_grad else tensor).numpy()
         except RuntimeError:                  # a negative or conjugate bit: to_numpy resolves it
             pass
     _numpy_dtype(name, tensor.dtype)      # its TypeError before any copy
-    if not tensor.is_contiguous():
+    if not tensor.is_contiguous() and not _rows_in_place(name, tensor):
         tensor = tensor.detach().contiguous()
     return to_numpy(name, tensor)
 

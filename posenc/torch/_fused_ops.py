@@ -79,8 +79,9 @@ def _problem(method, tensors, params, array):
 
 
 def _call(method, tensors, params, v, sinks, options):
-    """The checked call, its arrays C-contiguous (to_c_array): the eager backward
-    reuses it, so strided q, k, v are copied once per step, not once per C call."""
+    """The checked call, its arrays as to_c_array makes them (q, k, v views, the other
+    strided ones C-contiguous copies): the eager backward reuses it, so a strided
+    parameter is copied once per step, not once per C call."""
     problem = _problem(method, tensors, params, to_c_array)
     options = list(options)
     for at, name in _TENSOR_OPTIONS:
@@ -92,8 +93,8 @@ def _call(method, tensors, params, v, sinks, options):
 
 def _view(name: str, tensor: torch.Tensor):
     """`to_c_array` for one C call, its common case first: a contiguous CPU tensor of a
-    NumPy dtype not requiring grad is `tensor.numpy()` (a strided one goes to to_c_array,
-    whose torch copy is faster than the binding's NumPy one)."""
+    NumPy dtype not requiring grad is `tensor.numpy()` (a strided one goes to to_c_array:
+    q, k, v as views, the others copied by torch, faster than the binding's NumPy copy)."""
     if tensor.is_contiguous():
         try:
             return tensor.numpy()

@@ -132,12 +132,10 @@ def _maybe(condition: torch.Tensor) -> bool:
 
 
 def _heads(x, heads, head_dim):
-    """A projection (B, n, H·d) as (B, H, n, d), C-contiguous: a copy in the
-    graph.  The fused op needs C-contiguous arrays and keeps them for its
-    backward; given the strided view, it would copy outside the graph and keep
-    the copy and the view, and through the view the projection's output: two
-    copies of q, k and v per layer for the whole step.  The values are the same."""
-    return x.view(x.shape[0], x.shape[1], heads, head_dim).transpose(1, 2).contiguous()
+    """A projection (B, n, H·d) as (B, H, n, d): a view, no copy.  The fused op reads
+    q, k and v a unit at a time where they lie (their last axis contiguous) and keeps
+    the view for its backward: one copy of each per layer, the projection's output."""
+    return x.view(x.shape[0], x.shape[1], heads, head_dim).transpose(1, 2)
 
 
 def _t5_forward(self, hidden_states, mask=None, key_value_states=None, position_bias=None,
@@ -256,7 +254,7 @@ def _t5_family_attention(self, hidden_states, mask, key_value_states, past_key_v
     if cache is not None and not _dynamic_layer(cache, self.layer_idx):
         raise _Unsupported(f"a {type(cache).__name__} (posenc serves DynamicCache)")
 
-    # (B, H, n, d) copies made here, in the graph (_heads), which the fused op and HF's cache keep
+    # (B, H, n, d) views (_heads), which the fused op reads in place; HF's cache keeps copies
     query = _heads(project(self.q, hidden_states), heads, dk)
     if cross and past_key_values is not None and updated:
         key = cache.layers[self.layer_idx].keys
@@ -277,10 +275,11 @@ def _t5_family_attention(self, hidden_states, mask, key_value_states, past_key_v
             raise _Unsupported("a causal layer without a mask over a longer cache")
     padding = _split_mask(mask, batch, n, total, causal, offset)
 
+    # what the cache keeps every later step reads: contiguous (no view of a projection)
     if not cross and past_key_values is not None:
-        key, value = cache.update(key, value, self.layer_idx)
+        key, value = cache.update(key.contiguous(), value.contiguous(), self.layer_idx)
     elif cross and past_key_values is not None and not updated:
-        key, value = cache.update(key, value, self.layer_idx)
+        key, value = cache.update(key.contiguous(), value.contiguous(), self.layer_idx)
         if isinstance(past_key_values, EncoderDecoderCache):
             past_key_values.is_updated[self.layer_idx] = True
     if key.shape[2] != total:
