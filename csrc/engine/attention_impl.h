@@ -75,6 +75,7 @@ typedef struct {
     REAL *cap_grad;      /* backward with softcap: 1 - tanh^2 of a block's capped logits */
     double sink_grad;    /* backward with sinks: the unit's dL/dsink so far */
     REAL *v_rows;        /* a strided v: a unit's rows (m x dv, attention_v_unit) */
+    size_t v_held;       /* 1 + the value unit whose rows v_rows holds, 0: none */
     REAL *d_out_rows;    /* backward, a strided d_out: a unit's rows (n x dv) */
     const REAL *d_out_unit;   /* backward: the unit's rows of d_out (n x dv), in place or in
                                  d_out_rows */
@@ -133,10 +134,15 @@ static size_t attention_ws_layout(const attention_ctx *c, int backward, size_t r
     return posenc_round_up(at, POSENC_ALIGN / sizeof(REAL));
 }
 
-/* Unit u's rows of v (m x dv): in place, or copied from a strided v into w->v_rows. */
-static const REAL *attention_v_unit(const attention_ctx *c, const attention_ws *w, size_t u)
+/* Unit u's rows of v (m x dv): in place, or copied from a strided v into w->v_rows (once
+ * for the heads of a group that a thread takes in turn). */
+static const REAL *attention_v_unit(const attention_ctx *c, attention_ws *w, size_t u)
 {
     const posenc_problem *p = c->p;
+    const size_t kv = posenc_kv_unit(p, u);
+    if (c->a->v_strides.r && w->v_held == kv + 1)
+        return w->v_rows;
+    w->v_held = kv + 1;
     return (const REAL *)posenc_unit_rows(w->v_rows, c->a->v, &c->a->v_strides,
                                           posenc_kv_heads(p), p->m, c->a->dv, sizeof(REAL),
                                           u / p->H, u % p->H / posenc_kv_group(p), 0, p->m);

@@ -22,6 +22,8 @@ typedef struct {
     const REAL *q, *k;
     REAL *q_rot, *k_rot;   /* rotated or strided (unit_inputs_copied): n x d and m x d of
                               the thread's workspace */
+    size_t k_held;         /* a strided k without a rotation: 1 + the key unit whose rows
+                              k_rot holds (the heads of a group read them in turn), 0: none */
 } unit_inputs;
 
 /* Row r's cos and sin of a (P, r) table (REAL) or of a per-token table (float64, the
@@ -138,6 +140,10 @@ static const REAL *unit_q_rows(const posenc_problem *p, unit_inputs *x, size_t b
 
 static const REAL *unit_k_rows(const posenc_problem *p, unit_inputs *x, size_t b, size_t h)
 {
+    const size_t kv = b * posenc_kv_heads(p) + h / posenc_kv_group(p);
+    if (p->k_strides.r && x->k_held == kv + 1)
+        return x->k_rot;
+    x->k_held = p->k_strides.r && !posenc_rotates(p) ? kv + 1 : 0;   /* rotated in place */
     return (const REAL *)posenc_unit_rows(x->k_rot, p->k, &p->k_strides, posenc_kv_heads(p),
                                           p->m, p->d, sizeof(REAL), b, h / posenc_kv_group(p),
                                           0, p->m);
