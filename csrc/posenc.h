@@ -256,8 +256,6 @@ int posenc_backward(const posenc_problem *p, const void *grad_logits,
 typedef struct {
     const void *v;                    /* (B, H_kv, m, dv), the problem's dtype */
     size_t dv;
-    posenc_strides v_strides;         /* where v's rows lie, and the backward's d_out's */
-    posenc_strides d_out_strides;     /* (r = 0: contiguous; posenc_problem's q_strides) */
     const uint8_t *key_padding_mask;  /* (B, m), nonzero = padding; NULL: none */
     int causal;                       /* mask the keys j > query_offset + i */
     double dropout_p;                 /* in [0, 1) */
@@ -278,6 +276,8 @@ typedef struct {
     double *grad_sinks;               /* the backward's output (H): dL/dsinks; NULL: not wanted */
     const void *d_lse;                /* the backward's input (B, H, n), lse's dtype: dL/dlse
                                          (dlse_i/dA_ij = P_ij); NULL: lse unused */
+    posenc_strides v_strides;         /* where v's rows lie, and the backward's d_out's */
+    posenc_strides d_out_strides;     /* (r = 0: contiguous; posenc_problem's q_strides) */
 } posenc_attention;
 
 /* A window side without a bound. */
