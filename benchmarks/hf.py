@@ -2,7 +2,7 @@
 """Hugging Face models patched onto posenc (posenc.torch.hf) against HF's own attention.
 
     python benchmarks/hf.py [--quick] [--out DIR] [--threads 2] [--repeats 3] [--repeats-long 2]
-                            [--note TEXT]
+                            [--note TEXT] [--models NAME ...] [--before PATH] [--profile]
 
 One run, float32, 2 threads (torch and posenc), random weights from configs (no downloads):
 
@@ -28,6 +28,13 @@ its inputs and a warm-up at tiny size (each step gives its memory back).  Target
 than the best HF implementation and its peak memory <= 0.5x the lowest HF peak;
 DeBERTa's training step >= 2x.  Results: <out>/hf-<date>.json and .md
 (--quick: tiny shapes, seconds; out defaults to benchmarks/results/tmp).
+
+--before PATH adds, for each posenc case, the same case on PATH's posenc (a checkout
+built in place: `git worktree add PATH <commit>`, then `python setup.py build_ext
+--inplace` there), labelled "@before", taking turns with the others: a change's
+effect on a whole model's step, time and peak memory.  --profile runs, after the
+timed training steps, one more step of each posenc case under torch.profiler and
+reports its copies (aten::copy_: calls, milliseconds, the largest shapes).
 """
 
 from __future__ import annotations
@@ -167,6 +174,21 @@ def _train_step(model, batch) -> float:
     return seconds
 
 
+def _profiled_step(model, batch) -> dict:
+    """A training step under torch.profiler: its seconds and its copies (aten::copy_: calls,
+    self milliseconds, and the shapes that copied most)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        seconds = _train_step(model, batch)
+    copies = [e for e in prof.key_averages(group_by_input_shape=True) if e.key == "aten::copy_"]
+    shapes = sorted(copies, key=lambda e: -e.self_cpu_time_total)[:6]
+    return {"s": seconds, "copy_calls": sum(e.count for e in copies),
+            "copy_ms": sum(e.self_cpu_time_total for e in copies) / 1e3,
+            "copy_shapes": [{"shape": str(e.input_shapes[0]) if e.input_shapes else "?",
+                             "calls": e.count, "ms": e.self_cpu_time_total / 1e3} for e in shapes]}
+
+
 def _give_back_memory() -> None:
     """Return freed heap to the system (glibc's malloc_trim), so that a case
     waiting for its turn holds its model and inputs, not its last step's peak."""
@@ -246,6 +268,8 @@ def worker(spec: dict, build=None) -> None:
         step_base = (_current_rss_bytes() if _reset_peak() else None) or base
         if command == "train":
             reply = {"s": _train_step(model, batch)}
+        elif command == "profile":
+            reply = _profiled_step(model, batch)
         elif command == "generate":
             seconds, tokens = _generate(model, batch, shape["new_tokens"])
             reply = {"s": seconds, "tokens": tokens.tolist()}
@@ -264,13 +288,16 @@ class Case:
 
     script = os.path.abspath(__file__)
 
-    def __init__(self, model: str, implementation: str, quick: bool, threads: int, batch: int):
-        self.implementation = implementation
+    def __init__(self, model: str, implementation: str, quick: bool, threads: int, batch: int,
+                 before: str | None = None):
+        # the label the results use: implementation, or implementation@before on `before`'s posenc
+        self.implementation = implementation + ("@before" if before else "")
         self.stderr = tempfile.TemporaryFile(mode="w+")
         spec = dict(model=model, implementation=implementation, quick=quick, threads=threads, batch=batch)
-        from posenc._paths import package_home   # the workers import this posenc
+        from posenc._paths import package_home   # the workers import this posenc, or before's
 
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [package_home(),
+        home = os.path.abspath(before) if before else package_home()
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [home,
                                                                         os.environ.get("PYTHONPATH")])))
         self.process = subprocess.Popen([sys.executable, self.script, "--worker", json.dumps(spec)],
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr,
@@ -360,6 +387,9 @@ def run_model(name: str, args, log) -> dict:
             implementations.append(implementation)
     cases = [Case(name, implementation, args.quick, args.threads, shape["batch"])
              for implementation in implementations]
+    before = getattr(args, "before", None)
+    cases += [Case(name, implementation, args.quick, args.threads, shape["batch"], before)
+              for implementation in implementations if before and implementation.startswith("posenc")]
     try:
         running = []
         for case in cases:
@@ -387,6 +417,12 @@ def run_model(name: str, args, log) -> dict:
                 if command == "generate":
                     entry["tokens"] = got[-1]["tokens"]
                 result["cases"][implementation][command] = entry
+            if command == "train" and getattr(args, "profile", False):
+                profiled = [case for case in running if case.implementation.startswith("posenc")]
+                log(f"{TITLES[name]}: a profiled training step")
+                replies, errors = _rounds(profiled, "profile", 0, log)
+                for implementation, got in replies.items():
+                    result["cases"][implementation]["profile"] = got[0]
     finally:
         for case in cases:
             case.close()
@@ -435,6 +471,18 @@ def targets(results: dict) -> list:
             found.append(dict(name=f"Llama {command}: HF {best} ÷ attn_implementation=\"posenc\" alone "
                                    f"(projections on torch's GEMM)",
                               ratio=peers[best]["median_s"] / alone["median_s"], target=None, verdict="info"))
+    for name, model in results["models"].items():       # --before: this checkout against before's
+        for label, case in model.get("cases", {}).items():
+            was = model["cases"].get(label + "@before", {})
+            for command in ("train", "generate"):
+                if command in case and command in was:
+                    now, then = case[command], was[command]
+                    found.append(dict(name=f"{name} {label} {command}: time ÷ before's",
+                                      ratio=now["median_s"] / then["median_s"], target=None,
+                                      verdict="info"))
+                    found.append(dict(name=f"{name} {label} {command}: peak memory ÷ before's",
+                                      ratio=now["peak_bytes"] / then["peak_bytes"], target=None,
+                                      verdict="info"))
     for name, label in (("t5", "T5"), ("llama", "Llama"), ("llama-2k", "Llama, 2048-token prompt,")):
         peers, ours = hf_cases(name, "generate")
         if peers and ours:
@@ -508,6 +556,16 @@ def markdown(results: dict) -> str:
                               f"{k} {rate:.0f} GFLOP/s ({100 * rate / results['fma_peak_gflops']:.0f} %)"
                               for k, rate in rates.items())
                           + " of the float32 FMA peak measured in this run.", ""]
+        profiles = {k: v["profile"] for k, v in model["cases"].items() if "profile" in v}
+        if profiles:
+            lines += ["Copies in one profiled training step (torch.profiler, aten::copy_):", "",
+                      "| implementation | step s | copies | copy ms | largest (shape: calls, ms) |",
+                      "|---|---|---|---|---|"]
+            for implementation, got in profiles.items():
+                largest = "; ".join(f"{x['shape']}: {x['calls']}, {x['ms']:.1f}" for x in got["copy_shapes"])
+                lines.append(f"| {implementation} | {got['s']:.2f} | {got['copy_calls']} | "
+                             f"{got['copy_ms']:.1f} | {largest} |")
+            lines.append("")
         for implementation, case in model["cases"].items():
             if "error" in case:
                 lines += [f"* {implementation} failed: {case['error']}", ""]
@@ -539,6 +597,10 @@ def main(argv=None) -> int:
     parser.add_argument("--deberta-batch", type=int, default=None,
                         help="DeBERTa's batch (default 8): smaller where memory or time forces it")
     parser.add_argument("--models", nargs="+", default=list(SHAPES), choices=list(SHAPES))
+    parser.add_argument("--before", default=None, metavar="PATH",
+                        help="also run each posenc case on PATH's posenc (a checkout built in place)")
+    parser.add_argument("--profile", action="store_true",
+                        help="one more training step of each posenc case under torch.profiler: its copies")
     args = parser.parse_args(argv)
     if args.worker:
         worker(json.loads(args.worker))

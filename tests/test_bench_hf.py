@@ -79,3 +79,30 @@ def test_a_failing_worker_is_reported(quick_run, tmp_path):
     with pytest.raises(RuntimeError, match="worker exited with status"):
         case.read()
     case.close()
+
+
+def test_before_and_profile(quick_run, tmp_path):
+    """--before PATH: each posenc case also on PATH's posenc ("@before", here this checkout
+    itself), its ratios among the targets; --profile: a profiled step's copies per posenc case."""
+    module, _, _ = quick_run
+    from posenc._paths import package_home
+
+    out = tmp_path / "before"
+    assert module["main"](["--quick", "--models", "llama", "--before", package_home(), "--profile",
+                           "--out", str(out)]) == 0
+    (json_path,), (md_path,) = sorted(out.glob("hf-*.json")), sorted(out.glob("hf-*.md"))
+    data, text = json.loads(json_path.read_text()), md_path.read_text()
+    cases = data["models"]["llama"]["cases"]
+    assert set(cases) == {"posenc", "posenc-attn", "eager", "sdpa", "posenc@before",
+                          "posenc-attn@before"}
+    for label in ("posenc", "posenc-attn", "posenc@before", "posenc-attn@before"):
+        profile = cases[label]["profile"]
+        assert profile["copy_calls"] >= 1 and profile["copy_ms"] >= 0 and profile["copy_shapes"]
+        assert f"| {label} |" in text
+    assert "eager" not in {k for k, v in cases.items() if "profile" in v}
+    names = [t["name"] for t in data["targets"]]
+    for label in ("posenc", "posenc-attn"):
+        for command in ("train", "generate"):
+            assert f"llama {label} {command}: time ÷ before's" in names
+            assert f"llama {label} {command}: peak memory ÷ before's" in names
+    assert "Copies in one profiled training step" in text
