@@ -140,7 +140,9 @@ static const REAL *attention_v_unit(const attention_ctx *c, attention_ws *w, siz
 {
     const posenc_problem *p = c->p;
     const size_t kv = posenc_kv_unit(p, u);
-    if (c->a->v_strides.r && w->v_held == kv + 1)
+    if (!c->a->v_strides.r)
+        return (const REAL *)c->a->v + kv * p->m * c->a->dv;
+    if (w->v_held == kv + 1)
         return w->v_rows;
     w->v_held = kv + 1;
     return (const REAL *)posenc_unit_rows(w->v_rows, c->a->v, &c->a->v_strides,

@@ -140,10 +140,12 @@ static const REAL *unit_q_rows(const posenc_problem *p, unit_inputs *x, size_t b
 
 static const REAL *unit_k_rows(const posenc_problem *p, unit_inputs *x, size_t b, size_t h)
 {
-    const size_t kv = b * posenc_kv_heads(p) + h / posenc_kv_group(p);
-    if (p->k_strides.r && x->k_held == kv + 1)
+    const size_t kv = posenc_kv_unit(p, b * p->H + h);
+    if (!p->k_strides.r)   /* contiguous: in place */
+        return (const REAL *)p->k + kv * p->m * p->d;
+    if (x->k_held == kv + 1)
         return x->k_rot;
-    x->k_held = p->k_strides.r && !posenc_rotates(p) ? kv + 1 : 0;   /* rotated in place */
+    x->k_held = posenc_rotates(p) ? 0 : kv + 1;   /* the rotation turns k_rot in place */
     return (const REAL *)posenc_unit_rows(x->k_rot, p->k, &p->k_strides, posenc_kv_heads(p),
                                           p->m, p->d, sizeof(REAL), b, h / posenc_kv_group(p),
                                           0, p->m);
