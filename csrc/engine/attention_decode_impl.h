@@ -233,7 +233,8 @@ static void attention_decode_unit(const attention_ctx *c, forward_ws *fw, attent
  * The decoding path for `heads` query heads from h_first of one key/value head (GQA),
  * all of their n rows (heads n <= mr): k and v stream once for all of them.  The
  * content logits of every row in one rows_dot (q's rows of the heads are contiguous,
- * or rotated or copied from a strided q into w->group_q), each head's positional rows and softmax rows on its
+ * or rotated or copied from a strided q into w->group_q), each head's positional rows
+ * and softmax rows on its
  * block of w->scores, then one rows_axpy into the heads' out rows (contiguous too).
  */
 static void attention_decode_heads(const attention_ctx *c, forward_ws *fw, attention_ws *w,

@@ -57,7 +57,8 @@ static inline const void *posenc_unit_rows(void *dst, const void *x, const posen
 {
     if (!s->r)
         return (const char *)x + (b * heads + h) * rows * cols * elem;
-    const char *unit = (const char *)x + ((ptrdiff_t)b * s->b + (ptrdiff_t)h * s->h) * (ptrdiff_t)elem;
+    const char *unit =
+        (const char *)x + ((ptrdiff_t)b * s->b + (ptrdiff_t)h * s->h) * (ptrdiff_t)elem;
     for (size_t i = r0; i < r1; ++i)
         memcpy((char *)dst + i * cols * elem, unit + (ptrdiff_t)i * s->r * (ptrdiff_t)elem,
                cols * elem);

@@ -724,8 +724,7 @@ static int lp_inputs_gather(lp_inputs *x, const posenc_problem *p, const posenc_
                             const void *d_out, int num_threads)
 {
     x->p = *p;
-    if (att)
-        x->a = *att;
+    x->a = att ? *att : (posenc_attention){0};
     x->d_out = d_out;
     x->mem = NULL;
     lp_gather_job job = {{{0}}, 0, p->B, 0};
@@ -786,8 +785,8 @@ static int lp_forward_gathered(const posenc_problem *p, void *out, int num_threa
     return lp_chunks(LP_LOGITS, p, st, NULL, NULL, num_threads);
 }
 
-static int lp_backward_gathered(const posenc_problem *p, const void *grad, const posenc_grads *g,
-                       int num_threads)
+static int lp_backward_gathered(const posenc_problem *p, const void *grad,
+                                const posenc_grads *g, int num_threads)
 {
     lp_stream st[S_COUNT] = {{0}};
     st[S_Q] = (lp_stream){p->q, NULL, p->n * p->d, 0, 0};
@@ -798,8 +797,8 @@ static int lp_backward_gathered(const posenc_problem *p, const void *grad, const
     return lp_chunks(LP_LOGITS_BACKWARD, p, st, g, NULL, num_threads);
 }
 
-static int lp_attention_forward_gathered(const posenc_problem *p, const posenc_attention *att, void *out,
-                                void *lse, int num_threads)
+static int lp_attention_forward_gathered(const posenc_problem *p, const posenc_attention *att,
+                                         void *out, void *lse, int num_threads)
 {
     lp_stream st[S_COUNT] = {{0}};
     st[S_Q] = (lp_stream){p->q, NULL, p->n * p->d, 0, 0};
@@ -811,8 +810,8 @@ static int lp_attention_forward_gathered(const posenc_problem *p, const posenc_a
 }
 
 static int lp_attention_backward_gathered(const posenc_problem *p, const posenc_attention *att,
-                                 const void *d_out, const void *out, const void *lse,
-                                 const posenc_grads *g, void *grad_v, int num_threads)
+                                          const void *d_out, const void *out, const void *lse,
+                                          const posenc_grads *g, void *grad_v, int num_threads)
 {
     lp_stream st[S_COUNT] = {{0}};
     st[S_Q] = (lp_stream){p->q, NULL, p->n * p->d, 0, 0};

@@ -237,7 +237,8 @@ static void unit_inputs_grads(const posenc_problem *p, const posenc_grads *g, co
         const double f = scale ? *scale : 1.0;
         if (dq && (grad[ROPE_TOKEN_COS] || grad[ROPE_TOKEN_SIN]))
             rope_token_grads(p, grad + ROPE_TOKEN_COS, dq,
-                             unit_rows(s, x->q_rot, unit_q_rows(p, x, b, h, 0, n), n, d, 0, n), n, f);
+                             unit_rows(s, x->q_rot, unit_q_rows(p, x, b, h, 0, n), n, d, 0, n), n,
+                             f);
         if (dk && (grad[ROPE_TOKEN_COS_K] || grad[ROPE_TOKEN_SIN_K]))
             rope_token_grads(p, grad + ROPE_TOKEN_COS_K, dk,
                              unit_rows(s, x->k_rot, unit_k_rows(p, x, b, h), m, d, 0, m), m, f);

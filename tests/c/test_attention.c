@@ -325,8 +325,10 @@ static int run_attention(problem_data *pd, posenc_attention *a, posenc_dtype dty
     posenc_attention sa = *a;
     if (strided) {
         const size_t H_kv = p->H_kv ? p->H_kv : p->H;
-        strided_p.q = copies[0] = transposed(p->q, p->B, p->H, p->n, p->d, es, &strided_p.q_strides);
-        strided_p.k = copies[1] = transposed(p->k, p->B, H_kv, p->m, p->d, es, &strided_p.k_strides);
+        strided_p.q = copies[0] =
+            transposed(p->q, p->B, p->H, p->n, p->d, es, &strided_p.q_strides);
+        strided_p.k = copies[1] =
+            transposed(p->k, p->B, H_kv, p->m, p->d, es, &strided_p.k_strides);
         sa.v = copies[2] = transposed(a->v, p->B, H_kv, p->m, a->dv, es, &sa.v_strides);
         d_out = copies[3] = transposed(d_out, p->B, p->H, p->n, a->dv, es, &sa.d_out_strides);
     }
@@ -436,8 +438,10 @@ void test_attention(void)
                         char what[256];
                         snprintf(what, sizeof what, "attention %s %s %s size#%zu %s", configs[c].name,
                                  ac->name, dt ? "f64" : "f32", s, posenc_isa_name((posenc_isa)isa));
-                        EXPECT(run_attention(&pd, &a, dtype, 1, &one, 0) == POSENC_OK, "%s status", what);
-                        EXPECT(run_attention(&pd, &a, dtype, 2, &two, 0) == POSENC_OK, "%s status", what);
+                        EXPECT(run_attention(&pd, &a, dtype, 1, &one, 0) == POSENC_OK,
+                               "%s status", what);
+                        EXPECT(run_attention(&pd, &a, dtype, 2, &two, 0) == POSENC_OK,
+                               "%s status", what);
                         EXPECT(run_attention(&pd, &a, dtype, 1, &three, 1) == POSENC_OK,
                                "%s strided status", what);
                         const size_t n_out = z[0] * z[1] * z[2] * dv, n_lse = z[0] * z[1] * z[2];
