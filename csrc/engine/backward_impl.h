@@ -173,7 +173,7 @@ static void backward_unit_begin(const backward_ctx *c, backward_ws *w, size_t u,
             key_projections(c->kern, &w->scratch, p, c->terms->key_runs.b_min, c->terms->key_buckets, 0,
                             c->terms->key_buckets, &c->terms->key_edges, w->key_table_pack, w->key_proj, h, k_u);
         if (w->term_unit)
-            terms_unit(p, c->kern, &w->scratch, u / p->H, h, w->term_unit);
+            terms_unit(p, c->kern, &w->scratch, 0, u / p->H, h, w->term_unit);
     }
 }
 

@@ -152,7 +152,7 @@ static void forward_head_block(const forward_ctx *c, forward_ws *w, size_t h)
     const posenc_problem *p = c->p;
     const posenc_kernels *kern = c->kern;
     const size_t n = p->n, m = p->m, step = c->causal ? kern->mr : n;
-    terms_unit(p, kern, &w->scratch, 0, h, w->term_unit);   /* batch row 0's stands for all */
+    terms_unit(p, kern, &w->scratch, 0, 0, h, w->term_unit);   /* batch row 0's stands for all */
     w->cached_term_unit = -1;
     for (size_t i0 = 0; i0 < n; i0 += step) {
         const size_t rows = posenc_min(step, n - i0);
@@ -351,7 +351,8 @@ static void forward_unit_setup(const forward_ctx *c, forward_ws *w, size_t b, si
                         c->key_reach[1], &c->terms->key_edges, w->key_table_pack, w->key_proj, h, k_u);
     if (((c->modules && !c->module_blocks) || c->content >= 0) &&
         !(c->units_batch_free && w->cached_term_unit == (ptrdiff_t)h)) {
-        terms_unit(p, kern, &w->scratch, b, h, w->term_unit);
+        /* the kinds a head block holds are read there: their unit data is not formed */
+        terms_unit(p, kern, &w->scratch, c->head_blocks ? c->block_kinds : 0, b, h, w->term_unit);
         w->cached_term_unit = c->units_batch_free ? (ptrdiff_t)h : -1;
     }
     if (c->expanded >= 0)

@@ -175,16 +175,19 @@ static int terms_units_batch_free(const posenc_problem *p)
     return 1;
 }
 
-/* Each present module's unit data of unit (b, h) formed in scratch (terms_unit_scratch). */
+/* The unit data of unit (b, h) of each present module from kind `from` on formed in
+ * scratch (terms_unit_scratch: every present module's room, in the list's order; the
+ * kinds before `from`, whose rows a head block holds, keep theirs unwritten). */
 static void terms_unit(const posenc_problem *p, const posenc_kernels *kern,
-                       const gemm_scratch *gs, size_t b, size_t h,
-                       REAL *scratch)
+                       const gemm_scratch *gs, int from, size_t b, size_t h, REAL *scratch)
 {
     for (int k = 0; k < POSENC_TERM_COUNT; ++k)
         if (term_has_unit(p, k)) {
-            term_unit t = term_unit_of(p, kern, gs, k, b, h);
-            t.unit_data = scratch;
-            term_kinds[k].unit(&t);
+            if (k >= from) {
+                term_unit t = term_unit_of(p, kern, gs, k, b, h);
+                t.unit_data = scratch;
+                term_kinds[k].unit(&t);
+            }
             scratch += term_unit_data_size(p, kern, k);
         }
 }
