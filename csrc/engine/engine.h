@@ -111,6 +111,10 @@ typedef struct {
                               const void *d_out, const void *out, const void *lse,
                               const posenc_grads *g, void *grad_v, int num_threads);
     int (*matmul)(const posenc_matmul_problem *mm, int num_threads);   /* NULL: not served */
+    /* the first term kind whose REAL-side grad_block and term_<name>_by_blocks flag
+     * (posenc_term_by_blocks) disagree, or -1 (term_kinds_check; the C tests call it);
+     * NULL: the engine has no kinds of its own (engine_lp.c) */
+    int (*term_kinds_check)(void);
 } posenc_engine;
 
 extern const posenc_engine posenc_engine_f32, posenc_engine_f64, posenc_engine_lp;

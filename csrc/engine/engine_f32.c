@@ -5,4 +5,4 @@
 #include "engine_impl.h"
 
 const posenc_engine posenc_engine_f32 = {forward, backward, attention_forward, attention_backward,
-                                        matmul};
+                                        matmul, term_kinds_check};

@@ -873,4 +873,4 @@ static int lp_attention_backward(const posenc_problem *p, const posenc_attention
 }
 
 const posenc_engine posenc_engine_lp = {lp_forward, lp_backward, lp_attention_forward,
-                                        lp_attention_backward, NULL};
+                                        lp_attention_backward, NULL, NULL};

@@ -30,6 +30,18 @@
 static const term_kind term_kinds[POSENC_TERM_COUNT] = {POSENC_TERMS(TERM_KIND_, )};
 #undef TERM_KIND_
 
+/* The first kind whose grad_block pointer (what the engine calls) and its file's
+ * term_<name>_by_blocks flag (posenc_term_by_blocks: the LP engine's chunks, the fold,
+ * outside REAL) disagree, or -1: the two sources of "its gradient goes by blocks",
+ * checked by the C tests (posenc_engine's term_kinds_check). */
+static int term_kinds_check(void)
+{
+    for (int k = 0; k < POSENC_TERM_COUNT; ++k)
+        if ((term_kinds[k].grad_block != NULL) != (posenc_term_by_blocks(k) != 0))
+            return k;
+    return -1;
+}
+
 static term_unit term_unit_of(const posenc_problem *p, const posenc_kernels *kern,
                               const gemm_scratch *gs, int k,
                               size_t b, size_t h)

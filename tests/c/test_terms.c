@@ -23,6 +23,7 @@
 #include <string.h>
 
 #include "harness.h"
+#include "engine/engine.h"   /* posenc_engine_f32, _f64: term_kinds_check */
 
 /* A FoX problem's inputs, in double, and its problem (pointers set per dtype). */
 typedef struct {
@@ -1146,6 +1147,12 @@ static void positions_kernels(const posenc_kernels *kern, posenc_isa isa, int dt
 
 void test_terms(void)
 {
+    /* a kind's gradient by blocks has two sources (its grad_block, what the engine calls;
+     * its term_<name>_by_blocks flag, what the LP chunks and the fold read): they agree */
+    EXPECT(posenc_engine_f32.term_kinds_check() == -1, "float32 engine: kind %d's grad_block "
+           "and by_blocks disagree", posenc_engine_f32.term_kinds_check());
+    EXPECT(posenc_engine_f64.term_kinds_check() == -1, "float64 engine: kind %d's grad_block "
+           "and by_blocks disagree", posenc_engine_f64.term_kinds_check());
     const size_t sizes[][6] = {{1, 1, 1, 1, 1, 0}, {2, 3, 7, 9, 3, 2}, {1, 2, 17, 33, 9, 16},
                                {2, 1, 33, 33, 16, 0}, {1, 1, 65, 70, 31, 5}, {2, 3, 70, 80, 16, 10}};
     for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; ++s) {
