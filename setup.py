@@ -109,8 +109,8 @@ def extension(name, sources, isa_dir, isas=ISAS):
 
 
 ENGINE = ["csrc/engine/" + name for name in (
-    "entry.c", "engine_f32.c", "engine_f64.c", "engine_lp.c", "bf16dot.c", "runs.c", "spans.c",
-    "alloc.c", "threads.c", "philox.c")]
+    "entry.c", "terms.c", "engine_f32.c", "engine_f64.c", "engine_lp.c", "bf16dot.c", "runs.c",
+    "spans.c", "alloc.c", "threads.c", "philox.c")]
 
 setup(
     ext_modules=[

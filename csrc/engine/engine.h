@@ -120,7 +120,7 @@ typedef struct {
 extern const posenc_engine posenc_engine_f32, posenc_engine_f64, posenc_engine_lp;
 
 /* Whether kind k's gradient goes by blocks (csrc/terms.h, a kind's term_<name>_by_blocks:
- * TUPE's dense factor), and whether p has such a kind; in entry.c. */
+ * TUPE's dense factor), and whether p has such a kind; in terms.c. */
 int posenc_term_by_blocks(int k);
 int posenc_terms_by_blocks(const posenc_problem *p);
 

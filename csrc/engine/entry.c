@@ -71,22 +71,6 @@ static const char *terms_invalid(const posenc_problem *p)
     return NULL;
 }
 
-int posenc_term_by_blocks(int k)
-{
-#define TERM_BY_BLOCKS_(name, ...) term_##name##_by_blocks,
-    static const int by_blocks[POSENC_TERM_COUNT] = {POSENC_TERMS(TERM_BY_BLOCKS_, )};
-#undef TERM_BY_BLOCKS_
-    return by_blocks[k];
-}
-
-int posenc_terms_by_blocks(const posenc_problem *p)
-{
-    for (int k = 0; k < POSENC_TERM_COUNT; ++k)
-        if (posenc_term_by_blocks(k) && posenc_term_present(p, k))
-            return 1;
-    return 0;
-}
-
 int posenc_validate(const posenc_problem *p, const char **why)
 {
     const char *reason = NULL;

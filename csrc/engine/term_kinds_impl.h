@@ -9,7 +9,7 @@
  * _expand_rows, _expand, _row_of, _rows_at and _grad_block (NULL where the
  * kind has none: the rotation's per-token tables, read by rope_impl.h, have
  * none; a kind adds rows or reads the content logits), and its flags
- * _overrides, _scaled, and (outside its REAL part, for entry.c) _factor and
+ * _overrides, _scaled, and (outside its REAL part, for entry.c and terms.c) _factor and
  * _by_blocks.
  */
 #ifndef POSENC_ENGINE_TERM_KINDS_IMPL_H

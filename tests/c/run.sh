@@ -12,7 +12,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${POSENC_CTEST_DIR:-ctest-build}
 mkdir -p "$OUT"
-SRC="csrc/dispatch.c csrc/cpu.c csrc/engine/entry.c csrc/engine/engine_f32.c csrc/engine/engine_f64.c csrc/engine/engine_lp.c csrc/engine/bf16dot.c csrc/engine/runs.c csrc/engine/spans.c csrc/engine/alloc.c csrc/engine/threads.c csrc/engine/philox.c tests/c/harness.c tests/c/test_engine.c tests/c/test_attention.c tests/c/test_convert.c tests/c/test_lp.c tests/c/test_bf16dot.c tests/c/test_terms.c"
+SRC="csrc/dispatch.c csrc/cpu.c csrc/engine/entry.c csrc/engine/terms.c csrc/engine/engine_f32.c csrc/engine/engine_f64.c csrc/engine/engine_lp.c csrc/engine/bf16dot.c csrc/engine/runs.c csrc/engine/spans.c csrc/engine/alloc.c csrc/engine/threads.c csrc/engine/philox.c tests/c/harness.c tests/c/test_engine.c tests/c/test_attention.c tests/c/test_convert.c tests/c/test_lp.c tests/c/test_bf16dot.c tests/c/test_terms.c"
 # a small chunk of the low-precision forward, so that every way of chunking runs
 CFLAGS="-DPOSENC_LP_CHUNK_BYTES=4096 -DPOSENC_LP_ATTENTION_CHUNK_BYTES=4096 -DPOSENC_LP_POISON -O2 -g -std=c11 -Wall -Wextra -Wno-unused-parameter -Wno-missing-field-initializers -Icsrc"
 
