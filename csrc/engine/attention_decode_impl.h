@@ -250,8 +250,7 @@ static void attention_decode_heads(const attention_ctx *c, forward_ws *fw, atten
     if (posenc_rotates(p) || p->q_strides.r) {   /* the heads' rows copied, rotated */
         for (size_t e = 0; e < heads; ++e) {
             REAL *rows_e = w->group_q + e * n * d;
-            const REAL *q_e = (const REAL *)posenc_unit_rows(rows_e, p->q, &p->q_strides, p->H, n,
-                                                             d, sizeof(REAL), b, h_first + e, 0, n);
+            const REAL *q_e = unit_q_rows(p, rows_e, b, h_first + e, 0, n);
             if (posenc_rotates(p))
                 rope_rows(p, rows_e, q_e, b, h_first + e, 0, n, 0, 0, NULL);
         }

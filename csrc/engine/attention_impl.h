@@ -139,15 +139,8 @@ static size_t attention_ws_layout(const attention_ctx *c, int backward, size_t r
 static const REAL *attention_v_unit(const attention_ctx *c, attention_ws *w, size_t u)
 {
     const posenc_problem *p = c->p;
-    const size_t kv = posenc_kv_unit(p, u);
-    if (!c->a->v_strides.r)
-        return (const REAL *)c->a->v + kv * p->m * c->a->dv;
-    if (w->v_held == kv + 1)
-        return w->v_rows;
-    w->v_held = kv + 1;
-    return (const REAL *)posenc_unit_rows(w->v_rows, c->a->v, &c->a->v_strides,
-                                          posenc_kv_heads(p), p->m, c->a->dv, sizeof(REAL),
-                                          u / p->H, u % p->H / posenc_kv_group(p), 0, p->m);
+    return (const REAL *)posenc_kv_rows(w->v_rows, &w->v_held, c->a->v, &c->a->v_strides, p,
+                                        u / p->H, u % p->H, p->m, c->a->dv, sizeof(REAL));
 }
 
 /* The keys [*lo, *hi) query row i of batch row b may see (SPEC §6, §7): all,

@@ -65,6 +65,28 @@ static inline const void *posenc_unit_rows(void *dst, const void *x, const posen
     return dst;
 }
 
+/*
+ * Rows of the key/value unit of query unit (b, h) (b H_kv + h / group: posenc_kv_unit)
+ * of a (B, H_kv, rows, cols) input x (k or v) with strides s: in place where x is
+ * contiguous; else copied into dst (posenc_unit_rows) once for the query heads of a group
+ * that read it in turn: *held is 1 + the unit dst holds, 0 for none (a caller that
+ * changes dst in place zeroes it).
+ */
+static inline const void *posenc_kv_rows(void *dst, size_t *held, const void *x,
+                                         const posenc_strides *s, const posenc_problem *p,
+                                         size_t b, size_t h, size_t rows, size_t cols,
+                                         size_t elem)
+{
+    const size_t group = posenc_kv_group(p), heads = p->H / group, kv = b * heads + h / group;
+    if (!s->r)
+        return (const char *)x + kv * rows * cols * elem;
+    if (*held != kv + 1) {
+        posenc_unit_rows(dst, x, s, heads, rows, cols, elem, b, h / group, 0, rows);
+        *held = kv + 1;
+    }
+    return dst;
+}
+
 /* Whether p reads q or k strided (posenc_unit_rows copies their units' rows). */
 static inline int posenc_inputs_strided(const posenc_problem *p)
 {

@@ -130,25 +130,22 @@ static const REAL *unit_rows(const gemm_scratch *s, REAL *dst, const REAL *x, si
 }
 
 /* Unit (b, h)'s q (rows [r0, r1)) and k (all rows) as given, rows d apart: in place, or
- * where strided copied into x's q_rot and k_rot (posenc_unit_rows). */
-static const REAL *unit_q_rows(const posenc_problem *p, unit_inputs *x, size_t b, size_t h,
+ * where strided copied into dst (q: the same rows) and x's k_rot (posenc_unit_rows,
+ * posenc_kv_rows). */
+static const REAL *unit_q_rows(const posenc_problem *p, REAL *dst, size_t b, size_t h,
                                size_t r0, size_t r1)
 {
-    return (const REAL *)posenc_unit_rows(x->q_rot, p->q, &p->q_strides, p->H, p->n, p->d,
+    return (const REAL *)posenc_unit_rows(dst, p->q, &p->q_strides, p->H, p->n, p->d,
                                           sizeof(REAL), b, h, r0, r1);
 }
 
 static const REAL *unit_k_rows(const posenc_problem *p, unit_inputs *x, size_t b, size_t h)
 {
-    const size_t kv = posenc_kv_unit(p, b * p->H + h);
-    if (!p->k_strides.r)   /* contiguous: in place */
-        return (const REAL *)p->k + kv * p->m * p->d;
-    if (x->k_held == kv + 1)
-        return x->k_rot;
-    x->k_held = posenc_rotates(p) ? 0 : kv + 1;   /* the rotation turns k_rot in place */
-    return (const REAL *)posenc_unit_rows(x->k_rot, p->k, &p->k_strides, posenc_kv_heads(p),
-                                          p->m, p->d, sizeof(REAL), b, h / posenc_kv_group(p),
-                                          0, p->m);
+    const REAL *k = (const REAL *)posenc_kv_rows(x->k_rot, &x->k_held, p->k, &p->k_strides, p,
+                                                 b, h, p->m, p->d, sizeof(REAL));
+    if (posenc_rotates(p))
+        x->k_held = 0;   /* the rotation turns k_rot in place */
+    return k;
 }
 
 /* Whether a unit's inputs take room in the workspace (unit_inputs' q_rot, k_rot):
@@ -167,7 +164,7 @@ static void unit_inputs_at(const posenc_problem *p, const gemm_scratch *s, unit_
                            size_t b, size_t h, size_t r0, size_t r1)
 {
     const size_t n = p->n, m = p->m, d = p->d;
-    const REAL *q = unit_q_rows(p, x, b, h, r0, r1);
+    const REAL *q = unit_q_rows(p, x->q_rot, b, h, r0, r1);
     const REAL *k = unit_k_rows(p, x, b, h);
     if (!posenc_rotates(p)) {
         x->q = q;
@@ -237,7 +234,7 @@ static void unit_inputs_grads(const posenc_problem *p, const posenc_grads *g, co
         const double f = scale ? *scale : 1.0;
         if (dq && (grad[ROPE_TOKEN_COS] || grad[ROPE_TOKEN_SIN]))
             rope_token_grads(p, grad + ROPE_TOKEN_COS, dq,
-                             unit_rows(s, x->q_rot, unit_q_rows(p, x, b, h, 0, n), n, d, 0, n), n,
+                             unit_rows(s, x->q_rot, unit_q_rows(p, x->q_rot, b, h, 0, n), n, d, 0, n), n,
                              f);
         if (dk && (grad[ROPE_TOKEN_COS_K] || grad[ROPE_TOKEN_SIN_K]))
             rope_token_grads(p, grad + ROPE_TOKEN_COS_K, dk,
