@@ -103,20 +103,21 @@ fail:
 /*
  * The gradient outputs `needs` asks for (bit t: entry t of ENGINE_GRADS, for
  * an input the config has), each a new array shaped like its input, into
- * grads and g.  M4, M4M: when key_table is query_table and key_map is
- * query_map (one table read on both sides), one gradient, in the
- * query_table entry, that the engine sums both sides into (the two outputs
+ * grads and g.  M4, M4M: when key_table_table is query_table_table and
+ * key_table_map is query_table_map (one table read on both sides), one gradient,
+ * in the query_table_table entry, that the engine sums both sides into (the two outputs
  * are the same buffer); either bit asks for it.  0, or -1 with an exception.
  */
 static int new_grads(PyObject *config, const converted *a, unsigned int needs, int typenum,
                      PyArrayObject **grads, posenc_grads *g)
 {
-    const int shared_table = a->arr[CF_key_table] &&
-                             PyTuple_GET_ITEM(config, CF_key_table) == PyTuple_GET_ITEM(config, CF_query_table) &&
-                             PyTuple_GET_ITEM(config, CF_key_map) == PyTuple_GET_ITEM(config, CF_query_map);
-    if (shared_table && (needs & (1u << GR_key_table))) {
-        needs |= 1u << GR_query_table;
-        needs &= ~(1u << GR_key_table);
+    const int shared_table =
+        a->arr[CF_key_table_table] &&
+        PyTuple_GET_ITEM(config, CF_key_table_table) == PyTuple_GET_ITEM(config, CF_query_table_table) &&
+        PyTuple_GET_ITEM(config, CF_key_table_map) == PyTuple_GET_ITEM(config, CF_query_table_map);
+    if (shared_table && (needs & (1u << GR_key_table_table))) {
+        needs |= 1u << GR_query_table_table;
+        needs &= ~(1u << GR_key_table_table);
     }
     void *data[GR_COUNT] = {NULL};
     memset(g, 0, sizeof *g);
@@ -142,14 +143,14 @@ static int new_grads(PyObject *config, const converted *a, unsigned int needs, i
     POSENC_ARRAYS(GRAD_SET_, GRAD_SKIP_)
 #undef GRAD_SET_
 #undef GRAD_SKIP_
-    if (shared_table)
-        g->key_table = data[GR_query_table];
     int place[POSENC_TERM_COUNT] = {0}, entry = GR_FIRST_TERM_;
     for (int t = 0; t < TERM_FIELD_COUNT; ++t) {
         const int k = term_fields[t].kind, at = place[k]++;
         if (term_fields[t].grad)
             g->terms[k][at] = data[entry++];
     }
+    if (shared_table)   /* the table, each kind's first array */
+        g->terms[POSENC_TERM_key_table][0] = data[GR_query_table_table];
     return 0;
 }
 
@@ -173,9 +174,9 @@ static PyObject *grads_tuple(PyArrayObject **grads, int count)
 /*
  * backward(G, config, needs): the gradients of sum(G * forward(config)) as
  * a tuple in ENGINE_GRADS order, None where absent or not in `needs`.
- * When key_table is query_table and key_map is query_map (one table on both
- * sides), both sides' gradients are summed into the query_table entry and
- * the key_table entry is None; either bit asks for it.
+ * When key_table_table is query_table_table and key_table_map is query_table_map
+ * (one table on both sides), both sides' gradients are summed into the
+ * query_table_table entry and the key_table_table entry is None; either bit asks for it.
  */
 static PyObject *py_backward(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -460,8 +461,9 @@ static PyMethodDef methods[] = {
      "into out when it is an array.  Private: use the posenc package."},
     {"backward", (PyCFunction)(void (*)(void))py_backward, METH_FASTCALL,
      "backward(G, config, needs)\n\nGradients of sum(G * forward(config)) in ENGINE_GRADS order;\n"
-     "None where absent or not in the bit mask `needs`; one table on both sides (key_table\n"
-     "is query_table, key_map is query_map) gives one gradient, in the query_table entry.\n"
+     "None where absent or not in the bit mask `needs`; one table on both sides\n"
+     "(key_table_table is query_table_table, key_table_map is query_table_map) gives one\n"
+     "gradient, in the query_table_table entry.\n"
      "Private: use the posenc package."},
     {"attention_forward", (PyCFunction)(void (*)(void))py_attention_forward, METH_FASTCALL,
      "attention_forward(config, v, key_padding_mask, causal, dropout_p, seed, out)\n\n"

@@ -16,7 +16,7 @@
  * arrays (csrc/terms.h: <kind>_<array>, (B|1, H|1, length)).
  */
 #define CONFIG_INDEX_FIELDS(X) \
-    X(query_map) X(key_map) X(positions_q) X(positions_k)
+    X(positions_q) X(positions_k)
 #define CONFIG_SCALAR_FIELDS(X) \
     X(product) X(scale) X(dense_scale) X(vector_scale) X(rope_interleaved) X(query_offset)
 
@@ -420,34 +420,6 @@ static int build_problem(PyObject *config, converted *a, posenc_problem *p)
         PyErr_Format(PyExc_ValueError, "k has %zd heads, which do not divide q's %zd",
                      (Py_ssize_t)H_kv, (Py_ssize_t)H);
         return -1;
-    }
-    const npy_intp offsets = (n > 0 && m > 0) ? n + m - 1 : 0;
-    /* tables with their maps */
-    static const struct { int table, map; } tables[2] = {
-        {CF_query_table, CF_query_map}, {CF_key_table, CF_key_map}};
-    for (int t = 0; t < 2; ++t) {
-        const int table = tables[t].table, map = tables[t].map;
-        if (!a->arr[table])
-            continue;
-        if (!a->arr[map]) {
-            PyErr_Format(PyExc_ValueError, "%s needs %s", config_names[table], config_names[map]);
-            return -1;
-        }
-        if (check_dims(a->arr[table], config_names[table], 3, (npy_intp[]){any, any, d}) ||
-            check_dims(a->arr[map], config_names[map], 1, (npy_intp[]){offsets}))
-            return -1;
-    }
-    if (a->arr[CF_query_table]) {
-        p->query_table = DATA(CF_query_table);
-        p->query_table_heads = DIM(CF_query_table, 0);
-        p->query_table_rows = DIM(CF_query_table, 1);
-        p->query_map = (const int64_t *)DATA(CF_query_map);
-    }
-    if (a->arr[CF_key_table]) {
-        p->key_table = DATA(CF_key_table);
-        p->key_table_heads = DIM(CF_key_table, 0);
-        p->key_table_rows = DIM(CF_key_table, 1);
-        p->key_map = (const int64_t *)DATA(CF_key_map);
     }
     if (a->arr[CF_rope_cos] || a->arr[CF_rope_sin]) {
         if (!a->arr[CF_rope_cos] || !a->arr[CF_rope_sin] ||

@@ -2,21 +2,19 @@
  * posenc.h -- the C API of the posenc engine.  Pure C, no Python.
  *
  * Every method of docs/spec.md §3 is one `posenc_problem`: the content term
- * s * q_i.k_j plus positional terms of two kinds and term modules, combined by
- * sum or by product (docs/internals.md §1, the term algebra), and optionally a
- * rotation of q and k (rope):
+ * s * q_i.k_j plus term modules, combined by sum or by product (docs/internals.md
+ * §1, the term algebra), and optionally a rotation of q and k (rope): q_i, k_j
+ * rotated pair by pair by the angles of their positions before any use, the
+ * adjoint applied to dq, dk (RoPE, xPos).
  *
- *   query table   vector_scale * q_i . query_table[h, query_map(j - i)]  (Shaw, M4, M4M, DeBERTa c2p)
- *   key table     vector_scale * k_j . key_table[h, key_map(j - i)]      (M4, M4M, DeBERTa p2c)
- *   rotation      q_i, k_j rotated pair by pair by the angles of their positions
- *                 before any use, the adjoint applied to dq, dk (RoPE, xPos)
- *
- * Sum:     A = s q.k + reset(query table + key table + modules)
+ * Sum:     A = s q.k + reset(modules + query table + key table)
  * Product: A = s q.k * module * query table * key table   (M2, M4M; the module a factor
  *                                                         kind: the toeplitz)
  *
  * with the term modules of csrc/terms.h: the dense factor dense_scale pos_q_i .
- * pos_k_j (TUPE, DIET-ABS), a term of the offset j - i alone
+ * pos_k_j (TUPE, DIET-ABS), the vector tables vector_scale q_i . query_table[h,
+ * map(j - i)] (Shaw, M4, M4M, DeBERTa c2p) and vector_scale k_j . key_table[h,
+ * map(j - i)] (M4, M4M, DeBERTa p2c), a term of the offset j - i alone
  * (toeplitz: the scalar table of T5, DIET-REL, TUPE-R, M2 read through its map,
  * ALiBi's and KERPLE's biases), DIET's segments, FoX, the 2-D relative bias,
  * per-token rotary tables, CoPE, and TUPE's [CLS] reset (theta[0] on the row at
@@ -131,13 +129,7 @@ typedef struct {
 
     double dense_scale;           /* the dense term module's ds (terms.h: TUPE's s, DIET-ABS's 1) */
 
-    const void *query_table;      /* (query_table_heads, query_table_rows, d) */
-    size_t query_table_heads, query_table_rows;
-    const int64_t *query_map;
-    const void *key_table;        /* (key_table_heads, key_table_rows, d) */
-    size_t key_table_heads, key_table_rows;
-    const int64_t *key_map;
-    double vector_scale;          /* on both vector tables */
+    double vector_scale;          /* on both vector tables (terms.h's query_table, key_table) */
 
     /* rotation of q and k (RoPE, docs/methods.md): pairs t < rope_pairs of q_i
      * rotated by row p_q(i) of (rope_cos, rope_sin), of k_j by row p_k(j) of
@@ -209,8 +201,6 @@ static inline int posenc_terms_any(const posenc_problem *p)
  *     elements (the rotation's tables).
  */
 #define POSENC_ARRAYS(PARAM, CONST)                                        \
-    PARAM(query_table, query_table_heads, p->query_table_rows * p->d)      \
-    PARAM(key_table, key_table_heads, p->key_table_rows * p->d)            \
     CONST(rope_cos, p->rope_positions * p->rope_pairs)                     \
     CONST(rope_sin, p->rope_positions * p->rope_pairs)                     \
     CONST(rope_cos_k, p->rope_positions * p->rope_pairs)                   \
@@ -219,10 +209,11 @@ static inline int posenc_terms_any(const posenc_problem *p)
 #define POSENC_GRAD_FIELD_(name, heads, per_head) void *name;
 #define POSENC_NO_FIELD_(name, count)
 
-/* Gradient outputs, each shaped like its input; NULL = not wanted.  When
- * query_table and key_table are the same buffer (one table read on both
- * sides, M4 and M4M: same table, same map), both sides' gradients are summed
- * into it, the query side's first.  Fields: q, k, then POSENC_ARRAYS' PARAMs. */
+/* Gradient outputs, each shaped like its input; NULL = not wanted.  Fields: q, k, then
+ * POSENC_ARRAYS' PARAMs, then the term modules'.  When the two vector tables' gradients
+ * (terms[POSENC_TERM_query_table][0], terms[POSENC_TERM_key_table][0]) are the same buffer
+ * (one table read on both sides through one map, M4 and M4M), both sides' gradients are
+ * summed into it, the query side's first (csrc/engine/term_vectors.h). */
 typedef struct {
     void *q, *k;
     POSENC_ARRAYS(POSENC_GRAD_FIELD_, POSENC_NO_FIELD_)

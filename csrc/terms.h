@@ -79,6 +79,16 @@
          "cope: alone (no other positional term), shape (P, causal) with P an integer in " \
          "[1, 2^30] and causal 0 or 1, pos_emb P x d",                                  \
          ARRAY(cope, pos_emb, 1, 1, 0, 0) ARRAY(cope, shape, 1, 0, 2, 0))               \
+    TERM(query_table, term_vector_valid(p, POSENC_TERM_query_table),                    \
+         "query_table: a table of R x d entries per head (heads H or 1, shared by the "  \
+         "batch), map over the n + m - 1 offsets, integers in [0, R), shared",           \
+         ARRAY(query_table, table, 1, 1, 0, 1)                                          \
+         ARRAY(query_table, map, 1, 0, p->n && p->m ? p->n + p->m - 1 : 0, 0))          \
+    TERM(key_table, term_vector_valid(p, POSENC_TERM_key_table),                        \
+         "key_table: a table of R x d entries per head (heads H or 1, shared by the "    \
+         "batch), map over the n + m - 1 offsets, integers in [0, R), shared",           \
+         ARRAY(key_table, table, 1, 1, 0, 1)                                            \
+         ARRAY(key_table, map, 1, 0, p->n && p->m ? p->n + p->m - 1 : 0, 0))            \
     TERM(reset, 1, "reset: theta (t0, t1) per unit", ARRAY(reset, theta, 1, 1, 2, 0))
 
 /* POSENC_TERM_IF_<grad>(x): x for an array with a gradient (the X-macros' filter). */
@@ -98,5 +108,7 @@
 #include "engine/term_relative_bias_2d_impl.h"
 #include "engine/term_rope_token_impl.h"
 #include "engine/term_cope_impl.h"
+#include "engine/term_query_table_impl.h"
+#include "engine/term_key_table_impl.h"
 #include "engine/term_reset_impl.h"
 #endif

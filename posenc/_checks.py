@@ -21,7 +21,7 @@ from ._dtypes import FLOAT_DTYPES, LOW_PRECISION
 from ._dtypes import TEXT as FLOAT_DTYPES_TEXT
 from ._kinds import Bool, Int, Scale, check_rank, check_shape, require_ndarray
 from ._kinds import shape_str as _shape_str
-from ._registry import MAPS, REGISTRY, diagonal_map
+from ._registry import MAPS, REGISTRY
 from ._signatures import define
 
 
@@ -33,8 +33,7 @@ class Problem:
     first use)."""
 
     __slots__ = ("method", "dtype", "B", "H", "H_kv", "n", "m", "d", "arrays", "scale",
-                 "query_offset", "map_values", "values", "d_p", "out", "seen", "_params",
-                 "_bucket_rows")
+                 "query_offset", "map_values", "values", "d_p", "out", "seen", "_params")
 
     def __init__(self, method, dtype, B, H, n, m, d, arrays=None, params=None, out=None):
         self.method, self.dtype = method, dtype
@@ -49,17 +48,6 @@ class Problem:
         self.d_p = None           # rank of the dense factor
         self.out = out
         self.seen = None          # posenc.reference's fused attention: the keys each row sees
-        self._bucket_rows = None
-
-    def bucket_rows(self, spec) -> np.ndarray:
-        """The table row of every diagonal of the call through the bucket map of
-        `spec` (p's method), built once per call (one object: M4's one table read
-        on both sides is one buffer to the engine)."""
-        rows = self._bucket_rows
-        if rows is None:
-            rows = self._bucket_rows = diagonal_map(spec.bucket, self.map_values, self.n, self.m,
-                                                    self.query_offset)
-        return rows
 
     @property
     def params(self) -> dict:

@@ -535,8 +535,7 @@ class _Mapped(Term):
 
     name: str
     uses_map = True
-    slot = ""               # its EngineConfig field, and its map's
-    map_slot = ""
+    slot = ""               # its EngineConfig field
     vectors = False         # (H|1, rows, d), else (H|1, rows)
 
     @property
@@ -558,19 +557,6 @@ class _Mapped(Term):
                 check_shape(self.name, table, ({p.H, 1}, rows, p.d), f"(H|1, {rows}, d)")
         elif len(shape) != 2 or shape[1] != rows or (shape[0] != p.H and shape[0] != 1):
             check_shape(self.name, table, ({p.H, 1}, rows), f"(H|1, {rows})")
-
-    def configure(self, slots, field, spec, p, arrays):
-        table = arrays.get(self.name)
-        if table is None:
-            return
-        slots[field[self.slot]] = table
-        # one map object per call: M4's one table on both sides is seen as one
-        slots[field[self.map_slot]] = p.bucket_rows(spec)
-        if self.vectors and not spec.product:
-            slots[field["vector_scale"]] = p.scale
-
-    def gradients(self, spec):
-        return ((self.name, self.slot, None),)
 
     def example(self, ctx, spec, values):
         if self.name in values or (self.name in spec.optional
@@ -607,16 +593,45 @@ class Table(_Mapped):
         return ((self.name, self.slot, lambda p, grad: table_gradient(p, self.name, grad)),)
 
 
-class QueryTable(_Mapped):
-    """q_i . table[map(j - i)]: (H|1, rows, d), scaled by s in a sum."""
+class _VectorTable(_Mapped):
+    """A vector table (H|1, rows, d), scaled by s in a sum.  The engine's query_table and
+    key_table term modules (csrc/engine/term_vectors.h) read it as (H|1, rows d) in the
+    problem's compute type (a `real` array) through the map (float64: diagonal_rows), and
+    give its gradient summed over the batch, per head."""
 
-    slot, map_slot, vectors, reads_qk = "query_table", "query_map", True, True
+    vectors, reads_qk = True, True
+    map_slot = ""           # its map's EngineConfig field
+
+    def configure(self, slots, field, spec, p, arrays):
+        table = arrays.get(self.name)
+        if table is None:
+            return
+        # one table read on both sides (M4, M4M: one tensor, one map) is one object to the
+        # engine, which then sums both sides' gradients into the query side's
+        flat = next((slots[field[other.slot]] for other in spec.term(_VectorTable)
+                     if other.name == self.name and slots[field[other.slot]] is not None), None)
+        if flat is None:
+            flat = table.reshape(table.shape[0], table.shape[1] * table.shape[2])
+        slots[field[self.slot]] = flat
+        slots[field[self.map_slot]] = diagonal_rows(spec.bucket, p.map_values, p.n, p.m,
+                                                    p.query_offset)
+        if not spec.product:
+            slots[field["vector_scale"]] = p.scale
+
+    def gradients(self, spec):
+        return ((self.name, self.slot, lambda p, grad: table_gradient(p, self.name, grad)),)
 
 
-class KeyTable(_Mapped):
-    """k_j . table[map(j - i)]: (H|1, rows, d), scaled by s in a sum."""
+class QueryTable(_VectorTable):
+    """q_i . table[map(j - i)]."""
 
-    slot, map_slot, vectors, reads_qk = "key_table", "key_map", True, True
+    slot, map_slot = "query_table_table", "query_table_map"
+
+
+class KeyTable(_VectorTable):
+    """k_j . table[map(j - i)]."""
+
+    slot, map_slot = "key_table_table", "key_table_map"
 
 
 @dataclass(frozen=True)

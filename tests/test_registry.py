@@ -110,9 +110,9 @@ def test_engine_configuration(method):
             assert getattr(config, ENGINE_GRADS[entry]) is floats[field], (field, entry)
         else:                            # a parameter of an array the engine reads
             assert getattr(config, ENGINE_GRADS[entry]) is not None, (field, entry)
-    for name in ("query_table", "key_table"):
-        mapped = getattr(config, name.replace("table", "map"))
-        assert (getattr(config, name) is None) == (mapped is None)
+    for name in ("query_table", "key_table"):   # the vector tables: a table with its map
+        mapped = getattr(config, name + "_map")
+        assert (getattr(config, name + "_table") is None) == (mapped is None)
 
 
 def test_a_new_entry_is_checked_for_consistency():

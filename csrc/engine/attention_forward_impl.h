@@ -159,7 +159,8 @@ static int attention_forward(const posenc_problem *p, const posenc_attention *a,
     if (status == POSENC_OK) {
         const size_t threads = (size_t)(num_threads > 0 ? num_threads : 1);
         c.logits.in_place = c.decode;   /* the backward projects and packs (its tiles) */
-        c.logits.key_fused = c.decode && p->key_table && p->n == 1 && kern->mr > 1 &&
+        c.logits.key_fused = c.decode && posenc_term_present(p, POSENC_TERM_key_table) &&
+                             p->n == 1 && kern->mr > 1 &&
                              posenc_kv_group(p) == 1 && !p->product &&
                              p->vector_scale == p->scale;   /* attention_decode_fused */
         attention_split(&c);

@@ -694,10 +694,10 @@ static size_t attention_reach_last(const attention_ctx *c)
 static void attention_key_reach(attention_ctx *c)
 {
     const forward_ctx *f = &c->logits;
-    if (!c->a->causal || !c->p->key_table)
+    if (!c->a->causal || !posenc_term_present(c->p, POSENC_TERM_key_table))
         return;
     ptrdiff_t lo = f->terms->key_runs.b_max, hi = f->terms->key_runs.b_min;
-    posenc_map_extent(c->p->key_map, 0, attention_reach_last(c) + 1, &lo, &hi);
+    posenc_map_extent(f->terms->key_map, 0, attention_reach_last(c) + 1, &lo, &hi);
     c->logits.key_reach[0] = (size_t)(lo - f->terms->key_runs.b_min);
     c->logits.key_reach[1] = (size_t)(hi - f->terms->key_runs.b_min + 1);
 }
@@ -708,15 +708,16 @@ static int attention_query_reach(attention_ctx *c)
 {
     const posenc_problem *p = c->p;
     forward_ctx *f = &c->logits;
-    if (!c->a->causal || !p->query_table)
+    if (!c->a->causal || !posenc_term_present(p, POSENC_TERM_query_table))
         return 0;
     const size_t n = p->n;
     if (!(f->query_reach = (size_t *)posenc_alloc(2 * n, sizeof(size_t))))
         return -1;
     ptrdiff_t lo = f->terms->query_runs.b_max, hi = f->terms->query_runs.b_min;
-    posenc_map_extent(p->query_map, n - 1, attention_reach_last(c) + 1, &lo, &hi);   /* offsets 0 .. */
-    for (size_t t = 0; t < n; ++t) {                                                  /* and -t */
-        posenc_map_extent(p->query_map, n - 1 - t, n - t, &lo, &hi);
+    const int64_t *map = f->terms->query_map;
+    posenc_map_extent(map, n - 1, attention_reach_last(c) + 1, &lo, &hi);   /* offsets 0 .. */
+    for (size_t t = 0; t < n; ++t) {                                        /* and -t */
+        posenc_map_extent(map, n - 1 - t, n - t, &lo, &hi);
         f->query_reach[2 * t] = (size_t)(lo - f->terms->query_runs.b_min);
         f->query_reach[2 * t + 1] = (size_t)(hi - f->terms->query_runs.b_min + 1);
     }
@@ -759,14 +760,13 @@ static int attention_prepare(attention_ctx *c, const posenc_problem *p, const po
         c->align = keys.nr;
         c->block_align = kern->mr / x * keys.nr;
     }
-    c->grads_from_first = !(posenc_terms_by_blocks(p) || p->query_table || p->key_table ||
+    c->grads_from_first = !(posenc_terms_by_blocks(p) || posenc_terms_vector(p) ||
                             p->product || c->logits.content >= 0);
     c->decode = p->n <= ATTENTION_DECODE_ROWS && !kern->bf16 && !c->logits.scales.exact &&
                 c->logits.expanded < 0;
     /* a decoding step's few rows form the modules' rows where they are read */
     forward_plan_blocks(&c->logits, ATTENTION_HEAD_BLOCK_BYTES, !c->decode);
-    c->decode_terms = p->query_table || p->key_table ||
-                      c->logits.modules || c->logits.content >= 0;
+    c->decode_terms = posenc_terms_vector(p) || c->logits.modules || c->logits.content >= 0;
     c->seen.ctx = c;
     c->seen.unseen_zero = attention_hidden_unseen;
     c->logits.seen = &c->seen;

@@ -169,9 +169,10 @@ static void backward_unit_begin(const backward_ctx *c, backward_ws *w, size_t u,
                   hidden->unread_nonfinite(hidden->attention, u / p->H, k_u);
     if (p->product) {
         pack_b(c->kern, &w->scratch, k_packed, w->k_pack, k_u, 1, (ptrdiff_t)d, d, m, (REAL)p->scale);
-        if (p->key_table)
-            key_projections(c->kern, &w->scratch, p, c->terms->key_runs.b_min, c->terms->key_buckets, 0,
-                            c->terms->key_buckets, &c->terms->key_edges, w->key_table_pack, w->key_proj, h, k_u);
+        if (posenc_term_present(p, POSENC_TERM_key_table))
+            key_projections(c->kern, &w->scratch, p, &c->terms->key, c->terms->key_runs.b_min,
+                            c->terms->key_buckets, 0, c->terms->key_buckets,
+                            &c->terms->key_edges, w->key_table_pack, w->key_proj, h, k_u);
         if (w->term_unit)
             terms_unit(p, c->kern, &w->scratch, 0, u / p->H, h, w->term_unit);
     }

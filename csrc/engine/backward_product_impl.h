@@ -27,12 +27,12 @@ static void backward_product_ws(const backward_ctx *c, backward_ws *w, REAL *mem
         WS_TAKE(w, mem, *at, term_unit, terms_unit_scratch(p, c->kern));
         WS_TAKE(w, mem, *at, module_grad, mr * c->m_pad);
     }
-    if (p->query_table) {
+    if (posenc_term_present(p, POSENC_TERM_query_table)) {
         WS_TAKE(w, mem, *at, query_factor, mr * c->m_pad);
         WS_TAKE(w, mem, *at, query_proj, mr * proj_ld);
         WS_TAKE(w, mem, *at, query_table_pack, packed_b_size(d, c->terms->query_buckets, nr));
     }
-    if (p->key_table) {
+    if (posenc_term_present(p, POSENC_TERM_key_table)) {
         WS_TAKE(w, mem, *at, key_factor, mr * c->m_pad);
         WS_TAKE(w, mem, *at, key_proj, m * c->terms->key_buckets + key_edge_size(&c->terms->key_edges, m));
         WS_TAKE(w, mem, *at, key_table_pack, packed_b_size(d, c->terms->key_buckets, nr));
@@ -61,18 +61,18 @@ static void backward_product_tile(const backward_ctx *c, backward_ws *w, size_t 
 
     gemm_packed(kern, &w->scratch, rows, q_u + i0 * d, (ptrdiff_t)d, 1, &keys,
                 w->content, (ptrdiff_t)ld, 0, NULL, 0, NULL, 0, NULL);
-    if (p->query_table)
-        term_query_table(kern, &w->scratch, p, &c->terms->query_runs, c->terms->query_buckets,
-                         w->query_table_pack, &w->cached_query_table, w->query_proj, h, q_u,
-                         POSENC_SET, w->query_factor, ld, i0, rows, 0, width, NULL);
-    if (p->key_table)
-        term_key_table(kern, POSENC_SET, w->key_factor, ld, p->key_map, c->terms->key_runs.b_min,
+    if (posenc_term_present(p, POSENC_TERM_query_table))
+        term_query_table(kern, &w->scratch, p, c->terms, w->query_table_pack,
+                         &w->cached_query_table, w->query_proj, h, q_u, POSENC_SET,
+                         w->query_factor, ld, i0, rows, 0, width, NULL);
+    if (posenc_term_present(p, POSENC_TERM_key_table))
+        term_key_table(kern, POSENC_SET, w->key_factor, ld, c->terms->key_map, c->terms->key_runs.b_min,
                        w->key_proj, c->terms->key_buckets, &c->terms->key_edges, n, m, width, i0, rows);
     /* a masked key's Inf or NaN k: q.k and k's factor 0 at the keys a row does not see */
     for (size_t r = 0; w->k_unread && r < rows; ++r) {
         const masked_keys *hidden = c->masked_keys;
         hidden->unseen_zero(hidden->attention, w->content + r * ld, b, i0 + r, width);
-        if (p->key_table)
+        if (posenc_term_present(p, POSENC_TERM_key_table))
             hidden->unseen_zero(hidden->attention, w->key_factor + r * ld, b, i0 + r, width);
     }
 
@@ -91,10 +91,10 @@ static void backward_product_tile(const backward_ctx *c, backward_ws *w, size_t 
             factor[nf] = module_rows + (ptrdiff_t)r * module_ld;
             kind[nf] = FACTOR_MODULE; wanted[nf++] = c->need_modules;
         }
-        if (p->query_table) {
+        if (posenc_term_present(p, POSENC_TERM_query_table)) {
             factor[nf] = w->query_factor + r * ld; kind[nf] = FACTOR_QUERY; wanted[nf++] = c->need_query_side;
         }
-        if (p->key_table) {
+        if (posenc_term_present(p, POSENC_TERM_key_table)) {
             factor[nf] = w->key_factor + r * ld; kind[nf] = FACTOR_KEY; wanted[nf++] = c->need_key_side;
         }
         if (c->need_content) {

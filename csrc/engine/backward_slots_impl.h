@@ -12,41 +12,46 @@
 #include "backward_rows_impl.h"
 
 /*
- * out[head_of(h)][at + t] += slots[b * H + h][t], t < width, in (h, b)
- * order (a head of out has out_width elements), out zeroed first unless
- * `accumulate`; index (or NULL: the identity) maps t to its element of out.
+ * A vector table's gradient (term_vectors.h) from its slots: unit h of batch row 0 (out +
+ * h per_unit doubles, the table's R x d), elements [at, at + width) (the rows its map
+ * uses) the sum over b of slots[b H + h] in double, in order, the others 0; added to
+ * what out holds where `accumulate` (one table on both sides: the key side's).
  */
-static void reduce_slots(REAL *out, size_t heads, size_t out_width, size_t at, const REAL *slots,
-                         size_t B, size_t H, size_t width, const int64_t *index, int accumulate)
+static void reduce_vector_slots(double *out, size_t per_unit, size_t at, const REAL *slots,
+                                size_t B, size_t H, size_t width, int accumulate)
 {
-    if (!accumulate)
-        memset(out, 0, sizeof(REAL) * heads * out_width);
-    for (size_t h = 0; h < H; ++h)
-        for (size_t b = 0; b < B; ++b) {
-            const REAL *slot = slots + (b * H + h) * width;
-            REAL *dst = out + head_of(heads, h) * out_width + at;
-            if (index)
-                for (size_t t = 0; t < width; ++t)
-                    dst[index[t]] += slot[t];
-            else
-                for (size_t t = 0; t < width; ++t)
-                    dst[t] += slot[t];
+    for (size_t h = 0; h < H; ++h) {
+        double *dst = out + h * per_unit;
+        if (!accumulate) {
+            memset(dst, 0, sizeof(double) * per_unit);
+            for (size_t t = 0; t < width && B; ++t)
+                dst[at + t] = (double)slots[h * width + t];
+        } else {
+            for (size_t t = 0; t < width && B; ++t)
+                dst[at + t] += (double)slots[h * width + t];
         }
+        for (size_t b = 1; b < B; ++b) {
+            const REAL *slot = slots + (b * H + h) * width;
+            for (size_t t = 0; t < width; ++t)
+                dst[at + t] += (double)slot[t];
+        }
+    }
 }
 
 /*
- * scales.exact: grad (heads x rows x width) times the scale its sums left
- * out, in double.  With a map, only the rows a logit reads through it (the
- * offsets j - i of the rows and columns the reset leaves): the others are sums of no
- * terms, 0 in the reference whatever the scale (not 0 * Inf).
+ * scales.exact: a vector table's gradient (H units of R x d, in double) times the scale its
+ * sums left out.  Only the rows a logit reads through the map (the offsets j - i of the
+ * rows and columns the reset leaves): the others are sums of no terms, 0 in the reference
+ * whatever the scale (not 0 * Inf).
  */
-static void exact_scale_rows(const backward_ctx *c, REAL *grad, size_t heads, size_t rows,
-                             size_t width, const int64_t *map, double scale)
+static void exact_scale_rows(const backward_ctx *c, double *grad, size_t rows,
+                             const int64_t *map, double scale)
 {
-    if (!grad || scale == 1)
-        return;
     const posenc_problem *p = c->p;
-    unsigned char *read = map ? (unsigned char *)posenc_alloc(rows, 1) : NULL;
+    const size_t d = p->d;
+    if (!grad || scale == 1 || !d)   /* d = 0: no entries */
+        return;
+    unsigned char *read = (unsigned char *)posenc_alloc(rows, 1);
     if (read) {
         memset(read, 0, rows);
         /* o = j - i with j >= jb and i past the [CLS] row: map[o + n - 1] */
@@ -54,13 +59,11 @@ static void exact_scale_rows(const backward_ctx *c, REAL *grad, size_t heads, si
         for (size_t t = first; t < last; ++t)
             read[map[t]] = 1;
     }
-    for (size_t h = 0; h < heads; ++h)
+    for (size_t h = 0; h < p->H; ++h)
         for (size_t r = 0; r < rows; ++r)
             if (!read || read[r])
-                for (size_t e = 0; e < width; ++e) {
-                    REAL *x = grad + (h * rows + r) * width + e;
-                    *x = (REAL)(scale * (double)*x);
-                }
+                for (size_t e = 0; e < d; ++e)
+                    grad[(h * rows + r) * d + e] *= scale;
     posenc_free(read);
 }
 
@@ -70,15 +73,17 @@ static void backward_reduce(const backward_ctx *c)
     const posenc_problem *p = c->p;
     const posenc_grads *g = c->g;
     const size_t B = p->B, H = p->H, d = p->d;
-    /* a vector table's slots cover the buckets its map uses: rows b_min.. */
-    if (g->query_table)
-        reduce_slots((REAL *)g->query_table, p->query_table_heads, p->query_table_rows * d,
-                     (size_t)c->terms->query_runs.b_min * d, c->query_table_slots, B, H,
-                     c->terms->query_buckets * d, NULL, 0);
-    if (g->key_table)   /* one table on both sides: the key side adds to the query side's sums */
-        reduce_slots((REAL *)g->key_table, p->key_table_heads, p->key_table_rows * d,
-                     (size_t)c->terms->key_runs.b_min * d, c->key_table_slots, B, H, c->terms->key_buckets * d,
-                     NULL, g->key_table == g->query_table);
+    /* a vector table's slots cover the buckets its map uses: rows b_min..; one table on
+     * both sides: the key side adds to the query side's sums */
+    double *dquery = (double *)g->terms[POSENC_TERM_query_table][VECTOR_TABLE];
+    double *dkey = (double *)g->terms[POSENC_TERM_key_table][VECTOR_TABLE];
+    const term_data *t = c->terms;
+    if (dquery && t->query.table)
+        reduce_vector_slots(dquery, t->query.rows * d, (size_t)t->query_runs.b_min * d,
+                            c->query_table_slots, B, H, t->query_buckets * d, 0);
+    if (dkey && t->key.table)
+        reduce_vector_slots(dkey, t->key.rows * d, (size_t)t->key_runs.b_min * d,
+                            c->key_table_slots, B, H, t->key_buckets * d, dkey == dquery);
     /* the modules' that go by blocks: their slots over the batch (one head's sum in the
      * logits' backward), the exact path's dense scale on a `scaled` kind's */
     terms_block_grads_reduce(p, g, c->block_slots, c->G ? 1 : B,
@@ -88,11 +93,10 @@ static void backward_reduce(const backward_ctx *c)
          * product (each effective gradient holds s q.k; the module's at its
          * unit's end), vs on the vector tables of a sum */
         const double s = c->scales.scale, vs = p->product ? s : c->scales.vector_scale;
-        exact_scale_rows(c, (REAL *)g->query_table, p->query_table_heads, p->query_table_rows, d,
-                         p->query_map, vs);
-        if (g->key_table != g->query_table)
-            exact_scale_rows(c, (REAL *)g->key_table, p->key_table_heads, p->key_table_rows, d,
-                             p->key_map, vs);
+        if (t->query.table)
+            exact_scale_rows(c, dquery, t->query.rows, t->query_map, vs);
+        if (t->key.table && dkey != dquery)
+            exact_scale_rows(c, dkey, t->key.rows, t->key_map, vs);
     }
 }
 
@@ -159,8 +163,10 @@ static int backward_prepare(backward_ctx *c, const posenc_problem *p, const pose
     c->masked = terms_override_kind(p) >= 0;
     c->cls_row0 = c->masked && p->query_offset == 0;
     c->need_content = g->q || g->k;
-    c->need_query_side = p->query_table && (g->q || g->query_table);
-    c->need_key_side = p->key_table && (g->k || g->key_table);
+    const int dquery = g->terms[POSENC_TERM_query_table][VECTOR_TABLE] != NULL;
+    const int dkey = g->terms[POSENC_TERM_key_table][VECTOR_TABLE] != NULL;
+    c->need_query_side = posenc_term_present(p, POSENC_TERM_query_table) && (g->q || dquery);
+    c->need_key_side = posenc_term_present(p, POSENC_TERM_key_table) && (g->k || dkey);
     c->need_modules = terms_grads_wanted(p, g, TERMS_EVERY);
     c->need_blocks = terms_block_grads_wanted(p, g);
     c->content = c->need_content || c->need_modules ? terms_content_kind(p) : -1;
@@ -171,15 +177,16 @@ static int backward_prepare(backward_ctx *c, const posenc_problem *p, const pose
     if (!terms && term_data_build(&c->own_terms, p))
         return POSENC_ENOMEM;
     if (c->need_query_side && posenc_spans_build(&c->query_spans, &c->terms->query_runs,
-                                                 p->query_map, n, m, 0, c->masked ? 1 : 0,
+                                                 c->terms->query_map, n, m, 0, c->masked ? 1 : 0,
                                                  kern->mr, o_max))
         return POSENC_ENOMEM;
-    if (c->need_key_side && posenc_spans_build(&c->key_spans, &c->terms->key_runs, p->key_map, n,
-                                               m, 1, 0, kern->mr, o_max))
+    if (c->need_key_side && posenc_spans_build(&c->key_spans, &c->terms->key_runs,
+                                               c->terms->key_map, n, m, 1, 0, kern->mr, o_max))
         return POSENC_ENOMEM;
-    if (zeroed_slots(&c->query_table_slots, p->query_table && g->query_table,
+    if (zeroed_slots(&c->query_table_slots,
+                     posenc_term_present(p, POSENC_TERM_query_table) && dquery,
                      posenc_mul_size(BH, c->terms->query_buckets * p->d)) ||
-        zeroed_slots(&c->key_table_slots, p->key_table && g->key_table,
+        zeroed_slots(&c->key_table_slots, posenc_term_present(p, POSENC_TERM_key_table) && dkey,
                      posenc_mul_size(BH, c->terms->key_buckets * p->d)) ||
         terms_block_slots_alloc(p, g, G ? p->H : BH, c->block_slots))
         return POSENC_ENOMEM;

@@ -30,7 +30,7 @@ static int bf16dot_serves(const posenc_problem *p)
 {
     const double s = fabs(p->scale);
     return p->dtype == POSENC_BF16 && !posenc_terms_any(p) && !posenc_inputs_strided(p) &&
-           !p->query_table && !p->key_table && !p->rope_cos &&
+           !p->rope_cos &&
            (s == 0 || (s >= FLT_MIN && s <= FLT_MAX));
 }
 

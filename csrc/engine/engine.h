@@ -145,5 +145,12 @@ extern const posenc_engine posenc_engine_f32, posenc_engine_f64, posenc_engine_l
  * TUPE's dense factor), and whether p has such a kind; in terms.c. */
 int posenc_term_by_blocks(int k);
 int posenc_terms_by_blocks(const posenc_problem *p);
+/* Whether kind k is a vector table (a kind's term_<name>_vector: term_vectors.h), and
+ * whether p has one; in terms.c. */
+int posenc_term_vector(int k);
+int posenc_terms_vector(const posenc_problem *p);
+/* Whether the engine sums kind k's gradient over the batch itself, into batch row 0's units
+ * (by blocks, or a vector table's slots), rather than per unit (entry.c's fold). */
+int posenc_term_summed(int k);
 
 #endif /* POSENC_ENGINE_H */

@@ -410,17 +410,29 @@ static int lp_has_region(const lp_stream *st)
     return st->src || (st->dst && !st->direct);
 }
 
+/* Whether gradient (k, t) of gs is an earlier kind's buffer (one vector table on both
+ * sides: its two gradients one buffer). */
+static int lp_grad_shared(const posenc_grads *gs, int k, int t)
+{
+    for (int e = 0; e < k; ++e)
+        for (int x = 0; x < POSENC_TERM_ARRAYS_MAX; ++x)
+            if (gs->terms[e][x] == gs->terms[k][t])
+                return 1;
+    return 0;
+}
+
 /* A backward chunk of batch rows from b0 > 0 and hs heads: its gradients of the modules
- * that go by blocks (the chunk's batch sum, in its first batch row's units: gs's) added
- * into batch row 0's (a head's chunks run in batch order, the first setting them). */
+ * the engine sums over the batch (by blocks, a vector table's slots: posenc_term_summed;
+ * the chunk's batch sum, in its first batch row's units: gs's) added into batch row 0's
+ * (a head's chunks run in batch order, the first setting them); a buffer once. */
 static void lp_block_grads_add(const posenc_problem *p, const posenc_grads *gs, size_t b0,
                                size_t hs)
 {
     for (int k = 0; k < POSENC_TERM_COUNT; ++k)
-        for (int t = 0; t < POSENC_TERM_ARRAYS_MAX && posenc_term_by_blocks(k); ++t) {
+        for (int t = 0; t < POSENC_TERM_ARRAYS_MAX && posenc_term_summed(k); ++t) {
             const size_t len = p->terms[k].array[t].per_unit;
             const double *part = (const double *)gs->terms[k][t];
-            if (!part)
+            if (!part || lp_grad_shared(gs, k, t))
                 continue;
             double *sum = (double *)gs->terms[k][t] - b0 * gs->term_units_per_row * len;
             for (size_t e = 0; e < hs * len; ++e)

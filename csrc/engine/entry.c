@@ -8,8 +8,6 @@
 #define POSENC_TERM_FILES   /* the kinds' validation (their files without REAL) */
 #include "../terms.h"
 
-static int check_heads(size_t heads, size_t H) { return heads == H || heads == 1; }
-
 /* Every index (map entries) in [0, count). */
 static int in_range(const int64_t *index, size_t len, size_t count)
 {
@@ -26,7 +24,7 @@ static int rope_valid(const posenc_problem *p)
 {
     const size_t P = p->rope_positions;
     if (!p->rope_sin || !p->rope_cos_k || !p->rope_sin_k || 2 * p->rope_pairs > p->d ||
-        p->product || p->query_table || p->key_table)
+        p->product)
         return 0;
     if (p->positions_q ? !in_range(p->positions_q, p->B * p->n, P)
                        : p->n > 0 && (p->query_offset >= P || p->n > P - p->query_offset))
@@ -35,7 +33,8 @@ static int rope_valid(const posenc_problem *p)
 }
 
 /* The term modules of p (csrc/terms.h): each present one with its required arrays, without
- * the rotation, in a product only one factor kind, and its own condition; NULL, or why not. */
+ * the rotation, in a product only factor kinds (one beside the vector tables), and its own
+ * condition; NULL, or why not. */
 static const char *terms_invalid(const posenc_problem *p)
 {
     int factors = 0;   /* a product's modules */
@@ -59,8 +58,8 @@ static const char *terms_invalid(const posenc_problem *p)
                  posenc_term_present(p, POSENC_TERM_rope_token))) \
                 return #name ": a term module goes without the (P, r) rotation, beside " \
                              "rope_token alone, and in a product only as its factor"; \
-            if (p->product && ++factors > 1) \
-                return #name ": a product takes one factor module"; \
+            if (p->product && !term_##name##_vector && ++factors > 1) \
+                return #name ": a product takes one factor module beside the vector tables"; \
             if (!(valid)) \
                 return reason; \
         } \
@@ -74,7 +73,6 @@ static const char *terms_invalid(const posenc_problem *p)
 int posenc_validate(const posenc_problem *p, const char **why)
 {
     const char *reason = NULL;
-    const size_t offsets = (p->n && p->m) ? p->n + p->m - 1 : 0;
     if (p->dtype != POSENC_F32 && p->dtype != POSENC_F64 && p->dtype != POSENC_BF16 &&
         p->dtype != POSENC_F16)
         reason = "unknown dtype";
@@ -82,15 +80,7 @@ int posenc_validate(const posenc_problem *p, const char **why)
         reason = "q and k are required";
     else if (p->H_kv && (p->H_kv > p->H || p->H % p->H_kv))
         reason = "grouped-query attention: the key heads H_kv divide the query heads H";
-    else if (p->query_table &&
-             (!p->query_map || !check_heads(p->query_table_heads, p->H) ||
-              !in_range(p->query_map, offsets, p->query_table_rows)))
-        reason = "query-side table: heads H or 1, map entries within its rows";
-    else if (p->key_table &&
-             (!p->key_map || !check_heads(p->key_table_heads, p->H) ||
-              !in_range(p->key_map, offsets, p->key_table_rows)))
-        reason = "key-side table: heads H or 1, map entries within its rows";
-    else if (p->product && !posenc_terms_any(p) && !p->query_table && !p->key_table)
+    else if (p->product && !posenc_terms_any(p))
         reason = "product mode needs at least one factor";
     else if ((p->positions_q || p->positions_k) && !p->rope_cos)
         reason = "positions are the rotation's: they need its tables";
@@ -148,15 +138,15 @@ static void fold_team_fn(void *arg_, void *ws)
 
 /* The gradients of the term arrays without a batch axis (batch_stride 0) summed over the
  * batch rows, in order, into batch row 0's units (posenc_grads' terms); but for a kind
- * whose gradient goes by blocks (the engine formed the batch's sum in batch row 0 already,
- * the other rows unwritten). */
+ * whose gradient the engine sums itself (posenc_term_summed: by blocks, a vector table's
+ * slots: the batch's sum in batch row 0 already, the other rows unwritten). */
 static int terms_grads_fold(const posenc_problem *p, const posenc_grads *g, int num_threads)
 {
     const size_t per_row = g->term_units_per_row ? g->term_units_per_row : p->H;
     for (int k = 0; k < POSENC_TERM_COUNT && p->B > 1; ++k)
         for (int a = 0; a < POSENC_TERM_ARRAYS_MAX; ++a) {
             const posenc_term_array *x = &p->terms[k].array[a];
-            if (!x->data || x->batch_stride || !g->terms[k][a] || posenc_term_by_blocks(k))
+            if (!x->data || x->batch_stride || !g->terms[k][a] || posenc_term_summed(k))
                 continue;
             const fold_arg arg = {(double *)g->terms[k][a], p->B, per_row * x->per_unit,
                                   p->H * x->per_unit};

@@ -109,14 +109,15 @@ static size_t forward_ws_layout(const forward_ctx *c, forward_ws *w, REAL *mem)
         WS_TAKE(w, mem, at, inputs.q_rot, p->n * p->d);
         WS_TAKE(w, mem, at, inputs.k_rot, p->m * p->d);
     }
-    if (p->query_table) {
+    if (posenc_term_present(p, POSENC_TERM_query_table)) {
         WS_TAKE(w, mem, at, query_proj, mr * posenc_round_up(c->terms->query_buckets, nr));
         if (!c->in_place)   /* a decoding step reads the table in place (term_query_direct) */
             WS_TAKE(w, mem, at, query_table_pack, packed_b_size(p->d, c->terms->query_buckets, nr));
     }
-    if (p->key_table && c->in_place) {   /* one row of the term (term_key_direct) */
+    if (posenc_term_present(p, POSENC_TERM_key_table) && c->in_place) {
+        /* one row of the term (term_key_direct) */
         WS_TAKE(w, mem, at, key_proj, p->m);
-    } else if (p->key_table) {
+    } else if (posenc_term_present(p, POSENC_TERM_key_table)) {
         WS_TAKE(w, mem, at, key_proj, c->terms->key_buckets * p->m + key_edge_size(&c->terms->key_edges, p->m));
         WS_TAKE(w, mem, at, key_table_pack, packed_b_size(p->d, c->terms->key_buckets, nr));
     }
@@ -178,7 +179,7 @@ static void forward_plan_blocks(forward_ctx *c, size_t budget, int modules)
                      posenc_mul_size(p->n * p->m, sizeof(REAL)) <= budget;
     c->modules_end = c->expanded >= 0 ? c->expanded : POSENC_TERM_COUNT;
     const int in_p = c->pointer < 0 && terms_adding_in(p, 0, c->modules_end);   /* rows in P */
-    const int vectors = p->query_table || p->key_table;   /* a tile's own terms */
+    const int vectors = posenc_terms_vector(p);   /* a tile's own terms */
     c->module_blocks = fits && modules && in_p && c->expanded < 0 && terms_batch_free(p) &&
                        !(vectors && terms_override_kind(p) >= 0);
     c->block_kinds = c->module_blocks ? POSENC_TERM_COUNT
@@ -188,9 +189,9 @@ static void forward_plan_blocks(forward_ctx *c, size_t budget, int modules)
 }
 
 /* Head h's key table, from bucket 0 (rows of d). */
-static const REAL *key_table_of(const posenc_problem *p, size_t h)
+static const REAL *key_table_of(const term_data *td, size_t h, size_t d)
 {
-    return (const REAL *)p->key_table + head_of(p->key_table_heads, h) * p->key_table_rows * p->d;
+    return (const REAL *)td->key.table + head_of(td->key.heads, h) * td->key.rows * d;
 }
 
 /* The key table's term of keys [js, je), one run of the key map (bucket bs at key js,
@@ -224,7 +225,7 @@ static void term_key_direct(const forward_ctx *c, forward_ws *w, size_t h, int o
                             size_t ldp, size_t i0, size_t rows, size_t k0, size_t cols)
 {
     const posenc_runs *runs = &c->terms->key_runs;
-    const REAL *table = key_table_of(c->p, h);
+    const REAL *table = key_table_of(c->terms, h, c->p->d);
     REAL *row = w->key_proj;
     for (size_t r = 0; r < rows; ++r) {
         const ptrdiff_t i = (ptrdiff_t)(i0 + r);
@@ -256,11 +257,13 @@ static void term_query_direct(const forward_ctx *c, forward_ws *w, size_t h, con
     const size_t ld = posenc_round_up(buckets, c->kern->nr);
     const size_t *reach = forward_query_reach(c, i0, rows);
     const size_t lo = reach ? reach[0] : 0, hi = reach ? posenc_max(reach[0], reach[1]) : buckets;
-    const REAL *table = (const REAL *)p->query_table +
-                        (head_of(p->query_table_heads, h) * p->query_table_rows + (size_t)runs->b_min) * d;
+    const vector_table *v = &c->terms->query;
+    const REAL *table =
+        (const REAL *)v->table + (head_of(v->heads, h) * v->rows + (size_t)runs->b_min) * d;
     c->kern->rows_dot(w->query_proj + lo, ld, q_u + i0 * d, rows, table + lo * d, hi - lo, d,
                       p->vector_scale);
-    term_query_gather(c->kern, p, runs, w->query_proj, ld, op, P, ldp, i0, rows, k0, cols);
+    term_query_gather(c->kern, p, runs, c->terms->query_map, w->query_proj, ld, op, P, ldp, i0,
+                      rows, k0, cols);
 }
 
 /*
@@ -298,20 +301,20 @@ static const REAL *forward_positional(const forward_ctx *c, forward_ws *w, size_
     if (modules)
         op = terms_rows(p, kern, &w->scratch, TERMS_ADDING, from, to, op, w->P, ld, b, h, i0, rows,
                         k0, cols, w->term_unit);
-    if (p->query_table) {
+    if (posenc_term_present(p, POSENC_TERM_query_table)) {
         if (c->in_place)
             term_query_direct(c, w, h, q_u, op, w->P, ld, i0, rows, k0, cols);
         else
-            term_query_table(kern, &w->scratch, p, &c->terms->query_runs, c->terms->query_buckets,
-                             w->query_table_pack, &w->cached_query_table, w->query_proj, h, q_u,
-                             op, w->P, ld, i0, rows, k0, cols, forward_query_reach(c, i0, rows));
+            term_query_table(kern, &w->scratch, p, c->terms, w->query_table_pack,
+                             &w->cached_query_table, w->query_proj, h, q_u, op, w->P, ld, i0, rows,
+                             k0, cols, forward_query_reach(c, i0, rows));
         op = combine_op;
     }
-    if (p->key_table) {
+    if (posenc_term_present(p, POSENC_TERM_key_table)) {
         if (c->in_place)
             term_key_direct(c, w, h, op, w->P, ld, i0, rows, k0, cols);
         else
-            term_key_table(kern, op, w->P, ld, p->key_map, c->terms->key_runs.b_min, w->key_proj,
+            term_key_table(kern, op, w->P, ld, c->terms->key_map, c->terms->key_runs.b_min, w->key_proj,
                            c->terms->key_buckets, &c->terms->key_edges, n, m, cols, i0, rows);
         op = combine_op;
     }
@@ -346,9 +349,10 @@ static void forward_unit_setup(const forward_ctx *c, forward_ws *w, size_t b, si
         pack_b(kern, &w->scratch, k_packed, w->k_pack, k_u, 1, (ptrdiff_t)d, d, m, (REAL)p->scale);
     else   /* the caller packs k's panels as its tiles reach them (causal_keys_reach) */
         *k_packed = packed_b_shape(kern, w->k_pack, d, m, (REAL)p->scale);
-    if (p->key_table && !c->in_place)
-        key_projections(kern, &w->scratch, p, c->terms->key_runs.b_min, c->terms->key_buckets, c->key_reach[0],
-                        c->key_reach[1], &c->terms->key_edges, w->key_table_pack, w->key_proj, h, k_u);
+    if (posenc_term_present(p, POSENC_TERM_key_table) && !c->in_place)
+        key_projections(kern, &w->scratch, p, &c->terms->key, c->terms->key_runs.b_min,
+                        c->terms->key_buckets, c->key_reach[0], c->key_reach[1],
+                        &c->terms->key_edges, w->key_table_pack, w->key_proj, h, k_u);
     if (((c->modules && !c->module_blocks) || c->content >= 0) &&
         !(c->units_batch_free && w->cached_term_unit == (ptrdiff_t)h)) {
         /* the kinds a head block holds are read there: their unit data is not formed */
@@ -439,16 +443,16 @@ static void forward_tile_exact(const forward_ctx *c, forward_ws *w, size_t b, si
     /* the vector terms: into X (product, or inside s), else vs (...) into V */
     double *vector_sum = p->product || inside ? X : V;
     const double vs = p->product || inside ? 1 : c->scales.vector_scale;
-    if (vector_sum == V && (p->query_table || p->key_table))
+    if (vector_sum == V && posenc_terms_vector(p))
         memset(V, 0, sizeof(double) * count);
-    if (p->query_table) {
-        term_query_table(kern, &w->scratch, p, &c->terms->query_runs, c->terms->query_buckets,
-                         w->query_table_pack, &w->cached_query_table, w->query_proj, h, q_u,
-                         POSENC_SET, P, ld, i0, rows, 0, cols, forward_query_reach(c, i0, rows));
+    if (posenc_term_present(p, POSENC_TERM_query_table)) {
+        term_query_table(kern, &w->scratch, p, c->terms, w->query_table_pack,
+                         &w->cached_query_table, w->query_proj, h, q_u, POSENC_SET, P, ld, i0,
+                         rows, 0, cols, forward_query_reach(c, i0, rows));
         exact_apply(op, vector_sum, vs, P, ld, rows, cols);
     }
-    if (p->key_table) {
-        term_key_table(kern, POSENC_SET, P, ld, p->key_map, c->terms->key_runs.b_min, w->key_proj,
+    if (posenc_term_present(p, POSENC_TERM_key_table)) {
+        term_key_table(kern, POSENC_SET, P, ld, c->terms->key_map, c->terms->key_runs.b_min, w->key_proj,
                        c->terms->key_buckets, &c->terms->key_edges, n, p->m, cols, i0, rows);
         exact_apply(op, vector_sum, vs, P, ld, rows, cols);
     }
@@ -457,7 +461,7 @@ static void forward_tile_exact(const forward_ctx *c, forward_ws *w, size_t b, si
     } else {
         if (inside)
             exact_scale_by(X, c->scales.scale, count);
-        else if (p->query_table || p->key_table)
+        else if (posenc_terms_vector(p))
             for (size_t t = 0; t < count; ++t)
                 X[t] += V[t];
         const int reset = terms_override_kind(p);
@@ -555,7 +559,7 @@ static int forward_prepare(forward_ctx *c, const posenc_problem *p, const posenc
     c->modules = terms_additive(p);
     /* a module's rows read where they lie (a Toeplitz row), and a module's distinct rows on
      * the epilogue's second source, where no other term needs P */
-    terms_in_place(p, p->query_table || p->key_table,
+    terms_in_place(p, posenc_terms_vector(p),
                    !c->scales.exact && !p->product, &c->pointer, &c->expanded);
     c->content = terms_content_kind(p);
     c->units_batch_free = terms_units_batch_free(p);

@@ -63,7 +63,7 @@ static inline int term_cope_valid(const posenc_problem *p)
     const posenc_term_array *a = p->terms[POSENC_TERM_cope].array;
     const double *shape = (const double *)a[COPE_SHAPE].data;
     const double rows = shape[0];
-    int others = p->query_table || p->key_table;
+    int others = 0;
     for (int k = 0; k < POSENC_TERM_COUNT; ++k)
         others |= k != POSENC_TERM_cope && posenc_term_present(p, k);
     return !others && rows >= 1 && rows <= 1073741824.0 && rows == floor(rows) &&
@@ -307,5 +307,6 @@ static size_t term_cope_grad_scratch(const posenc_problem *p, const posenc_kerne
 #define term_cope_factor 0
 /* Its gradient goes by rows (engine_lp.c's chunks read it). */
 #define term_cope_by_blocks 0
+#define term_cope_vector 0   /* not a vector table (term_vectors.h) */
 
 #endif /* POSENC_ENGINE_TERM_COPE_IMPL_H */

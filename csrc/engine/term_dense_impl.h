@@ -122,5 +122,6 @@ static size_t term_dense_grad_scratch(const posenc_problem *p, const posenc_kern
 /* Its gradient goes by blocks, head by head in the logits' backward (posenc_term_by_blocks:
  * the fold, the low-precision chunks, the fused attention's first key and split keys). */
 #define term_dense_by_blocks 1
+#define term_dense_vector 0   /* not a vector table (term_vectors.h) */
 
 #endif /* POSENC_ENGINE_TERM_DENSE_IMPL_H */

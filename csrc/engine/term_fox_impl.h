@@ -188,5 +188,6 @@ static size_t term_fox_grad_scratch(const posenc_problem *p, const posenc_kernel
 #define term_fox_factor 0
 /* Its gradient goes by rows (engine_lp.c's chunks read it). */
 #define term_fox_by_blocks 0
+#define term_fox_vector 0   /* not a vector table (term_vectors.h) */
 
 #endif /* POSENC_ENGINE_TERM_FOX_IMPL_H */

@@ -373,13 +373,13 @@ static int terms_grads_wanted(const posenc_problem *p, const posenc_grads *g, in
 }
 
 /* Unit u's wanted module gradients by rows zeroed (its first rows follow; the rotation's
- * are written whole at the unit's end, zeroed here for a problem without rows; those by
- * blocks go through slots: terms_block_grads_reduce). */
+ * are written whole at the unit's end, zeroed here for a problem without rows; those the
+ * engine sums over the batch go through slots: terms_block_grads_reduce, backward_reduce). */
 static void terms_grads_begin(const posenc_problem *p, const posenc_grads *g, size_t u)
 {
     for (int k = 0; k < POSENC_TERM_COUNT; ++k) {
         double *grad[POSENC_TERM_ARRAYS_MAX];
-        if (term_kinds[k].grad_block)
+        if (posenc_term_summed(k))
             continue;
         terms_unit_grads(p, g, k, u, grad);
         for (int a = 0; a < POSENC_TERM_ARRAYS_MAX; ++a)
@@ -388,13 +388,16 @@ static void terms_grads_begin(const posenc_problem *p, const posenc_grads *g, si
     }
 }
 
-/* Unit u's wanted module gradients times `scale` (a product's factor where the scale is not
- * tame: its effective gradient held q.k unscaled). */
+/* Unit u's wanted module gradients by rows times `scale` (a product's factor where the scale
+ * is not tame: its effective gradient held q.k unscaled; the vector tables' are scaled in
+ * their batch sums). */
 static void terms_grads_scale(const posenc_problem *p, const posenc_grads *g, size_t u,
                               double scale)
 {
     for (int k = 0; k < POSENC_TERM_COUNT; ++k) {
         double *grad[POSENC_TERM_ARRAYS_MAX];
+        if (posenc_term_summed(k))
+            continue;
         terms_unit_grads(p, g, k, u, grad);
         for (int a = 0; a < POSENC_TERM_ARRAYS_MAX; ++a)
             for (size_t t = 0; grad[a] && t < p->terms[k].array[a].per_unit; ++t)
@@ -546,14 +549,16 @@ static void terms_block_grads_reduce(const posenc_problem *p, const posenc_grads
         }
 }
 
-/* The wanted gradients of the kinds whose gradient goes by blocks zeroed in every unit (an
- * empty problem's). */
+/* The wanted gradients of the kinds whose gradient the engine sums over the batch (by
+ * blocks, a vector table's slots: posenc_term_summed) zeroed in every unit (an empty
+ * problem's). */
 static void terms_block_grads_zero(const posenc_problem *p, const posenc_grads *g)
 {
     const size_t per_row = g->term_units_per_row ? g->term_units_per_row : p->H;
     for (int k = 0; k < POSENC_TERM_COUNT; ++k)
         for (int a = 0; a < POSENC_TERM_ARRAYS_MAX; ++a)
-            if (term_block_grad(p, g, k, a))
+            if (posenc_term_present(p, k) && posenc_term_summed(k) &&
+                p->terms[k].array[a].data && g->terms[k][a])
                 for (size_t b = 0; b < p->B; ++b)
                     memset((double *)g->terms[k][a] + b * per_row * p->terms[k].array[a].per_unit,
                            0, sizeof(double) * p->H * p->terms[k].array[a].per_unit);

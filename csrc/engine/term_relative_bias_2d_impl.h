@@ -253,5 +253,6 @@ static size_t term_relative_bias_2d_grad_scratch(const posenc_problem *p,
 #define term_relative_bias_2d_factor 0
 /* Its gradient goes by rows (engine_lp.c's chunks read it). */
 #define term_relative_bias_2d_by_blocks 0
+#define term_relative_bias_2d_vector 0   /* not a vector table (term_vectors.h) */
 
 #endif /* POSENC_ENGINE_TERM_RELATIVE_BIAS_2D_IMPL_H */

@@ -98,5 +98,6 @@ static size_t term_reset_grad_scratch(const posenc_problem *p, const posenc_kern
 #define term_reset_factor 0
 /* Its gradient goes by rows (engine_lp.c's chunks read it). */
 #define term_reset_by_blocks 0
+#define term_reset_vector 0   /* not a vector table (term_vectors.h) */
 
 #endif /* POSENC_ENGINE_TERM_RESET_IMPL_H */

@@ -53,5 +53,6 @@ static inline int term_rope_token_valid(const posenc_problem *p)
 #define term_rope_token_factor 0
 /* Its gradient goes by rows (engine_lp.c's chunks read it). */
 #define term_rope_token_by_blocks 0
+#define term_rope_token_vector 0   /* not a vector table (term_vectors.h) */
 
 #endif /* POSENC_ENGINE_TERM_ROPE_TOKEN_IMPL_H */

@@ -212,5 +212,6 @@ static size_t term_segments_grad_scratch(const posenc_problem *p, const posenc_k
 #define term_segments_factor 0
 /* Its gradient goes by rows (engine_lp.c's chunks read it). */
 #define term_segments_by_blocks 0
+#define term_segments_vector 0   /* not a vector table (term_vectors.h) */
 
 #endif /* POSENC_ENGINE_TERM_SEGMENTS_IMPL_H */

@@ -171,5 +171,6 @@ static size_t term_toeplitz_grad_scratch(const posenc_problem *p, const posenc_k
 #define term_toeplitz_factor 1
 /* Its gradient goes by rows (engine_lp.c's chunks read it). */
 #define term_toeplitz_by_blocks 0
+#define term_toeplitz_vector 0   /* not a vector table (term_vectors.h) */
 
 #endif /* POSENC_ENGINE_TERM_TOEPLITZ_IMPL_H */

@@ -12,6 +12,7 @@
 #define POSENC_ENGINE_TERMS_IMPL_H
 
 #include "gemm_impl.h"
+#include "term_vectors.h"
 
 /* The head of a parameter whose head axis has `heads` entries (H or 1). */
 static inline size_t head_of(size_t heads, size_t h) { return heads == 1 ? 0 : h; }
@@ -173,12 +174,12 @@ static void term_key_table(const posenc_kernels *kern, int op, REAL *P, size_t l
  * e's edges after them (key_edge_size: lo's, then hi's).
  */
 static void key_projections(const posenc_kernels *kern, const gemm_scratch *g,
-                            const posenc_problem *p, ptrdiff_t b_min, size_t buckets, size_t lo,
-                            size_t hi, const key_edges *e, REAL *table_pack, REAL *proj, size_t h,
-                            const REAL *k_u)
+                            const posenc_problem *p, const vector_table *v, ptrdiff_t b_min,
+                            size_t buckets, size_t lo, size_t hi, const key_edges *e,
+                            REAL *table_pack, REAL *proj, size_t h, const REAL *k_u)
 {
-    const size_t d = p->d, ht = head_of(p->key_table_heads, h);
-    const REAL *table = (const REAL *)p->key_table + (ht * p->key_table_rows + (size_t)b_min + lo) * d;
+    const size_t d = p->d, ht = head_of(v->heads, h);
+    const REAL *table = (const REAL *)v->table + (ht * v->rows + (size_t)b_min + lo) * d;
     packed_b pb;
     pack_b(kern, g, &pb, table_pack, table, 1, (ptrdiff_t)d, d, hi - lo, (REAL)p->vector_scale);
     gemm_packed(kern, g, p->m, k_u, (ptrdiff_t)d, 1, &pb, proj + lo, (ptrdiff_t)buckets, 0,
@@ -191,6 +192,20 @@ static void key_projections(const posenc_kernels *kern, const gemm_scratch *g,
 }
 
 /*
+ * What a call's vector tables read, derived from the problem once per call
+ * (the fused attention's backward builds it once for its logits and its
+ * gradients): the tables (term_vectors.h), their maps as int64 (the kernels'
+ * gathers and scatters) and as runs (and the key map's edges).
+ */
+typedef struct {
+    vector_table query, key;               /* table NULL: absent */
+    int64_t *query_map, *key_map;          /* map[o + n - 1]: offset o's row */
+    posenc_runs query_runs, key_runs;
+    size_t query_buckets, key_buckets;     /* buckets the maps use */
+    key_edges key_edges;                   /* the key map's edges */
+} term_data;
+
+/*
  * The query-side term of a row tile, keys [0, cols): proj = q[rows] .
  * (vector_scale query_table[h])^T over the buckets the map uses (the table
  * packed once per head, cached: *cached_head is the head table_pack holds),
@@ -201,28 +216,30 @@ static void key_projections(const posenc_kernels *kern, const gemm_scratch *g,
 /* The query table's term of rows [i0, i0 + rows), keys [k0, cols), from their projections
  * (proj, rows ld apart, column bucket - b_min) into P with op. */
 static void term_query_gather(const posenc_kernels *kern, const posenc_problem *p,
-                              const posenc_runs *runs, const REAL *proj, size_t ld, int op, REAL *P,
-                              size_t ldp, size_t i0, size_t rows, size_t k0, size_t cols)
+                              const posenc_runs *runs, const int64_t *map, const REAL *proj,
+                              size_t ld, int op, REAL *P, size_t ldp, size_t i0, size_t rows,
+                              size_t k0, size_t cols)
 {
     if (posenc_runs_short(runs, p->n + p->m - 1))   /* map_r0[j - r]: from key k0 by a shift */
-        kern->tile_gather_query(op, P + k0, ldp, p->query_map + (p->n - 1 - i0) + k0, runs->b_min,
+        kern->tile_gather_query(op, P + k0, ldp, map + (p->n - 1 - i0) + k0, runs->b_min,
                                 proj, ld, cols - k0, rows);
     else
         term_query_table_runs(kern, op, P, ldp, runs, proj, ld, k0, cols, i0, rows);
 }
 
 static void term_query_table(const posenc_kernels *kern, const gemm_scratch *g,
-                             const posenc_problem *p, const posenc_runs *runs, size_t buckets,
-                             REAL *table_pack, ptrdiff_t *cached_head, REAL *proj, size_t h,
-                             const REAL *q_u, int op, REAL *P, size_t ldp, size_t i0, size_t rows,
-                             size_t k0, size_t cols, const size_t *reach)
+                             const posenc_problem *p, const term_data *td, REAL *table_pack,
+                             ptrdiff_t *cached_head, REAL *proj, size_t h, const REAL *q_u, int op,
+                             REAL *P, size_t ldp, size_t i0, size_t rows, size_t k0, size_t cols,
+                             const size_t *reach)
 {
-    const size_t d = p->d, ld = posenc_round_up(buckets, kern->nr);
-    const size_t ht = head_of(p->query_table_heads, h);
+    const posenc_runs *runs = &td->query_runs;
+    const size_t d = p->d, buckets = td->query_buckets, ld = posenc_round_up(buckets, kern->nr);
+    const size_t ht = head_of(td->query.heads, h);
     packed_b pb = packed_b_shape(kern, table_pack, d, buckets, (REAL)p->vector_scale);
     if (*cached_head != (ptrdiff_t)ht) {
-        const REAL *table = (const REAL *)p->query_table +
-                            (ht * p->query_table_rows + (size_t)runs->b_min) * d;
+        const REAL *table = (const REAL *)td->query.table +
+                            (ht * td->query.rows + (size_t)runs->b_min) * d;
         pack_b(kern, g, &pb, table_pack, table, 1, (ptrdiff_t)d, d, buckets, (REAL)p->vector_scale);
         *cached_head = (ptrdiff_t)ht;
     }
@@ -234,33 +251,35 @@ static void term_query_table(const posenc_kernels *kern, const gemm_scratch *g,
     }
     gemm_packed(kern, g, rows, q_u + i0 * d, (ptrdiff_t)d, 1, &pb, proj + first, (ptrdiff_t)ld,
                 0, NULL, 0, NULL, 0, NULL);
-    term_query_gather(kern, p, runs, proj, ld, op, P, ldp, i0, rows, k0, cols);
+    term_query_gather(kern, p, runs, td->query_map, proj, ld, op, P, ldp, i0, rows, k0, cols);
 }
 
-/*
- * What a call's vector tables read, derived from the problem once per call
- * (the fused attention's backward builds it once for its logits and its
- * gradients): their maps as runs (and the key map's edges).
- */
-typedef struct {
-    posenc_runs query_runs, key_runs;
-    size_t query_buckets, key_buckets;     /* buckets the maps use */
-    key_edges key_edges;                   /* the key map's edges */
-} term_data;
+/* An int64 copy of a vector table's map (offsets entries; NULL out of memory). */
+static int64_t *term_data_map(const double *map, size_t offsets)
+{
+    int64_t *copy = (int64_t *)posenc_alloc(posenc_max(offsets, 1), sizeof(int64_t));
+    for (size_t o = 0; copy && o < offsets; ++o)
+        copy[o] = (int64_t)map[o];
+    return copy;
+}
 
-/* t built for p: the vector tables' runs.  POSENC_OK or ENOMEM (what was built is
- * term_data_release's to free). */
+/* t built for p: the vector tables, their maps and runs.  POSENC_OK or ENOMEM (what was
+ * built is term_data_release's to free). */
 static int term_data_build(term_data *t, const posenc_problem *p)
 {
-    const size_t n = p->n, m = p->m, offsets = n + m - 1;
+    const size_t n = p->n, m = p->m, offsets = n && m ? n + m - 1 : 0;
     memset(t, 0, sizeof *t);
-    if (p->query_table) {
-        if (posenc_runs_build(&t->query_runs, p->query_map, -(ptrdiff_t)(n - 1), offsets))
+    t->query = vector_table_of(p, POSENC_TERM_query_table);
+    t->key = vector_table_of(p, POSENC_TERM_key_table);
+    if (t->query.table) {
+        if (!(t->query_map = term_data_map(t->query.map, offsets)) ||
+            posenc_runs_build(&t->query_runs, t->query_map, -(ptrdiff_t)(n - 1), offsets))
             return POSENC_ENOMEM;
         t->query_buckets = posenc_runs_buckets(&t->query_runs);
     }
-    if (p->key_table) {
-        if (posenc_runs_build(&t->key_runs, p->key_map, -(ptrdiff_t)(n - 1), offsets))
+    if (t->key.table) {
+        if (!(t->key_map = term_data_map(t->key.map, offsets)) ||
+            posenc_runs_build(&t->key_runs, t->key_map, -(ptrdiff_t)(n - 1), offsets))
             return POSENC_ENOMEM;
         t->key_buckets = posenc_runs_buckets(&t->key_runs);
         t->key_edges = key_edges_of(&t->key_runs);
@@ -272,6 +291,8 @@ static void term_data_release(term_data *t)
 {
     posenc_runs_free(&t->query_runs);
     posenc_runs_free(&t->key_runs);
+    posenc_free(t->query_map);
+    posenc_free(t->key_map);
 }
 
 #endif /* POSENC_ENGINE_TERMS_IMPL_H */

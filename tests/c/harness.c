@@ -167,17 +167,20 @@ void build(problem_data *pd, const config *c, size_t B, size_t H, size_t n, size
         a[0] = (posenc_term_array){pd->f64[X_TABLE], 0, Hp == 1 ? 0 : rows, rows};
         a[1] = (posenc_term_array){pd->toeplitz, 0, 0, offsets};
     }
-    if (c->query_table) {
-        fill(pd, X_QUERY_TABLE, Hp * rows * d);
-        p->query_table_heads = Hp; p->query_table_rows = rows;
-        pd->maps[1] = make_map(c->map, n, m, rows);
-        p->query_map = pd->maps[1];
-    }
-    if (c->key_table) {
-        fill(pd, X_KEY_TABLE, H * rows * d);
-        p->key_table_heads = H; p->key_table_rows = rows;
-        pd->maps[2] = make_map(c->map == 2 ? 0 : c->map, n, m, rows);
-        p->key_map = pd->maps[2];
+    for (int side = 0; side < 2; ++side) {   /* the vector tables (the dtype's: `point`) */
+        const size_t heads = side ? H : Hp, offsets = n && m ? n + m - 1 : 0;
+        if (!(side ? c->key_table : c->query_table))
+            continue;
+        fill(pd, side ? X_KEY_TABLE : X_QUERY_TABLE, heads * rows * d);
+        pd->maps[1 + side] = make_map(side && c->map == 2 ? 0 : c->map, n, m, rows);
+        pd->vector_maps[side] = malloc(sizeof(double) * (offsets + 1));
+        for (size_t o = 0; o < offsets; ++o)
+            pd->vector_maps[side][o] = (double)pd->maps[1 + side][o];
+        posenc_term_array *a =
+            p->terms[side ? POSENC_TERM_key_table : POSENC_TERM_query_table].array;
+        a[0] = (posenc_term_array){pd->f64[side ? X_KEY_TABLE : X_QUERY_TABLE], 0,
+                                   heads == 1 ? 0 : rows * d, rows * d};
+        a[1] = (posenc_term_array){pd->vector_maps[side], 0, 0, offsets};
     }
     if (c->segments) {   /* the segments module (csrc/terms.h): float64 whatever the dtype */
         fill(pd, X_SEGMENT_TABLE, Hp * S * S);
@@ -203,13 +206,18 @@ void point(problem_data *pd, posenc_dtype dtype)
 #define PTR(slot) (pd->len[slot] || pd->f64[slot] ? (dtype == POSENC_F32 ? (void *)pd->f32[slot] : (void *)pd->f64[slot]) : NULL)
     p->dtype = dtype;
     p->q = PTR(X_Q); p->k = PTR(X_K);
-    p->query_table = PTR(X_QUERY_TABLE); p->key_table = PTR(X_KEY_TABLE);
     p->rope_cos = PTR(X_ROPE_COS); p->rope_sin = PTR(X_ROPE_SIN);
     p->rope_cos_k = PTR(X_ROPE_COS_K); p->rope_sin_k = PTR(X_ROPE_SIN_K);
     posenc_term_array *table = &p->terms[POSENC_TERM_toeplitz].array[0];   /* `real`: terms.h */
     posenc_term_array *dense = p->terms[POSENC_TERM_dense].array;
     if (table->data)
         table->data = PTR(X_TABLE);
+    for (int side = 0; side < 2; ++side) {
+        posenc_term_array *v =
+            &p->terms[side ? POSENC_TERM_key_table : POSENC_TERM_query_table].array[0];
+        if (v->data)
+            v->data = PTR(side ? X_KEY_TABLE : X_QUERY_TABLE);
+    }
     if (dense[0].data) {
         dense[0].data = PTR(X_PQ);
         dense[1].data = PTR(X_PK);
@@ -222,6 +230,8 @@ void release(problem_data *pd)
     for (int t = 0; t < MAX_ARRAYS; ++t) { free(pd->f64[t]); free(pd->f32[t]); }
     for (int t = 0; t < 3; ++t) free(pd->maps[t]);
     free(pd->toeplitz);
+    free(pd->vector_maps[0]);
+    free(pd->vector_maps[1]);
     free(pd->segment_q);
     free(pd->segment_k);
     free(pd->positions_q);
@@ -258,17 +268,17 @@ static void naive_factors(const problem_data *pd, size_t b, size_t h, size_t i, 
     for (size_t l = 0; l < d; ++l) qk += q[l] * k[l];
     *content = p->scale * qk;
     *fq = *fk = 1;
-    if (p->query_table) {
-        const double *a = pd->f64[X_QUERY_TABLE] + ((p->query_table_heads == 1 ? 0 : h) * p->query_table_rows + (size_t)p->query_map[o]) * d;
-        *fq = 0;
-        for (size_t l = 0; l < d; ++l) *fq += q[l] * a[l];
-        *fq *= p->vector_scale;
-    }
-    if (p->key_table) {
-        const double *a = pd->f64[X_KEY_TABLE] + ((p->key_table_heads == 1 ? 0 : h) * p->key_table_rows + (size_t)p->key_map[o]) * d;
-        *fk = 0;
-        for (size_t l = 0; l < d; ++l) *fk += k[l] * a[l];
-        *fk *= p->vector_scale;
+    for (int side = 0; side < 2; ++side) {
+        const posenc_term_array *v =
+            &p->terms[side ? POSENC_TERM_key_table : POSENC_TERM_query_table].array[0];
+        if (!v->data)
+            continue;
+        const double *a = pd->f64[side ? X_KEY_TABLE : X_QUERY_TABLE] + h * v->head_stride +
+                          (size_t)pd->maps[1 + side][o] * d;
+        double *f = side ? fk : fq;
+        *f = 0;
+        for (size_t l = 0; l < d; ++l) *f += (side ? k : q)[l] * a[l];
+        *f *= p->vector_scale;
     }
 }
 
@@ -305,11 +315,12 @@ double naive_logit(const problem_data *pd, size_t b, size_t h, size_t i, size_t 
     if (p->product) {
         double value = content;
         if (table) value *= t;
-        if (p->query_table) value *= fq;
-        if (p->key_table) value *= fk;
+        if (posenc_term_present(p, POSENC_TERM_query_table)) value *= fq;
+        if (posenc_term_present(p, POSENC_TERM_key_table)) value *= fk;
         return value;
     }
-    double pos = (p->query_table ? fq : 0) + (p->key_table ? fk : 0) + t;
+    double pos = (posenc_term_present(p, POSENC_TERM_query_table) ? fq : 0) +
+                 (posenc_term_present(p, POSENC_TERM_key_table) ? fk : 0) + t;
     if (posenc_term_present(p, POSENC_TERM_dense)) {
         const posenc_term_array *a = p->terms[POSENC_TERM_dense].array;
         const size_t dp = a[1].per_unit / m;
@@ -355,6 +366,23 @@ void naive_module_grad(const problem_data *pd, int t, double *grad)
                         if (p->product)
                             naive_factors(pd, b, h, i, j, &content, &fq, &fk);
                         grad[h * L + (size_t)pd->maps[0][j + n - 1 - i]] += g * content * fq * fk;
+                    }
+                    else if ((t == GRAD_QUERY_TABLE || t == GRAD_KEY_TABLE) &&
+                             !(reset && (cls || j == 0))) {
+                        const int side = t == GRAD_KEY_TABLE;
+                        const size_t kv = h / (p->H / p->H_kv), d = p->d;
+                        const double *x = side ? pd->f64[X_K] + ((b * p->H_kv + kv) * m + j) * d
+                                               : pd->f64[X_Q] + ((b * p->H + h) * n + i) * d;
+                        double content = 1, fq = 1, fk = 1, other = 1;
+                        if (p->product) {
+                            naive_factors(pd, b, h, i, j, &content, &fq, &fk);
+                            other = content * (side ? fq : fk) *
+                                    (posenc_term_present(p, POSENC_TERM_toeplitz)
+                                         ? naive_table(pd, h, i, j) : 1);
+                        }
+                        double *row = grad + h * L + (size_t)pd->maps[1 + side][j + n - 1 - i] * d;
+                        for (size_t l = 0; l < d; ++l)
+                            row[l] += g * other * p->vector_scale * x[l];
                     }
                     else if (t == GRAD_SEGMENTS && !(reset && (cls || j == 0)))
                         grad[h * L + (size_t)pd->segment_q[b * n + i] * S +
@@ -415,7 +443,8 @@ const void *grad_input(const problem_data *pd, int t)
     const void *inputs[GRAD_COUNT] = {p->q, p->k, p->terms[POSENC_TERM_dense].array[0].data,
                                       p->terms[POSENC_TERM_dense].array[1].data,
                                       p->terms[POSENC_TERM_toeplitz].array[0].data,
-                                      p->query_table, p->key_table,
+                                      p->terms[POSENC_TERM_query_table].array[0].data,
+                                      p->terms[POSENC_TERM_key_table].array[0].data,
                                       p->terms[POSENC_TERM_segments].array[0].data,
                                       p->terms[POSENC_TERM_reset].array[0].data};
     return inputs[t];
@@ -434,6 +463,8 @@ size_t grad_len(const problem_data *pd, int t)
 int grad_module(int t)
 {
     return t == GRAD_TABLE                  ? POSENC_TERM_toeplitz
+           : t == GRAD_QUERY_TABLE          ? POSENC_TERM_query_table
+           : t == GRAD_KEY_TABLE            ? POSENC_TERM_key_table
            : t == GRAD_SEGMENTS             ? POSENC_TERM_segments
            : t == GRAD_THETA                ? POSENC_TERM_reset
            : t == GRAD_PQ || t == GRAD_PK   ? POSENC_TERM_dense
@@ -448,8 +479,8 @@ int grad_array(int t)
 size_t grad_written_len(const problem_data *pd, int t)
 {
     const size_t len = grad_len(pd, t);
-    return grad_module(t) >= 0 && posenc_term_by_blocks(grad_module(t)) && pd->p.B ? len / pd->p.B
-                                                                                 : len;
+    return grad_module(t) >= 0 && posenc_term_summed(grad_module(t)) && pd->p.B ? len / pd->p.B
+                                                                              : len;
 }
 
 size_t grad_size(int t, size_t es)
@@ -459,7 +490,9 @@ size_t grad_size(int t, size_t es)
 
 posenc_grads grads_of(void *const g[GRAD_COUNT])
 {
-    posenc_grads grads = {g[0], g[1], g[5], g[6]};
+    posenc_grads grads = {g[0], g[1]};
+    grads.terms[POSENC_TERM_query_table][0] = g[GRAD_QUERY_TABLE];
+    grads.terms[POSENC_TERM_key_table][0] = g[GRAD_KEY_TABLE];
     grads.terms[POSENC_TERM_dense][0] = g[GRAD_PQ];
     grads.terms[POSENC_TERM_dense][1] = g[GRAD_PK];
     grads.terms[POSENC_TERM_toeplitz][0] = g[GRAD_TABLE];

@@ -52,6 +52,7 @@ typedef struct {
     float *f32[MAX_ARRAYS];
     int64_t *maps[3];
     double *toeplitz;                /* the toeplitz module's rows: maps[0] in float64 */
+    double *vector_maps[2];          /* the vector tables' maps: maps[1], maps[2] in float64 */
     double *segment_q, *segment_k;   /* the segments module's ids (B, n), (B, m) */
     int64_t *positions_q, *positions_k;
 } problem_data;
@@ -72,10 +73,11 @@ void point(problem_data *pd, posenc_dtype dtype);
 void release(problem_data *pd);
 double naive_logit(const problem_data *pd, size_t b, size_t h, size_t i, size_t j);
 double *widen(const void *src, size_t len, posenc_dtype dtype);
-/* Module gradient t's (GRAD_PQ, GRAD_PK, GRAD_TABLE, GRAD_SEGMENTS, GRAD_THETA) of sum(G * A)
- * (G: X_G's), summed over the batch, H x length: pos_q's grad[h n d_p + i d_p + l] (query
- * head h's), pos_k's, the table's grad[h R + map(j - i)] (in a product times
- * the other factors), the segments table's grad[h S S + s_q S + s_k]
+/* Module gradient t's (GRAD_PQ, GRAD_PK, GRAD_TABLE, GRAD_QUERY_TABLE, GRAD_KEY_TABLE,
+ * GRAD_SEGMENTS, GRAD_THETA) of sum(G * A) (G: X_G's), summed over the batch, H x length:
+ * pos_q's grad[h n d_p + i d_p + l] (query head h's), pos_k's, the table's grad[h R +
+ * map(j - i)] (in a product times the other factors), a vector table's grad[h R d +
+ * map(j - i) d + l] (vector_scale q_i[l] or k_j[l], in a product times the other factors), the segments table's grad[h S S + s_q S + s_k]
  * (the reset's row and column 0 take none of these), theta's grad[2 h] (the row at position
  * 0), grad[2 h + 1] (key 0 of the others). */
 void naive_module_grad(const problem_data *pd, int t, double *grad);
@@ -84,19 +86,21 @@ void compare_above(const char *what, const double *a, const double *b, size_t le
                    int bitwise, double floor);
 void compare(const char *what, const double *a, const double *b, size_t len, double rtol,
              int bitwise);
-/* The gradients the tests take, in grad_names' order: the problem's arrays with one
- * (posenc_grads), and at GRAD_PQ, GRAD_PK, GRAD_TABLE, GRAD_SEGMENTS and GRAD_THETA the
- * dense, toeplitz, segments and reset modules' arrays (X_PQ's data, X_PK's, X_TABLE's,
- * X_SEGMENT_TABLE's, X_THETA's), float64 per unit (B, H, length) whatever the dtype. */
-enum { GRAD_COUNT = 9, GRAD_PQ = 2, GRAD_PK = 3, GRAD_TABLE = 4, GRAD_SEGMENTS = 7,
-       GRAD_THETA = 8 };
+/* The gradients the tests take, in grad_names' order: q and k (posenc_grads), and at
+ * GRAD_PQ, GRAD_PK, GRAD_TABLE, GRAD_QUERY_TABLE, GRAD_KEY_TABLE, GRAD_SEGMENTS and
+ * GRAD_THETA the dense, toeplitz, vector tables', segments and reset modules' arrays
+ * (X_PQ's data, X_PK's, X_TABLE's, X_QUERY_TABLE's, X_KEY_TABLE's, X_SEGMENT_TABLE's,
+ * X_THETA's), float64 per unit (B, H, length) whatever the dtype. */
+enum { GRAD_COUNT = 9, GRAD_PQ = 2, GRAD_PK = 3, GRAD_TABLE = 4, GRAD_QUERY_TABLE = 5,
+       GRAD_KEY_TABLE = 6, GRAD_SEGMENTS = 7, GRAD_THETA = 8 };
 int grad_module(int t);                                  /* its term kind, or -1 */
 int grad_array(int t);                                   /* its array of the kind */
 extern const char *const grad_names[GRAD_COUNT];
 const void *grad_input(const problem_data *pd, int t);   /* NULL: no such gradient */
 size_t grad_len(const problem_data *pd, int t);          /* its elements */
-/* Those of them a backward writes: all, or a module's whose gradient goes by blocks batch
- * row 0's (posenc_grads: the batch's sum, the other rows unwritten). */
+/* Those of them a backward writes: all, or a module's whose gradient the engine sums over
+ * the batch batch row 0's (posenc_term_summed; posenc_grads: the batch's sum, the other rows
+ * unwritten). */
 size_t grad_written_len(const problem_data *pd, int t);
 size_t grad_size(int t, size_t es);                      /* an element's bytes (es: the dtype's) */
 posenc_grads grads_of(void *const g[GRAD_COUNT]);

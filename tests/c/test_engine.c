@@ -42,7 +42,7 @@ typedef struct {
 } result;
 
 /* Forward and backward of pd's problem; with shared_table, the query- and
- * key-side tables' gradients are one buffer (returned in grads[5]). */
+ * key-side tables' gradients are one buffer (returned in grads[GRAD_QUERY_TABLE]). */
 static int run_with(problem_data *pd, posenc_dtype dtype, int threads, result *r, int shared_table)
 {
     const posenc_problem *p = &pd->p;
@@ -56,8 +56,8 @@ static int run_with(problem_data *pd, posenc_dtype dtype, int threads, result *r
         g[t] = grad_input(pd, t) ? malloc(grad_size(t, es) * (lens[t] ? lens[t] : 1)) : NULL;
     }
     if (shared_table) {
-        free(g[6]);
-        g[6] = g[5];
+        free(g[GRAD_KEY_TABLE]);
+        g[GRAD_KEY_TABLE] = g[GRAD_QUERY_TABLE];
     }
     posenc_grads grads = grads_of(g);
     const void *G = dtype == POSENC_F32 ? (const void *)pd->f32[X_G] : (const void *)pd->f64[X_G];
@@ -70,7 +70,7 @@ static int run_with(problem_data *pd, posenc_dtype dtype, int threads, result *r
         status = posenc_backward(p, G, &grads, threads);
     r->out = widen(out, logits, dtype);
     if (shared_table)
-        g[6] = NULL;
+        g[GRAD_KEY_TABLE] = NULL;
     for (int t = 0; t < GRAD_COUNT; ++t) {
         r->grad_len[t] = g[t] ? lens[t] : 0;
         r->grads[t] = g[t] ? widen_grad(g[t], lens[t], t, dtype) : NULL;
@@ -92,8 +92,8 @@ static void free_result(result *r)
 }
 
 /*
- * One table on both sides (M4, M4M: key_table is query_table and key_map is
- * query_map): with the two gradient outputs one buffer, the engine sums
+ * One table on both sides (M4, M4M: the key_table module's table and map are the
+ * query_table module's): with the two gradient outputs one buffer, the engine sums
  * both sides' gradients into it, the same as the two separate ones added;
  * 1 and 2 threads bitwise.
  */
@@ -111,10 +111,7 @@ static void test_shared_table(void)
                 const posenc_dtype dtype = dt ? POSENC_F64 : POSENC_F32;
                 point(&pd, dtype);
                 posenc_problem *p = &pd.p;
-                p->key_table = p->query_table;
-                p->key_table_heads = p->query_table_heads;
-                p->key_table_rows = p->query_table_rows;
-                p->key_map = p->query_map;
+                p->terms[POSENC_TERM_key_table] = p->terms[POSENC_TERM_query_table];
                 for (int isa = 0; isa < POSENC_ISA_COUNT; ++isa) {
                     if (!posenc_isa_supported((posenc_isa)isa))
                         continue;
@@ -123,16 +120,16 @@ static void test_shared_table(void)
                     EXPECT(run_with(&pd, dtype, 1, &apart, 0) == POSENC_OK, "status");
                     EXPECT(run_with(&pd, dtype, 1, &one, 1) == POSENC_OK, "status");
                     EXPECT(run_with(&pd, dtype, 2, &two, 1) == POSENC_OK, "status");
-                    const size_t len = apart.grad_len[5];
+                    const size_t len = grad_written_len(&pd, GRAD_QUERY_TABLE);   /* batch row 0's */
                     double *sum = malloc(sizeof(double) * (len ? len : 1));
                     for (size_t t = 0; t < len; ++t)
-                        sum[t] = apart.grads[5][t] + apart.grads[6][t];
+                        sum[t] = apart.grads[GRAD_QUERY_TABLE][t] + apart.grads[GRAD_KEY_TABLE][t];
                     char what[256];
                     snprintf(what, sizeof what, "%s %s size#%zu %s shared table's gradient",
                              configs[c].name, dt ? "f64" : "f32", s, posenc_isa_name((posenc_isa)isa));
-                    compare(what, one.grads[5], sum, len, dt ? 1e-12 : 2e-5, 0);
-                    compare(what, two.grads[5], one.grads[5], len, 0, 1);
-                    EXPECT(one.grads[6] == NULL, "%s: no second gradient", what);
+                    compare(what, one.grads[GRAD_QUERY_TABLE], sum, len, dt ? 1e-12 : 2e-5, 0);
+                    compare(what, two.grads[GRAD_QUERY_TABLE], one.grads[GRAD_QUERY_TABLE], len, 0, 1);
+                    EXPECT(one.grads[GRAD_KEY_TABLE] == NULL, "%s: no second gradient", what);
                     free(sum);
                     free_result(&apart);
                     free_result(&one);
