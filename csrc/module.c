@@ -138,11 +138,6 @@ static int new_grads(PyObject *config, const converted *a, unsigned int needs, i
     }
     g->q = data[GR_q];
     g->k = data[GR_k];
-#define GRAD_SET_(name, ...) g->name = data[GR_##name];
-#define GRAD_SKIP_(...)
-    POSENC_ARRAYS(GRAD_SET_, GRAD_SKIP_)
-#undef GRAD_SET_
-#undef GRAD_SKIP_
     int place[POSENC_TERM_COUNT] = {0}, entry = GR_FIRST_TERM_;
     for (int t = 0; t < TERM_FIELD_COUNT; ++t) {
         const int k = term_fields[t].kind, at = place[k]++;

@@ -11,9 +11,9 @@
  * The fields of an EngineConfig, in its order (posenc._engine reads their
  * names from _C.CONFIG_FIELDS): the binding reads any tuple of exactly
  * CF_COUNT items positionally.  The float arrays are q, k and posenc.h's
- * POSENC_ARRAYS; then the integer arrays (bucket maps over the offsets,
- * rotation positions), the scalars, and the term modules'
- * arrays (csrc/terms.h: <kind>_<array>, (B|1, H|1, length)).
+ * POSENC_ARRAYS (the rotation's tables); then the integer arrays (the rotation's
+ * positions), the scalars, and the term modules' arrays (csrc/terms.h:
+ * <kind>_<array>, (B|1, H|1, length)).
  */
 #define CONFIG_INDEX_FIELDS(X) \
     X(positions_q) X(positions_k)
@@ -27,7 +27,7 @@
 #define CF_TERM_SKIP_(name, valid, why, ARRAYS) ARRAYS
 enum {
     CF_q, CF_k,
-    POSENC_ARRAYS(CF_ENUM_, CF_ENUM_)
+    POSENC_ARRAYS(CF_ENUM_)
     CF_FIRST_INDEX_,
     CF_INDEX_BEFORE_ = CF_FIRST_INDEX_ - 1,
     CONFIG_INDEX_FIELDS(CF_ENUM_)
@@ -38,38 +38,31 @@ enum {
 
 #define CF_NAME_(name, ...) #name,
 static const char *const config_names[CF_COUNT] = {
-    "q", "k", POSENC_ARRAYS(CF_NAME_, CF_NAME_) CONFIG_INDEX_FIELDS(CF_NAME_)
+    "q", "k", POSENC_ARRAYS(CF_NAME_) CONFIG_INDEX_FIELDS(CF_NAME_)
     CONFIG_SCALAR_FIELDS(CF_NAME_) POSENC_TERMS(CF_TERM_SKIP_, CF_TERM_NAME_)};
 
 /* The float and the integer array fields. */
-static const int float_fields[] = {CF_q, CF_k, POSENC_ARRAYS(CF_ENUM_, CF_ENUM_)};
+static const int float_fields[] = {CF_q, CF_k, POSENC_ARRAYS(CF_ENUM_)};
 #define CF_INDEX_(name) CF_##name,
 static const int index_fields[] = {CONFIG_INDEX_FIELDS(CF_INDEX_)};
 #undef CF_INDEX_
 
 /* Gradient outputs, in the order backward returns them (_C.ENGINE_GRADS):
- * q, k, then the parameters of POSENC_ARRAYS (its constants have none). */
-#define GR_ENUM_(name, ...) GR_##name,
-#define GR_SKIP_(...)
+ * q, k, then the term modules' arrays with one. */
 #define GR_TERM_ENUM_(kind, name, required, grad, length, real) POSENC_TERM_IF_##grad(GR_##kind##_##name,)
-enum { GR_q, GR_k, POSENC_ARRAYS(GR_ENUM_, GR_SKIP_) GR_FIRST_TERM_,
-       GR_TERM_BEFORE_ = GR_FIRST_TERM_ - 1, POSENC_TERMS(CF_TERM_SKIP_, GR_TERM_ENUM_) GR_COUNT };
+enum { GR_q, GR_k, GR_FIRST_TERM_, GR_TERM_BEFORE_ = GR_FIRST_TERM_ - 1,
+       POSENC_TERMS(CF_TERM_SKIP_, GR_TERM_ENUM_) GR_COUNT };
 #undef GR_TERM_ENUM_
-#undef GR_ENUM_
 #undef CF_ENUM_
 #undef CF_TERM_ENUM_
 
 /* The config field each gradient is shaped like, and the gradients' names. */
-#define GR_SOURCE_(name, ...) CF_##name,
 #define GR_TERM_SOURCE_(kind, name, required, grad, length, real) POSENC_TERM_IF_##grad(CF_##kind##_##name,)
-static const int grad_source[GR_COUNT] = {CF_q, CF_k, POSENC_ARRAYS(GR_SOURCE_, GR_SKIP_)
-                                          POSENC_TERMS(CF_TERM_SKIP_, GR_TERM_SOURCE_)};
+static const int grad_source[GR_COUNT] = {CF_q, CF_k, POSENC_TERMS(CF_TERM_SKIP_, GR_TERM_SOURCE_)};
 #undef GR_TERM_SOURCE_
-#undef GR_SOURCE_
-static const char *const grad_names[GR_COUNT] = {"q", "k", POSENC_ARRAYS(CF_NAME_, GR_SKIP_)
+static const char *const grad_names[GR_COUNT] = {"q", "k",
                                                  POSENC_TERMS(CF_TERM_SKIP_, GR_TERM_NAME_)};
 #undef CF_NAME_
-#undef GR_SKIP_
 
 /* The term modules' arrays: their config fields, kinds, whether they have a gradient (then
  * the next GR_ entry from GR_FIRST_TERM_), in order. */

@@ -188,35 +188,25 @@ static inline int posenc_terms_any(const posenc_problem *p)
 }
 
 /*
- * The float arrays of a problem besides q and k, written once (one list, so
- * that its users cannot drift apart):
- * the gradients' struct below, the low-precision engine's widening and
- * slicing (engine_lp.c), the binding's config fields and gradient tuple
- * (module_config.h, hence posenc._engine's EngineConfig and ENGINE_GRADS)
- * are generated from this list.
- *   PARAM(name, heads, per_head): a parameter with a gradient; `heads` is its
- *     head-count field (H or 1), `per_head` its elements per head, an
- *     expression of the problem `p`;
- *   CONST(name, count): a constant (no head axis, no gradient), `count`
- *     elements (the rotation's tables).
+ * The float arrays of a problem besides q and k and the term modules', written once (one
+ * list, so that its users cannot drift apart): the low-precision engine's widening
+ * (engine_lp.c) and the binding's config fields (module_config.h, hence posenc._engine's
+ * EngineConfig) are generated from it.  CONST(name, count): a constant (no head axis, no
+ * gradient), `count` elements (the rotation's tables).
  */
-#define POSENC_ARRAYS(PARAM, CONST)                                        \
+#define POSENC_ARRAYS(CONST)                                               \
     CONST(rope_cos, p->rope_positions * p->rope_pairs)                     \
     CONST(rope_sin, p->rope_positions * p->rope_pairs)                     \
     CONST(rope_cos_k, p->rope_positions * p->rope_pairs)                   \
     CONST(rope_sin_k, p->rope_positions * p->rope_pairs)
 
-#define POSENC_GRAD_FIELD_(name, heads, per_head) void *name;
-#define POSENC_NO_FIELD_(name, count)
-
-/* Gradient outputs, each shaped like its input; NULL = not wanted.  Fields: q, k, then
- * POSENC_ARRAYS' PARAMs, then the term modules'.  When the two vector tables' gradients
+/* Gradient outputs, each shaped like its input; NULL = not wanted.  Fields: q, k, then the
+ * term modules'.  When the two vector tables' gradients
  * (terms[POSENC_TERM_query_table][0], terms[POSENC_TERM_key_table][0]) are the same buffer
  * (one table read on both sides through one map, M4 and M4M), both sides' gradients are
  * summed into it, the query side's first (csrc/engine/term_vectors.h). */
 typedef struct {
     void *q, *k;
-    POSENC_ARRAYS(POSENC_GRAD_FIELD_, POSENC_NO_FIELD_)
     /* the term modules' gradients (terms.h), per unit: unit (b, h) of kind k's
      * array a at terms[k][a] + (b term_units_per_row + h) per_unit elements (the
      * array's per_unit)

@@ -21,10 +21,10 @@ and the fused attention of SPEC §6 on the same configured logits:
            dsinks; d_lse: dL/dlse (B, H, n) of lse's dtype, or None (lse unused)
 
 `needs` is one bit mask in ENGINE_GRADS order (bit t asks for entry t).  When
-`key_table` is the same object as `query_table` with the same map object (M4,
-M4M: one table read on both sides), the engine sums both sides' gradients
-into one array, returned in the `query_table` entry (the `key_table` entry is
-None); either bit asks for it.
+`key_table_table` is the same object as `query_table_table` with the same map
+object (M4, M4M: one table read on both sides), the engine sums both sides'
+gradients into one array, returned in the `query_table_table` entry (the
+`key_table_table` entry is None); either bit asks for it.
 """
 
 from __future__ import annotations
@@ -36,8 +36,6 @@ from . import _C
 # The engine's slots, named by the binding (csrc/module_config.h, from posenc.h's
 # one list of the problem's arrays), in the order it reads them:
 #   q, k                            (B, H, n, d), (B, H, m, d), any float dtype, any strides
-#   query_table, key_table          vector tables (H|1, R, d): q_i . table[map], k_j . table[map],
-#                                   with query_map, key_map
 #   rope_cos, rope_sin              the rotation's tables (P, r), rope_cos_k, rope_sin_k the keys'
 #                                   (xPos) or None; positions_q (B, n), positions_k (B, m) or None
 #   product                         bool: A = s q.k * factors (M2, M4M) instead of a sum
@@ -52,7 +50,9 @@ from . import _C
 #                                   of j - i alone: a scalar table and its map over the
 #                                   offsets, ALiBi's bias and the identity), segments_table, segments_query,
 #                                   segments_key (DIET's segments), reset_theta (TUPE's
-#                                   [CLS] reset), fox_gates, ...
+#                                   [CLS] reset), query_table_table, query_table_map,
+#                                   key_table_table, key_table_map (the vector tables
+#                                   (H|1, R d): q_i . table[map], k_j . table[map]), fox_gates, ...
 EngineConfig = namedtuple("EngineConfig", _C.CONFIG_FIELDS)
 
 # Entries of _C.backward's result, and bits of its `needs` mask: q, k, then the

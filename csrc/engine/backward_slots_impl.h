@@ -104,15 +104,10 @@ static void backward_reduce(const backward_ctx *c)
 static void backward_zero(const posenc_problem *p, const posenc_grads *g)
 {
     const size_t BH = p->B * p->H;
-#define ZERO_PARAM_(name, heads, per_head) {g->name, p->heads * (per_head)},
-#define ZERO_CONST_(name, count)
     const struct { void *ptr; size_t count; } outs[] = {
         {g->q, BH * p->n * p->d},
         {g->k, p->B * posenc_kv_heads(p) * p->m * p->d},
-        POSENC_ARRAYS(ZERO_PARAM_, ZERO_CONST_)
     };
-#undef ZERO_PARAM_
-#undef ZERO_CONST_
     for (size_t t = 0; t < sizeof outs / sizeof outs[0]; ++t)
         if (outs[t].ptr && outs[t].count)
             memset(outs[t].ptr, 0, sizeof(REAL) * outs[t].count);

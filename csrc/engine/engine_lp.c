@@ -5,8 +5,9 @@
  * engine runs on them, and every result is narrowed once, to nearest even,
  * into the caller's 16-bit array: a result is narrow(float32 engine(widen(
  * inputs))) bit for bit, on every ISA.  lse is float32 both ways.  Two
- * exceptions: the parameters' gradients of a problem of several chunks
- * (lp_chunks: float32 sums over the chunks), and the bfloat16 content logits
+ * exceptions: the term modules' gradients that the engine sums over the batch in
+ * a problem of several chunks (lp_chunks: float64 sums over the chunks), and the
+ * bfloat16 content logits
  * on avx512 with AVX512-BF16, which go to design (b),
  * posenc_bf16_content_forward (bf16dot.c: vdpbf16ps products, within the
  * same bound but summed in another order).
@@ -151,36 +152,19 @@ static int lp_job_run(const lp_job *job, int num_threads)
 
 /* ------------------------------------------------------- the float32 copy */
 
-/* The float arrays of a problem (q, k, then posenc.h's POSENC_ARRAYS): the
- * ones with a gradient first, [0, A_GRAD_COUNT), then the constants, up to
- * A_COUNT; where each is, how many elements. */
+/* The float arrays of a problem: q and k, then posenc.h's POSENC_ARRAYS (the rotation's
+ * tables, constants), up to A_COUNT; where each is, how many elements. */
 #define LP_ENUM_(name, ...) A_##name,
-#define LP_SKIP_(...)
-enum { A_Q, A_K, POSENC_ARRAYS(LP_ENUM_, LP_SKIP_) A_GRAD_COUNT };
-enum { A_CONSTANTS_ = A_GRAD_COUNT - 1, POSENC_ARRAYS(LP_SKIP_, LP_ENUM_) A_COUNT };
+enum { A_Q, A_K, POSENC_ARRAYS(LP_ENUM_) A_COUNT };
 #undef LP_ENUM_
-#undef LP_SKIP_
-#define A_FIRST_PARAM (A_K + 1)
+#define A_FIRST_CONST (A_K + 1)
 
 static void problem_arrays(const posenc_problem *p, const void *const **at, size_t *len)
 {
     at[A_Q] = &p->q, len[A_Q] = p->B * p->H * p->n * p->d;
     at[A_K] = &p->k, len[A_K] = p->B * posenc_kv_heads(p) * p->m * p->d;
-#define LP_PARAM_(name, heads, per_head) at[A_##name] = &p->name, len[A_##name] = p->heads * (per_head);
 #define LP_CONST_(name, count) at[A_##name] = &p->name, len[A_##name] = (count);
-    POSENC_ARRAYS(LP_PARAM_, LP_CONST_)
-#undef LP_PARAM_
-#undef LP_CONST_
-}
-
-/* The fields of g in problem_arrays' order, [0, A_GRAD_COUNT). */
-static void grad_slots(posenc_grads *g, void **slot[A_GRAD_COUNT])
-{
-    slot[A_Q] = &g->q, slot[A_K] = &g->k;
-#define LP_PARAM_(name, heads, per_head) slot[A_##name] = &g->name;
-#define LP_CONST_(name, count)
-    POSENC_ARRAYS(LP_PARAM_, LP_CONST_)
-#undef LP_PARAM_
+    POSENC_ARRAYS(LP_CONST_)
 #undef LP_CONST_
 }
 
@@ -198,10 +182,10 @@ static size_t lp_take(lp_arena *a, size_t len)
 }
 
 /*
- * The float32 problem of p: each present parameter array of p (all but q
- * and k, which are widened a chunk at a time) widened into the arena (one
- * region per buffer: M4's one table on both sides stays one buffer).  With
- * a->base NULL it only takes the regions (the sizing pass).
+ * The float32 problem of p: each present constant array of p (the rotation's tables; q and
+ * k are widened a chunk at a time, the term modules' arrays are float64 or float32 from
+ * the caller) widened into the arena (one region per buffer: the keys' tables that are the
+ * queries' stay one).  With a->base NULL it only takes the regions (the sizing pass).
  */
 static void lp_problem(const posenc_problem *p, posenc_problem *p32, lp_arena *a, lp_job *job)
 {
@@ -215,11 +199,11 @@ static void lp_problem(const posenc_problem *p, posenc_problem *p32, lp_arena *a
     const void *const *at32[A_COUNT];
     size_t len32[A_COUNT];
     problem_arrays(p32, at32, len32);
-    for (int t = A_FIRST_PARAM; t < A_COUNT; ++t) {
+    for (int t = A_FIRST_CONST; t < A_COUNT; ++t) {
         if (!*at[t])
             continue;
         int shared = -1;
-        for (int u = A_FIRST_PARAM; u < t; ++u)
+        for (int u = A_FIRST_CONST; u < t; ++u)
             if (*at[u] == *at[t] && len[u] == len[t])
                 shared = u;
         where[t] = shared >= 0 ? where[shared] : lp_take(a, len[t]);
@@ -228,34 +212,6 @@ static void lp_problem(const posenc_problem *p, posenc_problem *p32, lp_arena *a
         *(const void **)at32[t] = a->base + where[t];
         if (shared < 0)
             lp_job_add(job, *at[t], a->base + where[t], len[t]);
-    }
-}
-
-/* The float32 gradient slots of g (same sharing rule: one buffer, one
- * region), their narrowing into g queued on `narrow` unless NULL. */
-static void lp_grads(const posenc_problem *p, posenc_grads g, posenc_grads *g32, lp_arena *a,
-                     lp_job *narrow)
-{
-    const void *const *at[A_COUNT];
-    size_t len[A_COUNT], where[A_COUNT];
-    void **out[A_GRAD_COUNT], **out32[A_GRAD_COUNT];
-    problem_arrays(p, at, len);
-    grad_slots(&g, out);
-    grad_slots(g32, out32);
-    for (int t = 0; t < A_GRAD_COUNT; ++t) {
-        *out32[t] = NULL;
-        if (!*out[t])
-            continue;
-        int shared = -1;
-        for (int u = 0; u < t; ++u)
-            if (*out[u] == *out[t])
-                shared = u;
-        where[t] = shared >= 0 ? where[shared] : lp_take(a, len[t]);
-        if (!a->base)
-            continue;
-        *out32[t] = a->base + where[t];
-        if (shared < 0 && narrow)
-            lp_job_add_rows(narrow, (lp_row){a->base + where[t], *out[t], len[t], 1, 0, 0, 0});
     }
 }
 
@@ -297,37 +253,12 @@ static void lp_arena_free(lp_arena *a)
 /* ----------------------------------------------------------- sub-problems */
 
 
-/* The heads field of parameter array t (A_FIRST_PARAM ...) of p, and in
- * *per_head its elements per head; NULL for a constant (no head axis). */
-static size_t *param_heads(posenc_problem *p, int t, size_t *per_head)
-{
-    switch (t) {
-#define LP_PARAM_(name, heads, per_head_) case A_##name: *per_head = (per_head_); return &p->heads;
-#define LP_CONST_(name, count)
-    POSENC_ARRAYS(LP_PARAM_, LP_CONST_)
-#undef LP_PARAM_
-#undef LP_CONST_
-    default: *per_head = 0; return NULL;
-    }
-}
-
-/* Parameter t of p is per head (H heads, sliced with them), not shared. */
-static int param_sliced(const posenc_problem *p, int t)
-{
-    size_t per_head;
-    const size_t *heads = param_heads((posenc_problem *)p, t, &per_head);
-    return heads && *heads == p->H;
-}
-
 /* The sub-problem of batch rows [b0, b0 + nb) and heads [h0, h0 + nh) of a
- * float32 problem: the per-head arrays of H heads start at h0, shared ones
- * stay; q and k (gathered by the caller) are the caller's to set. */
+ * float32 problem: the term modules' arrays from unit (b0, h0), the rotation's tables as
+ * they are; q and k (gathered by the caller) are the caller's to set. */
 static posenc_problem lp_slice(const posenc_problem *p, size_t b0, size_t nb, size_t h0, size_t nh)
 {
     posenc_problem s = *p;
-    const void *const *at[A_COUNT];
-    size_t len[A_COUNT];
-    problem_arrays(&s, at, len);
     s.B = nb;
     s.H = nh;
     if (p->H_kv)   /* whole groups of query heads (lp_plan) */
@@ -336,14 +267,6 @@ static posenc_problem lp_slice(const posenc_problem *p, size_t b0, size_t nb, si
         s.positions_q = p->positions_q + b0 * p->n;
     if (p->positions_k)
         s.positions_k = p->positions_k + b0 * p->m;
-    for (int t = A_FIRST_PARAM; t < A_COUNT; ++t) {
-        size_t per_head;
-        size_t *heads = param_heads(&s, t, &per_head);
-        if (*at[t] && param_sliced(p, t)) {
-            *(const void **)at[t] = (const float *)*at[t] + h0 * per_head;
-            *heads = nh;
-        }
-    }
     /* the term modules' arrays (float64, or float32 the `real` ones: csrc/terms.h): from
      * unit (b0, h0) */
     for (int k = 0; k < POSENC_TERM_COUNT; ++k)
@@ -371,11 +294,12 @@ static posenc_problem lp_slice(const posenc_problem *p, size_t b0, size_t nb, si
  * POSENC_LP_CHUNK_BYTES (the logits) or POSENC_LP_ATTENTION_CHUNK_BYTES,
  * and the results scattered back, narrowed: nothing of O(B H n m) or of the
  * inputs' size is allocated.  Per-unit results are the float32 engine's on
- * the chunk (they do not depend on how the units are grouped); the
- * parameters' gradients are float32 sums over the chunks in chunk order
- * (the first chunk's copied), narrowed at the end: a one-chunk problem gives
- * the float32 engine's bits, a larger one the same float32 terms in another
- * association (equal to rounding, deterministic for any thread count).
+ * the chunk (they do not depend on how the units are grouped); the term
+ * modules' gradients are float64 per unit, written in place, and those the
+ * engine sums over the batch (posenc_term_summed) are float64 sums over the
+ * chunks in chunk order (lp_block_grads_add): a one-chunk problem gives the
+ * float32 engine's bits, a larger one the same terms in another association
+ * (equal to rounding, deterministic for any thread count).
  */
 enum { S_Q, S_K, S_V, S_G, S_D_OUT, S_OUT_IN, S_LSE_IN, S_D_LSE_IN, S_RESULT, S_LSE, S_DQ, S_DK,
        S_DV, S_COUNT };
@@ -490,15 +414,11 @@ static int lp_chunks(lp_kind kind, const posenc_problem *p, lp_stream *st, const
                      const posenc_attention *att, int num_threads)
 {
     posenc_problem p32;
-    posenc_grads sums, part;                    /* parameters' gradients: all, one chunk's */
-    posenc_grads params = g ? *g : (posenc_grads){NULL};
-    params.q = params.k = NULL;                 /* dq, dk: streams */
     lp_arena a = {0, NULL};
     double *sink_part = NULL;                   /* a chunk's dL/dsinks */
-    lp_job widen, narrow, narrow_sums;
+    lp_job widen, narrow;
     lp_job_init(&widen, p, 1);
     lp_job_init(&narrow, p, 0);
-    lp_job_init(&narrow_sums, p, 0);
     size_t unit = 0, shared_with[S_COUNT];
     /* Where the bfloat16 GEMM runs, the float32 engine reads the inputs only
      * through their bfloat16 twins (bf16_shadows, marked unwritten): the
@@ -538,8 +458,6 @@ static int lp_chunks(lp_kind kind, const posenc_problem *p, lp_stream *st, const
                        : lp_has_region(&st[t])    ? lp_take(&a, nb * nh / lp_group(&st[t]) *
                                                                     st[t].per_unit)
                                                   : 0;
-        lp_grads(p, params, &sums, &a, &narrow_sums);
-        lp_grads(p, params, &part, &a, NULL);
         if (pass == 0)
             rc = lp_arena_alloc(&a);
     }
@@ -548,12 +466,6 @@ static int lp_chunks(lp_kind kind, const posenc_problem *p, lp_stream *st, const
         rc = POSENC_ENOMEM;
     if (rc == POSENC_OK)
         rc = lp_job_run(&widen, num_threads);   /* the parameters */
-    void **sum_at[A_GRAD_COUNT], **part_at[A_GRAD_COUNT];
-    grad_slots(&sums, sum_at);
-    grad_slots(&part, part_at);
-    const void *const *at[A_COUNT];
-    size_t len[A_COUNT];
-    problem_arrays(p, at, len);
 #define REGION(t) (lp_has_region(&st[t]) ? (void *)(a.base + st[t].at) : NULL)
     for (size_t h0 = 0; rc == POSENC_OK && h0 < p->H; h0 += nh)
         for (size_t b0 = 0; rc == POSENC_OK && b0 < p->B; b0 += nb) {
@@ -586,11 +498,11 @@ static int lp_chunks(lp_kind kind, const posenc_problem *p, lp_stream *st, const
                         (const uint16_t *)st[t].src + lp_unit(&st[t], unit0, p->H) * st[t].per_unit,
                         bs * hs / lp_group(&st[t]), st[t].per_unit, hs / lp_group(&st[t]),
                         p->H / lp_group(&st[t]), unwidened[t]};
-            posenc_grads gs = part;
+            posenc_grads gs;
+            memset(&gs, 0, sizeof gs);
             gs.q = g && g->q ? REGION(S_DQ) : NULL;
             gs.k = g && g->k ? REGION(S_DK) : NULL;
             /* the term modules' gradients: float64 per unit, written in place */
-            memset(gs.terms, 0, sizeof gs.terms);
             gs.term_units_per_row = g && g->term_units_per_row ? g->term_units_per_row : p->H;
             for (int k = 0; g && k < POSENC_TERM_COUNT; ++k)
                 for (int t = 0; t < POSENC_TERM_ARRAYS_MAX; ++t)
@@ -598,14 +510,6 @@ static int lp_chunks(lp_kind kind, const posenc_problem *p, lp_stream *st, const
                         gs.terms[k][t] = (double *)g->terms[k][t] +
                                          (b0 * gs.term_units_per_row + h0) *
                                              p->terms[k].array[t].per_unit;
-            void **gs_at[A_GRAD_COUNT];
-            grad_slots(&gs, gs_at);
-            for (int t = A_FIRST_PARAM; t < A_GRAD_COUNT; ++t) {
-                size_t per_head;
-                param_heads(&p32, t, &per_head);
-                if (*part_at[t] && param_sliced(p, t))
-                    *gs_at[t] = (float *)*part_at[t] + h0 * per_head;
-            }
             posenc_attention a32;
             if (att) {
                 a32 = *att;
@@ -659,31 +563,8 @@ static int lp_chunks(lp_kind kind, const posenc_problem *p, lp_stream *st, const
             for (size_t e = 0; rc == POSENC_OK && kind == LP_ATTENTION_BACKWARD &&
                                att->grad_sinks && e < hs; ++e)   /* the sinks', chunks in order */
                 att->grad_sinks[h0 + e] = b0 == 0 ? sink_part[e] : att->grad_sinks[h0 + e] + sink_part[e];
-            /* this chunk's parameter gradients into the sums (a shared region once) */
-            for (int t = A_FIRST_PARAM; rc == POSENC_OK && t < A_GRAD_COUNT; ++t) {
-                int seen = 0;
-                for (int u = A_FIRST_PARAM; u < t; ++u)
-                    seen |= *part_at[u] && *part_at[u] == *part_at[t];
-                if (!*part_at[t] || seen)
-                    continue;
-                size_t per_head, count = len[t];
-                int first = b0 == 0 && h0 == 0;
-                param_heads(&p32, t, &per_head);
-                float *sum = (float *)*sum_at[t];
-                const float *add = (const float *)*part_at[t];
-                if (param_sliced(p, t)) {
-                    first = b0 == 0;
-                    sum += h0 * per_head;
-                    add += h0 * per_head;
-                    count = hs * per_head;
-                }
-                for (size_t e = 0; e < count; ++e)
-                    sum[e] = first ? add[e] : sum[e] + add[e];
-            }
         }
 #undef REGION
-    if (rc == POSENC_OK)
-        rc = lp_job_run(&narrow_sums, num_threads);
     posenc_free(sink_part);
     lp_arena_free(&a);
     return rc;
