@@ -608,18 +608,32 @@ class _VectorTable(_Mapped):
             return
         # one table read on both sides (M4, M4M: one tensor, one map) is one object to the
         # engine, which then sums both sides' gradients into the query side's
-        flat = next((slots[field[other.slot]] for other in spec.term(_VectorTable)
-                     if other.name == self.name and slots[field[other.slot]] is not None), None)
-        if flat is None:
-            flat = table.reshape(table.shape[0], table.shape[1] * table.shape[2])
-        slots[field[self.slot]] = flat
-        slots[field[self.map_slot]] = diagonal_rows(spec.bucket, p.map_values, p.n, p.m,
-                                                    p.query_offset)
+        first = self.first_reader(spec)
+        if first is not self and slots[field[first.slot]] is not None:
+            slots[field[self.slot]] = slots[field[first.slot]]
+            slots[field[self.map_slot]] = slots[field[first.map_slot]]
+        else:
+            slots[field[self.slot]] = table.reshape(table.shape[0], table.shape[1] * table.shape[2])
+            slots[field[self.map_slot]] = diagonal_rows(spec.bucket, p.map_values, p.n, p.m,
+                                                        p.query_offset)
         if not spec.product:
             slots[field["vector_scale"]] = p.scale
 
+    def first_reader(self, spec) -> "_VectorTable":
+        """The first of spec's vector tables that reads this one's tensor (itself, or the query
+        side where one tensor is read on both sides), looked up once per method."""
+        readers = _FIRST_READERS.get(spec.name)
+        if readers is None:
+            readers = _FIRST_READERS[spec.name] = {}
+            for term in spec.term(_VectorTable):
+                readers.setdefault(term.name, term)
+        return readers[self.name]
+
     def gradients(self, spec):
         return ((self.name, self.slot, lambda p, grad: table_gradient(p, self.name, grad)),)
+
+
+_FIRST_READERS: dict = {}   # method name -> tensor name -> its first _VectorTable
 
 
 class QueryTable(_VectorTable):

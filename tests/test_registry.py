@@ -115,6 +115,26 @@ def test_engine_configuration(method):
         assert (getattr(config, name + "_table") is None) == (mapped is None)
 
 
+def test_one_array_for_two_tables():
+    """DeBERTa's two tables are two tensors: the same array passed for both still gets both
+    gradients (the engine sums two sides into one only where the registry names one tensor on
+    both sides: M4's rel_k)."""
+    args, kwargs = _examples.make_inputs("deberta", 2, 3, 5, 7, 4, rng=np.random.default_rng(0))
+    names = inspect.signature(posenc.deberta).parameters
+    args = list(args)
+    at = {name: t for t, name in enumerate(names)}
+    args[at["pos_query"]] = args[at["pos_key"]]
+    G = np.random.default_rng(1).standard_normal((2, 3, 5, 7))
+    got, want = posenc.deberta_backward(G, *args, **kwargs), reference.deberta_backward(
+        G, *args, **kwargs)
+    for field in ("pos_key", "pos_query"):
+        np.testing.assert_allclose(getattr(got, field), getattr(want, field), rtol=1e-12,
+                                   atol=1e-12)
+    m4_args, m4_kwargs = _examples.make_inputs("m4", 1, 2, 3, 4, 5)
+    config = _methods.configure(_checks.CHECKERS["m4"](*m4_args, **m4_kwargs))
+    assert config.key_table_table is config.query_table_table   # M4: one tensor, one object
+
+
 def test_a_new_entry_is_checked_for_consistency():
     """A term whose tensor is not in the signature is caught when the entry is made."""
     from posenc._registry import Method, Table

@@ -17,6 +17,8 @@
 #ifndef POSENC_ENGINE_TERM_VECTORS_H
 #define POSENC_ENGINE_TERM_VECTORS_H
 
+#include <string.h>
+
 #include "engine.h"
 
 enum { VECTOR_TABLE, VECTOR_MAP };
@@ -38,9 +40,37 @@ static inline vector_table vector_table_of(const posenc_problem *p, int k)
     return v;
 }
 
+/* 2^52: for 0 <= x < 2^52, x + 2^52 - 2^52 is x rounded to an integer, and the low bits of
+ * x + 2^52 are that integer (vector_map_is_rows, vector_map_rows: SSE2 arithmetic a loop
+ * vectorizes, no conversion instruction per entry). */
+#define VECTOR_MAP_BIG 4503599627370496.0
+
+/* Whether map[0 .. len) are integers in [0, rows), rows <= 2^52 (a decoding step's call
+ * reads its map whole: one pass without branches). */
+static inline int vector_map_is_rows(const double *map, size_t len, double rows)
+{
+    int64_t bad = 0;   /* 64-bit lanes beside the doubles' */
+    for (size_t o = 0; o < len; ++o) {
+        const double x = map[o];
+        bad += !(x >= 0 && x < rows && (x + VECTOR_MAP_BIG) - VECTOR_MAP_BIG == x);
+    }
+    return bad == 0;
+}
+
+/* rows[o] = map[o] as int64 (entries vector_map_is_rows took). */
+static inline void vector_map_rows(int64_t *rows, const double *map, size_t len)
+{
+    for (size_t o = 0; o < len; ++o) {
+        const double y = map[o] + VECTOR_MAP_BIG;
+        int64_t bits;
+        memcpy(&bits, &y, sizeof bits);
+        rows[o] = bits - (int64_t)0x4330000000000000;   /* 2^52's bits */
+    }
+}
+
 /* The list's condition: the table R x d per head without a batch axis, the map shared by
  * the batch and the heads, each entry an integer row of the table (with d = 0, whose table
- * has no entries, a non-negative integer: nothing reads it). */
+ * has no entries, a non-negative integer below 2^52: nothing reads it). */
 static inline int term_vector_valid(const posenc_problem *p, int k)
 {
     const posenc_term_array *a = p->terms[k].array;
@@ -48,12 +78,9 @@ static inline int term_vector_valid(const posenc_problem *p, int k)
         a[VECTOR_MAP].head_stride || (p->d ? a[VECTOR_TABLE].per_unit % p->d
                                            : a[VECTOR_TABLE].per_unit != 0))
         return 0;
-    const double rows = p->d ? (double)(a[VECTOR_TABLE].per_unit / p->d) : 9007199254740992.0;
-    const double *map = (const double *)a[VECTOR_MAP].data;
-    for (size_t o = 0; o < a[VECTOR_MAP].per_unit; ++o)
-        if (!(map[o] >= 0 && map[o] < rows && map[o] == (double)(size_t)map[o]))
-            return 0;
-    return 1;
+    const double rows = p->d ? (double)(a[VECTOR_TABLE].per_unit / p->d) : VECTOR_MAP_BIG;
+    return rows <= VECTOR_MAP_BIG &&
+           vector_map_is_rows((const double *)a[VECTOR_MAP].data, a[VECTOR_MAP].per_unit, rows);
 }
 
 #endif /* POSENC_ENGINE_TERM_VECTORS_H */

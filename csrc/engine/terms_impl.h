@@ -258,8 +258,8 @@ static void term_query_table(const posenc_kernels *kern, const gemm_scratch *g,
 static int64_t *term_data_map(const double *map, size_t offsets)
 {
     int64_t *copy = (int64_t *)posenc_alloc(posenc_max(offsets, 1), sizeof(int64_t));
-    for (size_t o = 0; copy && o < offsets; ++o)
-        copy[o] = (int64_t)map[o];
+    if (copy)
+        vector_map_rows(copy, map, offsets);
     return copy;
 }
 
