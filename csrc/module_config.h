@@ -317,14 +317,19 @@ static int build_terms(PyObject *config, converted *a, posenc_problem *p)
         PyObject *obj = PyTuple_GET_ITEM(config, field);
         if (obj == Py_None)
             continue;
-        const int typenum = term_fields[t].real && p->dtype != POSENC_F64 ? NPY_FLOAT : NPY_DOUBLE;
-        if (!PyArray_Check(obj) || dtype_of(PyArray_TYPE((PyArrayObject *)obj)) < 0) {
+        const int type = term_fields[t].real;   /* terms.h: 0 float64, 1 real, 2 int64 */
+        const int typenum = type == POSENC_TERM_REAL && p->dtype != POSENC_F64 ? NPY_FLOAT
+                                                                              : NPY_DOUBLE;
+        if (type == POSENC_TERM_INDEX) {
+            if (!(a->arr[field] = as_index_array(obj, config_names[field])))
+                return -1;
+        } else if (!PyArray_Check(obj) || dtype_of(PyArray_TYPE((PyArrayObject *)obj)) < 0) {
             PyErr_Format(PyExc_TypeError, "%s must be a numpy.ndarray of dtype " FLOAT_DTYPES_TEXT,
                          config_names[field]);
             return -1;
-        }
-        if (!(a->arr[field] = as_c_array(obj, typenum)))
+        } else if (!(a->arr[field] = as_c_array(obj, typenum))) {
             return -1;
+        }
         const int ndim = PyArray_NDIM(a->arr[field]);
         const npy_intp length = (npy_intp)term_field_length(p, t);
         npy_intp shape[3] = {1, 1, 1};

@@ -86,9 +86,11 @@ typedef struct {
 enum { POSENC_TERMS(POSENC_TERM_ENUM_, ) POSENC_TERM_COUNT };
 #undef POSENC_TERM_ENUM_
 
-/* Whether array a of kind k holds the problem's compute type (terms.h's `real`: float64
- * for a float64 problem, float32 for the others) rather than float64. */
-static inline int posenc_term_array_real(int k, int a)
+/* What array a of kind k holds (terms.h's `real`): POSENC_TERM_REAL, the problem's compute
+ * type (float64 for a float64 problem, float32 for the others); POSENC_TERM_INDEX, int64;
+ * else (0) float64. */
+enum { POSENC_TERM_REAL = 1, POSENC_TERM_INDEX = 2 };
+static inline int posenc_term_array_type(int k, int a)
 {
     int kind = 0;
 #define POSENC_TERM_REAL_(name, valid, why, ARRAYS) \
@@ -104,6 +106,12 @@ static inline int posenc_term_array_real(int k, int a)
 #undef POSENC_TERM_REAL_ARRAY_
 #undef POSENC_TERM_REAL_
     return 0;
+}
+
+/* Whether array a of kind k holds the problem's compute type (posenc_term_array_type). */
+static inline int posenc_term_array_real(int k, int a)
+{
+    return posenc_term_array_type(k, a) == POSENC_TERM_REAL;
 }
 
 /* Where the rows of a 4-D input (B, heads, rows, cols) lie: its batch, head and row

@@ -20,7 +20,9 @@
  *               of `p`, or 0 for the array's own (a table's rows); real 1:
  *               its elements are the problem's compute type (float64 for a
  *               float64 problem, float32 for the others: a table read as the
- *               tile's values, taken as the caller holds it), 0: float64
+ *               tile's values, taken as the caller holds it), 2: int64 (an
+ *               index array the kernels read as it is: the vector tables'
+ *               maps; no gradient), 0: float64
  *
  * The dense factor (TUPE's, DIET-ABS's) comes first: the forward's sums keep the
  * order dense + table + ..., and a head block may hold it alone (term_dense_impl.h).
@@ -83,12 +85,12 @@
          "query_table: a table of R x d entries per head (heads H or 1, shared by the "  \
          "batch), map over the n + m - 1 offsets, integers in [0, R), shared",           \
          ARRAY(query_table, table, 1, 1, 0, 1)                                          \
-         ARRAY(query_table, map, 1, 0, p->n && p->m ? p->n + p->m - 1 : 0, 0))          \
+         ARRAY(query_table, map, 1, 0, p->n && p->m ? p->n + p->m - 1 : 0, 2))          \
     TERM(key_table, term_vector_valid(p, POSENC_TERM_key_table),                        \
          "key_table: a table of R x d entries per head (heads H or 1, shared by the "    \
          "batch), map over the n + m - 1 offsets, integers in [0, R), shared",           \
          ARRAY(key_table, table, 1, 1, 0, 1)                                            \
-         ARRAY(key_table, map, 1, 0, p->n && p->m ? p->n + p->m - 1 : 0, 0))            \
+         ARRAY(key_table, map, 1, 0, p->n && p->m ? p->n + p->m - 1 : 0, 2))            \
     TERM(reset, 1, "reset: theta (t0, t1) per unit", ARRAY(reset, theta, 1, 1, 2, 0))
 
 /* POSENC_TERM_IF_<grad>(x): x for an array with a gradient (the X-macros' filter). */

@@ -596,7 +596,7 @@ class Table(_Mapped):
 class _VectorTable(_Mapped):
     """A vector table (H|1, rows, d), scaled by s in a sum.  The engine's query_table and
     key_table term modules (csrc/engine/term_vectors.h) read it as (H|1, rows d) in the
-    problem's compute type (a `real` array) through the map (float64: diagonal_rows), and
+    problem's compute type (a `real` array) through the map (int64: diagonal_map), and
     give its gradient summed over the batch, per head."""
 
     vectors, reads_qk = True, True
@@ -614,8 +614,8 @@ class _VectorTable(_Mapped):
             slots[field[self.map_slot]] = slots[field[first.map_slot]]
         else:
             slots[field[self.slot]] = table.reshape(table.shape[0], table.shape[1] * table.shape[2])
-            slots[field[self.map_slot]] = diagonal_rows(spec.bucket, p.map_values, p.n, p.m,
-                                                        p.query_offset)
+            slots[field[self.map_slot]] = diagonal_map(spec.bucket, p.map_values, p.n, p.m,
+                                                       p.query_offset)
         if not spec.product:
             slots[field["vector_scale"]] = p.scale
 

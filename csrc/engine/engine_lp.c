@@ -275,6 +275,8 @@ static posenc_problem lp_slice(const posenc_problem *p, size_t b0, size_t nb, si
             const size_t at = b0 * x->batch_stride + h0 * x->head_stride;
             if (x->data && posenc_term_array_real(k, t))
                 x->data = (const float *)x->data + at;
+            else if (x->data && posenc_term_array_type(k, t) == POSENC_TERM_INDEX)
+                x->data = (const int64_t *)x->data + at;
             else if (x->data)
                 x->data = (const double *)x->data + at;
         }

@@ -52,8 +52,8 @@ static term_unit term_unit_of(const posenc_problem *p, const posenc_kernels *ker
         const size_t at = b * x->batch_stride + h * x->head_stride;
         if (x->data && posenc_term_array_real(k, a))
             t.real[a] = (const REAL *)x->data + at;
-        else if (x->data)
-            t.array[a] = (const double *)x->data + at;
+        else if (x->data && posenc_term_array_type(k, a) != POSENC_TERM_INDEX)
+            t.array[a] = (const double *)x->data + at;   /* (an index array: the engine's) */
     }
     return t;
 }

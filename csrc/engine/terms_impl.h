@@ -194,12 +194,12 @@ static void key_projections(const posenc_kernels *kern, const gemm_scratch *g,
 /*
  * What a call's vector tables read, derived from the problem once per call
  * (the fused attention's backward builds it once for its logits and its
- * gradients): the tables (term_vectors.h), their maps as int64 (the kernels'
- * gathers and scatters) and as runs (and the key map's edges).
+ * gradients): the tables (term_vectors.h), their maps (the kernels' gathers and
+ * scatters) and the maps as runs (and the key map's edges).
  */
 typedef struct {
     vector_table query, key;               /* table NULL: absent */
-    int64_t *query_map, *key_map;          /* map[o + n - 1]: offset o's row */
+    const int64_t *query_map, *key_map;    /* map[o + n - 1]: offset o's row (the problem's) */
     posenc_runs query_runs, key_runs;
     size_t query_buckets, key_buckets;     /* buckets the maps use */
     key_edges key_edges;                   /* the key map's edges */
@@ -254,15 +254,6 @@ static void term_query_table(const posenc_kernels *kern, const gemm_scratch *g,
     term_query_gather(kern, p, runs, td->query_map, proj, ld, op, P, ldp, i0, rows, k0, cols);
 }
 
-/* An int64 copy of a vector table's map (offsets entries; NULL out of memory). */
-static int64_t *term_data_map(const double *map, size_t offsets)
-{
-    int64_t *copy = (int64_t *)posenc_alloc(posenc_max(offsets, 1), sizeof(int64_t));
-    if (copy)
-        vector_map_rows(copy, map, offsets);
-    return copy;
-}
-
 /* t built for p: the vector tables, their maps and runs.  POSENC_OK or ENOMEM (what was
  * built is term_data_release's to free). */
 static int term_data_build(term_data *t, const posenc_problem *p)
@@ -271,15 +262,15 @@ static int term_data_build(term_data *t, const posenc_problem *p)
     memset(t, 0, sizeof *t);
     t->query = vector_table_of(p, POSENC_TERM_query_table);
     t->key = vector_table_of(p, POSENC_TERM_key_table);
+    t->query_map = t->query.map;
+    t->key_map = t->key.map;
     if (t->query.table) {
-        if (!(t->query_map = term_data_map(t->query.map, offsets)) ||
-            posenc_runs_build(&t->query_runs, t->query_map, -(ptrdiff_t)(n - 1), offsets))
+        if (posenc_runs_build(&t->query_runs, t->query_map, -(ptrdiff_t)(n - 1), offsets))
             return POSENC_ENOMEM;
         t->query_buckets = posenc_runs_buckets(&t->query_runs);
     }
     if (t->key.table) {
-        if (!(t->key_map = term_data_map(t->key.map, offsets)) ||
-            posenc_runs_build(&t->key_runs, t->key_map, -(ptrdiff_t)(n - 1), offsets))
+        if (posenc_runs_build(&t->key_runs, t->key_map, -(ptrdiff_t)(n - 1), offsets))
             return POSENC_ENOMEM;
         t->key_buckets = posenc_runs_buckets(&t->key_runs);
         t->key_edges = key_edges_of(&t->key_runs);
@@ -291,8 +282,6 @@ static void term_data_release(term_data *t)
 {
     posenc_runs_free(&t->query_runs);
     posenc_runs_free(&t->key_runs);
-    posenc_free(t->query_map);
-    posenc_free(t->key_map);
 }
 
 #endif /* POSENC_ENGINE_TERMS_IMPL_H */

@@ -173,14 +173,11 @@ void build(problem_data *pd, const config *c, size_t B, size_t H, size_t n, size
             continue;
         fill(pd, side ? X_KEY_TABLE : X_QUERY_TABLE, heads * rows * d);
         pd->maps[1 + side] = make_map(side && c->map == 2 ? 0 : c->map, n, m, rows);
-        pd->vector_maps[side] = malloc(sizeof(double) * (offsets + 1));
-        for (size_t o = 0; o < offsets; ++o)
-            pd->vector_maps[side][o] = (double)pd->maps[1 + side][o];
         posenc_term_array *a =
             p->terms[side ? POSENC_TERM_key_table : POSENC_TERM_query_table].array;
         a[0] = (posenc_term_array){pd->f64[side ? X_KEY_TABLE : X_QUERY_TABLE], 0,
                                    heads == 1 ? 0 : rows * d, rows * d};
-        a[1] = (posenc_term_array){pd->vector_maps[side], 0, 0, offsets};
+        a[1] = (posenc_term_array){pd->maps[1 + side], 0, 0, offsets};   /* int64 */
     }
     if (c->segments) {   /* the segments module (csrc/terms.h): float64 whatever the dtype */
         fill(pd, X_SEGMENT_TABLE, Hp * S * S);
@@ -230,8 +227,6 @@ void release(problem_data *pd)
     for (int t = 0; t < MAX_ARRAYS; ++t) { free(pd->f64[t]); free(pd->f32[t]); }
     for (int t = 0; t < 3; ++t) free(pd->maps[t]);
     free(pd->toeplitz);
-    free(pd->vector_maps[0]);
-    free(pd->vector_maps[1]);
     free(pd->segment_q);
     free(pd->segment_k);
     free(pd->positions_q);

@@ -52,7 +52,6 @@ typedef struct {
     float *f32[MAX_ARRAYS];
     int64_t *maps[3];
     double *toeplitz;                /* the toeplitz module's rows: maps[0] in float64 */
-    double *vector_maps[2];          /* the vector tables' maps: maps[1], maps[2] in float64 */
     double *segment_q, *segment_k;   /* the segments module's ids (B, n), (B, m) */
     int64_t *positions_q, *positions_k;
 } problem_data;
