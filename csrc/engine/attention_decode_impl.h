@@ -165,7 +165,7 @@ static void attention_decode_fused(const attention_ctx *c, forward_ws *fw, atten
     const posenc_kernels *kern = c->kern;
     const posenc_runs *runs = &c->logits.terms->key_runs;
     const size_t d = p->d, ld = c->logits.m_pad;
-    const REAL *table = key_table_of(c->logits.terms, h, d), *k_u = fw->inputs.k;
+    const REAL *table = vector_table_row(&c->logits.terms->key, h, 0, d), *k_u = fw->inputs.k;
     REAL *pair = w->group_q, *scores = w->scores, *row = fw->key_proj;
     memcpy(pair, fw->inputs.q + i * d, sizeof(REAL) * d);
     size_t done = c0;   /* keys [c0, done): their content computed */

@@ -697,7 +697,7 @@ static void attention_key_reach(attention_ctx *c)
     if (!c->a->causal || !posenc_term_present(c->p, POSENC_TERM_key_table))
         return;
     ptrdiff_t lo = f->terms->key_runs.b_max, hi = f->terms->key_runs.b_min;
-    posenc_map_extent(f->terms->key_map, 0, attention_reach_last(c) + 1, &lo, &hi);
+    posenc_map_extent(f->terms->key.map, 0, attention_reach_last(c) + 1, &lo, &hi);
     c->logits.key_reach[0] = (size_t)(lo - f->terms->key_runs.b_min);
     c->logits.key_reach[1] = (size_t)(hi - f->terms->key_runs.b_min + 1);
 }
@@ -714,7 +714,7 @@ static int attention_query_reach(attention_ctx *c)
     if (!(f->query_reach = (size_t *)posenc_alloc(2 * n, sizeof(size_t))))
         return -1;
     ptrdiff_t lo = f->terms->query_runs.b_max, hi = f->terms->query_runs.b_min;
-    const int64_t *map = f->terms->query_map;
+    const int64_t *map = f->terms->query.map;
     posenc_map_extent(map, n - 1, attention_reach_last(c) + 1, &lo, &hi);   /* offsets 0 .. */
     for (size_t t = 0; t < n; ++t) {                                        /* and -t */
         posenc_map_extent(map, n - 1 - t, n - t, &lo, &hi);

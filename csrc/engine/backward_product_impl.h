@@ -66,7 +66,7 @@ static void backward_product_tile(const backward_ctx *c, backward_ws *w, size_t 
                          &w->cached_query_table, w->query_proj, h, q_u, POSENC_SET,
                          w->query_factor, ld, i0, rows, 0, width, NULL);
     if (posenc_term_present(p, POSENC_TERM_key_table))
-        term_key_table(kern, POSENC_SET, w->key_factor, ld, c->terms->key_map, c->terms->key_runs.b_min,
+        term_key_table(kern, POSENC_SET, w->key_factor, ld, c->terms->key.map, c->terms->key_runs.b_min,
                        w->key_proj, c->terms->key_buckets, &c->terms->key_edges, n, m, width, i0, rows);
     /* a masked key's Inf or NaN k: q.k and k's factor 0 at the keys a row does not see */
     for (size_t r = 0; w->k_unread && r < rows; ++r) {

@@ -190,7 +190,7 @@ static void scatter_key_rows(const backward_ctx *c, backward_ws *w, const REAL *
         }
     }
     for (size_t j0 = lo; j0 < hi; j0 += kern->key_block)
-        kern->tile_scatter_key(w->key_side, ld_side, c->terms->key_map + (p->n - 1 - i0),
+        kern->tile_scatter_key(w->key_side, ld_side, c->terms->key.map + (p->n - 1 - i0),
                                c->terms->key_runs.b_min, src, ld_src, j0,
                                posenc_min(j0 + kern->key_block, hi), r0, rows);
 }

@@ -94,9 +94,9 @@ static void backward_reduce(const backward_ctx *c)
          * unit's end), vs on the vector tables of a sum */
         const double s = c->scales.scale, vs = p->product ? s : c->scales.vector_scale;
         if (t->query.table)
-            exact_scale_rows(c, dquery, t->query.rows, t->query_map, vs);
+            exact_scale_rows(c, dquery, t->query.rows, t->query.map, vs);
         if (t->key.table && dkey != dquery)
-            exact_scale_rows(c, dkey, t->key.rows, t->key_map, vs);
+            exact_scale_rows(c, dkey, t->key.rows, t->key.map, vs);
     }
 }
 
@@ -172,11 +172,11 @@ static int backward_prepare(backward_ctx *c, const posenc_problem *p, const pose
     if (!terms && term_data_build(&c->own_terms, p))
         return POSENC_ENOMEM;
     if (c->need_query_side && posenc_spans_build(&c->query_spans, &c->terms->query_runs,
-                                                 c->terms->query_map, n, m, 0, c->masked ? 1 : 0,
+                                                 c->terms->query.map, n, m, 0, c->masked ? 1 : 0,
                                                  kern->mr, o_max))
         return POSENC_ENOMEM;
     if (c->need_key_side && posenc_spans_build(&c->key_spans, &c->terms->key_runs,
-                                               c->terms->key_map, n, m, 1, 0, kern->mr, o_max))
+                                               c->terms->key.map, n, m, 1, 0, kern->mr, o_max))
         return POSENC_ENOMEM;
     if (zeroed_slots(&c->query_table_slots,
                      posenc_term_present(p, POSENC_TERM_query_table) && dquery,

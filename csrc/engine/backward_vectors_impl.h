@@ -110,7 +110,7 @@ static unsigned char *key_side_seen(const backward_ctx *c, size_t b, size_t buck
         static const REAL one = 1;
         c->kern->row_gather(POSENC_SET, row, &one, 0, m);
         hidden->unseen_zero(hidden->attention, row, b, i, m);
-        const int64_t *map = c->terms->key_map + (n - 1 - i);   /* key j's bucket: map[j] */
+        const int64_t *map = c->terms->key.map + (n - 1 - i);   /* key j's bucket: map[j] */
         for (size_t j = jb; j < m; ++j) {
             const size_t r = (size_t)(map[j] - c->terms->key_runs.b_min);
             if (row[j] != 0 && r < buckets)
@@ -209,9 +209,8 @@ static void backward_vector_table(const backward_ctx *c, backward_ws *w, size_t 
     const REAL *X = key_side ? w->key_side : w->query_side;
     const posenc_spans *spans = key_side ? &c->key_spans : &c->query_spans;
     const vector_table *v = key_side ? &c->terms->key : &c->terms->query;
-    const size_t first_row = head_of(v->heads, h) * v->rows +
-                             (size_t)(key_side ? c->terms->key_runs.b_min : c->terms->query_runs.b_min);
-    const REAL *table = (const REAL *)v->table + first_row * d;
+    const REAL *table = vector_table_row(
+        v, h, (size_t)(key_side ? c->terms->key_runs.b_min : c->terms->query_runs.b_min), d);
     REAL *slots = key_side ? c->key_table_slots : c->query_table_slots;
     REAL *slot = slots ? slots + u * buckets * d : NULL;
     const REAL *x_values = x;

@@ -188,12 +188,6 @@ static void forward_plan_blocks(forward_ctx *c, size_t budget, int modules)
     c->batch_terms = vectors || (in_p && terms_adding_in(p, c->block_kinds, c->modules_end));
 }
 
-/* Head h's key table, from bucket 0 (rows of d). */
-static const REAL *key_table_of(const term_data *td, size_t h, size_t d)
-{
-    return (const REAL *)td->key.table + head_of(td->key.heads, h) * td->key.rows * d;
-}
-
 /* The key table's term of keys [js, je), one run of the key map (bucket bs at key js,
  * moving by step per key), into row[js, je): vector_scale k_j . table[bucket], one
  * rows_dot where the bucket holds, a key at a time where it moves. */
@@ -225,7 +219,7 @@ static void term_key_direct(const forward_ctx *c, forward_ws *w, size_t h, int o
                             size_t ldp, size_t i0, size_t rows, size_t k0, size_t cols)
 {
     const posenc_runs *runs = &c->terms->key_runs;
-    const REAL *table = key_table_of(c->terms, h, c->p->d);
+    const REAL *table = vector_table_row(&c->terms->key, h, 0, c->p->d);
     REAL *row = w->key_proj;
     for (size_t r = 0; r < rows; ++r) {
         const ptrdiff_t i = (ptrdiff_t)(i0 + r);
@@ -257,12 +251,10 @@ static void term_query_direct(const forward_ctx *c, forward_ws *w, size_t h, con
     const size_t ld = posenc_round_up(buckets, c->kern->nr);
     const size_t *reach = forward_query_reach(c, i0, rows);
     const size_t lo = reach ? reach[0] : 0, hi = reach ? posenc_max(reach[0], reach[1]) : buckets;
-    const vector_table *v = &c->terms->query;
-    const REAL *table =
-        (const REAL *)v->table + (head_of(v->heads, h) * v->rows + (size_t)runs->b_min) * d;
+    const REAL *table = vector_table_row(&c->terms->query, h, (size_t)runs->b_min, d);
     c->kern->rows_dot(w->query_proj + lo, ld, q_u + i0 * d, rows, table + lo * d, hi - lo, d,
                       p->vector_scale);
-    term_query_gather(c->kern, p, runs, c->terms->query_map, w->query_proj, ld, op, P, ldp, i0,
+    term_query_gather(c->kern, p, runs, c->terms->query.map, w->query_proj, ld, op, P, ldp, i0,
                       rows, k0, cols);
 }
 
@@ -314,7 +306,7 @@ static const REAL *forward_positional(const forward_ctx *c, forward_ws *w, size_
         if (c->in_place)
             term_key_direct(c, w, h, op, w->P, ld, i0, rows, k0, cols);
         else
-            term_key_table(kern, op, w->P, ld, c->terms->key_map, c->terms->key_runs.b_min, w->key_proj,
+            term_key_table(kern, op, w->P, ld, c->terms->key.map, c->terms->key_runs.b_min, w->key_proj,
                            c->terms->key_buckets, &c->terms->key_edges, n, m, cols, i0, rows);
         op = combine_op;
     }
@@ -452,7 +444,7 @@ static void forward_tile_exact(const forward_ctx *c, forward_ws *w, size_t b, si
         exact_apply(op, vector_sum, vs, P, ld, rows, cols);
     }
     if (posenc_term_present(p, POSENC_TERM_key_table)) {
-        term_key_table(kern, POSENC_SET, P, ld, c->terms->key_map, c->terms->key_runs.b_min, w->key_proj,
+        term_key_table(kern, POSENC_SET, P, ld, c->terms->key.map, c->terms->key_runs.b_min, w->key_proj,
                        c->terms->key_buckets, &c->terms->key_edges, n, p->m, cols, i0, rows);
         exact_apply(op, vector_sum, vs, P, ld, rows, cols);
     }

@@ -17,6 +17,12 @@
 /* The head of a parameter whose head axis has `heads` entries (H or 1). */
 static inline size_t head_of(size_t heads, size_t h) { return heads == 1 ? 0 : h; }
 
+/* Row `row` of head h's vector table v (term_vectors.h; rows of d). */
+static inline const REAL *vector_table_row(const vector_table *v, size_t h, size_t row, size_t d)
+{
+    return (const REAL *)v->table + (head_of(v->heads, h) * v->rows + row) * d;
+}
+
 /*
  * Whether a scale may ride on an operand before the sums (s k^T packed, vs
  * on a table, ds on pos_k) and still give the reference's IEEE results,
@@ -178,8 +184,8 @@ static void key_projections(const posenc_kernels *kern, const gemm_scratch *g,
                             size_t buckets, size_t lo, size_t hi, const key_edges *e,
                             REAL *table_pack, REAL *proj, size_t h, const REAL *k_u)
 {
-    const size_t d = p->d, ht = head_of(v->heads, h);
-    const REAL *table = (const REAL *)v->table + (ht * v->rows + (size_t)b_min + lo) * d;
+    const size_t d = p->d;
+    const REAL *table = vector_table_row(v, h, (size_t)b_min + lo, d);
     packed_b pb;
     pack_b(kern, g, &pb, table_pack, table, 1, (ptrdiff_t)d, d, hi - lo, (REAL)p->vector_scale);
     gemm_packed(kern, g, p->m, k_u, (ptrdiff_t)d, 1, &pb, proj + lo, (ptrdiff_t)buckets, 0,
@@ -194,12 +200,11 @@ static void key_projections(const posenc_kernels *kern, const gemm_scratch *g,
 /*
  * What a call's vector tables read, derived from the problem once per call
  * (the fused attention's backward builds it once for its logits and its
- * gradients): the tables (term_vectors.h), their maps (the kernels' gathers and
- * scatters) and the maps as runs (and the key map's edges).
+ * gradients): the tables (term_vectors.h: their maps are what the kernels' gathers and
+ * scatters read) and the maps as runs (and the key map's edges).
  */
 typedef struct {
     vector_table query, key;               /* table NULL: absent */
-    const int64_t *query_map, *key_map;    /* map[o + n - 1]: offset o's row (the problem's) */
     posenc_runs query_runs, key_runs;
     size_t query_buckets, key_buckets;     /* buckets the maps use */
     key_edges key_edges;                   /* the key map's edges */
@@ -238,8 +243,7 @@ static void term_query_table(const posenc_kernels *kern, const gemm_scratch *g,
     const size_t ht = head_of(td->query.heads, h);
     packed_b pb = packed_b_shape(kern, table_pack, d, buckets, (REAL)p->vector_scale);
     if (*cached_head != (ptrdiff_t)ht) {
-        const REAL *table = (const REAL *)td->query.table +
-                            (ht * td->query.rows + (size_t)runs->b_min) * d;
+        const REAL *table = vector_table_row(&td->query, h, (size_t)runs->b_min, d);
         pack_b(kern, g, &pb, table_pack, table, 1, (ptrdiff_t)d, d, buckets, (REAL)p->vector_scale);
         *cached_head = (ptrdiff_t)ht;
     }
@@ -251,7 +255,7 @@ static void term_query_table(const posenc_kernels *kern, const gemm_scratch *g,
     }
     gemm_packed(kern, g, rows, q_u + i0 * d, (ptrdiff_t)d, 1, &pb, proj + first, (ptrdiff_t)ld,
                 0, NULL, 0, NULL, 0, NULL);
-    term_query_gather(kern, p, runs, td->query_map, proj, ld, op, P, ldp, i0, rows, k0, cols);
+    term_query_gather(kern, p, runs, td->query.map, proj, ld, op, P, ldp, i0, rows, k0, cols);
 }
 
 /* t built for p: the vector tables, their maps and runs.  POSENC_OK or ENOMEM (what was
@@ -262,15 +266,13 @@ static int term_data_build(term_data *t, const posenc_problem *p)
     memset(t, 0, sizeof *t);
     t->query = vector_table_of(p, POSENC_TERM_query_table);
     t->key = vector_table_of(p, POSENC_TERM_key_table);
-    t->query_map = t->query.map;
-    t->key_map = t->key.map;
     if (t->query.table) {
-        if (posenc_runs_build(&t->query_runs, t->query_map, -(ptrdiff_t)(n - 1), offsets))
+        if (posenc_runs_build(&t->query_runs, t->query.map, -(ptrdiff_t)(n - 1), offsets))
             return POSENC_ENOMEM;
         t->query_buckets = posenc_runs_buckets(&t->query_runs);
     }
     if (t->key.table) {
-        if (posenc_runs_build(&t->key_runs, t->key_map, -(ptrdiff_t)(n - 1), offsets))
+        if (posenc_runs_build(&t->key_runs, t->key.map, -(ptrdiff_t)(n - 1), offsets))
             return POSENC_ENOMEM;
         t->key_buckets = posenc_runs_buckets(&t->key_runs);
         t->key_edges = key_edges_of(&t->key_runs);
