@@ -92,20 +92,13 @@ enum { POSENC_TERMS(POSENC_TERM_ENUM_, ) POSENC_TERM_COUNT };
 enum { POSENC_TERM_REAL = 1, POSENC_TERM_INDEX = 2 };
 static inline int posenc_term_array_type(int k, int a)
 {
-    int kind = 0;
-#define POSENC_TERM_REAL_(name, valid, why, ARRAYS) \
-    if (kind++ == k) {                              \
-        int at = 0;                                 \
-        ARRAYS                                      \
-        (void)at;                                   \
-    }
-#define POSENC_TERM_REAL_ARRAY_(kind_, name, required, grad, length, real) \
-    if (at++ == a)                                                       \
-        return real;
-    POSENC_TERMS(POSENC_TERM_REAL_, POSENC_TERM_REAL_ARRAY_)
-#undef POSENC_TERM_REAL_ARRAY_
-#undef POSENC_TERM_REAL_
-    return 0;
+#define POSENC_TERM_TYPE_(name, valid, why, ARRAYS) {ARRAYS},
+#define POSENC_TERM_TYPE_ARRAY_(kind_, name, required, grad, length, real) real,
+    static const signed char types[POSENC_TERM_COUNT][POSENC_TERM_ARRAYS_MAX] = {
+        POSENC_TERMS(POSENC_TERM_TYPE_, POSENC_TERM_TYPE_ARRAY_)};
+#undef POSENC_TERM_TYPE_ARRAY_
+#undef POSENC_TERM_TYPE_
+    return types[k][a];
 }
 
 /* Whether array a of kind k holds the problem's compute type (posenc_term_array_type). */

@@ -363,7 +363,7 @@ static int attention_backward(const posenc_problem *p, const posenc_attention *a
     int status = attention_prepare(&c, p, a, kern);
     if (status == POSENC_OK)
         status = backward_prepare(&g, p, kern, NULL, grads, attention_last_offset(p, a),
-                                  c.logits.terms);   /* the logits' term data, built once */
+                                  &c.logits.call);   /* the logits' term data, built once */
     const masked_keys hidden = {&c, attention_hidden_zero, attention_hidden_rows,
                                 attention_hidden_nonfinite, attention_hidden_unseen};
     g.masked_keys = &hidden;

@@ -23,7 +23,7 @@ static void attention_decode_terms(const attention_ctx *c, forward_ws *fw, size_
 {
     const size_t ld = c->logits.m_pad;
     if (c->logits.content >= 0) {
-        terms_content(c->p, c->kern, &fw->scratch, c->logits.content, b, h, q_u, scores, ld, i0,
+        terms_content(c->p, c->kern, &fw->env, c->logits.content, b, h, q_u, scores, ld, i0,
                       rows, c0, cols, c->logits.seen, fw->term_unit, NULL);
         return;
     }
@@ -150,48 +150,6 @@ static size_t attention_decode_span(const attention_ctx *c, const decode_target 
 }
 
 /*
- * A single row's content logits, keys [c0, cols) of unit (b, h)'s row i, into w->scores,
- * with the key table's term (c->logits.key_fused: DeBERTa's p2c, additive, its scale the
- * content's) in the same pass over k: along the key map's runs on which the bucket holds
- * (the far keys), q and the bucket's table row are two rows of one rows_dot (each key
- * loaded once for both; each sum as alone), the term moved into fw->key_proj's row that
- * term_key_direct applies; on a run whose bucket moves, the run's content, then its terms
- * (key_run_terms) while its keys are in cache.  The same bits as the two passes.
- */
-static void attention_decode_fused(const attention_ctx *c, forward_ws *fw, attention_ws *w,
-                                   size_t h, size_t i, size_t c0, size_t cols)
-{
-    const posenc_problem *p = c->p;
-    const posenc_kernels *kern = c->kern;
-    const posenc_runs *runs = &c->logits.terms->key_runs;
-    const size_t d = p->d, ld = c->logits.m_pad;
-    const REAL *table = vector_table_row(&c->logits.terms->key, h, 0, d), *k_u = fw->inputs.k;
-    REAL *pair = w->group_q, *scores = w->scores, *row = fw->key_proj;
-    memcpy(pair, fw->inputs.q + i * d, sizeof(REAL) * d);
-    size_t done = c0;   /* keys [c0, done): their content computed */
-    ptrdiff_t js, je, bs;
-    for (size_t t = posenc_runs_seek(runs, (ptrdiff_t)c0 - (ptrdiff_t)i);
-         t < runs->count && posenc_run_span(&runs->runs[t], (ptrdiff_t)i, (ptrdiff_t)c0,
-                                            (ptrdiff_t)cols, &js, &je, &bs);
-         ++t) {
-        const size_t keys = (size_t)(je - js);
-        if ((size_t)js > done)   /* keys no run maps (none: the map is total) */
-            kern->rows_dot(scores + done, ld, pair, 1, k_u + done * d, (size_t)js - done, d, p->scale);
-        done = (size_t)je;
-        if (runs->runs[t].step == 0) {
-            memcpy(pair + d, table + (size_t)bs * d, sizeof(REAL) * d);
-            kern->rows_dot(scores + js, ld, pair, 2, k_u + (size_t)js * d, keys, d, p->scale);
-            memcpy(row + js, scores + ld + js, sizeof(REAL) * keys);
-            continue;
-        }
-        kern->rows_dot(scores + js, ld, pair, 1, k_u + (size_t)js * d, keys, d, p->scale);
-        key_run_terms(kern, p, table, k_u, row, js, je, bs, runs->runs[t].step);
-    }
-    if (cols > done)
-        kern->rows_dot(scores + done, ld, pair, 1, k_u + done * d, cols - done, d, p->scale);
-}
-
-/*
  * Rows [r0, r1) of unit (b, h) when they are few (c->decode: a decoding step, a short
  * chunk): the prefill's tiles would pack all of k and v into GEMM panels of which a row
  * or two is used.  Here k and v stream once, in place (the ISA's rows_dot and
@@ -216,8 +174,9 @@ static void attention_decode_unit(const attention_ctx *c, forward_ws *fw, attent
         size_t c0, cols;
         const size_t keys = attention_decode_span(c, t, b, i0, rows, &c0, &cols);
         if (keys) {
-            if (c->logits.key_fused)   /* n = 1 */
-                attention_decode_fused(c, fw, w, h, i0, c0, cols);
+            if (c->logits.call.fused)   /* n = 1: the kind's term in the same pass over k */
+                terms_content_row(p, kern, &fw->env, c->logits.content_row, b, h, w->scores, ld,
+                                  w->group_q, i0, c0, cols, fw->term_unit);
             else
                 kern->rows_dot(w->scores + c0, ld, q_u + i0 * d, rows, k_u + c0 * d, keys, d,
                                p->scale);

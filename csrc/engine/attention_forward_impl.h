@@ -158,11 +158,10 @@ static int attention_forward(const posenc_problem *p, const posenc_attention *a,
     int status = attention_prepare(&c, p, a, kern);
     if (status == POSENC_OK) {
         const size_t threads = (size_t)(num_threads > 0 ? num_threads : 1);
-        c.logits.in_place = c.decode;   /* the backward projects and packs (its tiles) */
-        c.logits.key_fused = c.decode && posenc_term_present(p, POSENC_TERM_key_table) &&
-                             p->n == 1 && kern->mr > 1 &&
-                             posenc_kv_group(p) == 1 && !p->product &&
-                             p->vector_scale == p->scale;   /* attention_decode_fused */
+        c.logits.call.direct = c.decode;   /* the backward projects and packs (its tiles) */
+        if (c.decode && p->n == 1 && kern->mr > 1 && posenc_kv_group(p) == 1)
+            c.logits.content_row = terms_content_row_kind(p);   /* attention_decode_unit */
+        c.logits.call.fused = c.logits.content_row >= 0;
         attention_split(&c);
         attention_forward_call call = {&c, out, lse, 0,
                                        posenc_rows_per_item(BH, p->n, kern->mr, threads), NULL,

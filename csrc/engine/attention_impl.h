@@ -81,7 +81,7 @@ typedef struct {
                                  d_out_rows */
     REAL *group_q;       /* the decoding path with a rotation or a strided q: a head batch's
                             q rows, rotated;
-                            with key_fused: q's row and a key table row (attention_decode_fused) */
+                            with call.fused: q's row and a table row (term_kind's content_row) */
 } attention_ws;
 
 /* The attention's part of a thread's workspace (elements); carved into w when w != NULL. */
@@ -120,7 +120,7 @@ static size_t attention_ws_layout(const attention_ctx *c, int backward, size_t r
             WS_TAKE(w, mem, at, v_pack, packed_b_size(m, dv, nr));
         WS_TAKE(w, mem, at, row_scale, c->kern->mr);
         WS_TAKE(w, mem, at, row_stats, 2 * c->kern->mr * (sizeof(double) / sizeof(REAL)));
-        if (c->decode && (posenc_rotates(p) || c->logits.key_fused || p->q_strides.r))
+        if (c->decode && (posenc_rotates(p) || c->logits.call.fused || p->q_strides.r))
             WS_TAKE(w, mem, at, group_q, c->kern->mr * p->d);
     }
     if (c->a->v_strides.r)
@@ -668,7 +668,6 @@ static int attention_documents(attention_ctx *c)
 static void attention_release(attention_ctx *c)
 {
     forward_release(&c->logits);
-    posenc_free(c->logits.query_reach);
     posenc_free(c->padding_start);
     posenc_free(c->padding_runs);
     posenc_free(c->doc_range);
@@ -679,49 +678,6 @@ static void attention_release(attention_ctx *c)
 static ptrdiff_t attention_last_offset(const posenc_problem *p, const posenc_attention *a)
 {
     return (ptrdiff_t)(a->causal ? posenc_min(p->m - 1, p->query_offset) : p->m - 1);
-}
-
-/* Under `causal`, the last map index t = n - 1 + (j - i) a tile reads: the offset of a tile's
- * last row, query_offset + mr - 1, at most m - 1. */
-static size_t attention_reach_last(const attention_ctx *c)
-{
-    const posenc_problem *p = c->p;
-    return p->n - 1 + posenc_min(p->m - 1, p->query_offset + c->kern->mr - 1);
-}
-
-/* Under `causal`, the key projections' buckets the tiles read: those of the offsets j - i up to
- * a tile's last row's (attention_reach_last), not the whole map's. */
-static void attention_key_reach(attention_ctx *c)
-{
-    const forward_ctx *f = &c->logits;
-    if (!c->a->causal || !posenc_term_present(c->p, POSENC_TERM_key_table))
-        return;
-    ptrdiff_t lo = f->terms->key_runs.b_max, hi = f->terms->key_runs.b_min;
-    posenc_map_extent(f->terms->key.map, 0, attention_reach_last(c) + 1, &lo, &hi);
-    c->logits.key_reach[0] = (size_t)(lo - f->terms->key_runs.b_min);
-    c->logits.key_reach[1] = (size_t)(hi - f->terms->key_runs.b_min + 1);
-}
-
-/* Under `causal`, the query table's buckets a tile reads (forward_ctx's query_reach): a tile
- * ending at row t sees the offsets -t .. query_offset + mr - 1.  0, or -1 out of memory. */
-static int attention_query_reach(attention_ctx *c)
-{
-    const posenc_problem *p = c->p;
-    forward_ctx *f = &c->logits;
-    if (!c->a->causal || !posenc_term_present(p, POSENC_TERM_query_table))
-        return 0;
-    const size_t n = p->n;
-    if (!(f->query_reach = (size_t *)posenc_alloc(2 * n, sizeof(size_t))))
-        return -1;
-    ptrdiff_t lo = f->terms->query_runs.b_max, hi = f->terms->query_runs.b_min;
-    const int64_t *map = f->terms->query.map;
-    posenc_map_extent(map, n - 1, attention_reach_last(c) + 1, &lo, &hi);   /* offsets 0 .. */
-    for (size_t t = 0; t < n; ++t) {                                        /* and -t */
-        posenc_map_extent(map, n - 1 - t, n - t, &lo, &hi);
-        f->query_reach[2 * t] = (size_t)(lo - f->terms->query_runs.b_min);
-        f->query_reach[2 * t + 1] = (size_t)(hi - f->terms->query_runs.b_min + 1);
-    }
-    return 0;
 }
 
 /* A head's dense block (forward_head_block: n x m per thread) only up to
@@ -742,9 +698,8 @@ static int attention_prepare(attention_ctx *c, const posenc_problem *p, const po
     c->dropout = a->dropout_p > 0;
     c->threshold = posenc_dropout_threshold(a->dropout_p);
     c->keep_scale = (REAL)(1.0 / (1.0 - a->dropout_p));
-    int status = forward_prepare(&c->logits, p, kern, NULL);
+    int status = forward_prepare(&c->logits, p, kern, NULL, a->causal);
     c->logits.stream = 0;
-    c->logits.causal = a->causal;
     c->ranged = a->causal || a->window || a->document_q;
     c->softcap = a->softcap > 0 ? a->softcap : 0;
     /* tiles start past key 0 where the key panels (and v^T's, the backward's) are one depth
@@ -766,15 +721,11 @@ static int attention_prepare(attention_ctx *c, const posenc_problem *p, const po
                 c->logits.expanded < 0;
     /* a decoding step's few rows form the modules' rows where they are read */
     forward_plan_blocks(&c->logits, ATTENTION_HEAD_BLOCK_BYTES, !c->decode);
-    c->decode_terms = posenc_terms_vector(p) || c->logits.modules || c->logits.content >= 0;
+    c->decode_terms = c->logits.modules || c->logits.content >= 0;
     c->seen.ctx = c;
     c->seen.unseen_zero = attention_hidden_unseen;
     c->logits.seen = &c->seen;
     if (status == POSENC_OK && (attention_padding_runs(c) || attention_documents(c)))
-        status = POSENC_ENOMEM;
-    if (status == POSENC_OK)
-        attention_key_reach(c);
-    if (status == POSENC_OK && attention_query_reach(c))
         status = POSENC_ENOMEM;
     return status;
 }

@@ -41,10 +41,11 @@ static size_t backward_ws_layout(const backward_ctx *c, backward_ws *w, REAL *me
     if (w) {
         memset(w, 0, sizeof *w);
         gemm_scratch_carve(&w->scratch, mem, c->kern, c->p);
+        w->env = term_env_of(c->p, c->kern, &w->scratch, c->terms);
         w->cached_query_table = -1;
     }
     at += posenc_round_up(gemm_scratch_size(c->kern), 16);
-    const size_t buckets = posenc_max(c->terms->query_buckets, c->terms->key_buckets);
+    const size_t buckets = posenc_max(c->query->buckets, c->key->buckets);
     const size_t depth = posenc_max(posenc_max(n, m), posenc_max(buckets, c->row_block));
     WS_TAKE(w, mem, at, b_pack, packed_b_size(depth, d, nr));
     /* the logits' backward rotates (widens: unit_inputs_widen; copies: strided) its own;
@@ -55,8 +56,8 @@ static size_t backward_ws_layout(const backward_ctx *c, backward_ws *w, REAL *me
     }
     if (c->g->k && posenc_kv_group(p) > 1)
         WS_TAKE(w, mem, at, dk_unit, m * d);
-    if (c->need_query_side) WS_TAKE(w, mem, at, query_side, n * c->terms->query_buckets);
-    if (c->need_key_side) WS_TAKE(w, mem, at, key_side, m * c->terms->key_buckets);
+    if (c->need_query_side) WS_TAKE(w, mem, at, query_side, n * c->query->buckets);
+    if (c->need_key_side) WS_TAKE(w, mem, at, key_side, m * c->key->buckets);
     if (c->need_query_side || c->need_key_side) WS_TAKE(w, mem, at, reach, buckets);
     if (c->scales.exact && (c->need_query_side || c->need_key_side))
         WS_TAKE(w, mem, at, vector_grad, posenc_max(n, m) * d);
@@ -83,8 +84,8 @@ static size_t backward_ws_layout(const backward_ctx *c, backward_ws *w, REAL *me
         if (w)
             w->keep.ld = ld;
     }
-    if (c->need_key_side && key_edge_size(&c->terms->key_edges, m))
-        WS_TAKE(w, mem, at, key_edge_sums, key_edge_size(&c->terms->key_edges, m));
+    if (c->need_key_side && key_edge_size(&c->key->edges, m))
+        WS_TAKE(w, mem, at, key_edge_sums, key_edge_size(&c->key->edges, m));
     return posenc_round_up(at, POSENC_ALIGN / sizeof(REAL));
 }
 
@@ -102,10 +103,10 @@ static void backward_sum_rows(const backward_ctx *c, backward_ws *w, size_t u, s
     const size_t skip = c->cls_row0 && blk0 == 0;   /* the [CLS] row */
     double *scratch = (double *)(void *)w->term_scratch;
     if (c->need_modules && c->masked)   /* the reset's own cells: all of G */
-        terms_grad_rows(p, kern, &w->scratch, c->g, TERMS_OVERRIDING, u, G_blk, m, blk0, rows,
+        terms_grad_rows(p, kern, &w->env, c->g, TERMS_OVERRIDING, u, G_blk, m, blk0, rows,
                         first, cols, scratch);
     if (c->need_modules && rows > skip)   /* the others: not the reset's row and column 0 */
-        terms_grad_rows(p, kern, &w->scratch, c->g, TERMS_ADDING, u, G_blk + skip * m, m,
+        terms_grad_rows(p, kern, &w->env, c->g, TERMS_ADDING, u, G_blk + skip * m, m,
                         blk0 + skip, rows - skip, posenc_max(first, c->masked ? (size_t)1 : 0),
                         cols, scratch);
     if (c->need_key_side)
@@ -162,19 +163,20 @@ static void backward_unit_begin(const backward_ctx *c, backward_ws *w, size_t u,
     const REAL *k_u = w->inputs.k;
     if (c->need_modules)
         terms_grads_begin(p, c->g, u);
-    if (c->need_query_side) memset(w->query_side, 0, sizeof(REAL) * p->n * c->terms->query_buckets);
-    if (c->need_key_side) memset(w->key_side, 0, sizeof(REAL) * m * c->terms->key_buckets);
+    if (c->need_query_side) memset(w->query_side, 0, sizeof(REAL) * p->n * c->query->buckets);
+    if (c->need_key_side) memset(w->key_side, 0, sizeof(REAL) * m * c->key->buckets);
     const masked_keys *hidden = c->masked_keys;
     w->k_unread = hidden && p->product && !c->kern->bf16 &&
                   hidden->unread_nonfinite(hidden->attention, u / p->H, k_u);
     if (p->product) {
         pack_b(c->kern, &w->scratch, k_packed, w->k_pack, k_u, 1, (ptrdiff_t)d, d, m, (REAL)p->scale);
         if (posenc_term_present(p, POSENC_TERM_key_table))
-            key_projections(c->kern, &w->scratch, p, &c->terms->key, c->terms->key_runs.b_min,
-                            c->terms->key_buckets, 0, c->terms->key_buckets,
-                            &c->terms->key_edges, w->key_table_pack, w->key_proj, h, k_u);
+            key_projections(c->kern, &w->scratch, p, &c->key->table, c->key->runs.b_min,
+                            c->key->buckets, 0, c->key->buckets,
+                            &c->key->edges, w->key_table_pack, w->key_proj, h, k_u);
         if (w->term_unit)
-            terms_unit(p, c->kern, &w->scratch, 0, u / p->H, h, w->term_unit);
+            terms_unit(p, c->kern, &w->env, 0, terms_factor_kind(p) + 1, u / p->H, h,
+                       w->term_unit);
     }
 }
 
@@ -213,7 +215,7 @@ static void backward_unit_block(const backward_ctx *c, backward_ws *w, size_t u,
     const size_t first = limits ? limits->first : 0, mr = kern->mr;
     REAL *term_dq = w->term_dq + (c->scales.exact ? blk0 * d : 0);
     if (c->content >= 0) {   /* G's path through a term that reads the content logits */
-        terms_content_grad(p, kern, &w->scratch, g, c->content, u, q_u, k_u, c->scales.scale, G_blk,
+        terms_content_grad(p, kern, &w->env, g, c->content, u, q_u, k_u, c->scales.scale, G_blk,
                            w->term_grad, m, blk0, rows_blk, first, cols, c->seen, term_dq,
                            (double *)(void *)w->term_scratch, w->keep.data ? &w->keep : NULL);
         Gc = w->term_grad;
@@ -370,7 +372,7 @@ static void backward_block_grads(const backward_ctx *c, backward_ws *w, size_t u
             memset(S + r * lds, 0, sizeof(REAL) * cols);
         S[r * lds] = 0;
     }
-    terms_grad_blocks(c->p, c->kern, &w->scratch, c->block_slots, u, c->G ? 0 : u / c->p->H,
+    terms_grad_blocks(c->p, c->kern, &w->env, c->block_slots, u, c->G ? 0 : u / c->p->H,
                       u % c->p->H, S, lds, blk0, rows, cols, limits,
                       (double *)(void *)w->term_scratch);
 }

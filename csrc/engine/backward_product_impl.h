@@ -10,7 +10,7 @@
 #define POSENC_ENGINE_BACKWARD_PRODUCT_IMPL_H
 
 #include "gemm_impl.h"
-#include "terms_impl.h"
+#include "term_vectors_impl.h"
 #include "backward_rows_impl.h"
 
 /* The product mode's workspace regions (see backward_ws). */
@@ -18,24 +18,25 @@ static void backward_product_ws(const backward_ctx *c, backward_ws *w, REAL *mem
 {
     const posenc_problem *p = c->p;
     const size_t mr = c->kern->mr, nr = c->kern->nr, m = p->m, d = p->d;
-    const size_t proj_ld = posenc_round_up(posenc_max(c->terms->query_buckets, 1), nr);
+    const size_t proj_ld = posenc_round_up(posenc_max(c->query->buckets, 1), nr);
     WS_TAKE(w, mem, *at, k_pack, packed_b_size(d, m, nr));
     WS_TAKE(w, mem, *at, content, mr * c->m_pad);
     WS_TAKE(w, mem, *at, row_grad, c->m_pad);
     WS_TAKE(w, mem, *at, content_grad, c->row_block * c->m_pad);
     if (terms_factor_kind(p) >= 0) {
-        WS_TAKE(w, mem, *at, term_unit, terms_unit_scratch(p, c->kern));
+        WS_TAKE(w, mem, *at, term_unit,   /* the factor's alone (terms_unit) */
+                terms_unit_scratch(p, c->kern, c->terms, terms_factor_kind(p) + 1));
         WS_TAKE(w, mem, *at, module_grad, mr * c->m_pad);
     }
     if (posenc_term_present(p, POSENC_TERM_query_table)) {
         WS_TAKE(w, mem, *at, query_factor, mr * c->m_pad);
         WS_TAKE(w, mem, *at, query_proj, mr * proj_ld);
-        WS_TAKE(w, mem, *at, query_table_pack, packed_b_size(d, c->terms->query_buckets, nr));
+        WS_TAKE(w, mem, *at, query_table_pack, packed_b_size(d, c->query->buckets, nr));
     }
     if (posenc_term_present(p, POSENC_TERM_key_table)) {
         WS_TAKE(w, mem, *at, key_factor, mr * c->m_pad);
-        WS_TAKE(w, mem, *at, key_proj, m * c->terms->key_buckets + key_edge_size(&c->terms->key_edges, m));
-        WS_TAKE(w, mem, *at, key_table_pack, packed_b_size(d, c->terms->key_buckets, nr));
+        WS_TAKE(w, mem, *at, key_proj, m * c->key->buckets + key_edge_size(&c->key->edges, m));
+        WS_TAKE(w, mem, *at, key_table_pack, packed_b_size(d, c->key->buckets, nr));
         WS_TAKE(w, mem, *at, key_tile_grad, mr * c->m_pad);
     }
 }
@@ -62,12 +63,18 @@ static void backward_product_tile(const backward_ctx *c, backward_ws *w, size_t 
     gemm_packed(kern, &w->scratch, rows, q_u + i0 * d, (ptrdiff_t)d, 1, &keys,
                 w->content, (ptrdiff_t)ld, 0, NULL, 0, NULL, 0, NULL);
     if (posenc_term_present(p, POSENC_TERM_query_table))
-        term_query_table(kern, &w->scratch, p, c->terms, w->query_table_pack,
-                         &w->cached_query_table, w->query_proj, h, q_u, POSENC_SET,
-                         w->query_factor, ld, i0, rows, 0, width, NULL);
+    {
+        const ptrdiff_t head = (ptrdiff_t)head_of(c->query->table.heads, h);
+        const packed_b table = query_table_packed(kern, &w->scratch, p, c->query,
+                                                  w->query_table_pack, h,
+                                                  w->cached_query_table != head);
+        w->cached_query_table = head;
+        term_query_rows(kern, &w->scratch, p, c->query, &table, w->query_proj, q_u, POSENC_SET,
+                        w->query_factor, ld, i0, rows, 0, width, NULL);
+    }
     if (posenc_term_present(p, POSENC_TERM_key_table))
-        term_key_table(kern, POSENC_SET, w->key_factor, ld, c->terms->key.map, c->terms->key_runs.b_min,
-                       w->key_proj, c->terms->key_buckets, &c->terms->key_edges, n, m, width, i0, rows);
+        term_key_table(kern, POSENC_SET, w->key_factor, ld, c->key->table.map, c->key->runs.b_min,
+                       w->key_proj, c->key->buckets, &c->key->edges, n, m, width, i0, rows);
     /* a masked key's Inf or NaN k: q.k and k's factor 0 at the keys a row does not see */
     for (size_t r = 0; w->k_unread && r < rows; ++r) {
         const masked_keys *hidden = c->masked_keys;
@@ -78,7 +85,7 @@ static void backward_product_tile(const backward_ctx *c, backward_ws *w, size_t 
 
     const int module = terms_factor_kind(p);
     ptrdiff_t module_ld = 0;
-    const REAL *module_rows = module >= 0 ? term_rows_at(p, kern, &w->scratch, module, b, h, i0,
+    const REAL *module_rows = module >= 0 ? term_rows_at(p, kern, &w->env, module, b, h, i0,
                                                          w->term_unit, &module_ld)
                                           : NULL;
     enum { FACTOR_MODULE, FACTOR_QUERY, FACTOR_KEY };
@@ -122,7 +129,7 @@ static void backward_product_tile(const backward_ctx *c, backward_ws *w, size_t 
     if (c->need_key_side)
         scatter_key_side(c, w, w->key_tile_grad, ld, width, i0, rows, 0, 0);
     if (module_rows && c->need_modules)   /* its rows are linear in its arrays */
-        terms_grad_rows(p, kern, &w->scratch, c->g, TERMS_ADDING, u, w->module_grad, ld, i0, rows,
+        terms_grad_rows(p, kern, &w->env, c->g, TERMS_ADDING, u, w->module_grad, ld, i0, rows,
                         0, width, (double *)(void *)w->term_scratch);
 }
 

@@ -12,6 +12,7 @@
 #include "gemm_impl.h"
 #include "rope_impl.h"
 #include "terms_impl.h"
+#include "term_vectors_impl.h"
 #include "term_kinds_impl.h"
 
 typedef struct {
@@ -37,8 +38,9 @@ typedef struct {
                                    masks, or NULL (the kind's own rule) */
     int reads_g;                /* the positional gradients read G itself (not only the GEMMs) */
     int unit_reads_g;           /* ... in phase 1, beyond the reset's [CLS] row and column 0 */
-    term_data own_terms;        /* built by backward_prepare unless given one */
-    const term_data *terms;     /* what the terms read: own_terms, or the attention's logits' */
+    terms_call own_terms;       /* built by backward_prepare unless given one */
+    const terms_call *terms;    /* what the kinds read: own_terms, or the attention's logits' */
+    const vector_call *query, *key;   /* the vector tables' (table NULL: absent) */
     posenc_spans query_spans, key_spans;   /* where Gq and Gk are zero */
     REAL *query_table_slots, *key_table_slots;
     /* need_blocks: the REAL slots of the modules whose gradient goes by blocks (per unit in
@@ -96,6 +98,7 @@ typedef struct {
                                  (forward_keep), row_block rows */
     size_t lo_first, lo_end, hi_first, hi_end;
     ptrdiff_t cached_query_table;
+    term_env env;             /* what the kinds read of the thread (term_kinds_impl.h) */
     int k_unread;             /* a masked key of the unit holds an Inf or NaN in k (masked_keys):
                                  the product's factors zeroed where a row does not see a key */
 } backward_ws;
@@ -160,10 +163,10 @@ static void scatter_key_rows(const backward_ctx *c, backward_ws *w, const REAL *
 {
     const posenc_kernels *kern = c->kern;
     const posenc_problem *p = c->p;
-    const size_t ld_side = c->terms->key_buckets, m = p->m;
+    const size_t ld_side = c->key->buckets, m = p->m;
     size_t lo = jb, hi = cols;
     if (w->key_edge_sums && rows > r0) {
-        const key_edges *e = &c->terms->key_edges;
+        const key_edges *e = &c->key->edges;
         REAL *lo_sums = w->key_edge_sums, *hi_sums = lo_sums + m;
         key_edges_split(e, i0 + r0, rows - r0, cols, &lo, &hi);
         lo = posenc_max(lo, jb);
@@ -190,8 +193,8 @@ static void scatter_key_rows(const backward_ctx *c, backward_ws *w, const REAL *
         }
     }
     for (size_t j0 = lo; j0 < hi; j0 += kern->key_block)
-        kern->tile_scatter_key(w->key_side, ld_side, c->terms->key.map + (p->n - 1 - i0),
-                               c->terms->key_runs.b_min, src, ld_src, j0,
+        kern->tile_scatter_key(w->key_side, ld_side, c->key->table.map + (p->n - 1 - i0),
+                               c->key->runs.b_min, src, ld_src, j0,
                                posenc_min(j0 + kern->key_block, hi), r0, rows);
 }
 
@@ -216,9 +219,9 @@ static void scatter_key_edges_end(const backward_ctx *c, backward_ws *w)
     if (!w->key_edge_sums)
         return;
     const size_t m = c->p->m;
-    key_edge_move(c->kern, w->key_side, c->terms->key_buckets, c->terms->key_edges.lo, w->key_edge_sums,
+    key_edge_move(c->kern, w->key_side, c->key->buckets, c->key->edges.lo, w->key_edge_sums,
                   w->lo_first, w->lo_end, 0);
-    key_edge_move(c->kern, w->key_side, c->terms->key_buckets, c->terms->key_edges.hi, w->key_edge_sums + m,
+    key_edge_move(c->kern, w->key_side, c->key->buckets, c->key->edges.hi, w->key_edge_sums + m,
                   w->hi_first, w->hi_end, 0);
     w->lo_first = w->lo_end = w->hi_first = w->hi_end = 0;
 }
@@ -229,7 +232,7 @@ static void backward_row_query_side(const backward_ctx *c, backward_ws *w, size_
                                     const REAL *grad, size_t cols)
 {
     const ptrdiff_t jb = c->masked ? 1 : 0;   /* column 0 belongs to the reset */
-    scatter_query_side(c->kern, &c->terms->query_runs, w->query_side + i * c->terms->query_buckets,
+    scatter_query_side(c->kern, &c->query->runs, w->query_side + i * c->query->buckets,
                        grad, (ptrdiff_t)i, jb, (ptrdiff_t)cols);
 }
 

@@ -77,13 +77,13 @@ static void backward_reduce(const backward_ctx *c)
      * both sides: the key side adds to the query side's sums */
     double *dquery = (double *)g->terms[POSENC_TERM_query_table][VECTOR_TABLE];
     double *dkey = (double *)g->terms[POSENC_TERM_key_table][VECTOR_TABLE];
-    const term_data *t = c->terms;
-    if (dquery && t->query.table)
-        reduce_vector_slots(dquery, t->query.rows * d, (size_t)t->query_runs.b_min * d,
-                            c->query_table_slots, B, H, t->query_buckets * d, 0);
-    if (dkey && t->key.table)
-        reduce_vector_slots(dkey, t->key.rows * d, (size_t)t->key_runs.b_min * d,
-                            c->key_table_slots, B, H, t->key_buckets * d, dkey == dquery);
+    const vector_call *query = c->query, *key = c->key;
+    if (dquery && query->table.table)
+        reduce_vector_slots(dquery, query->table.rows * d, (size_t)query->runs.b_min * d,
+                            c->query_table_slots, B, H, query->buckets * d, 0);
+    if (dkey && key->table.table)
+        reduce_vector_slots(dkey, key->table.rows * d, (size_t)key->runs.b_min * d,
+                            c->key_table_slots, B, H, key->buckets * d, dkey == dquery);
     /* the modules' that go by blocks: their slots over the batch (one head's sum in the
      * logits' backward), the exact path's dense scale on a `scaled` kind's */
     terms_block_grads_reduce(p, g, c->block_slots, c->G ? 1 : B,
@@ -93,10 +93,10 @@ static void backward_reduce(const backward_ctx *c)
          * product (each effective gradient holds s q.k; the module's at its
          * unit's end), vs on the vector tables of a sum */
         const double s = c->scales.scale, vs = p->product ? s : c->scales.vector_scale;
-        if (t->query.table)
-            exact_scale_rows(c, dquery, t->query.rows, t->query.map, vs);
-        if (t->key.table && dkey != dquery)
-            exact_scale_rows(c, dkey, t->key.rows, t->key.map, vs);
+        if (query->table.table)
+            exact_scale_rows(c, dquery, query->table.rows, query->table.map, vs);
+        if (key->table.table && dkey != dquery)
+            exact_scale_rows(c, dkey, key->table.rows, key->table.map, vs);
     }
 }
 
@@ -118,7 +118,7 @@ static void backward_zero(const posenc_problem *p, const posenc_grads *g)
 
 static void backward_release(backward_ctx *c)
 {
-    term_data_release(&c->own_terms);
+    terms_release(&c->own_terms);
     posenc_spans_free(&c->query_spans);
     posenc_spans_free(&c->key_spans);
     REAL *slots[] = {c->query_table_slots, c->key_table_slots};
@@ -145,7 +145,7 @@ static int zeroed_slots(REAL **slots, int wanted, size_t count)
  * logits'), else NULL: built here. */
 static int backward_prepare(backward_ctx *c, const posenc_problem *p, const posenc_kernels *kern,
                             const REAL *G, const posenc_grads *g, ptrdiff_t o_max,
-                            const term_data *terms)
+                            const terms_call *terms)
 {
     const size_t n = p->n, m = p->m, BH = p->B * p->H;
     memset(c, 0, sizeof *c);
@@ -168,21 +168,24 @@ static int backward_prepare(backward_ctx *c, const posenc_problem *p, const pose
     c->unit_reads_g = p->product || c->need_query_side || c->need_key_side ||
                       terms_grads_wanted(p, g, TERMS_ADDING) || c->content >= 0;
     c->reads_g = c->unit_reads_g || c->masked || c->need_blocks;
+    c->own_terms.reach = -1;
     c->terms = terms ? terms : &c->own_terms;
-    if (!terms && term_data_build(&c->own_terms, p))
+    if (!terms && terms_prepare(p, &c->own_terms))
         return POSENC_ENOMEM;
-    if (c->need_query_side && posenc_spans_build(&c->query_spans, &c->terms->query_runs,
-                                                 c->terms->query.map, n, m, 0, c->masked ? 1 : 0,
+    c->query = vector_call_of(c->terms, POSENC_TERM_query_table);
+    c->key = vector_call_of(c->terms, POSENC_TERM_key_table);
+    if (c->need_query_side && posenc_spans_build(&c->query_spans, &c->query->runs,
+                                                 c->query->table.map, n, m, 0, c->masked ? 1 : 0,
                                                  kern->mr, o_max))
         return POSENC_ENOMEM;
-    if (c->need_key_side && posenc_spans_build(&c->key_spans, &c->terms->key_runs,
-                                               c->terms->key.map, n, m, 1, 0, kern->mr, o_max))
+    if (c->need_key_side && posenc_spans_build(&c->key_spans, &c->key->runs,
+                                               c->key->table.map, n, m, 1, 0, kern->mr, o_max))
         return POSENC_ENOMEM;
     if (zeroed_slots(&c->query_table_slots,
                      posenc_term_present(p, POSENC_TERM_query_table) && dquery,
-                     posenc_mul_size(BH, c->terms->query_buckets * p->d)) ||
+                     posenc_mul_size(BH, c->query->buckets * p->d)) ||
         zeroed_slots(&c->key_table_slots, posenc_term_present(p, POSENC_TERM_key_table) && dkey,
-                     posenc_mul_size(BH, c->terms->key_buckets * p->d)) ||
+                     posenc_mul_size(BH, c->key->buckets * p->d)) ||
         terms_block_slots_alloc(p, g, G ? p->H : BH, c->block_slots))
         return POSENC_ENOMEM;
     return POSENC_OK;

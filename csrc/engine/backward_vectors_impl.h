@@ -70,7 +70,7 @@ static int x_all_finite(const gemm_scratch *s, const REAL *x, size_t count, REAL
  */
 static void bucket_reach(const backward_ctx *c, int key_side, size_t x, REAL *reach)
 {
-    const posenc_runs *runs = key_side ? &c->terms->key_runs : &c->terms->query_runs;
+    const posenc_runs *runs = key_side ? &c->key->runs : &c->query->runs;
     const ptrdiff_t n = (ptrdiff_t)c->p->n, m = (ptrdiff_t)c->p->m, jb = c->masked ? 1 : 0;
     const ptrdiff_t i_lo = c->cls_row0 ? 1 : 0, at = (ptrdiff_t)x;
     memset(reach, 0, sizeof(REAL) * posenc_runs_buckets(runs));
@@ -110,9 +110,9 @@ static unsigned char *key_side_seen(const backward_ctx *c, size_t b, size_t buck
         static const REAL one = 1;
         c->kern->row_gather(POSENC_SET, row, &one, 0, m);
         hidden->unseen_zero(hidden->attention, row, b, i, m);
-        const int64_t *map = c->terms->key.map + (n - 1 - i);   /* key j's bucket: map[j] */
+        const int64_t *map = c->key->table.map + (n - 1 - i);   /* key j's bucket: map[j] */
         for (size_t j = jb; j < m; ++j) {
-            const size_t r = (size_t)(map[j] - c->terms->key_runs.b_min);
+            const size_t r = (size_t)(map[j] - c->key->runs.b_min);
             if (row[j] != 0 && r < buckets)
                 seen[j * buckets + r] = 1;
         }
@@ -204,13 +204,13 @@ static void backward_vector_table(const backward_ctx *c, backward_ws *w, size_t 
     const posenc_problem *p = c->p;
     const posenc_kernels *kern = c->kern;
     const size_t d = p->d, rows = key_side ? p->m : p->n;
-    const size_t buckets = key_side ? c->terms->key_buckets : c->terms->query_buckets;
+    const size_t buckets = key_side ? c->key->buckets : c->query->buckets;
     const REAL vs = (REAL)p->vector_scale;
     const REAL *X = key_side ? w->key_side : w->query_side;
     const posenc_spans *spans = key_side ? &c->key_spans : &c->query_spans;
-    const vector_table *v = key_side ? &c->terms->key : &c->terms->query;
+    const vector_table *v = key_side ? &c->key->table : &c->query->table;
     const REAL *table = vector_table_row(
-        v, h, (size_t)(key_side ? c->terms->key_runs.b_min : c->terms->query_runs.b_min), d);
+        v, h, (size_t)(key_side ? c->key->runs.b_min : c->query->runs.b_min), d);
     REAL *slots = key_side ? c->key_table_slots : c->query_table_slots;
     REAL *slot = slots ? slots + u * buckets * d : NULL;
     const REAL *x_values = x;

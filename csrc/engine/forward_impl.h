@@ -35,8 +35,7 @@ typedef struct {
                                  or those before `expanded` (the last) */
     size_t out_heads;         /* units per batch row of out: H, or p->bf16_out_heads */
     size_t out_size;          /* bytes of an element of out: REAL's, or bfloat16's */
-    int batch_terms;          /* query table, key table or a term module in P outside the
-                                 head block present */
+    int batch_terms;          /* a term module in P outside the head block present */
     int pointer;              /* the term module whose rows the epilogue reads where they lie
                                  (term_kind's rows_at: a Toeplitz row), the only term in P beside
                                  `expanded`, or -1 */
@@ -44,19 +43,13 @@ typedef struct {
     int expanded;             /* the adding module whose rows the epilogue adds by pointer from
                                  its distinct rows (term_kind's expand; alone or beside `pointer`,
                                  no reset, sum mode, tame scales), or -1 */
-    term_data own_terms;      /* built by forward_prepare */
-    const term_data *terms;   /* what the terms read: &own_terms */
-    size_t key_reach[2];      /* the key projections' buckets the tiles read: [0, key_buckets), or
-                                 under a causal attention those of its offsets (from b_min) */
-    size_t *query_reach;      /* NULL, or a causal attention's: the query table's buckets [2 t,
-                                 2 t + 1) of the offsets -t .. query_offset + mr - 1 (from b_min) */
+    terms_call call;          /* the kinds' data for the call (terms_prepare: forward_prepare);
+                                 call.direct: a decoding step's few rows, k read in place (no k
+                                 panels) and the kinds' tables too; call.fused: the decoding
+                                 path forms `content_row`'s term with the content logits */
+    int content_row;          /* call.fused: the kind whose content_row it is, or -1 */
     int causal;               /* a causal attention's: a tile of rows [i0, i0 + rows) reads keys
                                  [0, query_offset + i0 + rows) only (attention_span) */
-    int in_place;             /* a decoding step's few rows: k and the vector tables read in
-                                 place (no k panels, no packed tables), the key table's term a
-                                 dot product per key (term_key_direct), no key projections */
-    int key_fused;            /* term_key_direct's row computed by the caller with the content
-                                 logits (attention_decode_fused): term_key_direct only applies it */
     int modules;              /* a term module present that adds rows (term_kinds_impl.h; in P
                                  unless it is `expanded`) */
     int content;              /* the kind of a term module that reads the content logits (cope),
@@ -72,10 +65,7 @@ typedef struct {
     unit_inputs inputs;       /* the unit's q and k as the terms read them (rope_impl.h) */
     REAL *k_pack;             /* content B: k^T panels, d x m_pad */
     REAL *P;                  /* positional rows of a tile, mr x m_pad */
-    REAL *query_proj;         /* query-side projections of a tile, mr x query_buckets (padded) */
-    REAL *query_table_pack;   /* the query table as B: d x query_buckets (padded) */
-    REAL *key_proj;           /* key-side projections, m x key_buckets */
-    REAL *key_table_pack;     /* the key table as B: d x key_buckets (padded) */
+    term_env env;             /* what the kinds read of the thread: its q and k the unit's */
     REAL *head_block;         /* per-head positional block, n x m (head_blocks) */
     REAL *expanded;           /* `expanded`'s distinct rows of the unit, m each */
     const REAL **expanded_row;   /* `expanded`: the tile's rows of them, mr pointers */
@@ -85,7 +75,7 @@ typedef struct {
                                  what their gradient reads (keep.data NULL: nothing kept), its
                                  row 0 the unit's row keep_row0 */
     size_t keep_row0;
-    ptrdiff_t cached_head_block, cached_query_table;   /* heads held, or -1 */
+    ptrdiff_t cached_head_block;   /* the head held, or -1 */
     ptrdiff_t cached_term_unit;   /* units_batch_free: the head whose unit data term_unit holds
                                      (every batch row's), or -1 */
 } forward_ws;
@@ -99,27 +89,16 @@ static size_t forward_ws_layout(const forward_ctx *c, forward_ws *w, REAL *mem)
     if (w) {
         memset(w, 0, sizeof *w);
         gemm_scratch_carve(&w->scratch, mem, c->kern, c->p);
-        w->cached_head_block = w->cached_query_table = w->cached_term_unit = -1;
+        w->env = term_env_of(c->p, c->kern, &w->scratch, &c->call);
+        w->cached_head_block = w->cached_term_unit = -1;
     }
     at += posenc_round_up(gemm_scratch_size(c->kern), 16);
-    if (!c->in_place)
+    if (!c->call.direct)
         WS_TAKE(w, mem, at, k_pack, packed_b_size(p->d, p->m, nr));
     WS_TAKE(w, mem, at, P, mr * c->m_pad);
     if (unit_inputs_copied(p, c->content >= 0 && c->kern->bf16)) {
         WS_TAKE(w, mem, at, inputs.q_rot, p->n * p->d);
         WS_TAKE(w, mem, at, inputs.k_rot, p->m * p->d);
-    }
-    if (posenc_term_present(p, POSENC_TERM_query_table)) {
-        WS_TAKE(w, mem, at, query_proj, mr * posenc_round_up(c->terms->query_buckets, nr));
-        if (!c->in_place)   /* a decoding step reads the table in place (term_query_direct) */
-            WS_TAKE(w, mem, at, query_table_pack, packed_b_size(p->d, c->terms->query_buckets, nr));
-    }
-    if (posenc_term_present(p, POSENC_TERM_key_table) && c->in_place) {
-        /* one row of the term (term_key_direct) */
-        WS_TAKE(w, mem, at, key_proj, p->m);
-    } else if (posenc_term_present(p, POSENC_TERM_key_table)) {
-        WS_TAKE(w, mem, at, key_proj, c->terms->key_buckets * p->m + key_edge_size(&c->terms->key_edges, p->m));
-        WS_TAKE(w, mem, at, key_table_pack, packed_b_size(p->d, c->terms->key_buckets, nr));
     }
     if (c->head_blocks)
         WS_TAKE(w, mem, at, head_block, p->n * p->m);
@@ -130,14 +109,8 @@ static size_t forward_ws_layout(const forward_ctx *c, forward_ws *w, REAL *mem)
     if (c->scales.exact)
         WS_TAKE(w, mem, at, exact, 2 * mr * c->m_pad * (sizeof(double) / sizeof(REAL)));
     if (c->modules || c->content >= 0)
-        WS_TAKE(w, mem, at, term_unit, terms_unit_scratch(p, c->kern));
+        WS_TAKE(w, mem, at, term_unit, terms_unit_scratch(p, c->kern, &c->call, POSENC_TERM_COUNT));
     return posenc_round_up(at, POSENC_ALIGN / sizeof(REAL));
-}
-
-/* The query table's buckets a tile of rows [i0, i0 + rows) reads, or NULL (all). */
-static const size_t *forward_query_reach(const forward_ctx *c, size_t i0, size_t rows)
-{
-    return c->query_reach ? c->query_reach + 2 * (i0 + rows - 1) : NULL;
 }
 
 /*
@@ -153,12 +126,13 @@ static void forward_head_block(const forward_ctx *c, forward_ws *w, size_t h)
     const posenc_problem *p = c->p;
     const posenc_kernels *kern = c->kern;
     const size_t n = p->n, m = p->m, step = c->causal ? kern->mr : n;
-    terms_unit(p, kern, &w->scratch, 0, 0, h, w->term_unit);   /* batch row 0's stands for all */
+    terms_unit(p, kern, &w->env, 0, c->block_kinds, 0, h, w->term_unit);   /* batch row 0's
+                                                                              stands for all */
     w->cached_term_unit = -1;
     for (size_t i0 = 0; i0 < n; i0 += step) {
         const size_t rows = posenc_min(step, n - i0);
         const size_t cols = c->causal ? posenc_min(m, p->query_offset + i0 + rows + kern->mr) : m;
-        terms_rows(p, kern, &w->scratch, TERMS_EVERY, 0, c->block_kinds, POSENC_SET,
+        terms_rows(p, kern, &w->env, TERMS_EVERY, 0, c->block_kinds, POSENC_SET,
                    w->head_block + i0 * m, m, 0, h, i0, rows, 0, cols, w->term_unit);
     }
     w->cached_head_block = (ptrdiff_t)h;
@@ -166,11 +140,12 @@ static void forward_head_block(const forward_ctx *c, forward_ws *w, size_t h)
 
 /*
  * Head blocks (forward_head_block, n x m per thread) where B > 1, the scales are tame and a
- * block fits `budget` bytes: of every term module's rows when they are batch-free
- * (terms_batch_free; then not batch terms: a tile reads its rows of the block in place), no
- * vector table's term comes after an overriding kind's (the reset goes last) and `modules`;
- * else of the leading modules whose rows are a GEMM (term_kind's grad_block) and batch-free
- * (TUPE's dense factor in a decoding step, DIET-ABS's beside its segments).
+ * block fits `budget` bytes: of the leading adding kinds whose rows are batch-free
+ * (terms_batch_free_prefix: with `modules`, every one of them, TUPE's dense factor, table and
+ * reset; else those whose rows are a GEMM: TUPE's dense factor in a decoding step, DIET-ABS's
+ * beside its segments).  The tiles add the kinds after them (a vector table's term, a module
+ * with a batch axis) to the block's rows, or, where the block holds every term in P
+ * (module_blocks), read its rows in place.
  */
 static void forward_plan_blocks(forward_ctx *c, size_t budget, int modules)
 {
@@ -179,83 +154,11 @@ static void forward_plan_blocks(forward_ctx *c, size_t budget, int modules)
                      posenc_mul_size(p->n * p->m, sizeof(REAL)) <= budget;
     c->modules_end = c->expanded >= 0 ? c->expanded : POSENC_TERM_COUNT;
     const int in_p = c->pointer < 0 && terms_adding_in(p, 0, c->modules_end);   /* rows in P */
-    const int vectors = posenc_terms_vector(p);   /* a tile's own terms */
-    c->module_blocks = fits && modules && in_p && c->expanded < 0 && terms_batch_free(p) &&
-                       !(vectors && terms_override_kind(p) >= 0);
-    c->block_kinds = c->module_blocks ? POSENC_TERM_COUNT
-                     : fits && in_p ? posenc_min(terms_gemm_prefix(p), c->modules_end) : 0;
+    c->block_kinds = fits && in_p ? posenc_min(terms_batch_free_prefix(p, !modules), c->modules_end)
+                                  : 0;
     c->head_blocks = c->block_kinds > 0;
-    c->batch_terms = vectors || (in_p && terms_adding_in(p, c->block_kinds, c->modules_end));
-}
-
-/* The key table's term of keys [js, je), one run of the key map (bucket bs at key js,
- * moving by step per key), into row[js, je): vector_scale k_j . table[bucket], one
- * rows_dot where the bucket holds, a key at a time where it moves. */
-static void key_run_terms(const posenc_kernels *kern, const posenc_problem *p, const REAL *table,
-                          const REAL *k_u, REAL *row, ptrdiff_t js, ptrdiff_t je, ptrdiff_t bs,
-                          ptrdiff_t step)
-{
-    const size_t d = p->d;
-    if (step == 0) {
-        kern->rows_dot(row + js, 0, table + (size_t)bs * d, 1, k_u + (size_t)js * d,
-                       (size_t)(je - js), d, p->vector_scale);
-        return;
-    }
-    for (ptrdiff_t j = js; j < je; ++j, bs += step)
-        kern->rows_dot(row + j, 0, table + (size_t)bs * d, 1, k_u + (size_t)j * d, 1, d,
-                       p->vector_scale);
-}
-
-/*
- * The key table's term of rows [i0, i0 + rows) of unit (b, h), keys [k0, cols), applied
- * to P with op, when the rows are few (c->in_place: a decoding step): key j of row i
- * is vector_scale k_j . key_table[h, map(j - i)], a dot product per key, along the
- * runs of the map (key_run_terms), into w->key_proj's first row: k is read once per row
- * instead of being projected onto every bucket the row reaches (m x buckets).  With
- * c->key_fused the caller has computed that row (one row, keys [k0, cols)) in its pass
- * over k.
- */
-static void term_key_direct(const forward_ctx *c, forward_ws *w, size_t h, int op, REAL *P,
-                            size_t ldp, size_t i0, size_t rows, size_t k0, size_t cols)
-{
-    const posenc_runs *runs = &c->terms->key_runs;
-    const REAL *table = vector_table_row(&c->terms->key, h, 0, c->p->d);
-    REAL *row = w->key_proj;
-    for (size_t r = 0; r < rows; ++r) {
-        const ptrdiff_t i = (ptrdiff_t)(i0 + r);
-        ptrdiff_t js, je, bs;
-        if (!c->key_fused)
-            for (size_t t = posenc_runs_seek(runs, (ptrdiff_t)k0 - i);
-                 t < runs->count &&
-                 posenc_run_span(&runs->runs[t], i, (ptrdiff_t)k0, (ptrdiff_t)cols, &js, &je, &bs);
-                 ++t)
-                key_run_terms(c->kern, c->p, table, w->inputs.k, row, js, je, bs, runs->runs[t].step);
-        if (cols > k0)
-            c->kern->row_gather(op, P + r * ldp + k0, row + k0, 1, cols - k0);
-    }
-}
-
-/*
- * The query table's term of rows [i0, i0 + rows) of head h, keys [k0, cols), applied to
- * P with op, when the rows are few (c->in_place: a decoding step): their projections on
- * the buckets they reach (forward_query_reach) as dot products with the table's rows in
- * place (rows_dot), instead of packing the whole table for a GEMM of a row or two.
- */
-static void term_query_direct(const forward_ctx *c, forward_ws *w, size_t h, const REAL *q_u,
-                              int op, REAL *P, size_t ldp, size_t i0, size_t rows, size_t k0,
-                              size_t cols)
-{
-    const posenc_problem *p = c->p;
-    const posenc_runs *runs = &c->terms->query_runs;
-    const size_t d = p->d, buckets = c->terms->query_buckets;
-    const size_t ld = posenc_round_up(buckets, c->kern->nr);
-    const size_t *reach = forward_query_reach(c, i0, rows);
-    const size_t lo = reach ? reach[0] : 0, hi = reach ? posenc_max(reach[0], reach[1]) : buckets;
-    const REAL *table = vector_table_row(&c->terms->query, h, (size_t)runs->b_min, d);
-    c->kern->rows_dot(w->query_proj + lo, ld, q_u + i0 * d, rows, table + lo * d, hi - lo, d,
-                      p->vector_scale);
-    term_query_gather(c->kern, p, runs, c->terms->query.map, w->query_proj, ld, op, P, ldp, i0,
-                      rows, k0, cols);
+    c->batch_terms = in_p && terms_adding_in(p, c->block_kinds, c->modules_end);
+    c->module_blocks = c->head_blocks && !c->batch_terms && c->expanded < 0;
 }
 
 /*
@@ -270,8 +173,7 @@ static const REAL *forward_positional(const forward_ctx *c, forward_ws *w, size_
 {
     const posenc_problem *p = c->p;
     const posenc_kernels *kern = c->kern;
-    const size_t n = p->n, m = p->m, ld = c->m_pad;
-    const int combine_op = p->product ? POSENC_MUL : POSENC_ADD;
+    const size_t m = p->m, ld = c->m_pad;
     int op = POSENC_SET;
 
     if (c->head_blocks && !c->batch_terms) {
@@ -279,40 +181,23 @@ static const REAL *forward_positional(const forward_ctx *c, forward_ws *w, size_
         return w->head_block + i0 * m;
     }
     if (c->pointer >= 0)   /* a Toeplitz row: stride -1 */
-        return term_rows_at(p, kern, &w->scratch, c->pointer, b, h, i0, w->term_unit, ldp);
+        return term_rows_at(p, kern, &w->env, c->pointer, b, h, i0, w->term_unit, ldp);
     if (c->head_blocks) {   /* the leading kinds' rows (TUPE's dense factor) */
         for (size_t r = 0; r < rows; ++r)
             kern->row_gather(POSENC_SET, w->P + r * ld + k0, w->head_block + (i0 + r) * m + k0, 1,
                              cols - k0);
-        op = combine_op;
+        op = p->product ? POSENC_MUL : POSENC_ADD;
     }
-    /* the term modules (csrc/terms.h) not in the head block nor `expanded`: the adding ones
-     * before the vector tables (a product's factor), an overriding one last */
-    const int modules = c->modules && !c->module_blocks;
-    const int from = c->head_blocks ? c->block_kinds : 0, to = c->modules_end;
-    if (modules)
-        op = terms_rows(p, kern, &w->scratch, TERMS_ADDING, from, to, op, w->P, ld, b, h, i0, rows,
+    /* the term modules (csrc/terms.h) not in the head block nor `expanded`, in the list's
+     * order (a product's factor module, then the vector tables), an overriding one last */
+    if (c->modules && !c->module_blocks) {
+        const int from = c->head_blocks ? c->block_kinds : 0, to = c->modules_end;
+        w->env.q = q_u;
+        op = terms_rows(p, kern, &w->env, TERMS_ADDING, from, to, op, w->P, ld, b, h, i0, rows,
                         k0, cols, w->term_unit);
-    if (posenc_term_present(p, POSENC_TERM_query_table)) {
-        if (c->in_place)
-            term_query_direct(c, w, h, q_u, op, w->P, ld, i0, rows, k0, cols);
-        else
-            term_query_table(kern, &w->scratch, p, c->terms, w->query_table_pack,
-                             &w->cached_query_table, w->query_proj, h, q_u, op, w->P, ld, i0, rows,
-                             k0, cols, forward_query_reach(c, i0, rows));
-        op = combine_op;
-    }
-    if (posenc_term_present(p, POSENC_TERM_key_table)) {
-        if (c->in_place)
-            term_key_direct(c, w, h, op, w->P, ld, i0, rows, k0, cols);
-        else
-            term_key_table(kern, op, w->P, ld, c->terms->key.map, c->terms->key_runs.b_min, w->key_proj,
-                           c->terms->key_buckets, &c->terms->key_edges, n, m, cols, i0, rows);
-        op = combine_op;
-    }
-    if (modules)
-        op = terms_rows(p, kern, &w->scratch, TERMS_OVERRIDING, from, to, op, w->P, ld, b, h, i0,
+        op = terms_rows(p, kern, &w->env, TERMS_OVERRIDING, from, to, op, w->P, ld, b, h, i0,
                         rows, k0, cols, w->term_unit);
+    }
     if (op == POSENC_SET)
         return NULL; /* content only */
     *ldp = (ptrdiff_t)ld;
@@ -322,8 +207,8 @@ static const REAL *forward_positional(const forward_ctx *c, forward_ws *w, size_
 /* What unit (b, h) needs before its row tiles [r0, r1): its inputs (q's
  * rows [r0, r1), k: w->inputs), the head block, s k^T packed into k_packed
  * (the content scale rides on the packed keys; without pack_keys its shape
- * only, the caller packs the panels), the key-side projections, the
- * term modules' unit data and expanded rows. */
+ * only, the caller packs the panels), the term modules' unit data (the key
+ * table's projections) and expanded rows. */
 static void forward_unit_setup(const forward_ctx *c, forward_ws *w, size_t b, size_t h, size_t r0,
                                size_t r1, packed_b *k_packed, int pack_keys)
 {
@@ -334,6 +219,8 @@ static void forward_unit_setup(const forward_ctx *c, forward_ws *w, size_t b, si
     if (c->content >= 0 && kern->bf16)   /* the term reads q and k themselves */
         unit_inputs_widen(&w->scratch, &w->inputs, p->n, m, d, r0, r1);
     const REAL *k_u = w->inputs.k;
+    w->env.q = w->inputs.q;
+    w->env.k = k_u;
 
     if (c->head_blocks && w->cached_head_block != (ptrdiff_t)h)
         forward_head_block(c, w, h);
@@ -341,18 +228,15 @@ static void forward_unit_setup(const forward_ctx *c, forward_ws *w, size_t b, si
         pack_b(kern, &w->scratch, k_packed, w->k_pack, k_u, 1, (ptrdiff_t)d, d, m, (REAL)p->scale);
     else   /* the caller packs k's panels as its tiles reach them (causal_keys_reach) */
         *k_packed = packed_b_shape(kern, w->k_pack, d, m, (REAL)p->scale);
-    if (posenc_term_present(p, POSENC_TERM_key_table) && !c->in_place)
-        key_projections(kern, &w->scratch, p, &c->terms->key, c->terms->key_runs.b_min,
-                        c->terms->key_buckets, c->key_reach[0], c->key_reach[1],
-                        &c->terms->key_edges, w->key_table_pack, w->key_proj, h, k_u);
     if (((c->modules && !c->module_blocks) || c->content >= 0) &&
         !(c->units_batch_free && w->cached_term_unit == (ptrdiff_t)h)) {
         /* the kinds a head block holds are read there: their unit data is not formed */
-        terms_unit(p, kern, &w->scratch, c->head_blocks ? c->block_kinds : 0, b, h, w->term_unit);
+        terms_unit(p, kern, &w->env, c->head_blocks ? c->block_kinds : 0, POSENC_TERM_COUNT, b, h,
+                   w->term_unit);
         w->cached_term_unit = c->units_batch_free ? (ptrdiff_t)h : -1;
     }
     if (c->expanded >= 0)
-        terms_expand(p, kern, &w->scratch, c->expanded, b, h, w->term_unit, w->expanded);
+        terms_expand(p, kern, &w->env, c->expanded, b, h, w->term_unit, w->expanded);
 }
 
 /* X[r * cols + j] (op) factor P[r * ld + j], r < rows, j < cols, in double (op ADD or MUL). */
@@ -383,19 +267,20 @@ static void exact_scale_by(double *X, double scale, size_t count)
         X[t] *= scale;
 }
 
-/* The adding term modules of unit (b, h) one at a time into X (rows x cols, in double) with
- * op (ADD, or MUL: a product's factor), in the list's order, through w->P; a `scaled`
- * kind's rows (unscaled: c->p is the unit problem) times the call's dense scale. */
-static void exact_modules(const forward_ctx *c, forward_ws *w, int op, double *X, size_t b,
-                          size_t h, size_t i0, size_t rows, size_t cols)
+/* The adding term modules of unit (b, h) that are vector kinds (vectors 1: the vector
+ * tables) or not (0) one at a time into X (rows x cols, in double) with op (ADD, or MUL: a
+ * product's factor), in the list's order, through w->P (unscaled: c->p is the unit
+ * problem): a vector kind's rows times vs, a `scaled` kind's times the call's dense scale. */
+static void exact_modules(const forward_ctx *c, forward_ws *w, int op, double *X, int vectors,
+                          double vs, size_t b, size_t h, size_t i0, size_t rows, size_t cols)
 {
     const posenc_problem *p = c->p;
     for (int k = 0; k < POSENC_TERM_COUNT; ++k)
-        if (term_adds(p, k) && term_taken(k, TERMS_ADDING)) {
-            term_rows(p, c->kern, &w->scratch, k, POSENC_SET, w->P, c->m_pad, b, h, i0, rows, 0,
+        if (term_adds(p, k) && term_taken(k, TERMS_ADDING) && term_kinds[k].vector == vectors) {
+            term_rows(p, c->kern, &w->env, k, POSENC_SET, w->P, c->m_pad, b, h, i0, rows, 0,
                       cols, w->term_unit);
-            exact_apply(op, X, term_kinds[k].scaled ? c->scales.dense_scale : 1, w->P, c->m_pad,
-                        rows, cols);
+            exact_apply(op, X, vectors ? vs : term_kinds[k].scaled ? c->scales.dense_scale : 1,
+                        w->P, c->m_pad, rows, cols);
         }
 }
 
@@ -414,9 +299,8 @@ static void forward_tile_exact(const forward_ctx *c, forward_ws *w, size_t b, si
 {
     const posenc_problem *p = c->p;
     const posenc_kernels *kern = c->kern;
-    const size_t n = p->n, d = p->d, ld = c->m_pad, count = rows * cols;
+    const size_t d = p->d, ld = c->m_pad, count = rows * cols;
     const REAL *q_u = w->inputs.q;
-    const int op = p->product ? POSENC_MUL : POSENC_ADD;
     /* the vector terms go inside s (q.k + ...) when they share its scale */
     const int inside = !p->product && c->scales.vector_scale == c->scales.scale;
     double *X = w->exact, *V = w->exact + count;
@@ -431,23 +315,14 @@ static void forward_tile_exact(const forward_ctx *c, forward_ws *w, size_t b, si
     if (!inside)
         exact_scale_by(X, c->scales.scale, count);
     if (p->product)   /* the module factor first (M2's table) */
-        exact_modules(c, w, POSENC_MUL, X, b, h, i0, rows, cols);
+        exact_modules(c, w, POSENC_MUL, X, 0, 1, b, h, i0, rows, cols);
     /* the vector terms: into X (product, or inside s), else vs (...) into V */
     double *vector_sum = p->product || inside ? X : V;
     const double vs = p->product || inside ? 1 : c->scales.vector_scale;
     if (vector_sum == V && posenc_terms_vector(p))
         memset(V, 0, sizeof(double) * count);
-    if (posenc_term_present(p, POSENC_TERM_query_table)) {
-        term_query_table(kern, &w->scratch, p, c->terms, w->query_table_pack,
-                         &w->cached_query_table, w->query_proj, h, q_u, POSENC_SET, P, ld, i0,
-                         rows, 0, cols, forward_query_reach(c, i0, rows));
-        exact_apply(op, vector_sum, vs, P, ld, rows, cols);
-    }
-    if (posenc_term_present(p, POSENC_TERM_key_table)) {
-        term_key_table(kern, POSENC_SET, P, ld, c->terms->key.map, c->terms->key_runs.b_min, w->key_proj,
-                       c->terms->key_buckets, &c->terms->key_edges, n, p->m, cols, i0, rows);
-        exact_apply(op, vector_sum, vs, P, ld, rows, cols);
-    }
+    exact_modules(c, w, p->product ? POSENC_MUL : POSENC_ADD, vector_sum, 1, vs, b, h, i0, rows,
+                  cols);
     if (p->product) {
         /* done: ((s q.k) module) query term) key term */
     } else {
@@ -460,8 +335,8 @@ static void forward_tile_exact(const forward_ctx *c, forward_ws *w, size_t b, si
         if (reset >= 0) {   /* the batch-free terms, TUPE's v: the modules (its dense factor and
                              * table), then the reset's cells over v (TUPE eq. (9)) */
             memset(V, 0, sizeof(double) * count);
-            exact_modules(c, w, POSENC_ADD, V, b, h, i0, rows, cols);
-            terms_rows(p, kern, &w->scratch, TERMS_OVERRIDING, 0, POSENC_TERM_COUNT, POSENC_SET, P,
+            exact_modules(c, w, POSENC_ADD, V, 0, 1, b, h, i0, rows, cols);
+            terms_rows(p, kern, &w->env, TERMS_OVERRIDING, 0, POSENC_TERM_COUNT, POSENC_SET, P,
                        ld, b, h, i0, rows, 0, cols, w->term_unit);
             for (size_t r = 0; r < rows && cols > 0; ++r) {
                 const int cls = p->query_offset + i0 + r == 0;
@@ -471,7 +346,7 @@ static void forward_tile_exact(const forward_ctx *c, forward_ws *w, size_t b, si
             for (size_t t = 0; t < count; ++t)
                 X[t] += V[t];
         } else {
-            exact_modules(c, w, POSENC_ADD, X, b, h, i0, rows, cols);
+            exact_modules(c, w, POSENC_ADD, X, 0, 1, b, h, i0, rows, cols);
         }
     }
     for (size_t r = 0; r < rows; ++r)
@@ -479,7 +354,7 @@ static void forward_tile_exact(const forward_ctx *c, forward_ws *w, size_t b, si
             C[(ptrdiff_t)r * ldc + (ptrdiff_t)j] = (REAL)X[r * cols + j];
     term_keep keep;
     if (c->content >= 0)   /* the content logits s q.k, rounded once */
-        terms_content(p, kern, &w->scratch, c->content, b, h, q_u, C, (size_t)ldc, i0, rows, 0,
+        terms_content(p, kern, &w->env, c->content, b, h, q_u, C, (size_t)ldc, i0, rows, 0,
                       cols, c->seen, w->term_unit, forward_keep(w, i0, &keep));
 }
 
@@ -508,7 +383,7 @@ static void forward_tile(const forward_ctx *c, forward_ws *w, size_t b, size_t h
                 (c->stream ? POSENC_UKR_STREAM : 0) |
                 (c->out_size != sizeof(REAL) ? POSENC_UKR_BF16_OUT : 0);
     if (c->expanded >= 0) {
-        terms_expanded_rows(p, c->kern, &w->scratch, c->expanded, b, h, w->expanded, i0, rows,
+        terms_expanded_rows(p, c->kern, &w->env, c->expanded, b, h, w->expanded, i0, rows,
                             first, w->expanded_row);
         flags |= POSENC_UKR_ADD_ROWS;
     }
@@ -523,7 +398,7 @@ static void forward_tile(const forward_ctx *c, forward_ws *w, size_t b, size_t h
                 0, P ? P + first : NULL, ldp, c->expanded >= 0 ? w->expanded_row : NULL, flags, NULL);
     term_keep keep;
     if (c->content >= 0)   /* a term that reads the content logits: after them */
-        terms_content(p, c->kern, &w->scratch, c->content, b, h, q_u, C, (size_t)ldc, i0, rows,
+        terms_content(p, c->kern, &w->env, c->content, b, h, q_u, C, (size_t)ldc, i0, rows,
                       first, cols, c->seen, w->term_unit, forward_keep(w, i0, &keep));
 }
 
@@ -540,8 +415,11 @@ static void forward_unit(const forward_ctx *c, forward_ws *w, size_t b, size_t h
                      (REAL *)(void *)(out_u + i0 * m * c->out_size), (ptrdiff_t)m);
 }
 
+/* c for p (out: the logits, for the stream decision; NULL: the attention's), causal: a causal
+ * attention's tiles (attention_span; the kinds' data reach only the offsets they read).
+ * POSENC_OK or ENOMEM (forward_release frees what was built either way). */
 static int forward_prepare(forward_ctx *c, const posenc_problem *p, const posenc_kernels *kern,
-                           const void *out)
+                           const void *out, int causal)
 {
     const size_t n = p->n, m = p->m;
     memset(c, 0, sizeof *c);
@@ -551,8 +429,7 @@ static int forward_prepare(forward_ctx *c, const posenc_problem *p, const posenc
     c->modules = terms_additive(p);
     /* a module's rows read where they lie (a Toeplitz row), and a module's distinct rows on
      * the epilogue's second source, where no other term needs P */
-    terms_in_place(p, posenc_terms_vector(p),
-                   !c->scales.exact && !p->product, &c->pointer, &c->expanded);
+    terms_in_place(p, !c->scales.exact && !p->product, &c->pointer, &c->expanded);
     c->content = terms_content_kind(p);
     c->units_batch_free = terms_units_batch_free(p);
     forward_plan_blocks(c, HEAD_BLOCK_BUDGET, 1);
@@ -560,16 +437,17 @@ static int forward_prepare(forward_ctx *c, const posenc_problem *p, const posenc
     c->out_size = p->bf16_out_heads ? sizeof(uint16_t) : sizeof(REAL);
     c->stream = posenc_stream_logits(out, p->B * p->H * n, m, c->out_size) && !c->scales.exact &&
                 c->content < 0;   /* a content-reading term reads the tile back */
-    c->terms = &c->own_terms;
-    if (term_data_build(&c->own_terms, p))
-        return POSENC_ENOMEM;
-    c->key_reach[1] = c->terms->key_buckets;
-    return POSENC_OK;
+    c->causal = causal;
+    c->content_row = -1;
+    /* a causal tile's last row reads the offsets up to query_offset + mr - 1 (at most m - 1) */
+    c->call.reach = causal && n && m ? (ptrdiff_t)(n - 1 + posenc_min(m - 1, p->query_offset + kern->mr - 1))
+                           : -1;
+    return terms_prepare(p, &c->call);
 }
 
 static void forward_release(forward_ctx *c)
 {
-    term_data_release(&c->own_terms);
+    terms_release(&c->call);
 }
 
 /* Work items: units, each split into row chunks when units are fewer than
@@ -607,7 +485,7 @@ static int forward(const posenc_problem *p, void *out, int num_threads)
         return POSENC_OK;
     const size_t threads = (size_t)(num_threads > 0 ? num_threads : 1);
     forward_ctx c;
-    int status = forward_prepare(&c, p, posenc_engine_kernels(p, REAL_DTYPE), out);
+    int status = forward_prepare(&c, p, posenc_engine_kernels(p, REAL_DTYPE), out, 0);
     /* bfloat16 out: the microkernel's one store, in one depth block, of the tiles
      * forward_tile (not forward_tile_exact) computes, which no term reads back */
     if (status == POSENC_OK && p->bf16_out_heads &&

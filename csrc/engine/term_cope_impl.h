@@ -132,7 +132,8 @@ static void term_cope_unit(const term_unit *t)
     cope_table(t, s.table);
 }
 
-static size_t term_cope_unit_scratch(const posenc_problem *p, const posenc_kernels *kern)
+static size_t term_cope_unit_scratch(const posenc_problem *p, const posenc_kernels *kern,
+                                 const terms_call *call)
 {
     (void)kern;
     return cope_layout(p, 0, NULL, NULL);
@@ -296,6 +297,10 @@ static size_t term_cope_grad_scratch(const posenc_problem *p, const posenc_kerne
 #define term_cope_expand_rows NULL
 #define term_cope_expand NULL
 #define term_cope_row_of NULL
+#define term_cope_prepare NULL
+#define term_cope_release NULL
+#define term_cope_content_row NULL
+#define term_cope_fuses NULL
 #define term_cope_overrides 0
 #define term_cope_grad_block NULL
 #define term_cope_scaled 0

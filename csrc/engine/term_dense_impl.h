@@ -45,7 +45,8 @@ static inline int term_dense_valid(const posenc_problem *p)
 #include "term_unit_impl.h"
 
 /* The unit data: ds pos_k^T packed (d_p x m). */
-static size_t term_dense_unit_scratch(const posenc_problem *p, const posenc_kernels *kern)
+static size_t term_dense_unit_scratch(const posenc_problem *p, const posenc_kernels *kern,
+                                 const terms_call *call)
 {
     return packed_b_size(dense_depth(p), p->m, kern->nr);
 }
@@ -112,6 +113,10 @@ static size_t term_dense_grad_scratch(const posenc_problem *p, const posenc_kern
 #define term_dense_expand NULL
 #define term_dense_row_of NULL
 #define term_dense_rows_at NULL
+#define term_dense_prepare NULL
+#define term_dense_release NULL
+#define term_dense_content_row NULL
+#define term_dense_fuses NULL
 #define term_dense_overrides 0
 #define term_dense_scaled 1
 

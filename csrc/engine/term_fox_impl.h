@@ -40,7 +40,8 @@ static void term_fox_unit(const term_unit *t)
     }
 }
 
-static size_t term_fox_unit_scratch(const posenc_problem *p, const posenc_kernels *kern)
+static size_t term_fox_unit_scratch(const posenc_problem *p, const posenc_kernels *kern,
+                                 const terms_call *call)
 {
     (void)kern;
     return 4 * p->m;
@@ -177,6 +178,10 @@ static size_t term_fox_grad_scratch(const posenc_problem *p, const posenc_kernel
 #define term_fox_expand_rows NULL
 #define term_fox_expand NULL
 #define term_fox_row_of NULL
+#define term_fox_prepare NULL
+#define term_fox_release NULL
+#define term_fox_content_row NULL
+#define term_fox_fuses NULL
 #define term_fox_overrides 0
 #define term_fox_grad_block NULL
 #define term_fox_scaled 0

@@ -6,11 +6,11 @@
  * backward call.  A kind's file (term_<name>_impl.h) defines the functions of
  * term_kind (term_unit_impl.h): term_<name>_unit, _unit_scratch, _rows,
  * _grad_rows, _grad_scratch, _content, _content_grad, _content_keep,
- * _expand_rows, _expand, _row_of, _rows_at and _grad_block (NULL where the
- * kind has none: the rotation's per-token tables, read by rope_impl.h, have
- * none; a kind adds rows or reads the content logits), and its flags
- * _overrides, _scaled, and (outside its REAL part, for entry.c and terms.c) _factor and
- * _by_blocks.
+ * _expand_rows, _expand, _row_of, _rows_at, _grad_block, _prepare, _release,
+ * _content_row and _fuses (NULL where the kind has none: the rotation's per-token
+ * tables, read by rope_impl.h, have none; a kind adds rows or reads the content
+ * logits), and its flags _overrides, _scaled, and (outside its REAL part, for
+ * entry.c and terms.c) _factor, _by_blocks and _vector.
  */
 #ifndef POSENC_ENGINE_TERM_KINDS_IMPL_H
 #define POSENC_ENGINE_TERM_KINDS_IMPL_H
@@ -21,12 +21,14 @@
 #include "../terms.h"
 
 #define TERM_KIND_(name, ...)                                                      \
-    {term_##name##_unit, term_##name##_unit_scratch, term_##name##_rows,         \
+    {term_##name##_prepare, term_##name##_release,                               \
+     term_##name##_unit, term_##name##_unit_scratch, term_##name##_rows,         \
      term_##name##_grad_rows, term_##name##_grad_scratch, term_##name##_content,  \
      term_##name##_content_grad, term_##name##_content_keep, term_##name##_expand_rows, \
      term_##name##_expand, term_##name##_row_of, term_##name##_rows_at,                \
-     term_##name##_grad_block, term_##name##_overrides, term_##name##_factor,          \
-     term_##name##_scaled},
+     term_##name##_grad_block, term_##name##_content_row, term_##name##_fuses,         \
+     term_##name##_overrides, term_##name##_factor, term_##name##_scaled,              \
+     term_##name##_vector},
 static const term_kind term_kinds[POSENC_TERM_COUNT] = {POSENC_TERMS(TERM_KIND_, )};
 #undef TERM_KIND_
 
@@ -42,20 +44,52 @@ static int term_kinds_check(void)
     return -1;
 }
 
-static term_unit term_unit_of(const posenc_problem *p, const posenc_kernels *kern,
-                              const gemm_scratch *gs, int k,
-                              size_t b, size_t h)
+/* The calls' data of p's present kinds (c's reach and flags set) into c->data: POSENC_OK
+ * or ENOMEM (terms_release frees what was built either way). */
+static int terms_prepare(const posenc_problem *p, terms_call *c)
 {
-    term_unit t = {p, kern, gs, &p->terms[k], {NULL}, {NULL}, b, h, NULL};
+    int status = POSENC_OK;
+    for (int k = 0; k < POSENC_TERM_COUNT; ++k) {
+        c->data[k] = NULL;
+        if (status == POSENC_OK && posenc_term_present(p, k) && term_kinds[k].prepare)
+            status = term_kinds[k].prepare(p, c, &c->data[k]);
+    }
+    return status;
+}
+
+static void terms_release(terms_call *c)
+{
+    for (int k = 0; k < POSENC_TERM_COUNT; ++k)
+        if (c->data[k]) {
+            term_kinds[k].release(c->data[k]);
+            c->data[k] = NULL;
+        }
+}
+
+/* *t set for kind k of p on unit (b, h), its unit data NULL (each field stored as a scalar:
+ * a struct built aside and copied whole stalls on the copy's wide loads, and a decoding
+ * step builds many). */
+static void term_unit_set(term_unit *t, const posenc_problem *p, const posenc_kernels *kern,
+                          const term_env *env, int k, size_t b, size_t h)
+{
+    t->p = p;
+    t->kern = kern;
+    t->env = env;
+    t->gemm = env->gemm;
+    t->data = env->call ? env->call->data[k] : NULL;
+    t->term = &p->terms[k];
+    t->b = b;
+    t->h = h;
+    t->unit_data = NULL;
+    t->tag = NULL;
     for (int a = 0; a < POSENC_TERM_ARRAYS_MAX; ++a) {
         const posenc_term_array *x = &p->terms[k].array[a];
+        const int type = x->data ? posenc_term_array_type(k, a) : POSENC_TERM_INDEX;
         const size_t at = b * x->batch_stride + h * x->head_stride;
-        if (x->data && posenc_term_array_real(k, a))
-            t.real[a] = (const REAL *)x->data + at;
-        else if (x->data && posenc_term_array_type(k, a) != POSENC_TERM_INDEX)
-            t.array[a] = (const double *)x->data + at;   /* (an index array: the engine's) */
+        t->real[a] = type == POSENC_TERM_REAL ? (const REAL *)x->data + at : NULL;
+        /* (an index array: the engine's) */
+        t->array[a] = type == 0 ? (const double *)x->data + at : NULL;
     }
-    return t;
 }
 
 /* Whether p has kind k and it adds (a kind with rows; rope_token rotates instead:
@@ -91,21 +125,15 @@ static int terms_additive(const posenc_problem *p)
     return 0;
 }
 
-/* Whether kind k reads the same for every batch row: no array of its has a batch axis (a
- * kind reads b through its arrays only: term_unit_impl.h). */
+/* Whether kind k reads the same for every batch row: no array of its has a batch axis and
+ * it does not read q or k (term_kind's vector; a kind reads b through its arrays and the
+ * inputs only: term_unit_impl.h). */
 static int term_batch_free(const posenc_problem *p, int k)
 {
+    if (term_kinds[k].vector)
+        return 0;
     for (int a = 0; a < POSENC_TERM_ARRAYS_MAX; ++a)
         if (p->terms[k].array[a].data && p->terms[k].array[a].batch_stride)
-            return 0;
-    return 1;
-}
-
-/* Whether the adding modules' rows are the same for every batch row. */
-static int terms_batch_free(const posenc_problem *p)
-{
-    for (int k = 0; k < POSENC_TERM_COUNT; ++k)
-        if (term_adds(p, k) && !term_batch_free(p, k))
             return 0;
     return 1;
 }
@@ -115,11 +143,10 @@ static int terms_batch_free(const posenc_problem *p)
  * *pointer, a kind with rows_at that is the only term in P (alone, or beside *expanded),
  * or -1; *expanded, a kind with expand whose distinct rows the epilogue adds by pointer
  * (where `expandable`: sum mode, tame scales) after P, the last adding module (DIET-ABS's
- * segments after its dense factor in P, DIET-REL's beside *pointer), or -1.  others: p
- * has terms in P that are not modules (the vector tables).  An overriding kind is a module
- * in P applied last: with it neither applies.
+ * segments after its dense factor in P, DIET-REL's beside *pointer), or -1.  An
+ * overriding kind is a module in P applied last: with it neither applies.
  */
-static void terms_in_place(const posenc_problem *p, int others, int expandable, int *pointer,
+static void terms_in_place(const posenc_problem *p, int expandable, int *pointer,
                            int *expanded)
 {
     int count = 0, last = -1, with_rows_at = -1, with_expand = -1;
@@ -136,7 +163,7 @@ static void terms_in_place(const posenc_problem *p, int others, int expandable, 
     *pointer = *expanded = -1;
     if (expandable && with_expand >= 0 && with_expand == last && terms_override_kind(p) < 0)
         *expanded = with_expand;
-    if (!others && with_rows_at >= 0 && (count == 1 || (count == 2 && *expanded >= 0)))
+    if (with_rows_at >= 0 && (count == 1 || (count == 2 && *expanded >= 0)))
         *pointer = with_rows_at;
 }
 
@@ -163,18 +190,21 @@ static int term_has_unit(const posenc_problem *p, int k)
 }
 
 /* Kind k's REAL elements in a thread's unit data (aligned for the next kind's). */
-static size_t term_unit_data_size(const posenc_problem *p, const posenc_kernels *kern, int k)
+static size_t term_unit_data_size(const posenc_problem *p, const posenc_kernels *kern,
+                                  const terms_call *call, int k)
 {
-    return posenc_round_up(term_kinds[k].unit_scratch(p, kern), 16);
+    return posenc_round_up(term_kinds[k].unit_scratch(p, kern, call), 16);
 }
 
-/* The REAL elements of a thread's unit data for the present modules (terms_unit). */
-static size_t terms_unit_scratch(const posenc_problem *p, const posenc_kernels *kern)
+/* The REAL elements of a thread's unit data for the present modules among kinds [0, to)
+ * (terms_unit; a kind's place does not depend on the kinds after it). */
+static size_t terms_unit_scratch(const posenc_problem *p, const posenc_kernels *kern,
+                                 const terms_call *call, int to)
 {
     size_t total = 0;
-    for (int k = 0; k < POSENC_TERM_COUNT; ++k)
+    for (int k = 0; k < to; ++k)
         if (term_has_unit(p, k))
-            total += term_unit_data_size(p, kern, k);
+            total += term_unit_data_size(p, kern, call, k);
     return total;
 }
 
@@ -187,41 +217,55 @@ static int terms_units_batch_free(const posenc_problem *p)
     return 1;
 }
 
-/* The unit data of unit (b, h) of each present module from kind `from` on formed in
- * scratch (terms_unit_scratch: every present module's room, in the list's order; the
+/* The unit data of unit (b, h) of each present module among kinds [from, to) formed in
+ * scratch (terms_unit_scratch: the present modules' room, in the list's order; the
  * kinds before `from`, whose rows a head block holds, keep theirs unwritten). */
-static void terms_unit(const posenc_problem *p, const posenc_kernels *kern,
-                       const gemm_scratch *gs, int from, size_t b, size_t h, REAL *scratch)
+static void terms_unit(const posenc_problem *p, const posenc_kernels *kern, term_env *env,
+                       int from, int to, size_t b, size_t h, REAL *scratch)
 {
-    for (int k = 0; k < POSENC_TERM_COUNT; ++k)
+    for (int k = from; k < to; ++k)
         if (term_has_unit(p, k)) {
-            if (k >= from) {
-                term_unit t = term_unit_of(p, kern, gs, k, b, h);
-                t.unit_data = scratch;
-                term_kinds[k].unit(&t);
-            }
-            scratch += term_unit_data_size(p, kern, k);
+            term_unit t;
+            term_unit_set(&t, p, kern, env, k, b, h);
+            t.unit_data = scratch + env->unit_at[k];
+            t.tag = &env->tag[k];
+            term_kinds[k].unit(&t);
         }
 }
 
-/* Kind k's unit data in scratch (terms_unit formed the present modules' there). */
-static REAL *term_unit_data(const posenc_problem *p, const posenc_kernels *kern, int k,
-                            REAL *scratch)
+/* A thread's env for the call c of p (its q and k set per unit by the caller). */
+static term_env term_env_of(const posenc_problem *p, const posenc_kernels *kern,
+                            const gemm_scratch *gs, const terms_call *c)
 {
-    for (int x = 0; x < k; ++x)
-        if (term_has_unit(p, x))
-            scratch += term_unit_data_size(p, kern, x);
-    return scratch;
+    term_env e = {gs, NULL, NULL, c, {0}, {0}};
+    size_t at = 0;
+    for (int k = 0; k < POSENC_TERM_COUNT; ++k) {
+        e.tag[k] = -1;
+        e.unit_at[k] = at;
+        if (term_has_unit(p, k))
+            at += term_unit_data_size(p, kern, c, k);
+    }
+    return e;
+}
+
+/* Kind k's unit data in scratch (terms_unit formed the present modules' there). */
+static REAL *term_unit_data(const posenc_problem *p, const posenc_kernels *kern,
+                            const term_env *env, int k, REAL *scratch)
+{
+    (void)p;
+    (void)kern;
+    return scratch + env->unit_at[k];
 }
 
 /* Kind k's distinct rows of unit (b, h) into X (row s at X + s m; scratch: the unit data
  * terms_unit formed). */
 static void terms_expand(const posenc_problem *p, const posenc_kernels *kern,
-                         const gemm_scratch *gs, int k, size_t b,
+                         const term_env *env, int k, size_t b,
                          size_t h, REAL *scratch, REAL *X)
 {
-    term_unit t = term_unit_of(p, kern, gs, k, b, h);
-    t.unit_data = term_unit_data(p, kern, k, scratch);
+    term_unit t;
+    term_unit_set(&t, p, kern, env, k, b, h);
+    t.unit_data = term_unit_data(p, kern, env, k, scratch);
     term_kinds[k].expand(&t, X);
 }
 
@@ -233,11 +277,12 @@ static size_t terms_expand_rows(const posenc_problem *p, int k)
 
 /* In rows[r] row i0 + r of unit (b, h)'s expanded rows X, from key `first` (r < count). */
 static void terms_expanded_rows(const posenc_problem *p, const posenc_kernels *kern,
-                                const gemm_scratch *gs, int k,
+                                const term_env *env, int k,
                                 size_t b, size_t h, const REAL *X, size_t i0, size_t count,
                                 size_t first, const REAL **rows)
 {
-    const term_unit t = term_unit_of(p, kern, gs, k, b, h);
+    term_unit t;
+    term_unit_set(&t, p, kern, env, k, b, h);
     for (size_t r = 0; r < count; ++r)
         rows[r] = X + term_kinds[k].row_of(&t, i0 + r) * p->m + first;
 }
@@ -245,12 +290,13 @@ static void terms_expanded_rows(const posenc_problem *p, const posenc_kernels *k
 /* Kind k (present, adding) on rows [i0, i0 + rows) of unit (b, h), keys [k0, cols), into P
  * with op (scratch: terms_unit formed it for the unit). */
 static void term_rows(const posenc_problem *p, const posenc_kernels *kern,
-                      const gemm_scratch *gs, int k, int op,
+                      const term_env *env, int k, int op,
                       REAL *P, size_t ldp, size_t b, size_t h, size_t i0, size_t rows, size_t k0,
                       size_t cols, REAL *scratch)
 {
-    term_unit t = term_unit_of(p, kern, gs, k, b, h);
-    t.unit_data = term_unit_data(p, kern, k, scratch);
+    term_unit t;
+    term_unit_set(&t, p, kern, env, k, b, h);
+    t.unit_data = term_unit_data(p, kern, env, k, scratch);
     term_kinds[k].rows(&t, op, P, ldp, i0, rows, k0, cols);
 }
 
@@ -258,13 +304,13 @@ static void term_rows(const posenc_problem *p, const posenc_kernels *kern,
  * (b, h), keys [k0, cols), into P: the first with op, the others added (multiplied in a
  * product), an overriding kind's last over them (scratch: terms_unit formed it for the
  * unit).  Returns the op for the next term. */
-static int terms_rows(const posenc_problem *p, const posenc_kernels *kern, const gemm_scratch *gs,
+static int terms_rows(const posenc_problem *p, const posenc_kernels *kern, const term_env *env,
                       int which, int from, int to, int op, REAL *P, size_t ldp, size_t b,
                       size_t h, size_t i0, size_t rows, size_t k0, size_t cols, REAL *scratch)
 {
     for (int k = from; k < to; ++k)
         if (term_adds(p, k) && term_taken(k, which)) {
-            term_rows(p, kern, gs, k, op, P, ldp, b, h, i0, rows, k0, cols, scratch);
+            term_rows(p, kern, env, k, op, P, ldp, b, h, i0, rows, k0, cols, scratch);
             op = p->product ? POSENC_MUL : POSENC_ADD;
         }
     return op;
@@ -279,16 +325,16 @@ static int terms_adding_in(const posenc_problem *p, int from, int to)
     return 0;
 }
 
-/* The end of the leading run of p's adding kinds whose rows are a GEMM (term_kind's
- * grad_block) and batch-free: kinds [0, end) (0: none), which a head block may hold
- * (forward_plan_blocks). */
-static int terms_gemm_prefix(const posenc_problem *p)
+/* The end of the leading run of p's adding kinds that are batch-free (and, with gemm, whose
+ * rows are a GEMM: term_kind's grad_block): kinds [0, end) (0: none), which a head block
+ * may hold (forward_plan_blocks). */
+static int terms_batch_free_prefix(const posenc_problem *p, int gemm)
 {
     int end = 0;
     for (int k = 0; k < POSENC_TERM_COUNT; ++k) {
         if (!term_adds(p, k))
             continue;
-        if (!term_kinds[k].grad_block || !term_batch_free(p, k))
+        if ((gemm && !term_kinds[k].grad_block) || !term_batch_free(p, k))
             break;
         end = k + 1;
     }
@@ -298,21 +344,45 @@ static int terms_gemm_prefix(const posenc_problem *p)
 /* Kind k's rows of unit (b, h) where they lie (term_kind's rows_at): row i0's key 0 at the
  * returned pointer, row i0 + r at + r * *ld (scratch: terms_unit formed it for the unit). */
 static const REAL *term_rows_at(const posenc_problem *p, const posenc_kernels *kern,
-                                const gemm_scratch *gs, int k,
+                                const term_env *env, int k,
                                 size_t b, size_t h, size_t i0, REAL *scratch, ptrdiff_t *ld)
 {
-    term_unit t = term_unit_of(p, kern, gs, k, b, h);
-    t.unit_data = term_unit_data(p, kern, k, scratch);
+    term_unit t;
+    term_unit_set(&t, p, kern, env, k, b, h);
+    t.unit_data = term_unit_data(p, kern, env, k, scratch);
     return term_kinds[k].rows_at(&t, i0, ld);
 }
 
-/* The module of a product (csrc/terms.h: one, a factor kind), or -1. */
+/* The module of a product (csrc/terms.h: one, a factor kind beside the vector tables), or
+ * -1. */
 static int terms_factor_kind(const posenc_problem *p)
 {
     for (int k = 0; k < POSENC_TERM_COUNT; ++k)
-        if (term_adds(p, k) && term_kinds[k].factor)
+        if (term_adds(p, k) && term_kinds[k].factor && !term_kinds[k].vector)
             return k;
     return -1;
+}
+
+/* The kind of p whose term a decoding step of one row may form in its content pass
+ * (term_kind's content_row, where its fuses(p) holds), or -1. */
+static int terms_content_row_kind(const posenc_problem *p)
+{
+    for (int k = 0; k < POSENC_TERM_COUNT; ++k)
+        if (term_adds(p, k) && term_kinds[k].content_row && term_kinds[k].fuses(p))
+            return k;
+    return -1;
+}
+
+/* Row i of unit (b, h): its content logits, keys [c0, cols), into x, and kind k's term of
+ * the row with them (terms_content_row_kind; scratch: the unit data terms_unit formed). */
+static void terms_content_row(const posenc_problem *p, const posenc_kernels *kern,
+                              const term_env *env, int k, size_t b, size_t h, REAL *x, size_t ldx,
+                              REAL *pair, size_t i, size_t c0, size_t cols, REAL *scratch)
+{
+    term_unit t;
+    term_unit_set(&t, p, kern, env, k, b, h);
+    t.unit_data = term_unit_data(p, kern, env, k, scratch);
+    term_kinds[k].content_row(&t, x, ldx, pair, i, c0, cols);
 }
 
 /* The content-reading kind k of p (terms_content_kind) on rows [i0, i0 + rows) of unit
@@ -320,12 +390,13 @@ static int terms_factor_kind(const posenc_problem *p)
  * unit data terms_unit formed, of which k's is the only one: the kind is alone; keep: NULL,
  * or where the rows keep what their gradient reads). */
 static void terms_content(const posenc_problem *p, const posenc_kernels *kern,
-                          const gemm_scratch *gs, int k, size_t b,
+                          const term_env *env, int k, size_t b,
                           size_t h, const REAL *q, REAL *C, size_t ldc, size_t i0, size_t rows,
                           size_t k0, size_t cols, const term_seen *seen, REAL *scratch,
                           const term_keep *keep)
 {
-    term_unit t = term_unit_of(p, kern, gs, k, b, h);
+    term_unit t;
+    term_unit_set(&t, p, kern, env, k, b, h);
     t.unit_data = scratch;
     term_kinds[k].content(&t, q, C, ldc, i0, rows, k0, cols, seen, keep);
 }
@@ -360,14 +431,14 @@ static int term_grads_of(const posenc_problem *p, const posenc_grads *g, int k, 
 }
 
 /* Whether g wants a gradient of a term module of p that `which` takes, by rows (a
- * content-reading kind counts as adding; a kind whose gradient goes by blocks does not:
- * terms_block_grads_wanted). */
+ * content-reading kind counts as adding; a kind whose gradient the engine sums does not:
+ * by blocks, terms_block_grads_wanted; a vector table's, backward_slots_impl.h). */
 static int terms_grads_wanted(const posenc_problem *p, const posenc_grads *g, int which)
 {
     for (int k = 0; k < POSENC_TERM_COUNT; ++k)
         for (int a = 0; a < POSENC_TERM_ARRAYS_MAX; ++a)
             if ((term_adds(p, k) || term_reads_content(p, k)) && term_taken(k, which) &&
-                !term_kinds[k].grad_block && p->terms[k].array[a].data && g->terms[k][a])
+                !posenc_term_summed(k) && p->terms[k].array[a].data && g->terms[k][a])
                 return 1;
     return 0;
 }
@@ -420,7 +491,7 @@ static size_t terms_grad_scratch(const posenc_problem *p, const posenc_kernels *
  * the kind's own gradients (scratch: terms_grad_scratch(p) doubles; keep: NULL, or what the
  * rows' terms_content kept). */
 static void terms_content_grad(const posenc_problem *p, const posenc_kernels *kern,
-                               const gemm_scratch *gs,
+                               const term_env *env,
                                const posenc_grads *g, int k, size_t u, const REAL *q,
                                const REAL *k_u, double scale, const REAL *G, REAL *Gc, size_t ldg,
                                size_t i0, size_t rows, size_t first, size_t cols,
@@ -429,7 +500,8 @@ static void terms_content_grad(const posenc_problem *p, const posenc_kernels *ke
 {
     double *grad[POSENC_TERM_ARRAYS_MAX];
     terms_unit_grads(p, g, k, u, grad);
-    const term_unit t = term_unit_of(p, kern, gs, k, u / p->H, u % p->H);
+    term_unit t;
+    term_unit_set(&t, p, kern, env, k, u / p->H, u % p->H);
     term_kinds[k].content_grad(&t, grad, q, k_u, scale, G, Gc, ldg, i0, rows, first, cols, seen,
                                dq, scratch, keep);
 }
@@ -437,7 +509,7 @@ static void terms_content_grad(const posenc_problem *p, const posenc_kernels *ke
 /* Rows [i0, i0 + rows) of unit u's logits gradient G into the gradients of the modules
  * `which` takes (scratch: terms_grad_scratch(p) doubles). */
 static void terms_grad_rows(const posenc_problem *p, const posenc_kernels *kern,
-                            const gemm_scratch *gs,
+                            const term_env *env,
                             const posenc_grads *g, int which, size_t u, const REAL *G, size_t ldg,
                             size_t i0, size_t rows, size_t first, size_t cols, double *scratch)
 {
@@ -446,7 +518,8 @@ static void terms_grad_rows(const posenc_problem *p, const posenc_kernels *kern,
             continue;
         double *grad[POSENC_TERM_ARRAYS_MAX];
         if (term_grads_of(p, g, k, u, grad)) {
-            const term_unit t = term_unit_of(p, kern, gs, k, u / p->H, u % p->H);
+            term_unit t;
+            term_unit_set(&t, p, kern, env, k, u / p->H, u % p->H);
             term_kinds[k].grad_rows(&t, grad, G, ldg, i0, rows, first, cols, scratch);
         }
     }
@@ -501,7 +574,7 @@ static void terms_block_slots_free(REAL *slots[POSENC_TERM_COUNT][POSENC_TERM_AR
  * grad_block, without an overriding kind's cells) into the slots' unit `slot_unit` of the
  * kinds whose gradient goes by blocks (scratch: terms_grad_scratch(p, kern) doubles). */
 static void terms_grad_blocks(const posenc_problem *p, const posenc_kernels *kern,
-                              const gemm_scratch *gs,
+                              const term_env *env,
                               REAL *const slots[POSENC_TERM_COUNT][POSENC_TERM_ARRAYS_MAX],
                               size_t slot_unit, size_t b, size_t h, const REAL *S, size_t lds,
                               size_t i0, size_t rows, size_t cols, const block_limits *limits,
@@ -515,7 +588,8 @@ static void terms_grad_blocks(const posenc_problem *p, const posenc_kernels *ker
             wanted |= slot[a] != NULL;
         }
         if (wanted) {
-            const term_unit t = term_unit_of(p, kern, gs, k, b, h);
+            term_unit t;
+            term_unit_set(&t, p, kern, env, k, b, h);
             term_kinds[k].grad_block(&t, slot, S, lds, i0, rows, cols, limits, scratch);
         }
     }

@@ -112,7 +112,8 @@ static void term_relative_bias_2d_unit(const term_unit *t)
 
 /* The unit's table, its keys' runs, a batch of a row's pieces (a thread's). */
 static size_t term_relative_bias_2d_unit_scratch(const posenc_problem *p,
-                                                 const posenc_kernels *kern)
+                                                 const posenc_kernels *kern,
+                                 const terms_call *call)
 {
     (void)kern;
     const size_t L = p->terms[POSENC_TERM_relative_bias_2d].array[RB2D_BIAS].per_unit;
@@ -242,6 +243,10 @@ static size_t term_relative_bias_2d_grad_scratch(const posenc_problem *p,
 #define term_relative_bias_2d_expand_rows NULL
 #define term_relative_bias_2d_expand NULL
 #define term_relative_bias_2d_row_of NULL
+#define term_relative_bias_2d_prepare NULL
+#define term_relative_bias_2d_release NULL
+#define term_relative_bias_2d_content_row NULL
+#define term_relative_bias_2d_fuses NULL
 #define term_relative_bias_2d_overrides 0
 #define term_relative_bias_2d_grad_block NULL
 #define term_relative_bias_2d_scaled 0

@@ -87,6 +87,10 @@ static size_t term_reset_grad_scratch(const posenc_problem *p, const posenc_kern
 #define term_reset_expand_rows NULL
 #define term_reset_expand NULL
 #define term_reset_row_of NULL
+#define term_reset_prepare NULL
+#define term_reset_release NULL
+#define term_reset_content_row NULL
+#define term_reset_fuses NULL
 #define term_reset_overrides 1
 #define term_reset_grad_block NULL
 #define term_reset_scaled 0

@@ -43,6 +43,10 @@ static inline int term_rope_token_valid(const posenc_problem *p)
 #define term_rope_token_expand_rows NULL
 #define term_rope_token_expand NULL
 #define term_rope_token_row_of NULL
+#define term_rope_token_prepare NULL
+#define term_rope_token_release NULL
+#define term_rope_token_content_row NULL
+#define term_rope_token_fuses NULL
 #define term_rope_token_overrides 0
 #define term_rope_token_grad_block NULL
 #define term_rope_token_scaled 0

@@ -109,7 +109,8 @@ static void term_segments_unit(const term_unit *t)
     *count = seg_runs((seg_run *)(void *)(count + 1), t->array[SEG_KEY], t->p->m);
 }
 
-static size_t term_segments_unit_scratch(const posenc_problem *p, const posenc_kernels *kern)
+static size_t term_segments_unit_scratch(const posenc_problem *p, const posenc_kernels *kern,
+                                 const terms_call *call)
 {
     (void)kern;
     const size_t SS = p->terms[POSENC_TERM_segments].array[SEG_TABLE].per_unit;
@@ -201,6 +202,10 @@ static size_t term_segments_grad_scratch(const posenc_problem *p, const posenc_k
 #define term_segments_content NULL
 #define term_segments_content_grad NULL
 #define term_segments_content_keep NULL
+#define term_segments_prepare NULL
+#define term_segments_release NULL
+#define term_segments_content_row NULL
+#define term_segments_fuses NULL
 #define term_segments_overrides 0
 #define term_segments_grad_block NULL
 #define term_segments_scaled 0

@@ -65,7 +65,8 @@ static inline int term_toeplitz_valid(const posenc_problem *p)
 #include "term_unit_impl.h"
 
 /* The unit data: the values along the offsets in REAL, n + m - 1 of them. */
-static size_t term_toeplitz_unit_scratch(const posenc_problem *p, const posenc_kernels *kern)
+static size_t term_toeplitz_unit_scratch(const posenc_problem *p, const posenc_kernels *kern,
+                                 const terms_call *call)
 {
     (void)kern;
     return p->n + p->m - 1;
@@ -161,6 +162,10 @@ static size_t term_toeplitz_grad_scratch(const posenc_problem *p, const posenc_k
 #define term_toeplitz_expand_rows NULL
 #define term_toeplitz_expand NULL
 #define term_toeplitz_row_of NULL
+#define term_toeplitz_prepare NULL
+#define term_toeplitz_release NULL
+#define term_toeplitz_content_row NULL
+#define term_toeplitz_fuses NULL
 #define term_toeplitz_overrides 0
 #define term_toeplitz_grad_block NULL
 #define term_toeplitz_scaled 0

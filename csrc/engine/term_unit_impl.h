@@ -11,19 +11,48 @@
 #include "engine.h"
 #include "gemm_impl.h"
 
-/* What a kind's functions get: the problem, the kernels it runs on (and the thread's GEMM
- * scratch: gemm_impl.h), the term, its unit's arrays. */
+/* What a call's kinds share (built by terms_prepare once per call: the fused attention's
+ * backward reads its logits'). */
+typedef struct {
+    void *data[POSENC_TERM_COUNT];   /* what kind k's prepare built (NULL: nothing) */
+    ptrdiff_t reach;   /* a causal attention: the last map index n - 1 + (j - i) its tiles read
+                          (a tile's last row's offset); -1: none (every offset) */
+    int direct;        /* the rows are few (a decoding step): a kind reads its tables in place
+                          and forms no unit data that a tile's GEMM would amortise */
+    int fused;         /* direct, one row: the content_row kind's term of the row was formed in
+                          its pass over k (terms_content_row): its rows only apply it */
+} terms_call;
+
+/* What a thread's calls of the kinds share: its GEMM scratch (gemm_impl.h), the unit's q and
+ * k as the content reads them (row i at q + i d, key j at k + j d: rotated, or copied from
+ * strided inputs), the call's terms_call, and per kind a number the thread keeps between
+ * calls of its `unit` (-1 at first: term_unit's tag) and the place of its unit data in the
+ * thread's (terms_unit_scratch's layout). */
+typedef struct {
+    const gemm_scratch *gemm;
+    const REAL *q, *k;
+    const terms_call *call;
+    ptrdiff_t tag[POSENC_TERM_COUNT];
+    size_t unit_at[POSENC_TERM_COUNT];   /* kind k's unit data at scratch + unit_at[k] */
+} term_env;
+
+/* What a kind's functions get: the problem, the kernels it runs on, the thread's env (its
+ * GEMM scratch also as `gemm`), the term, its unit's arrays, what its prepare built. */
 typedef struct {
     const posenc_problem *p;
     const posenc_kernels *kern;
+    const term_env *env;
     const gemm_scratch *gemm;
+    const void *data;       /* the call's data of the kind (terms_call), or NULL */
     const posenc_term *term;
     const double *array[POSENC_TERM_ARRAYS_MAX];   /* unit (b, h)'s float64 arrays, NULL where
                                                       not given or `real` */
     const REAL *real[POSENC_TERM_ARRAYS_MAX];      /* its `real` ones (terms.h), NULL elsewhere */
     size_t b, h;
     REAL *unit_data;        /* the forward's: what the kind's `unit` formed for (b, h),
-                               unit_scratch(p, kern) elements (NULL elsewhere) */
+                               unit_scratch(p, kern, call) elements (NULL elsewhere) */
+    ptrdiff_t *tag;         /* in `unit`: the kind's number in the thread's env (what its unit
+                               data holds that a later unit may keep: a head's packed table) */
 } term_unit;
 
 /* Which keys the rows see, for a kind that reads the content logits (a fused
@@ -46,8 +75,12 @@ typedef struct {
 } term_keep;
 
 /*
+ * prepare: (optional, NULL) what the kind reads for the whole call, built once (its map
+ *   as runs, the buckets a causal attention reaches: call's reach) into *data; 0, or
+ *   POSENC_ENOMEM; release frees it (and what a failed prepare left).
  * unit: what the forward's rows of unit (b, h) read, formed once per unit into
- *   t->unit_data (unit_scratch(p, kern) elements of REAL, a thread's).
+ *   t->unit_data (unit_scratch(p, kern, call) elements of REAL, a thread's; t->tag its
+ *   number in the thread: what the data holds of an earlier unit, -1 at first).
  * rows: the term on rows [i0, i0 + rows) of the unit, keys [k0, cols), applied
  *   to P (row r at P + r ldp, key j at column j) with op (POSENC_SET or ADD);
  *   `unit` ran for the unit.  unit and rows read b only through the arrays'
@@ -95,6 +128,14 @@ typedef struct {
  * scaled: 1 for a kind whose rows carry the problem's dense_scale (TUPE's dense
  *   factor): where the scales are not tame the engine's unit problem holds 1 there
  *   and the exact path applies the call's in double, to its rows and its gradients.
+ * vector: 1 for a kind whose rows are vector_scale times dot products of the unit's
+ *   inputs with a table (the vector tables: q_i . T[map(j - i)], k_j . T[...]): its rows
+ *   read q or k (never batch-free), the exact path applies vector_scale (or s, which it
+ *   shares) to them, and a product takes them as factors beside its one factor module.
+ * content_row, fuses: (optional, NULL) with terms_call's fused (a decoding step of one row,
+ *   fuses(p) true): row i's content logits s q_i . k_j, keys [c0, cols), into x, and the
+ *   kind's term of the row (into its unit data: its rows then apply it) in one pass over k;
+ *   pair: 2 d elements of scratch, x + ldx a row of scratch.
  * content_grad: its backward for rows [i0, i0 + rows) of the logits' gradient G
  *   (row r at G + r ldg, zero outside keys [first, cols)): into Gc (the same
  *   layout, keys [first, cols) written) the content logits' gradient, G plus its
@@ -105,8 +146,11 @@ typedef struct {
  *   from q and k), or what `content` kept of these rows (keep row r: row i0 + r).
  */
 typedef struct {
+    int (*prepare)(const posenc_problem *p, const terms_call *call, void **data);
+    void (*release)(void *data);
     void (*unit)(const term_unit *t);
-    size_t (*unit_scratch)(const posenc_problem *p, const posenc_kernels *kern);
+    size_t (*unit_scratch)(const posenc_problem *p, const posenc_kernels *kern,
+                           const terms_call *call);
     void (*rows)(const term_unit *t, int op, REAL *P, size_t ldp, size_t i0, size_t rows,
                  size_t k0, size_t cols);
     void (*grad_rows)(const term_unit *t, double *const *grad, const REAL *G, size_t ldg,
@@ -127,9 +171,13 @@ typedef struct {
     void (*grad_block)(const term_unit *t, REAL *const *slot, const REAL *S, size_t lds,
                        size_t i0, size_t rows, size_t cols, const block_limits *limits,
                        double *scratch);
+    void (*content_row)(const term_unit *t, REAL *x, size_t ldx, REAL *pair, size_t i,
+                        size_t c0, size_t cols);
+    int (*fuses)(const posenc_problem *p);
     int overrides;
     int factor;
     int scaled;
+    int vector;
 } term_kind;
 
 /* Elements of REAL holding `bytes`, rounded up to 64 bytes: a kind's room in its unit data
