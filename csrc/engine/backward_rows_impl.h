@@ -75,8 +75,8 @@ typedef struct {
     REAL *dk_unit;            /* grouped-query attention: a unit's dk, m x d, before it is added
                                  into its key head's (backward_unit_dk) */
     REAL *b_pack;             /* packed B of the backward gemms */
-    REAL *query_side;         /* Gq: n x query_buckets */
-    REAL *key_side;           /* Gk: m x key_buckets */
+    REAL *query_side;         /* Gq: n x the query map's buckets */
+    REAL *key_side;           /* Gk: m x the key map's buckets */
     REAL *reach;              /* the buckets one row of Gq or Gk reaches (vector_table_exact) */
     REAL *vector_grad;        /* scales.exact: X.table of a unit, max(n, m) x d */
     REAL *x_wide;             /* q or k of a unit widened from its twin (x_all_finite) */

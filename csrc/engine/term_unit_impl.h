@@ -85,7 +85,7 @@ typedef struct {
  *   to P (row r at P + r ldp, key j at column j) with op (POSENC_SET or ADD);
  *   `unit` ran for the unit.  unit and rows read b only through the arrays'
  *   batch offsets: where no array has a batch axis the engine forms a head's
- *   rows once for every batch row (terms_batch_free, forward_head_block).
+ *   rows once for every batch row (term_batch_free, forward_head_block).
  * grad_rows: rows [i0, i0 + rows) of the logits' gradient (row r at G + r ldg;
  *   zero outside keys [first, cols), which are all it may read) into the
  *   unit's gradients grad[a] (NULL: not wanted), zeroed when the unit began;

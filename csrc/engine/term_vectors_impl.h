@@ -171,7 +171,7 @@ static void term_query_rows(const posenc_kernels *kern, const gemm_scratch *g,
  * The query table's term of rows [i0, i0 + rows) of head h, keys [k0, cols), applied to P
  * with op, when the rows are few (a decoding step: terms_call's direct): their projections
  * on the buckets they reach (reach, or NULL: all) as dot products with the table's rows in
- * place (rows_dot) into proj (rows round_up(buckets, nr) apart), instead of packing the
+ * place (rows_dot) into proj (rows the buckets rounded up to nr apart), instead of packing the
  * whole table for a GEMM of a row or two.
  */
 static void term_query_direct(const posenc_kernels *kern, const posenc_problem *p,
