@@ -134,7 +134,7 @@ def test_decode_split_keys_multi_query(posenc_isa, method, rng):
 @pytest.mark.parametrize("m", (M, SPLIT_M))
 def test_decode_single_row_fuses_the_key_term_bitwise(posenc_isa, m, rng):
     """DeBERTa's step (n = 1) computes its p2c term in the content's pass over k
-    (attention_decode_fused): the same bits as the two passes a call of two rows
+    (term_key_table_content_row): the same bits as the two passes a call of two rows
     makes (its first row at the same position, the second seeing one key more)."""
     args, kwargs, v = _inputs("deberta", 2, m, 16, 9, rng, dtype=np.float32)
     one = _forward(posenc, "deberta", [np.ascontiguousarray(args[0][:, :, :1])] + list(args[1:]),

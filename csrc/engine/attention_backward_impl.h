@@ -373,7 +373,7 @@ static int attention_backward(const posenc_problem *p, const posenc_attention *a
         status = POSENC_ENOMEM;
     if (status != POSENC_OK)
         goto done;
-    gc.need_ds = grads->q || grads->k || g.need_query_side || g.need_key_side ||
+    gc.need_ds = grads->q || grads->k || g.sums ||
                  g.need_modules || g.need_blocks;
 
     if ((status = attention_run(&c, &g, num_threads, p->B * posenc_kv_heads(p),

@@ -290,7 +290,7 @@ static void attention_mask_row(const attention_ctx *c, REAL *x, size_t b, size_t
  * of its rows only: where such a key holds an Inf or NaN (attention_tile_unread, over
  * those few keys), the tile's products go row by row over each row's own range, the
  * same sums (a zero weight times a finite value adds nothing), so finite inputs give
- * the same bits on either path.  The check is all_finite (backward_vectors_impl.h):
+ * the same bits on either path.  The check is all_finite (scales_impl.h):
  * sixteen sums side by side, not one chain of additions per tile.
  */
 

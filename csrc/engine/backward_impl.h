@@ -1,10 +1,10 @@
 /*
  * backward_impl.h -- gradients of sum(G * A) for one dtype (REAL, set by
  * engine_<dtype>.c): the phases and a unit's flow.  In their own files: the
- * context, workspace and rows (backward_rows_impl.h), the gradients through
- * the vector tables (backward_vectors_impl.h), the product mode's factors
+ * context and workspace (backward_rows_impl.h), the product mode's factors
  * (backward_product_impl.h), the slots and their reduction
- * (backward_slots_impl.h).
+ * (backward_slots_impl.h); the kinds' own gradients in theirs (csrc/terms.h:
+ * the vector tables' sums and GEMMs, term_vectors_grad_impl.h).
  *
  * Phase 1, parallel over (b, h) units, each owned by one thread:
  *   dq = s Gc.k (+ Gq.query_table),  dk = s Gc^T.q (+ Gk.key_table),
@@ -27,9 +27,8 @@
 
 #include "gemm_impl.h"
 #include "rope_impl.h"
-#include "terms_impl.h"
+#include "scales_impl.h"
 #include "backward_rows_impl.h"
-#include "backward_vectors_impl.h"
 #include "backward_product_impl.h"
 #include "backward_slots_impl.h"
 
@@ -42,11 +41,11 @@ static size_t backward_ws_layout(const backward_ctx *c, backward_ws *w, REAL *me
         memset(w, 0, sizeof *w);
         gemm_scratch_carve(&w->scratch, mem, c->kern, c->p);
         w->env = term_env_of(c->p, c->kern, &w->scratch, c->terms);
-        w->cached_query_table = -1;
+        w->env.whole = 1;   /* its tiles read past a causal forward's reach */
+        w->env.seen = c->masked_keys ? c->seen : NULL;
     }
     at += posenc_round_up(gemm_scratch_size(c->kern), 16);
-    const size_t buckets = posenc_max(c->query->buckets, c->key->buckets);
-    const size_t depth = posenc_max(posenc_max(n, m), posenc_max(buckets, c->row_block));
+    const size_t depth = posenc_max(posenc_max(n, m), c->row_block);
     WS_TAKE(w, mem, at, b_pack, packed_b_size(depth, d, nr));
     /* the logits' backward rotates (widens: unit_inputs_widen; copies: strided) its own;
      * the attention's shares */
@@ -56,13 +55,14 @@ static size_t backward_ws_layout(const backward_ctx *c, backward_ws *w, REAL *me
     }
     if (c->g->k && posenc_kv_group(p) > 1)
         WS_TAKE(w, mem, at, dk_unit, m * d);
-    if (c->need_query_side) WS_TAKE(w, mem, at, query_side, n * c->query->buckets);
-    if (c->need_key_side) WS_TAKE(w, mem, at, key_side, m * c->key->buckets);
-    if (c->need_query_side || c->need_key_side) WS_TAKE(w, mem, at, reach, buckets);
-    if (c->scales.exact && (c->need_query_side || c->need_key_side))
+    if (c->sums) {
+        WS_TAKE(w, mem, at, term_grad_ws, terms_grad_layout(p, c->kern, c->grad_data,
+                                                            w ? &w->env : NULL));
+        if (w)
+            w->env.grad_ws = w->term_grad_ws;
+    }
+    if (c->scales.exact && c->sums)
         WS_TAKE(w, mem, at, vector_grad, posenc_max(n, m) * d);
-    if (c->kern->bf16 && (c->need_query_side || c->need_key_side))
-        WS_TAKE(w, mem, at, x_wide, posenc_max(n, m) * d);
     if (p->product)
         backward_product_ws(c, w, mem, &at);
     if (c->need_blocks)
@@ -84,8 +84,6 @@ static size_t backward_ws_layout(const backward_ctx *c, backward_ws *w, REAL *me
         if (w)
             w->keep.ld = ld;
     }
-    if (c->need_key_side && key_edge_size(&c->key->edges, m))
-        WS_TAKE(w, mem, at, key_edge_sums, key_edge_size(&c->key->edges, m));
     return posenc_round_up(at, POSENC_ALIGN / sizeof(REAL));
 }
 
@@ -97,9 +95,8 @@ static void backward_sum_rows(const backward_ctx *c, backward_ws *w, size_t u, s
     const posenc_problem *p = c->p;
     const posenc_kernels *kern = c->kern;
     const size_t m = p->m;
-    for (size_t i = blk0; i < blk0 + rows && c->need_query_side; ++i)
-        if (!(c->cls_row0 && i == 0))   /* the [CLS] row belongs to the reset */
-            backward_row_query_side(c, w, i, G_blk + (i - blk0) * m, cols);
+    if (c->sums)   /* the kinds' sums leave the reset's cells out themselves */
+        terms_grad_sums(p, kern, &w->env, -1, u / p->H, u % p->H, G_blk, m, blk0, rows, cols);
     const size_t skip = c->cls_row0 && blk0 == 0;   /* the [CLS] row */
     double *scratch = (double *)(void *)w->term_scratch;
     if (c->need_modules && c->masked)   /* the reset's own cells: all of G */
@@ -109,8 +106,6 @@ static void backward_sum_rows(const backward_ctx *c, backward_ws *w, size_t u, s
         terms_grad_rows(p, kern, &w->env, c->g, TERMS_ADDING, u, G_blk + skip * m, m,
                         blk0 + skip, rows - skip, posenc_max(first, c->masked ? (size_t)1 : 0),
                         cols, scratch);
-    if (c->need_key_side)
-        scatter_key_side(c, w, G_blk, m, cols, blk0, rows, c->masked ? 1 : 0, c->cls_row0);
 }
 
 /* backward_sum_rows over a block: at once, or with `limits` tile by tile of mr rows over
@@ -153,30 +148,27 @@ static void backward_unit_commit_dk(const backward_ctx *c, const backward_ws *w,
             dk[t] += w->dk_unit[t];
 }
 
-/* Unit u's start: its bucket matrices zeroed; in product mode s k^T packed
- * into k_packed, the key-side projections and the module factor's unit data. */
+/* Unit u's start: the kinds' sums begun; in product mode s k^T packed into k_packed and
+ * the factor kinds' unit data (the key table's projections). */
 static void backward_unit_begin(const backward_ctx *c, backward_ws *w, size_t u,
                                 packed_b *k_packed)
 {
     const posenc_problem *p = c->p;
     const size_t m = p->m, d = p->d, h = u % p->H;
     const REAL *k_u = w->inputs.k;
+    w->env.q = w->inputs.q;
+    w->env.k = k_u;
     if (c->need_modules)
         terms_grads_begin(p, c->g, u);
-    if (c->need_query_side) memset(w->query_side, 0, sizeof(REAL) * p->n * c->query->buckets);
-    if (c->need_key_side) memset(w->key_side, 0, sizeof(REAL) * m * c->key->buckets);
+    if (c->sums)
+        terms_grad_begin(p, c->kern, &w->env, u / p->H, h);
     const masked_keys *hidden = c->masked_keys;
     w->k_unread = hidden && p->product && !c->kern->bf16 &&
                   hidden->unread_nonfinite(hidden->attention, u / p->H, k_u);
     if (p->product) {
         pack_b(c->kern, &w->scratch, k_packed, w->k_pack, k_u, 1, (ptrdiff_t)d, d, m, (REAL)p->scale);
-        if (posenc_term_present(p, POSENC_TERM_key_table))
-            key_projections(c->kern, &w->scratch, p, &c->key->table, c->key->runs.b_min,
-                            c->key->buckets, 0, c->key->buckets,
-                            &c->key->edges, w->key_table_pack, w->key_proj, h, k_u);
         if (w->term_unit)
-            terms_unit(p, c->kern, &w->env, 0, terms_factor_kind(p) + 1, u / p->H, h,
-                       w->term_unit);
+            terms_unit(p, c->kern, &w->env, 0, POSENC_TERM_COUNT, u / p->H, h, w->term_unit);
     }
 }
 
@@ -262,16 +254,36 @@ static void backward_unit_block(const backward_ctx *c, backward_ws *w, size_t u,
     }
 }
 
+/*
+ * scales.exact: dx (rows x d, its content part s Gc.x' unscaled) scaled
+ * after its sums, in double, in the reference's order: s dx + vs X.table
+ * (sum), s (dx + X.table) (product); X.table in w->vector_grad, or none.
+ */
+static void exact_content_grad(const backward_ctx *c, REAL *dx, const REAL *vector_grad,
+                               size_t count)
+{
+    const double s = c->scales.scale, vs = c->p->product ? 1 : c->scales.vector_scale;
+    for (size_t t = 0; t < count; ++t) {
+        const double content = (double)dx[t];
+        if (!vector_grad)
+            dx[t] = (REAL)(s * content);
+        else if (c->p->product)
+            dx[t] = (REAL)(s * (content + (double)vector_grad[t]));
+        else
+            dx[t] = (REAL)(s * content + vs * (double)vector_grad[t]);
+    }
+}
+
 /* Unit u's end, once every row block is in: a product's module gradients
  * scaled (scales.exact), dq and dk back through the rotation (rope, which
  * has no vector table: where scales.exact scales the sums after, the
  * rotation scales them first, in the reference's order), the gradients
- * through the vector tables. */
+ * through the kinds' sums (the vector tables: terms_grad_end), q's then k's. */
 static void backward_unit_end(const backward_ctx *c, backward_ws *w, size_t u)
 {
     const posenc_problem *p = c->p;
     const posenc_grads *g = c->g;
-    const size_t n = p->n, m = p->m, d = p->d, h = u % p->H;
+    const size_t n = p->n, m = p->m, d = p->d, b = u / p->H, h = u % p->H;
     if (c->scales.exact && p->product && c->need_modules)   /* the module factor's: s left out */
         terms_grads_scale(p, g, u, c->scales.scale);
     if (posenc_rotates(p)) {
@@ -279,22 +291,22 @@ static void backward_unit_end(const backward_ctx *c, backward_ws *w, size_t u)
                           backward_unit_dk(c, w, u), c->scales.exact ? &c->scales.scale : NULL);
         return;
     }
-    scatter_key_edges_end(c, w);
     for (int key_side = 0; key_side < 2; ++key_side) {
         const size_t rows = key_side ? m : n;
+        const int vector = key_side ? 2 : 1;   /* the kinds that read k, or q */
         const REAL *x = key_side ? w->inputs.k : w->inputs.q;
         REAL *dx = key_side ? backward_unit_dk(c, w, u) : g->q ? (REAL *)g->q + u * n * d : NULL;
-        const int side = key_side ? c->need_key_side : c->need_query_side;
         if (!c->scales.exact) {
-            if (side)
-                backward_vector_table(c, w, u, h, key_side, x, dx);
+            if (c->sums)
+                terms_grad_end(p, c->kern, &w->env, vector, b, h, x, dx);
             continue;
         }
         /* the vector part apart, so that each part is scaled after its sums */
+        const int side = c->sums && terms_grad_reads(c->grad_data, vector);
         if (side && dx)
             memset(w->vector_grad, 0, sizeof(REAL) * rows * d);
         if (side)
-            backward_vector_table(c, w, u, h, key_side, x, dx ? w->vector_grad : NULL);
+            terms_grad_end(p, c->kern, &w->env, vector, b, h, x, dx ? w->vector_grad : NULL);
         if (dx)
             exact_content_grad(c, dx, side ? w->vector_grad : NULL, rows * d);
         if (dx && !key_side && c->content >= 0)   /* q's rows through the term, unscaled */
@@ -401,8 +413,7 @@ static void backward_team(void *arg, void *ws)
 {
     const backward_ctx *c = (const backward_ctx *)arg;
     const posenc_problem *p = c->p;
-    const int phase1 = c->need_content || c->need_query_side || c->need_key_side ||
-                       c->need_modules;
+    const int phase1 = c->need_content || c->sums || c->need_modules;
     backward_ws w;
     backward_ws_layout(c, &w, (REAL *)ws);
     if (phase1) {

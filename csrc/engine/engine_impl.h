@@ -7,12 +7,12 @@
  *
  * Each template header includes the ones it uses (the order here does not
  * matter) and compiles on its own for either REAL; the layers, bottom up:
- * gemm_impl.h (packing, GEMM over the microkernel); terms_impl.h (the
- * positional terms of a row tile) and rope_impl.h (the rotation: a unit's
- * inputs); forward_impl.h (logits); backward_rows_impl.h and its parts
- * backward_vectors_impl.h, backward_product_impl.h, backward_slots_impl.h
- * under backward_impl.h (gradients); attention_impl.h (the fused
- * attention's context) under attention_forward_impl.h (with
+ * gemm_impl.h (packing, GEMM over the microkernel); scales_impl.h (a call's
+ * scales); the term kinds (term_kinds_impl.h over their files, csrc/terms.h)
+ * and rope_impl.h (the rotation: a unit's inputs); forward_impl.h (logits);
+ * backward_rows_impl.h and its parts backward_product_impl.h,
+ * backward_slots_impl.h under backward_impl.h (gradients); attention_impl.h
+ * (the fused attention's context) under attention_forward_impl.h (with
  * attention_decode_impl.h and attention_split_impl.h) and
  * attention_backward_impl.h; matmul_impl.h (dense products).
  */

@@ -14,7 +14,7 @@
 
 #include "gemm_impl.h"
 #include "rope_impl.h"
-#include "terms_impl.h"
+#include "scales_impl.h"
 #include "term_kinds_impl.h"
 
 /* Dense terms are precomputed per head when they are reused over a batch
@@ -276,7 +276,8 @@ static void exact_modules(const forward_ctx *c, forward_ws *w, int op, double *X
 {
     const posenc_problem *p = c->p;
     for (int k = 0; k < POSENC_TERM_COUNT; ++k)
-        if (term_adds(p, k) && term_taken(k, TERMS_ADDING) && term_kinds[k].vector == vectors) {
+        if (term_adds(p, k) && term_taken(k, TERMS_ADDING) &&
+            (term_kinds[k].vector != 0) == vectors) {
             term_rows(p, c->kern, &w->env, k, POSENC_SET, w->P, c->m_pad, b, h, i0, rows, 0,
                       cols, w->term_unit);
             exact_apply(op, X, vectors ? vs : term_kinds[k].scaled ? c->scales.dense_scale : 1,

@@ -301,6 +301,13 @@ static size_t term_cope_grad_scratch(const posenc_problem *p, const posenc_kerne
 #define term_cope_release NULL
 #define term_cope_content_row NULL
 #define term_cope_fuses NULL
+#define term_cope_grad_prepare NULL
+#define term_cope_grad_release NULL
+#define term_cope_grad_unit_scratch NULL
+#define term_cope_grad_begin NULL
+#define term_cope_grad_sums NULL
+#define term_cope_grad_end NULL
+#define term_cope_grad_reduce NULL
 #define term_cope_overrides 0
 #define term_cope_grad_block NULL
 #define term_cope_scaled 0

@@ -117,6 +117,13 @@ static size_t term_dense_grad_scratch(const posenc_problem *p, const posenc_kern
 #define term_dense_release NULL
 #define term_dense_content_row NULL
 #define term_dense_fuses NULL
+#define term_dense_grad_prepare NULL
+#define term_dense_grad_release NULL
+#define term_dense_grad_unit_scratch NULL
+#define term_dense_grad_begin NULL
+#define term_dense_grad_sums NULL
+#define term_dense_grad_end NULL
+#define term_dense_grad_reduce NULL
 #define term_dense_overrides 0
 #define term_dense_scaled 1
 

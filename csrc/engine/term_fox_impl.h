@@ -182,6 +182,13 @@ static size_t term_fox_grad_scratch(const posenc_problem *p, const posenc_kernel
 #define term_fox_release NULL
 #define term_fox_content_row NULL
 #define term_fox_fuses NULL
+#define term_fox_grad_prepare NULL
+#define term_fox_grad_release NULL
+#define term_fox_grad_unit_scratch NULL
+#define term_fox_grad_begin NULL
+#define term_fox_grad_sums NULL
+#define term_fox_grad_end NULL
+#define term_fox_grad_reduce NULL
 #define term_fox_overrides 0
 #define term_fox_grad_block NULL
 #define term_fox_scaled 0

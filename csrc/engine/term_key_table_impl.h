@@ -7,7 +7,7 @@
  * a tile's rows gather from the projections along the map (term_key_table).  A decoding
  * step's rows are dot products per key along the map (term_key_direct) into one row of
  * unit data, or, for one row, formed in the content's own pass over k (content_row).
- * Its gradient: the engine's (backward_vectors_impl.h).
+ * Its gradient: G's rows summed into its buckets, then GEMMs (term_vectors_grad_impl.h).
  */
 #ifndef POSENC_ENGINE_TERM_KEY_TABLE_IMPL_H
 #define POSENC_ENGINE_TERM_KEY_TABLE_IMPL_H
@@ -17,12 +17,9 @@
 #ifdef REAL
 
 #include "term_vectors_impl.h"
+#include "term_vectors_grad_impl.h"
 
-static int term_key_table_prepare(const posenc_problem *p, const terms_call *call, void **data)
-{
-    return vector_prepare(p, call, data, POSENC_TERM_key_table, 0);
-}
-
+#define term_key_table_prepare vector_prepare
 #define term_key_table_release vector_release
 
 /* The projections and their edges' columns, then the packed table; direct: one row. */
@@ -45,8 +42,10 @@ static void term_key_table_unit(const term_unit *t)
         return;
     REAL *proj = t->unit_data;
     REAL *pack = proj + posenc_round_up(v->buckets * p->m + key_edge_size(&v->edges, p->m), 16);
-    key_projections(t->kern, t->gemm, p, &v->table, v->runs.b_min, v->buckets, v->reach[0],
-                    v->reach[1], &v->edges, pack, proj, t->h, t->env->k);
+    const int whole = t->env->whole;   /* the backward's tiles: every bucket */
+    key_projections(t->kern, t->gemm, p, &v->table, v->runs.b_min, v->buckets,
+                    whole ? 0 : v->reach[0], whole ? v->buckets : v->reach[1], &v->edges, pack,
+                    proj, t->h, t->env->k);
 }
 
 static void term_key_table_rows(const term_unit *t, int op, REAL *P, size_t ldp, size_t i0,
@@ -111,6 +110,13 @@ static void term_key_table_content_row(const term_unit *t, REAL *x, size_t ldx, 
         kern->rows_dot(x + done, ldx, pair, 1, k_u + done * d, cols - done, d, p->scale);
 }
 
+#define term_key_table_grad_prepare vector_grad_prepare
+#define term_key_table_grad_release vector_grad_release
+#define term_key_table_grad_unit_scratch vector_grad_unit_scratch
+#define term_key_table_grad_begin vector_grad_begin
+#define term_key_table_grad_sums vector_grad_sums
+#define term_key_table_grad_end vector_grad_end
+#define term_key_table_grad_reduce vector_grad_reduce
 #define term_key_table_grad_rows NULL
 #define term_key_table_grad_scratch NULL
 #define term_key_table_content NULL
@@ -130,6 +136,6 @@ static void term_key_table_content_row(const term_unit *t, REAL *x, size_t ldx, 
 #define term_key_table_factor 1
 /* Its gradient: the engine's slots, summed over the batch (not by blocks). */
 #define term_key_table_by_blocks 0
-#define term_key_table_vector 1
+#define term_key_table_vector 2
 
 #endif /* POSENC_ENGINE_TERM_KEY_TABLE_IMPL_H */

@@ -27,6 +27,9 @@
      term_##name##_content_grad, term_##name##_content_keep, term_##name##_expand_rows, \
      term_##name##_expand, term_##name##_row_of, term_##name##_rows_at,                \
      term_##name##_grad_block, term_##name##_content_row, term_##name##_fuses,         \
+     term_##name##_grad_prepare, term_##name##_grad_release,                           \
+     term_##name##_grad_unit_scratch, term_##name##_grad_begin, term_##name##_grad_sums, \
+     term_##name##_grad_end, term_##name##_grad_reduce,                                \
      term_##name##_overrides, term_##name##_factor, term_##name##_scaled,              \
      term_##name##_vector},
 static const term_kind term_kinds[POSENC_TERM_COUNT] = {POSENC_TERMS(TERM_KIND_, )};
@@ -52,7 +55,7 @@ static int terms_prepare(const posenc_problem *p, terms_call *c)
     for (int k = 0; k < POSENC_TERM_COUNT; ++k) {
         c->data[k] = NULL;
         if (status == POSENC_OK && posenc_term_present(p, k) && term_kinds[k].prepare)
-            status = term_kinds[k].prepare(p, c, &c->data[k]);
+            status = term_kinds[k].prepare(p, c, k, &c->data[k]);
     }
     return status;
 }
@@ -82,6 +85,7 @@ static void term_unit_set(term_unit *t, const posenc_problem *p, const posenc_ke
     t->h = h;
     t->unit_data = NULL;
     t->tag = NULL;
+    t->grad = env->grad ? env->grad[k] : NULL;
     for (int a = 0; a < POSENC_TERM_ARRAYS_MAX; ++a) {
         const posenc_term_array *x = &p->terms[k].array[a];
         const int type = x->data ? posenc_term_array_type(k, a) : POSENC_TERM_INDEX;
@@ -237,7 +241,7 @@ static void terms_unit(const posenc_problem *p, const posenc_kernels *kern, term
 static term_env term_env_of(const posenc_problem *p, const posenc_kernels *kern,
                             const gemm_scratch *gs, const terms_call *c)
 {
-    term_env e = {gs, NULL, NULL, c, {0}, {0}};
+    term_env e = {gs, NULL, NULL, c, {0}, {0}, 0, NULL, NULL, NULL, {0}};
     size_t at = 0;
     for (int k = 0; k < POSENC_TERM_COUNT; ++k) {
         e.tag[k] = -1;
@@ -351,16 +355,6 @@ static const REAL *term_rows_at(const posenc_problem *p, const posenc_kernels *k
     term_unit_set(&t, p, kern, env, k, b, h);
     t.unit_data = term_unit_data(p, kern, env, k, scratch);
     return term_kinds[k].rows_at(&t, i0, ld);
-}
-
-/* The module of a product (csrc/terms.h: one, a factor kind beside the vector tables), or
- * -1. */
-static int terms_factor_kind(const posenc_problem *p)
-{
-    for (int k = 0; k < POSENC_TERM_COUNT; ++k)
-        if (term_adds(p, k) && term_kinds[k].factor && !term_kinds[k].vector)
-            return k;
-    return -1;
 }
 
 /* The kind of p whose term a decoding step of one row may form in its content pass
@@ -636,6 +630,125 @@ static void terms_block_grads_zero(const posenc_problem *p, const posenc_grads *
                 for (size_t b = 0; b < p->B; ++b)
                     memset((double *)g->terms[k][a] + b * per_row * p->terms[k].array[a].per_unit,
                            0, sizeof(double) * p->H * p->terms[k].array[a].per_unit);
+}
+
+/* The backward data of p's kinds whose gradients go through a unit's sums (term_kind's
+ * grad_prepare) into data[k] (NULL: none, or the call wants none of the kind's gradients).
+ * POSENC_OK or ENOMEM (terms_grad_release frees what was built either way). */
+static int terms_grad_prepare(const posenc_problem *p, const posenc_kernels *kern,
+                              const terms_call *call, const term_grad_plan *plan,
+                              void *data[POSENC_TERM_COUNT])
+{
+    int status = POSENC_OK;
+    for (int k = 0; k < POSENC_TERM_COUNT; ++k) {
+        data[k] = NULL;
+        if (status == POSENC_OK && term_adds(p, k) && term_kinds[k].grad_prepare)
+            status = term_kinds[k].grad_prepare(p, kern, call, plan, k, &data[k]);
+    }
+    return status;
+}
+
+static void terms_grad_release(void *data[POSENC_TERM_COUNT])
+{
+    for (int k = 0; k < POSENC_TERM_COUNT; ++k)
+        if (data[k]) {
+            term_kinds[k].grad_release(data[k]);
+            data[k] = NULL;
+        }
+}
+
+/* Whether a kind has backward data (terms_grad_prepare): a unit's sums to form. */
+static int terms_grad_any(void *const data[POSENC_TERM_COUNT])
+{
+    for (int k = 0; k < POSENC_TERM_COUNT; ++k)
+        if (data[k])
+            return 1;
+    return 0;
+}
+
+/* The REAL elements of a thread's backward workspace of the kinds with data; where env is
+ * given, their places in it (env's grad_at) and data. */
+static size_t terms_grad_layout(const posenc_problem *p, const posenc_kernels *kern,
+                                void *const data[POSENC_TERM_COUNT], term_env *env)
+{
+    size_t at = 0;
+    for (int k = 0; k < POSENC_TERM_COUNT; ++k)
+        if (data[k]) {
+            if (env)
+                env->grad_at[k] = at;
+            at += posenc_round_up(term_kinds[k].grad_unit_scratch(p, kern, data[k]), 16);
+        }
+    if (env)
+        env->grad = data;
+    return at;
+}
+
+/* Unit (b, h)'s sums begun, for every kind with data. */
+static void terms_grad_begin(const posenc_problem *p, const posenc_kernels *kern,
+                             const term_env *env, size_t b, size_t h)
+{
+    for (int k = 0; k < POSENC_TERM_COUNT; ++k)
+        if (env->grad[k]) {
+            term_unit t;
+            term_unit_set(&t, p, kern, env, k, b, h);
+            t.unit_data = env->grad_ws + env->grad_at[k];
+            term_kinds[k].grad_begin(&t);
+        }
+}
+
+/* Rows [i0, i0 + rows) of G (row r at G + r ldg, keys [0, cols)) into unit (b, h)'s sums of
+ * kind k (k >= 0: a product's factor, G its effective gradient) or of every kind with data
+ * (k < 0). */
+static void terms_grad_sums(const posenc_problem *p, const posenc_kernels *kern,
+                            const term_env *env, int k, size_t b, size_t h, const REAL *G,
+                            size_t ldg, size_t i0, size_t rows, size_t cols)
+{
+    for (int x = k < 0 ? 0 : k; x < (k < 0 ? POSENC_TERM_COUNT : k + 1); ++x)
+        if (env->grad[x]) {
+            term_unit t;
+            term_unit_set(&t, p, kern, env, x, b, h);
+            t.unit_data = env->grad_ws + env->grad_at[x];
+            term_kinds[x].grad_sums(&t, G, ldg, i0, rows, cols);
+        }
+}
+
+/* Unit (b, h)'s end for the kinds with data whose rows read input `vector` (1: q, 2: k,
+ * term_kind's vector): x's gradient through them added into dx (NULL: not wanted), theirs
+ * into their slots.  Whether there was one. */
+static int terms_grad_end(const posenc_problem *p, const posenc_kernels *kern,
+                          const term_env *env, int vector, size_t b, size_t h, const REAL *x,
+                          REAL *dx)
+{
+    int any = 0;
+    for (int k = 0; k < POSENC_TERM_COUNT; ++k)
+        if (env->grad[k] && term_kinds[k].vector == vector) {
+            term_unit t;
+            term_unit_set(&t, p, kern, env, k, b, h);
+            t.unit_data = env->grad_ws + env->grad_at[k];
+            term_kinds[k].grad_end(&t, x, dx);
+            any = 1;
+        }
+    return any;
+}
+
+/* Whether a kind with data reads input `vector` (terms_grad_end). */
+static int terms_grad_reads(void *const data[POSENC_TERM_COUNT], int vector)
+{
+    for (int k = 0; k < POSENC_TERM_COUNT; ++k)
+        if (data[k] && term_kinds[k].vector == vector)
+            return 1;
+    return 0;
+}
+
+/* After the units: the kinds' gradients from their slots into g, in the list's order, then
+ * (scales: the exact path's) the scales their sums left out. */
+static void terms_grad_reduce(const posenc_problem *p, const posenc_grads *g,
+                              void *const data[POSENC_TERM_COUNT], const call_scales *scales)
+{
+    for (int phase = 0; phase < (scales ? 2 : 1); ++phase)
+        for (int k = 0; k < POSENC_TERM_COUNT; ++k)
+            if (data[k])
+                term_kinds[k].grad_reduce(p, g, data[k], scales, phase);
 }
 
 #endif /* POSENC_ENGINE_TERM_KINDS_IMPL_H */

@@ -5,7 +5,7 @@
  * (vector_call).  Its unit data: the head's table packed as a GEMM's B (kept while the
  * thread's units stay on the head), then a tile's projections q . table^T (mr rows); a
  * decoding step's rows are dot products with the table in place (term_query_direct).
- * Its gradient: the engine's (backward_vectors_impl.h).
+ * Its gradient: G's rows summed into its buckets, then GEMMs (term_vectors_grad_impl.h).
  */
 #ifndef POSENC_ENGINE_TERM_QUERY_TABLE_IMPL_H
 #define POSENC_ENGINE_TERM_QUERY_TABLE_IMPL_H
@@ -15,12 +15,9 @@
 #ifdef REAL
 
 #include "term_vectors_impl.h"
+#include "term_vectors_grad_impl.h"
 
-static int term_query_table_prepare(const posenc_problem *p, const terms_call *call, void **data)
-{
-    return vector_prepare(p, call, data, POSENC_TERM_query_table, 1);
-}
-
+#define term_query_table_prepare vector_prepare
 #define term_query_table_release vector_release
 
 /* The packed table (not with direct), then a tile's projections. */
@@ -47,7 +44,8 @@ static void term_query_table_rows(const term_unit *t, int op, REAL *P, size_t ld
                                   size_t rows, size_t k0, size_t cols)
 {
     const vector_call *v = (const vector_call *)t->data;
-    const size_t *reach = v->row_reach ? v->row_reach + 2 * (i0 + rows - 1) : NULL;
+    const size_t *reach =   /* the buckets a causal tile reaches (the backward's: all) */
+        v->row_reach && !t->env->whole ? v->row_reach + 2 * (i0 + rows - 1) : NULL;
     if (t->env->call->direct) {
         term_query_direct(t->kern, t->p, v, t->h, t->env->q, t->unit_data, op, P, ldp, i0, rows,
                           k0, cols, reach);
@@ -59,6 +57,13 @@ static void term_query_table_rows(const term_unit *t, int op, REAL *P, size_t ld
                     rows, k0, cols, reach);
 }
 
+#define term_query_table_grad_prepare vector_grad_prepare
+#define term_query_table_grad_release vector_grad_release
+#define term_query_table_grad_unit_scratch vector_grad_unit_scratch
+#define term_query_table_grad_begin vector_grad_begin
+#define term_query_table_grad_sums vector_grad_sums
+#define term_query_table_grad_end vector_grad_end
+#define term_query_table_grad_reduce vector_grad_reduce
 #define term_query_table_grad_rows NULL
 #define term_query_table_grad_scratch NULL
 #define term_query_table_content NULL

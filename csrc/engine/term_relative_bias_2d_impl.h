@@ -247,6 +247,13 @@ static size_t term_relative_bias_2d_grad_scratch(const posenc_problem *p,
 #define term_relative_bias_2d_release NULL
 #define term_relative_bias_2d_content_row NULL
 #define term_relative_bias_2d_fuses NULL
+#define term_relative_bias_2d_grad_prepare NULL
+#define term_relative_bias_2d_grad_release NULL
+#define term_relative_bias_2d_grad_unit_scratch NULL
+#define term_relative_bias_2d_grad_begin NULL
+#define term_relative_bias_2d_grad_sums NULL
+#define term_relative_bias_2d_grad_end NULL
+#define term_relative_bias_2d_grad_reduce NULL
 #define term_relative_bias_2d_overrides 0
 #define term_relative_bias_2d_grad_block NULL
 #define term_relative_bias_2d_scaled 0

@@ -91,6 +91,13 @@ static size_t term_reset_grad_scratch(const posenc_problem *p, const posenc_kern
 #define term_reset_release NULL
 #define term_reset_content_row NULL
 #define term_reset_fuses NULL
+#define term_reset_grad_prepare NULL
+#define term_reset_grad_release NULL
+#define term_reset_grad_unit_scratch NULL
+#define term_reset_grad_begin NULL
+#define term_reset_grad_sums NULL
+#define term_reset_grad_end NULL
+#define term_reset_grad_reduce NULL
 #define term_reset_overrides 1
 #define term_reset_grad_block NULL
 #define term_reset_scaled 0

@@ -47,6 +47,13 @@ static inline int term_rope_token_valid(const posenc_problem *p)
 #define term_rope_token_release NULL
 #define term_rope_token_content_row NULL
 #define term_rope_token_fuses NULL
+#define term_rope_token_grad_prepare NULL
+#define term_rope_token_grad_release NULL
+#define term_rope_token_grad_unit_scratch NULL
+#define term_rope_token_grad_begin NULL
+#define term_rope_token_grad_sums NULL
+#define term_rope_token_grad_end NULL
+#define term_rope_token_grad_reduce NULL
 #define term_rope_token_overrides 0
 #define term_rope_token_grad_block NULL
 #define term_rope_token_scaled 0

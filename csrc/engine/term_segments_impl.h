@@ -206,6 +206,13 @@ static size_t term_segments_grad_scratch(const posenc_problem *p, const posenc_k
 #define term_segments_release NULL
 #define term_segments_content_row NULL
 #define term_segments_fuses NULL
+#define term_segments_grad_prepare NULL
+#define term_segments_grad_release NULL
+#define term_segments_grad_unit_scratch NULL
+#define term_segments_grad_begin NULL
+#define term_segments_grad_sums NULL
+#define term_segments_grad_end NULL
+#define term_segments_grad_reduce NULL
 #define term_segments_overrides 0
 #define term_segments_grad_block NULL
 #define term_segments_scaled 0

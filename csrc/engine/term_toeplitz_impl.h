@@ -166,6 +166,13 @@ static size_t term_toeplitz_grad_scratch(const posenc_problem *p, const posenc_k
 #define term_toeplitz_release NULL
 #define term_toeplitz_content_row NULL
 #define term_toeplitz_fuses NULL
+#define term_toeplitz_grad_prepare NULL
+#define term_toeplitz_grad_release NULL
+#define term_toeplitz_grad_unit_scratch NULL
+#define term_toeplitz_grad_begin NULL
+#define term_toeplitz_grad_sums NULL
+#define term_toeplitz_grad_end NULL
+#define term_toeplitz_grad_reduce NULL
 #define term_toeplitz_overrides 0
 #define term_toeplitz_grad_block NULL
 #define term_toeplitz_scaled 0

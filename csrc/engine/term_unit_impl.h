@@ -10,6 +10,7 @@
 
 #include "engine.h"
 #include "gemm_impl.h"
+#include "scales_impl.h"
 
 /* What a call's kinds share (built by terms_prepare once per call: the fused attention's
  * backward reads its logits'). */
@@ -23,6 +24,14 @@ typedef struct {
                           its pass over k (terms_content_row): its rows only apply it */
 } terms_call;
 
+/* Which keys the rows see, for a kind that reads the content logits (a fused
+ * attention's masks): unseen_zero(ctx, x, b, i, cols) sets x[j] = 0 for the keys
+ * j < cols that row i (of the unit's rows) of batch row b does not see. */
+typedef struct {
+    const void *ctx;
+    void (*unseen_zero)(const void *ctx, REAL *x, size_t b, size_t i, size_t cols);
+} term_seen;
+
 /* What a thread's calls of the kinds share: its GEMM scratch (gemm_impl.h), the unit's q and
  * k as the content reads them (row i at q + i d, key j at k + j d: rotated, or copied from
  * strided inputs), the call's terms_call, and per kind a number the thread keeps between
@@ -34,6 +43,13 @@ typedef struct {
     const terms_call *call;
     ptrdiff_t tag[POSENC_TERM_COUNT];
     size_t unit_at[POSENC_TERM_COUNT];   /* kind k's unit data at scratch + unit_at[k] */
+    /* the backward's: */
+    int whole;                  /* unit data over every offset (the backward's tiles read past
+                                   a causal forward's reach: terms_call's reach ignored) */
+    const term_seen *seen;      /* a fused attention's masks (which keys each row sees), or NULL */
+    void *const *grad;          /* kind k's backward data (grad_prepare), or NULL: none */
+    REAL *grad_ws;              /* the thread's backward workspace of the kinds: kind k's at */
+    size_t grad_at[POSENC_TERM_COUNT];   /* grad_ws + grad_at[k] (grad_unit_scratch) */
 } term_env;
 
 /* What a kind's functions get: the problem, the kernels it runs on, the thread's env (its
@@ -53,15 +69,20 @@ typedef struct {
                                unit_scratch(p, kern, call) elements (NULL elsewhere) */
     ptrdiff_t *tag;         /* in `unit`: the kind's number in the thread's env (what its unit
                                data holds that a later unit may keep: a head's packed table) */
+    void *grad;             /* in the backward's grad_ hooks: the kind's backward data; their
+                               unit_data is its part of the thread's backward workspace */
 } term_unit;
 
-/* Which keys the rows see, for a kind that reads the content logits (a fused
- * attention's masks): unseen_zero(ctx, x, b, i, cols) sets x[j] = 0 for the keys
- * j < cols that row i (of the unit's rows) of batch row b does not see. */
+/* What a backward call tells the kinds whose gradients go through a unit's sums (term_kind's
+ * grad_prepare: the vector tables). */
 typedef struct {
-    const void *ctx;
-    void (*unseen_zero)(const void *ctx, REAL *x, size_t b, size_t i, size_t cols);
-} term_seen;
+    const posenc_grads *g;
+    ptrdiff_t o_max;        /* the largest offset j - i where G may be nonzero (m - 1, or a
+                               causal attention's query_offset) */
+    int masked;             /* a reset present: column 0 is its, and the [CLS] row where ... */
+    int cls_row0;           /* ... local row 0 is the [CLS] row (query_offset 0) */
+    size_t units;           /* the call's (b, h) units */
+} term_grad_plan;
 
 /* What a content-reading kind's rows keep for their backward (the fused attention's
  * backward forms a block's logits, then their gradient, on one thread): row r of a call
@@ -75,8 +96,9 @@ typedef struct {
 } term_keep;
 
 /*
- * prepare: (optional, NULL) what the kind reads for the whole call, built once (its map
- *   as runs, the buckets a causal attention reaches: call's reach) into *data; 0, or
+ * prepare: (optional, NULL) what the kind (k, its place in the list) reads for the whole
+ *   call, built once (its map as runs, the buckets a causal attention reaches: call's
+ *   reach) into *data; 0, or
  *   POSENC_ENOMEM; release frees it (and what a failed prepare left).
  * unit: what the forward's rows of unit (b, h) read, formed once per unit into
  *   t->unit_data (unit_scratch(p, kern, call) elements of REAL, a thread's; t->tag its
@@ -128,14 +150,28 @@ typedef struct {
  * scaled: 1 for a kind whose rows carry the problem's dense_scale (TUPE's dense
  *   factor): where the scales are not tame the engine's unit problem holds 1 there
  *   and the exact path applies the call's in double, to its rows and its gradients.
- * vector: 1 for a kind whose rows are vector_scale times dot products of the unit's
- *   inputs with a table (the vector tables: q_i . T[map(j - i)], k_j . T[...]): its rows
- *   read q or k (never batch-free), the exact path applies vector_scale (or s, which it
+ * vector: 1 (q) or 2 (k) for a kind whose rows are vector_scale times dot products of
+ *   one of the unit's inputs with a table (the vector tables: q_i . T[map(j - i)],
+ *   k_j . T[...]), 0 for the others: its rows read q or k (never batch-free; its
+ *   gradient goes to that input's), the exact path applies vector_scale (or s, which it
  *   shares) to them, and a product takes them as factors beside its one factor module.
  * content_row, fuses: (optional, NULL) with terms_call's fused (a decoding step of one row,
  *   fuses(p) true): row i's content logits s q_i . k_j, keys [c0, cols), into x, and the
  *   kind's term of the row (into its unit data: its rows then apply it) in one pass over k;
  *   pair: 2 d elements of scratch, x + ldx a row of scratch.
+ * grad_prepare, grad_release, grad_unit_scratch, grad_begin, grad_sums, grad_end,
+ *   grad_reduce: (optional, NULL) a kind whose gradients go through sums of its unit (the
+ *   vector tables: G's entries summed into buckets, then GEMMs into dq or dk and its
+ *   table).  grad_prepare builds what a backward call reads (*data NULL: the call wants
+ *   none of its gradients: the rest are not called), grad_release frees it;
+ *   grad_unit_scratch: the REAL elements of a thread's workspace (unit_data in the other
+ *   hooks, t->grad its data); per unit: grad_begin, grad_sums for rows [i0, i0 + rows) of
+ *   G (row r at G + r ldg, keys [0, cols); a product's effective gradient of the kind's
+ *   factor), in order, the reset's cells left out by the kind (the plan's masked,
+ *   cls_row0), then grad_end: x's gradient (q's, or k's for a kind that reads k) added
+ *   into dx (NULL: not wanted; rows x d), its own into the kind's per-unit slots; after
+ *   the units, grad_reduce phase 0: the slots into g's gradients, phase 1 (scales: the
+ *   exact path's, else NULL) the scale the sums left out.
  * content_grad: its backward for rows [i0, i0 + rows) of the logits' gradient G
  *   (row r at G + r ldg, zero outside keys [first, cols)): into Gc (the same
  *   layout, keys [first, cols) written) the content logits' gradient, G plus its
@@ -146,7 +182,7 @@ typedef struct {
  *   from q and k), or what `content` kept of these rows (keep row r: row i0 + r).
  */
 typedef struct {
-    int (*prepare)(const posenc_problem *p, const terms_call *call, void **data);
+    int (*prepare)(const posenc_problem *p, const terms_call *call, int k, void **data);
     void (*release)(void *data);
     void (*unit)(const term_unit *t);
     size_t (*unit_scratch)(const posenc_problem *p, const posenc_kernels *kern,
@@ -174,6 +210,17 @@ typedef struct {
     void (*content_row)(const term_unit *t, REAL *x, size_t ldx, REAL *pair, size_t i,
                         size_t c0, size_t cols);
     int (*fuses)(const posenc_problem *p);
+    int (*grad_prepare)(const posenc_problem *p, const posenc_kernels *kern,
+                        const terms_call *call, const term_grad_plan *plan, int k, void **data);
+    void (*grad_release)(void *data);
+    size_t (*grad_unit_scratch)(const posenc_problem *p, const posenc_kernels *kern,
+                                const void *data);
+    void (*grad_begin)(const term_unit *t);
+    void (*grad_sums)(const term_unit *t, const REAL *G, size_t ldg, size_t i0, size_t rows,
+                      size_t cols);
+    void (*grad_end)(const term_unit *t, const REAL *x, REAL *dx);
+    void (*grad_reduce)(const posenc_problem *p, const posenc_grads *g, void *data,
+                        const call_scales *scales, int phase);
     int overrides;
     int factor;
     int scaled;

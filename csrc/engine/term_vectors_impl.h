@@ -242,13 +242,13 @@ static const vector_call *vector_call_of(const terms_call *c, int k)
     return c->data[k] ? (const vector_call *)c->data[k] : &none;
 }
 
-/* What both kinds' prepare and release do (kind k, the query side's or the key side's). */
-static int vector_prepare(const posenc_problem *p, const terms_call *call, void **data, int k,
-                          int query_side)
+/* Both kinds' prepare and release (kind k: POSENC_TERM_query_table or key_table). */
+static int vector_prepare(const posenc_problem *p, const terms_call *call, int k, void **data)
 {
     vector_call *v = (vector_call *)posenc_alloc(1, sizeof *v);
     *data = v;
-    return v ? vector_call_build(v, p, k, call->reach, query_side) : POSENC_ENOMEM;
+    return v ? vector_call_build(v, p, k, call->reach, k == POSENC_TERM_query_table)
+             : POSENC_ENOMEM;
 }
 
 static void vector_release(void *data)

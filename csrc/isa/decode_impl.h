@@ -131,7 +131,7 @@ DECODE_REGISTER_ROWS(8)
  * key's row loaded once for all the query rows (in L1), four sums reduced in one tree
  * (VREDUCE4; a horizontal sum each would bound the loop): rows four at a time per key
  * (a grouped-query step), a pair of rows over a pair of keys (DeBERTa's step: q and a
- * key table's row, attention_decode_fused), a last row one key at a time.  The tree
+ * key table's row, term_key_table_content_row), a last row one key at a time.  The tree
  * is VREDUCE's, lane for lane: a sum's bits depend on neither its row's place nor its
  * key's.
  */
