@@ -7,10 +7,12 @@
  * term_kind (term_unit_impl.h): term_<name>_unit, _unit_scratch, _rows,
  * _grad_rows, _grad_scratch, _content, _content_grad, _content_keep,
  * _expand_rows, _expand, _row_of, _rows_at, _grad_block, _prepare, _release,
- * _content_row and _fuses (NULL where the kind has none: the rotation's per-token
- * tables, read by rope_impl.h, have none; a kind adds rows or reads the content
- * logits), and its flags _overrides, _scaled, and (outside its REAL part, for
- * entry.c and terms.c) _factor, _by_blocks and _vector.
+ * _content_row, _fuses and the gradient-sum hooks _grad_prepare, _grad_release,
+ * _grad_unit_scratch, _grad_begin, _grad_sums, _grad_end, _grad_reduce (NULL where
+ * the kind has none: the rotation's per-token tables, read by rope_impl.h, have none;
+ * a kind adds rows or reads the content logits), and its flags _overrides, _scaled,
+ * and (outside its REAL part, for entry.c and terms.c) _factor, _by_blocks and
+ * _vector.
  */
 #ifndef POSENC_ENGINE_TERM_KINDS_IMPL_H
 #define POSENC_ENGINE_TERM_KINDS_IMPL_H
