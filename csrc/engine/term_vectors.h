@@ -136,7 +136,10 @@ static inline int vector_call_build(vector_call *v, const posenc_problem *p, int
     v->buckets = posenc_runs_buckets(&v->runs);
     v->edges = key_edges_of(&v->runs);
     v->reach[1] = v->buckets;
-    if (reach < 0)
+    /* no reach, or one that holds every offset a tile reads (a decoding step's last rows:
+     * query_offset + n = m; the query side's tiles ending at row t reach past -t, so for it
+     * only with one row): every bucket, as the extents would find */
+    if (reach < 0 || ((size_t)reach + 1 >= offsets && (!query_side || n == 1)))
         return POSENC_OK;
     ptrdiff_t lo = v->runs.b_max, hi = v->runs.b_min;
     if (!query_side) {   /* the offsets j - i up to a tile's last row's */
