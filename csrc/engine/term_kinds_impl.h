@@ -223,6 +223,12 @@ static int terms_units_batch_free(const posenc_problem *p)
     return 1;
 }
 
+/* Kind k's unit data in scratch (terms_unit formed the present modules' there). */
+static REAL *term_unit_data(const term_env *env, int k, REAL *scratch)
+{
+    return scratch + env->unit_at[k];
+}
+
 /* The unit data of unit (b, h) of each present module among kinds [from, to) formed in
  * scratch (terms_unit_scratch: the present modules' room, in the list's order; the
  * kinds before `from`, whose rows a head block holds, keep theirs unwritten). */
@@ -233,7 +239,7 @@ static void terms_unit(const posenc_problem *p, const posenc_kernels *kern, term
         if (term_has_unit(p, k)) {
             term_unit t;
             term_unit_set(&t, p, kern, env, k, b, h);
-            t.unit_data = scratch + env->unit_at[k];
+            t.unit_data = term_unit_data(env, k, scratch);
             t.tag = &env->tag[k];
             term_kinds[k].unit(&t);
         }
@@ -254,15 +260,6 @@ static term_env term_env_of(const posenc_problem *p, const posenc_kernels *kern,
     return e;
 }
 
-/* Kind k's unit data in scratch (terms_unit formed the present modules' there). */
-static REAL *term_unit_data(const posenc_problem *p, const posenc_kernels *kern,
-                            const term_env *env, int k, REAL *scratch)
-{
-    (void)p;
-    (void)kern;
-    return scratch + env->unit_at[k];
-}
-
 /* Kind k's distinct rows of unit (b, h) into X (row s at X + s m; scratch: the unit data
  * terms_unit formed). */
 static void terms_expand(const posenc_problem *p, const posenc_kernels *kern,
@@ -271,7 +268,7 @@ static void terms_expand(const posenc_problem *p, const posenc_kernels *kern,
 {
     term_unit t;
     term_unit_set(&t, p, kern, env, k, b, h);
-    t.unit_data = term_unit_data(p, kern, env, k, scratch);
+    t.unit_data = term_unit_data(env, k, scratch);
     term_kinds[k].expand(&t, X);
 }
 
@@ -302,7 +299,7 @@ static void term_rows(const posenc_problem *p, const posenc_kernels *kern,
 {
     term_unit t;
     term_unit_set(&t, p, kern, env, k, b, h);
-    t.unit_data = term_unit_data(p, kern, env, k, scratch);
+    t.unit_data = term_unit_data(env, k, scratch);
     term_kinds[k].rows(&t, op, P, ldp, i0, rows, k0, cols);
 }
 
@@ -355,7 +352,7 @@ static const REAL *term_rows_at(const posenc_problem *p, const posenc_kernels *k
 {
     term_unit t;
     term_unit_set(&t, p, kern, env, k, b, h);
-    t.unit_data = term_unit_data(p, kern, env, k, scratch);
+    t.unit_data = term_unit_data(env, k, scratch);
     return term_kinds[k].rows_at(&t, i0, ld);
 }
 
@@ -377,7 +374,7 @@ static void terms_content_row(const posenc_problem *p, const posenc_kernels *ker
 {
     term_unit t;
     term_unit_set(&t, p, kern, env, k, b, h);
-    t.unit_data = term_unit_data(p, kern, env, k, scratch);
+    t.unit_data = term_unit_data(env, k, scratch);
     term_kinds[k].content_row(&t, x, ldx, pair, i, c0, cols);
 }
 
