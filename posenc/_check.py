@@ -246,8 +246,9 @@ def attention_bounds(method, args64, kwargs64, v64, options: dict, d_out64=None,
     `options` (SPEC §6, §7: causal, key_padding_mask, window, documents, softcap, sinks,
     query_offset, dropout_p, seed), with the operand rounding of `dtype`
     (_dtypes.OPERAND_ROUNDOFF: P before P.v and dV, dS before every gradient's GEMM)
-    where it has one.  A softcap passes the logits' error on at most (|tanh'| <= 1);
-    the sinks' gradient is bounded by its probabilities times delta's error."""
+    and the error of its softmax's exp (_dtypes.SOFTMAX_EXP_ERROR) where it has them.
+    A softcap passes the logits' error on at most (|tanh'| <= 1); the sinks' gradient
+    is bounded by its probabilities times delta's error."""
     options = dict(dict(query_offset=0, dropout_p=0.0, seed=0), **options)
     m, dv = v64.shape[2], v64.shape[3]
     depth = args64[0].shape[-1] + dense_rank(method, args64, kwargs64)
@@ -267,6 +268,7 @@ def attention_bounds(method, args64, kwargs64, v64, options: dict, d_out64=None,
                                          options["dropout_p"]) / (1 - options["dropout_p"])
     PD = P * D
     e = np.where(masked, 0.0, logit_bound).max(axis=-1, initial=0.0)       # (B, H, n)
+    e = e + _dtypes.softmax_exp_error(dtype)   # the softmax's exp, as a logit error
     r = _dtypes.operand_roundoff(dtype)
     out_bound = (2 * e + (m + 8) * EPS32 + r)[..., None] * np.einsum("bhij,bhjd->bhid", PD,
                                                                      np.abs(v64))

@@ -36,6 +36,11 @@ UNIT_ROUNDOFF = {"bfloat16": 2.0 ** -8, "float16": 2.0 ** -11}
 # has no such GEMM.  Results that pass through one (every gradient, the
 # attention's out) get OPERAND_ROUNDOFF x M in their float32 bound.
 OPERAND_ROUNDOFF = {"bfloat16": 2.0 ** -8}
+# The relative error of the exp a dtype's attention softmax computes, beyond
+# float32's: bfloat16's (the P its GEMM rounds) is a degree-4 polynomial,
+# within 3.0e-6 of exp (csrc/isa/avx512bf16.c, bf16_softmax_exp).  It enters
+# the attention's bounds as a logit error would (lse, out, the gradients).
+SOFTMAX_EXP_ERROR = {"bfloat16": 3.0e-6}
 FLOAT16_MAX_FINITE = 65504.0
 FLOAT16_OVERFLOW = 65520.0          # the smallest magnitude that rounds to +-inf
 FLOAT16_SUBNORMAL_ERROR = 2.0 ** -25   # half the spacing of float16 below 2^-14
@@ -59,6 +64,11 @@ def is_low_precision(dtype) -> bool:
 def operand_roundoff(dtype) -> float:
     """OPERAND_ROUNDOFF of `dtype` (0 for the dtypes computed without one)."""
     return OPERAND_ROUNDOFF.get(np.dtype(dtype).name, 0.0) if dtype is not None else 0.0
+
+
+def softmax_exp_error(dtype) -> float:
+    """SOFTMAX_EXP_ERROR of `dtype` (0 for the dtypes whose softmax is float32's)."""
+    return SOFTMAX_EXP_ERROR.get(np.dtype(dtype).name, 0.0) if dtype is not None else 0.0
 
 
 def lse_dtype(dtype: np.dtype) -> np.dtype:

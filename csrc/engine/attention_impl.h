@@ -416,7 +416,7 @@ static void attention_hidden_unseen(const void *c_, REAL *x, size_t b, size_t i,
  * for those rows).  The shift is the row's max, or the head's sink where it
  * is larger; the sum counts exp(sink - shift).  With x16 (the bfloat16 GEMM,
  * no dropout) the probabilities go to x16 only, rounded as the GEMM would
- * round them (exp_row: the same sum).
+ * round them, and the sum is theirs before the rounding (exp_row).
  */
 static REAL attention_softmax_row(const attention_ctx *c, attention_ws *w, REAL *x, size_t b,
                                   size_t h, size_t i, size_t c0, size_t c1, double *stats,
