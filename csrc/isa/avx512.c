@@ -10,6 +10,7 @@
 #include <stdint.h>
 
 #include "vector_exp.h"   /* VEXP, VMAX: the hooks of the softmax rows */
+#include "transpose_avx512.h"   /* the key-side tile gather's 16 x 16 */
 
 #define MR 12
 #define NRV 2
@@ -148,11 +149,267 @@ static inline void key_row_scatter_f32x16(float *grad, size_t ld, const int64_t 
     key_row_scatter_f32(grad, ld, bucket, b_min, src, j, j1);
 }
 
+/*
+ * The key-side tile gather and scatter in blocks of 16 keys x up to 16 rows
+ * without gather instructions (float32).  Element (r, j) of the tile is at
+ * bucket map_r0[j - r] of row j of proj: for one key j the rows' buckets are
+ * a reversed slice of the map, which the maps keep within a few buckets
+ * (they are monotone and step by at most one bucket per offset: clipped,
+ * DeBERTa's log buckets); then one load of row j and a permute give key j's
+ * values for every row, and a 16 x 16 transpose turns those columns into the
+ * tile's rows (the scatter: rows into columns, each added to its row of
+ * proj's gradient in one masked load and store, where the buckets are one
+ * apart: a cell then takes one row's term, as the row scatter adds it).  A
+ * block whose map does not allow it goes to the row gathers and scatters.
+ * The same elements, added or multiplied as those do (the table's value
+ * first): bitwise their results.
+ */
+typedef struct {
+    __m512i lo, hi;   /* window[s] = map_r0[jb - 16 + s] as int32, s < 16, and s >= 16 */
+    int rising, falling;   /* its steps where the rows read it: all >= 0, all <= 0 */
+    int unit;              /* every such step +1 (rising) or -1 (falling) */
+} key_window;
+
+/* The map for keys jb .. jb + 15 and rows 0 .. rows - 1 (1 <= rows <= 16): row r of key
+ * u reads window[16 + u - r], s >= 17 - rows; the rest of the window is 0. */
+static inline key_window key_window_of(const int64_t *map_r0, size_t jb, size_t rows)
+{
+    const int64_t *w = map_r0 + jb - 16;
+    const __mmask16 read = (__mmask16)(0xFFFFu << (17 - rows));
+    const __m256i w0 = _mm512_cvtepi64_epi32(_mm512_maskz_loadu_epi64((__mmask8)read, w));
+    const __m256i w1 = _mm512_cvtepi64_epi32(_mm512_maskz_loadu_epi64((__mmask8)(read >> 8), w + 8));
+    const __m256i w2 = _mm512_cvtepi64_epi32(_mm512_loadu_si512(w + 16));
+    const __m256i w3 = _mm512_cvtepi64_epi32(_mm512_loadu_si512(w + 24));
+    key_window x;
+    x.lo = _mm512_inserti64x4(_mm512_castsi256_si512(w0), w1, 1);
+    x.hi = _mm512_inserti64x4(_mm512_castsi256_si512(w2), w3, 1);
+    /* steps window[s] - window[s - 1] for s > 17 - rows */
+    const __m512i step_lo = _mm512_sub_epi32(x.lo, _mm512_alignr_epi32(x.lo, x.lo, 15));
+    const __m512i step_hi = _mm512_sub_epi32(x.hi, _mm512_alignr_epi32(x.hi, x.lo, 15));
+    const __mmask16 in_lo = (__mmask16)(read << 1);
+    const __mmask16 in_hi = rows > 1 ? (__mmask16)0xFFFF : (__mmask16)0xFFFE;
+    const __m512i zero = _mm512_setzero_si512(), one = _mm512_set1_epi32(1);
+    x.rising = !_mm512_mask_cmplt_epi32_mask(in_lo, step_lo, zero) &&
+               !_mm512_mask_cmplt_epi32_mask(in_hi, step_hi, zero);
+    x.falling = !_mm512_mask_cmpgt_epi32_mask(in_lo, step_lo, zero) &&
+                !_mm512_mask_cmpgt_epi32_mask(in_hi, step_hi, zero);
+    const __m512i signed_one = x.rising ? one : _mm512_sub_epi32(zero, one);
+    x.unit = (x.rising || x.falling) &&
+             !_mm512_mask_cmpneq_epi32_mask(in_lo, step_lo, signed_one) &&
+             !_mm512_mask_cmpneq_epi32_mask(in_hi, step_hi, signed_one);
+    return x;
+}
+
+static const int32_t key_lanes[16] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+
+static inline int key_block16_f32(int op, float *P, size_t ldp, const int64_t *map_r0,
+                                  ptrdiff_t b_min, const float *proj, size_t ld, size_t jb,
+                                  size_t rows)
+{
+    const key_window x = key_window_of(map_r0, jb, rows);
+    const __m512i lane = _mm512_loadu_si512(key_lanes);
+    /* key u's rows read window[16 + u - r], r < rows: between its ends, which must lie
+     * within 16 buckets of each other; base[u] the lower */
+    const __m512i first = x.hi;
+    const __m512i last = _mm512_permutex2var_epi32(
+        x.lo, _mm512_add_epi32(lane, _mm512_set1_epi32((int)(17 - rows))), x.hi);
+    if (!(x.rising || x.falling) ||
+        _mm512_cmpge_epu32_mask(_mm512_abs_epi32(_mm512_sub_epi32(first, last)),
+                                _mm512_set1_epi32(16)))
+        return 0;
+    int32_t base[16];
+    _mm512_storeu_si512(base, _mm512_min_epi32(first, last));
+    __m512i select = _mm512_sub_epi32(_mm512_set1_epi32(16), lane);   /* lane r: 16 + u - r */
+    __m512i column[16];
+#pragma GCC unroll 16
+    for (size_t u = 0; u < 16; ++u) {
+        const __m512i rel = _mm512_sub_epi32(_mm512_permutex2var_epi32(x.lo, select, x.hi),
+                                             _mm512_set1_epi32(base[u]));
+        select = _mm512_add_epi32(select, _mm512_set1_epi32(1));
+        const size_t col = (size_t)((ptrdiff_t)base[u] - b_min), avail = ld - col;
+        const float *at = proj + (jb + u) * ld + col;
+        const __m512 values = avail >= 16 ? _mm512_loadu_ps(at)
+                                          : _mm512_maskz_loadu_ps((__mmask16)((1u << avail) - 1), at);
+        column[u] = _mm512_castps_si512(_mm512_permutexvar_ps(rel, values));
+    }
+    posenc_transpose_16x16_epi32(column);
+    for (size_t r = 0; r < rows; ++r) {
+        float *dst = P + r * ldp + jb;
+        __m512 v = _mm512_castsi512_ps(column[r]);
+        if (op == POSENC_ADD) v = _mm512_add_ps(v, _mm512_loadu_ps(dst));
+        else if (op == POSENC_MUL) v = _mm512_mul_ps(v, _mm512_loadu_ps(dst));
+        _mm512_storeu_ps(dst, v);
+    }
+    return 1;
+}
+
+/* grad[(jb + u) ld + map_r0[jb + u - r] - b_min] += src[r ld_src + jb + u], u < 16,
+ * r < rows, where the map steps by one bucket over the rows read (else 0, nothing
+ * added): the rows' terms of key u fill `rows` adjacent cells, from the lowest bucket. */
+static inline int key_scatter_block16_f32(float *grad, size_t ld, const int64_t *map_r0,
+                                          ptrdiff_t b_min, const float *src, size_t ld_src,
+                                          size_t jb, size_t rows)
+{
+    const key_window x = key_window_of(map_r0, jb, rows);
+    if (!x.unit)
+        return 0;
+    __m512i column[16];
+#pragma GCC unroll 16
+    for (size_t r = 0; r < 16; ++r)
+        column[r] = r < rows ? _mm512_loadu_si512(src + r * ld_src + jb) : _mm512_setzero_si512();
+    posenc_transpose_16x16_epi32(column);   /* column[u], lane r: row r's term of key u */
+    /* rising: the cells of key u from window[16 + u] - (rows - 1), row rows - 1 - c at cell c;
+     * falling: from window[16 + u], row c at cell c */
+    const __m512i lane = _mm512_loadu_si512(key_lanes);
+    const __m512i order = x.rising ? _mm512_sub_epi32(_mm512_set1_epi32((int)rows - 1), lane) : lane;
+    int32_t base[16];
+    _mm512_storeu_si512(base, x.rising ? _mm512_sub_epi32(x.hi, _mm512_set1_epi32((int)rows - 1))
+                                       : x.hi);
+    const __mmask16 cells = (__mmask16)((1u << rows) - 1);
+#pragma GCC unroll 16
+    for (size_t u = 0; u < 16; ++u) {
+        float *at = grad + (jb + u) * ld + (size_t)((ptrdiff_t)base[u] - b_min);
+        const __m512 terms = _mm512_permutexvar_ps(order, _mm512_castsi512_ps(column[u]));
+        const __m512 sums = _mm512_add_ps(_mm512_maskz_loadu_ps(cells, at), terms);
+        _mm512_mask_storeu_ps(at, cells, sums);
+    }
+    return 1;
+}
+
+static inline int key_tile_gather_f32(int op, float *P, size_t ldp, const int64_t *map_r0,
+                                      ptrdiff_t b_min, const float *proj, size_t ld, size_t j0,
+                                      size_t j1, size_t rows)
+{
+    for (size_t r0 = 0; r0 < rows; r0 += 16) {
+        const size_t tile = rows - r0 < 16 ? rows - r0 : 16;
+        float *Pr = P + r0 * ldp;
+        const int64_t *map_r = map_r0 - r0;
+        size_t j = j0;
+        for (; j + 16 <= j1; j += 16)
+            if (!key_block16_f32(op, Pr, ldp, map_r, b_min, proj, ld, j, tile))
+                for (size_t r = 0; r < tile; ++r)
+                    key_row_gather_f32x16(op, Pr + r * ldp, proj, ld, map_r - r, b_min, j, j + 16);
+        for (size_t r = 0; j < j1 && r < tile; ++r)
+            key_row_gather_f32x16(op, Pr + r * ldp, proj, ld, map_r - r, b_min, j, j1);
+    }
+    return 1;
+}
+
+static inline int key_tile_gather_f64(int op, double *P, size_t ldp, const int64_t *map_r0,
+                                      ptrdiff_t b_min, const double *proj, size_t ld, size_t j0,
+                                      size_t j1, size_t rows)
+{
+    (void)op, (void)P, (void)ldp, (void)map_r0, (void)b_min, (void)proj, (void)ld, (void)j0,
+        (void)j1, (void)rows;
+    return 0;   /* the row gathers */
+}
+
+static inline int key_tile_scatter_f32(float *grad, size_t ld, const int64_t *map_r0,
+                                       ptrdiff_t b_min, const float *src, size_t ld_src, size_t j0,
+                                       size_t j1, size_t r0, size_t rows)
+{
+    /* rows in order, 16 at a time: a cell that takes terms of several rows takes them in
+     * the rows' order, as the row scatter adds them */
+    for (size_t c0 = r0; c0 < rows; c0 += 16) {
+        const size_t tile = rows - c0 < 16 ? rows - c0 : 16;
+        const int64_t *map_c = map_r0 - c0;
+        const float *src_c = src + c0 * ld_src;
+        size_t j = j0;
+        for (; j + 16 <= j1; j += 16)
+            if (!key_scatter_block16_f32(grad, ld, map_c, b_min, src_c, ld_src, j, tile))
+                for (size_t r = 0; r < tile; ++r)
+                    key_row_scatter_f32x16(grad, ld, map_c - r, b_min, src_c + r * ld_src, j, j + 16);
+        for (size_t r = 0; j < j1 && r < tile; ++r)
+            key_row_scatter_f32x16(grad, ld, map_c - r, b_min, src_c + r * ld_src, j, j1);
+    }
+    return 1;
+}
+
+static inline int key_tile_scatter_f64(double *grad, size_t ld, const int64_t *map_r0,
+                                       ptrdiff_t b_min, const double *src, size_t ld_src,
+                                       size_t j0, size_t j1, size_t r0, size_t rows)
+{
+    (void)grad, (void)ld, (void)map_r0, (void)b_min, (void)src, (void)ld_src, (void)j0,
+        (void)j1, (void)r0, (void)rows;
+    return 0;   /* the row scatters */
+}
+
+/*
+ * The query-side tile gather (float32): element (r, j) reads row r of proj
+ * at bucket map_r0[j - r].  The map is taken to int32 once per chunk of keys
+ * for all the tile's rows; where 16 keys' buckets span at most 32 (runs of
+ * step 1 and log buckets), two loads of the row and a permute stand for the
+ * gather instruction.  The same elements, added or multiplied as the row
+ * gathers do: bitwise their results.
+ */
+#define QUERY_CHUNK 256
+
+static inline int query_tile_gather_f32(int op, float *P, size_t ldp, const int64_t *map_r0,
+                                        ptrdiff_t b_min, const float *proj, size_t ld, size_t m,
+                                        size_t rows)
+{
+    if (rows > 32 || ld > (size_t)INT32_MAX)
+        return 0;   /* the row gathers */
+    int32_t window[QUERY_CHUNK + 32];
+    const __m512i thirty_two = _mm512_set1_epi32(32);
+    for (size_t c0 = 0; c0 < m; c0 += QUERY_CHUNK) {
+        const size_t c1 = m - c0 < QUERY_CHUNK ? m : c0 + QUERY_CHUNK;
+        /* window[s] = map_r0[c0 - (rows - 1) + s] - b_min: row r's key j at s = j - c0 + rows - 1 - r */
+        const int64_t *from = map_r0 + c0 - (rows - 1);
+        for (size_t s = 0; s < c1 - c0 + rows - 1; ++s)
+            window[s] = (int32_t)(from[s] - b_min);
+        for (size_t r = 0; r < rows; ++r) {
+            float *dst = P + r * ldp;
+            const float *row = proj + r * ld;
+            const int32_t *at = window + (rows - 1 - r) - c0;   /* at[j]: key j's column */
+            size_t j = c0;
+            for (; j + 16 <= c1; j += 16) {
+                const __m512i index = _mm512_loadu_si512(at + j);
+                const int32_t a = at[j], b = at[j + 15], base = a < b ? a : b;
+                const __m512i rel = _mm512_sub_epi32(index, _mm512_set1_epi32(base));
+                __m512 v;
+                if (_mm512_cmplt_epu32_mask(rel, thirty_two) == 0xFFFF) {
+                    const size_t avail = ld - (size_t)base;
+                    const __mmask16 m0 = avail >= 16 ? 0xFFFF : (__mmask16)((1u << avail) - 1);
+                    const __mmask16 m1 = avail >= 32   ? 0xFFFF
+                                         : avail > 16 ? (__mmask16)((1u << (avail - 16)) - 1)
+                                                      : 0;
+                    v = _mm512_permutex2var_ps(_mm512_maskz_loadu_ps(m0, row + base), rel,
+                                               _mm512_maskz_loadu_ps(m1, row + base + 16));
+                } else {
+                    v = _mm512_i32gather_ps(index, row, sizeof(float));
+                }
+                if (op == POSENC_ADD) v = _mm512_add_ps(v, _mm512_loadu_ps(dst + j));
+                else if (op == POSENC_MUL) v = _mm512_mul_ps(v, _mm512_loadu_ps(dst + j));
+                _mm512_storeu_ps(dst + j, v);
+            }
+            if (j < c1)
+                key_row_gather_f32(op, dst, row, 0, map_r0 - r, b_min, j, c1);
+        }
+    }
+    return 1;
+}
+
+static inline int query_tile_gather_f64(int op, double *P, size_t ldp, const int64_t *map_r0,
+                                        ptrdiff_t b_min, const double *proj, size_t ld, size_t m,
+                                        size_t rows)
+{
+    (void)op, (void)P, (void)ldp, (void)map_r0, (void)b_min, (void)proj, (void)ld, (void)m,
+        (void)rows;
+    return 0;   /* the row gathers */
+}
+
 /* The kernels' hooks (kernels_impl.h), by the dtype of the destination. */
 #define KEY_ROW_GATHER(op, dst, ...) \
     _Generic((dst), float *: key_row_gather_f32x16, double *: key_row_gather_f64)(op, dst, __VA_ARGS__)
 #define KEY_ROW_SCATTER(grad, ...) \
     _Generic((grad), float *: key_row_scatter_f32x16, double *: key_row_scatter_f64)(grad, __VA_ARGS__)
+#define KEY_TILE_GATHER(op, P, ...) \
+    _Generic((P), float *: key_tile_gather_f32, double *: key_tile_gather_f64)(op, P, __VA_ARGS__)
+#define KEY_TILE_SCATTER(grad, ...) \
+    _Generic((grad), float *: key_tile_scatter_f32, double *: key_tile_scatter_f64)(grad, __VA_ARGS__)
+#define QUERY_TILE_GATHER(op, P, ...) \
+    _Generic((P), float *: query_tile_gather_f32, double *: query_tile_gather_f64)(op, P, __VA_ARGS__)
 
 /*
  * One row of suffix_interp (positions_impl.h) in float32: 16 keys at a time

@@ -31,6 +31,11 @@
  *       tile_gather_key with the ISA's gathers (else plain C);
  *   KEY_ROW_SCATTER(grad, ld, bucket, b_min, src, j0, j1)      one row of
  *       tile_scatter_key;
+ *   KEY_TILE_GATHER(op, P, ldp, map_r0, b_min, proj, ld, j0, j1, rows),
+ *   KEY_TILE_SCATTER(grad, ld, map_r0, b_min, src, ld_src, j0, j1, r0, rows),
+ *   QUERY_TILE_GATHER(op, P, ldp, map_r0, b_min, proj, ld, m, rows)   the whole
+ *       of tile_gather_key, tile_scatter_key, tile_gather_query, nonzero where
+ *       it took it (for that REAL), bitwise their plain loops' results;
  *   SUFFIX_INTERP_ROW(x, pos, g, t, k0, cols, last)   one row of suffix_interp
  *       (positions_impl.h) with the ISA's vectors, nonzero where it took it;
  *   SUFFIX_INTERP_GRAD_ROW(gc, dqe, G, g, pos, t, first, cols, last)   likewise
@@ -468,6 +473,10 @@ static void KNAME(posenc_tile_gather_key)(int op, void *P_, size_t ldp, const in
 {
     REAL *P = (REAL *)P_;
     const REAL *proj = (const REAL *)proj_;
+#ifdef KEY_TILE_GATHER   /* the ISA's tile at once, where it has one for REAL */
+    if (KEY_TILE_GATHER(op, P, ldp, map_r0, b_min, proj, ld, j0, j1, rows))
+        return;
+#endif
     for (size_t r = 0; r < rows; ++r) {
         REAL *restrict dst = P + r * ldp;
         const int64_t *restrict bucket = map_r0 - r;
@@ -495,6 +504,10 @@ static void KNAME(posenc_tile_gather_query)(int op, void *P_, size_t ldp, const 
 {
     REAL *P = (REAL *)P_;
     const REAL *proj = (const REAL *)proj_;
+#ifdef QUERY_TILE_GATHER   /* the ISA's tile at once, where it has one for REAL */
+    if (QUERY_TILE_GATHER(op, P, ldp, map_r0, b_min, proj, ld, m, rows))
+        return;
+#endif
     for (size_t r = 0; r < rows; ++r) {
         REAL *restrict dst = P + r * ldp;
         const REAL *restrict row = proj + r * ld;
@@ -520,6 +533,10 @@ static void KNAME(posenc_tile_scatter_key)(void *grad_, size_t ld, const int64_t
 {
     REAL *grad = (REAL *)grad_;
     const REAL *src = (const REAL *)src_;
+#ifdef KEY_TILE_SCATTER   /* the ISA's tile at once, where it has one for REAL */
+    if (KEY_TILE_SCATTER(grad, ld, map_r0, b_min, src, ld_src, j0, j1, r0, rows))
+        return;
+#endif
     for (size_t r = r0; r < rows; ++r) {
         const REAL *restrict s = src + r * ld_src;
         const int64_t *restrict bucket = map_r0 - r;

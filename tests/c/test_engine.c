@@ -24,6 +24,8 @@
  *   8. The B panels of every ISA (pack_rows, pack_cols, either width) are
  *      their definitions bit for bit: alpha x, zeros past the columns.
  *      (1 and 2 check them only within a tolerance.)
+ *   9. The vector tables' tile gathers and scatter of every ISA are their
+ *      definitions bit for bit (blocked forms and fallbacks).
  *
  * Build and run: tests/c/run.sh (native, cross to aarch64 + qemu, valgrind).
  */
@@ -262,6 +264,122 @@ static void test_packing(void)
 }
 
 /*
+ * 9: the vector tables' tile gathers (tile_gather_key, tile_gather_query) and the
+ * key side's scatter (tile_scatter_key) of every ISA against their definitions, bit
+ * for bit: element (r, j) of a tile op= proj at bucket map_r0[j - r] - b_min, from row
+ * j (key side) or row r (query side) of proj, and its adjoint, rows in order;
+ * maps rising and falling by one bucket per offset, with log-like and clipped runs,
+ * rising by three, jumping and random (the ISAs' blocked forms and their fallbacks), rows 1 to 33,
+ * odd key ranges, proj and map exactly as long as read (ASan), the three ops.
+ */
+static int64_t gather_map_value(int kind, ptrdiff_t o)
+{
+    switch (kind) {
+    case 0: return 40 + (o < -30 ? -30 : o > 30 ? 30 : o);          /* clipped, rising */
+    case 1: return 40 - (o < -30 ? -30 : o > 30 ? 30 : o);          /* falling */
+    case 2: {                                                       /* log-like runs */
+        const ptrdiff_t a = o < 0 ? -o : o;
+        const int64_t v = a < 8 ? (int64_t)a : 8 + (int64_t)(log((double)a / 8) * 6);
+        return 60 + (o < 0 ? -v : v);
+    }
+    case 3: return 10 + (o % 7 + 7) % 7 * 9;                        /* jumps */
+    case 4: return 70 + 3 * (o < -20 ? -20 : o > 20 ? 20 : o);      /* rising three a step */
+    default: return (int64_t)(((uint64_t)(o + 1000) * 2654435761u) >> 7) % 97;   /* random */
+    }
+}
+
+static void test_table_gathers(void)
+{
+    const size_t rows_list[] = {1, 2, 5, 12, 16, 17, 33};
+    const size_t keys[][2] = {{0, 16}, {3, 40}, {0, 64}, {5, 100}, {16, 33}};
+    size_t checked = 0;
+    for (int isa = 0; isa < POSENC_ISA_COUNT; ++isa)
+        for (int dt = 0; dt < 2; ++dt) {
+            const posenc_kernels *kern = posenc_kernels_for((posenc_isa)isa, dt ? POSENC_F64 : POSENC_F32);
+            if (!kern)
+                continue;
+            const size_t es = dt ? sizeof(double) : sizeof(float);
+            for (int kind = 0; kind < 6; ++kind)
+                for (size_t a = 0; a < sizeof rows_list / sizeof rows_list[0]; ++a)
+                    for (size_t k = 0; k < sizeof keys / sizeof keys[0]; ++k)
+                        for (int op = 0; op < 3; ++op) {
+                            const size_t rows = rows_list[a], j0 = keys[k][0], j1 = keys[k][1];
+                            const int side_key = (int)((a + k + (size_t)op) % 2);
+                            /* the map entries read: j - r for j < j1, r < rows (from j0 on the key side, 0 on the query side) */
+                            const size_t first_j = side_key ? j0 : 0;
+                            const size_t span = j1 - first_j + rows - 1;
+                            int64_t *map = malloc(sizeof(int64_t) * span);
+                            const ptrdiff_t shift = (ptrdiff_t)(kind * 7) - 20;   /* offset of map_r0[0] */
+                            int64_t lo_b = INT64_MAX, hi_b = 0;
+                            for (size_t t = 0; t < span; ++t) {
+                                map[t] = gather_map_value(kind, (ptrdiff_t)t - (ptrdiff_t)(rows - 1) + (ptrdiff_t)first_j + shift);
+                                lo_b = map[t] < lo_b ? map[t] : lo_b;
+                                hi_b = map[t] > hi_b ? map[t] : hi_b;
+                            }
+                            const int64_t *map_r0 = map + (rows - 1) - first_j;
+                            const ptrdiff_t b_min = (ptrdiff_t)lo_b - (ptrdiff_t)(kind % 2);
+                            const size_t ld = (size_t)(hi_b - b_min) + 1 + (size_t)(kind % 3);
+                            const size_t proj_rows = side_key ? j1 : rows, ldp = j1 + 3;
+                            double *proj64 = malloc(sizeof(double) * proj_rows * ld);
+                            double *P64 = malloc(sizeof(double) * rows * ldp);
+                            for (size_t t = 0; t < proj_rows * ld; ++t) proj64[t] = urand() - 0.5;
+                            for (size_t t = 0; t < rows * ldp; ++t) P64[t] = urand() + 0.25;
+                            void *proj = malloc(es * proj_rows * ld), *P = malloc(es * rows * ldp),
+                                 *want = malloc(es * rows * ldp);
+                            for (size_t t = 0; t < proj_rows * ld; ++t)
+                                if (dt) ((double *)proj)[t] = proj64[t]; else ((float *)proj)[t] = (float)proj64[t];
+                            for (size_t t = 0; t < rows * ldp; ++t)
+                                if (dt) ((double *)P)[t] = P64[t]; else ((float *)P)[t] = (float)P64[t];
+                            memcpy(want, P, es * rows * ldp);
+                            for (size_t r = 0; r < rows; ++r)
+                                for (size_t j = first_j; j < j1; ++j) {
+                                    const size_t at = (side_key ? j : r) * ld + (size_t)(map_r0[j - r] - b_min);
+                                    if (dt) {
+                                        double *w = (double *)want + r * ldp + j;
+                                        const double v = ((double *)proj)[at];
+                                        *w = op == POSENC_SET ? v : op == POSENC_ADD ? v + *w : v * *w;
+                                    } else {
+                                        float *w = (float *)want + r * ldp + j;
+                                        const float v = ((float *)proj)[at];
+                                        *w = op == POSENC_SET ? v : op == POSENC_ADD ? v + *w : v * *w;
+                                    }
+                                }
+                            if (side_key)
+                                kern->tile_gather_key(op, P, ldp, map_r0, b_min, proj, ld, j0, j1, rows);
+                            else
+                                kern->tile_gather_query(op, P, ldp, map_r0, b_min, proj, ld, j1, rows);
+                            EXPECT(memcmp(P, want, es * rows * ldp) == 0,
+                                   "%s %s tile_gather_%s map %d rows=%zu keys [%zu, %zu) op %d: differs",
+                                   posenc_isa_name((posenc_isa)isa), dt ? "f64" : "f32",
+                                   side_key ? "key" : "query", kind, rows, first_j, j1, op);
+                            ++checked;
+                            if (side_key) {   /* the adjoint: P's rows [r0, rows) added into proj, rows in order */
+                                const size_t r0 = (size_t)op % 2 && rows > 1 ? 1 : 0;
+                                void *grad = malloc(es * proj_rows * ld);
+                                memcpy(grad, proj, es * proj_rows * ld);
+                                void *grad_want = malloc(es * proj_rows * ld);
+                                memcpy(grad_want, grad, es * proj_rows * ld);
+                                for (size_t r = r0; r < rows; ++r)
+                                    for (size_t j = j0; j < j1; ++j) {
+                                        const size_t at = j * ld + (size_t)(map_r0[j - r] - b_min);
+                                        if (dt) ((double *)grad_want)[at] += ((double *)P)[r * ldp + j];
+                                        else ((float *)grad_want)[at] += ((float *)P)[r * ldp + j];
+                                    }
+                                kern->tile_scatter_key(grad, ld, map_r0, b_min, P, ldp, j0, j1, r0, rows);
+                                EXPECT(memcmp(grad, grad_want, es * proj_rows * ld) == 0,
+                                       "%s %s tile_scatter_key map %d rows [%zu, %zu) keys [%zu, %zu): differs",
+                                       posenc_isa_name((posenc_isa)isa), dt ? "f64" : "f32", kind, r0,
+                                       rows, j0, j1);
+                                ++checked;
+                                free(grad), free(grad_want);
+                            }
+                            free(map), free(proj64), free(P64), free(proj), free(P), free(want);
+                        }
+        }
+    printf("table gathers and scatters: %zu cases\n", checked);
+}
+
+/*
  * posenc_matmul against double loops, every ISA, float32 and float64: odd
  * sizes (one tile, tails of mr, nr and kc; several kc and nc blocks at
  * K = 300, N = 600), A by rows and by columns, B = W^T (column-major) and
@@ -445,6 +563,7 @@ int main(void)
     test_shared_table();
     test_dispatch_tables();
     test_packing();
+    test_table_gathers();
     test_matmul();
     test_philox();
     test_dropout_rows();
