@@ -14,7 +14,7 @@
 
 #include "convert_avx512.h"
 #include "transpose_avx512.h"
-#include "vector_exp.h"   /* EXP_*: the Cody-Waite reduction of posenc_vexp_f32 */
+#include "vector_exp.h"   /* posenc_vexp_f32_reduce: posenc_vexp_f32's reduction */
 
 /* exp(x) for the bfloat16 softmax (exp_row): posenc_vexp_f32's reduction, clamps, -inf,
  * NaN and overflow, with a degree-4 polynomial minimax in relative error on
@@ -23,11 +23,8 @@
  * spacing (2^-8), three FMAs fewer per 16 elements. */
 static inline __m512 bf16_softmax_exp(__m512 x)
 {
-    x = _mm512_min_ps(_mm512_set1_ps(89.0f), _mm512_max_ps(_mm512_set1_ps(-120.0f), x));
-    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps((float)EXP_LOG2E)),
-                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(EXP_LN2_HI_F), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(EXP_LN2_LO_F), r);
+    __m512 n;
+    const __m512 r = posenc_vexp_f32_reduce(x, &n);
     __m512 p = _mm512_fmadd_ps(_mm512_set1_ps(0.0414983332157135f), r,
                                _mm512_set1_ps(0.1678723841905594f));
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5000320672988892f));
