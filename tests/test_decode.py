@@ -71,6 +71,44 @@ def test_decode_low_precision(dtype, rng):
                                causal=True, query_offset=M - 1)
 
 
+@pytest.mark.parametrize("method", METHODS)
+def test_decode_bfloat16_is_float32_narrowed(method, rng):
+    """bfloat16 at a step runs the float32 decoding path on its inputs widened (on the
+    bfloat16 GEMM's problems from their twins, a unit at a time: the path has no GEMM),
+    so its out is the float32 step's on the widened inputs narrowed once, bit for bit,
+    and its lse the same: heads alone, a group's heads in one pass, 16 rows, keys split
+    among work items.  Where there is a bfloat16 GEMM, a Dense term's pos_q . pos_kᵀ runs
+    on it, and DIET's segments keep the prefill's tiles (their expanded rows): those are
+    bounded (test_decode_low_precision), not bitwise."""
+    from posenc import _dtypes
+    from posenc._registry import REGISTRY, Dense, Segments
+    from test_low_precision import bf16_gemm
+
+    if _dtypes.BFLOAT16 is None:
+        pytest.skip("bfloat16 needs ml_dtypes")
+    if bf16_gemm("bfloat16") and (REGISTRY[method].term(Dense) or REGISTRY[method].term(Segments)):
+        pytest.skip("a GEMM on vdpbf16ps in the step (bound only)")
+    for n, m, kv_heads in ((1, M, None), (2, 513, 2), (16, 40, None), (1, SPLIT_M, None)):
+        if kv_heads:
+            args, kwargs, v = _grouped(method, n, m, 16, 9, kv_heads, rng, dtype=np.float32)
+        else:
+            args, kwargs, v = _inputs(method, n, m, 16, 9, rng, dtype=np.float32)
+        narrow = lambda x: (x.astype(_dtypes.BFLOAT16)  # noqa: E731
+                            if isinstance(x, np.ndarray) and x.dtype == np.float32 else x)
+        wide = lambda x: (x.astype(np.float32)  # noqa: E731
+                          if isinstance(x, np.ndarray) and x.dtype == _dtypes.BFLOAT16 else x)
+        args16 = [narrow(a) for a in args]
+        kwargs16 = {key: narrow(x) for key, x in kwargs.items()}
+        attention = dict(causal=True, query_offset=m - n)
+        got = _forward(posenc, method, args16, kwargs16, narrow(v), **attention)
+        want = _forward(posenc, method, [wide(a) for a in args16],
+                        {key: wide(x) for key, x in kwargs16.items()}, wide(narrow(v)),
+                        **attention)
+        expected = _dtypes.narrow(want.out.astype(np.float64), _dtypes.BFLOAT16)
+        assert np.array_equal(got.out.view(np.uint16), expected.view(np.uint16)), (n, m)
+        np.testing.assert_array_equal(got.lse, want.lse)
+
+
 @pytest.mark.parametrize("kv_heads", (None, 2))
 @pytest.mark.parametrize("method", METHODS)
 def test_decode_one_and_two_threads_are_bitwise_equal(method, kv_heads, threads, rng):

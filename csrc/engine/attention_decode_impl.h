@@ -156,8 +156,10 @@ static size_t attention_decode_span(const attention_ctx *c, const decode_target 
  * rows_axpy: each key's row loaded once for all the query rows): the content logits of
  * the tile's keys, the method's positional rows added or multiplied as the tiles'
  * epilogue does (forward_positional), the softmax rows as the tiles', then P.v.  No
- * exact scales, bfloat16 GEMM or expanded module rows here (attention_prepare).  The
- * keys: the target's (all, or a chunk of a split call).
+ * exact scales or expanded module rows here (attention_prepare); on the bfloat16 GEMM's
+ * problem q, k and v are read widened from their twins, a unit at a time
+ * (forward_inputs_widened, attention_v_unit), and P stays float32.  The keys: the
+ * target's (all, or a chunk of a split call).
  */
 static void attention_decode_unit(const attention_ctx *c, forward_ws *fw, attention_ws *w,
                                   size_t b, size_t h, size_t r0, size_t r1, const decode_target *t)
@@ -205,13 +207,18 @@ static void attention_decode_heads(const attention_ctx *c, forward_ws *fw, atten
     const size_t u0 = b * p->H + h_first, rows = heads * n;
     const REAL *v_u = attention_v_unit(c, w, u0);
     unit_inputs_at(p, &fw->scratch, &fw->inputs, b, h_first, 0, n);
+    if (kern->bf16)   /* k from its twin (forward_inputs_widened) */
+        unit_inputs_widen(&fw->scratch, &fw->inputs, n, p->m, d, 0, n);
     const REAL *k_u = fw->inputs.k, *q_rows = (const REAL *)p->q + u0 * n * d;
-    if (posenc_rotates(p) || p->q_strides.r) {   /* the heads' rows copied, rotated */
+    if (posenc_rotates(p) || p->q_strides.r || kern->bf16) {   /* the heads' rows copied, rotated */
         for (size_t e = 0; e < heads; ++e) {
             REAL *rows_e = w->group_q + e * n * d;
             const REAL *q_e = unit_q_rows(p, rows_e, b, h_first + e, 0, n);
+            q_e = unit_rows(&fw->scratch, rows_e, q_e, n, d, 0, n);   /* a twin widened */
             if (posenc_rotates(p))
                 rope_rows(p, rows_e, q_e, b, h_first + e, 0, n, 0, 0, NULL);
+            else if (q_e != rows_e)
+                memcpy(rows_e, q_e, sizeof(REAL) * n * d);
         }
         q_rows = w->group_q;
     }

@@ -50,6 +50,9 @@ typedef struct {
                                     not packed (attention_decode_unit) */
     int decode_terms;            /* the decoding path forms positional rows (a term besides
                                     the content and the rotation) */
+    int widen_v;                 /* the forward's decoding path on the bfloat16 GEMM's problem:
+                                    v's values from its twin (engine_lp.c gives only that),
+                                    widened into v_rows a value unit at a time */
     size_t split, chunks;        /* a decoding step's keys split into `chunks` work items of
                                     `split` keys (attention_merge_chunks), or 0, 1 */
     term_seen seen;              /* the keys each row sees, for a content-reading term (cope) */
@@ -114,16 +117,17 @@ static size_t attention_ws_layout(const attention_ctx *c, int backward, size_t r
             WS_TAKE(w, mem, at, cap_grad, row_block * m);
     } else {
         WS_TAKE(w, mem, at, scores, c->kern->mr * c->logits.m_pad);
-        if (c->kern->bf16 && !c->dropout)
+        if (c->kern->bf16 && !c->dropout && !c->decode)   /* the decoding path: no P.v GEMM */
             WS_TAKE(w, mem, at, scores16, (c->kern->mr * c->logits.m_pad + 1) / 2);
         if (!c->decode)   /* the decoding path reads v in place */
             WS_TAKE(w, mem, at, v_pack, packed_b_size(m, dv, nr));
         WS_TAKE(w, mem, at, row_scale, c->kern->mr);
         WS_TAKE(w, mem, at, row_stats, 2 * c->kern->mr * (sizeof(double) / sizeof(REAL)));
-        if (c->decode && (posenc_rotates(p) || c->logits.call.fused || p->q_strides.r))
+        if (c->decode &&
+            (posenc_rotates(p) || c->logits.call.fused || p->q_strides.r || c->kern->bf16))
             WS_TAKE(w, mem, at, group_q, c->kern->mr * p->d);
     }
-    if (c->a->v_strides.r)
+    if (c->a->v_strides.r || c->widen_v)
         WS_TAKE(w, mem, at, v_rows, m * dv);
     if (backward && c->a->d_out_strides.r)
         WS_TAKE(w, mem, at, d_out_rows, p->n * dv);
@@ -134,13 +138,26 @@ static size_t attention_ws_layout(const attention_ctx *c, int backward, size_t r
     return posenc_round_up(at, POSENC_ALIGN / sizeof(REAL));
 }
 
-/* Unit u's rows of v (m x dv): in place, or copied from a strided v into w->v_rows (once
- * for the heads of a group that a thread takes in turn). */
+/* Unit u's rows of v (m x dv): in place, or copied from a strided v into w->v_rows, or
+ * (the decoding path on the bfloat16 GEMM's problem: widen_v) widened there
+ * from its twin; once for the heads of a group that a thread takes in turn. */
 static const REAL *attention_v_unit(const attention_ctx *c, attention_ws *w, size_t u)
 {
     const posenc_problem *p = c->p;
-    return (const REAL *)posenc_kv_rows(w->v_rows, &w->v_held, c->a->v, &c->a->v_strides, p,
-                                        u / p->H, u % p->H, p->m, c->a->dv, sizeof(REAL));
+    const REAL *v = (const REAL *)posenc_kv_rows(w->v_rows, &w->v_held, c->a->v,
+                                                 &c->a->v_strides, p, u / p->H, u % p->H, p->m,
+                                                 c->a->dv, sizeof(REAL));
+    if (c->widen_v && v != w->v_rows) {
+        const size_t held = posenc_kv_unit(p, u) + 1;
+        if (w->v_held == held)
+            return w->v_rows;
+        gemm_scratch s;
+        gemm_scratch_carve(&s, NULL, c->kern, p);   /* the problem's twins */
+        const REAL *values = unit_rows(&s, w->v_rows, v, p->m, c->a->dv, 0, p->m);
+        w->v_held = values == w->v_rows ? held : 0;
+        return values;
+    }
+    return v;
 }
 
 /* The keys [*lo, *hi) query row i of batch row b may see (SPEC §6, §7): all,
@@ -717,7 +734,7 @@ static int attention_prepare(attention_ctx *c, const posenc_problem *p, const po
     }
     c->grads_from_first = !(posenc_terms_by_blocks(p) || posenc_terms_vector(p) ||
                             p->product || c->logits.content >= 0);
-    c->decode = p->n <= ATTENTION_DECODE_ROWS && !kern->bf16 && !c->logits.scales.exact &&
+    c->decode = p->n <= ATTENTION_DECODE_ROWS && !c->logits.scales.exact &&
                 c->logits.expanded < 0;
     /* a decoding step's few rows form the modules' rows where they are read */
     forward_plan_blocks(&c->logits, ATTENTION_HEAD_BLOCK_BYTES, !c->decode);

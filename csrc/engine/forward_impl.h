@@ -80,6 +80,15 @@ typedef struct {
                                      (every batch row's), or -1 */
 } forward_ws;
 
+/* Whether a unit's q and k are read as values where the bfloat16 GEMM's problem gives
+ * only their twins (engine_lp.c): by a content-reading kind, or by the decoding path
+ * (call.direct: rows_dot, the kinds' direct rows), which has no GEMM; widened into the
+ * workspace's q_rot, k_rot (unit_inputs_widen). */
+static int forward_inputs_widened(const forward_ctx *c)
+{
+    return c->kern->bf16 && (c->content >= 0 || c->call.direct);
+}
+
 /* The workspace of one thread: its size in elements; carved into w when w != NULL. */
 static size_t forward_ws_layout(const forward_ctx *c, forward_ws *w, REAL *mem)
 {
@@ -96,7 +105,7 @@ static size_t forward_ws_layout(const forward_ctx *c, forward_ws *w, REAL *mem)
     if (!c->call.direct)
         WS_TAKE(w, mem, at, k_pack, packed_b_size(p->d, p->m, nr));
     WS_TAKE(w, mem, at, P, mr * c->m_pad);
-    if (unit_inputs_copied(p, c->content >= 0 && c->kern->bf16)) {
+    if (unit_inputs_copied(p, forward_inputs_widened(c))) {
         WS_TAKE(w, mem, at, inputs.q_rot, p->n * p->d);
         WS_TAKE(w, mem, at, inputs.k_rot, p->m * p->d);
     }
@@ -216,7 +225,7 @@ static void forward_unit_setup(const forward_ctx *c, forward_ws *w, size_t b, si
     const posenc_kernels *kern = c->kern;
     const size_t m = p->m, d = p->d;
     unit_inputs_at(p, &w->scratch, &w->inputs, b, h, r0, r1);
-    if (c->content >= 0 && kern->bf16)   /* the term reads q and k themselves */
+    if (forward_inputs_widened(c))
         unit_inputs_widen(&w->scratch, &w->inputs, p->n, m, d, r0, r1);
     const REAL *k_u = w->inputs.k;
     w->env.q = w->inputs.q;
