@@ -207,7 +207,7 @@ static void attention_decode_heads(const attention_ctx *c, forward_ws *fw, atten
     const size_t u0 = b * p->H + h_first, rows = heads * n;
     const REAL *v_u = attention_v_unit(c, w, u0);
     unit_inputs_at(p, &fw->scratch, &fw->inputs, b, h_first, 0, n);
-    if (kern->bf16)   /* k from its twin (forward_inputs_widened) */
+    if (forward_inputs_widened(&c->logits))   /* k from its twin */
         unit_inputs_widen(&fw->scratch, &fw->inputs, n, p->m, d, 0, n);
     const REAL *k_u = fw->inputs.k, *q_rows = (const REAL *)p->q + u0 * n * d;
     if (posenc_rotates(p) || p->q_strides.r || kern->bf16) {   /* the heads' rows copied, rotated */

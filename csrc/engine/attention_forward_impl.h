@@ -159,7 +159,6 @@ static int attention_forward(const posenc_problem *p, const posenc_attention *a,
     if (status == POSENC_OK) {
         const size_t threads = (size_t)(num_threads > 0 ? num_threads : 1);
         c.logits.call.direct = c.decode;   /* the backward projects and packs (its tiles) */
-        c.widen_v = c.decode && kern->bf16;
         if (c.decode && p->n == 1 && kern->mr > 1 && posenc_kv_group(p) == 1)
             c.logits.content_row = terms_content_row_kind(p);   /* attention_decode_unit */
         c.logits.call.fused = c.logits.content_row >= 0;

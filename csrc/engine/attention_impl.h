@@ -50,9 +50,6 @@ typedef struct {
                                     not packed (attention_decode_unit) */
     int decode_terms;            /* the decoding path forms positional rows (a term besides
                                     the content and the rotation) */
-    int widen_v;                 /* the forward's decoding path on the bfloat16 GEMM's problem:
-                                    v's values from its twin (engine_lp.c gives only that),
-                                    widened into v_rows a value unit at a time */
     size_t split, chunks;        /* a decoding step's keys split into `chunks` work items of
                                     `split` keys (attention_merge_chunks), or 0, 1 */
     term_seen seen;              /* the keys each row sees, for a content-reading term (cope) */
@@ -86,6 +83,14 @@ typedef struct {
                             q rows, rotated;
                             with call.fused: q's row and a table row (term_kind's content_row) */
 } attention_ws;
+
+/* Whether the forward's decoding path (the logits' call.direct: the backward keeps its
+ * tiles) runs on the bfloat16 GEMM's problem, whose v is given only as its twin
+ * (engine_lp.c): v widened into v_rows a value unit at a time (attention_v_unit). */
+static int attention_v_widened(const attention_ctx *c)
+{
+    return c->logits.call.direct && c->kern->bf16;
+}
 
 /* The attention's part of a thread's workspace (elements); carved into w when w != NULL. */
 static size_t attention_ws_layout(const attention_ctx *c, int backward, size_t row_block,
@@ -127,7 +132,7 @@ static size_t attention_ws_layout(const attention_ctx *c, int backward, size_t r
             (posenc_rotates(p) || c->logits.call.fused || p->q_strides.r || c->kern->bf16))
             WS_TAKE(w, mem, at, group_q, c->kern->mr * p->d);
     }
-    if (c->a->v_strides.r || c->widen_v)
+    if (c->a->v_strides.r || attention_v_widened(c))
         WS_TAKE(w, mem, at, v_rows, m * dv);
     if (backward && c->a->d_out_strides.r)
         WS_TAKE(w, mem, at, d_out_rows, p->n * dv);
@@ -139,7 +144,7 @@ static size_t attention_ws_layout(const attention_ctx *c, int backward, size_t r
 }
 
 /* Unit u's rows of v (m x dv): in place, or copied from a strided v into w->v_rows, or
- * (the decoding path on the bfloat16 GEMM's problem: widen_v) widened there
+ * (the decoding path on the bfloat16 GEMM's problem: attention_v_widened) widened there
  * from its twin; once for the heads of a group that a thread takes in turn. */
 static const REAL *attention_v_unit(const attention_ctx *c, attention_ws *w, size_t u)
 {
@@ -147,7 +152,7 @@ static const REAL *attention_v_unit(const attention_ctx *c, attention_ws *w, siz
     const REAL *v = (const REAL *)posenc_kv_rows(w->v_rows, &w->v_held, c->a->v,
                                                  &c->a->v_strides, p, u / p->H, u % p->H, p->m,
                                                  c->a->dv, sizeof(REAL));
-    if (c->widen_v && v != w->v_rows) {
+    if (attention_v_widened(c) && v != w->v_rows) {
         const size_t held = posenc_kv_unit(p, u) + 1;
         if (w->v_held == held)
             return w->v_rows;
