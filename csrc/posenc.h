@@ -493,6 +493,12 @@ typedef struct {
  *     leading payload bits and becomes quiet (never an infinity).
  *
  * dst[j] = convert(src[j]), j < len; dst and src do not overlap.
+ *
+ * bf16_sum: count rows of bfloat16 widened and summed in float32, in
+ * order: dst[j] = ((s + src[0][j]) + src[1][j]) + ..., s = dst[j] with
+ * `accumulate`, else the sum starts from src[0][j] (count >= 1); the
+ * float32 additions' bits (a NaN where two meet: some NaN).  The batch's
+ * rows of a bfloat16 G in one pass (engine/backward_impl.h).
  */
 typedef struct {
     const char *name;
@@ -500,10 +506,13 @@ typedef struct {
     void (*f32_to_bf16)(uint16_t *dst, const float *src, size_t len);
     void (*f16_to_f32)(float *dst, const uint16_t *src, size_t len);
     void (*f32_to_f16)(uint16_t *dst, const float *src, size_t len);
+    void (*bf16_sum)(float *dst, const uint16_t *const *src, size_t count, size_t len,
+                     int accumulate);
 } posenc_convert;
 
 /* The entries of posenc_convert but name (dispatch.c takes each one an ISA sets). */
-#define POSENC_CONVERT_ENTRIES(FN) FN(bf16_to_f32) FN(f32_to_bf16) FN(f16_to_f32) FN(f32_to_f16)
+#define POSENC_CONVERT_ENTRIES(FN) \
+    FN(bf16_to_f32) FN(f32_to_bf16) FN(f16_to_f32) FN(f32_to_f16) FN(bf16_sum)
 
 /*
  * The bfloat16 content GEMM of AVX512-BF16 (vdpbf16ps, docs/low_precision.md

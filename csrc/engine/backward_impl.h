@@ -389,6 +389,38 @@ static void backward_block_grads(const backward_ctx *c, backward_ws *w, size_t u
                       (double *)(void *)w->term_scratch);
 }
 
+#ifdef ENGINE_BF16_GEMM
+/* Rows [blk0, blk0 + rows) of S = sum_b G[b, h] where each batch row's block of G is a
+ * bfloat16 twin engine_lp.c left unwritten (backward_g_rows): SUM_ROWS batch rows at a
+ * time widened and added in one pass per row (posenc_convert.bf16_sum), each element's
+ * float32 additions in batch order, as row_gather's row by row sum makes them.  0 (S
+ * untouched) where a block has no such twin. */
+static int backward_g_sum_twins(const backward_ctx *c, backward_ws *w, size_t h, size_t blk0,
+                                size_t rows, REAL *S)
+{
+    enum { SUM_ROWS = 16 };
+    const posenc_problem *p = c->p;
+    const size_t m = p->m, block = rows * m;
+    const uint16_t *twin[SUM_ROWS], *row[SUM_ROWS];
+#define G_BLOCK(b) (c->G + (((b) * p->H + h) * p->n + blk0) * m)
+    for (size_t b = 0; b < p->B; ++b)
+        if (!w->g_block || !gemm_unwritten_twin(&w->scratch, G_BLOCK(b), block))
+            return 0;
+    for (size_t b0 = 0; b0 < p->B; b0 += SUM_ROWS) {
+        const size_t count = posenc_min(SUM_ROWS, p->B - b0);
+        for (size_t t = 0; t < count; ++t)
+            twin[t] = gemm_unwritten_twin(&w->scratch, G_BLOCK(b0 + t), block);
+        for (size_t r = 0; r < rows; ++r) {
+            for (size_t t = 0; t < count; ++t)
+                row[t] = twin[t] + r * m;
+            posenc_active_convert()->bf16_sum(S + r * m, row, count, m, b0 > 0);
+        }
+    }
+#undef G_BLOCK
+    return 1;
+}
+#endif
+
 /* Phase 2: head h's gradients of the term modules that go by blocks, from S_h = sum_b
  * G[b, h] block by block, into their slots' unit h (backward_reduce writes them). */
 static void backward_head_blocks(const backward_ctx *c, backward_ws *w, size_t h)
@@ -399,7 +431,11 @@ static void backward_head_blocks(const backward_ctx *c, backward_ws *w, size_t h
     REAL *S = w->grad_sum;
     for (size_t blk0 = 0; blk0 < n; blk0 += c->row_block) {
         const size_t rows = posenc_min(c->row_block, n - blk0);
-        for (size_t b = 0; b < p->B; ++b)   /* row by row: a widened row stays in L1 */
+        int summed = 0;
+#ifdef ENGINE_BF16_GEMM
+        summed = backward_g_sum_twins(c, w, h, blk0, rows, S);
+#endif
+        for (size_t b = 0; b < p->B && !summed; ++b)   /* row by row: a widened row stays in L1 */
             for (size_t r = 0; r < rows; ++r)
                 kern->row_gather(b == 0 ? POSENC_SET : POSENC_ADD, S + r * m,
                                  backward_g_rows(c, w, (b * H + h) * n + blk0 + r, 1, 0), 1, m);

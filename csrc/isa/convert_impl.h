@@ -13,7 +13,8 @@
  *   F16_TO_F32(d, s)
  *   F32_TO_F16(d, s)
  * Each block operation is optional: a table entry the ISA leaves out is
- * NULL, and dispatch.c fills it with the scalar one.  A row is whole
+ * NULL, and dispatch.c fills it with the scalar one (bf16_sum comes with
+ * BF16_TO_F32).  A row is whole
  * blocks, then its last len % CVL elements through one block on
  * zero-padded lane buffers: no block reads or writes past the row.
  */
@@ -44,8 +45,56 @@
 #ifdef BF16_TO_F32
 CONVERT_ROW(bf16_to_f32, float, uint16_t, BF16_TO_F32)
 #define CONVERT_ENTRY_BF16_TO_F32 CONVERT_NAME(bf16_to_f32, CONVERT_ISA)
+
+/* CVL lanes from lane j of row src (a partial block through zero-padded
+ * lanes: no read past the row) widened into x. */
+static inline __attribute__((always_inline)) void CONVERT_NAME(bf16_lanes, CONVERT_ISA)(float *x, const uint16_t *src,
+                                                         size_t lanes)
+{
+    if (lanes == CVL) {
+        BF16_TO_F32(x, src);
+    } else {
+        uint16_t in[CVL] = {0};
+        memcpy(in, src, lanes * sizeof(uint16_t));
+        BF16_TO_F32(x, in);
+    }
+}
+
+/* Lanes [j, j + lanes) of bf16_sum (lanes <= CVL; inlined with CVL for whole blocks). */
+static inline __attribute__((always_inline)) void
+CONVERT_NAME(bf16_sum_lanes, CONVERT_ISA)(float *dst, const uint16_t *const *src, size_t count,
+                                          size_t j, size_t lanes, int accumulate)
+{
+    float sum[CVL] = {0}, x[CVL];
+    size_t i = 0;
+    if (accumulate) {
+        memcpy(sum, dst + j, lanes * sizeof(float));
+    } else if (count) {
+        CONVERT_NAME(bf16_lanes, CONVERT_ISA)(sum, src[0] + j, lanes);
+        i = 1;
+    }
+    for (; i < count; ++i) {
+        CONVERT_NAME(bf16_lanes, CONVERT_ISA)(x, src[i] + j, lanes);
+        for (size_t e = 0; e < CVL; ++e)
+            sum[e] += x[e];
+    }
+    memcpy(dst + j, sum, lanes * sizeof(float));
+}
+
+/* posenc_convert.bf16_sum: CVL lanes at a time, the rows' in order. */
+static void CONVERT_NAME(bf16_sum, CONVERT_ISA)(float *dst, const uint16_t *const *src,
+                                                size_t count, size_t len, int accumulate)
+{
+    size_t j = 0;
+    for (; j + CVL <= len; j += CVL)
+        CONVERT_NAME(bf16_sum_lanes, CONVERT_ISA)(dst, src, count, j, CVL, accumulate);
+    if (j < len)
+        CONVERT_NAME(bf16_sum_lanes, CONVERT_ISA)(dst, src, count, j, len - j, accumulate);
+}
+#define CONVERT_ENTRY_BF16_SUM CONVERT_NAME(bf16_sum, CONVERT_ISA)
 #else
 #define CONVERT_ENTRY_BF16_TO_F32 NULL
+#define CONVERT_ENTRY_BF16_SUM NULL
 #endif
 
 #ifdef F32_TO_BF16
@@ -75,6 +124,7 @@ const posenc_convert CONVERT_TABLE(CONVERT_ISA) = {
     .f32_to_bf16 = CONVERT_ENTRY_F32_TO_BF16,
     .f16_to_f32 = CONVERT_ENTRY_F16_TO_F32,
     .f32_to_f16 = CONVERT_ENTRY_F32_TO_F16,
+    .bf16_sum = CONVERT_ENTRY_BF16_SUM,
 };
 
 #undef CONVERT_GLUE
@@ -88,3 +138,4 @@ const posenc_convert CONVERT_TABLE(CONVERT_ISA) = {
 #undef CONVERT_ENTRY_F32_TO_BF16
 #undef CONVERT_ENTRY_F16_TO_F32
 #undef CONVERT_ENTRY_F32_TO_F16
+#undef CONVERT_ENTRY_BF16_SUM

@@ -12,7 +12,9 @@
  *      avx512bf16, neon, and the composed tables of dispatch.c) bit for bit
  *      against the scalar one: all 2^16 patterns widened, the float
  *      patterns narrowed (in one row, and again from an unaligned start),
- *      and rows of every length up to 3 vectors of 16 between guards.  On
+ *      and rows of every length up to 3 vectors of 16 between guards; the
+ *      widening sums of bfloat16 rows (bf16_sum) against the scalar widening
+ *      added in float32 in order.  On
  *      x86 again with MXCSR's DAZ and FTZ set (torch.set_flush_denormal).
  *   3. dispatch.c's wiring: avx512 takes AVX512-BF16's rounding where the
  *      CPU has it.
@@ -365,6 +367,59 @@ static int rows_against(const posenc_convert *tab, const uint32_t *pattern, size
     return bad;
 }
 
+/* bf16_sum against the scalar widening summed in float32 in order: 1 to 19 rows of
+ * every length up to 3 vectors of 16 and one, from offsets 0 and 1, starting from the
+ * rows or from dst's values, between guards; the rows' bits from the patterns (specials)
+ * or finite values of mixed signs and exponents (the sums' rounding).  Returns the
+ * lanes that differ (a NaN matches any NaN: which one two NaNs give is the adds'). */
+static int sums_against(const posenc_convert *tab, const uint32_t *pattern, size_t count)
+{
+    enum { MAX_LEN = 49, MAX_ROWS = 19 };
+    const posenc_convert *ref = &posenc_convert_scalar;
+    static const size_t row_counts[] = {1, 2, 3, 4, 8, 16, 17, 19};
+    uint16_t rows[MAX_ROWS][MAX_LEN + 1];
+    const uint16_t *at[MAX_ROWS];
+    float got[MAX_LEN + 2], start[MAX_LEN];
+    const uint32_t guard32 = 0x7fbadbadu;
+    uint32_t state = 12345u;
+    int bad = 0;
+    if (!tab->bf16_sum)
+        return 0;
+    for (size_t c = 0; c < sizeof row_counts / sizeof row_counts[0]; ++c)
+        for (size_t len = 0; len <= MAX_LEN; ++len)
+            for (int accumulate = 0; accumulate < 2; ++accumulate) {
+                const size_t k = row_counts[c], off = (k + len) % 2;
+                const int specials = (len + k) % 3 == 0;
+                for (size_t i = 0; i < k; ++i) {
+                    for (size_t t = 0; t < len + off; ++t) {
+                        state = state * 1664525u + 1013904223u;
+                        rows[i][t] = specials ? (uint16_t)(pattern[(state >> 8) % count] >> 16)
+                                              : (uint16_t)((state >> 16 & 0x8000u) |
+                                                           (0x3c00u + (state >> 9 & 0x7ffu)));
+                    }
+                    at[i] = rows[i] + off;
+                }
+                for (size_t t = 0; t < len; ++t) {
+                    state = state * 1664525u + 1013904223u;
+                    start[t] = (float)((double)(state >> 8) / 16777216.0 - 0.5) * 64.0f;
+                }
+                for (size_t t = 0; t < len + 2; ++t)
+                    got[t] = t == 0 || t == len + 1 ? float_of(guard32) : start[t - 1];
+                tab->bf16_sum(got + 1, at, k, len, accumulate);
+                bad += (bits_of(got[0]) != guard32) + (bits_of(got[len + 1]) != guard32);
+                for (size_t t = 0; t < len; ++t) {
+                    float want = accumulate ? start[t] : 0.0f, x;
+                    for (size_t i = 0; i < k; ++i) {
+                        ref->bf16_to_f32(&x, at[i] + t, 1);
+                        want = i == 0 && !accumulate ? x : want + x;
+                    }
+                    const float g = got[t + 1];
+                    bad += !(bits_of(g) == bits_of(want) || (isnan(g) && isnan(want)));
+                }
+            }
+    return bad;
+}
+
 /* tab (its non-NULL entries) against the scalar table's bits. */
 static void against_scalar(const char *label, const posenc_convert *tab, const uint32_t *pattern,
                            const float *src, size_t count, uint16_t *got, uint16_t *want)
@@ -402,10 +457,10 @@ static void against_scalar(const char *label, const posenc_convert *tab, const u
                 break;
             }
     }
-    const int rows = rows_against(tab, pattern, count);
-    EXPECT(!bad[0] && !bad[1] && !bad[2] && !bad[3] && !rows,
-           "%s vs scalar: bf16->f32 %d, f16->f32 %d of 2^16; f32->bf16 %d, f32->f16 %d of 2 x %zu; rows %d",
-           label, bad[0], bad[1], bad[2], bad[3], count, rows);
+    const int rows = rows_against(tab, pattern, count), sums = sums_against(tab, pattern, count);
+    EXPECT(!bad[0] && !bad[1] && !bad[2] && !bad[3] && !rows && !sums,
+           "%s vs scalar: bf16->f32 %d, f16->f32 %d of 2^16; f32->bf16 %d, f32->f16 %d of 2 x %zu; rows %d; bf16 sums %d",
+           label, bad[0], bad[1], bad[2], bad[3], count, rows, sums);
     free(all);
     free(wide);
     free(wide_ref);
@@ -477,7 +532,8 @@ void test_convert(void)
             char label[128];
             const posenc_convert *tab = tables[t].tab;
             snprintf(label, sizeof label, "%.40s (%.24s)%s", tables[t].label, tab->name, pass ? " under DAZ, FTZ" : "");
-            EXPECT(!tables[t].composed || (tab->bf16_to_f32 && tab->f32_to_bf16 && tab->f16_to_f32 && tab->f32_to_f16),
+            EXPECT(!tables[t].composed || (tab->bf16_to_f32 && tab->f32_to_bf16 && tab->f16_to_f32 && tab->f32_to_f16 &&
+                                             tab->bf16_sum),
                    "%s: an entry is NULL", label);
             against_scalar(label, tab, pattern, src, count, got, want);
         }
