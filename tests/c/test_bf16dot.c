@@ -5,7 +5,8 @@
  *   1. Which problems posenc_bf16_content_forward serves: on every ISA but
  *      avx512 with AVX512-BF16, none (-1, out untouched); there, content-only
  *      bfloat16 problems with a scale float holds, and nothing else.
- *   2. The pair panels (pack) against their formula, padding included.
+ *   2. The pair panels (pack, pack_pairs, pack_pairs16) against their
+ *      formulas, padding and depth ranges included.
  *   3. The logits against a double reference computed from the bfloat16
  *      inputs, n, m, d over 1, 3, 7, 17, 33, 65, 130 (odd depths, m not a
  *      multiple of nr), s = 1/sqrt(d) and 1, within the bound of check_bound;
@@ -26,6 +27,7 @@
 
 #include "engine/bf16dot.h"
 #include "harness.h"
+#include "isa/convert_scalar.h"   /* posenc_bf16_from_f32_bits */
 
 static uint16_t bf16_of(double x)   /* truncation: every test value is exact in bfloat16 */
 {
@@ -174,6 +176,80 @@ static void test_pack(const posenc_bf16_kernels *kern)
             free(src);
             free(dst);
         }
+}
+
+/* 2a: pack_pairs (float32 rows, rounded) and pack_pairs16 (bfloat16 rows) against their
+ * definition: word t * width + c holds elements (2 t, c) and (2 t + 1, c) for the depths
+ * in column c's tile's range and c < cols, zero elsewhere, pair rows up to the largest
+ * range's end; widths across the 16- and 32-column blocks, tiles of 1, 12, 16 columns
+ * and the whole width, ranges whole or cut (odd ends, empty), rows read exactly as long
+ * as the ranges reach (ASan).  Normal float32 values: their rounding is the scalar one. */
+static void test_pack_pairs(const posenc_bf16_kernels *kern)
+{
+    const size_t widths[] = {1, 12, 16, 17, 31, 32, 33, 48, 64, 96, 100, 128};
+    const size_t depths[] = {1, 2, 3, 31, 64, 65};
+    size_t cases = 0, bad_cases = 0;
+    for (size_t a = 0; a < sizeof widths / sizeof widths[0]; ++a)
+        for (size_t b = 0; b < sizeof depths / sizeof depths[0]; ++b)
+            for (int shape = 0; shape < 8; ++shape) {
+                const size_t width = widths[a], K = depths[b];
+                const size_t tile = shape % 4 == 0 ? 1 : shape % 4 == 1 ? 12 : shape % 4 == 2 ? 16 : width;
+                const size_t cols = shape < 4 ? width : width - width / 3;
+                const size_t tiles = (width + tile - 1) / tile, rs = cols + shape % 3;
+                size_t ranges[2 * 128], end = 0;
+                for (size_t t = 0; t < tiles; ++t) {   /* whole for shapes 0 and 4, else cut */
+                    const double u0 = (urand() + 1) / 2, u1 = (urand() + 1) / 2;   /* [0, 1) */
+                    size_t lo = (shape == 0 || shape == 4) ? 0 : (size_t)(u0 * (double)K);
+                    size_t hi = (shape == 0 || shape == 4) ? K : lo + (size_t)(u1 * (double)(K - lo + 1));
+                    if (shape == 7 && t % 3 == 1)
+                        lo = hi;   /* empty */
+                    ranges[2 * t] = lo;
+                    ranges[2 * t + 1] = hi;
+                    if (t * tile < cols)
+                        end = hi > end ? hi : end;
+                }
+                const size_t len = end ? (end - 1) * rs + cols : 1;
+                const size_t pairs = (end + 1) / 2, words = pairs * width + 16;
+                float *src = malloc(sizeof(float) * len);
+                uint16_t *src16 = malloc(sizeof(uint16_t) * len);
+                uint32_t *dst = malloc(sizeof(uint32_t) * words);
+                for (size_t e = 0; e < len; ++e) {
+                    src[e] = (float)(urand() * ldexp(1.0, (int)lround(4 * urand())));
+                    uint32_t u;
+                    memcpy(&u, &src[e], sizeof u);
+                    src16[e] = posenc_bf16_from_f32_bits(u);
+                }
+                for (int from16 = 0; from16 < 2; ++from16) {
+                    memset(dst, 0xff, sizeof(uint32_t) * words);
+                    if (from16)
+                        kern->pack_pairs16((uint16_t *)(void *)dst, width, src16, (ptrdiff_t)rs,
+                                           ranges, tile, cols);
+                    else
+                        kern->pack_pairs((uint16_t *)(void *)dst, width, src, (ptrdiff_t)rs, ranges,
+                                         tile, cols);
+                    size_t bad = 0;
+                    for (size_t t = 0; t < pairs; ++t)
+                        for (size_t c = 0; c < width; ++c) {
+                            uint32_t want = 0;
+                            for (size_t e = 0; e < 2 && c < cols; ++e) {
+                                const size_t l = 2 * t + e, r = c / tile;
+                                if (ranges[2 * r] <= l && l < ranges[2 * r + 1])
+                                    want |= (uint32_t)src16[l * rs + c] << (16 * e);
+                            }
+                            bad += dst[t * width + c] != want;
+                        }
+                    ++cases;
+                    bad_cases += bad != 0;
+                    if (bad)
+                        fprintf(stderr, "  pack_pairs%s width %zu K %zu shape %d: %zu words wrong\n",
+                                from16 ? "16" : "", width, K, shape, bad);
+                }
+                free(src);
+                free(src16);
+                free(dst);
+            }
+    EXPECT(bad_cases == 0, "bf16dot pack_pairs / pack_pairs16: %zu of %zu cases wrong", bad_cases,
+           cases);
 }
 
 /* 2b: exp_row against exp in double: each element its exp's bfloat16 rounding or a
@@ -405,6 +481,7 @@ void test_bf16dot(void)
     const posenc_bf16_kernels *kern = posenc_active_bf16_kernels();
     printf("bf16dot: %s, tile %zu x %zu\n", kern->name, kern->mr, kern->nr);
     test_pack(kern);
+    test_pack_pairs(kern);
     test_exp_row(kern);
     test_sizes();
     test_epilogue(kern);
