@@ -574,8 +574,10 @@ typedef struct posenc_bf16_kernels_s {
     /* pack_pairs from bfloat16 rows (no rounding) */
     void (*pack_pairs16)(uint16_t *dst, size_t width, const uint16_t *src, ptrdiff_t rs,
                          const size_t *ranges, size_t tile, size_t cols);
-    /* the float32 kernels' row_exp of x (same values, same sum, same order)
-     * stored rounded as round_row rounds into dst only; x is left as it is */
+    /* exp(x[j] - shift) rounded as round_row rounds into dst only, returning their
+     * float32 sum in the float32 kernels' row_exp order; x is left as it is.  The exp
+     * is the bfloat16 softmax's own (isa/avx512bf16.c: within 2^-8 of exp after the
+     * rounding; the attention bounds take _dtypes.SOFTMAX_EXP_ERROR for it) */
     double (*exp_row)(uint16_t *dst, const float *x, size_t len, double shift);
 } posenc_bf16_kernels;
 

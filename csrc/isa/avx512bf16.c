@@ -14,21 +14,25 @@
 
 #include "convert_avx512.h"
 #include "transpose_avx512.h"
-#include "vector_exp.h"   /* posenc_vexp_f32_reduce: posenc_vexp_f32's reduction */
+#include "vector_exp.h"   /* EXP_LOG2E */
 
-/* exp(x) for the bfloat16 softmax (exp_row): posenc_vexp_f32's reduction, clamps, -inf,
- * NaN and overflow, with a degree-4 polynomial minimax in relative error on
- * |r| <= ln(2)/2 (c0 = 1: exp(0) = 1 exactly) instead of degree-7 Taylor: at most
- * 3.0e-6 from exp (float32 Horner; Taylor 7's 5e-9), a thousandth of bfloat16's
- * spacing (2^-8), three FMAs fewer per 16 elements. */
-static inline __m512 bf16_softmax_exp(__m512 x)
+/* 2^t for the bfloat16 softmax (exp_row, whose t = x log2(e) - shift log2(e) is one FMA
+ * where exp(x - shift) took a subtraction and a multiply): n = round(t), r = t - n
+ * (exact), 2^r by a degree-4 polynomial minimax in relative error on |r| <= 1/2 (c0 =
+ * 1: 2^0 = 1 exactly; the minimax of exp on |y| <= ln(2)/2, y = r ln 2): at most
+ * 2.95e-6 from 2^t (float32 Horner), a thousandth of bfloat16's spacing (2^-8);
+ * scalef builds 2^n with the underflow to 0.  t below -160 (-inf: a masked logit)
+ * gives +0, a NaN stays NaN, t from 128 up +inf (t = +inf, only from x = +inf with a
+ * finite shift, which a softmax's shift -- its row's maximum -- never is: NaN). */
+static inline __m512 bf16_softmax_exp2(__m512 t)
 {
-    __m512 n;
-    const __m512 r = posenc_vexp_f32_reduce(x, &n);
-    __m512 p = _mm512_fmadd_ps(_mm512_set1_ps(0.0414983332157135f), r,
-                               _mm512_set1_ps(0.1678723841905594f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5000320672988892f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.9999671578407288f));
+    t = _mm512_max_ps(_mm512_set1_ps(-160.0f), t);   /* NaN passes: max returns its second */
+    const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m512 r = _mm512_sub_ps(t, n);
+    __m512 p = _mm512_fmadd_ps(_mm512_set1_ps(0.009579272009432316f), r,
+                               _mm512_set1_ps(0.05590564385056496f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.2402419149875641f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.6931244134902954f));
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
     return _mm512_scalef_ps(p, n);
 }
@@ -414,17 +418,20 @@ static void bf16_pack_pairs16_avx512bf16(uint16_t *dst, size_t width, const uint
 /* posenc_bf16_kernels.exp_row: the avx512 float32 row_exp (isa/softmax_impl.h)
  * in its order -- its 16 lanes' sums, its tail (the row's last 16 elements
  * when the row has more, else one masked vector) summed in order after
- * them -- with bf16_softmax_exp's exp, stored only in bfloat16, as
- * vcvtneps2bf16 rounds (round_row's rounding).  The softmax of the attention
- * forward, whose P the bfloat16 GEMM reads from dst: P is not written in
- * float32 and not rounded again. */
+ * them -- with exp(x - shift) as bf16_softmax_exp2 of x log2(e) + c, one
+ * FMA, c = -shift log2(e) rounded once (a factor common to the row, which
+ * its normalisation cancels), stored only in bfloat16, as vcvtneps2bf16
+ * rounds (round_row's rounding).  The softmax of the attention forward, whose
+ * P the bfloat16 GEMM reads from dst: P is not written in float32 and not
+ * rounded again. */
 static double bf16_exp_row_avx512bf16(uint16_t *dst, const float *x, size_t len, double shift)
 {
-    const __m512 add = _mm512_set1_ps((float)-shift);
+    const __m512 log2e = _mm512_set1_ps((float)EXP_LOG2E);
+    const __m512 c = _mm512_set1_ps((float)(-shift * EXP_LOG2E));
     __m512 acc = _mm512_setzero_ps();
     size_t j = 0;
     for (; j + 16 <= len; j += 16) {
-        const __m512 e = bf16_softmax_exp(_mm512_add_ps(_mm512_loadu_ps(x + j), add));
+        const __m512 e = bf16_softmax_exp2(_mm512_fmadd_ps(_mm512_loadu_ps(x + j), log2e, c));
         _mm256_storeu_si256((__m256i *)(dst + j), (__m256i)_mm512_cvtneps_pbh(e));
         acc = _mm512_add_ps(acc, e);
     }
@@ -434,11 +441,11 @@ static double bf16_exp_row_avx512bf16(uint16_t *dst, const float *x, size_t len,
         __m512 e;
         if (len > 16) {   /* the row's last 16 elements, whole */
             t0 = len - 16;
-            e = bf16_softmax_exp(_mm512_add_ps(_mm512_loadu_ps(x + t0), add));
+            e = bf16_softmax_exp2(_mm512_fmadd_ps(_mm512_loadu_ps(x + t0), log2e, c));
             _mm256_storeu_si256((__m256i *)(dst + t0), (__m256i)_mm512_cvtneps_pbh(e));
         } else {
             const __mmask16 part = (__mmask16)(((uint32_t)1 << (len - j)) - 1);
-            e = bf16_softmax_exp(_mm512_add_ps(_mm512_maskz_loadu_ps(part, x + j), add));
+            e = bf16_softmax_exp2(_mm512_fmadd_ps(_mm512_maskz_loadu_ps(part, x + j), log2e, c));
             _mm256_mask_storeu_epi16(dst + j, part, (__m256i)_mm512_cvtneps_pbh(e));
         }
         _mm512_storeu_ps(tail, e);

@@ -74,8 +74,7 @@
  * overflow to inf, so only the argument is clamped (NaN passes: max and min
  * return their second operand when one is NaN).  posenc_vexp_f32_reduce: the
  * argument clamped and reduced, r = x - n ln 2 with *n = round(x log2 e), the
- * exponent scalef applies to a polynomial in r (posenc_vexp_f32's, and the
- * bfloat16 softmax's in isa/avx512bf16.c). */
+ * exponent scalef applies to a polynomial in r. */
 static inline __m512 posenc_vexp_f32_reduce(__m512 x, __m512 *n)
 {
     x = _mm512_min_ps(_mm512_set1_ps(89.0f), _mm512_max_ps(_mm512_set1_ps(-120.0f), x));

@@ -260,6 +260,28 @@ static void test_pack_pairs(const posenc_bf16_kernels *kern)
  * overflowing one +inf; x unchanged. */
 static void test_exp_row(const posenc_bf16_kernels *kern)
 {
+    /* the float32 exp itself: a one-element row's sum is its exp, within 3.0e-6
+     * (_dtypes.SOFTMAX_EXP_ERROR) and t's error as a logit's, 2^-23 |x - shift| (t's
+     * rounding and log2(e)'s, as float32's subtraction x - shift rounds by 2^-24 |x -
+     * shift|) and 2^-23 |shift| (c's, common to a row), from -100 to 0 past the shift */
+    size_t off = 0;
+    double worst = 0;
+    for (int i = 0; i <= 100000; ++i)
+        for (int s = 0; s < 3; ++s) {
+            const double shift = s == 0 ? 0.0 : s == 1 ? 4.25 : -37.3;
+            const float x = (float)(shift - 100.0 * i / 100000.0);
+            uint16_t one;
+            const double got = kern->exp_row(&one, &x, 1, shift), want = exp((double)x - shift);
+            const double slack = 3.0e-6 + 0x1p-23 * (fabs((double)x - shift) + fabs(shift));
+            if (want < 1e-37)   /* float32's exp underflows there (the row tests take it) */
+                continue;
+            const double rel = fabs(got - want) / want;
+            worst = rel > worst ? rel : worst;
+            off += !(rel <= slack);
+        }
+    EXPECT(off == 0, "bf16 exp_row's exp: %zu of 3 x 100001 one-element rows off (worst %.3g)",
+           off, worst);
+
     const size_t lens[] = {0, 1, 5, 15, 16, 17, 31, 32, 33, 47, 64, 100, 1000};
     for (size_t a = 0; a < 2 * sizeof lens / sizeof lens[0]; ++a) {
         const size_t len = lens[a / 2];
