@@ -82,34 +82,45 @@ static delta_rows delta_rows_of(const gemm_scratch *s, const REAL *d_out, const 
     return x;
 }
 
-static inline double delta_value(const REAL *x, const uint16_t *x16, size_t at)
+/* Elements [at, at + len) of x as REAL: in place, or widened from its twin x16 into buf. */
+static const REAL *delta_chunk(const REAL *x, const uint16_t *x16, size_t at, size_t len,
+                               REAL *buf)
 {
 #ifdef ENGINE_BF16_GEMM
-    if (x16)
-        return (double)bf16_value(x16[at]);
+    if (x16) {
+        posenc_active_convert()->bf16_to_f32(buf, x16 + at, len);
+        return buf;
+    }
 #else
-    (void)x16;
+    (void)x16; (void)len; (void)buf;
 #endif
-    return (double)x[at];
+    return x + at;
 }
 
 /* rowsum(dO out) of row r, in double, in four running sums (one chain would
- * wait on each addition). */
+ * wait on each addition): element l in sum l % 4, the row's last dv % 4 in the
+ * first; the row widened DELTA_CHUNK elements at a time (a multiple of 4: an
+ * element's sum is its place in the row's), so that the loop has no branch. */
 static double row_delta(const delta_rows *x, size_t r)
 {
-#define DELTA_TERM(at) (delta_value(x->d_out, x->d_out16, (at)) * delta_value(x->out, x->out16, (at)))
+    enum { DELTA_CHUNK = 64 };
+    REAL d_buf[DELTA_CHUNK], o_buf[DELTA_CHUNK];
     double a0 = 0, a1 = 0, a2 = 0, a3 = 0;
     const size_t at = r * x->dv;
-    size_t l = 0;
-    for (; l + 4 <= x->dv; l += 4) {
-        a0 += DELTA_TERM(at + l);
-        a1 += DELTA_TERM(at + l + 1);
-        a2 += DELTA_TERM(at + l + 2);
-        a3 += DELTA_TERM(at + l + 3);
+    for (size_t l0 = 0; l0 < x->dv; l0 += DELTA_CHUNK) {
+        const size_t len = posenc_min(DELTA_CHUNK, x->dv - l0);
+        const REAL *d = delta_chunk(x->d_out, x->d_out16, at + l0, len, d_buf);
+        const REAL *o = delta_chunk(x->out, x->out16, at + l0, len, o_buf);
+        size_t l = 0;
+        for (; l + 4 <= len; l += 4) {
+            a0 += (double)d[l] * (double)o[l];
+            a1 += (double)d[l + 1] * (double)o[l + 1];
+            a2 += (double)d[l + 2] * (double)o[l + 2];
+            a3 += (double)d[l + 3] * (double)o[l + 3];
+        }
+        for (; l < len; ++l)
+            a0 += (double)d[l] * (double)o[l];
     }
-    for (; l < x->dv; ++l)
-        a0 += DELTA_TERM(at + l);
-#undef DELTA_TERM
     return (a0 + a1) + (a2 + a3);
 }
 
