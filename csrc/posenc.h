@@ -579,6 +579,11 @@ typedef struct posenc_bf16_kernels_s {
      * is the bfloat16 softmax's own (isa/avx512bf16.c: within 2^-8 of exp after the
      * rounding; the attention bounds take _dtypes.SOFTMAX_EXP_ERROR for it) */
     double (*exp_row)(uint16_t *dst, const float *x, size_t len, double shift);
+    /* the attention backward's row on this GEMM: P[j] = exp(s[j] - lse) as exp_row's exp,
+     * stored only rounded into p16; ds[j] = (ds[j] + minus_delta) P[j] (dP in, dS out,
+     * float32, in that order, P unrounded), stored also rounded into ds16; j < len */
+    void (*grad_row)(uint16_t *p16, uint16_t *ds16, float *ds, const float *s, size_t len,
+                     double lse, float minus_delta);
 } posenc_bf16_kernels;
 
 /* isa/avx512bf16.c, where compiled (POSENC_HAVE_AVX512BF16). */

@@ -132,6 +132,19 @@ static REAL *attention_unit_dv(const attention_grad_ctx *gc, const attention_ws 
     return w->dv_unit ? w->dv_unit : gc->grad_v + u * gc->a->p->m * gc->a->a->dv;
 }
 
+/* Whether the block rows of batch row b take the bfloat16 GEMM's pass (bf16->grad_row):
+ * P and dS in one pass, rounded as their GEMMs read them (P only so: dV reads its twin
+ * scores16), P from the forward's exp.  Not with dropout, a softcap, product mode (their
+ * own passes between), masked keys inside a row's range (padding, scattered documents:
+ * dS is zeroed there after it is formed), nor where dS is not wanted. */
+static int attention_grad_fused(const attention_grad_ctx *gc, const attention_ws *w, size_t b)
+{
+    const attention_ctx *c = gc->a;
+    return c->kern->bf16 && w->scores16 && gc->need_ds && c->a->dv && !c->dropout &&
+           !(c->softcap > 0) && !c->p->product && !c->padding_start &&
+           !(c->doc_scattered && c->doc_scattered[b]);
+}
+
 /*
  * Rows [blk0, blk0 + rows) of unit u: their probabilities P (scores, 0
  * where masked) recomputed from the logits (capped: softcap) and lse, P D
@@ -161,6 +174,10 @@ static void attention_backward_block(const attention_grad_ctx *gc, forward_ws *f
     const double sink = c->a->sinks ? c->a->sinks[h] : -INFINITY;
     const int need_delta = gc->need_ds || (c->a->grad_sinks && c->a->sinks);
     const delta_rows deltas = delta_rows_of(&fw->scratch, d_out_blk, out_blk, rows, dv);
+    const int fused = attention_grad_fused(gc, w, b);
+#ifndef ENGINE_BF16_GEMM
+    (void)fused;   /* no bfloat16 GEMM in this dtype's engine */
+#endif
     for (size_t i0 = blk0; i0 < blk0 + rows; i0 += mr) {   /* a tile's logits and dO.V^T: its keys */
         const size_t tile = posenc_min(mr, blk0 + rows - i0), t = (i0 - blk0) / mr;
         const size_t c0 = limits ? limits->row_keys[2 * t] : 0;
@@ -196,6 +213,29 @@ static void attention_backward_block(const attention_grad_ctx *gc, forward_ws *f
         REAL *P = w->scores + r * m, *dS = w->grad + r * m;
         REAL *PD = c->dropout ? w->dropped + r * m : P;
         const size_t len = hi - lo;
+#ifdef ENGINE_BF16_GEMM
+        if (fused) {   /* P16 and dS16 as the float32 rows below, zeros included */
+            uint16_t *P16 = w->scores16 + r * m, *dS16 = w->grad16 + r * m;
+            memset(P16 + zero_from, 0, sizeof(uint16_t) * (lo - zero_from));
+            memset(P16 + hi, 0, sizeof(uint16_t) * (cols - hi));
+            memset(dS16 + zero_from, 0, sizeof(uint16_t) * (lo - zero_from));
+            memset(dS16 + hi, 0, sizeof(uint16_t) * (cols - hi));
+            memset(dS + zero_from, 0, sizeof(REAL) * (lo - zero_from));
+            memset(dS + hi, 0, sizeof(REAL) * (cols - hi));
+            if (lse_blk[r] == -INFINITY) {   /* every key masked (and no sink): no gradient */
+                memset(P16 + lo, 0, sizeof(uint16_t) * len);
+                memset(dS16 + lo, 0, sizeof(uint16_t) * len);
+                memset(dS + lo, 0, sizeof(REAL) * len);
+                continue;
+            }
+            const double delta = row_delta(&deltas, r) - (d_lse_blk ? (double)d_lse_blk[r] : 0.0);
+            if (sink != -INFINITY)
+                w->sink_grad -= exp(sink - (double)lse_blk[r]) * delta;
+            kern->bf16->grad_row(P16 + lo, dS16 + lo, dS + lo, P + lo, len, (double)lse_blk[r],
+                                 (REAL)-delta);
+            continue;
+        }
+#endif
         /* zeros where the GEMMs and the logits' gradients read past the row's range */
         memset(P + zero_from, 0, sizeof(REAL) * (lo - zero_from));
         memset(P + hi, 0, sizeof(REAL) * (cols - hi));
@@ -240,28 +280,35 @@ static void attention_backward_block(const attention_grad_ctx *gc, forward_ws *f
             kern->row_gather(POSENC_MUL, dS_row, cap_grad, 1, len);
         attention_mask_row(c, dS, b, i, lo, hi, (REAL)0);   /* not (dO.v - delta) 0: v unread */
     }
+#ifdef ENGINE_BF16_GEMM
+    if (fused)   /* P only in bfloat16: dV reads its twin */
+        gemm_twin_set(&fw->scratch, w->scores, w->scores16, rows * m);
+#endif
     if (gc->grad_v && dv && cols > first)   /* dV += (P D)^T.dO over the keys the block sees */
         gemm(kern, &fw->scratch, w->d_out_pack, cols - first, dv, rows,
              (c->dropout ? w->dropped : w->scores) + first, 1, (ptrdiff_t)m, d_out_blk,
              (ptrdiff_t)dv, 1, 1, attention_unit_dv(gc, w, u) + first * dv, (ptrdiff_t)dv, 1,
              limits ? limits->key_rows + 2 * (first / mr) : NULL);
+    fw->scratch.local.src = NULL;
 }
 
 /* The bfloat16 GEMM's backward: the block's dS (rows x cols of w->grad, ld
  * m; under `causal` each row up to its tile's width, the rest not read)
- * rounded once into w->grad16 and made the twin of w->grad in `s`, so that
- * dq reads its rows in place and dk packs its columns without rounding. */
+ * rounded once into w->grad16 (unless `rounded`: attention_grad_fused's pass
+ * did) and made the twin of w->grad in `s`, so that dq reads its rows in
+ * place and dk packs its columns without rounding. */
 static void attention_grad_twin(const attention_ctx *c, attention_ws *w, gemm_scratch *s,
-                                size_t rows, size_t cols, const block_limits *limits)
+                                size_t rows, size_t cols, const block_limits *limits,
+                                int rounded)
 {
 #ifdef ENGINE_BF16_GEMM
     const size_t m = c->p->m, first = limits ? limits->first : 0;
-    for (size_t r = 0; r < rows; ++r)
+    for (size_t r = 0; r < rows && !rounded; ++r)
         c->kern->bf16->round_row(w->grad16 + r * m + first, w->grad + r * m + first,
                                  cols - first);
     gemm_twin_set(s, w->grad, w->grad16, rows * m);
 #else
-    (void)c; (void)w; (void)s; (void)rows; (void)cols; (void)limits;
+    (void)c; (void)w; (void)s; (void)rows; (void)cols; (void)limits; (void)rounded;
 #endif
 }
 
@@ -318,7 +365,8 @@ static void attention_backward_head(const attention_grad_ctx *gc, attention_thre
         if (!gc->need_ds)
             continue;
         if (c->kern->bf16 && !p->product)   /* dS rounded once: dq's rows, dk's columns */
-            attention_grad_twin(c, w, &bw->scratch, rows, cols, limits);
+            attention_grad_twin(c, w, &bw->scratch, rows, cols, limits,
+                                attention_grad_fused(gc, w, u / p->H));
         backward_unit_block(g, bw, u, &product_keys, blk0, rows, w->grad, cols, limits);
         bw->scratch.local.src = NULL;   /* backward_block_grads changes dS */
         if (g->need_blocks)   /* after the unit block: it zeroes the reset's entries */

@@ -60,7 +60,8 @@ typedef struct {
     REAL *grad;          /* backward: dP, then dS, row_block x m */
     REAL *dropped;       /* backward with dropout: P D, row_block x m */
     uint16_t *grad16;    /* the bfloat16 GEMM's backward: dS rounded once, row_block x m */
-    uint16_t *scores16;  /* the bfloat16 GEMM's forward without dropout: P in bfloat16 only */
+    uint16_t *scores16;  /* the bfloat16 GEMM without dropout: P in bfloat16 only (the forward's
+                          * tile, the backward's block: attention_grad_fused) */
     REAL *v_pack;        /* v as B: forward v (m x dv), backward v^T (dv x m) */
     REAL *dv_unit;       /* backward, grouped-query attention: a unit's dV (m x dv) before it is
                             added into its value head's (attention_backward_head) */
@@ -108,6 +109,8 @@ static size_t attention_ws_layout(const attention_ctx *c, int backward, size_t r
             WS_TAKE(w, mem, at, dropped, row_block * m);
         if (c->kern->bf16)
             WS_TAKE(w, mem, at, grad16, (row_block * m + 1) / 2);
+        if (c->kern->bf16 && !c->dropout)   /* attention_grad_fused's P */
+            WS_TAKE(w, mem, at, scores16, (row_block * m + 1) / 2);
         WS_TAKE(w, mem, at, v_pack, packed_b_size(dv, m, nr));
         WS_TAKE(w, mem, at, d_out_pack, packed_b_size(row_block, dv, nr));
         if (posenc_kv_group(p) > 1)

@@ -456,6 +456,32 @@ static double bf16_exp_row_avx512bf16(uint16_t *dst, const float *x, size_t len,
     return (double)total;
 }
 
+/* posenc_bf16_kernels.grad_row: 16 lanes at a time, the tail masked; P as exp_row's
+ * (bf16_softmax_exp2 of s log2(e) + c), both rows rounded as exp_row and round_row round. */
+static void bf16_grad_row_avx512bf16(uint16_t *p16, uint16_t *ds16, float *ds, const float *s,
+                                     size_t len, double lse, float minus_delta)
+{
+    const __m512 log2e = _mm512_set1_ps((float)EXP_LOG2E);
+    const __m512 c = _mm512_set1_ps((float)(-lse * EXP_LOG2E));
+    const __m512 md = _mm512_set1_ps(minus_delta);
+    for (size_t j = 0; j < len; j += 16) {
+        const __mmask16 lanes = len - j >= 16 ? (__mmask16)0xffff
+                                              : (__mmask16)(((uint32_t)1 << (len - j)) - 1);
+        const __m512 p = bf16_softmax_exp2(
+            _mm512_fmadd_ps(_mm512_maskz_loadu_ps(lanes, s + j), log2e, c));
+        const __m512 d = _mm512_mul_ps(_mm512_add_ps(_mm512_maskz_loadu_ps(lanes, ds + j), md), p);
+        if (lanes == 0xffff) {   /* whole vectors: no masked stores (slow on AMD's cores) */
+            _mm256_storeu_si256((__m256i *)(p16 + j), (__m256i)_mm512_cvtneps_pbh(p));
+            _mm256_storeu_si256((__m256i *)(ds16 + j), (__m256i)_mm512_cvtneps_pbh(d));
+            _mm512_storeu_ps(ds + j, d);
+        } else {
+            _mm256_mask_storeu_epi16(p16 + j, lanes, (__m256i)_mm512_cvtneps_pbh(p));
+            _mm256_mask_storeu_epi16(ds16 + j, lanes, (__m256i)_mm512_cvtneps_pbh(d));
+            _mm512_mask_storeu_ps(ds + j, lanes, d);
+        }
+    }
+}
+
 /* posenc_bf16_kernels.round_row: 32 elements per vcvtne2ps2bf16, the tail masked. */
 static void bf16_round_row_avx512bf16(uint16_t *dst, const float *src, size_t len)
 {
@@ -473,6 +499,7 @@ const posenc_bf16_kernels posenc_bf16_kernels_avx512bf16 = {
     "avx512bf16", MR, NR, bf16_ukr_avx512bf16, bf16_pack_avx512bf16, bf16_store_fence_avx512bf16,
     bf16_ukr_f32_avx512bf16, bf16_pack_f32_avx512bf16, bf16_pack_pairs_avx512bf16,
     bf16_round_row_avx512bf16, bf16_pack_pairs16_avx512bf16, bf16_exp_row_avx512bf16,
+    bf16_grad_row_avx512bf16,
 };
 
 #endif /* AVX512-BF16 */

@@ -6,7 +6,8 @@
  *      avx512 with AVX512-BF16, none (-1, out untouched); there, content-only
  *      bfloat16 problems with a scale float holds, and nothing else.
  *   2. The pair panels (pack, pack_pairs, pack_pairs16) against their
- *      formulas, padding and depth ranges included.
+ *      formulas, padding and depth ranges included; the softmax's rows
+ *      (exp_row against exp, grad_row against exp_row and round_row).
  *   3. The logits against a double reference computed from the bfloat16
  *      inputs, n, m, d over 1, 3, 7, 17, 33, 65, 130 (odd depths, m not a
  *      multiple of nr), s = 1/sqrt(d) and 1, within the bound of check_bound;
@@ -321,6 +322,54 @@ static void test_exp_row(const posenc_bf16_kernels *kern)
 }
 
 /* 3: logits of every size combination within the bound; inputs unchanged. */
+/* 2c: grad_row against exp_row and round_row: P16 exp_row's row bit for bit, dS (dP +
+ * minus_delta) P in float32 with P the float32 exp (a one-element exp_row's sum), dS16
+ * round_row's rounding of dS; -inf scores (masked keys) and a NaN among them; rows across
+ * the vector tails between guards; s unchanged. */
+static void test_grad_row(const posenc_bf16_kernels *kern)
+{
+    const size_t lens[] = {0, 1, 5, 15, 16, 17, 31, 33, 100};
+    size_t bad_rows = 0;
+    for (size_t a = 0; a < sizeof lens / sizeof lens[0]; ++a)
+        for (int special = 0; special < 2; ++special) {
+            const size_t len = lens[a];
+            const double lse = special ? -3.5 : 5.25;
+            const float minus_delta = (float)(0.75 * urand());
+            float s[102], kept[102], ds[102], dp[102], want[102];
+            uint16_t p16[104], ds16[104], ref16[102], round16[102];
+            for (size_t j = 0; j < len; ++j) {
+                s[j] = (float)(4 * urand() + lse - 2);
+                dp[j] = (float)urand();
+            }
+            if (special && len > 3) s[1] = -INFINITY, s[3] = -300.0f;
+            if (special && len > 16) dp[16] = NAN;
+            memcpy(kept, s, sizeof(float) * len);
+            memcpy(ds, dp, sizeof(float) * len);
+            for (size_t j = 0; j < len + 2; ++j)
+                p16[j] = ds16[j] = 0xdead;
+            kern->grad_row(p16 + 1, ds16 + 1, ds, s, len, lse, minus_delta);
+            kern->exp_row(ref16, kept, len, lse);
+            size_t bad = memcmp(s, kept, sizeof(float) * len) != 0;
+            bad += p16[0] != 0xdead || p16[len + 1] != 0xdead || ds16[0] != 0xdead ||
+                   ds16[len + 1] != 0xdead;
+            for (size_t j = 0; j < len; ++j) {
+                uint16_t one;
+                const float p = (float)kern->exp_row(&one, &kept[j], 1, lse);
+                want[j] = (dp[j] + minus_delta) * p;
+                bad += p16[j + 1] != ref16[j];
+                bad += !(memcmp(&ds[j], &want[j], sizeof(float)) == 0 ||
+                         (ds[j] != ds[j] && want[j] != want[j]));
+            }
+            kern->round_row(round16, ds, len);
+            bad += memcmp(ds16 + 1, round16, sizeof(uint16_t) * len) != 0;
+            bad_rows += bad != 0;
+            if (bad)
+                fprintf(stderr, "  grad_row len %zu special %d: %zu wrong\n", len, special, bad);
+        }
+    EXPECT(bad_rows == 0, "bf16 grad_row: %zu of %zu rows wrong", bad_rows,
+           2 * sizeof lens / sizeof lens[0]);
+}
+
 static void test_sizes(void)
 {
     const size_t sizes[] = {1, 3, 7, 17, 33, 65, 130};
@@ -505,6 +554,7 @@ void test_bf16dot(void)
     test_pack(kern);
     test_pack_pairs(kern);
     test_exp_row(kern);
+    test_grad_row(kern);
     test_sizes();
     test_epilogue(kern);
     test_special();
