@@ -134,15 +134,15 @@ static REAL *attention_unit_dv(const attention_grad_ctx *gc, const attention_ws 
 
 /* Whether the block rows of batch row b take the bfloat16 GEMM's pass (bf16->grad_row):
  * P and dS in one pass, rounded as their GEMMs read them (P only so: dV reads its twin
- * scores16), P from the forward's exp.  Not with dropout, a softcap, product mode (their
- * own passes between), masked keys inside a row's range (padding, scattered documents:
- * dS is zeroed there after it is formed), nor where dS is not wanted. */
+ * scores16; product mode reads dS in float32 only), P from the forward's exp.  Not with
+ * dropout or a softcap (their own passes between), masked keys inside a row's range
+ * (padding, scattered documents: dS is zeroed there after it is formed), nor where dS is
+ * not wanted. */
 static int attention_grad_fused(const attention_grad_ctx *gc, const attention_ws *w, size_t b)
 {
     const attention_ctx *c = gc->a;
     return c->kern->bf16 && w->scores16 && gc->need_ds && c->a->dv && !c->dropout &&
-           !(c->softcap > 0) && !c->p->product && !c->padding_start &&
-           !(c->doc_scattered && c->doc_scattered[b]);
+           !(c->softcap > 0) && !c->padding_start && !(c->doc_scattered && c->doc_scattered[b]);
 }
 
 /*
