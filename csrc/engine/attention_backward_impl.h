@@ -132,6 +132,32 @@ static REAL *attention_unit_dv(const attention_grad_ctx *gc, const attention_ws 
     return w->dv_unit ? w->dv_unit : gc->grad_v + u * gc->a->p->m * gc->a->a->dv;
 }
 
+/* Row x (elements of `size` bytes) zeroed on [from, lo) and [hi, cols), where the GEMMs and
+ * the logits' gradients read past the row's range [lo, hi), and on [lo, hi) too with `all`. */
+static void row_zero_around(void *x, size_t size, size_t from, size_t lo, size_t hi, size_t cols,
+                            int all)
+{
+    char *at = (char *)x;
+    if (all) {
+        memset(at + from * size, 0, (cols - from) * size);
+        return;
+    }
+    memset(at + from * size, 0, (lo - from) * size);
+    memset(at + hi * size, 0, (cols - hi) * size);
+}
+
+/* Row r's delta = rowsum(dO out) - dL/dlse (dL/dlse_i P_ij joins dS_ij = P_ij (dP_ij -
+ * delta_i) as -dL/dlse_i in delta_i); the sink's gradient takes -exp(sink - lse) delta
+ * (its probability, with no value: dP 0). */
+static double attention_row_delta(const delta_rows *deltas, size_t r, const REAL *d_lse_blk,
+                                  REAL lse, double sink, double *sink_grad)
+{
+    const double delta = row_delta(deltas, r) - (d_lse_blk ? (double)d_lse_blk[r] : 0.0);
+    if (sink != -INFINITY)
+        *sink_grad -= exp(sink - (double)lse) * delta;
+    return delta;
+}
+
 /* Whether the block rows of batch row b take the bfloat16 GEMM's pass (bf16->grad_row):
  * P and dS in one pass, rounded as their GEMMs read them (P only so: dV reads its twin
  * scores16; product mode reads dS in float32 only), P from the forward's exp.  Not with
@@ -213,44 +239,30 @@ static void attention_backward_block(const attention_grad_ctx *gc, forward_ws *f
         REAL *P = w->scores + r * m, *dS = w->grad + r * m;
         REAL *PD = c->dropout ? w->dropped + r * m : P;
         const size_t len = hi - lo;
+        /* every key masked (and no sink): no gradient, the row all zeros */
+        const int none = lse_blk[r] == -INFINITY;
 #ifdef ENGINE_BF16_GEMM
         if (fused) {   /* P16 and dS16 as the float32 rows below, zeros included */
             uint16_t *P16 = w->scores16 + r * m, *dS16 = w->grad16 + r * m;
-            memset(P16 + zero_from, 0, sizeof(uint16_t) * (lo - zero_from));
-            memset(P16 + hi, 0, sizeof(uint16_t) * (cols - hi));
-            memset(dS16 + zero_from, 0, sizeof(uint16_t) * (lo - zero_from));
-            memset(dS16 + hi, 0, sizeof(uint16_t) * (cols - hi));
-            memset(dS + zero_from, 0, sizeof(REAL) * (lo - zero_from));
-            memset(dS + hi, 0, sizeof(REAL) * (cols - hi));
-            if (lse_blk[r] == -INFINITY) {   /* every key masked (and no sink): no gradient */
-                memset(P16 + lo, 0, sizeof(uint16_t) * len);
-                memset(dS16 + lo, 0, sizeof(uint16_t) * len);
-                memset(dS + lo, 0, sizeof(REAL) * len);
+            row_zero_around(P16, sizeof(uint16_t), zero_from, lo, hi, cols, none);
+            row_zero_around(dS16, sizeof(uint16_t), zero_from, lo, hi, cols, none);
+            row_zero_around(dS, sizeof(REAL), zero_from, lo, hi, cols, none);
+            if (none)
                 continue;
-            }
-            const double delta = row_delta(&deltas, r) - (d_lse_blk ? (double)d_lse_blk[r] : 0.0);
-            if (sink != -INFINITY)
-                w->sink_grad -= exp(sink - (double)lse_blk[r]) * delta;
+            const double delta = attention_row_delta(&deltas, r, d_lse_blk, lse_blk[r], sink,
+                                                      &w->sink_grad);
             kern->bf16->grad_row(P16 + lo, dS16 + lo, dS + lo, P + lo, len, (double)lse_blk[r],
                                  (REAL)-delta);
             continue;
         }
 #endif
         /* zeros where the GEMMs and the logits' gradients read past the row's range */
-        memset(P + zero_from, 0, sizeof(REAL) * (lo - zero_from));
-        memset(P + hi, 0, sizeof(REAL) * (cols - hi));
-        if (c->dropout) {
-            memset(PD + zero_from, 0, sizeof(REAL) * (lo - zero_from));
-            memset(PD + hi, 0, sizeof(REAL) * (cols - hi));
-        }
-        memset(dS + zero_from, 0, sizeof(REAL) * (lo - zero_from));
-        memset(dS + hi, 0, sizeof(REAL) * (cols - hi));
-        if (lse_blk[r] == -INFINITY) {   /* every key masked (and no sink): no gradient */
-            memset(P + lo, 0, sizeof(REAL) * len);
-            memset(PD + lo, 0, sizeof(REAL) * len);
-            memset(dS + lo, 0, sizeof(REAL) * len);
+        row_zero_around(P, sizeof(REAL), zero_from, lo, hi, cols, none);
+        if (c->dropout)
+            row_zero_around(PD, sizeof(REAL), zero_from, lo, hi, cols, none);
+        row_zero_around(dS, sizeof(REAL), zero_from, lo, hi, cols, none);
+        if (none)
             continue;
-        }
         REAL *cap_grad = c->softcap > 0 ? w->cap_grad + r * m + lo : NULL;
         if (cap_grad)
             attention_cap_row(c, P + lo, cap_grad, len);
@@ -262,10 +274,8 @@ static void attention_backward_block(const attention_grad_ctx *gc, forward_ws *f
         }
         if (!need_delta)
             continue;
-        /* dL/dlse_i P_ij joins dS_ij = P_ij (dP_ij - delta_i) as -dL/dlse_i in delta_i */
-        const double delta = row_delta(&deltas, r) - (d_lse_blk ? (double)d_lse_blk[r] : 0.0);
-        if (sink != -INFINITY)   /* the sink's probability exp(sink - lse), with no value: dP 0 */
-            w->sink_grad -= exp(sink - (double)lse_blk[r]) * delta;
+        const double delta = attention_row_delta(&deltas, r, d_lse_blk, lse_blk[r], sink,
+                                                  &w->sink_grad);
         if (!gc->need_ds)
             continue;
         REAL *dS_row = dS + lo;
