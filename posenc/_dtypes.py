@@ -39,7 +39,7 @@ OPERAND_ROUNDOFF = {"bfloat16": 2.0 ** -8}
 # The relative error of the exp a dtype's attention softmax computes, beyond
 # float32's: bfloat16's (the P its GEMM rounds) is 2^t, t = x log2(e) -
 # shift log2(e) by one FMA, 2^r on |r| <= 1/2 a degree-4 polynomial within
-# 3.0e-6 of it (csrc/isa/avx512bf16.c, bf16_softmax_exp2; t's rounding is the
+# 3.0e-6 of it (csrc/isa/avx512bf16.c, bf16_softmax_exp; t's rounding is the
 # float32 subtraction's it replaces).  It enters the attention's bounds as a
 # logit error would (lse, out, the gradients).
 SOFTMAX_EXP_ERROR = {"bfloat16": 3.0e-6}

@@ -72,22 +72,14 @@
 
 /* AVX-512: scalef builds 2^n itself, with the underflow to 0 and the
  * overflow to inf, so only the argument is clamped (NaN passes: max and min
- * return their second operand when one is NaN).  posenc_vexp_f32_reduce: the
- * argument clamped and reduced, r = x - n ln 2 with *n = round(x log2 e), the
- * exponent scalef applies to a polynomial in r. */
-static inline __m512 posenc_vexp_f32_reduce(__m512 x, __m512 *n)
-{
-    x = _mm512_min_ps(_mm512_set1_ps(89.0f), _mm512_max_ps(_mm512_set1_ps(-120.0f), x));
-    *n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps((float)EXP_LOG2E)),
-                              _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    const __m512 r = _mm512_fnmadd_ps(*n, _mm512_set1_ps(EXP_LN2_HI_F), x);
-    return _mm512_fnmadd_ps(*n, _mm512_set1_ps(EXP_LN2_LO_F), r);
-}
-
+ * return their second operand when one is NaN). */
 static inline __m512 posenc_vexp_f32(__m512 x)
 {
-    __m512 n;
-    const __m512 r = posenc_vexp_f32_reduce(x, &n);
+    x = _mm512_min_ps(_mm512_set1_ps(89.0f), _mm512_max_ps(_mm512_set1_ps(-120.0f), x));
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps((float)EXP_LOG2E)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(EXP_LN2_HI_F), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(EXP_LN2_LO_F), r);
     __m512 p;
 #define BCAST_PS512(c) _mm512_set1_ps((float)(c))
     EXP_POLY(__m512, _mm512_fmadd_ps, BCAST_PS512, r, 7, p);
