@@ -38,10 +38,10 @@ UNIT_ROUNDOFF = {"bfloat16": 2.0 ** -8, "float16": 2.0 ** -11}
 OPERAND_ROUNDOFF = {"bfloat16": 2.0 ** -8}
 # The relative error of the exp a dtype's attention softmax computes, beyond
 # float32's: bfloat16's (the P its GEMM rounds) is 2^t, t = x log2(e) -
-# shift log2(e) by one FMA, 2^r on |r| <= 1/2 a degree-4 polynomial within
-# 3.0e-6 of it (csrc/isa/avx512bf16.c, bf16_softmax_exp; t's rounding is the
-# float32 subtraction's it replaces).  It enters the attention's bounds as a
-# logit error would (lse, out, the gradients).
+# shift log2(e) by one FMA, 2^r on r = t - floor(t) in [0, 1) a degree-4
+# polynomial within 2.7e-6 of it (csrc/isa/vector_exp.h, posenc_softmax_exp_bf16;
+# t's rounding is the float32 subtraction's it replaces).  It enters the
+# attention's bounds as a logit error would (lse, out, the gradients).
 SOFTMAX_EXP_ERROR = {"bfloat16": 3.0e-6}
 FLOAT16_MAX_FINITE = 65504.0
 FLOAT16_OVERFLOW = 65520.0          # the smallest magnitude that rounds to +-inf

@@ -14,37 +14,7 @@
 
 #include "convert_avx512.h"
 #include "transpose_avx512.h"
-#include "vector_exp.h"   /* EXP_LOG2E */
-
-/* The bfloat16 softmax's shift as the constant of its exponent: c = -shift log2(e),
- * rounded once (a factor common to the row, which its normalisation cancels). */
-static inline __m512 bf16_softmax_shift(double shift)
-{
-    return _mm512_set1_ps((float)(-shift * EXP_LOG2E));
-}
-
-/* exp(x - shift) for the bfloat16 softmax (exp_row, grad_row) as 2^t, t = x log2(e) + c
- * (c: bf16_softmax_shift) by one FMA where exp(x - shift) took a subtraction and a
- * multiply: n = round(t), r = t - n (exact), 2^r by a degree-4 polynomial minimax in
- * relative error on |r| <= 1/2 (c0 = 1: 2^0 = 1 exactly; the minimax of exp on
- * |y| <= ln(2)/2, y = r ln 2): at most 2.95e-6 from 2^t (float32 Horner), a thousandth
- * of bfloat16's spacing (2^-8); scalef builds 2^n with the underflow to 0.  t below
- * -160 (-inf: a masked logit) gives +0, a NaN stays NaN, t from 128 up +inf (t = +inf,
- * only from x = +inf with a finite shift, which a softmax's shift -- its row's maximum
- * -- never is: NaN). */
-static inline __m512 bf16_softmax_exp(__m512 x, __m512 c)
-{
-    __m512 t = _mm512_fmadd_ps(x, _mm512_set1_ps((float)EXP_LOG2E), c);
-    t = _mm512_max_ps(_mm512_set1_ps(-160.0f), t);   /* NaN passes: max returns its second */
-    const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    const __m512 r = _mm512_sub_ps(t, n);
-    __m512 p = _mm512_fmadd_ps(_mm512_set1_ps(0.009579272009432316f), r,
-                               _mm512_set1_ps(0.05590564385056496f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.2402419149875641f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.6931244134902954f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    return _mm512_scalef_ps(p, n);
-}
+#include "vector_exp.h"   /* posenc_softmax_exp_bf16: the softmax's exp */
 
 /* vcvtneps2bf16 rounds to nearest even and quiets NaNs as the reference
  * does, but flushes subnormal inputs to zero: a block holding one is
@@ -427,17 +397,17 @@ static void bf16_pack_pairs16_avx512bf16(uint16_t *dst, size_t width, const uint
 /* posenc_bf16_kernels.exp_row: the avx512 float32 row_exp (isa/softmax_impl.h)
  * in its order -- its 16 lanes' sums, its tail (the row's last 16 elements
  * when the row has more, else one masked vector) summed in order after
- * them -- with bf16_softmax_exp's exp, stored only in bfloat16, as vcvtneps2bf16
+ * them -- with posenc_softmax_exp_bf16's exp, stored only in bfloat16, as vcvtneps2bf16
  * rounds (round_row's rounding).  The softmax of the attention forward, whose
  * P the bfloat16 GEMM reads from dst: P is not written in float32 and not
  * rounded again. */
 static double bf16_exp_row_avx512bf16(uint16_t *dst, const float *x, size_t len, double shift)
 {
-    const __m512 c = bf16_softmax_shift(shift);
+    const __m512 c = posenc_bf16_shift(shift);
     __m512 acc = _mm512_setzero_ps();
     size_t j = 0;
     for (; j + 16 <= len; j += 16) {
-        const __m512 e = bf16_softmax_exp(_mm512_loadu_ps(x + j), c);
+        const __m512 e = posenc_softmax_exp_bf16(_mm512_loadu_ps(x + j), c);
         _mm256_storeu_si256((__m256i *)(dst + j), (__m256i)_mm512_cvtneps_pbh(e));
         acc = _mm512_add_ps(acc, e);
     }
@@ -447,11 +417,11 @@ static double bf16_exp_row_avx512bf16(uint16_t *dst, const float *x, size_t len,
         __m512 e;
         if (len > 16) {   /* the row's last 16 elements, whole */
             t0 = len - 16;
-            e = bf16_softmax_exp(_mm512_loadu_ps(x + t0), c);
+            e = posenc_softmax_exp_bf16(_mm512_loadu_ps(x + t0), c);
             _mm256_storeu_si256((__m256i *)(dst + t0), (__m256i)_mm512_cvtneps_pbh(e));
         } else {
             const __mmask16 part = (__mmask16)(((uint32_t)1 << (len - j)) - 1);
-            e = bf16_softmax_exp(_mm512_maskz_loadu_ps(part, x + j), c);
+            e = posenc_softmax_exp_bf16(_mm512_maskz_loadu_ps(part, x + j), c);
             _mm256_mask_storeu_epi16(dst + j, part, (__m256i)_mm512_cvtneps_pbh(e));
         }
         _mm512_storeu_ps(tail, e);
@@ -463,16 +433,16 @@ static double bf16_exp_row_avx512bf16(uint16_t *dst, const float *x, size_t len,
 }
 
 /* posenc_bf16_kernels.grad_row: 16 lanes at a time, the tail masked; P as exp_row's
- * (bf16_softmax_exp), both rows rounded as exp_row and round_row round. */
+ * (posenc_softmax_exp_bf16), both rows rounded as exp_row and round_row round. */
 static void bf16_grad_row_avx512bf16(uint16_t *p16, uint16_t *ds16, float *ds, const float *s,
                                      size_t len, double lse, float minus_delta)
 {
-    const __m512 c = bf16_softmax_shift(lse);
+    const __m512 c = posenc_bf16_shift(lse);
     const __m512 md = _mm512_set1_ps(minus_delta);
     for (size_t j = 0; j < len; j += 16) {
         const __mmask16 lanes = len - j >= 16 ? (__mmask16)0xffff
                                               : (__mmask16)(((uint32_t)1 << (len - j)) - 1);
-        const __m512 p = bf16_softmax_exp(_mm512_maskz_loadu_ps(lanes, s + j), c);
+        const __m512 p = posenc_softmax_exp_bf16(_mm512_maskz_loadu_ps(lanes, s + j), c);
         const __m512 d = _mm512_mul_ps(_mm512_add_ps(_mm512_maskz_loadu_ps(lanes, ds + j), md), p);
         if (lanes == 0xffff) {   /* whole vectors: no masked stores (slow on AMD's cores) */
             _mm256_storeu_si256((__m256i *)(p16 + j), (__m256i)_mm512_cvtneps_pbh(p));

@@ -33,7 +33,8 @@ static double KNAME(posenc_row_max)(const void *x_, size_t len)
     return (double)best;
 }
 
-/* x[j] = exp(x[j] - shift) in place, j < len (-inf gives 0); returns the sum of the results. */
+/* x[j] = exp(x[j] - shift) in place, j < len (-inf gives 0); returns the sum of the
+ * results.  The vector ISAs' exp: VSOFTMAX_EXP (isa/vector_exp.h). */
 static double KNAME(posenc_row_exp)(void *x_, size_t len, double shift_)
 {
     REAL *x = (REAL *)x_;
@@ -50,14 +51,14 @@ static double KNAME(posenc_row_exp)(void *x_, size_t len, double shift_)
     const VT last = last_whole ? VLOAD(x + len - VL) : VZERO();
     VT acc = VZERO();
     for (; j + VL <= len; j += VL) {
-        const VT e = VEXP(VADD(VLOAD(x + j), add));
+        const VT e = VSOFTMAX_EXP(VLOAD(x + j), add);
         VSTORE(x + j, e);
         acc = VADD(acc, e);
     }
     if (last_whole)
-        VSTORE(x + len - VL, VEXP(VADD(last, add)));
+        VSTORE(x + len - VL, VSOFTMAX_EXP(last, add));
     else if (j < len)
-        VSTORE_PART(x + j, VEXP(VADD(VLOAD_PART(x + j, len - j), add)), len - j);
+        VSTORE_PART(x + j, VSOFTMAX_EXP(VLOAD_PART(x + j, len - j), add), len - j);
     total = VREDUCE(acc);
     for (; j < len; ++j)
         total += x[j];

@@ -87,6 +87,59 @@ static inline __m512 posenc_vexp_f32(__m512 x)
     return _mm512_scalef_ps(p, n);
 }
 
+/*
+ * 2^t for the softmax rows' exps below: r = t - floor(t) in [0, 1) by vreduceps
+ * (exact), 2^r by a polynomial minimax in relative error on [0, 1] (float Horner), and
+ * scalef(2^r, t), which scales by 2^floor(t) with the underflow to 0 and the overflow
+ * to inf.  No clamp: t = -inf gives r = 0 and +0, t = +inf +inf, NaN stays NaN.
+ * Degree 6 (float's softmax): within 6.2e-8 of 2^r; degree 4 (bfloat16's, whose P is
+ * rounded to 2^-8): within 2.7e-6 (_dtypes.SOFTMAX_EXP_ERROR).
+ */
+static const float posenc_exp2_poly6[7] = {
+    1.0f, 0.6931470036506653f, 0.24022983014583588f, 0.055483341217041016f,
+    0.009678840637207031f, 0.001243968727067113f, 0.00021702254889532924f};
+static const float posenc_exp2_poly4[5] = {
+    1.0000026226043701f, 0.6930038332939148f, 0.2414427548646927f, 0.052011460065841675f,
+    0.013534167781472206f};
+
+static inline __m512 posenc_exp2_poly(__m512 t, const float *poly, int degree)
+{
+    const __m512 r = _mm512_reduce_ps(t, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+    __m512 p = _mm512_set1_ps(poly[degree]);
+    _Pragma("GCC unroll 8")   /* the constants in registers, not broadcast from memory */
+    for (int k = degree - 1; k >= 0; --k)
+        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(poly[k]));
+    return _mm512_scalef_ps(p, t);
+}
+
+/* float's softmax exp(x + c), c = -shift (softmax_impl.h's row_exp): y = x + c, exact
+ * where x is within a factor 2 of the shift (the row's largest probabilities), then
+ * 2^(y log2(e)), t's rounding a logit error of 2^-24 |y| as Cody-Waite's float
+ * reduction's; 11 vector operations with the row's sum where posenc_vexp_f32 takes 15.
+ * (c = -shift log2(e) folded into one FMA, as bfloat16's below, saves one more but rounds
+ * c: the backward's P = exp(S - lse), whose lse no normalisation cancels, 10-20 % further
+ * from float64 in RMS.) */
+static inline __m512 posenc_softmax_exp_f32(__m512 x, __m512 c)
+{
+    const __m512 y = _mm512_add_ps(x, c);
+    return posenc_exp2_poly(_mm512_mul_ps(y, _mm512_set1_ps((float)EXP_LOG2E)), posenc_exp2_poly6, 6);
+}
+#define POSENC_SOFTMAX_EXP_F32 1
+
+/* bfloat16's softmax exp(x - shift) (isa/avx512bf16.c's exp_row and grad_row) as 2^t,
+ * t = x log2(e) + c by one FMA, c = -shift log2(e) rounded once (posenc_bf16_shift, with
+ * float's log2(e): t - (x - shift) log2(e) is that rounding, common to the row, and t's
+ * own, a logit error of 2^-24 |x - shift|). */
+static inline __m512 posenc_bf16_shift(double shift)
+{
+    return _mm512_set1_ps((float)(-shift * (double)(float)EXP_LOG2E));
+}
+static inline __m512 posenc_softmax_exp_bf16(__m512 x, __m512 c)
+{
+    return posenc_exp2_poly(_mm512_fmadd_ps(x, _mm512_set1_ps((float)EXP_LOG2E), c),
+                            posenc_exp2_poly4, 4);
+}
+
 static inline __m512d posenc_vexp_f64(__m512d x)
 {
     x = _mm512_min_pd(_mm512_set1_pd(710.0), _mm512_max_pd(_mm512_set1_pd(-750.0), x));
@@ -333,6 +386,21 @@ static inline double posenc_vmax_lanes_f64(EXP_VF64 v) { return EXP_HMAX_F64(pos
 POSENC_VTANH(F32, f32, EXP_VF32, 0.3, 9.5)
 POSENC_VTANH(F64, f64, EXP_VF64, 0.125, 19.5)
 #undef POSENC_VTANH
+
+/* The softmax rows' exp(x + c), c = -shift in the type (softmax_impl.h's row_exp):
+ * AVX-512's float by 2^t (posenc_softmax_exp_f32), the others exp(x + c). */
+#ifndef POSENC_SOFTMAX_EXP_F32
+static inline EXP_VF32 posenc_softmax_exp_f32(EXP_VF32 x, EXP_VF32 c)
+{
+    return posenc_vexp_f32(EXP_ADD_F32(x, c));
+}
+#endif
+static inline EXP_VF64 posenc_softmax_exp_f64(EXP_VF64 x, EXP_VF64 c)
+{
+    return posenc_vexp_f64(EXP_ADD_F64(x, c));
+}
+#define VSOFTMAX_EXP(x, c) \
+    _Generic((x), EXP_VF32: posenc_softmax_exp_f32, EXP_VF64: posenc_softmax_exp_f64)((x), (c))
 
 #define VEXP(v) _Generic((v), EXP_VF32: posenc_vexp_f32, EXP_VF64: posenc_vexp_f64)(v)
 #define VTANH(v) _Generic((v), EXP_VF32: posenc_vtanh_f32, EXP_VF64: posenc_vtanh_f64)(v)

@@ -142,9 +142,54 @@ static void softmax_rows(const posenc_kernels *kern, posenc_isa isa, int dt, voi
         }
 }
 
+/* row_exp's exp against exp in double through one-element rows (their sum is the exp):
+ * within the polynomial's error and Horner's (2.5e-7 in float, 1e-14 in double) and the
+ * reduction's, a logit error of 2^-(p-1) |x - shift| (t's rounding and log2(e)'s in
+ * float's AVX-512 exp, isa/vector_exp.h; the subtraction x - shift elsewhere) and
+ * 2^-(p-1) |shift| (the row's constant), from 120 below the shift to 5 above it; below
+ * the type's normal range within its smallest normal.  -inf and -1e30 give +0, +inf and
+ * 1e30 +inf, NaN NaN, with finite shifts. */
+static void softmax_exp(const posenc_kernels *kern, posenc_isa isa, int dt, void *ctx)
+{
+    const double unit = dt ? 0x1p-52 : 0x1p-23, poly = dt ? 1e-14 : 2.5e-7;
+    const double tiny = dt ? 0x1p-1022 : 0x1p-126;
+    size_t off = 0;
+    double worst = 0;
+    (void)ctx;
+    for (int i = 0; i <= 25000; ++i)
+        for (int s = 0; s < 3; ++s) {
+            const double shift = s == 0 ? 0.0 : s == 1 ? 4.25 : -37.3;
+            double x = shift + 5.0 - 125.0 * i / 25000.0, xd = x;
+            float xf = (float)x;
+            x = dt ? x : (double)xf;   /* the row's element */
+            const double got = dt ? kern->row_exp(&xd, 1, shift) : kern->row_exp(&xf, 1, shift);
+            const double want = exp(x - shift);
+            const double slack = poly + unit * (fabs(x - shift) + fabs(shift));
+            const double err = fabs(got - want);
+            const double rel = want >= tiny ? err / want : 0.0;
+            worst = rel > worst ? rel : worst;
+            off += !(want >= tiny ? rel <= slack : err <= tiny);
+        }
+    EXPECT(off == 0, "row_exp %s %s: %zu of 3 x 25001 one-element rows off (worst %.3g)",
+           posenc_isa_name(isa), dt ? "f64" : "f32", off, worst);
+    static const double specials[5][2] = {
+        {-INFINITY, 0.0}, {-1e30, 0.0}, {INFINITY, INFINITY}, {1e30, INFINITY}, {NAN, NAN}};
+    for (int k = 0; k < 5; ++k)
+        for (int s = 0; s < 2; ++s) {
+            const double shift = s ? -3.5 : 2.0, want = specials[k][1];
+            double xd = specials[k][0];
+            float xf = (float)xd;
+            const double got = dt ? kern->row_exp(&xd, 1, shift) : kern->row_exp(&xf, 1, shift);
+            EXPECT(isnan(want) ? isnan(got) : got == want && !signbit(got),
+                   "row_exp %s %s: exp(%g - %g) = %g, want %g", posenc_isa_name(isa),
+                   dt ? "f64" : "f32", specials[k][0], shift, got, want);
+        }
+}
+
 void test_softmax_rows(void)
 {
     for_each_kernels(softmax_rows, NULL);
+    for_each_kernels(softmax_exp, NULL);
 }
 
 /* ---------------------------------------------------------------- attention */
