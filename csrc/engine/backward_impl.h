@@ -99,13 +99,18 @@ static void backward_sum_rows(const backward_ctx *c, backward_ws *w, size_t u, s
         terms_grad_sums(p, kern, &w->env, -1, u / p->H, u % p->H, G_blk, m, blk0, rows, cols);
     const size_t skip = c->cls_row0 && blk0 == 0;   /* the [CLS] row */
     double *scratch = (double *)(void *)w->term_scratch;
+    const uint16_t *G16 = NULL;   /* G_blk's twin where backward_g_rows left it unwritten */
+#ifdef ENGINE_BF16_GEMM
+    if (c->g16_rows)
+        G16 = gemm_unwritten_twin(&w->scratch, G_blk, rows * m);
+#endif
     if (c->need_modules && c->masked)   /* the reset's own cells: all of G */
-        terms_grad_rows(p, kern, &w->env, c->g, TERMS_OVERRIDING, u, G_blk, m, blk0, rows,
+        terms_grad_rows(p, kern, &w->env, c->g, TERMS_OVERRIDING, u, G_blk, G16, m, blk0, rows,
                         first, cols, scratch);
     if (c->need_modules && rows > skip)   /* the others: not the reset's row and column 0 */
-        terms_grad_rows(p, kern, &w->env, c->g, TERMS_ADDING, u, G_blk + skip * m, m,
-                        blk0 + skip, rows - skip, posenc_max(first, c->masked ? (size_t)1 : 0),
-                        cols, scratch);
+        terms_grad_rows(p, kern, &w->env, c->g, TERMS_ADDING, u, G_blk + skip * m,
+                        G16 ? G16 + skip * m : NULL, m, blk0 + skip, rows - skip,
+                        posenc_max(first, c->masked ? (size_t)1 : 0), cols, scratch);
 }
 
 /* backward_sum_rows over a block: at once, or with `limits` tile by tile of mr rows over
@@ -320,33 +325,38 @@ static void backward_unit_end(const backward_ctx *c, backward_ws *w, size_t u)
  * place, or where engine_lp.c left them unwritten (a bfloat16 G that the
  * GEMMs read through its twin) and the positional gradients read them,
  * widened into w->g_block, which becomes the twin's float32 side.  With
- * theta_only (phase 1 where the reset is all that reads G: TUPE) only its
- * entries are widened, the [CLS] row and column 0; the rest of g_block
- * keeps no values, which no one reads (the GEMMs take the twin).
+ * G_WIDEN_RESET (phase 1 where the reset is all that reads G: TUPE) only its
+ * entries are widened, the [CLS] row and column 0; with G_WIDEN_NONE (phase 1
+ * where the modules that read G read the twin: c->g16_rows) none, g_block
+ * staying an unwritten twin's float32 side; the rest of g_block keeps no
+ * values, which no one reads (the GEMMs take the twin).
  */
+enum { G_WIDEN_ALL, G_WIDEN_RESET, G_WIDEN_NONE };
+
 static const REAL *backward_g_rows(const backward_ctx *c, backward_ws *w, size_t row0,
-                                   size_t rows, int theta_only)
+                                   size_t rows, int widen)
 {
     const size_t m = c->p->m, n = c->p->n;
     const REAL *G = c->G + row0 * m;
 #ifdef ENGINE_BF16_GEMM
     const uint16_t *twin = w->g_block ? gemm_unwritten_twin(&w->scratch, G, rows * m) : NULL;
     if (twin) {
-        if (!theta_only)
+        if (widen == G_WIDEN_ALL)
             posenc_active_convert()->bf16_to_f32(w->g_block, twin, rows * m);
-        else
+        else if (widen == G_WIDEN_RESET)
             for (size_t r = 0; r < rows; ++r) {
                 const int cls = c->cls_row0 && (row0 + r) % n == 0;
                 for (size_t j = 0; j < (cls ? m : 1); ++j)
                     w->g_block[r * m + j] = (REAL)bf16_value(twin[r * m + j]);
             }
         gemm_twin_set(&w->scratch, w->g_block, twin, rows * m);
+        w->scratch.local.unwritten = widen == G_WIDEN_NONE;
         return w->g_block;
     }
 #else
     (void)w;
     (void)n;
-    (void)theta_only;
+    (void)widen;
 #endif
     return G;
 }
@@ -361,9 +371,10 @@ static void backward_unit(const backward_ctx *c, backward_ws *w, size_t u)
     backward_unit_begin(c, w, u, &k_packed);
     for (size_t blk0 = 0; blk0 < n; blk0 += c->row_block) {
         const size_t rows = posenc_min(c->row_block, n - blk0);
+        const int widen = c->g16_rows ? G_WIDEN_NONE : c->unit_reads_g ? G_WIDEN_ALL
+                                                                          : G_WIDEN_RESET;
         backward_unit_block(c, w, u, &k_packed, blk0, rows,
-                            backward_g_rows(c, w, u * n + blk0, rows, !c->unit_reads_g), c->p->m,
-                            NULL);
+                            backward_g_rows(c, w, u * n + blk0, rows, widen), c->p->m, NULL);
     }
     w->scratch.local.src = NULL;
     backward_unit_end(c, w, u);
@@ -438,7 +449,8 @@ static void backward_head_blocks(const backward_ctx *c, backward_ws *w, size_t h
         for (size_t b = 0; b < p->B && !summed; ++b)   /* row by row: a widened row stays in L1 */
             for (size_t r = 0; r < rows; ++r)
                 kern->row_gather(b == 0 ? POSENC_SET : POSENC_ADD, S + r * m,
-                                 backward_g_rows(c, w, (b * H + h) * n + blk0 + r, 1, 0), 1, m);
+                                 backward_g_rows(c, w, (b * H + h) * n + blk0 + r, 1, G_WIDEN_ALL),
+                                 1, m);
         w->scratch.local.src = NULL;
         backward_block_grads(c, w, h, S, m, blk0, rows, m, NULL);
     }

@@ -119,8 +119,8 @@ static void backward_product_tile(const backward_ctx *c, backward_ws *w, size_t 
         if (term_kinds[k].grad_sums)
             terms_grad_sums(p, kern, &w->env, k, b, h, w->factor_grad[k], ld, i0, rows, width);
         else   /* its rows are linear in its arrays */
-            terms_grad_rows(p, kern, &w->env, c->g, TERMS_ADDING, u, w->factor_grad[k], ld, i0,
-                            rows, 0, width, (double *)(void *)w->term_scratch);
+            terms_grad_rows(p, kern, &w->env, c->g, TERMS_ADDING, u, w->factor_grad[k], NULL,
+                            ld, i0, rows, 0, width, (double *)(void *)w->term_scratch);
     }
 }
 

@@ -36,6 +36,8 @@ typedef struct {
                                    masks, or NULL (the kind's own rule) */
     int reads_g;                /* the positional gradients read G itself (not only the GEMMs) */
     int unit_reads_g;           /* ... in phase 1, beyond the reset's [CLS] row and column 0 */
+    int g16_rows;               /* ... there only through modules that read a bfloat16 twin of
+                                   G (term_kind's grad_bf16): backward_g_rows leaves it unwidened */
     terms_call own_terms;       /* built by backward_prepare unless given one */
     const terms_call *terms;    /* what the kinds read: own_terms, or the attention's logits' */
     /* need_blocks: the REAL slots of the modules whose gradient goes by blocks (per unit in

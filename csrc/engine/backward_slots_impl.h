@@ -81,6 +81,8 @@ static int backward_prepare(backward_ctx *c, const posenc_problem *p, const pose
     c->unit_reads_g = p->product || c->sums || terms_grads_wanted(p, g, TERMS_ADDING) ||
                       c->content >= 0;
     c->reads_g = c->unit_reads_g || c->masked || c->need_blocks;
+    c->g16_rows = kern->bf16 && G && !p->product && !c->sums && c->content < 0 && !c->masked &&
+                  terms_grad_bf16(p, g);
     if (terms_block_slots_alloc(p, g, G ? p->H : BH, c->block_slots))
         return POSENC_ENOMEM;
     return POSENC_OK;

@@ -311,6 +311,7 @@ static size_t term_cope_grad_scratch(const posenc_problem *p, const posenc_kerne
 #define term_cope_overrides 0
 #define term_cope_grad_block NULL
 #define term_cope_scaled 0
+#define term_cope_grad_bf16 0
 #define term_cope_rows_at NULL
 
 #endif /* REAL */

@@ -126,6 +126,7 @@ static size_t term_dense_grad_scratch(const posenc_problem *p, const posenc_kern
 #define term_dense_grad_reduce NULL
 #define term_dense_overrides 0
 #define term_dense_scaled 1
+#define term_dense_grad_bf16 0
 
 #endif /* REAL */
 

@@ -192,6 +192,7 @@ static size_t term_fox_grad_scratch(const posenc_problem *p, const posenc_kernel
 #define term_fox_overrides 0
 #define term_fox_grad_block NULL
 #define term_fox_scaled 0
+#define term_fox_grad_bf16 0
 #define term_fox_rows_at NULL
 
 #endif /* REAL */

@@ -129,6 +129,7 @@ static void term_key_table_content_row(const term_unit *t, REAL *x, size_t ldx, 
 #define term_key_table_grad_block NULL
 #define term_key_table_overrides 0
 #define term_key_table_scaled 0
+#define term_key_table_grad_bf16 0
 
 #endif /* REAL */
 

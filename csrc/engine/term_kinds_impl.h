@@ -11,7 +11,7 @@
  * _grad_unit_scratch, _grad_begin, _grad_sums, _grad_end, _grad_reduce (NULL where
  * the kind has none: the rotation's per-token tables, read by rope_impl.h, have none;
  * a kind adds rows or reads the content logits), and its flags _overrides, _scaled,
- * and (outside its REAL part, for entry.c and terms.c) _factor, _by_blocks and
+ * _grad_bf16, and (outside its REAL part, for entry.c and terms.c) _factor, _by_blocks and
  * _vector.
  */
 #ifndef POSENC_ENGINE_TERM_KINDS_IMPL_H
@@ -33,7 +33,7 @@
      term_##name##_grad_unit_scratch, term_##name##_grad_begin, term_##name##_grad_sums, \
      term_##name##_grad_end, term_##name##_grad_reduce,                                \
      term_##name##_overrides, term_##name##_factor, term_##name##_scaled,              \
-     term_##name##_vector},
+     term_##name##_vector, term_##name##_grad_bf16},
 static const term_kind term_kinds[POSENC_TERM_COUNT] = {POSENC_TERMS(TERM_KIND_, )};
 #undef TERM_KIND_
 
@@ -88,6 +88,7 @@ static void term_unit_set(term_unit *t, const posenc_problem *p, const posenc_ke
     t->unit_data = NULL;
     t->tag = NULL;
     t->grad = env->grad ? env->grad[k] : NULL;
+    t->g16 = NULL;
     for (int a = 0; a < POSENC_TERM_ARRAYS_MAX; ++a) {
         const posenc_term_array *x = &p->terms[k].array[a];
         const int type = x->data ? posenc_term_array_type(k, a) : POSENC_TERM_INDEX;
@@ -436,6 +437,22 @@ static int terms_grads_wanted(const posenc_problem *p, const posenc_grads *g, in
     return 0;
 }
 
+/* Whether every module of p whose grad_rows g's gradients call reads a bfloat16 twin of G
+ * itself (term_kind's grad_bf16), at least one doing so. */
+static int terms_grad_bf16(const posenc_problem *p, const posenc_grads *g)
+{
+    int any = 0;
+    for (int k = 0; k < POSENC_TERM_COUNT; ++k)
+        for (int a = 0; a < POSENC_TERM_ARRAYS_MAX; ++a)
+            if (term_adds(p, k) && term_kinds[k].grad_rows && p->terms[k].array[a].data &&
+                g->terms[k][a]) {
+                if (!term_kinds[k].grad_bf16)
+                    return 0;
+                any = 1;
+            }
+    return any;
+}
+
 /* Unit u's wanted module gradients by rows zeroed (its first rows follow; the rotation's
  * are written whole at the unit's end, zeroed here for a problem without rows; those the
  * engine sums over the batch go through slots: terms_block_grads_reduce, backward_reduce). */
@@ -500,11 +517,13 @@ static void terms_content_grad(const posenc_problem *p, const posenc_kernels *ke
 }
 
 /* Rows [i0, i0 + rows) of unit u's logits gradient G into the gradients of the modules
- * `which` takes (scratch: terms_grad_scratch(p) doubles). */
+ * `which` takes (scratch: terms_grad_scratch(p) doubles); G16: G's bfloat16 twin, G's
+ * float32 values unwritten (only where every such module has grad_bf16:
+ * terms_grad_bf16), or NULL. */
 static void terms_grad_rows(const posenc_problem *p, const posenc_kernels *kern,
-                            const term_env *env,
-                            const posenc_grads *g, int which, size_t u, const REAL *G, size_t ldg,
-                            size_t i0, size_t rows, size_t first, size_t cols, double *scratch)
+                            const term_env *env, const posenc_grads *g, int which, size_t u,
+                            const REAL *G, const uint16_t *G16, size_t ldg, size_t i0,
+                            size_t rows, size_t first, size_t cols, double *scratch)
 {
     for (int k = 0; k < POSENC_TERM_COUNT; ++k) {
         if (!term_adds(p, k) || !term_taken(k, which) || !term_kinds[k].grad_rows)
@@ -513,6 +532,7 @@ static void terms_grad_rows(const posenc_problem *p, const posenc_kernels *kern,
         if (term_grads_of(p, g, k, u, grad)) {
             term_unit t;
             term_unit_set(&t, p, kern, env, k, u / p->H, u % p->H);
+            t.g16 = G16;
             term_kinds[k].grad_rows(&t, grad, G, ldg, i0, rows, first, cols, scratch);
         }
     }

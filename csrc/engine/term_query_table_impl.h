@@ -78,6 +78,7 @@ static void term_query_table_rows(const term_unit *t, int op, REAL *P, size_t ld
 #define term_query_table_fuses NULL
 #define term_query_table_overrides 0
 #define term_query_table_scaled 0
+#define term_query_table_grad_bf16 0
 
 #endif /* REAL */
 

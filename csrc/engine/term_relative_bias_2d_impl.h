@@ -257,6 +257,7 @@ static size_t term_relative_bias_2d_grad_scratch(const posenc_problem *p,
 #define term_relative_bias_2d_overrides 0
 #define term_relative_bias_2d_grad_block NULL
 #define term_relative_bias_2d_scaled 0
+#define term_relative_bias_2d_grad_bf16 0
 #define term_relative_bias_2d_rows_at NULL
 
 #endif /* REAL */

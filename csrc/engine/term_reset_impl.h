@@ -101,6 +101,7 @@ static size_t term_reset_grad_scratch(const posenc_problem *p, const posenc_kern
 #define term_reset_overrides 1
 #define term_reset_grad_block NULL
 #define term_reset_scaled 0
+#define term_reset_grad_bf16 0
 #define term_reset_rows_at NULL
 
 #endif /* REAL */

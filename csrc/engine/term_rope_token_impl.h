@@ -57,6 +57,7 @@ static inline int term_rope_token_valid(const posenc_problem *p)
 #define term_rope_token_overrides 0
 #define term_rope_token_grad_block NULL
 #define term_rope_token_scaled 0
+#define term_rope_token_grad_bf16 0
 #define term_rope_token_rows_at NULL
 #endif /* REAL */
 

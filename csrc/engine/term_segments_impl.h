@@ -216,6 +216,7 @@ static size_t term_segments_grad_scratch(const posenc_problem *p, const posenc_k
 #define term_segments_overrides 0
 #define term_segments_grad_block NULL
 #define term_segments_scaled 0
+#define term_segments_grad_bf16 0
 #define term_segments_rows_at NULL
 
 #endif /* REAL */

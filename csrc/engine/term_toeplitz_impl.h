@@ -117,7 +117,9 @@ static void term_toeplitz_rows(const term_unit *t, int op, REAL *P, size_t ldp, 
 
 /* The table's gradient of rows [i0, i0 + rows), keys [first, cols): the diagonal sums of G
  * (offsets [lo, lo + span) of the unit's, in REAL), into their entries run by run of the
- * map (a run over one entry as its sum). */
+ * map (a run over one entry as its sum).  From G's bfloat16 twin (t->g16) row by row,
+ * widened and added by posenc_convert.bf16_sum: each offset's sum in row order, as
+ * diagonal_sums adds the rows. */
 static void term_toeplitz_grad_rows(const term_unit *t, double *const *grad, const REAL *G,
                                     size_t ldg, size_t i0, size_t rows, size_t first,
                                     size_t cols, double *scratch)
@@ -130,7 +132,15 @@ static void term_toeplitz_grad_rows(const term_unit *t, double *const *grad, con
     const size_t lo = top - (rows - 1) + first, span = rows - 1 + cols - first;
     REAL *sums = (REAL *)(void *)scratch;   /* indexed by offset */
     memset(sums + lo, 0, sizeof(REAL) * span);
-    t->kern->diagonal_sums(sums + top, G, ldg, rows, first, cols);
+#ifdef ENGINE_BF16_GEMM
+    if (t->g16)
+        for (size_t r = 0; r < rows; ++r) {
+            const uint16_t *row = t->g16 + r * ldg + first;
+            posenc_active_convert()->bf16_sum(sums + top + first - r, &row, 1, cols - first, 1);
+        }
+    else
+#endif
+        t->kern->diagonal_sums(sums + top, G, ldg, rows, first, cols);
     for (size_t o = lo, e; o < lo + span; o = e) {   /* run by run of the map */
         double step;
         e = toeplitz_run(map, o, lo + span, &step);
@@ -176,6 +186,7 @@ static size_t term_toeplitz_grad_scratch(const posenc_problem *p, const posenc_k
 #define term_toeplitz_overrides 0
 #define term_toeplitz_grad_block NULL
 #define term_toeplitz_scaled 0
+#define term_toeplitz_grad_bf16 1
 
 #endif /* REAL */
 

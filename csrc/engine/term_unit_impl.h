@@ -71,6 +71,8 @@ typedef struct {
                                data holds that a later unit may keep: a head's packed table) */
     void *grad;             /* in the backward's grad_ hooks: the kind's backward data; their
                                unit_data is its part of the thread's backward workspace */
+    const uint16_t *g16;    /* in grad_rows of a kind with grad_bf16: G's bfloat16 twin (row r
+                               at g16 + r ldg), its float32 values unwritten; NULL elsewhere */
 } term_unit;
 
 /* What a backward call tells the kinds whose gradients go through a unit's sums (term_kind's
@@ -150,6 +152,10 @@ typedef struct {
  * scaled: 1 for a kind whose rows carry the problem's dense_scale (TUPE's dense
  *   factor): where the scales are not tame the engine's unit problem holds 1 there
  *   and the exact path applies the call's in double, to its rows and its gradients.
+ * grad_bf16: 1 for a kind whose grad_rows reads G's bfloat16 twin t->g16 where it is not
+ *   NULL (the logits' backward on a bfloat16 G, whose float32 values the engine then
+ *   leaves unwritten: backward_g_rows), with the same sums as from G widened; 0 for the
+ *   others (the engine widens G for them).
  * vector: 1 (q) or 2 (k) for a kind whose rows are vector_scale times dot products of
  *   one of the unit's inputs with a table (the vector tables: q_i . T[map(j - i)],
  *   k_j . T[...]), 0 for the others: its rows read q or k (never batch-free; its
@@ -225,6 +231,7 @@ typedef struct {
     int factor;
     int scaled;
     int vector;
+    int grad_bf16;
 } term_kind;
 
 /* Elements of REAL holding `bytes`, rounded up to 64 bytes: a kind's room in its unit data
