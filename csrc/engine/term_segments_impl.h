@@ -158,9 +158,18 @@ static size_t term_segments_row_of(const term_unit *t, size_t i)
     return (size_t)t->array[SEG_QUERY][i];
 }
 
+/* term_segments_grad_rows' widened row of G: its doubles' offset in the scratch, after the
+ * runs (m) and the REAL table (S x S). */
+static size_t seg_grad_row_at(const posenc_problem *p)
+{
+    const size_t SS = p->terms[POSENC_TERM_segments].array[SEG_TABLE].per_unit;
+    return posenc_round_up(p->m * sizeof(seg_run) / sizeof(double), 8) + posenc_round_up(SS, 8);
+}
+
 /* The table's gradient of rows [i0, i0 + rows): each run's sum of G into its entry of the
  * query's row, in a REAL table per call added to the double gradient (in place when REAL is
- * double). */
+ * double).  From G's bfloat16 twin (t->g16) a row at a time, its keys [first, cols)
+ * widened into the scratch's last m REAL (in L1) and summed by the same kernel. */
 static void term_segments_grad_rows(const term_unit *t, double *const *grad, const REAL *G,
                                     size_t ldg, size_t i0, size_t rows, size_t first, size_t cols,
                                     double *scratch)
@@ -177,12 +186,23 @@ static void term_segments_grad_rows(const term_unit *t, double *const *grad, con
                                                                             sizeof(double), 8));
     if (!in_place)
         memset(table, 0, sizeof(REAL) * SS);
+    REAL *wide = (REAL *)(void *)(scratch + seg_grad_row_at(t->p));   /* a widened row of G */
     for (size_t e = 0; e < rows; ++e) {
         REAL *slot = table + (size_t)t->array[SEG_QUERY][i0 + e] * S;
+        const REAL *row = G + e * ldg;
+#ifdef ENGINE_BF16_GEMM
+        if (t->g16) {
+            posenc_active_convert()->bf16_to_f32(wide + first, t->g16 + e * ldg + first,
+                                                 cols - first);
+            row = wide;
+        }
+#else
+        (void)wide;
+#endif
         for (size_t r = 0; r < count && runs[r].begin < cols; ++r) {
             const size_t js = posenc_max(runs[r].begin, first), je = posenc_min(runs[r].end, cols);
             if (js < je)
-                t->kern->row_scatter_add(slot + runs[r].segment, 0, G + e * ldg + js, je - js);
+                t->kern->row_scatter_add(slot + runs[r].segment, 0, row + js, je - js);
         }
     }
     if (!in_place)
@@ -190,12 +210,11 @@ static void term_segments_grad_rows(const term_unit *t, double *const *grad, con
             dtable[e] += (double)table[e];
 }
 
-/* term_segments_grad_rows' runs (m) and REAL table (S x S), in doubles' room. */
+/* term_segments_grad_rows' runs, REAL table and widened row (m REAL), in doubles' room. */
 static size_t term_segments_grad_scratch(const posenc_problem *p, const posenc_kernels *kern)
 {
     (void)kern;
-    const size_t SS = p->terms[POSENC_TERM_segments].array[SEG_TABLE].per_unit;
-    return posenc_round_up(p->m * sizeof(seg_run) / sizeof(double), 8) + posenc_round_up(SS, 8);
+    return seg_grad_row_at(p) + posenc_round_up(p->m * sizeof(REAL) / sizeof(double) + 1, 8);
 }
 
 /* It adds rows: it does not read the content logits. */
@@ -216,7 +235,7 @@ static size_t term_segments_grad_scratch(const posenc_problem *p, const posenc_k
 #define term_segments_overrides 0
 #define term_segments_grad_block NULL
 #define term_segments_scaled 0
-#define term_segments_grad_bf16 0
+#define term_segments_grad_bf16 1
 #define term_segments_rows_at NULL
 
 #endif /* REAL */
