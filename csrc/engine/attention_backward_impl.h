@@ -294,10 +294,17 @@ static void attention_backward_block(const attention_grad_ctx *gc, forward_ws *f
     if (fused)   /* P only in bfloat16: dV reads its twin */
         gemm_twin_set(&fw->scratch, w->scores, w->scores16, rows * m);
 #endif
-    if (gc->grad_v && dv && cols > first)   /* dV += (P D)^T.dO over the keys the block sees */
+    REAL *dv_u = gc->grad_v && dv ? attention_unit_dv(gc, w, u) : NULL;
+    if (dv_u && blk0 == 0) {   /* keys the first block does not reach (its GEMM sets the rest) */
+        const size_t lo = posenc_min(first, cols);
+        memset(dv_u, 0, sizeof(REAL) * (cols > first ? lo : m) * dv);
+        if (cols > first)
+            memset(dv_u + cols * dv, 0, sizeof(REAL) * (m - cols) * dv);
+    }
+    if (dv_u && cols > first)   /* dV += (P D)^T.dO over the keys the block sees */
         gemm(kern, &fw->scratch, w->d_out_pack, cols - first, dv, rows,
              (c->dropout ? w->dropped : w->scores) + first, 1, (ptrdiff_t)m, d_out_blk,
-             (ptrdiff_t)dv, 1, 1, attention_unit_dv(gc, w, u) + first * dv, (ptrdiff_t)dv, 1,
+             (ptrdiff_t)dv, 1, 1, dv_u + first * dv, (ptrdiff_t)dv, blk0 > 0,
              limits ? limits->key_rows + 2 * (first / mr) : NULL);
     fw->scratch.local.src = NULL;
 }
@@ -345,8 +352,6 @@ static void attention_backward_head(const attention_grad_ctx *gc, attention_thre
     else if (dv)
         pack_b(c->kern, &fw->scratch, &vt_packed, w->v_pack, v_u, 1, (ptrdiff_t)dv, dv, m, 1);   /* v^T */
     causal_keys keys = {{{&k_packed, fw->inputs.k, p->d, 0}, {&vt_packed, v_u, dv, 0}}, 0, 0};
-    if (gc->grad_v)
-        memset(attention_unit_dv(gc, w, u), 0, sizeof(REAL) * m * dv);
     if (gc->need_ds)
         backward_unit_begin(g, bw, u, &product_keys);
     w->sink_grad = 0;
