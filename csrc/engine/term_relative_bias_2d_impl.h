@@ -190,9 +190,22 @@ static void term_relative_bias_2d_rows(const term_unit *t, int op, REAL *P, size
     }
 }
 
+/* term_relative_bias_2d_grad_rows' scratch, in doubles: runs (m int32), table (L REAL), a
+ * batch of pieces, then a widened row of G (m REAL); `at` the offsets of the last three. */
+static size_t rb2d_grad_scratch(const posenc_problem *p, size_t at[3])
+{
+    const size_t L = p->terms[POSENC_TERM_relative_bias_2d].array[RB2D_BIAS].per_unit;
+    at[0] = posenc_round_up((p->m + 1) / 2, 8);
+    at[1] = at[0] + posenc_round_up(L, 8);
+    at[2] = at[1] + posenc_round_up(RB2D_BATCH * (sizeof(posenc_piece) / sizeof(double)), 8);
+    return at[2] + posenc_round_up(p->m * sizeof(REAL) / sizeof(double) + 1, 8);
+}
+
 /* The table's gradient of rows [i0, i0 + rows): each piece's G added back into its buckets
  * of a REAL table (a stretch entry by entry, a clipped piece's sum into its bucket: the
- * kernels' row_scatter_add), added to the unit's double gradient once per call. */
+ * kernels' row_scatter_add), added to the unit's double gradient once per call.  From G's
+ * bfloat16 twin (t->g16) a row at a time, widened into the scratch (term_grad_row) and
+ * taken by the same kernel. */
 static void term_relative_bias_2d_grad_rows(const term_unit *t, double *const *grad,
                                             const REAL *G, size_t ldg, size_t i0, size_t rows,
                                             size_t first, size_t cols, double *scratch)
@@ -205,15 +218,18 @@ static void term_relative_bias_2d_grad_rows(const term_unit *t, double *const *g
     const size_t L = t->term->array[RB2D_BIAS].per_unit, m = t->p->m;
     if (!dbias || !rows || first >= cols)
         return;
+    size_t at[3];
+    rb2d_grad_scratch(t->p, at);
     int32_t *run_end = (int32_t *)(void *)scratch;
-    REAL *table = (REAL *)(void *)(scratch + posenc_round_up((m + 1) / 2, 8));
-    posenc_piece *pieces = (posenc_piece *)(void *)(scratch + posenc_round_up((m + 1) / 2, 8) +
-                                                    posenc_round_up(L, 8));
+    REAL *table = (REAL *)(void *)(scratch + at[0]);
+    posenc_piece *pieces = (posenc_piece *)(void *)(scratch + at[1]);
+    REAL *wide = (REAL *)(void *)(scratch + at[2]);
     rb2d_runs(run_end, coords_k, m);
     memset(table, 0, sizeof(REAL) * L);
     for (size_t e = 0; e < rows; ++e) {
         size_t count = 0;
-#define RB2D_FLUSH_ kern->row_pieces_take(table, G + e * ldg, pieces, count)
+        const REAL *row = term_grad_row(t, G, ldg, e, first, cols, wide);
+#define RB2D_FLUSH_ kern->row_pieces_take(table, row, pieces, count)
         RB2D_PIECES(coords_q + 2 * (i0 + e), coords_k, run_end, T, ty, tx, first, cols,
                     RB2D_COLLECT_);
         RB2D_FLUSH_;
@@ -223,15 +239,12 @@ static void term_relative_bias_2d_grad_rows(const term_unit *t, double *const *g
         dbias[e] += (double)table[e];
 }
 
-/* term_relative_bias_2d_grad_rows' runs (m int32), table (L REAL) and a batch of pieces,
- * in doubles' room. */
 static size_t term_relative_bias_2d_grad_scratch(const posenc_problem *p,
                                                  const posenc_kernels *kern)
 {
     (void)kern;
-    const size_t L = p->terms[POSENC_TERM_relative_bias_2d].array[RB2D_BIAS].per_unit;
-    return posenc_round_up((p->m + 1) / 2, 8) + posenc_round_up(L, 8) +
-           RB2D_BATCH * (sizeof(posenc_piece) / sizeof(double));
+    size_t at[3];
+    return rb2d_grad_scratch(p, at);
 }
 
 /* It adds rows: it does not read the content logits. */
@@ -257,7 +270,7 @@ static size_t term_relative_bias_2d_grad_scratch(const posenc_problem *p,
 #define term_relative_bias_2d_overrides 0
 #define term_relative_bias_2d_grad_block NULL
 #define term_relative_bias_2d_scaled 0
-#define term_relative_bias_2d_grad_bf16 0
+#define term_relative_bias_2d_grad_bf16 1
 #define term_relative_bias_2d_rows_at NULL
 
 #endif /* REAL */

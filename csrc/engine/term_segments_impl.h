@@ -168,8 +168,8 @@ static size_t seg_grad_row_at(const posenc_problem *p)
 
 /* The table's gradient of rows [i0, i0 + rows): each run's sum of G into its entry of the
  * query's row, in a REAL table per call added to the double gradient (in place when REAL is
- * double).  From G's bfloat16 twin (t->g16) a row at a time, its keys [first, cols)
- * widened into the scratch's last m REAL (in L1) and summed by the same kernel. */
+ * double).  From G's bfloat16 twin (t->g16) a row at a time, widened into the scratch's
+ * last m REAL (term_grad_row) and summed by the same kernel. */
 static void term_segments_grad_rows(const term_unit *t, double *const *grad, const REAL *G,
                                     size_t ldg, size_t i0, size_t rows, size_t first, size_t cols,
                                     double *scratch)
@@ -189,16 +189,7 @@ static void term_segments_grad_rows(const term_unit *t, double *const *grad, con
     REAL *wide = (REAL *)(void *)(scratch + seg_grad_row_at(t->p));   /* a widened row of G */
     for (size_t e = 0; e < rows; ++e) {
         REAL *slot = table + (size_t)t->array[SEG_QUERY][i0 + e] * S;
-        const REAL *row = G + e * ldg;
-#ifdef ENGINE_BF16_GEMM
-        if (t->g16) {
-            posenc_active_convert()->bf16_to_f32(wide + first, t->g16 + e * ldg + first,
-                                                 cols - first);
-            row = wide;
-        }
-#else
-        (void)wide;
-#endif
+        const REAL *row = term_grad_row(t, G, ldg, e, first, cols, wide);
         for (size_t r = 0; r < count && runs[r].begin < cols; ++r) {
             const size_t js = posenc_max(runs[r].begin, first), je = posenc_min(runs[r].end, cols);
             if (js < je)

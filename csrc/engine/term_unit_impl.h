@@ -241,4 +241,22 @@ static inline size_t term_reals(size_t bytes)
     return posenc_round_up((bytes + sizeof(REAL) - 1) / sizeof(REAL), 64 / sizeof(REAL));
 }
 
+/* Row e of a block of G as a kind's grad_rows reads it (row e at G + e ldg): that row, or
+ * where the engine handed the kind G's bfloat16 twin (t->g16: grad_bf16), its keys
+ * [first, cols) widened into `wide` (m REAL of the kind's scratch, in L1). */
+static inline const REAL *term_grad_row(const term_unit *t, const REAL *G, size_t ldg,
+                                        size_t e, size_t first, size_t cols, REAL *wide)
+{
+#ifdef ENGINE_BF16_GEMM
+    if (t->g16) {
+        posenc_active_convert()->bf16_to_f32(wide + first, t->g16 + e * ldg + first,
+                                             cols - first);
+        return wide;
+    }
+#else
+    (void)t, (void)first, (void)cols, (void)wide;
+#endif
+    return G + e * ldg;
+}
+
 #endif /* POSENC_ENGINE_TERM_UNIT_IMPL_H */
