@@ -311,7 +311,7 @@ typedef struct {
 int posenc_matmul(const posenc_matmul_problem *mm, int num_threads);
 
 /* dst[t] = src[t] (float64) in bfloat16, rounded once to nearest even
- * (convert_scalar.h's posenc_bf16_from_f64_bits; the float64 gradients of the
+ * (posenc_convert.f64_to_bf16 of the active ISA; the float64 gradients of the
  * term modules' arrays become a bfloat16 call's this way), t < count. */
 void posenc_narrow_bf16(uint16_t *dst, const double *src, size_t count);
 
@@ -499,6 +499,11 @@ typedef struct {
  * `accumulate`, else the sum starts from src[0][j] (count >= 1); the
  * float32 additions' bits (a NaN where two meet: some NaN).  The batch's
  * rows of a bfloat16 G in one pass (engine/backward_impl.h).
+ *
+ * f64_to_bf16: double -> bfloat16 rounded once to nearest even
+ * (convert_scalar.h's posenc_bf16_from_f64_bits: not through float, whose
+ * rounding first would round twice), subnormal results kept, +-inf past
+ * the largest finite; posenc_narrow_bf16's rows.
  */
 typedef struct {
     const char *name;
@@ -508,11 +513,12 @@ typedef struct {
     void (*f32_to_f16)(uint16_t *dst, const float *src, size_t len);
     void (*bf16_sum)(float *dst, const uint16_t *const *src, size_t count, size_t len,
                      int accumulate);
+    void (*f64_to_bf16)(uint16_t *dst, const double *src, size_t len);
 } posenc_convert;
 
 /* The entries of posenc_convert but name (dispatch.c takes each one an ISA sets). */
 #define POSENC_CONVERT_ENTRIES(FN) \
-    FN(bf16_to_f32) FN(f32_to_bf16) FN(f16_to_f32) FN(f32_to_f16) FN(bf16_sum)
+    FN(bf16_to_f32) FN(f32_to_bf16) FN(f16_to_f32) FN(f32_to_f16) FN(bf16_sum) FN(f64_to_bf16)
 
 /*
  * The bfloat16 content GEMM of AVX512-BF16 (vdpbf16ps, docs/low_precision.md

@@ -28,15 +28,10 @@
 #include <string.h>
 
 #include "bf16dot.h"
-#include "../isa/convert_scalar.h"   /* posenc_bf16_from_f64_bits */
 
 void posenc_narrow_bf16(uint16_t *dst, const double *src, size_t count)
 {
-    for (size_t t = 0; t < count; ++t) {
-        uint64_t u;
-        memcpy(&u, src + t, sizeof u);
-        dst[t] = posenc_bf16_from_f64_bits(u);
-    }
+    posenc_active_convert()->f64_to_bf16(dst, src, count);
 }
 
 /* The float32 bytes of one chunk's per-unit arrays.  The logits' (n m per

@@ -747,6 +747,7 @@ static inline void philox_store(uint8_t *keep, __m512i c0, __m512i c1, __m512i c
 #define F32_TO_BF16 f32_to_bf16_avx512
 #define F16_TO_F32 f16_to_f32_avx512
 #define F32_TO_F16 f32_to_f16_avx512
+#define F64_TO_BF16 f64_to_bf16_avx512
 #include "convert_impl.h"
 
 #endif /* AVX-512 */

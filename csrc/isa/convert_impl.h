@@ -12,6 +12,7 @@
  *   F32_TO_BF16(d, s)     uint16_t *d from const float *s
  *   F16_TO_F32(d, s)
  *   F32_TO_F16(d, s)
+ *   F64_TO_BF16(d, s)     uint16_t *d from const double *s, rounded once
  * Each block operation is optional: a table entry the ISA leaves out is
  * NULL, and dispatch.c fills it with the scalar one (bf16_sum comes with
  * BF16_TO_F32).  A row is whole
@@ -104,6 +105,13 @@ CONVERT_ROW(f32_to_bf16, uint16_t, float, F32_TO_BF16)
 #define CONVERT_ENTRY_F32_TO_BF16 NULL
 #endif
 
+#ifdef F64_TO_BF16
+CONVERT_ROW(f64_to_bf16, uint16_t, double, F64_TO_BF16)
+#define CONVERT_ENTRY_F64_TO_BF16 CONVERT_NAME(f64_to_bf16, CONVERT_ISA)
+#else
+#define CONVERT_ENTRY_F64_TO_BF16 NULL
+#endif
+
 #ifdef F16_TO_F32
 CONVERT_ROW(f16_to_f32, float, uint16_t, F16_TO_F32)
 #define CONVERT_ENTRY_F16_TO_F32 CONVERT_NAME(f16_to_f32, CONVERT_ISA)
@@ -125,6 +133,7 @@ const posenc_convert CONVERT_TABLE(CONVERT_ISA) = {
     .f16_to_f32 = CONVERT_ENTRY_F16_TO_F32,
     .f32_to_f16 = CONVERT_ENTRY_F32_TO_F16,
     .bf16_sum = CONVERT_ENTRY_BF16_SUM,
+    .f64_to_bf16 = CONVERT_ENTRY_F64_TO_BF16,
 };
 
 #undef CONVERT_GLUE
@@ -138,4 +147,5 @@ const posenc_convert CONVERT_TABLE(CONVERT_ISA) = {
 #undef CONVERT_ENTRY_F32_TO_BF16
 #undef CONVERT_ENTRY_F16_TO_F32
 #undef CONVERT_ENTRY_F32_TO_F16
+#undef CONVERT_ENTRY_F64_TO_BF16
 #undef CONVERT_ENTRY_BF16_SUM

@@ -40,10 +40,18 @@ static inline void f16_to_f32_scalar(float *d, const uint16_t *s)
     memcpy(d, &u, sizeof u);
 }
 
+static inline void f64_to_bf16_scalar(uint16_t *d, const double *s)
+{
+    uint64_t u;
+    memcpy(&u, s, sizeof u);
+    *d = posenc_bf16_from_f64_bits(u);
+}
+
 #define CONVERT_ISA scalar
 #define CVL 1
 #define BF16_TO_F32 bf16_to_f32_scalar
 #define F32_TO_BF16 f32_to_bf16_scalar
 #define F16_TO_F32 f16_to_f32_scalar
 #define F32_TO_F16 f32_to_f16_scalar
+#define F64_TO_BF16 f64_to_bf16_scalar
 #include "convert_impl.h"

@@ -252,12 +252,14 @@ static uint16_t bf16_of_double_oracle(double x)
     return (uint16_t)(sign | nearer(ax, bf16_value(lo), bf16_value(lo + 1), lo, lo + 1));
 }
 
-/* posenc_narrow_bf16 against the oracle: every positive finite bfloat16 value v, the
- * midpoint to its successor and the doubles either side of it and of v, a sticky bit far
- * below the midpoint, both signs; infinities, NaNs (quiet, signalling, payloads), zeros,
- * double subnormals, the subnormal and overflow boundaries; a stride through all 2^64
- * patterns; rows of every length up to 40 between guards. */
-static void test_narrow_f64(void)
+/* A narrowing of doubles to bfloat16 (posenc_narrow_bf16, a table's f64_to_bf16) against
+ * the oracle: every positive finite bfloat16 value v, the midpoint to its successor and the
+ * doubles either side of it and of v, a sticky bit far below the midpoint, both signs;
+ * infinities, NaNs (quiet, signalling, payloads), zeros, double subnormals, the subnormal
+ * and overflow boundaries; a stride through all 2^64 patterns; rows of every length up to
+ * 40 between guards (from offsets 3 len: starts across a block of 16). */
+static void test_narrow_f64(const char *label,
+                            void (*narrow)(uint16_t *dst, const double *src, size_t count))
 {
     const size_t strided = 1u << 20;
     const size_t total = 0x7f80u * 12 + 16 + strided;
@@ -285,7 +287,7 @@ static void test_narrow_f64(void)
     for (uint64_t k = 0, u = 0x9e3779b97f4a7c15ull; k < strided; ++k, u += 0x9e3779b97f4a7c15ull)
         x[t++] = double_of(u);
     got[0] = got[total + 1] = 0x5a5au;   /* guards */
-    posenc_narrow_bf16(got + 1, x, total);
+    narrow(got + 1, x, total);
     int bad = 0;
     for (size_t e = 0; e < total; ++e) {
         const uint16_t want = bf16_of_double_oracle(x[e]);
@@ -297,15 +299,15 @@ static void test_narrow_f64(void)
         }
     }
     EXPECT(bad == 0 && got[0] == 0x5a5au && got[total + 1] == 0x5a5au,
-           "posenc_narrow_bf16 of %zu doubles vs the oracle: %d wrong, guards %04x %04x", total,
-           bad, got[0], got[total + 1]);
+           "%s of %zu doubles vs the oracle: %d wrong, guards %04x %04x", label, total, bad,
+           got[0], got[total + 1]);
     for (size_t len = 0; len <= 40; ++len) {   /* rows between guards */
         got[0] = got[len + 1] = 0x5a5au;
-        posenc_narrow_bf16(got + 1, x + 3 * len, len);
+        narrow(got + 1, x + 3 * len, len);
         int row_bad = got[0] != 0x5a5au || got[len + 1] != 0x5a5au;
         for (size_t e = 0; e < len; ++e)
             row_bad |= got[e + 1] != bf16_of_double_oracle(x[3 * len + e]);
-        EXPECT(!row_bad, "posenc_narrow_bf16: a row of %zu is wrong or writes past it", len);
+        EXPECT(!row_bad, "%s: a row of %zu is wrong or writes past it", label, len);
     }
     free(x);
     free(got);
@@ -475,7 +477,7 @@ void test_convert(void)
     for (size_t t = 0; t < count; ++t)
         src[t] = float_of(pattern[t]);
     test_scalar_oracles(pattern, count);
-    test_narrow_f64();
+    test_narrow_f64("posenc_narrow_bf16", posenc_narrow_bf16);
 
     /* the compiled tables this CPU runs, then the composed ones */
     typedef struct {
@@ -533,9 +535,14 @@ void test_convert(void)
             const posenc_convert *tab = tables[t].tab;
             snprintf(label, sizeof label, "%.40s (%.24s)%s", tables[t].label, tab->name, pass ? " under DAZ, FTZ" : "");
             EXPECT(!tables[t].composed || (tab->bf16_to_f32 && tab->f32_to_bf16 && tab->f16_to_f32 && tab->f32_to_f16 &&
-                                             tab->bf16_sum),
+                                             tab->bf16_sum && tab->f64_to_bf16),
                    "%s: an entry is NULL", label);
             against_scalar(label, tab, pattern, src, count, got, want);
+            if (tab->f64_to_bf16 && pass == 0) {
+                char what[160];
+                snprintf(what, sizeof what, "%s f64_to_bf16", label);
+                test_narrow_f64(what, tab->f64_to_bf16);
+            }
         }
 #ifdef TEST_MXCSR
         _mm_setcsr(csr);
