@@ -295,12 +295,8 @@ static void attention_backward_block(const attention_grad_ctx *gc, forward_ws *f
         gemm_twin_set(&fw->scratch, w->scores, w->scores16, rows * m);
 #endif
     REAL *dv_u = gc->grad_v && dv ? attention_unit_dv(gc, w, u) : NULL;
-    if (dv_u && blk0 == 0) {   /* keys the first block does not reach (its GEMM sets the rest) */
-        const size_t lo = posenc_min(first, cols);
-        memset(dv_u, 0, sizeof(REAL) * (cols > first ? lo : m) * dv);
-        if (cols > first)
-            memset(dv_u + cols * dv, 0, sizeof(REAL) * (m - cols) * dv);
-    }
+    if (dv_u && blk0 == 0)   /* keys the first block does not reach (its GEMM sets the rest) */
+        row_zero_around(dv_u, sizeof(REAL) * dv, 0, first, cols, m, cols <= first);
     if (dv_u && cols > first)   /* dV += (P D)^T.dO over the keys the block sees */
         gemm(kern, &fw->scratch, w->d_out_pack, cols - first, dv, rows,
              (c->dropout ? w->dropped : w->scores) + first, 1, (ptrdiff_t)m, d_out_blk,
