@@ -42,8 +42,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import attention as A  # noqa: E402  (its turns)
-from low_precision import measure_peaks  # noqa: E402
-from posenc_bench.machine import cpu_family, cpu_model  # noqa: E402
+from posenc_bench.machine import cpu_family, cpu_model, dtype_peaks  # noqa: E402
 from posenc_bench.report import script_main  # noqa: E402
 
 METHODS = ("t5", "content", "deberta")
@@ -157,7 +156,7 @@ def run(args) -> dict:
     results = {"machine": {"cpu": cpu_model(), "cpu_family": cpu_family(),
                            "torch": torch.__version__, "posenc": posenc.__version__,
                            "isa": posenc.get_isa(), "threads": args.threads},
-               "peaks": measure_peaks(args.threads, 0.2 if args.quick else 1.0),
+               **dtype_peaks(args.threads, 0.2 if args.quick else 1.0),
                "steps": [], "rows": {}, "overhead": {}, "busy": []}
     for method in METHODS:
         for s in steps:

@@ -6,13 +6,17 @@
 At the headline shape B=8, H=12, n=m=512, d=dv=64, one process, the peers
 measured in the same run:
 
-* the machine's peaks: float32 FMA and bfloat16 dot products (VDPBF16PS,
-  where the CPU has AVX512-BF16), posenc._machine;
+* the machine's peaks (posenc_bench.machine.dtype_peaks): float32 FMA on the
+  widest vector ISA, bfloat16 dot products (VDPBF16PS) where the CPU has
+  AVX512-BF16 (elsewhere posenc's bfloat16 runs float32 FMAs, whose peak is
+  then bfloat16's);
 * content logits: posenc float32 / bfloat16 / float16 (into a preallocated
   out=), torch.matmul(q, kᵀ) in float32 and bfloat16 (out=), as GFLOP/s
   (2·B·H·n·m·d / time) and as a fraction of the peak of their dtype;
 * every method: logits forward and backward, fused attention forward and
-  forward+backward, float32 against bfloat16 and float16 (time ratio).
+  forward+backward, float32 against bfloat16 and float16 (time ratio), the
+  float32 and bfloat16 times as fractions of their dtype's peak (content's
+  FLOPs, DIRECTION_FLOPS: what every method does beyond them counts as cost).
 
 Timings: median and spread (min, max) of repeated calls after a warm-up;
 a method's dtypes are timed in turns, call by call, so that a slow stretch
@@ -25,13 +29,13 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
-import platform
 import sys
 
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+from posenc_bench.machine import cpu_family, cpu_model, dtype_peaks, peaks_text  # noqa: E402
 from posenc_bench.report import save_run  # noqa: E402
 HEADLINE = dict(B=8, H=12, n=512, d=64)
 LOW = ("bfloat16", "float16")
@@ -51,18 +55,6 @@ def _cast(x, dtype):
 def _stats(m):
     return {"median_s": m["median_s"], "min_s": m["min_s"], "max_s": max(m["times_s"]),
             "repeats": m["repeats"]}
-
-
-def measure_peaks(threads, seconds):
-    from posenc import _machine
-    peaks = {}
-    for dtype in ("float32", "bfloat16"):
-        try:
-            rate = _machine.measure_fma("avx512", dtype, threads, seconds)
-        except ValueError:          # no avx512 on this CPU/build
-            rate = -1.0
-        peaks[dtype] = rate if rate > 0 else None
-    return peaks
 
 
 def measure_content(torch, shape, threads, timing):
@@ -143,6 +135,9 @@ def measure_method(method, shape, threads, timing):
 
 
 DIRECTIONS = ("logits_fwd", "logits_bwd", "attention_fwd", "attention_fwd_bwd")
+# x B H n m d: the logits' product (2), its backward's dq and dk (4); the attention's two
+# products (4), its backward's recomputed logits, dV, dP, dq and dk (10 more)
+DIRECTION_FLOPS = {"logits_fwd": 2, "logits_bwd": 4, "attention_fwd": 4, "attention_fwd_bwd": 14}
 
 
 def _ms(s):
@@ -159,9 +154,7 @@ def render(data) -> str:
     lines = [f"# bfloat16 / float16 through posenc ({data['date']})", "",
              f"{data['machine']}; {data['threads']} threads; B={shape['B']}, H={shape['H']}, "
              f"n=m={shape['n']}, d=dv={shape['d']}; median (min–max) ms of repeated calls.", ""]
-    peak_text = ", ".join(f"{k} {v / 1e9:.0f} GFLOP/s" if v else f"{k} not measurable"
-                          for k, v in peaks.items())
-    lines += [f"Measured peaks ({data['threads']} threads): {peak_text}.", "",
+    lines += [f"Measured peaks ({data['threads']} threads): {peaks_text(data)}.", "",
               "## Content logits", "",
               "| implementation | dtype | ms | GFLOP/s | of its dtype's peak |", "|---|---|---|---|---|"]
     for r in data["content"]:
@@ -175,13 +168,23 @@ def render(data) -> str:
         if ("torch.matmul", "bfloat16") in by:
             lines.append(f"posenc bf16 ÷ torch bf16 matmul: "
                          f"{by[('posenc', 'bfloat16')] / by[('torch.matmul', 'bfloat16')]:.2f}× (target ≥ 2×)")
+    flops = shape["B"] * shape["H"] * shape["n"] ** 2 * shape["d"]
+
+    def of_peak(dtype, direction, r):
+        peak = peaks.get(dtype)
+        return f"{DIRECTION_FLOPS[direction] * flops / r['median_s'] / peak:.0%}" if peak else "—"
+
     lines += ["", "## Every method: float32 time ÷ low-precision time (target ≥ 1.5×)", "",
-              "| method | direction | float32 ms | bfloat16 ms | f32 ÷ bf16 | float16 ms | f32 ÷ f16 |",
-              "|---|---|---|---|---|---|---|"]
+              "% peak: content's FLOPs (DIRECTION_FLOPS x B H n m d) over the median time, as a "
+              "fraction of the dtype's peak.", "",
+              "| method | direction | float32 ms | % peak | bfloat16 ms | % peak | f32 ÷ bf16 | "
+              "float16 ms | f32 ÷ f16 |", "|---|---|---|---|---|---|---|---|---|"]
     for method, res in data["methods"].items():
         for direction in DIRECTIONS:
             f32, bf, fp = (res[k][direction] for k in ("float32",) + LOW)
-            lines.append(f"| {method} | {direction} | {_spread(f32)} | {_spread(bf)} | "
+            lines.append(f"| {method} | {direction} | {_spread(f32)} | "
+                         f"{of_peak('float32', direction, f32)} | {_spread(bf)} | "
+                         f"{of_peak('bfloat16', direction, bf)} | "
                          f"{f32['median_s'] / bf['median_s']:.2f} | {_spread(fp)} | "
                          f"{f32['median_s'] / fp['median_s']:.2f} |")
     return "\n".join(lines) + "\n"
@@ -209,8 +212,8 @@ def main(argv=None) -> int:
             print("torch is not installed: torch.matmul not measured")
     print("peaks ...", flush=True)
     data = {"date": datetime.date.today().isoformat(), "threads": args.threads, "shape": shape,
-            "machine": f"{platform.processor() or platform.machine()}, posenc ISA {posenc.get_isa()}",
-            "peaks": measure_peaks(args.threads, 0.2 if args.quick else 1.0)}
+            "machine": f"CPU {cpu_model()} ({cpu_family()}), posenc ISA {posenc.get_isa()}",
+            **dtype_peaks(args.threads, 0.2 if args.quick else 1.0)}
     print("content logits ...", flush=True)
     data["content"] = measure_content(torch, shape, args.threads, timing)
     data["methods"] = {}

@@ -43,8 +43,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import attention as A  # noqa: E402  (its inputs, turns and peak-memory worker)
-from low_precision import measure_peaks  # noqa: E402
-from posenc_bench.machine import cpu_family, cpu_model  # noqa: E402
+from posenc_bench.machine import cpu_family, cpu_model, dtype_peaks, peaks_text  # noqa: E402
 from posenc_bench.report import script_main  # noqa: E402
 
 HEADLINE = dict(B=8, H=12, n=512, d=64)
@@ -165,7 +164,7 @@ def run(args) -> dict:
                            "torch": torch.__version__,
                            "posenc": posenc.__version__, "isa": posenc.get_isa(),
                            "threads": args.threads},
-               "shape": shape, "peaks": measure_peaks(args.threads, 0.2 if args.quick else 1.0),
+               "shape": shape, **dtype_peaks(args.threads, 0.2 if args.quick else 1.0),
                "fused": {}, "hf_rope": {}, "sdpa_bias": {}, "memory": {}}
     for name in DTYPES:
         dtype = getattr(torch, name)
@@ -227,13 +226,11 @@ def _versus(results, first: list, dtype, direction, r, peer: str) -> str:
 
 def markdown(results: dict) -> str:
     shape, machine = results["shape"], results["machine"]
-    peaks = ", ".join(f"{k} {v / 1e9:.0f} GFLOP/s" if v else f"{k} not measured"
-                      for k, v in results["peaks"].items())
     lines = [f"# Fused RoPE, ALiBi, KERPLE, relative biases, FoX, CoPE: B={shape['B']} H={shape['H']} "
              f"n=m={shape['n']} d=dv={shape['d']}, {machine['threads']} threads",
              "", f"CPU {machine['cpu']} ({machine.get('cpu_family', '?')}); posenc "
              f"{machine['posenc']} ({machine['isa']}), torch "
-             f"{machine['torch']}. Measured FMA peaks: {peaks}. Median ms (min–max); "
+             f"{machine['torch']}. Measured FMA peaks: {peaks_text(results)}. Median ms (min–max); "
              "each table's calls timed in turns; % = of the dtype's FMA peak "
              "(4 B H n m d FLOPs forward, 14 forward+backward).", ""]
     for dtype, turns in results["fused"].items():

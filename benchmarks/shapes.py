@@ -41,8 +41,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import attention as A  # noqa: E402  (its turns and VmHWM reader)
-from low_precision import measure_peaks  # noqa: E402
-from posenc_bench.machine import cpu_family, cpu_model  # noqa: E402
+from posenc_bench.machine import cpu_family, cpu_model, dtype_peaks, peaks_text  # noqa: E402
 from posenc_bench.report import script_main  # noqa: E402
 
 FLOPS = {"fwd": 4, "fwd+bwd": 14}        # x d per visible (query, key) pair
@@ -194,7 +193,7 @@ def run(args) -> dict:
     results = {"machine": {"cpu": cpu_model(), "cpu_family": cpu_family(),
                            "torch": torch.__version__, "posenc": posenc.__version__,
                            "isa": posenc.get_isa(), "threads": args.threads},
-               "shapes": shapes, "peaks": measure_peaks(args.threads, 0.2 if args.quick else 1.0),
+               "shapes": shapes, **dtype_peaks(args.threads, 0.2 if args.quick else 1.0),
                "cases": {}, "memory": {}}
     rng = np.random.default_rng(0)
     for case in args.cases:
@@ -243,13 +242,11 @@ TARGETS = {
 
 def markdown(results: dict) -> str:
     machine = results["machine"]
-    peaks = ", ".join(f"{k} {v / 1e9:.0f} GFLOP/s" if v else f"{k} not measured"
-                      for k, v in results["peaks"].items())
     lines = ["# Attention shapes (SPEC §7): GQA, sliding window, packed documents, softcap, "
              f"sinks; float32, {machine['threads']} threads", "",
              f"CPU {machine['cpu']} ({machine.get('cpu_family', '?')}); posenc "
              f"{machine['posenc']} ({machine['isa']}), torch {machine['torch']}. Measured FMA "
-             f"peaks: {peaks}. Median ms (min–max); each table's calls timed in turns; "
+             f"peaks: {peaks_text(results)}. Median ms (min–max); each table's calls timed in turns; "
              "% = of the float32 FMA peak for the (query, key) pairs the call sees "
              "(4 d multiply-adds each forward, 14 forward+backward).", ""]
     for case, entry in results["cases"].items():

@@ -234,8 +234,14 @@ def test_low_precision_benchmark_runs(tmp_path):
         for dtype in ("float32", "bfloat16", "float16"):
             for direction in low_precision.DIRECTIONS:
                 assert data["methods"][method][dtype][direction]["median_s"] > 0
+    # both peaks measured on every CPU, each naming what it was measured on (bfloat16's
+    # the float32 FMA's where the CPU has no bfloat16 dot product)
+    assert all(data["peaks"][k] > 0 and data["peak_sources"][k] for k in ("float32", "bfloat16"))
     text = (tmp_path / json_file.name.replace(".json", ".md")).read_text()
     assert "target ≥ 1.6×" in text and text.count("| t5 |") == len(low_precision.DIRECTIONS)
+    assert data["peak_sources"]["bfloat16"] in text and "family" in text
+    t5_rows = [line for line in text.splitlines() if line.startswith("| t5 |")]
+    assert all(line.count("% |") == 2 for line in t5_rows), t5_rows   # float32's, bfloat16's
 
 
 def test_positional_benchmark_runs(tmp_path):

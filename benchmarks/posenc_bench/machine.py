@@ -163,3 +163,34 @@ def machine_limits(threads, *, fma_seconds: float, store_bytes: int, store_repea
     peak = {T: max(r["flops"] for r in fma if r["threads"] <= T) for T in threads}
     bandwidth = {T: max(r["bytes_per_s"] for r in store if r["threads"] <= T) for T in threads}
     return {"fma": fma, "store": store, "peak_flops": peak, "store_bandwidth": bandwidth}
+
+
+def dtype_peaks(threads: int, seconds: float) -> dict:
+    """The FMA peaks a fraction of peak is stated against, by dtype, at `threads`:
+    float32's on the widest vector ISA this CPU runs (posenc.capabilities(): AVX-512,
+    else AVX2, else NEON); bfloat16's from its dot products (VDPBF16PS) where the CPU has
+    AVX512-BF16.  Without them posenc's bfloat16 kernels widen their operands and run
+    float32 FMAs, so the float32 peak is bfloat16's too, and `sources` says so.
+    Returns {"peaks": {dtype: FLOP/s or None}, "peak_sources": {dtype: what was measured}},
+    the keys of a run's JSON."""
+    vector = [isa for isa in posenc.capabilities() if isa != "scalar"] or ["scalar"]
+    widest = vector[-1]
+    f32 = _machine.measure_fma(widest, "float32", threads, seconds)
+    peaks = {"float32": f32 if f32 > 0 else None}
+    sources = {"float32": f"{widest} FMA"}
+    bf16 = _machine.measure_fma(widest, "bfloat16", threads, seconds) if widest == "avx512" else -1.0
+    if bf16 > 0:
+        peaks["bfloat16"], sources["bfloat16"] = bf16, "avx512 VDPBF16PS"
+    else:
+        peaks["bfloat16"] = peaks["float32"]
+        sources["bfloat16"] = (f"{widest} float32 FMA: no bfloat16 dot product on this CPU, "
+                               "posenc's bfloat16 kernels run float32 FMAs")
+    return {"peaks": peaks, "peak_sources": sources}
+
+
+def peaks_text(results: dict) -> str:
+    """'float32 222 GFLOP/s (avx512 FMA), bfloat16 ...': a run's peaks (dtype_peaks' keys)
+    for its page; a run saved before peak_sources existed names no source."""
+    peaks, sources = results.get("peaks") or {}, results.get("peak_sources") or {}
+    return ", ".join((f"{k} {v / 1e9:.0f} GFLOP/s" if v else f"{k} not measured")
+                     + (f" ({sources[k]})" if k in sources else "") for k, v in peaks.items())
