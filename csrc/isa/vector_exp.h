@@ -15,7 +15,9 @@
  * (degree 7 in float: truncation below 5e-9; 13 in double: below 5e-18),
  * Horner with FMA.  -inf and arguments whose exp underflows give +0
  * exactly (a masked logit); NaN stays NaN; +inf and overflowing arguments
- * give +inf.
+ * give +inf.  The softmax rows' float exp on AVX-512 and AVX2
+ * (VSOFTMAX_EXP, posenc_softmax_exp_f32) is 2^t, t = (x - shift) log2 e,
+ * split at floor(t) instead: the same special values, fewer operations.
  */
 #ifndef POSENC_VECTOR_EXP_H
 #define POSENC_VECTOR_EXP_H
@@ -39,6 +41,20 @@
             acc_ = FMA(acc_, (r), BCAST(inverse_factorial[k_]));             \
         (result) = acc_;                                                     \
     } while (0)
+
+/*
+ * 2^r on [0, 1], r = t - floor(t), for the softmax rows' 2^t (AVX-512's and AVX2's
+ * posenc_softmax_exp_f32, AVX-512's bfloat16 exp): polynomials minimax in relative error
+ * (float Horner, highest coefficient last).  Degree 6 (float's softmax): within 6.2e-8;
+ * degree 4 (bfloat16's, whose P is rounded to 2^-8): within 2.7e-6
+ * (_dtypes.SOFTMAX_EXP_ERROR).
+ */
+static const float posenc_exp2_poly6[7] = {
+    1.0f, 0.6931470036506653f, 0.24022983014583588f, 0.055483341217041016f,
+    0.009678840637207031f, 0.001243968727067113f, 0.00021702254889532924f};
+static const float posenc_exp2_poly4[5] = {
+    1.0000026226043701f, 0.6930038332939148f, 0.2414427548646927f, 0.052011460065841675f,
+    0.013534167781472206f};
 
 #if defined(__AVX512F__) && defined(__AVX512VL__) && defined(__AVX512DQ__)
 #include <immintrin.h>
@@ -89,18 +105,10 @@ static inline __m512 posenc_vexp_f32(__m512 x)
 
 /*
  * 2^t for the softmax rows' exps below: r = t - floor(t) in [0, 1) by vreduceps
- * (exact), 2^r by a polynomial minimax in relative error on [0, 1] (float Horner), and
- * scalef(2^r, t), which scales by 2^floor(t) with the underflow to 0 and the overflow
- * to inf.  No clamp: t = -inf gives r = 0 and +0, t = +inf +inf, NaN stays NaN.
- * Degree 6 (float's softmax): within 6.2e-8 of 2^r; degree 4 (bfloat16's, whose P is
- * rounded to 2^-8): within 2.7e-6 (_dtypes.SOFTMAX_EXP_ERROR).
+ * (exact), 2^r by posenc_exp2_poly6 or _poly4 (above), and scalef(2^r, t), which
+ * scales by 2^floor(t) with the underflow to 0 and the overflow to inf.  No clamp:
+ * t = -inf gives r = 0 and +0, t = +inf +inf, NaN stays NaN.
  */
-static const float posenc_exp2_poly6[7] = {
-    1.0f, 0.6931470036506653f, 0.24022983014583588f, 0.055483341217041016f,
-    0.009678840637207031f, 0.001243968727067113f, 0.00021702254889532924f};
-static const float posenc_exp2_poly4[5] = {
-    1.0000026226043701f, 0.6930038332939148f, 0.2414427548646927f, 0.052011460065841675f,
-    0.013534167781472206f};
 
 static inline __m512 posenc_exp2_poly(__m512 t, const float *poly, int degree)
 {
@@ -211,6 +219,31 @@ static inline __m256d posenc_pow2_pd256(__m256d n)
     const __m256d biased = _mm256_add_pd(n, _mm256_set1_pd(4503599627370496.0 + 1023.0));
     return _mm256_castsi256_pd(_mm256_slli_epi64(_mm256_castpd_si256(biased), 52));
 }
+
+/*
+ * float's softmax exp(x + c), c = -shift (softmax_impl.h's row_exp), as AVX-512's
+ * posenc_softmax_exp_f32 without vreduceps and scalef: y = x + c, t = y log2(e)
+ * clamped to [-127, 128], n = floor(t), r = t - n in [0, 1) exactly, 2^r by
+ * posenc_exp2_poly6 times 2^n from n's bits.  n = -127 gives the bits of +0 (results
+ * below 2^-126 flushed, as posenc_vexp_f32 flushes them), n = 128 those of +inf; -inf
+ * gives +0, +inf +inf, NaN NaN (max and min return their second operand, t, when it
+ * is NaN).  16 vector operations with the row's sum where posenc_vexp_f32 (Cody-Waite,
+ * clamps and selects) takes 23.
+ */
+static inline __m256 posenc_softmax_exp_f32(__m256 x, __m256 c)
+{
+    __m256 t = _mm256_mul_ps(_mm256_add_ps(x, c), _mm256_set1_ps((float)EXP_LOG2E));
+    t = _mm256_min_ps(_mm256_set1_ps(128.0f), _mm256_max_ps(_mm256_set1_ps(-127.0f), t));
+    const __m256 n = _mm256_floor_ps(t);
+    const __m256 r = _mm256_sub_ps(t, n);
+    __m256 p = _mm256_set1_ps(posenc_exp2_poly6[6]);
+    _Pragma("GCC unroll 8")
+    for (int k = 5; k >= 0; --k)
+        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(posenc_exp2_poly6[k]));
+    const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
+}
+#define POSENC_SOFTMAX_EXP_F32 1
 
 #define EXP_F32
 #define EXP_NAME posenc_vexp_f32
