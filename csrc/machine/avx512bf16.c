@@ -19,7 +19,7 @@ POSENC_PEAK_LOOP(bf16_dot_peak, __m512, BF16_INIT, BF16_STEP, _mm512_add_ps, _mm
 
 const posenc_machine_loops posenc_machine_bf16_avx512bf16 = {
     .fma_peak = bf16_dot_peak,
-    .fma_peak_flops = 16 * 32 * 2,
+    .fma_peak_flops = POSENC_PEAK_CHAINS * 32 * 2,
     .stream_zero = NULL,
 };
 #endif

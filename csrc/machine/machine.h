@@ -9,25 +9,35 @@
 #include "../posenc.h"
 
 /*
- * A peak loop `name(iterations)`: 16 independent accumulator chains (enough
- * to cover an FMA's latency x ports on every target: 4 cycles x 2 ports on
- * recent x86 needs 8) of `VT` vectors, each set to init(t) and stepped by
- * step(acc) per iteration; returns their sum, a value the compiler cannot
- * drop.  The FMA loops (machine_impl.h) and the bfloat16 dot products
- * (avx512bf16.c) are this loop with their own step.
+ * A peak loop `name(iterations)`: POSENC_PEAK_CHAINS independent accumulator
+ * chains of `VT` vectors, each set to init(t) and stepped by step(acc) per
+ * iteration; returns their sum, a value the compiler cannot drop.  The FMA
+ * loops (machine_impl.h) and the bfloat16 dot products (avx512bf16.c) are this
+ * loop with their own step.  16 chains where the ISA has 32 vector registers
+ * (AVX-512, NEON: 4 FMA pipes x 4 cycles on the widest Arm cores need 16);
+ * AVX2's 16 registers hold 12 and the step's two constants (16 chains
+ * spilled three to the stack, whose store-to-load latency then bounded the
+ * loop: 76 % of the FMA rate on a Zen 3, below what the GEMM itself
+ * reached).  12 still covers an FMA's latency x ports on x86 (4 cycles x 2
+ * ports needs 8).
  */
+#ifndef POSENC_PEAK_CHAINS
+#define POSENC_PEAK_CHAINS 16
+#endif
 #define POSENC_PEAK_LOOP(name, VT, init, step, add, reduce)    \
     static double name(size_t iterations)                      \
     {                                                          \
-        VT acc[16];                                            \
-        _Pragma("GCC unroll 16") for (int t = 0; t < 16; ++t)  \
+        VT acc[POSENC_PEAK_CHAINS];                            \
+        _Pragma("GCC unroll 16")                               \
+        for (int t = 0; t < POSENC_PEAK_CHAINS; ++t)           \
             acc[t] = init(t);                                  \
         for (size_t it = 0; it < iterations; ++it) {           \
-            _Pragma("GCC unroll 16") for (int t = 0; t < 16; ++t) \
+            _Pragma("GCC unroll 16")                           \
+            for (int t = 0; t < POSENC_PEAK_CHAINS; ++t)       \
                 acc[t] = step(acc[t]);                         \
         }                                                      \
         VT total = acc[0];                                     \
-        for (int t = 1; t < 16; ++t)                           \
+        for (int t = 1; t < POSENC_PEAK_CHAINS; ++t)           \
             total = add(total, acc[t]);                        \
         return (double)reduce(total);                          \
     }

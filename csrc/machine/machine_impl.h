@@ -25,6 +25,6 @@ static void KNAME(posenc_stream_zero)(void *dst_, size_t bytes)
 
 const posenc_machine_loops KNAME(posenc_machine) = {
     .fma_peak = KNAME(posenc_fma_peak),
-    .fma_peak_flops = 16 * VL * 2,
+    .fma_peak_flops = POSENC_PEAK_CHAINS * VL * 2,
     .stream_zero = KNAME(posenc_stream_zero),
 };
