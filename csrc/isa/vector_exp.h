@@ -240,8 +240,7 @@ static inline __m256 posenc_softmax_exp_f32(__m256 x, __m256 c)
     _Pragma("GCC unroll 8")
     for (int k = 5; k >= 0; --k)
         p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(posenc_exp2_poly6[k]));
-    const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
+    return _mm256_mul_ps(p, posenc_pow2_ps256(n));
 }
 #define POSENC_SOFTMAX_EXP_F32 1
 
